@@ -1,0 +1,1 @@
+"""Agents (worker, checker, seed node) and their shared engine. Built in issue 4."""

@@ -1,0 +1,233 @@
+"""The event catalogue: every observation the fleet can publish, as one tagged union.
+
+Rules of evolution (STYLE.md §1): add fields only at the end and only with defaults;
+never change a field's type or reuse a tag. A breaking change is a new tag plus an
+upcaster in ``codec``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "EVENT_TYPES",
+    "AgentEnrolled",
+    "Anonymity",
+    "AnyEvent",
+    "Configured",
+    "DepositFolded",
+    "DepositRejected",
+    "Deposited",
+    "Discovered",
+    "Event",
+    "Extracted",
+    "Fetched",
+    "Heartbeat",
+    "LeaseKind",
+    "LeaseReset",
+    "Leased",
+    "Origin",
+    "Outcome",
+    "ProxyFailed",
+    "ProxyWorked",
+    "Released",
+    "Role",
+    "SeedPlanned",
+    "Settings",
+    "SourceAdded",
+]
+
+LeaseKind = Literal["source", "recheck", "seed"]
+Outcome = Literal["done", "failed", "abandoned"]
+Origin = Literal["seed", "discovered", "manual"]
+Anonymity = Literal["transparent", "anonymous", "elite", ""]
+Role = Literal["worker", "checker", "seed", "admin", "gateway", "fold"]
+
+SCHEMA_VERSION = 1
+
+
+class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
+    """Every setting that changes what a reducer does (ARCHITECTURE.md §5 Settings)."""
+
+    lab: bool = False
+    ema_alpha: float = 0.3
+    min_interval_s: int = 300
+    max_interval_s: int = 86_400
+    attempt_budget: int = 5
+    lease_ttl_min_s: int = 10
+    lease_ttl_max_s: int = 3_600
+    proxy_ttl_s: int = 14_400
+    latency_samples: int = 16
+    provenance_cap: int = 16
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
+    """The envelope every event carries.
+
+    ``at`` is the producer's clock (unix ms) and only informational: reducers use the
+    JetStream server timestamp of the message instead.
+    """
+
+    id: str
+    agent: str
+    at: int
+    v: int = SCHEMA_VERSION
+
+
+class SourceAdded(Event, frozen=True, kw_only=True, tag="SourceAdded"):
+    url: str
+    url_id: str
+    proto_hint: str = ""
+    origin: Origin = "manual"
+    parent: str = ""
+
+
+class Leased(Event, frozen=True, kw_only=True, tag="Leased"):
+    lease: str
+    kind: LeaseKind
+    target: str
+    ttl_s: int
+
+
+class Heartbeat(Event, frozen=True, kw_only=True, tag="Heartbeat"):
+    leases: list[str] = []
+
+
+class Released(Event, frozen=True, kw_only=True, tag="Released"):
+    lease: str
+    target: str
+    outcome: Outcome
+    counted: bool = True
+    error: str = ""
+    # Needed to derive the subject ppf.lease.<kind>.<target>; §4 lists only target.
+    kind: LeaseKind = "source"
+
+
+class LeaseReset(Event, frozen=True, kw_only=True, tag="LeaseReset"):
+    target: str
+    kind: LeaseKind = "source"
+
+
+class Fetched(Event, frozen=True, kw_only=True, tag="Fetched"):
+    url_id: str
+    lease: str = ""
+    ok: bool
+    error: str = ""
+    http_status: int = 0
+    content_hash: str = ""
+    bytes: int = 0
+    fetch_ms: int = 0
+    changed: bool = False
+
+
+class Extracted(Event, frozen=True, kw_only=True, tag="Extracted"):
+    url_id: str
+    content_hash: str = ""
+    count: int
+    candidates: list[tuple[str, int, str, float]] = []
+    extractor: str = ""
+    lease: str = ""
+
+
+class ProxyWorked(Event, frozen=True, kw_only=True, tag="ProxyWorked"):
+    ip: str
+    port: int
+    proto: str
+    latency_ms: int
+    exit_ip: str = ""
+    anonymity: Anonymity = ""
+    mitm: bool = False
+    source: str = ""
+    judge: str = ""
+    lease: str = ""
+
+
+class ProxyFailed(Event, frozen=True, kw_only=True, tag="ProxyFailed"):
+    ip: str
+    port: int
+    proto: str
+    error: str = ""
+    lease: str = ""
+
+
+class Deposited(Event, frozen=True, kw_only=True, tag="Deposited"):
+    lease: str = ""
+    key: str
+    sha256: str
+    bytes: int
+    items: int = 0
+    cursor: int | None = None
+
+
+class DepositFolded(Event, frozen=True, kw_only=True, tag="DepositFolded"):
+    key: str
+    attempt: int = 1
+    reason: str = ""
+
+
+class DepositRejected(Event, frozen=True, kw_only=True, tag="DepositRejected"):
+    key: str
+    attempt: int = 1
+    reason: str = ""
+
+
+class Discovered(Event, frozen=True, kw_only=True, tag="Discovered"):
+    parent: str
+    urls: list[str]
+
+
+class SeedPlanned(Event, frozen=True, kw_only=True, tag="SeedPlanned"):
+    plan: str
+    input: str
+    ranges: list[tuple[str, int, int]]
+
+
+class AgentEnrolled(Event, frozen=True, kw_only=True, tag="AgentEnrolled"):
+    name: str
+    role: Role
+    token_sha256: str
+
+
+class Configured(Event, frozen=True, kw_only=True, tag="Configured"):
+    settings: Settings
+
+
+AnyEvent = (
+    SourceAdded
+    | Leased
+    | Heartbeat
+    | Released
+    | LeaseReset
+    | Fetched
+    | Extracted
+    | ProxyWorked
+    | ProxyFailed
+    | Deposited
+    | DepositFolded
+    | DepositRejected
+    | Discovered
+    | SeedPlanned
+    | AgentEnrolled
+    | Configured
+)
+
+EVENT_TYPES: tuple[type[Event], ...] = (
+    SourceAdded,
+    Leased,
+    Heartbeat,
+    Released,
+    LeaseReset,
+    Fetched,
+    Extracted,
+    ProxyWorked,
+    ProxyFailed,
+    Deposited,
+    DepositFolded,
+    DepositRejected,
+    Discovered,
+    SeedPlanned,
+    AgentEnrolled,
+    Configured,
+)

@@ -1,0 +1,130 @@
+"""Subjects of the log (ARCHITECTURE.md §3) and the ids they are built from.
+
+The last token of every subject is its partition key, so the stream can be split
+later. A token never holds ``.``, ``*``, ``>`` or white space.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from urllib.parse import urlsplit, urlunsplit
+
+from events.catalogue import (
+    AgentEnrolled,
+    Configured,
+    Deposited,
+    DepositFolded,
+    DepositRejected,
+    Discovered,
+    Event,
+    Extracted,
+    Fetched,
+    Heartbeat,
+    Leased,
+    LeaseReset,
+    ProxyFailed,
+    ProxyWorked,
+    Released,
+    SeedPlanned,
+    SourceAdded,
+)
+
+__all__ = [
+    "DLQ_PREFIX",
+    "STREAM",
+    "STREAM_SUBJECTS",
+    "SubjectError",
+    "agent_name_ok",
+    "deposit_key_id",
+    "dlq_subject",
+    "normalize_url",
+    "proxy_token",
+    "shard_of",
+    "subject_for",
+    "url_id",
+]
+
+STREAM = "PPF"
+STREAM_SUBJECTS = "ppf.>"
+DLQ_PREFIX = "ppf.dlq."
+SHARDS = 256
+
+_AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_BAD_TOKEN = re.compile(r"[.*>\s]")
+
+
+class SubjectError(ValueError):
+    """An event whose fields cannot make a valid subject."""
+
+
+def normalize_url(url: str) -> str:
+    """Lower-case scheme and host, drop the fragment and a default port, keep the rest."""
+    parts = urlsplit(url.strip())
+    scheme = parts.scheme.lower()
+    host = (parts.hostname or "").lower()
+    port = parts.port
+    if port is not None and not (
+        (scheme == "http" and port == 80) or (scheme == "https" and port == 443)
+    ):
+        host = f"{host}:{port}"
+    if parts.username:
+        host = f"{parts.username}@{host}"
+    return urlunsplit((scheme, host, parts.path or "/", parts.query, ""))
+
+
+def url_id(url: str) -> str:
+    """First 16 hex digits of the SHA-256 of the normalized URL."""
+    return hashlib.sha256(normalize_url(url).encode()).hexdigest()[:16]
+
+
+def deposit_key_id(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def proxy_token(ip: str, port: int) -> str:
+    """``203.0.113.7``, 8080 -> ``203-0-113-7_8080`` (IPv6 colons are legal in a token)."""
+    return f"{ip.replace('.', '-')}_{port}"
+
+
+def shard_of(ip: str, port: int) -> str:
+    """The recheck shard of a proxy: a stable hash of ``ip:port``, never Python's hash()."""
+    digest = hashlib.blake2b(f"{ip}:{port}".encode(), digest_size=2).digest()
+    return f"s{digest[0]:03d}"
+
+
+def agent_name_ok(name: str) -> bool:
+    return bool(_AGENT_NAME.match(name))
+
+
+def _token(value: str, what: str) -> str:
+    if not value or _BAD_TOKEN.search(value):
+        raise SubjectError(f"{what} {value!r} cannot be a subject token")
+    return value
+
+
+def dlq_subject(reason: str) -> str:
+    return DLQ_PREFIX + _token(reason, "reason")
+
+
+def subject_for(event: Event) -> str:
+    match event:
+        case ProxyWorked() | ProxyFailed():
+            return "ppf.proxy." + _token(proxy_token(event.ip, event.port), "proxy")
+        case SourceAdded() | Fetched() | Extracted():
+            return "ppf.source." + _token(event.url_id, "url_id")
+        case Discovered():
+            return "ppf.source." + _token(event.parent, "parent")
+        case Leased() | Released() | LeaseReset():
+            return f"ppf.lease.{event.kind}." + _token(event.target, "target")
+        case Deposited() | DepositFolded() | DepositRejected():
+            return "ppf.deposit." + deposit_key_id(event.key)
+        case Heartbeat():
+            return "ppf.agent." + _token(event.agent, "agent")
+        case AgentEnrolled():
+            return "ppf.agent." + _token(event.name, "agent")
+        case Configured():
+            return "ppf.config"
+        case SeedPlanned():
+            return "ppf.seed." + _token(event.plan, "plan")
+    raise SubjectError(f"no subject for {type(event).__name__}")

@@ -1,0 +1,1 @@
+"""The HTTP gateway: routes over the in-memory projections."""

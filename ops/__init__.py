@@ -1,0 +1,1 @@
+"""Operations: the ppf CLI, embedded NATS, the JetStream client, benchmarks."""

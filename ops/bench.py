@@ -1,0 +1,216 @@
+"""``ppf bench fold``: end-to-end fold throughput against the consume ceiling, same run.
+
+Phases, all against one real nats-server on loopback:
+1. publish N synthetic events (in a child process, so its memory is not ours);
+2. ceiling: nats-py ordered push consumer with a callback that does nothing;
+3. lean path: the firehose reader with no decoding;
+4. ppf: firehose + decode + reducers + DuckDB checkpoints into a fresh file (a replay);
+5. baseline: the design ppf replaces, a coordinator that upserts every report into
+   SQLite one row at a time (``INSERT OR REPLACE`` per report), over the same events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from events import Fetched, ProxyFailed, ProxyWorked, decode, encode, subject_for
+from ops.firehose import Firehose
+from ops.log import Log
+from ops.natsd import NatsServer, free_port
+from ops.progress import Progress
+from projections import Store, digest
+from projections.replay import replay
+
+__all__ = ["bench_fold", "publish_synthetic"]
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def publish_synthetic(url: str, n: int, proxies: int, seed: int) -> int:
+    """Publish with core NATS (no per-message ack wait), then wait for the stream head."""
+    from ops import synthetic
+
+    lg = await Log.connect(url, name="ppf-bench-publisher")
+    await lg.ensure_stream()
+    start = await lg.head_seq()
+    progress = Progress("publish", n)
+    sent = 0
+    for ev in synthetic.events(n, proxies=proxies, seed=seed):
+        await lg.nc.publish(subject_for(ev), encode(ev), headers={"Nats-Msg-Id": ev.id})
+        sent += 1
+        if sent % 20_000 == 0:
+            await lg.nc.flush()
+            # Keep the server's ingest queue short: wait for the stream to catch up.
+            while await lg.head_seq() < start + sent - 40_000:
+                await asyncio.sleep(0.01)
+            progress.update(sent)
+    await lg.nc.flush()
+    deadline = time.monotonic() + 60
+    while (head := await lg.head_seq()) < start + sent and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    progress.close()
+    await lg.close()
+    if head != start + sent:
+        raise RuntimeError(f"stream holds {head - start} of {sent} published events")
+    return head
+
+
+async def _ceiling_nats_py(url: str, head: int) -> float:
+    lg = await Log.connect(url, name="ppf-bench-ceiling")
+    done = asyncio.Event()
+    count = 0
+
+    async def cb(msg: Any) -> None:
+        nonlocal count
+        count += 1
+        if count >= head:
+            done.set()
+
+    t = time.perf_counter()
+    sub = await lg.js.subscribe("ppf.>", cb=cb, ordered_consumer=True)
+    await asyncio.wait_for(done.wait(), timeout=600)
+    elapsed = time.perf_counter() - t
+    await sub.unsubscribe()
+    await lg.close()
+    return head / elapsed
+
+
+async def _firehose_raw(url: str, head: int) -> float:
+    t = time.perf_counter()
+    n = 0
+    async for batch in Firehose(url).batches(until=head):
+        n += len(batch)
+    return n / (time.perf_counter() - t)
+
+
+async def _sqlite_baseline(url: str, head: int, budget_s: float, workdir: Path) -> dict[str, Any]:
+    """The old master: one ``INSERT OR REPLACE`` per report, committed per batch."""
+    con = sqlite3.connect(workdir / "baseline.sqlite")
+    con.execute("PRAGMA journal_mode=WAL")
+    con.execute(
+        "CREATE TABLE proxies (ip TEXT, port INTEGER, proto TEXT, last_seen INTEGER, "
+        "latency REAL, fails INTEGER, PRIMARY KEY (ip, port))"
+    )
+    con.execute("CREATE TABLE sources (url_id TEXT PRIMARY KEY, check_time INTEGER, ok INTEGER)")
+    t = time.perf_counter()
+    n = 0
+    async for batch in Firehose(url).batches(until=head):
+        for _seq, ts, _subject, payload in batch:
+            ev = decode(payload)
+            if isinstance(ev, ProxyWorked):
+                con.execute(
+                    "INSERT OR REPLACE INTO proxies VALUES (?, ?, ?, ?, ?, 0)",
+                    (ev.ip, ev.port, ev.proto, ts, ev.latency_ms),
+                )
+            elif isinstance(ev, ProxyFailed):
+                con.execute(
+                    "INSERT OR REPLACE INTO proxies (ip, port, proto, last_seen, fails) "
+                    "VALUES (?, ?, ?, ?, 1)",
+                    (ev.ip, ev.port, ev.proto, ts),
+                )
+            elif isinstance(ev, Fetched):
+                con.execute(
+                    "INSERT OR REPLACE INTO sources VALUES (?, ?, ?)", (ev.url_id, ts, ev.ok)
+                )
+            n += 1
+        con.commit()
+        if time.perf_counter() - t > budget_s:
+            break
+    elapsed = time.perf_counter() - t
+    con.close()
+    return {"events": n, "events_per_s": n / elapsed}
+
+
+async def bench_fold(
+    events: int = 1_000_000,
+    proxies: int = 100_000,
+    seed: int = 1,
+    nats_url: str | None = None,
+    baseline_budget_s: float = 20.0,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp:
+        workdir = Path(tmp)
+        server = None
+        if nats_url is None:
+            server = NatsServer(workdir / "nats", port=free_port())
+            server.start()
+            nats_url = server.url
+        try:
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ops.bench", "publish", nats_url, str(events),
+                str(proxies), str(seed),
+            )  # fmt: skip
+            if await child.wait() != 0:
+                raise RuntimeError("publishing the synthetic events failed")
+            lg = await Log.connect(nats_url)
+            head = await lg.head_seq()
+            await lg.close()
+            ceiling = await _ceiling_nats_py(nats_url, head)
+            lean = await _firehose_raw(nats_url, head)
+            rss_before = _rss_mb()
+            progress = Progress("fold", head)
+            t = time.perf_counter()
+            folder = await replay(
+                Firehose(nats_url).batches(until=head),
+                workdir / "fold.duckdb",
+                on_progress=progress.update,
+            )
+            fold_s = time.perf_counter() - t
+            progress.close()
+            seq = folder.state.last_seq
+            t = time.perf_counter()
+            live_digest = digest(folder.state)
+            digest_s = time.perf_counter() - t
+            rss_fold = _rss_mb()
+            proxies_in_projection = len(folder.state.proxies)
+            del folder
+            restored = Store(workdir / "fold.duckdb")
+            restore_ok = digest(restored.restore()) == live_digest
+            restored.close()
+            baseline = await _sqlite_baseline(nats_url, head, baseline_budget_s, workdir)
+        finally:
+            if server is not None:
+                server.stop()
+    fold_rate = seq / fold_s
+    return {
+        "events": seq,
+        "seed": seed,
+        "distinct_proxies": proxies_in_projection,
+        "fold_events_per_s": round(fold_rate),
+        "fold_seconds": round(fold_s, 2),
+        "ceiling_nats_py_ordered_cb_per_s": round(ceiling),
+        "fold_vs_ceiling": round(fold_rate / ceiling, 3),
+        "firehose_raw_per_s": round(lean),
+        "fold_vs_firehose_raw": round(fold_rate / lean, 3),
+        "digest_seconds": round(digest_s, 2),
+        "peak_rss_mb": round(rss_fold),
+        "rss_before_fold_mb": round(rss_before),
+        "restore_digest_equal": restore_ok,
+        "sqlite_baseline_events_per_s": round(baseline["events_per_s"]),
+        "sqlite_baseline_events": baseline["events"],
+        "speedup_vs_sqlite": round(fold_rate / baseline["events_per_s"], 1),
+        "digest": live_digest,
+    }
+
+
+def print_fold(result: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result))
+        return
+    for key, value in result.items():
+        print(f"{key:36} {value}")
+
+
+if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "publish":
+    _, _, url, n, px, sd = sys.argv
+    asyncio.run(publish_synthetic(url, int(n), int(px), int(sd)))

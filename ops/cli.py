@@ -1,0 +1,269 @@
+"""``ppf``: the command line (ARCHITECTURE.md §9)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from events import Configured, DecodeError, Settings, decode
+from ops import logs
+from ops.log import Log, LogError, fresh_id, now_ms
+
+__all__ = ["main"]
+
+log = structlog.get_logger("ppf")
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _hostport(text: str, default_port: int) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host:
+        return text, default_port
+    try:
+        return host, int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}") from None
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _configure_lab(lg: Log, lab: bool) -> None:
+    """Publish ``Configured`` when the log's last settings disagree with ``--lab``."""
+    current = await lg.last_event("ppf.config")
+    settings = current.settings if isinstance(current, Configured) else Settings()
+    if settings.lab == lab:
+        return
+    event = Configured(
+        id=fresh_id(),
+        agent="admin",
+        at=now_ms(),
+        settings=msgspec.structs.replace(settings, lab=lab),
+    )
+    await lg.publish(event)
+    log.info("settings_published", lab=lab)
+
+
+async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
+    from aiohttp import web
+
+    from gateway.app import make_app
+    from ops.fold_service import FoldService
+    from ops.natsd import NatsServer
+
+    server = None
+    url = args.nats
+    data = Path(getattr(args, "data", None) or "./data")
+    if embedded and url is None:
+        host, port = _hostport(args.nats_listen, 4222)
+        server = NatsServer(data / "nats", host, port)
+        await server.astart()
+        url = server.url
+    lg = await Log.connect(url or DEFAULT_NATS, name=f"ppf-{args.cmd}")
+    runner = None
+    fold = None
+    try:
+        await lg.ensure_stream()
+        if embedded:
+            await _configure_lab(lg, args.lab)
+        db = data / "ppf.duckdb" if args.cmd in ("up", "fold") else None
+        if db is not None:
+            data.mkdir(parents=True, exist_ok=True)
+        fold = FoldService(lg, db=db, dlq=args.cmd != "gateway")
+        await fold.start()
+        if args.cmd in ("up", "gateway"):
+            host, port = _hostport(args.listen, 8080)
+            runner = web.AppRunner(make_app(fold), access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, host, port).start()
+            print(f"ppf {args.cmd}: gateway http://{host}:{port}  nats {lg.url}  data {data}",
+                  flush=True)  # fmt: skip
+        else:
+            print(f"ppf fold: nats {lg.url}  db {db}", flush=True)
+        log.info("started", role=args.cmd, nats=lg.url)
+        await _wait_for_signal()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        if fold is not None:
+            await fold.stop()
+        await lg.close()
+        if server is not None:
+            await server.astop()
+    return 0
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    from ops.firehose import Firehose
+    from ops.progress import Progress
+    from projections import digest
+    from projections.replay import replay
+
+    expected = None
+    lg = await Log.connect(args.nats)
+    head = await lg.head_seq()
+    await lg.close()
+    to = head if args.to is None else min(args.to, head)
+    if args.verify:
+        if not args.gateway:
+            print("ppf replay: --verify needs --gateway URL", file=sys.stderr)
+            return 2
+        with urllib.request.urlopen(args.gateway.rstrip("/") + "/v1/stats", timeout=10) as r:
+            stats = json.load(r)
+        to, expected = int(stats["applied_seq"]), stats["digest"]
+    progress = Progress("replay", to)
+    folder = await replay(
+        Firehose(args.nats).batches(until=to), args.db, on_progress=progress.update
+    )
+    progress.close()
+    seq, dig = folder.state.last_seq, digest(folder.state)
+    print(json.dumps({"seq": seq, "digest": dig}))
+    if expected is not None and dig != expected:
+        print(f"ppf replay: digest differs from the gateway's {expected}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    from ops.firehose import Firehose
+
+    start = args.from_seq
+    if start is None:
+        lg = await Log.connect(args.nats)
+        start = await lg.head_seq() + 1
+        await lg.close()
+    async for batch in Firehose(args.nats, start).batches():
+        for seq, ts, subject, payload in batch:
+            try:
+                event = decode(payload)
+            except DecodeError as exc:
+                line = {"seq": seq, "ts": ts, "subject": subject.decode(), "error": str(exc)}
+            else:
+                if args.type and type(event).__name__ != args.type:
+                    continue
+                line = {"seq": seq, "ts": ts, "subject": subject.decode(),
+                        "event": msgspec.to_builtins(event)}  # fmt: skip
+            print(json.dumps(line), flush=True)
+    return 0
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from ops.schemas import generate
+
+    out = Path(args.out)
+    stale = []
+    for name, text in generate().items():
+        path = out / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(path)
+    if stale:
+        print("out of date (run `ppf schemas`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _bench(args: argparse.Namespace) -> int:
+    from ops.bench import bench_fold, print_fold
+
+    if args.what != "fold":
+        print(f"ppf bench {args.what}: not built yet (see the open issues)", file=sys.stderr)
+        return 2
+    result = await bench_fold(args.events, args.proxies, args.seed, args.nats)
+    print_fold(result, args.json)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ppf", description="open proxy discovery fleet")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    up = sub.add_parser("up", help="the whole system on one machine")
+    up.add_argument("--data", default="./data")
+    up.add_argument("--listen", default="127.0.0.1:8080")
+    up.add_argument("--nats-listen", default="127.0.0.1:4222")
+    up.add_argument("--nats", default=None, help="use this NATS; start none")
+    up.add_argument("--no-agents", action="store_true")
+    up.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
+
+    gw = sub.add_parser("gateway", help="the HTTP gateway alone")
+    gw.add_argument("--nats", default=DEFAULT_NATS)
+    gw.add_argument("--listen", default="127.0.0.1:8080")
+
+    fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
+    fo.add_argument("--nats", default=DEFAULT_NATS)
+    fo.add_argument("--data", default="./data")
+
+    rp = sub.add_parser("replay", help="rebuild projections from the log")
+    rp.add_argument("--db", required=True)
+    rp.add_argument("--to", type=int, default=None)
+    rp.add_argument("--verify", action="store_true")
+    rp.add_argument("--gateway", default=None)
+    rp.add_argument("--nats", default=DEFAULT_NATS)
+
+    tl = sub.add_parser("tail", help="print live events")
+    tl.add_argument("--type", default=None)
+    tl.add_argument("--from", dest="from_seq", type=int, default=None)
+    tl.add_argument("--nats", default=DEFAULT_NATS)
+
+    sc = sub.add_parser("schemas", help="write the generated schemas")
+    sc.add_argument("--check", action="store_true", help="fail when the files differ")
+    sc.add_argument("--out", default=str(REPO / "schemas"))
+
+    bn = sub.add_parser("bench", help="benchmarks")
+    bn.add_argument("what", choices=["fold", "lease", "query", "extract", "check", "pool"])
+    bn.add_argument("--events", type=int, default=1_000_000)
+    bn.add_argument("--proxies", type=int, default=100_000)
+    bn.add_argument("--seed", type=int, default=1)
+    bn.add_argument("--nats", default=None)
+    bn.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logs.configure()
+    try:
+        match args.cmd:
+            case "up":
+                return asyncio.run(_serve(args, embedded=True))
+            case "gateway" | "fold":
+                return asyncio.run(_serve(args, embedded=False))
+            case "replay":
+                return asyncio.run(_replay(args))
+            case "tail":
+                return asyncio.run(_tail(args))
+            case "schemas":
+                return _schemas(args)
+            case "bench":
+                return asyncio.run(_bench(args))
+    except LogError as exc:
+        print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,242 @@
+"""A lean, in-order reader of the PPF stream, speaking the NATS protocol itself.
+
+Why not nats-py here: its per-message parser and Msg objects cap an ordered consumer
+at about 130-180k msg/s on this machine (FIELD-NOTES.md), and the fold needs that time
+for itself. This reader opens its own connection, creates an ephemeral push consumer
+(no acks, flow control answered by hand, idle heartbeats), and hands out batches of
+``(stream_seq, server_ts_ms, subject, payload)`` parsed straight from the socket
+buffer. The ack reply subject carries the sequence and server timestamp:
+``$JS.ACK.<stream>.<consumer>.<delivered>.<stream_seq>.<consumer_seq>.<ts_ns>.<pending>``.
+
+Gaps are never tolerated: a consumer sequence that skips means the server dropped
+something for us, and the reader starts a new consumer right after the last stream
+sequence it handed out (what nats-py's ordered consumer does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import structlog
+
+from events import STREAM
+
+__all__ = ["Firehose", "FirehoseError", "Message"]
+
+log = structlog.get_logger("ppf.firehose")
+
+Message = tuple[int, int, bytes, bytes]  # stream seq, server ts (unix ms), subject, payload
+
+_CRLF = b"\r\n"
+_READ = 1 << 20
+# The common frame, matched in one C call: a data message with headers on sid 1 and a
+# v1 ack reply. Anything else (statuses, API replies, PING, other reply forms) takes
+# the general path below.
+_DATA = re.compile(
+    rb"HMSG ([^ ]+) 1 \$JS\.ACK\.[^. ]+\.[^. ]+\.\d+\.(\d+)\.(\d+)\.(\d+)\.\d+ (\d+) (\d+)\r\n"
+)
+
+
+class FirehoseError(RuntimeError):
+    pass
+
+
+class _Gap(Exception):
+    pass
+
+
+class Firehose:
+    """Iterate ``batches()`` from ``start_seq`` on, in stream order, forever or ``until``."""
+
+    def __init__(self, url: str, start_seq: int = 1, *, heartbeat_s: float = 2.0) -> None:
+        parts = urlsplit(url if "://" in url else f"nats://{url}")
+        self.host = parts.hostname or "127.0.0.1"
+        self.port = parts.port or 4222
+        self.next_seq = max(start_seq, 1)
+        self.heartbeat_s = heartbeat_s
+        self._inbox = ""
+        self._consumer = ""
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def batches(self, until: int | None = None) -> AsyncIterator[list[Message]]:
+        """Batches of messages; stops after ``until`` (a stream sequence) when given."""
+        backoff = 0.2
+        while until is None or self.next_seq <= until:
+            try:
+                async for batch in self._session(until):
+                    backoff = 0.2
+                    yield batch
+                return
+            except _Gap as gap:
+                log.warning("firehose_gap", next_seq=self.next_seq, detail=str(gap))
+            except (OSError, asyncio.IncompleteReadError, FirehoseError) as exc:
+                log.warning("firehose_reconnecting", next_seq=self.next_seq, error=repr(exc))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                await self._close()
+
+    async def _close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            if self._consumer:
+                api = f"$JS.API.CONSUMER.DELETE.{STREAM}.{self._consumer}"
+                writer.write(f"PUB {api} 0\r\n\r\n".encode())
+                self._consumer = ""
+            writer.close()
+            try:
+                await writer.wait_closed()
+            except OSError:
+                pass
+
+    async def _session(self, until: int | None) -> AsyncIterator[list[Message]]:
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 24)
+        self._writer = writer
+        info = await reader.readline()
+        if not info.startswith(b"INFO"):
+            raise FirehoseError(f"not a NATS server: {info[:40]!r}")
+        # A fresh inbox per session: a consumer of an earlier session lingers until its
+        # inactive threshold, and must never find an interested subscriber again.
+        self._inbox = f"_PPF.fh.{os.urandom(8).hex()}"
+        connect = {"verbose": False, "pedantic": False, "headers": True, "protocol": 1}
+        config = {
+            "stream_name": STREAM,
+            "config": {
+                "deliver_subject": self._inbox,
+                "deliver_policy": "by_start_sequence",
+                "opt_start_seq": self.next_seq,
+                "ack_policy": "none",
+                "replay_policy": "instant",
+                "flow_control": True,
+                "idle_heartbeat": int(self.heartbeat_s * 1e9),
+                "inactive_threshold": int(30e9),
+                "mem_storage": True,
+                "num_replicas": 1,
+            },
+        }
+        req = json.dumps(config).encode()
+        api = f"$JS.API.CONSUMER.CREATE.{STREAM}"
+        writer.write(
+            b"CONNECT " + json.dumps(connect).encode() + _CRLF
+            + f"SUB {self._inbox} 1\r\nSUB {self._inbox}.api 2\r\n".encode()
+            + f"PUB {api} {self._inbox}.api {len(req)}\r\n".encode() + req + _CRLF
+            + b"PING\r\n"
+        )  # fmt: skip
+        await writer.drain()
+        expect_cseq = 1
+        data = b""
+        while True:
+            chunk = await asyncio.wait_for(reader.read(_READ), timeout=self.heartbeat_s * 5)
+            if not chunk:
+                raise FirehoseError("connection closed by the server")
+            data = data + chunk if data else chunk
+            batch: list[Message] = []
+            pos = 0
+            end = len(data)
+            out: list[bytes] = []
+            fast = _DATA.match
+            while pos < end:
+                m = fast(data, pos)
+                if m is not None:
+                    subject, sseq_b, cseq_b, ts_b, hlen_b, total_b = m.groups()
+                    start = m.end()
+                    total = int(total_b)
+                    if start + total + 2 > end:
+                        break
+                    cseq = int(cseq_b)
+                    if cseq != expect_cseq:
+                        raise _Gap(f"consumer seq {cseq}, expected {expect_cseq}")
+                    sseq = int(sseq_b)
+                    if until is not None and sseq > until:
+                        if batch:
+                            yield batch
+                        return
+                    expect_cseq = cseq + 1
+                    self.next_seq = sseq + 1
+                    batch.append(
+                        (sseq, int(ts_b) // 1_000_000, subject,
+                         data[start + int(hlen_b) : start + total])
+                    )  # fmt: skip
+                    pos = start + total + 2
+                    continue
+                eol = data.find(_CRLF, pos)
+                if eol < 0:
+                    break
+                op = data[pos : pos + 4]
+                if op == b"MSG " or op == b"HMSG":
+                    parts = data[pos:eol].split(b" ")
+                    hmsg = op == b"HMSG"
+                    total = int(parts[-1])
+                    start = eol + 2
+                    if start + total + 2 > end:
+                        break
+                    pos = start + total + 2
+                    sid = parts[2]
+                    if sid == b"2":
+                        self._api_reply(data[start : start + total])
+                        continue
+                    if len(parts) < (6 if hmsg else 5):  # no reply subject: a status
+                        hdr = data[start : start + int(parts[-2])] if hmsg else b""
+                        self._status(hdr, None, out, expect_cseq)
+                        continue
+                    reply = parts[3]
+                    if not reply.startswith(b"$JS.ACK."):
+                        hdr = data[start : start + int(parts[-2])] if hmsg else b""
+                        self._status(hdr, reply, out, expect_cseq)
+                        continue
+                    tok = reply.split(b".")
+                    if len(tok) == 9:
+                        sseq, cseq, ts_ns = int(tok[5]), int(tok[6]), int(tok[7])
+                    else:  # v2 reply with domain and account hash
+                        sseq, cseq, ts_ns = int(tok[7]), int(tok[8]), int(tok[9])
+                    if cseq != expect_cseq:
+                        raise _Gap(f"consumer seq {cseq}, expected {expect_cseq}")
+                    expect_cseq += 1
+                    payload = (
+                        data[start + int(parts[-2]) : start + total]
+                        if hmsg
+                        else (data[start : start + total])
+                    )
+                    if until is not None and sseq > until:
+                        if batch:
+                            yield batch
+                        return
+                    self.next_seq = sseq + 1
+                    batch.append((sseq, ts_ns // 1_000_000, parts[1], payload))
+                else:
+                    line = data[pos:eol]
+                    pos = eol + 2
+                    if line == b"PING":
+                        out.append(b"PONG\r\n")
+                    elif line.startswith(b"-ERR"):
+                        raise FirehoseError(line.decode(errors="replace"))
+            data = data[pos:] if pos < end else b""
+            if out:
+                writer.write(b"".join(out))
+            if batch:
+                yield batch
+                if until is not None and self.next_seq > until:
+                    return
+
+    def _api_reply(self, body: bytes) -> None:
+        reply = json.loads(body)
+        if "error" in reply:
+            raise FirehoseError(f"consumer create failed: {reply['error']}")
+        self._consumer = reply.get("name", "")
+
+    def _status(self, hdr: bytes, reply: bytes | None, out: list[bytes], expect: int) -> None:
+        """Flow control requests get an empty reply; heartbeats reveal silent gaps."""
+        if b"FlowControl" in hdr and reply:
+            out.append(b"PUB " + reply + b" 0\r\n\r\n")
+            return
+        for line in hdr.split(_CRLF):
+            name, _, value = line.partition(b":")
+            if name == b"Nats-Last-Consumer" and int(value) >= expect:
+                raise _Gap(f"heartbeat says consumer seq {int(value)} was sent")
+            if name == b"Nats-Consumer-Stalled" and value.strip():
+                out.append(b"PUB " + value.strip() + b" 0\r\n\r\n")

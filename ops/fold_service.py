@@ -1,0 +1,138 @@
+"""The live fold: follows the stream, keeps the projections in memory, checkpoints them.
+
+It restores from its DuckDB file (when it has one), resumes at ``last_seq + 1``, and
+sends every message that fails to decode to ``ppf.dlq.<reason>`` with its reason and
+original sequence: kept, never folded, never a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import structlog
+
+from events import DecodeError, dlq_subject
+from ops.firehose import Firehose
+from ops.log import Log, LogError
+from projections import Checkpointer, Folder, Store, digest
+from reducers import State
+
+__all__ = ["FoldService"]
+
+log = structlog.get_logger("ppf.fold")
+
+
+class FoldService:
+    """One projection replica. ``db`` None keeps it in memory only (a gateway replica)."""
+
+    def __init__(
+        self,
+        log_client: Log,
+        *,
+        db: str | Path | None = None,
+        dlq: bool = True,
+        every_events: int = 500_000,
+        every_ms: int = 5_000,
+    ) -> None:
+        self.log = log_client
+        self.store = Store(db) if db is not None else None
+        self.state = self.store.restore() if self.store is not None else State()
+        self.checkpointer = (
+            Checkpointer(self.store, every_events=every_events, every_ms=every_ms)
+            if self.store is not None
+            else None
+        )
+        self.folder = Folder(self.state, self._reject if dlq else None)
+        self._dlq: asyncio.Queue[tuple[int, bytes, bytes, DecodeError]] = asyncio.Queue()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._advanced = asyncio.Condition()
+        self._digest: tuple[int, str] = (-1, "")
+        self._head = (0.0, 0)
+        self.dlq_sent = 0
+        log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
+
+    @property
+    def applied_seq(self) -> int:
+        return self.state.last_seq
+
+    def digest(self) -> str:
+        """The digest of all projections at ``applied_seq`` (cached per sequence)."""
+        seq = self.state.last_seq
+        if self._digest[0] != seq:
+            self._digest = (seq, digest(self.state))
+        return self._digest[1]
+
+    async def head_seq(self, max_age_s: float = 0.5) -> int:
+        at, seq = self._head
+        if time.monotonic() - at > max_age_s:
+            seq = await self.log.head_seq()
+            self._head = (time.monotonic(), seq)
+        return seq
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(), name="ppf-fold"),
+            asyncio.create_task(self._send_dlq(), name="ppf-dlq"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        if self.checkpointer is not None:
+            await self.checkpointer.flush(self.state)
+            self.checkpointer.close()
+        if self.store is not None:
+            self.store.close()
+        log.info("fold_stopped", last_seq=self.state.last_seq)
+
+    async def wait_for(self, seq: int, timeout: float) -> bool:
+        """Wait until the projection has applied ``seq``; False on timeout."""
+        async with self._advanced:
+            try:
+                await asyncio.wait_for(
+                    self._advanced.wait_for(lambda: self.state.last_seq >= seq), timeout
+                )
+            except TimeoutError:
+                return False
+        return True
+
+    async def _run(self) -> None:
+        hose = Firehose(self.log.url, self.state.last_seq + 1)
+        async for batch in hose.batches():
+            self.folder.apply(batch)
+            if self.checkpointer is not None:
+                await self.checkpointer.maybe(self.state)
+            async with self._advanced:
+                self._advanced.notify_all()
+            await asyncio.sleep(0)  # let queries and publishes in between batches
+
+    def _reject(self, seq: int, subject: bytes, payload: bytes, exc: DecodeError) -> None:
+        log.warning("event_rejected", seq=seq, subject=subject.decode(errors="replace"),
+                    reason=exc.reason, detail=exc.detail[:200])  # fmt: skip
+        self._dlq.put_nowait((seq, subject, payload, exc))
+
+    async def _send_dlq(self) -> None:
+        while True:
+            seq, subject, payload, exc = await self._dlq.get()
+            headers = {
+                "Ppf-Seq": str(seq),
+                "Ppf-Subject": subject.decode(errors="replace"),
+                "Ppf-Reason": exc.reason,
+                "Ppf-Error": exc.detail[:500],
+            }
+            while True:
+                try:
+                    # The id is derived from the original sequence: a fold that restarts
+                    # and meets the same bad message again stores its DLQ entry once.
+                    await self.log.publish_raw(
+                        dlq_subject(exc.reason), payload, msg_id=f"dlq-{seq}", headers=headers
+                    )
+                    self.dlq_sent += 1
+                    break
+                except LogError as err:
+                    log.warning("dlq_publish_retried", seq=seq, error=str(err))
+                    await asyncio.sleep(1.0)

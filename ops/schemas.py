@@ -1,0 +1,19 @@
+"""Generated, committed schemas: the event union's JSON Schema and the DuckDB DDL."""
+
+from __future__ import annotations
+
+import json
+
+from events import schema
+from projections.store import DDL
+
+__all__ = ["generate"]
+
+
+def generate() -> dict[str, str]:
+    """File name -> content, exactly as committed under schemas/."""
+    return {
+        "events.schema.json": json.dumps(schema(), indent=2, sort_keys=True) + "\n",
+        "duckdb.sql": "-- DuckDB DDL of the checkpointed projections (projections/store.py)\n"
+        + DDL,
+    }

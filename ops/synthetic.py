@@ -1,0 +1,117 @@
+"""Synthetic but realistic event streams, for benchmarks and load tests.
+
+The mix follows a working fleet: mostly proxy confirmations, then fetch/extract cycles
+of sources under leases, rechecks that fail, heartbeats and releases. Deterministic
+for a seed, which is printed by every caller.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+from events import (
+    AgentEnrolled,
+    Configured,
+    Event,
+    Extracted,
+    Fetched,
+    Heartbeat,
+    Leased,
+    ProxyFailed,
+    ProxyWorked,
+    Released,
+    Settings,
+    SourceAdded,
+    uuid7,
+)
+
+__all__ = ["events"]
+
+PROTOS = ("http", "https", "socks4", "socks5")
+ANON = ("transparent", "anonymous", "elite")
+
+
+def _ip(n: int) -> str:
+    # Spread over public /8s (1-99 skip 10), never a reserved range.
+    a = 1 + (n >> 16) % 98
+    a = a + 1 if a >= 10 else a
+    return f"{a}.{(n >> 8) & 255}.{n & 255}.{1 + n % 250}"
+
+
+def events(
+    n: int, *, proxies: int = 100_000, sources: int = 10_000, agents: int = 20, seed: int = 1
+) -> Iterator[Event]:
+    rng = random.Random(seed)
+    ms = 1_790_000_000_000
+    counter = 0
+
+    def eid() -> str:
+        nonlocal counter
+        counter += 1
+        return uuid7(ms + counter, counter.to_bytes(10, "big"))
+
+    names = [f"w{i:03d}" for i in range(agents)]
+    emitted = 0
+    for name in names:
+        yield AgentEnrolled(id=eid(), agent="admin", at=ms, name=name, role="worker",
+                            token_sha256="0" * 64)  # fmt: skip
+        emitted += 1
+    yield Configured(id=eid(), agent="admin", at=ms, settings=Settings())
+    emitted += 1
+    urls = [f"https://lists.example.net/{i}/proxies.txt" for i in range(sources)]
+    from events import url_id
+
+    uids = [url_id(u) for u in urls]
+    for u, uid in zip(urls, uids, strict=True):
+        if emitted >= n:
+            return
+        yield SourceAdded(id=eid(), agent="admin", at=ms, url=u, url_id=uid,
+                          proto_hint=PROTOS[rng.randrange(4)], origin="seed")  # fmt: skip
+        emitted += 1
+    held: list[tuple[str, str, str]] = []  # (lease, target, agent)
+    while emitted < n:
+        roll = rng.random()
+        agent = names[rng.randrange(agents)]
+        if roll < 0.72:
+            p = rng.randrange(proxies)
+            lease, target, _ = held[rng.randrange(len(held))] if held else ("", "", "")
+            ev: Event = ProxyWorked(
+                id=eid(), agent=agent, at=ms, ip=_ip(p), port=1024 + p % 50000,
+                proto=PROTOS[p % 4], latency_ms=rng.randrange(20, 3000),
+                exit_ip=_ip(p), anonymity=ANON[p % 3], source=target, lease=lease,
+            )  # fmt: skip
+        elif roll < 0.78:
+            p = rng.randrange(proxies)
+            ev = ProxyFailed(id=eid(), agent=agent, at=ms, ip=_ip(p), port=1024 + p % 50000,
+                             proto=PROTOS[p % 4], error="timeout")  # fmt: skip
+        elif roll < 0.83:
+            uid = uids[rng.randrange(sources)]
+            lease = eid()
+            held.append((lease, uid, agent))
+            ev = Leased(id=lease, agent=agent, at=ms, lease=lease, kind="source", target=uid,
+                        ttl_s=300)  # fmt: skip
+        elif roll < 0.88 and held:
+            lease, uid, holder = held[rng.randrange(len(held))]
+            ok = rng.random() > 0.1
+            ev = Fetched(id=eid(), agent=holder, at=ms, url_id=uid, lease=lease, ok=ok,
+                         error="" if ok else "timeout", http_status=200 if ok else 0,
+                         content_hash=f"{rng.getrandbits(64):016x}", bytes=rng.randrange(1 << 20),
+                         fetch_ms=rng.randrange(50, 5000), changed=rng.random() > 0.5)  # fmt: skip
+        elif roll < 0.92 and held:
+            lease, uid, holder = held[rng.randrange(len(held))]
+            ev = Extracted(id=eid(), agent=holder, at=ms, url_id=uid, count=rng.randrange(0, 2000),
+                           extractor="bench", lease=lease)  # fmt: skip
+        elif roll < 0.96 and held:
+            ev = Heartbeat(id=eid(), agent=agent, at=ms,
+                           leases=[h[0] for h in held[-3:] if h[2] == agent])  # fmt: skip
+        elif held:
+            lease, uid, holder = held.pop(rng.randrange(len(held)))
+            ev = Released(id=eid(), agent=holder, at=ms, lease=lease, target=uid,
+                          outcome="done" if rng.random() > 0.2 else "failed")  # fmt: skip
+        else:
+            continue
+        if len(held) > 500:
+            held.pop(0)
+        yield ev
+        emitted += 1

@@ -1,0 +1,115 @@
+"""Folds batches of raw log messages into a State, and checkpoints it to a Store.
+
+Used alike by the live fold and by replay, so both build the same projection from the
+same messages. Payloads are decoded here, once, at the edge of the core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from events import DLQ_PREFIX, DecodeError, decode
+from projections.store import Checkpoint, Store, collect
+from reducers import State, fold, skip
+
+__all__ = ["Checkpointer", "Folder", "Rejected"]
+
+Message = tuple[int, int, bytes, bytes]
+Rejected = Callable[[int, bytes, bytes, DecodeError], None]
+
+_DLQ = DLQ_PREFIX.encode()
+
+
+class Folder:
+    """Applies messages in stream order; a bad payload is handed to ``on_reject``."""
+
+    def __init__(self, state: State, on_reject: Rejected | None = None) -> None:
+        self.state = state
+        self.on_reject = on_reject
+        self.applied = 0
+        self.rejected = 0
+        self.last_ts = 0
+
+    def apply(self, batch: Iterable[Message]) -> int:
+        state = self.state
+        applied = 0
+        for seq, ts, subject, payload in batch:
+            if seq <= state.last_seq:
+                continue  # redelivered: applied already
+            if subject.startswith(_DLQ):
+                skip(state, seq, ts)  # kept in the log, never folded
+                continue
+            try:
+                event = decode(payload)
+            except DecodeError as exc:
+                self.rejected += 1
+                if self.on_reject is not None:
+                    self.on_reject(seq, subject, payload, exc)
+                skip(state, seq, ts)
+                continue
+            fold(state, event, seq, ts)  # type: ignore[arg-type]
+            applied += 1
+        if applied:
+            self.last_ts = ts
+        self.applied += applied
+        return applied
+
+
+class Checkpointer:
+    """Writes checkpoints every ``every_events`` applied events or ``every_ms`` of wall time.
+
+    Rows are collected on the caller's thread (a consistent cut of the state) and
+    written on one writer thread, so DuckDB's blocking calls never stall the loop; the
+    next checkpoint waits for the previous one, so they commit in order.
+    """
+
+    def __init__(self, store: Store, *, every_events: int = 500_000, every_ms: int = 5_000) -> None:
+        self.store = store
+        self.every_events = every_events
+        self.every_ms = every_ms
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ppf-checkpoint")
+        self._inflight: Future[None] | None = None
+        self._since_seq = 0
+        self._since_t = time.monotonic()
+        self.written = 0
+        self.rows = 0
+        self.last_written_seq = store.last_seq
+
+    def due(self, state: State) -> bool:
+        if state.last_seq - self._since_seq >= self.every_events:
+            return True
+        elapsed = (time.monotonic() - self._since_t) * 1000
+        return elapsed >= self.every_ms and state.last_seq > self.last_written_seq
+
+    async def maybe(self, state: State) -> bool:
+        if not self.due(state):
+            return False
+        await self.checkpoint(state)
+        return True
+
+    async def checkpoint(self, state: State) -> None:
+        cp = collect(state)
+        self._since_seq = state.last_seq
+        self._since_t = time.monotonic()
+        if self._inflight is not None:
+            await asyncio.wrap_future(self._inflight)
+        self._inflight = self._pool.submit(self._write, cp)
+
+    def _write(self, cp: Checkpoint) -> None:
+        self.store.write(cp)
+        self.written += 1
+        self.rows += cp.rows
+        self.last_written_seq = cp.last_seq
+
+    async def flush(self, state: State) -> None:
+        """Checkpoint what is left and wait until it is committed."""
+        await self.checkpoint(state)
+        if self._inflight is not None:
+            await asyncio.wrap_future(self._inflight)
+            self._inflight = None
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)

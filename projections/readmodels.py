@@ -1,0 +1,143 @@
+"""Answers at a given ``now``: source scores, due sources, proxy liveness and queries.
+
+Pure functions of the state and the caller's ``now`` (unix ms): the gateway passes its
+clock, a test passes any time it likes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from reducers.state import ProxyRow, SourceRow, State
+
+__all__ = [
+    "NEVER_FETCHED_BASE",
+    "ProxyFilter",
+    "ScoreWeights",
+    "due_sources",
+    "percentile",
+    "proxy_status",
+    "query_proxies",
+    "source_score",
+]
+
+NEVER_FETCHED_BASE = 1_000_000.0
+RESEED_MS = 6 * 3600 * 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreWeights:
+    """Query-time weights of the source score (ARCHITECTURE.md §5); configuration."""
+
+    yield_divisor: float = 100.0
+    working: float = 0.5
+    error: float = 0.5
+    error_cap: float = 4.0
+    stale: float = 0.2
+    stale_cap: float = 1.5
+    socks_boost: float = 0.25
+
+
+def source_score(row: SourceRow, now: int, w: ScoreWeights = ScoreWeights()) -> float:
+    if row.check_time == 0:
+        base = NEVER_FETCHED_BASE
+    else:
+        base = (now - row.check_time) / (max(row.check_interval, 1) * 1000)
+    boost = w.socks_boost if row.proto_hint.startswith("socks") else 0.0
+    return (
+        base
+        + min(row.yield_rate / w.yield_divisor, 1.0)
+        + w.working * row.working_ratio
+        - min(w.error * row.error, w.error_cap)
+        - min(w.stale * row.stale_count, w.stale_cap)
+        + boost
+    )
+
+
+def _due(row: SourceRow, score: float, now: int) -> bool:
+    if score >= 1.0:
+        return True
+    # An erroring source is retried at least every 6 h, whatever its score (reseed).
+    return row.error > 0 and now - row.check_time >= RESEED_MS
+
+
+def due_sources(
+    state: State, now: int, limit: int = 100, w: ScoreWeights = ScoreWeights()
+) -> list[tuple[float, SourceRow]]:
+    """Due sources, highest score first (never fetched first); ties by url_id."""
+    scored = []
+    for row in state.sources.values():
+        if not row.url:
+            continue
+        score = source_score(row, now, w)
+        if _due(row, score, now):
+            scored.append((score, row))
+    scored.sort(key=lambda pair: (-pair[0], pair[1].url_id))
+    return scored[:limit] if limit else scored
+
+
+def proxy_status(row: ProxyRow, now: int, ttl_s: int) -> str:
+    age = now - row.last_seen
+    ttl = ttl_s * 1000
+    if age <= ttl:
+        return "alive"
+    if age <= 3 * ttl:
+        return "stale"
+    return "dead"
+
+
+def percentile(samples: Iterable[int], q: float) -> int | None:
+    ordered = sorted(samples)
+    if not ordered:
+        return None
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass(frozen=True, slots=True)
+class ProxyFilter:
+    proto: str | None = None
+    country: str | None = None
+    asn: int | None = None
+    anonymity: str | None = None
+    max_latency_ms: float | None = None
+    status: str = "alive"  # alive, stale, dead, all
+    fresh_s: int | None = None
+    mitm: bool | None = None
+
+
+def _matches(row: ProxyRow, f: ProxyFilter, now: int, ttl_s: int) -> bool:
+    if f.proto is not None and f.proto not in row.protos:
+        return False
+    if f.anonymity is not None and row.anonymity != f.anonymity:
+        return False
+    if f.country is not None and row.country != f.country:
+        return False
+    if f.asn is not None and row.asn != f.asn:
+        return False
+    if f.max_latency_ms is not None and row.latency_ema > f.max_latency_ms:
+        return False
+    if f.mitm is not None and row.mitm != f.mitm:
+        return False
+    if f.fresh_s is not None and now - row.last_seen > f.fresh_s * 1000:
+        return False
+    return f.status == "all" or proxy_status(row, now, ttl_s) == f.status
+
+
+def query_proxies(
+    state: State,
+    now: int,
+    f: ProxyFilter,
+    *,
+    ttl_s: int | None = None,
+    sort: str = "latency",
+    limit: int = 100,
+) -> list[ProxyRow]:
+    ttl = state.settings.proxy_ttl_s if ttl_s is None else ttl_s
+    rows: Iterator[ProxyRow] = (row for row in state.proxies.values() if _matches(row, f, now, ttl))
+    if sort == "last_seen":
+        ordered = sorted(rows, key=lambda r: (-r.last_seen, r.ip, r.port))
+    else:
+        ordered = sorted(rows, key=lambda r: (r.latency_ema, r.ip, r.port))
+    return ordered[:limit] if limit else ordered

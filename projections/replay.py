@@ -1,0 +1,41 @@
+"""The replay driver: rebuild the projections from a run of log messages into a fresh file."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterable, Callable
+from pathlib import Path
+
+from projections.folder import Checkpointer, Folder, Message
+from projections.store import Store, StoreError
+from reducers import State
+
+__all__ = ["replay"]
+
+
+async def replay(
+    batches: AsyncIterable[list[Message]],
+    db: str | Path,
+    *,
+    on_progress: Callable[[int], None] | None = None,
+    every_events: int = 500_000,
+    every_ms: int = 5_000,
+) -> Folder:
+    """Fold every message into a new DuckDB file, committed; the folder holds the state."""
+    path = Path(db)
+    if path.exists():
+        raise StoreError(f"{path} exists: replay writes a fresh file, give another path")
+    store = Store(path)
+    state = State()
+    folder = Folder(state)
+    checkpointer = Checkpointer(store, every_events=every_events, every_ms=every_ms)
+    try:
+        async for batch in batches:
+            folder.apply(batch)
+            await checkpointer.maybe(state)
+            if on_progress is not None:
+                on_progress(state.last_seq)
+        await checkpointer.flush(state)
+    finally:
+        checkpointer.close()
+        store.close()
+    return folder

@@ -1,0 +1,137 @@
+"""The lease ledger: which agent holds which target, decided by log order alone.
+
+Rules (ARCHITECTURE.md §5): the first valid claim on a target with no live lease wins;
+events naming the live lease extend it; a release frees it; expiry and failed or
+abandoned releases count attempts; at the attempt budget the target is failed until
+a LeaseReset. Expiry is applied lazily, when the next message touches the target, at
+that message's timestamp, so every replica and replay sees it at the same point.
+"""
+
+from __future__ import annotations
+
+from events.catalogue import Deposited, Heartbeat, Leased, LeaseReset, Released, SeedPlanned
+from reducers.state import LeaseRow, State
+
+__all__ = ["claim", "deposit", "heartbeat", "plan", "release", "reset", "touch"]
+
+
+def _row(state: State, target: str, kind: str) -> LeaseRow:
+    row = state.leases.get(target)
+    if row is None:
+        row = LeaseRow(target=target, kind=kind)
+        state.leases[target] = row
+    return row
+
+
+def _count_attempt(state: State, row: LeaseRow) -> None:
+    row.attempts += 1
+    if row.attempts >= state.settings.attempt_budget:
+        row.status = "failed"
+
+
+def _end(state: State, row: LeaseRow) -> None:
+    state.lease_owner.pop(row.lease, None)
+    row.status = "free"
+    row.holder = ""
+
+
+def _expire(state: State, row: LeaseRow, ts: int) -> None:
+    if row.status == "leased" and ts > row.expires_at:
+        _end(state, row)
+        row.last_error = "expired"
+        _count_attempt(state, row)
+        state.dirty_leases.add(row.target)
+
+
+def _live(state: State, lease: str, ts: int) -> LeaseRow | None:
+    """The row whose live lease is ``lease`` at ``ts``, or None."""
+    target = state.lease_owner.get(lease)
+    if target is None:
+        return None
+    row = state.leases[target]
+    _expire(state, row, ts)
+    return row if row.status == "leased" and row.lease == lease else None
+
+
+def claim(state: State, event: Leased, seq: int, ts: int) -> bool:
+    """Arbitrate a claim in log order; True when granted."""
+    row = _row(state, event.target, event.kind)
+    _expire(state, row, ts)
+    state.dirty_leases.add(row.target)
+    if row.status != "free":
+        row.lost += 1
+        return False
+    settings = state.settings
+    ttl_s = min(max(event.ttl_s, settings.lease_ttl_min_s), settings.lease_ttl_max_s)
+    row.status = "leased"
+    row.kind = event.kind
+    row.holder = event.agent
+    row.lease = event.lease
+    row.epoch = seq
+    row.leased_at = ts
+    row.ttl_s = ttl_s
+    row.expires_at = ts + ttl_s * 1000
+    state.lease_owner[event.lease] = row.target
+    return True
+
+
+def touch(state: State, lease: str, agent: str, ts: int) -> bool:
+    """An event naming a lease its holder still holds extends it; False when lost."""
+    row = _live(state, lease, ts)
+    if row is None or row.holder != agent:
+        return False
+    row.expires_at = ts + row.ttl_s * 1000
+    state.dirty_leases.add(row.target)
+    return True
+
+
+def heartbeat(state: State, event: Heartbeat, ts: int) -> int:
+    """Extend every lease named; returns how many were no longer held."""
+    return sum(not touch(state, lease, event.agent, ts) for lease in event.leases)
+
+
+def release(state: State, event: Released, ts: int) -> bool:
+    row = _live(state, event.lease, ts)
+    if row is None or row.holder != event.agent:
+        return False
+    _end(state, row)
+    row.last_error = event.error
+    if event.outcome == "done":
+        row.attempts = 0
+    elif event.counted:
+        _count_attempt(state, row)
+    state.dirty_leases.add(row.target)
+    return True
+
+
+def reset(state: State, event: LeaseReset) -> None:
+    row = _row(state, event.target, event.kind)
+    _end(state, row)
+    row.attempts = 0
+    row.last_error = ""
+    state.dirty_leases.add(row.target)
+
+
+def plan(state: State, event: SeedPlanned) -> None:
+    """Create one seed target per planned range, its cursor at the range's start."""
+    for name, start, end in event.ranges:
+        target = f"{event.plan}-{name}"
+        row = state.leases.get(target)
+        if row is None:
+            row = _row(state, target, "seed")
+            row.cursor = start
+        row.end = end
+        state.dirty_leases.add(target)
+
+
+def deposit(state: State, event: Deposited, ts: int) -> bool:
+    """A deposit extends its lease and, on a seed range, moves the resume cursor."""
+    held = touch(state, event.lease, event.agent, ts)
+    if event.cursor is None:
+        return held
+    target = state.lease_owner.get(event.lease)
+    row = state.leases.get(target) if target is not None else None
+    if row is not None and row.kind == "seed":
+        row.cursor = max(row.cursor, min(event.cursor, row.end + 1))
+        state.dirty_leases.add(row.target)
+    return held

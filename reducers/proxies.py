@@ -1,0 +1,91 @@
+"""Proxy liveness: a proxy lives as long as some agent keeps confirming it.
+
+Liveness itself (alive / stale / dead) is a function of ``now`` and is answered by the
+read models; this module only records facts and evicts what the log's own time has
+left dead for good.
+"""
+
+from __future__ import annotations
+
+from events.catalogue import ProxyFailed, ProxyWorked
+from reducers.address import proxy_address_ok
+from reducers.state import ProxyKey, ProxyRow, State
+
+__all__ = ["SWEEP_MS", "failed", "sweep", "worked"]
+
+# Eviction runs when the log's time enters a new bucket of this size: a point every
+# replica and every replay meets at the same message.
+SWEEP_MS = 600_000
+
+
+def _add(items: tuple[str, ...], item: str, cap: int) -> tuple[str, ...]:
+    if not item or item in items or len(items) >= cap:
+        return items
+    return (*items, item)
+
+
+def worked(state: State, event: ProxyWorked, ts: int) -> ProxyRow | None:
+    """Record a confirmation; None when the address cannot be a proxy (rejected)."""
+    settings = state.settings
+    if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
+        return None
+    key: ProxyKey = (event.ip, event.port)
+    latency = max(event.latency_ms, 0)
+    row = state.proxies.get(key)
+    if row is None:
+        row = ProxyRow(
+            ip=event.ip,
+            port=event.port,
+            proto=event.proto,
+            protos=(event.proto,),
+            first_seen=ts,
+            last_seen=ts,
+            latency_ema=float(latency),
+        )
+        state.proxies[key] = row
+    else:
+        a = settings.ema_alpha
+        row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
+        if event.proto != row.proto:
+            row.proto = event.proto
+            row.protos = _add(row.protos, event.proto, 8)
+        if ts > row.last_seen:
+            row.last_seen = ts
+    row.confirmations += 1
+    row.fail_streak = 0
+    samples = row.samples
+    if len(samples) >= settings.latency_samples:
+        samples = samples[1 - settings.latency_samples :] if settings.latency_samples > 1 else ()
+    row.samples = (*samples, latency)
+    if event.exit_ip:
+        row.exit_ip = event.exit_ip
+    if event.anonymity:
+        row.anonymity = event.anonymity
+    row.mitm = event.mitm
+    row.agents = _add(row.agents, event.agent, settings.provenance_cap)
+    row.sources = _add(row.sources, event.source, settings.provenance_cap)
+    state.dirty_proxies.add(key)
+    return row
+
+
+def failed(state: State, event: ProxyFailed, ts: int) -> bool:
+    """Record a failed recheck of a known proxy; False when the proxy is unknown."""
+    key: ProxyKey = (event.ip, event.port)
+    row = state.proxies.get(key)
+    if row is None:
+        return False
+    row.fail_streak += 1
+    if ts > row.last_failed:
+        row.last_failed = ts
+    state.dirty_proxies.add(key)
+    return True
+
+
+def sweep(state: State, ts: int) -> int:
+    """Evict proxies dead for good (not seen for 3 TTLs) at log time ``ts``."""
+    horizon = ts - 3 * state.settings.proxy_ttl_s * 1000
+    dead = [key for key, row in state.proxies.items() if row.last_seen < horizon]
+    for key in dead:
+        del state.proxies[key]
+        state.dirty_proxies.add(key)
+    return len(dead)

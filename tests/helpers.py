@@ -1,0 +1,44 @@
+"""Builders of events for tests: fixed ids and times, so failures are reproducible."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from events import (
+    Event,
+    Leased,
+    ProxyWorked,
+    Released,
+    encode,
+    subject_for,
+)
+
+_ids = itertools.count(1)
+
+
+def eid() -> str:
+    return f"00000000-0000-7000-8000-{next(_ids):012d}"
+
+
+def worked(ip: str = "8.8.8.8", port: int = 8080, **kw: Any) -> ProxyWorked:
+    fields: dict[str, Any] = {"agent": "w1", "at": 0, "proto": "http", "latency_ms": 100}
+    fields.update(kw)
+    return ProxyWorked(id=eid(), ip=ip, port=port, **fields)
+
+
+def leased(target: str, agent: str = "w1", ttl_s: int = 60, kind: str = "source") -> Leased:
+    lid = eid()
+    return Leased(id=lid, agent=agent, at=0, lease=lid, kind=kind, target=target, ttl_s=ttl_s)  # type: ignore[arg-type]
+
+
+def released(lease: Leased, outcome: str = "done", counted: bool = True) -> Released:
+    return Released(
+        id=eid(), agent=lease.agent, at=0, lease=lease.lease, target=lease.target,
+        outcome=outcome, counted=counted, kind=lease.kind,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def message(seq: int, ts: int, event: Event) -> tuple[int, int, bytes, bytes]:
+    """A raw log message as the firehose hands it out."""
+    return (seq, ts, subject_for(event).encode(), encode(event))
