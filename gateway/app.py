@@ -41,8 +41,13 @@ def _reply(body: Any, status: int = 200) -> web.Response:
 
 
 def problem(status: int, kind: str, detail: str, **extra: Any) -> web.Response:
-    body = {"type": f"https://ppf.dev/problems/{kind}", "title": kind.replace("-", " "),
-            "status": status, "detail": detail, **extra}  # fmt: skip
+    body = {
+        "type": f"https://ppf.dev/problems/{kind}",
+        "title": kind.replace("-", " "),
+        "status": status,
+        "detail": detail,
+        **extra,
+    }
     return web.Response(
         body=_json.encode(body), status=status, content_type="application/problem+json"
     )

@@ -147,9 +147,15 @@ async def bench_fold(
             nats_url = server.url
         try:
             child = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "ops.bench", "publish", nats_url, str(events),
-                str(proxies), str(seed),
-            )  # fmt: skip
+                sys.executable,
+                "-m",
+                "ops.bench",
+                "publish",
+                nats_url,
+                str(events),
+                str(proxies),
+                str(seed),
+            )
             if await child.wait() != 0:
                 raise RuntimeError("publishing the synthetic events failed")
             lg = await Log.connect(nats_url)
@@ -212,5 +218,8 @@ def print_fold(result: dict[str, Any], as_json: bool) -> None:
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "publish":
+    from ops import logs
+
+    logs.configure()
     _, _, url, n, px, sd = sys.argv
     asyncio.run(publish_synthetic(url, int(n), int(px), int(sd)))

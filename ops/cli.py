@@ -26,14 +26,23 @@ DEFAULT_NATS = "nats://127.0.0.1:4222"
 REPO = Path(__file__).resolve().parent.parent
 
 
-def _hostport(text: str, default_port: int) -> tuple[str, int]:
+def _hostport(text: str, default_port: int = 0) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host:
         return text, default_port
     try:
-        return host, int(port)
+        number = int(port)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}") from None
+    if not 0 < number < 65536:
+        raise argparse.ArgumentTypeError(f"port out of range: {text!r}")
+    return host, number
+
+
+def _listen(text: str) -> str:
+    """argparse type: check HOST:PORT at parse time, keep the text."""
+    _hostport(text)
+    return text
 
 
 async def _wait_for_signal() -> None:
@@ -92,8 +101,10 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
             runner = web.AppRunner(make_app(fold), access_log=None)
             await runner.setup()
             await web.TCPSite(runner, host, port).start()
-            print(f"ppf {args.cmd}: gateway http://{host}:{port}  nats {lg.url}  data {data}",
-                  flush=True)  # fmt: skip
+            print(
+                f"ppf {args.cmd}: gateway http://{host}:{port}  nats {lg.url}  data {data}",
+                flush=True,
+            )
         else:
             print(f"ppf fold: nats {lg.url}  db {db}", flush=True)
         log.info("started", role=args.cmd, nats=lg.url)
@@ -157,8 +168,12 @@ async def _tail(args: argparse.Namespace) -> int:
             else:
                 if args.type and type(event).__name__ != args.type:
                     continue
-                line = {"seq": seq, "ts": ts, "subject": subject.decode(),
-                        "event": msgspec.to_builtins(event)}  # fmt: skip
+                line = {
+                    "seq": seq,
+                    "ts": ts,
+                    "subject": subject.decode(),
+                    "event": msgspec.to_builtins(event),
+                }
             print(json.dumps(line), flush=True)
     return 0
 
@@ -200,15 +215,15 @@ def _parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", help="the whole system on one machine")
     up.add_argument("--data", default="./data")
-    up.add_argument("--listen", default="127.0.0.1:8080")
-    up.add_argument("--nats-listen", default="127.0.0.1:4222")
+    up.add_argument("--listen", default="127.0.0.1:8080", type=_listen)
+    up.add_argument("--nats-listen", default="127.0.0.1:4222", type=_listen)
     up.add_argument("--nats", default=None, help="use this NATS; start none")
     up.add_argument("--no-agents", action="store_true")
     up.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
 
     gw = sub.add_parser("gateway", help="the HTTP gateway alone")
     gw.add_argument("--nats", default=DEFAULT_NATS)
-    gw.add_argument("--listen", default="127.0.0.1:8080")
+    gw.add_argument("--listen", default="127.0.0.1:8080", type=_listen)
 
     fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
     fo.add_argument("--nats", default=DEFAULT_NATS)

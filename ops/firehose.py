@@ -122,11 +122,15 @@ class Firehose:
         req = json.dumps(config).encode()
         api = f"$JS.API.CONSUMER.CREATE.{STREAM}"
         writer.write(
-            b"CONNECT " + json.dumps(connect).encode() + _CRLF
+            b"CONNECT "
+            + json.dumps(connect).encode()
+            + _CRLF
             + f"SUB {self._inbox} 1\r\nSUB {self._inbox}.api 2\r\n".encode()
-            + f"PUB {api} {self._inbox}.api {len(req)}\r\n".encode() + req + _CRLF
+            + f"PUB {api} {self._inbox}.api {len(req)}\r\n".encode()
+            + req
+            + _CRLF
             + b"PING\r\n"
-        )  # fmt: skip
+        )
         await writer.drain()
         expect_cseq = 1
         data = b""
@@ -159,9 +163,13 @@ class Firehose:
                     expect_cseq = cseq + 1
                     self.next_seq = sseq + 1
                     batch.append(
-                        (sseq, int(ts_b) // 1_000_000, subject,
-                         data[start + int(hlen_b) : start + total])
-                    )  # fmt: skip
+                        (
+                            sseq,
+                            int(ts_b) // 1_000_000,
+                            subject,
+                            data[start + int(hlen_b) : start + total],
+                        )
+                    )
                     pos = start + total + 2
                     continue
                 eol = data.find(_CRLF, pos)

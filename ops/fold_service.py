@@ -111,8 +111,13 @@ class FoldService:
             await asyncio.sleep(0)  # let queries and publishes in between batches
 
     def _reject(self, seq: int, subject: bytes, payload: bytes, exc: DecodeError) -> None:
-        log.warning("event_rejected", seq=seq, subject=subject.decode(errors="replace"),
-                    reason=exc.reason, detail=exc.detail[:200])  # fmt: skip
+        log.warning(
+            "event_rejected",
+            seq=seq,
+            subject=subject.decode(errors="replace"),
+            reason=exc.reason,
+            detail=exc.detail[:200],
+        )
         self._dlq.put_nowait((seq, subject, payload, exc))
 
     async def _send_dlq(self) -> None:

@@ -16,6 +16,7 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -23,7 +24,7 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StreamConfig
+from nats.js.api import StorageType, StoreCompression, StreamConfig
 
 from events import STREAM, STREAM_SUBJECTS, Event, decode, encode, subject_for, uuid7
 
@@ -61,6 +62,23 @@ class Published:
     duplicate: bool
 
 
+async def _probe(url: str, timeout: float) -> None:
+    """Fail fast when no server of ``url`` (comma-separated list) accepts a connection."""
+    errors = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(parts.hostname or "127.0.0.1", parts.port or 4222), timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            errors.append(f"{one.strip()}: {exc!r}")
+            continue
+        writer.close()
+        return
+    raise LogError(f"cannot connect to NATS at {url}: " + "; ".join(errors))
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -80,18 +98,36 @@ class Log:
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "ppf", timeout: float = 5.0) -> Log:
+        async def error_cb(exc: Exception) -> None:
+            log.warning("nats_error", url=url, error=repr(exc))
+
+        async def disconnected_cb() -> None:
+            log.warning("nats_disconnected", url=url)
+
+        async def reconnected_cb() -> None:
+            log.info("nats_reconnected", url=url)
+
+        await _probe(url, timeout)
         try:
-            nc = await nats.connect(
-                url,
-                name=name,
-                connect_timeout=timeout,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.5,
-                allow_reconnect=True,
-                pending_size=64 * 1024 * 1024,
+            # Reconnect forever once connected, but a first connect that fails is an
+            # operator's error to report now, not to retry silently.
+            nc = await asyncio.wait_for(
+                nats.connect(
+                    url,
+                    name=name,
+                    connect_timeout=timeout,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.5,
+                    allow_reconnect=True,
+                    pending_size=64 * 1024 * 1024,
+                    error_cb=error_cb,
+                    disconnected_cb=disconnected_cb,
+                    reconnected_cb=reconnected_cb,
+                ),
+                timeout,
             )
-        except (OSError, nats.errors.Error) as exc:
-            raise LogError(f"cannot connect to NATS at {url}: {exc}") from exc
+        except (OSError, TimeoutError, nats.errors.Error) as exc:
+            raise LogError(f"cannot connect to NATS at {url}: {exc!r}") from exc
         return cls(nc, nc.jetstream(timeout=timeout), url)
 
     async def close(self) -> None:
@@ -106,6 +142,7 @@ class Log:
             storage=StorageType.FILE,
             duplicate_window=DUPLICATE_WINDOW_S,
             allow_direct=True,
+            compression=StoreCompression.S2,
         )
         try:
             await self.js.add_stream(config)

@@ -54,8 +54,9 @@ def events(
     names = [f"w{i:03d}" for i in range(agents)]
     emitted = 0
     for name in names:
-        yield AgentEnrolled(id=eid(), agent="admin", at=ms, name=name, role="worker",
-                            token_sha256="0" * 64)  # fmt: skip
+        yield AgentEnrolled(
+            id=eid(), agent="admin", at=ms, name=name, role="worker", token_sha256="0" * 64
+        )
         emitted += 1
     yield Configured(id=eid(), agent="admin", at=ms, settings=Settings())
     emitted += 1
@@ -66,8 +67,15 @@ def events(
     for u, uid in zip(urls, uids, strict=True):
         if emitted >= n:
             return
-        yield SourceAdded(id=eid(), agent="admin", at=ms, url=u, url_id=uid,
-                          proto_hint=PROTOS[rng.randrange(4)], origin="seed")  # fmt: skip
+        yield SourceAdded(
+            id=eid(),
+            agent="admin",
+            at=ms,
+            url=u,
+            url_id=uid,
+            proto_hint=PROTOS[rng.randrange(4)],
+            origin="seed",
+        )
         emitted += 1
     held: list[tuple[str, str, str]] = []  # (lease, target, agent)
     while emitted < n:
@@ -77,38 +85,78 @@ def events(
             p = rng.randrange(proxies)
             lease, target, _ = held[rng.randrange(len(held))] if held else ("", "", "")
             ev: Event = ProxyWorked(
-                id=eid(), agent=agent, at=ms, ip=_ip(p), port=1024 + p % 50000,
-                proto=PROTOS[p % 4], latency_ms=rng.randrange(20, 3000),
-                exit_ip=_ip(p), anonymity=ANON[p % 3], source=target, lease=lease,
-            )  # fmt: skip
+                id=eid(),
+                agent=agent,
+                at=ms,
+                ip=_ip(p),
+                port=1024 + p % 50000,
+                proto=PROTOS[p % 4],
+                latency_ms=rng.randrange(20, 3000),
+                exit_ip=_ip(p),
+                anonymity=ANON[p % 3],
+                source=target,
+                lease=lease,
+            )
         elif roll < 0.78:
             p = rng.randrange(proxies)
-            ev = ProxyFailed(id=eid(), agent=agent, at=ms, ip=_ip(p), port=1024 + p % 50000,
-                             proto=PROTOS[p % 4], error="timeout")  # fmt: skip
+            ev = ProxyFailed(
+                id=eid(),
+                agent=agent,
+                at=ms,
+                ip=_ip(p),
+                port=1024 + p % 50000,
+                proto=PROTOS[p % 4],
+                error="timeout",
+            )
         elif roll < 0.83:
             uid = uids[rng.randrange(sources)]
             lease = eid()
             held.append((lease, uid, agent))
-            ev = Leased(id=lease, agent=agent, at=ms, lease=lease, kind="source", target=uid,
-                        ttl_s=300)  # fmt: skip
+            ev = Leased(
+                id=lease, agent=agent, at=ms, lease=lease, kind="source", target=uid, ttl_s=300
+            )
         elif roll < 0.88 and held:
             lease, uid, holder = held[rng.randrange(len(held))]
             ok = rng.random() > 0.1
-            ev = Fetched(id=eid(), agent=holder, at=ms, url_id=uid, lease=lease, ok=ok,
-                         error="" if ok else "timeout", http_status=200 if ok else 0,
-                         content_hash=f"{rng.getrandbits(64):016x}", bytes=rng.randrange(1 << 20),
-                         fetch_ms=rng.randrange(50, 5000), changed=rng.random() > 0.5)  # fmt: skip
+            ev = Fetched(
+                id=eid(),
+                agent=holder,
+                at=ms,
+                url_id=uid,
+                lease=lease,
+                ok=ok,
+                error="" if ok else "timeout",
+                http_status=200 if ok else 0,
+                content_hash=f"{rng.getrandbits(64):016x}",
+                bytes=rng.randrange(1 << 20),
+                fetch_ms=rng.randrange(50, 5000),
+                changed=rng.random() > 0.5,
+            )
         elif roll < 0.92 and held:
             lease, uid, holder = held[rng.randrange(len(held))]
-            ev = Extracted(id=eid(), agent=holder, at=ms, url_id=uid, count=rng.randrange(0, 2000),
-                           extractor="bench", lease=lease)  # fmt: skip
+            ev = Extracted(
+                id=eid(),
+                agent=holder,
+                at=ms,
+                url_id=uid,
+                count=rng.randrange(0, 2000),
+                extractor="bench",
+                lease=lease,
+            )
         elif roll < 0.96 and held:
-            ev = Heartbeat(id=eid(), agent=agent, at=ms,
-                           leases=[h[0] for h in held[-3:] if h[2] == agent])  # fmt: skip
+            ev = Heartbeat(
+                id=eid(), agent=agent, at=ms, leases=[h[0] for h in held[-3:] if h[2] == agent]
+            )
         elif held:
             lease, uid, holder = held.pop(rng.randrange(len(held)))
-            ev = Released(id=eid(), agent=holder, at=ms, lease=lease, target=uid,
-                          outcome="done" if rng.random() > 0.2 else "failed")  # fmt: skip
+            ev = Released(
+                id=eid(),
+                agent=holder,
+                at=ms,
+                lease=lease,
+                target=uid,
+                outcome="done" if rng.random() > 0.2 else "failed",
+            )
         else:
             continue
         if len(held) > 500:

@@ -34,9 +34,15 @@ def leased(target: str, agent: str = "w1", ttl_s: int = 60, kind: str = "source"
 
 def released(lease: Leased, outcome: str = "done", counted: bool = True) -> Released:
     return Released(
-        id=eid(), agent=lease.agent, at=0, lease=lease.lease, target=lease.target,
-        outcome=outcome, counted=counted, kind=lease.kind,  # type: ignore[arg-type]
-    )  # fmt: skip
+        id=eid(),
+        agent=lease.agent,
+        at=0,
+        lease=lease.lease,
+        target=lease.target,
+        outcome=outcome,
+        counted=counted,
+        kind=lease.kind,  # type: ignore[arg-type]
+    )
 
 
 def message(seq: int, ts: int, event: Event) -> tuple[int, int, bytes, bytes]:

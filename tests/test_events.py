@@ -11,16 +11,29 @@ import events as ev
 from tests.helpers import eid, leased, worked
 
 SAMPLES: list[ev.Event] = [
-    ev.SourceAdded(id=eid(), agent="a", at=1, url="http://x.example/l.txt",
-                   url_id=ev.url_id("http://x.example/l.txt"), origin="seed"),  # fmt: skip
+    ev.SourceAdded(
+        id=eid(),
+        agent="a",
+        at=1,
+        url="http://x.example/l.txt",
+        url_id=ev.url_id("http://x.example/l.txt"),
+        origin="seed",
+    ),
     leased("abcdef0123456789"),
     ev.Heartbeat(id=eid(), agent="w1", at=1, leases=["l1", "l2"]),
-    ev.Released(id=eid(), agent="w1", at=1, lease="l1", target="s001", outcome="failed",
-                kind="recheck"),  # fmt: skip
+    ev.Released(
+        id=eid(), agent="w1", at=1, lease="l1", target="s001", outcome="failed", kind="recheck"
+    ),
     ev.LeaseReset(id=eid(), agent="admin", at=1, target="s001", kind="recheck"),
     ev.Fetched(id=eid(), agent="w1", at=1, url_id="abcdef0123456789", ok=True, changed=True),
-    ev.Extracted(id=eid(), agent="w1", at=1, url_id="abcdef0123456789", count=1,
-                 candidates=[("8.8.8.8", 80, "http", 0.9)]),  # fmt: skip
+    ev.Extracted(
+        id=eid(),
+        agent="w1",
+        at=1,
+        url_id="abcdef0123456789",
+        count=1,
+        candidates=[("8.8.8.8", 80, "http", 0.9)],
+    ),
     worked(),
     ev.ProxyFailed(id=eid(), agent="c1", at=1, ip="8.8.8.8", port=80, proto="http"),
     ev.Deposited(id=eid(), agent="s1", at=1, key="plan-r1-0", sha256="0" * 64, bytes=3, cursor=9),
@@ -28,8 +41,9 @@ SAMPLES: list[ev.Event] = [
     ev.DepositRejected(id=eid(), agent="fold", at=1, key="plan-r1-0", reason="digest"),
     ev.Discovered(id=eid(), agent="w1", at=1, parent="abcdef0123456789", urls=["http://y/"]),
     ev.SeedPlanned(id=eid(), agent="admin", at=1, plan="p1", input="k", ranges=[("r0", 0, 9)]),
-    ev.AgentEnrolled(id=eid(), agent="admin", at=1, name="w1", role="worker",
-                     token_sha256="0" * 64),  # fmt: skip
+    ev.AgentEnrolled(
+        id=eid(), agent="admin", at=1, name="w1", role="worker", token_sha256="0" * 64
+    ),
     ev.Configured(id=eid(), agent="admin", at=1, settings=ev.Settings(lab=True)),
 ]
 
@@ -85,8 +99,11 @@ def test_bad_token_is_refused() -> None:
         (b"{not json", "undecodable"),
         (b'{"type": "NoSuchEvent", "id": "x", "agent": "a", "at": 1}', "unknown_type"),
         (b'{"type": "ProxyWorked", "id": "x", "agent": "a", "at": 1}', "invalid"),
-        (b'{"type": "ProxyWorked", "id": "x", "agent": "a", "at": 1, "ip": "1.2.3.4", '
-         b'"port": "eighty", "proto": "http", "latency_ms": 1}', "invalid"),  # fmt: skip
+        (
+            b'{"type": "ProxyWorked", "id": "x", "agent": "a", "at": 1, "ip": "1.2.3.4", '
+            b'"port": "eighty", "proto": "http", "latency_ms": 1}',
+            "invalid",
+        ),
         (b"[]", "invalid"),
     ],
 )

@@ -37,10 +37,20 @@ class Log:
 
 @pytest.mark.parametrize(
     ("ip", "port"),
-    [("10.0.0.1", 80), ("1.2.3.4", 0), ("999.1.1.1", 80), ("127.0.0.1", 3128),
-     ("192.168.1.1", 8080), ("224.0.0.1", 80), ("1.2.3.4", 65536), ("01.2.3.4", 80),
-     ("1.2.3", 80), ("::1", 80), ("fe80::1", 80)],
-)  # fmt: skip
+    [
+        ("10.0.0.1", 80),
+        ("1.2.3.4", 0),
+        ("999.1.1.1", 80),
+        ("127.0.0.1", 3128),
+        ("192.168.1.1", 8080),
+        ("224.0.0.1", 80),
+        ("1.2.3.4", 65536),
+        ("01.2.3.4", 80),
+        ("1.2.3", 80),
+        ("::1", 80),
+        ("fe80::1", 80),
+    ],
+)
 def test_non_public_addresses_never_become_proxies(ip: str, port: int) -> None:
     log = Log()
     log(worked(ip, port))
@@ -65,8 +75,16 @@ def test_lab_mode_from_the_log_admits_loopback() -> None:
 def test_confirmations_latency_and_provenance() -> None:
     log = Log()
     for i, lat in enumerate([100, 200, 300, 400]):
-        log(worked(latency_ms=lat, agent=f"w{i % 2}", source="src1", exit_ip="9.9.9.9",
-                   anonymity="elite"), at_s=i)  # fmt: skip
+        log(
+            worked(
+                latency_ms=lat,
+                agent=f"w{i % 2}",
+                source="src1",
+                exit_ip="9.9.9.9",
+                anonymity="elite",
+            ),
+            at_s=i,
+        )
     row = log.state.proxies[("8.8.8.8", 8080)]
     assert row.confirmations == 4
     assert row.samples == (100, 200, 300, 400)
@@ -213,14 +231,21 @@ def test_release_by_a_non_holder_is_late() -> None:
 
 def test_seed_cursor_only_moves_forward_within_the_range() -> None:
     log = Log()
-    log(ev.SeedPlanned(id=eid(), agent="admin", at=0, plan="p", input="k",
-                       ranges=[("r0", 0, 99)]))  # fmt: skip
+    log(ev.SeedPlanned(id=eid(), agent="admin", at=0, plan="p", input="k", ranges=[("r0", 0, 99)]))
     lease = leased("p-r0", "s1", kind="seed")
     log(lease)
 
     def deposit(cursor: int) -> ev.Deposited:
-        return ev.Deposited(id=eid(), agent="s1", at=0, lease=lease.lease, key=f"p-r0-{cursor}",
-                            sha256="0" * 64, bytes=1, cursor=cursor)  # fmt: skip
+        return ev.Deposited(
+            id=eid(),
+            agent="s1",
+            at=0,
+            lease=lease.lease,
+            key=f"p-r0-{cursor}",
+            sha256="0" * 64,
+            bytes=1,
+            cursor=cursor,
+        )
 
     log(deposit(40))
     log(deposit(20))
@@ -233,8 +258,17 @@ def test_seed_cursor_only_moves_forward_within_the_range() -> None:
 
 
 def _fetched(uid: str, ok: bool, changed: bool = True, lease: str = "") -> ev.Fetched:
-    return ev.Fetched(id=eid(), agent="w1", at=0, url_id=uid, lease=lease, ok=ok,
-                      changed=changed, content_hash="h", fetch_ms=100)  # fmt: skip
+    return ev.Fetched(
+        id=eid(),
+        agent="w1",
+        at=0,
+        url_id=uid,
+        lease=lease,
+        ok=ok,
+        changed=changed,
+        content_hash="h",
+        fetch_ms=100,
+    )
 
 
 def _source(log: Log, url: str = "http://list.example/p.txt") -> str:

