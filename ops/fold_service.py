@@ -37,13 +37,15 @@ class FoldService:
         every_ms: int = 5_000,
     ) -> None:
         self.log = log_client
-        self.store = Store(db) if db is not None else None
-        self.state = self.store.restore() if self.store is not None else State()
-        self.checkpointer = (
-            Checkpointer(self.store, every_events=every_events, every_ms=every_ms)
-            if self.store is not None
-            else None
-        )
+        self.state = State()
+        self.checkpointer = None
+        if db is not None:
+            store = Store(db)  # restore here; the checkpoint writer owns the file after
+            try:
+                self.state = store.restore()
+            finally:
+                store.close()
+            self.checkpointer = Checkpointer(db, every_events=every_events, every_ms=every_ms)
         self.folder = Folder(self.state, self._reject if dlq else None)
         self._dlq: asyncio.Queue[tuple[int, bytes, bytes, DecodeError]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
@@ -72,6 +74,8 @@ class FoldService:
         return seq
 
     async def start(self) -> None:
+        if self.checkpointer is not None:
+            await self.checkpointer.start()
         self._tasks = [
             asyncio.create_task(self._run(), name="ppf-fold"),
             asyncio.create_task(self._send_dlq(), name="ppf-dlq"),
@@ -84,9 +88,7 @@ class FoldService:
         self._tasks = []
         if self.checkpointer is not None:
             await self.checkpointer.flush(self.state)
-            self.checkpointer.close()
-        if self.store is not None:
-            self.store.close()
+            await self.checkpointer.close()
         log.info("fold_stopped", last_seq=self.state.last_seq)
 
     async def wait_for(self, seq: int, timeout: float) -> bool:

@@ -77,13 +77,16 @@ def events(
             origin="seed",
         )
         emitted += 1
-    held: list[tuple[str, str, str]] = []  # (lease, target, agent)
+    held: list[tuple[str, int, str]] = []  # (lease, source index, agent)
+    per_source = max(proxies // sources, 1)
     while emitted < n:
         roll = rng.random()
         agent = names[rng.randrange(agents)]
-        if roll < 0.72:
-            p = rng.randrange(proxies)
-            lease, target, _ = held[rng.randrange(len(held))] if held else ("", "", "")
+        if roll < 0.72 and held:
+            # A worker confirms a proxy listed on the source it holds a lease on; each
+            # list holds its own slice of the proxies, as real lists mostly do.
+            lease, s, agent = held[rng.randrange(len(held))]
+            p = (s + sources * rng.randrange(per_source)) % proxies
             ev: Event = ProxyWorked(
                 id=eid(),
                 agent=agent,
@@ -94,7 +97,7 @@ def events(
                 latency_ms=rng.randrange(20, 3000),
                 exit_ip=_ip(p),
                 anonymity=ANON[p % 3],
-                source=target,
+                source=uids[s],
                 lease=lease,
             )
         elif roll < 0.78:
@@ -108,15 +111,16 @@ def events(
                 proto=PROTOS[p % 4],
                 error="timeout",
             )
-        elif roll < 0.83:
-            uid = uids[rng.randrange(sources)]
+        elif roll < 0.83 or not held:
+            s = rng.randrange(sources)
             lease = eid()
-            held.append((lease, uid, agent))
+            held.append((lease, s, agent))
             ev = Leased(
-                id=lease, agent=agent, at=ms, lease=lease, kind="source", target=uid, ttl_s=300
+                id=lease, agent=agent, at=ms, lease=lease, kind="source", target=uids[s], ttl_s=300
             )
-        elif roll < 0.88 and held:
-            lease, uid, holder = held[rng.randrange(len(held))]
+        elif roll < 0.88:
+            lease, s, holder = held[rng.randrange(len(held))]
+            uid = uids[s]
             ok = rng.random() > 0.1
             ev = Fetched(
                 id=eid(),
@@ -132,8 +136,9 @@ def events(
                 fetch_ms=rng.randrange(50, 5000),
                 changed=rng.random() > 0.5,
             )
-        elif roll < 0.92 and held:
-            lease, uid, holder = held[rng.randrange(len(held))]
+        elif roll < 0.92:
+            lease, s, holder = held[rng.randrange(len(held))]
+            uid = uids[s]
             ev = Extracted(
                 id=eid(),
                 agent=holder,
@@ -143,12 +148,13 @@ def events(
                 extractor="bench",
                 lease=lease,
             )
-        elif roll < 0.96 and held:
+        elif roll < 0.96:
             ev = Heartbeat(
                 id=eid(), agent=agent, at=ms, leases=[h[0] for h in held[-3:] if h[2] == agent]
             )
-        elif held:
-            lease, uid, holder = held.pop(rng.randrange(len(held)))
+        else:
+            lease, s, holder = held.pop(rng.randrange(len(held)))
+            uid = uids[s]
             ev = Released(
                 id=eid(),
                 agent=holder,
@@ -157,8 +163,6 @@ def events(
                 target=uid,
                 outcome="done" if rng.random() > 0.2 else "failed",
             )
-        else:
-            continue
         if len(held) > 500:
             held.pop(0)
         yield ev

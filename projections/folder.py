@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 from events import DLQ_PREFIX, DecodeError, decode
-from projections.store import Checkpoint, Store, collect
+from projections.store import collect
+from projections.writer import ProcessWriter
 from reducers import State, fold, skip
 
 __all__ = ["Checkpointer", "Folder", "Rejected"]
@@ -61,28 +62,38 @@ class Folder:
 class Checkpointer:
     """Writes checkpoints every ``every_events`` applied events or ``every_ms`` of wall time.
 
-    Rows are collected on the caller's thread (a consistent cut of the state) and
-    written on one writer thread, so DuckDB's blocking calls never stall the loop; the
-    next checkpoint waits for the previous one, so they commit in order.
+    Rows are encoded on the caller's thread (a consistent cut of the state) and written
+    by a child process (``ProcessWriter``), so DuckDB never holds this process's GIL;
+    the next checkpoint waits for the previous one, so they commit in order.
     """
 
-    def __init__(self, store: Store, *, every_events: int = 500_000, every_ms: int = 5_000) -> None:
-        self.store = store
+    def __init__(
+        self, path: str | Path, *, every_events: int = 500_000, every_ms: int = 5_000
+    ) -> None:
+        self.writer = ProcessWriter(path)
         self.every_events = every_events
         self.every_ms = every_ms
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ppf-checkpoint")
-        self._inflight: Future[None] | None = None
+        self._inflight: asyncio.Task[int] | None = None
         self._since_seq = 0
         self._since_t = time.monotonic()
         self.written = 0
         self.rows = 0
-        self.last_written_seq = store.last_seq
+
+    @property
+    def last_written_seq(self) -> int:
+        return self.writer.last_seq
+
+    async def start(self) -> int:
+        """Start the writer; returns the last_seq committed in the file."""
+        await self.writer.start()
+        self._since_seq = self.writer.last_seq
+        return self.writer.last_seq
 
     def due(self, state: State) -> bool:
         if state.last_seq - self._since_seq >= self.every_events:
             return True
         elapsed = (time.monotonic() - self._since_t) * 1000
-        return elapsed >= self.every_ms and state.last_seq > self.last_written_seq
+        return elapsed >= self.every_ms and state.last_seq > self._since_seq
 
     async def maybe(self, state: State) -> bool:
         if not self.due(state):
@@ -95,21 +106,20 @@ class Checkpointer:
         self._since_seq = state.last_seq
         self._since_t = time.monotonic()
         if self._inflight is not None:
-            await asyncio.wrap_future(self._inflight)
-        self._inflight = self._pool.submit(self._write, cp)
-
-    def _write(self, cp: Checkpoint) -> None:
-        self.store.write(cp)
+            await self._inflight
         self.written += 1
         self.rows += cp.rows
-        self.last_written_seq = cp.last_seq
+        self._inflight = asyncio.create_task(self.writer.write(cp))
 
     async def flush(self, state: State) -> None:
         """Checkpoint what is left and wait until it is committed."""
         await self.checkpoint(state)
         if self._inflight is not None:
-            await asyncio.wrap_future(self._inflight)
+            await self._inflight
             self._inflight = None
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=True)
+    async def close(self) -> None:
+        if self._inflight is not None:
+            await self._inflight
+            self._inflight = None
+        await self.writer.close()

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterable, Callable
 from pathlib import Path
 
 from projections.folder import Checkpointer, Folder, Message
-from projections.store import Store, StoreError
+from projections.store import StoreError
 from reducers import State
 
 __all__ = ["replay"]
@@ -24,10 +24,10 @@ async def replay(
     path = Path(db)
     if path.exists():
         raise StoreError(f"{path} exists: replay writes a fresh file, give another path")
-    store = Store(path)
     state = State()
     folder = Folder(state)
-    checkpointer = Checkpointer(store, every_events=every_events, every_ms=every_ms)
+    checkpointer = Checkpointer(path, every_events=every_events, every_ms=every_ms)
+    await checkpointer.start()
     try:
         async for batch in batches:
             folder.apply(batch)
@@ -36,6 +36,5 @@ async def replay(
                 on_progress(state.last_seq)
         await checkpointer.flush(state)
     finally:
-        checkpointer.close()
-        store.close()
+        await checkpointer.close()
     return folder

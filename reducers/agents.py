@@ -5,7 +5,7 @@ from __future__ import annotations
 from events.catalogue import AgentEnrolled
 from reducers.state import AgentRow, State
 
-__all__ = ["enrolled", "observe", "row"]
+__all__ = ["enrolled", "row"]
 
 
 def row(state: State, name: str) -> AgentRow:
@@ -13,15 +13,6 @@ def row(state: State, name: str) -> AgentRow:
     if agent is None:
         agent = AgentRow(name=name)
         state.agents[name] = agent
-    return agent
-
-
-def observe(state: State, name: str, kind: str, ts: int) -> AgentRow:
-    agent = state.agents.get(name) or row(state, name)
-    if ts > agent.last_seen:
-        agent.last_seen = ts
-    counts = agent.counts
-    counts[kind] = counts.get(kind, 0) + 1
     return agent
 
 

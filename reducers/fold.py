@@ -53,15 +53,22 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     """Apply one event; False when ``seq`` was already applied."""
     if seq <= state.last_seq:
         return False
-    _tick(state, ts)
-    agent = agents.observe(state, event.agent, type(event).__name__, ts)
+    if ts >= state.sweep_bucket * proxies.SWEEP_MS + proxies.SWEEP_MS:
+        _tick(state, ts)
+    # Per-agent activity, inlined: it runs for every event.
+    agent = state.agents.get(event.agent) or agents.row(state, event.agent)
+    if ts > agent.last_seen:
+        agent.last_seen = ts
+    counts = agent.counts
+    tag = type(event).__name__
+    counts[tag] = counts.get(tag, 0) + 1
     match event:
         case ProxyWorked():
-            known = (event.ip, event.port) in state.proxies
-            if proxies.worked(state, event, ts) is None:
+            new = proxies.worked(state, event, ts)
+            if new is None:
                 agent.rejected += 1
-            else:
-                sources.credit(state, event, not known)
+            elif event.source:
+                sources.credit(state, event, new)
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
         case ProxyFailed():
@@ -99,8 +106,11 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
         case AgentEnrolled():
             agents.enrolled(state, event, ts)
         case Configured():
+            lab_ends = state.settings.lab and not event.settings.lab
             state.settings = event.settings
             state.settings_dirty = True
+            if lab_ends:
+                proxies.purge_lab(state)
         case DepositFolded() | DepositRejected():
             pass  # recorded per agent above; deposits get their own projection later
         case _:

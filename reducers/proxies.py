@@ -11,7 +11,7 @@ from events.catalogue import ProxyFailed, ProxyWorked
 from reducers.address import proxy_address_ok
 from reducers.state import ProxyKey, ProxyRow, State
 
-__all__ = ["SWEEP_MS", "failed", "sweep", "worked"]
+__all__ = ["SWEEP_MS", "failed", "purge_lab", "sweep", "worked"]
 
 # Eviction runs when the log's time enters a new bucket of this size: a point every
 # replica and every replay meets at the same message.
@@ -24,15 +24,20 @@ def _add(items: tuple[str, ...], item: str, cap: int) -> tuple[str, ...]:
     return (*items, item)
 
 
-def worked(state: State, event: ProxyWorked, ts: int) -> ProxyRow | None:
-    """Record a confirmation; None when the address cannot be a proxy (rejected)."""
-    settings = state.settings
-    if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
-        return None
+def worked(state: State, event: ProxyWorked, ts: int) -> bool | None:
+    """Record a confirmation: True for a new proxy, False for a known one, None if rejected.
+
+    Addresses are validated when a proxy is admitted; a known key passed that check
+    under the settings of its time, and ``purge_lab`` removes lab admissions when lab
+    mode ends. This is the hottest path of the fold: it avoids calls it can.
+    """
     key: ProxyKey = (event.ip, event.port)
-    latency = max(event.latency_ms, 0)
     row = state.proxies.get(key)
+    settings = state.settings
+    latency = event.latency_ms if event.latency_ms > 0 else 0
     if row is None:
+        if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
+            return None
         row = ProxyRow(
             ip=event.ip,
             port=event.port,
@@ -43,6 +48,7 @@ def worked(state: State, event: ProxyWorked, ts: int) -> ProxyRow | None:
             latency_ema=float(latency),
         )
         state.proxies[key] = row
+        new = True
     else:
         a = settings.ema_alpha
         row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
@@ -51,21 +57,34 @@ def worked(state: State, event: ProxyWorked, ts: int) -> ProxyRow | None:
             row.protos = _add(row.protos, event.proto, 8)
         if ts > row.last_seen:
             row.last_seen = ts
+        new = False
     row.confirmations += 1
     row.fail_streak = 0
     samples = row.samples
-    if len(samples) >= settings.latency_samples:
-        samples = samples[1 - settings.latency_samples :] if settings.latency_samples > 1 else ()
+    keep = settings.latency_samples
+    if len(samples) >= keep:
+        samples = samples[len(samples) - keep + 1 :] if keep > 1 else ()
     row.samples = (*samples, latency)
     if event.exit_ip:
         row.exit_ip = event.exit_ip
     if event.anonymity:
         row.anonymity = event.anonymity
     row.mitm = event.mitm
-    row.agents = _add(row.agents, event.agent, settings.provenance_cap)
-    row.sources = _add(row.sources, event.source, settings.provenance_cap)
+    if event.agent not in row.agents:
+        row.agents = _add(row.agents, event.agent, settings.provenance_cap)
+    if event.source not in row.sources:
+        row.sources = _add(row.sources, event.source, settings.provenance_cap)
     state.dirty_proxies.add(key)
-    return row
+    return new
+
+
+def purge_lab(state: State) -> int:
+    """Lab mode ended: drop every proxy that only lab mode admitted."""
+    gone = [key for key in state.proxies if not proxy_address_ok(key[0], key[1])]
+    for key in gone:
+        del state.proxies[key]
+        state.dirty_proxies.add(key)
+    return len(gone)
 
 
 def failed(state: State, event: ProxyFailed, ts: int) -> bool:

@@ -1,0 +1,112 @@
+"""The checkpoint writer: a child process that owns the DuckDB file while the fold runs.
+
+Why a process: DuckDB's appender converts Python values while holding the GIL, so in a
+thread it slowed the fold by about 10% (BENCHMARKS.md). In a child on the other core
+it costs the fold only the encode at the cut and a pipe write.
+
+Protocol over the child's stdin/stdout: the parent sends ``>Q length`` + a msgpack
+``Checkpoint``; the child commits it and answers ``>Q last_seq``, or ``>Q 2**64-1``,
+``>Q length`` and an error text. The child answers its restored ``last_seq`` first.
+A parent that dies mid-send leaves a short frame: the child commits nothing of it and
+exits at end of input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+import sys
+from pathlib import Path
+
+import msgspec
+
+from projections.store import Checkpoint, Store, StoreError
+
+__all__ = ["ProcessWriter"]
+
+_FRAME = struct.Struct(">Q")
+_CHILD = "import sys; from projections.writer import serve; sys.exit(serve(sys.argv[1]))"
+_ERROR = 2**64 - 1
+_encode = msgspec.msgpack.Encoder().encode
+_decode = msgspec.msgpack.Decoder(Checkpoint).decode
+
+
+class ProcessWriter:
+    """Writes checkpoints through a child process; one write at a time."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = str(path)
+        self.last_seq = 0
+        self._proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _CHILD, self.path,
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self.last_seq = await self._answer()
+
+    async def _answer(self) -> int:
+        assert self._proc is not None and self._proc.stdout is not None
+        try:
+            (value,) = _FRAME.unpack(await self._proc.stdout.readexactly(8))
+            if value == _ERROR:
+                (size,) = _FRAME.unpack(await self._proc.stdout.readexactly(8))
+                text = (await self._proc.stdout.readexactly(size)).decode(errors="replace")
+                raise StoreError(f"checkpoint writer: {text}")
+        except asyncio.IncompleteReadError:
+            code = await self._proc.wait()
+            raise StoreError(f"checkpoint writer for {self.path} exited with {code}") from None
+        return int(value)
+
+    async def write(self, cp: Checkpoint) -> int:
+        """Send one checkpoint and wait until it is committed; returns its last_seq."""
+        assert self._proc is not None and self._proc.stdin is not None
+        data = _encode(cp)
+        self._proc.stdin.write(_FRAME.pack(len(data)) + data)
+        await self._proc.stdin.drain()
+        self.last_seq = await self._answer()
+        return self.last_seq
+
+    async def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+def serve(path: str) -> int:
+    """The child's loop (see the module docstring)."""
+    out, inp = sys.stdout.buffer, sys.stdin.buffer
+    try:
+        store = Store(path)
+    except StoreError as exc:
+        text = str(exc).encode()
+        out.write(_FRAME.pack(_ERROR) + _FRAME.pack(len(text)) + text)
+        out.flush()
+        return 1
+    out.write(_FRAME.pack(store.last_seq))
+    out.flush()
+    try:
+        while len(head := inp.read(8)) == 8:
+            (size,) = _FRAME.unpack(head)
+            data = inp.read(size)
+            if len(data) < size:
+                break  # the parent died mid-send: commit nothing of it
+            try:
+                cp = _decode(data)
+                store.write(cp)
+                out.write(_FRAME.pack(cp.last_seq))
+            except Exception as exc:  # reported to the parent, which stops its fold
+                text = repr(exc).encode()
+                out.write(_FRAME.pack(_ERROR) + _FRAME.pack(len(text)) + text)
+            out.flush()
+    finally:
+        store.close()
+    return 0

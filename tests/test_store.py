@@ -1,0 +1,44 @@
+"""DuckDB checkpoints through the writer process: committed, restorable, errors typed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from projections import Checkpointer, Folder, Store, StoreError, digest
+from reducers import State
+from tests.helpers import message, worked
+
+T0 = 1_800_000_000_000
+
+
+async def test_checkpointer_commits_through_the_child(tmp_path: Path) -> None:
+    db = tmp_path / "p.duckdb"
+    state = State()
+    folder = Folder(state)
+    cp = Checkpointer(db, every_events=10, every_ms=60_000)
+    assert await cp.start() == 0
+    for seq in range(1, 101):
+        folder.apply([message(seq, T0 + seq, worked(f"8.8.8.{seq % 7 + 1}", latency_ms=seq))])
+        await cp.maybe(state)
+    await cp.flush(state)
+    assert cp.last_written_seq == 100
+    assert cp.written >= 10
+    await cp.close()
+    store = Store(db)
+    restored = store.restore()
+    store.close()
+    assert restored.last_seq == 100
+    assert digest(restored) == digest(state)
+    again = Checkpointer(db)
+    assert await again.start() == 100
+    await again.close()
+
+
+async def test_writer_that_cannot_open_its_file_fails_loudly(tmp_path: Path) -> None:
+    (tmp_path / "taken").write_text("not a duckdb file")
+    cp = Checkpointer(tmp_path / "taken")
+    with pytest.raises(StoreError, match="checkpoint writer"):
+        await cp.start()
+    await cp.close()
