@@ -103,21 +103,46 @@ def collect(state: State) -> Checkpoint:
     return cp
 
 
+class _ProxyCols(msgspec.Struct):
+    ip: str
+    port: int
+    proto: str
+    last_seen: int
+
+
+class _SourceCols(msgspec.Struct):
+    url_id: str
+    url: str
+    check_time: int
+
+
+class _LeaseCols(msgspec.Struct):
+    target: str
+    kind: str
+    status: str
+
+
+class _AgentCols(msgspec.Struct):
+    name: str
+
+
+# Each table blob is decoded twice, both in C: once into its plain columns (a view that
+# skips every other field), once into each row's own bytes (msgspec.Raw), which are
+# stored as they are, with no decode and re-encode of whole rows.
+_COLUMNS = {
+    "proxies": msgspec.msgpack.Decoder(list[_ProxyCols]),
+    "sources": msgspec.msgpack.Decoder(list[_SourceCols]),
+    "leases": msgspec.msgpack.Decoder(list[_LeaseCols]),
+    "agents": msgspec.msgpack.Decoder(list[_AgentCols]),
+}
+_raw_rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
+
+
 def _tuples(table: str, blob: bytes) -> list[tuple[Any, ...]]:
-    """Decode one table of a checkpoint into appender rows: plain columns, then the row."""
-    if table == "proxies":
-        return [(p.ip, p.port, p.proto, p.last_seen, _encode(p)) for p in _dec_proxies(blob)]
-    if table == "sources":
-        return [(s.url_id, s.url, s.check_time, _encode(s)) for s in _dec_sources(blob)]
-    if table == "leases":
-        return [(r.target, r.kind, r.status, _encode(r)) for r in _dec_leases(blob)]
-    return [(a.name, _encode(a)) for a in _dec_agents(blob)]
-
-
-_dec_proxies = msgspec.msgpack.Decoder(list[ProxyRow]).decode
-_dec_sources = msgspec.msgpack.Decoder(list[SourceRow]).decode
-_dec_leases = msgspec.msgpack.Decoder(list[LeaseRow]).decode
-_dec_agents = msgspec.msgpack.Decoder(list[AgentRow]).decode
+    """One table of a checkpoint as appender rows: its plain columns, then the row bytes."""
+    columns = _COLUMNS[table].decode(blob)
+    raws = _raw_rows(blob)
+    return [(*msgspec.structs.astuple(c), bytes(r)) for c, r in zip(columns, raws, strict=True)]
 
 
 _KEYS = {"proxies": ["ip", "port"], "sources": ["url_id"], "leases": ["target"], "agents": ["name"]}

@@ -42,3 +42,23 @@ async def test_writer_that_cannot_open_its_file_fails_loudly(tmp_path: Path) -> 
     with pytest.raises(StoreError, match="checkpoint writer"):
         await cp.start()
     await cp.close()
+
+
+def test_evicted_proxies_are_deleted_from_the_file(tmp_path: Path) -> None:
+    """A proxy dead for 3 TTLs leaves memory, and the next checkpoint deletes its row."""
+    from projections.store import collect
+    from reducers.proxies import SWEEP_MS
+
+    state = State()
+    folder = Folder(state)
+    folder.apply([message(1, T0, worked("8.8.8.8")), message(2, T0, worked("8.8.4.4"))])
+    store = Store(tmp_path / "p.duckdb")
+    store.write(collect(state))
+    later = T0 + 3 * state.settings.proxy_ttl_s * 1000 + SWEEP_MS + 1
+    folder.apply([message(3, later, worked("8.8.4.4"))])
+    assert ("8.8.8.8", 8080) not in state.proxies
+    store.write(collect(state))
+    restored = store.restore()
+    store.close()
+    assert set(restored.proxies) == {("8.8.4.4", 8080)}
+    assert digest(restored) == digest(state)
