@@ -77,93 +77,85 @@ def events(
             origin="seed",
         )
         emitted += 1
-    held: list[tuple[str, int, str]] = []  # (lease, source index, agent)
+    # Fetch cycles, as a worker runs them: lease a source, fetch it, extract, report
+    # the proxies of its list that work, heartbeat, release; checkers report failures
+    # in between. Sources are visited in a fixed rotation and each lists its own slice
+    # of the proxies, so N events reach min(N, proxies) distinct proxies.
     per_source = max(proxies // sources, 1)
-    while emitted < n:
-        roll = rng.random()
+    cursor = [0] * sources
+    cycle = 0
+    while True:
+        s = (cycle * 7919) % sources
+        cycle += 1
         agent = names[rng.randrange(agents)]
-        if roll < 0.72 and held:
-            # A worker confirms a proxy listed on the source it holds a lease on; each
-            # list holds its own slice of the proxies, as real lists mostly do.
-            lease, s, agent = held[rng.randrange(len(held))]
-            p = (s + sources * rng.randrange(per_source)) % proxies
-            ev: Event = ProxyWorked(
+        uid = uids[s]
+        lease = eid()
+        working = per_source if per_source <= 50 else rng.randrange(per_source // 2, per_source)
+        cycle_events: list[Event] = [
+            Leased(id=lease, agent=agent, at=ms, lease=lease, kind="source", target=uid, ttl_s=300),
+            Fetched(
                 id=eid(),
                 agent=agent,
-                at=ms,
-                ip=_ip(p),
-                port=1024 + p % 50000,
-                proto=PROTOS[p % 4],
-                latency_ms=rng.randrange(20, 3000),
-                exit_ip=_ip(p),
-                anonymity=ANON[p % 3],
-                source=uids[s],
-                lease=lease,
-            )
-        elif roll < 0.78:
-            p = rng.randrange(proxies)
-            ev = ProxyFailed(
-                id=eid(),
-                agent=agent,
-                at=ms,
-                ip=_ip(p),
-                port=1024 + p % 50000,
-                proto=PROTOS[p % 4],
-                error="timeout",
-            )
-        elif roll < 0.83 or not held:
-            s = rng.randrange(sources)
-            lease = eid()
-            held.append((lease, s, agent))
-            ev = Leased(
-                id=lease, agent=agent, at=ms, lease=lease, kind="source", target=uids[s], ttl_s=300
-            )
-        elif roll < 0.88:
-            lease, s, holder = held[rng.randrange(len(held))]
-            uid = uids[s]
-            ok = rng.random() > 0.1
-            ev = Fetched(
-                id=eid(),
-                agent=holder,
                 at=ms,
                 url_id=uid,
                 lease=lease,
-                ok=ok,
-                error="" if ok else "timeout",
-                http_status=200 if ok else 0,
+                ok=rng.random() > 0.1,
+                http_status=200,
                 content_hash=f"{rng.getrandbits(64):016x}",
                 bytes=rng.randrange(1 << 20),
                 fetch_ms=rng.randrange(50, 5000),
                 changed=rng.random() > 0.5,
-            )
-        elif roll < 0.92:
-            lease, s, holder = held[rng.randrange(len(held))]
-            uid = uids[s]
-            ev = Extracted(
+            ),
+            Extracted(
                 id=eid(),
-                agent=holder,
+                agent=agent,
                 at=ms,
                 url_id=uid,
-                count=rng.randrange(0, 2000),
+                count=working + rng.randrange(per_source + 1),
                 extractor="bench",
                 lease=lease,
+            ),
+        ]
+        for i in range(working):
+            p = (s + sources * (cursor[s] % per_source)) % proxies
+            cursor[s] += 1
+            cycle_events.append(
+                ProxyWorked(
+                    id=eid(),
+                    agent=agent,
+                    at=ms,
+                    ip=_ip(p),
+                    port=1024 + p % 50000,
+                    proto=PROTOS[p % 4],
+                    latency_ms=rng.randrange(20, 3000),
+                    exit_ip=_ip(p),
+                    anonymity=ANON[p % 3],
+                    source=uid,
+                    lease=lease,
+                )
             )
-        elif roll < 0.96:
-            ev = Heartbeat(
-                id=eid(), agent=agent, at=ms, leases=[h[0] for h in held[-3:] if h[2] == agent]
-            )
-        else:
-            lease, s, holder = held.pop(rng.randrange(len(held)))
-            uid = uids[s]
-            ev = Released(
-                id=eid(),
-                agent=holder,
-                at=ms,
-                lease=lease,
-                target=uid,
-                outcome="done" if rng.random() > 0.2 else "failed",
-            )
-        if len(held) > 500:
-            held.pop(0)
-        yield ev
-        emitted += 1
+            if i % 25 == 24:
+                cycle_events.append(Heartbeat(id=eid(), agent=agent, at=ms, leases=[lease]))
+            if rng.random() < 0.08:
+                q = rng.randrange(proxies)
+                checker = names[rng.randrange(agents)]
+                cycle_events.append(
+                    ProxyFailed(
+                        id=eid(),
+                        agent=checker,
+                        at=ms,
+                        ip=_ip(q),
+                        port=1024 + q % 50000,
+                        proto=PROTOS[q % 4],
+                        error="timeout",
+                    )
+                )
+        outcome = "done" if rng.random() > 0.1 else "failed"
+        cycle_events.append(
+            Released(id=eid(), agent=agent, at=ms, lease=lease, target=uid, outcome=outcome)
+        )
+        for ev in cycle_events:
+            if emitted >= n:
+                return
+            yield ev
+            emitted += 1
