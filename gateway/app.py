@@ -22,6 +22,7 @@ from projections.readmodels import (
     source_score,
 )
 from reducers import ProxyRow
+from reducers.state import latency_samples
 
 __all__ = ["FOLD", "LAG_BOUND", "make_app"]
 
@@ -132,6 +133,7 @@ async def stats(request: web.Request) -> web.Response:
 
 
 def _proxy_json(row: ProxyRow, now: int, ttl: int) -> dict[str, Any]:
+    samples = latency_samples(row)
     return {
         "ip": row.ip,
         "port": row.port,
@@ -141,8 +143,8 @@ def _proxy_json(row: ProxyRow, now: int, ttl: int) -> dict[str, Any]:
         "last_seen": row.last_seen,
         "first_seen": row.first_seen,
         "latency_ms": round(row.latency_ema, 1),
-        "latency_p50_ms": percentile(row.samples, 0.5),
-        "latency_p95_ms": percentile(row.samples, 0.95),
+        "latency_p50_ms": percentile(samples, 0.5),
+        "latency_p95_ms": percentile(samples, 0.95),
         "exit_ip": row.exit_ip,
         "anonymity": row.anonymity,
         "mitm": row.mitm,

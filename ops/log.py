@@ -95,14 +95,18 @@ class Log:
         self.nc = nc
         self.js = js
         self.url = url
+        self._closing: list[bool] = []
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "ppf", timeout: float = 5.0) -> Log:
         async def error_cb(exc: Exception) -> None:
             log.warning("nats_error", url=url, error=repr(exc))
 
+        closing: list[bool] = []  # set by close(): a disconnect then is expected
+
         async def disconnected_cb() -> None:
-            log.warning("nats_disconnected", url=url)
+            if not closing:
+                log.warning("nats_disconnected", url=url)
 
         async def reconnected_cb() -> None:
             log.info("nats_reconnected", url=url)
@@ -128,9 +132,12 @@ class Log:
             )
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             raise LogError(f"cannot connect to NATS at {url}: {exc!r}") from exc
-        return cls(nc, nc.jetstream(timeout=timeout), url)
+        client = cls(nc, nc.jetstream(timeout=timeout), url)
+        client._closing = closing
+        return client
 
     async def close(self) -> None:
+        self._closing.append(True)
         if not self.nc.is_closed:
             await self.nc.drain()
 

@@ -64,11 +64,13 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     counts[tag] = counts.get(tag, 0) + 1
     match event:
         case ProxyWorked():
-            new = proxies.worked(state, event, ts)
+            src = state.sources.get(event.source) if event.source else None
+            source = src.url_id if src is not None else event.source
+            new = proxies.worked(state, event, ts, agent.name, source)
             if new is None:
                 agent.rejected += 1
-            elif event.source:
-                sources.credit(state, event, new)
+            elif src is not None:
+                sources.credit(state, src, event, new)
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
         case ProxyFailed():

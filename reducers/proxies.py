@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from events.catalogue import ProxyFailed, ProxyWorked
 from reducers.address import proxy_address_ok
-from reducers.state import ProxyKey, ProxyRow, State
+from reducers.state import MAX_SAMPLE_MS, ProxyKey, ProxyRow, State
 
 __all__ = ["SWEEP_MS", "failed", "purge_lab", "sweep", "worked"]
 
@@ -24,12 +24,18 @@ def _add(items: tuple[str, ...], item: str, cap: int) -> tuple[str, ...]:
     return (*items, item)
 
 
-def worked(state: State, event: ProxyWorked, ts: int) -> bool | None:
+# One str object per common value, not one per row: msgspec decodes a fresh string for
+# every field of every event, and a million rows would keep a million copies of "http".
+_SHARED = {s: s for s in ("http", "https", "socks4", "socks5", "transparent", "anonymous", "elite")}
+
+
+def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -> bool | None:
     """Record a confirmation: True for a new proxy, False for a known one, None if rejected.
 
     Addresses are validated when a proxy is admitted; a known key passed that check
     under the settings of its time, and ``purge_lab`` removes lab admissions when lab
-    mode ends. This is the hottest path of the fold: it avoids calls it can.
+    mode ends. ``agent`` and ``source`` are the projection's own copies of those names
+    (shared, not copied per row). This is the hottest path of the fold.
     """
     key: ProxyKey = (event.ip, event.port)
     row = state.proxies.get(key)
@@ -38,11 +44,12 @@ def worked(state: State, event: ProxyWorked, ts: int) -> bool | None:
     if row is None:
         if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
             return None
+        proto = _SHARED.get(event.proto, event.proto)
         row = ProxyRow(
             ip=event.ip,
             port=event.port,
-            proto=event.proto,
-            protos=(event.proto,),
+            proto=proto,
+            protos=(proto,),
             first_seen=ts,
             last_seen=ts,
             latency_ema=float(latency),
@@ -53,27 +60,26 @@ def worked(state: State, event: ProxyWorked, ts: int) -> bool | None:
         a = settings.ema_alpha
         row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
         if event.proto != row.proto:
-            row.proto = event.proto
-            row.protos = _add(row.protos, event.proto, 8)
+            row.proto = _SHARED.get(event.proto, event.proto)
+            row.protos = _add(row.protos, row.proto, 8)
         if ts > row.last_seen:
             row.last_seen = ts
         new = False
     row.confirmations += 1
     row.fail_streak = 0
-    samples = row.samples
-    keep = settings.latency_samples
-    if len(samples) >= keep:
-        samples = samples[len(samples) - keep + 1 :] if keep > 1 else ()
-    row.samples = (*samples, latency)
-    if event.exit_ip:
-        row.exit_ip = event.exit_ip
-    if event.anonymity:
-        row.anonymity = event.anonymity
+    keep = 2 * settings.latency_samples
+    sample = (latency if latency < MAX_SAMPLE_MS else MAX_SAMPLE_MS).to_bytes(2, "little")
+    row.samples = (row.samples + sample)[-keep:] if keep else b""
+    exit_ip = event.exit_ip
+    if exit_ip and exit_ip != row.exit_ip:
+        row.exit_ip = row.ip if exit_ip == row.ip else exit_ip
+    if event.anonymity and event.anonymity != row.anonymity:
+        row.anonymity = _SHARED.get(event.anonymity, event.anonymity)
     row.mitm = event.mitm
-    if event.agent not in row.agents:
-        row.agents = _add(row.agents, event.agent, settings.provenance_cap)
-    if event.source not in row.sources:
-        row.sources = _add(row.sources, event.source, settings.provenance_cap)
+    if agent not in row.agents:
+        row.agents = _add(row.agents, agent, settings.provenance_cap)
+    if source not in row.sources:
+        row.sources = _add(row.sources, source, settings.provenance_cap)
     state.dirty_proxies.add(key)
     return new
 

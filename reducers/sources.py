@@ -112,18 +112,15 @@ def extracted(state: State, event: Extracted) -> None:
     row.cur_candidates = event.count
 
 
-def credit(state: State, event: ProxyWorked, new: bool) -> None:
+def credit(state: State, row: SourceRow, event: ProxyWorked, new: bool) -> None:
     """A proxy found through a source counts toward its working ratio and additions."""
-    row = state.sources.get(event.source)
-    if row is None:
-        return
     if new:
         row.proxies_added += 1
     if row.cur_lease and event.lease == row.cur_lease:
         addr = f"{event.ip}:{event.port}"
         if addr not in row.cur_working:
             row.cur_working = (*row.cur_working, addr)
-    state.dirty_sources.add(event.source)
+    state.dirty_sources.add(row.url_id)
 
 
 _NONE = SourceRow(url_id="", url="")
