@@ -25,7 +25,7 @@ import msgspec
 from events.catalogue import Settings
 from reducers.state import AgentRow, LeaseRow, ProxyRow, SourceRow, State
 
-__all__ = ["DDL", "Checkpoint", "Store", "StoreError", "collect"]
+__all__ = ["DDL", "TABLES", "Checkpoint", "Store", "StoreError", "collect"]
 
 SCHEMA_VERSION = "1"
 
@@ -145,6 +145,7 @@ def _tuples(table: str, blob: bytes) -> list[tuple[Any, ...]]:
     return [(*msgspec.structs.astuple(c), bytes(r)) for c, r in zip(columns, raws, strict=True)]
 
 
+TABLES = ("proxies", "sources", "leases", "agents")
 _KEYS = {"proxies": ["ip", "port"], "sources": ["url_id"], "leases": ["target"], "agents": ["name"]}
 
 

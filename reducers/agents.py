@@ -18,6 +18,8 @@ def row(state: State, name: str) -> AgentRow:
 
 def enrolled(state: State, event: AgentEnrolled, ts: int) -> None:
     agent = row(state, event.name)
+    state.tokens.pop(agent.token_sha256, None)  # a new token revokes the old one
     agent.role = event.role
     agent.token_sha256 = event.token_sha256
+    state.tokens[event.token_sha256] = event.name
     agent.enrolled_at = ts

@@ -84,6 +84,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
         case Heartbeat():
             agent.late += ledger.heartbeat(state, event, ts)
         case Released():
+            ledger.on_subject(state, event.target, event.kind, seq)
             if event.kind == "source":
                 sources.settle(state, event.target, event.lease)
             if not ledger.release(state, event, ts):
@@ -102,6 +103,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
             if event.lease and not ledger.deposit(state, event, ts):
                 agent.late += 1
         case LeaseReset():
+            ledger.on_subject(state, event.target, event.kind, seq)
             ledger.reset(state, event)
         case SeedPlanned():
             ledger.plan(state, event)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from events.catalogue import Deposited, Heartbeat, Leased, LeaseReset, Released, SeedPlanned
 from reducers.state import LeaseRow, State
 
-__all__ = ["claim", "deposit", "heartbeat", "plan", "release", "reset", "touch"]
+__all__ = ["claim", "deposit", "heartbeat", "on_subject", "plan", "release", "reset", "touch"]
 
 
 def _row(state: State, target: str, kind: str) -> LeaseRow:
@@ -31,6 +31,9 @@ def _count_attempt(state: State, row: LeaseRow) -> None:
 
 def _end(state: State, row: LeaseRow) -> None:
     state.lease_owner.pop(row.lease, None)
+    held = state.holders.get(row.holder)
+    if held is not None:
+        held.discard(row.target)
     row.status = "free"
     row.holder = ""
 
@@ -53,11 +56,18 @@ def _live(state: State, lease: str, ts: int) -> LeaseRow | None:
     return row if row.status == "leased" and row.lease == lease else None
 
 
+def on_subject(state: State, target: str, kind: str, seq: int) -> LeaseRow:
+    """Every message on a lease subject, granted, lost or late, moves its sequence."""
+    row = _row(state, target, kind)
+    row.subject_seq = seq
+    state.dirty_leases.add(target)
+    return row
+
+
 def claim(state: State, event: Leased, seq: int, ts: int) -> bool:
     """Arbitrate a claim in log order; True when granted."""
-    row = _row(state, event.target, event.kind)
+    row = on_subject(state, event.target, event.kind, seq)
     _expire(state, row, ts)
-    state.dirty_leases.add(row.target)
     if row.status != "free":
         row.lost += 1
         return False
@@ -72,6 +82,7 @@ def claim(state: State, event: Leased, seq: int, ts: int) -> bool:
     row.ttl_s = ttl_s
     row.expires_at = ts + ttl_s * 1000
     state.lease_owner[event.lease] = row.target
+    state.holders.setdefault(event.agent, set()).add(row.target)
     return True
 
 

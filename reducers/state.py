@@ -96,6 +96,9 @@ class LeaseRow(msgspec.Struct, gc=False):
     end: int = 0
     last_error: str = ""
     lost: int = 0
+    # Stream sequence of the last message on this target's lease subject: what a
+    # gateway sets as Nats-Expected-Last-Subject-Sequence when it claims the target.
+    subject_seq: int = 0
 
 
 class AgentRow(msgspec.Struct, gc=False):
@@ -122,6 +125,7 @@ class State:
         "dirty_leases",
         "dirty_proxies",
         "dirty_sources",
+        "holders",
         "last_seq",
         "lease_owner",
         "leases",
@@ -130,6 +134,7 @@ class State:
         "settings_dirty",
         "sources",
         "sweep_bucket",
+        "tokens",
     )
 
     def __init__(self) -> None:
@@ -137,8 +142,12 @@ class State:
         self.sources: dict[str, SourceRow] = {}
         self.leases: dict[str, LeaseRow] = {}
         self.agents: dict[str, AgentRow] = {}
-        # Derived index (never persisted): current lease id -> its target.
+        # Derived indexes (never persisted, rebuilt by reindex): current lease id -> its
+        # target; agent -> targets it holds (live or not yet seen to expire); token
+        # SHA-256 -> agent name.
         self.lease_owner: dict[str, str] = {}
+        self.holders: dict[str, set[str]] = {}
+        self.tokens: dict[str, str] = {}
         self.settings = Settings()
         self.last_seq = 0
         self.sweep_bucket = 0
@@ -149,11 +158,13 @@ class State:
 
     def reindex(self) -> None:
         """Rebuild derived indexes after a restore."""
-        self.lease_owner = {
-            row.lease: row.target
-            for row in self.leases.values()
-            if row.status == "leased" and row.lease
-        }
+        self.lease_owner = {}
+        self.holders = {}
+        for row in self.leases.values():
+            if row.status == "leased" and row.lease:
+                self.lease_owner[row.lease] = row.target
+                self.holders.setdefault(row.holder, set()).add(row.target)
+        self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
 
     def clear_dirty(self) -> None:
         self.dirty_proxies = set()

@@ -1,0 +1,270 @@
+"""Request and response bodies of the HTTP API, and the OpenAPI document built from them.
+
+Handlers decode requests with these types (unknown fields rejected: STYLE.md §1) and
+encode responses with them, so the document cannot drift from what is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "EventsAccepted",
+    "EventsRequest",
+    "FieldError",
+    "HeartbeatReply",
+    "LeaseGrant",
+    "LeaseRequest",
+    "LeasesReply",
+    "Problem",
+    "ReleaseReply",
+    "ReleaseRequest",
+    "SourcesAdded",
+    "SourcesRequest",
+    "openapi",
+]
+
+Kind = Literal["source", "recheck", "seed"]
+
+
+class LeaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    agent: str
+    kind: Kind
+    count: int = 1
+    ttl_s: int = 300
+
+
+class LeaseGrant(msgspec.Struct, kw_only=True):
+    lease: str
+    epoch: int
+    kind: str
+    target: str
+    expires_at: int
+    payload: dict[str, Any]
+
+
+class LeasesReply(msgspec.Struct, kw_only=True):
+    leases: list[LeaseGrant]
+
+
+class HeartbeatReply(msgspec.Struct, kw_only=True):
+    lease: str
+    expires_at: int
+
+
+class ReleaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    outcome: Literal["done", "failed", "abandoned"] = "done"
+    counted: bool = True
+    error: str = ""
+
+
+class ReleaseReply(msgspec.Struct, kw_only=True):
+    lease: str
+    target: str
+    outcome: str
+    seq: int
+
+
+class EventsRequest(msgspec.Struct, forbid_unknown_fields=True):
+    events: list[msgspec.Raw]
+
+
+class EventsAccepted(msgspec.Struct, kw_only=True):
+    seqs: list[int]
+    duplicates: int
+
+
+class SourcesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    urls: list[str]
+    proto_hint: str = ""
+
+
+class SourcesAdded(msgspec.Struct, kw_only=True):
+    added: list[str]
+    known: list[str]
+
+
+class FieldError(msgspec.Struct, kw_only=True):
+    index: int
+    field: str
+    reason: str
+
+
+class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError] = []
+    parameter: str = ""
+
+
+_AUTH = [{"bearer": []}]
+
+
+def _body(ref: str) -> dict[str, Any]:
+    return {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}},
+    }
+
+
+def _reply(ref: str | None, description: str = "OK", media: str = "application/json") -> Any:
+    schema = {"$ref": f"#/components/schemas/{ref}"} if ref else {"type": "object"}
+    return {"description": description, "content": {media: {"schema": schema}}}
+
+
+def _problems(*codes: int) -> dict[str, Any]:
+    return {str(code): _reply("Problem", "problem", "application/problem+json") for code in codes}
+
+
+def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema}
+
+
+def openapi() -> dict[str, Any]:
+    """The OpenAPI 3.1 document (committed as schemas/openapi.json)."""
+    types = [
+        LeaseRequest,
+        LeasesReply,
+        HeartbeatReply,
+        ReleaseRequest,
+        ReleaseReply,
+        EventsRequest,
+        EventsAccepted,
+        SourcesRequest,
+        SourcesAdded,
+        Problem,
+    ]
+    _, components = msgspec.json.schema_components(
+        types, ref_template="#/components/schemas/{name}"
+    )
+    lease_path = {"name": "lease", "in": "path", "required": True, "schema": {"type": "string"}}
+    proxy_filters = [
+        _query("proto", {"type": "string"}),
+        _query("country", {"type": "string"}),
+        _query("asn", {"type": "integer", "minimum": 0}),
+        _query("anonymity", {"type": "string"}),
+        _query("max_latency_ms", {"type": "integer", "minimum": 0}),
+        _query("status", {"enum": ["alive", "stale", "dead", "all"]}),
+        _query("fresh_s", {"type": "integer", "minimum": 0}),
+        _query("mitm", {"enum": ["true", "false"]}),
+        _query("limit", {"type": "integer", "minimum": 0}),
+        _query("sort", {"enum": ["latency", "last_seen"]}),
+        _query("format", {"enum": ["json", "txt", "csv"]}),
+    ]
+    paths: dict[str, Any] = {
+        "/v1/events": {
+            "post": {
+                "summary": "publish a batch of observations",
+                "security": _AUTH,
+                "requestBody": _body("EventsRequest"),
+                "responses": {
+                    "200": _reply("EventsAccepted"),
+                    **_problems(400, 401, 403, 413, 429, 503),
+                },
+            }
+        },
+        "/v1/leases": {
+            "post": {
+                "summary": "lease the top due targets of a kind",
+                "security": _AUTH,
+                "requestBody": _body("LeaseRequest"),
+                "responses": {
+                    "200": _reply("LeasesReply"),
+                    **_problems(400, 401, 403, 429, 503),
+                },
+            },
+            "get": {"summary": "the lease ledger", "responses": {"200": _reply(None)}},
+        },
+        "/v1/leases/{lease}/heartbeat": {
+            "post": {
+                "summary": "extend a held lease",
+                "security": _AUTH,
+                "parameters": [lease_path],
+                "responses": {"200": _reply("HeartbeatReply"), **_problems(401, 403, 409)},
+            }
+        },
+        "/v1/leases/{lease}/release": {
+            "post": {
+                "summary": "release a held lease",
+                "security": _AUTH,
+                "parameters": [lease_path],
+                "requestBody": _body("ReleaseRequest"),
+                "responses": {"200": _reply("ReleaseReply"), **_problems(400, 401, 403, 409)},
+            }
+        },
+        "/v1/proxies": {
+            "get": {
+                "summary": "the pool, filtered",
+                "parameters": proxy_filters,
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {
+                            "application/json": {"schema": {"type": "object"}},
+                            "text/plain": {"schema": {"type": "string"}},
+                            "text/csv": {"schema": {"type": "string"}},
+                        },
+                    },
+                    **_problems(400),
+                },
+            }
+        },
+        "/v1/proxies/{addr}": {
+            "get": {
+                "summary": "one proxy, ip:port",
+                "parameters": [
+                    {"name": "addr", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {"200": _reply(None), **_problems(400, 404)},
+            }
+        },
+        "/v1/sources": {
+            "get": {
+                "summary": "sources with scores",
+                "parameters": [
+                    _query("limit", {"type": "integer", "minimum": 0}),
+                    _query("due", {"enum": ["true", "false"]}),
+                ],
+                "responses": {"200": _reply(None), **_problems(400)},
+            },
+            "post": {
+                "summary": "add sources (admin)",
+                "security": _AUTH,
+                "requestBody": _body("SourcesRequest"),
+                "responses": {"200": _reply("SourcesAdded"), **_problems(400, 401, 403)},
+            },
+        },
+        "/v1/sources/{url_id}": {
+            "get": {
+                "summary": "one source",
+                "parameters": [
+                    {"name": "url_id", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {"200": _reply(None), **_problems(404)},
+            }
+        },
+        "/v1/agents": {"get": {"summary": "the fleet", "responses": {"200": _reply(None)}}},
+        "/v1/stats": {"get": {"summary": "pipeline health", "responses": {"200": _reply(None)}}},
+        "/healthz": {"get": {"summary": "liveness", "responses": {"200": _reply(None)}}},
+        "/readyz": {
+            "get": {
+                "summary": "ready when within the lag bound",
+                "responses": {"200": _reply(None), "503": _reply(None, "lagging")},
+            }
+        },
+        "/judge": {"get": {"summary": "echo of the caller", "responses": {"200": _reply(None)}}},
+        "/openapi.json": {"get": {"summary": "this document", "responses": {"200": _reply(None)}}},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "ppf gateway", "version": "1"},
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+    }

@@ -1,0 +1,211 @@
+"""What every handler shares: JSON replies, problem+json errors, parameters, auth, limits."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from gateway.api import FieldError, Problem
+from ops.fold_service import FoldService
+from ops.log import Log
+
+__all__ = [
+    "CONFIG",
+    "FOLD",
+    "LOG",
+    "ApiError",
+    "Caller",
+    "GatewayConfig",
+    "RateLimiter",
+    "authorize",
+    "choice",
+    "integer",
+    "middleware",
+    "problem",
+    "reply",
+]
+
+_json = msgspec.json.Encoder()
+
+ROLE_ADMIN = "admin"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Gateway settings that shape requests, not projections (so not in the log)."""
+
+    private_queries: bool = False
+    max_batch: int = 1_000
+    max_body: int = 4 * 1024 * 1024
+    rate_per_s: float = 2_000.0
+    burst: float = 4_000.0
+    max_leases_per_agent: int = 64
+    lag_bound: int = 1_000
+
+
+FOLD = web.AppKey("fold", FoldService)
+LOG = web.AppKey("log", Log)
+CONFIG = web.AppKey("config", GatewayConfig)
+LIMITER = web.AppKey("limiter", "RateLimiter")
+
+
+class ApiError(Exception):
+    """Raised by handlers; rendered as application/problem+json with a stable type."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        detail: str,
+        *,
+        errors: list[FieldError] | None = None,
+        parameter: str = "",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
+        self.detail = detail
+        self.errors = errors or []
+        self.parameter = parameter
+        self.headers = headers or {}
+
+
+def reply(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_json.encode(body), status=status, content_type="application/json")
+
+
+def problem(
+    status: int,
+    kind: str,
+    detail: str,
+    *,
+    errors: list[FieldError] | None = None,
+    parameter: str = "",
+    headers: dict[str, str] | None = None,
+) -> web.Response:
+    body = Problem(
+        type=f"https://ppf.dev/problems/{kind}",
+        title=kind.replace("-", " "),
+        status=status,
+        detail=detail,
+        errors=errors or [],
+        parameter=parameter,
+    )
+    return web.Response(
+        body=_json.encode(body),
+        status=status,
+        content_type="application/problem+json",
+        headers=headers,
+    )
+
+
+@web.middleware
+async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except ApiError as exc:
+        return problem(
+            exc.status,
+            exc.kind,
+            exc.detail,
+            errors=exc.errors,
+            parameter=exc.parameter,
+            headers=exc.headers,
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = (exc.reason or "error").lower().replace(" ", "-")
+        return problem(exc.status, kind, exc.text or exc.reason or "error")
+
+
+def integer(request: web.Request, name: str, default: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        detail = f"{name}: not an integer: {raw!r}"
+        raise ApiError(400, "bad-parameter", detail, parameter=name) from None
+    if value < 0:
+        raise ApiError(400, "bad-parameter", f"{name}: must be >= 0", parameter=name)
+    return value
+
+
+def choice(request: web.Request, name: str, allowed: tuple[str, ...], default: str) -> str:
+    value = request.query.get(name, default)
+    if value not in allowed:
+        detail = f"{name}: one of {', '.join(allowed)}"
+        raise ApiError(400, "bad-parameter", detail, parameter=name)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    name: str
+    role: str
+    token_sha256: str
+
+
+@dataclass(slots=True)
+class RateLimiter:
+    """A token bucket per caller token."""
+
+    rate: float
+    burst: float
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def take(self, key: str) -> float:
+        """0 when allowed, else the seconds to wait."""
+        now = time.monotonic()
+        tokens, at = self.buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if tokens < 1.0:
+            self.buckets[key] = (tokens, now)
+            return (1.0 - tokens) / self.rate
+        self.buckets[key] = (tokens - 1.0, now)
+        return 0.0
+
+
+def authorize(request: web.Request, *roles: str) -> Caller:
+    """The caller behind the bearer token, if its role is one of ``roles`` (admin: all)."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            401,
+            "unauthorized",
+            "a bearer token is required",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    digest = hashlib.sha256(token.strip().encode()).hexdigest()
+    state = request.app[FOLD].state
+    name = state.tokens.get(digest)
+    if name is None:
+        raise ApiError(401, "unauthorized", "unknown or revoked token")
+    agent = state.agents[name]
+    if agent.role != ROLE_ADMIN and agent.role not in roles:
+        raise ApiError(403, "forbidden", f"role {agent.role} may not do this")
+    wait = request.app[LIMITER].take(digest)
+    if wait > 0:
+        raise ApiError(
+            429,
+            "rate-limited",
+            "too many requests for this token",
+            headers={"Retry-After": str(max(1, round(wait)))},
+        )
+    return Caller(name=name, role=agent.role, token_sha256=digest)
+
+
+def open_query(request: web.Request) -> None:
+    """Queries are open unless the gateway was told to keep them private."""
+    if request.app[CONFIG].private_queries:
+        authorize(request, "worker", "checker", "seed")

@@ -1,0 +1,190 @@
+"""Lease granting (ARCHITECTURE.md §7): the gateway proposes, the log decides.
+
+A grant publishes one ``Leased`` claim per picked target on its lease subject with
+``Nats-Expected-Last-Subject-Sequence`` set from the projection: a claim raced by
+another gateway is refused by the server (early rejection), and whatever reaches the
+log is arbitrated by the ledger reducer in log order. The gateway answers only with
+the claims its own projection shows granted, so any number of gateways may run, with
+no leader and never a double lease.
+
+Compare-and-set publishes are awaited ``js.publish`` calls issued concurrently: nats-py's
+``publish_async`` never resolves when the server rejects one (FIELD-NOTES.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from events import Leased, LeaseKind, shard_of
+from ops.fold_service import FoldService
+from ops.log import ConflictError, Log, fresh_id, now_ms
+from projections.readmodels import source_score
+from reducers import LeaseRow, State
+
+__all__ = ["SHARDS", "Grant", "Granter", "live_holdings"]
+
+log = structlog.get_logger("ppf.leases")
+
+SHARDS = tuple(f"s{i:03d}" for i in range(256))
+_ = shard_of  # recheck targets are the shards that shard_of() maps proxies to
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    lease: str
+    epoch: int
+    kind: str
+    target: str
+    expires_at: int
+    payload: dict[str, Any]
+
+
+def _free(row: LeaseRow | None, now: int) -> bool:
+    if row is None:
+        return True
+    if row.status == "failed":
+        return False
+    return row.status == "free" or row.expires_at < now
+
+
+def live_holdings(state: State, agent: str, now: int) -> int:
+    """Leases ``agent`` holds that have not expired by ``now``."""
+    held = state.holders.get(agent, ())
+    return sum(1 for t in held if state.leases[t].expires_at >= now)
+
+
+class Granter:
+    """Picks targets and claims them for agents; one per gateway process."""
+
+    def __init__(
+        self,
+        fold: FoldService,
+        lg: Log,
+        *,
+        max_per_agent: int = 64,
+        wait_s: float = 2.0,
+        due_refresh_s: float = 0.5,
+    ) -> None:
+        self.fold = fold
+        self.log = lg
+        self.max_per_agent = max_per_agent
+        self.wait_s = wait_s
+        self.due_refresh_s = due_refresh_s
+        self._claiming: set[str] = set()  # targets this gateway has a claim in flight for
+        self._due: list[tuple[float, str]] = []
+        self._due_at = -1.0
+        self.granted = 0
+        self.lost = 0
+
+    def _due_sources(self, now: int) -> list[tuple[float, str]]:
+        """Due sources by score, recomputed at most every ``due_refresh_s``.
+
+        Scoring every source for every request would cost O(sources) per grant; a short
+        stale window is harmless, since the claim itself is checked by the log.
+        """
+        if time.monotonic() - self._due_at > self.due_refresh_s:
+            state = self.fold.state
+            scored = []
+            for row in state.sources.values():
+                if not row.url:
+                    continue
+                score = source_score(row, now)
+                if score >= 1.0:
+                    scored.append((score, row.url_id))
+            scored.sort(key=lambda p: (-p[0], p[1]))
+            self._due = scored
+            self._due_at = time.monotonic()
+        return self._due
+
+    def _candidates(self, kind: LeaseKind, now: int) -> list[tuple[str, float]]:
+        state = self.fold.state
+        leases = state.leases
+        if kind == "source":
+            pairs = [(uid, score) for score, uid in self._due_sources(now)]
+        elif kind == "recheck":
+            # Longest since last leased first: every shard gets its turn.
+            pairs = sorted(
+                ((t, 0.0) for t in SHARDS),
+                key=lambda p: (leases[p[0]].leased_at if p[0] in leases else 0, p[0]),
+            )
+        else:
+            pairs = sorted(
+                (row.target, 0.0)
+                for row in leases.values()
+                if row.kind == "seed" and row.cursor <= row.end
+            )
+        return [(t, s) for t, s in pairs if t not in self._claiming and _free(leases.get(t), now)]
+
+    def _payload(self, kind: str, target: str, score: float) -> dict[str, Any]:
+        state = self.fold.state
+        if kind == "source":
+            src = state.sources[target]
+            return {
+                "url": src.url,
+                "last_hash": src.last_hash,
+                "proto_hint": src.proto_hint,
+                "priority": round(score, 4),
+            }
+        row = state.leases.get(target)
+        if kind == "seed" and row is not None:
+            return {"cursor": row.cursor, "end": row.end}
+        return {"shard": target}
+
+    async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[Grant]:
+        now = now_ms()
+        room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
+        picked = self._candidates(kind, now)[: max(0, min(count, room))]
+        if not picked:
+            return []
+        state = self.fold.state
+        claims = []
+        for target, score in picked:
+            lease = fresh_id()
+            row = state.leases.get(target)
+            event = Leased(
+                id=lease, agent=agent, at=now, lease=lease, kind=kind, target=target, ttl_s=ttl_s
+            )
+            claims.append((event, row.subject_seq if row is not None else 0, score))
+            self._claiming.add(target)
+        try:
+            results = await asyncio.gather(
+                *(self.log.publish(ev, expected_last_subject_seq=exp) for ev, exp, _ in claims),
+                return_exceptions=True,
+            )
+            acked = [
+                (ev, res.seq, score)
+                for (ev, _, score), res in zip(claims, results, strict=True)
+                if not isinstance(res, BaseException)
+            ]
+            for res in results:
+                if isinstance(res, BaseException) and not isinstance(res, ConflictError):
+                    raise res
+            if acked:
+                await self.fold.wait_for(max(seq for _, seq, _ in acked), self.wait_s)
+        finally:
+            for ev, _, _ in claims:
+                self._claiming.discard(ev.target)
+        grants = []
+        for ev, seq, score in acked:
+            row = state.leases.get(ev.target)
+            if row is None or row.lease != ev.lease or row.epoch != seq:
+                self.lost += 1
+                continue
+            grants.append(
+                Grant(
+                    lease=ev.lease,
+                    epoch=seq,
+                    kind=kind,
+                    target=ev.target,
+                    expires_at=row.expires_at,
+                    payload=self._payload(kind, ev.target, score),
+                )
+            )
+        self.granted += len(grants)
+        self.lost += len(claims) - len(acked)
+        return grants
