@@ -51,7 +51,6 @@ class GatewayConfig:
 FOLD = web.AppKey("fold", FoldService)
 LOG = web.AppKey("log", Log)
 CONFIG = web.AppKey("config", GatewayConfig)
-LIMITER = web.AppKey("limiter", "RateLimiter")
 
 
 class ApiError(Exception):
@@ -173,6 +172,9 @@ class RateLimiter:
             return (1.0 - tokens) / self.rate
         self.buckets[key] = (tokens - 1.0, now)
         return 0.0
+
+
+LIMITER = web.AppKey("limiter", RateLimiter)
 
 
 def authorize(request: web.Request, *roles: str) -> Caller:

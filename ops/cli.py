@@ -73,6 +73,7 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
     from aiohttp import web
 
     from gateway.app import make_app
+    from gateway.http import GatewayConfig
     from ops.fold_service import FoldService
     from ops.natsd import NatsServer
 
@@ -98,7 +99,8 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         await fold.start()
         if args.cmd in ("up", "gateway"):
             host, port = _hostport(args.listen, 8080)
-            runner = web.AppRunner(make_app(fold), access_log=None)
+            config = GatewayConfig(private_queries=args.private_queries)
+            runner = web.AppRunner(make_app(fold, lg, config), access_log=None)
             await runner.setup()
             await web.TCPSite(runner, host, port).start()
             print(
@@ -198,6 +200,73 @@ def _schemas(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _token(args: argparse.Namespace) -> int:
+    import hashlib
+    import secrets
+
+    from events import AgentEnrolled, agent_name_ok
+
+    if not agent_name_ok(args.name):
+        print(f"ppf token: bad agent name {args.name!r}: 1-64 of A-Z a-z 0-9 _ -", file=sys.stderr)
+        return 2
+    token = secrets.token_urlsafe(32)
+    event = AgentEnrolled(
+        id=fresh_id(),
+        agent="admin",
+        at=now_ms(),
+        name=args.name,
+        role=args.role,
+        token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+    )
+    lg = await Log.connect(args.nats, name="ppf-token")
+    try:
+        await lg.ensure_stream()
+        await lg.publish(event)
+    finally:
+        await lg.close()
+    print(token, flush=True)
+    return 0
+
+
+async def _sources(args: argparse.Namespace) -> int:
+    from events import SourceAdded, url_id
+
+    urls = list(args.urls)
+    if args.action == "import":
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        urls = [line.strip() for line in text.splitlines() if line.strip()]
+        urls = [u for u in urls if not u.startswith("#")]
+    if args.action == "seed":
+        print(
+            "ppf sources seed: the built-in list comes with the agents (issue 4)", file=sys.stderr
+        )
+        return 2
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        print(f"ppf sources: not http(s) URLs: {', '.join(bad[:5])}", file=sys.stderr)
+        return 2
+    events = [
+        SourceAdded(
+            id=fresh_id(),
+            agent="admin",
+            at=now_ms(),
+            url=u,
+            url_id=url_id(u),
+            proto_hint=args.hint or "",
+            origin="manual",
+        )
+        for u in dict.fromkeys(urls)
+    ]
+    lg = await Log.connect(args.nats, name="ppf-sources")
+    try:
+        await lg.ensure_stream()
+        await lg.publish_many(events)
+    finally:
+        await lg.close()
+    print(json.dumps({"added": len(events)}))
+    return 0
+
+
 async def _bench(args: argparse.Namespace) -> int:
     from ops.bench import bench_fold, print_fold
 
@@ -220,10 +289,12 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--nats", default=None, help="use this NATS; start none")
     up.add_argument("--no-agents", action="store_true")
     up.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
+    up.add_argument("--private-queries", action="store_true", help="queries need a token")
 
     gw = sub.add_parser("gateway", help="the HTTP gateway alone")
     gw.add_argument("--nats", default=DEFAULT_NATS)
     gw.add_argument("--listen", default="127.0.0.1:8080", type=_listen)
+    gw.add_argument("--private-queries", action="store_true", help="queries need a token")
 
     fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
     fo.add_argument("--nats", default=DEFAULT_NATS)
@@ -244,6 +315,24 @@ def _parser() -> argparse.ArgumentParser:
     sc = sub.add_parser("schemas", help="write the generated schemas")
     sc.add_argument("--check", action="store_true", help="fail when the files differ")
     sc.add_argument("--out", default=str(REPO / "schemas"))
+
+    tk = sub.add_parser("token", help="agent tokens")
+    tk_sub = tk.add_subparsers(dest="action", required=True)
+    issue = tk_sub.add_parser("issue", help="enroll an agent; prints its token once")
+    issue.add_argument("name")
+    issue.add_argument("--role", required=True, choices=["worker", "checker", "seed", "admin"])
+    issue.add_argument("--nats", default=DEFAULT_NATS)
+
+    so = sub.add_parser("sources", help="add sources (admin)")
+    so_sub = so.add_subparsers(dest="action", required=True)
+    add = so_sub.add_parser("add")
+    add.add_argument("urls", nargs="+")
+    imp = so_sub.add_parser("import")
+    imp.add_argument("file", help="one URL a line; - for stdin")
+    so_sub.add_parser("seed")
+    for sp in (add, imp):
+        sp.add_argument("--hint", default="", help="protocol hint of these lists")
+        sp.add_argument("--nats", default=DEFAULT_NATS)
 
     bn = sub.add_parser("bench", help="benchmarks")
     bn.add_argument("what", choices=["fold", "lease", "query", "extract", "check", "pool"])
@@ -272,6 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _schemas(args)
             case "bench":
                 return asyncio.run(_bench(args))
+            case "token":
+                return asyncio.run(_token(args))
+            case "sources":
+                if args.action == "seed":
+                    args.urls = []
+                return asyncio.run(_sources(args))
     except LogError as exc:
         print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
         return 1

@@ -56,6 +56,11 @@ class FoldService:
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
 
     @property
+    def running(self) -> bool:
+        """False once the fold task died (the gateway reports it on /healthz)."""
+        return bool(self._tasks) and not self._tasks[0].done()
+
+    @property
     def applied_seq(self) -> int:
         return self.state.last_seq
 

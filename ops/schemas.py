@@ -1,10 +1,11 @@
-"""Generated, committed schemas: the event union's JSON Schema and the DuckDB DDL."""
+"""Generated, committed schemas: events' JSON Schema, the OpenAPI document, the DDL."""
 
 from __future__ import annotations
 
 import json
 
 from events import schema
+from gateway.api import openapi
 from projections.store import DDL
 
 __all__ = ["generate"]
@@ -14,6 +15,7 @@ def generate() -> dict[str, str]:
     """File name -> content, exactly as committed under schemas/."""
     return {
         "events.schema.json": json.dumps(schema(), indent=2, sort_keys=True) + "\n",
+        "openapi.json": json.dumps(openapi(), indent=2, sort_keys=True) + "\n",
         "duckdb.sql": "-- DuckDB DDL of the checkpointed projections (projections/store.py)\n"
         + DDL,
     }

@@ -16,6 +16,7 @@ __all__ = [
     "ProxyFilter",
     "ScoreWeights",
     "due_sources",
+    "liveness",
     "percentile",
     "proxy_status",
     "query_proxies",
@@ -77,14 +78,18 @@ def due_sources(
     return scored[:limit] if limit else scored
 
 
-def proxy_status(row: ProxyRow, now: int, ttl_s: int) -> str:
-    age = now - row.last_seen
+def liveness(age_ms: int, ttl_s: int) -> str:
+    """alive while seen within the TTL, stale (due for recheck) up to 3 TTLs, then dead."""
     ttl = ttl_s * 1000
-    if age <= ttl:
+    if age_ms <= ttl:
         return "alive"
-    if age <= 3 * ttl:
+    if age_ms <= 3 * ttl:
         return "stale"
     return "dead"
+
+
+def proxy_status(row: ProxyRow, now: int, ttl_s: int) -> str:
+    return liveness(now - row.last_seen, ttl_s)
 
 
 def percentile(samples: Iterable[int], q: float) -> int | None:

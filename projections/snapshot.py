@@ -52,9 +52,11 @@ class ProxySnapshot:
         """Matching views in order, stopping after ``limit`` (0: all)."""
         rows = self.by_last_seen if sort == "last_seen" else self.by_latency
         ttl = self.ttl_s * 1000
-        lo, hi = {"alive": (0, ttl), "stale": (ttl + 1, 3 * ttl), "dead": (3 * ttl + 1, None)}.get(
-            f.status, (0, None)
-        )
+        lo, hi = {
+            "alive": (-(1 << 62), ttl),
+            "stale": (ttl + 1, 3 * ttl),
+            "dead": (3 * ttl + 1, None),
+        }.get(f.status, (0, None))
         fresh = f.fresh_s * 1000 if f.fresh_s is not None else None
         taken = 0
         for v in rows:

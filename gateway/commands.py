@@ -1,0 +1,265 @@
+"""Agent and admin endpoints: publish observations, take and keep leases, add sources.
+
+Everything here ends in the log: the gateway validates, publishes and, where the
+answer depends on arbitration, waits until its own projection has applied the result.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from aiohttp import web
+
+from events import (
+    AnyEvent,
+    Event,
+    Heartbeat,
+    LeaseReset,
+    Released,
+    SourceAdded,
+    SubjectError,
+    subject_for,
+    url_id,
+)
+from gateway.api import (
+    EventsAccepted,
+    EventsRequest,
+    FieldError,
+    HeartbeatReply,
+    LeaseRequest,
+    LeasesReply,
+    ReleaseReply,
+    ReleaseRequest,
+    SourcesAdded,
+    SourcesRequest,
+)
+from gateway.http import CONFIG, FOLD, LOG, ApiError, Caller, authorize, reply
+from gateway.leases import Granter
+from ops.log import LogError, fresh_id, now_ms
+
+__all__ = ["GRANTER", "ROLE_EVENTS", "routes"]
+
+routes = web.RouteTableDef()
+GRANTER = web.AppKey("granter", Granter)
+
+# What each role may publish (least privilege); admin may publish anything.
+ROLE_EVENTS: dict[str, frozenset[str]] = {
+    "worker": frozenset(
+        {"Fetched", "Extracted", "ProxyWorked", "Deposited", "Discovered", "Released", "Heartbeat"}
+    ),
+    "checker": frozenset({"ProxyWorked", "ProxyFailed", "Released", "Heartbeat"}),
+    "seed": frozenset({"Deposited", "Released", "Heartbeat"}),
+}
+ROLE_KINDS = {"worker": "source", "checker": "recheck", "seed": "seed"}
+
+_event = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
+_PATH = re.compile(r"at `\$(?P<path>[^`]*)`")
+
+
+async def _body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
+    max_body = request.app[CONFIG].max_body
+    if request.content_length is not None and request.content_length > max_body:
+        raise ApiError(413, "too-large", f"body over {max_body} bytes")
+    data = await request.read()
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, "invalid-body", str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, "undecodable-body", str(exc)) from None
+
+
+def _field(message: str) -> str:
+    m = _PATH.search(message)
+    return m.group("path").lstrip(".") if m else ""
+
+
+def _check(caller: Caller, index: int, event: Event) -> FieldError | None:
+    if caller.role != "admin" and type(event).__name__ not in ROLE_EVENTS.get(caller.role, ()):
+        return FieldError(
+            index=index, field="type", reason=f"role {caller.role} may not publish it"
+        )
+    if event.agent != caller.name:
+        return FieldError(index=index, field="agent", reason="must be the token's agent name")
+    if not event.id:
+        return FieldError(index=index, field="id", reason="must not be empty")
+    try:
+        subject_for(event)
+    except SubjectError as exc:
+        return FieldError(index=index, field="", reason=str(exc))
+    return None
+
+
+@routes.post("/v1/events")
+async def publish_events(request: web.Request) -> web.Response:
+    caller = authorize(request, "worker", "checker", "seed")
+    body = await _body(request, EventsRequest)
+    assert isinstance(body, EventsRequest)
+    limit = request.app[CONFIG].max_batch
+    if len(body.events) > limit:
+        raise ApiError(413, "batch-too-large", f"{len(body.events)} events; at most {limit}")
+    events: list[Event] = []
+    errors: list[FieldError] = []
+    for index, raw in enumerate(body.events):
+        try:
+            event = _event.decode(raw)
+        except msgspec.ValidationError as exc:
+            errors.append(FieldError(index=index, field=_field(str(exc)), reason=str(exc)))
+            continue
+        except msgspec.DecodeError as exc:  # pragma: no cover - Raw is valid JSON already
+            errors.append(FieldError(index=index, field="", reason=str(exc)))
+            continue
+        problem = _check(caller, index, event)
+        if problem is not None:
+            errors.append(problem)
+        events.append(event)
+    if errors:
+        raise ApiError(
+            400,
+            "invalid-events",
+            f"{len(errors)} of {len(body.events)} events are invalid; none was published",
+            errors=errors,
+        )
+    if not events:
+        return reply(EventsAccepted(seqs=[], duplicates=0))
+    try:
+        seqs = await request.app[LOG].publish_many(events)
+    except LogError as exc:
+        raise ApiError(503, "log-unavailable", str(exc)) from None
+    duplicates = len(seqs) - len(set(seqs))
+    return reply(EventsAccepted(seqs=seqs, duplicates=duplicates))
+
+
+@routes.post("/v1/leases")
+async def take_leases(request: web.Request) -> web.Response:
+    caller = authorize(request, "worker", "checker", "seed")
+    body = await _body(request, LeaseRequest)
+    assert isinstance(body, LeaseRequest)
+    if body.agent != caller.name:
+        raise ApiError(403, "forbidden", "agent must be the token's agent name")
+    if caller.role != "admin" and ROLE_KINDS.get(caller.role) != body.kind:
+        raise ApiError(403, "forbidden", f"role {caller.role} may not lease {body.kind} targets")
+    if not 1 <= body.count <= 1_000:
+        raise ApiError(400, "bad-parameter", "count: 1 to 1000", parameter="count")
+    if body.ttl_s <= 0:
+        raise ApiError(400, "bad-parameter", "ttl_s: > 0", parameter="ttl_s")
+    try:
+        grants = await request.app[GRANTER].grant(caller.name, body.kind, body.count, body.ttl_s)
+    except LogError as exc:
+        raise ApiError(503, "log-unavailable", str(exc)) from None
+    return reply(LeasesReply(leases=[msgspec.convert(g, dict) for g in grants]))  # type: ignore[misc]
+
+
+def _held(request: web.Request, caller: Caller) -> tuple[str, str]:
+    """(lease, target) when ``caller`` holds this lease now, else 409."""
+    lease = request.match_info["lease"]
+    state = request.app[FOLD].state
+    target = state.lease_owner.get(lease)
+    row = state.leases.get(target) if target is not None else None
+    if row is None or row.holder != caller.name or row.expires_at < now_ms():
+        raise ApiError(409, "lease-lost", f"lease {lease} is not held by {caller.name}")
+    return lease, row.target
+
+
+async def _applied(request: web.Request, seq: int) -> None:
+    if not await request.app[FOLD].wait_for(seq, request.app[GRANTER].wait_s):
+        raise ApiError(503, "projection-lagging", "the projection has not applied the event yet")
+
+
+@routes.post("/v1/leases/{lease}/heartbeat")
+async def heartbeat(request: web.Request) -> web.Response:
+    caller = authorize(request, "worker", "checker", "seed")
+    lease, target = _held(request, caller)
+    event = Heartbeat(id=fresh_id(), agent=caller.name, at=now_ms(), leases=[lease])
+    try:
+        published = await request.app[LOG].publish(event)
+    except LogError as exc:
+        raise ApiError(503, "log-unavailable", str(exc)) from None
+    await _applied(request, published.seq)
+    row = request.app[FOLD].state.leases[target]
+    if row.lease != lease or row.status != "leased":
+        raise ApiError(409, "lease-lost", f"lease {lease} expired before the heartbeat")
+    return reply(HeartbeatReply(lease=lease, expires_at=row.expires_at))
+
+
+@routes.post("/v1/leases/{lease}/release")
+async def release(request: web.Request) -> web.Response:
+    caller = authorize(request, "worker", "checker", "seed")
+    lease, target = _held(request, caller)
+    body = await _body(request, ReleaseRequest) if request.can_read_body else ReleaseRequest()
+    assert isinstance(body, ReleaseRequest)
+    row = request.app[FOLD].state.leases[target]
+    event = Released(
+        id=fresh_id(),
+        agent=caller.name,
+        at=now_ms(),
+        lease=lease,
+        target=target,
+        outcome=body.outcome,
+        counted=body.counted,
+        error=body.error,
+        kind=row.kind,  # type: ignore[arg-type]
+    )
+    try:
+        published = await request.app[LOG].publish(event)
+    except LogError as exc:
+        raise ApiError(503, "log-unavailable", str(exc)) from None
+    await _applied(request, published.seq)
+    return reply(ReleaseReply(lease=lease, target=target, outcome=body.outcome, seq=published.seq))
+
+
+@routes.post("/v1/sources")
+async def add_sources(request: web.Request) -> web.Response:
+    caller = authorize(request, "admin")
+    body = await _body(request, SourcesRequest)
+    assert isinstance(body, SourcesRequest)
+    state = request.app[FOLD].state
+    added, known, events = [], [], []
+    for url in body.urls:
+        if not url.startswith(("http://", "https://")):
+            raise ApiError(400, "bad-url", f"not an http(s) URL: {url!r}")
+        uid = url_id(url)
+        if uid in state.sources and state.sources[uid].url:
+            known.append(uid)
+            continue
+        added.append(uid)
+        events.append(
+            SourceAdded(
+                id=fresh_id(),
+                agent=caller.name,
+                at=now_ms(),
+                url=url,
+                url_id=uid,
+                proto_hint=body.proto_hint,
+                origin="manual",
+            )
+        )
+    if events:
+        try:
+            await request.app[LOG].publish_many(events)
+        except LogError as exc:
+            raise ApiError(503, "log-unavailable", str(exc)) from None
+    return reply(SourcesAdded(added=added, known=known))
+
+
+@routes.post("/v1/targets/{kind}/{target}/reset")
+async def reset_target(request: web.Request) -> web.Response:
+    caller = authorize(request, "admin")
+    kind = request.match_info["kind"]
+    if kind not in ("source", "recheck", "seed"):
+        raise ApiError(400, "bad-parameter", "kind: source, recheck or seed", parameter="kind")
+    event = LeaseReset(
+        id=fresh_id(),
+        agent=caller.name,
+        at=now_ms(),
+        target=request.match_info["target"],
+        kind=kind,  # type: ignore[arg-type]
+    )
+    try:
+        published = await request.app[LOG].publish(event)
+    except (LogError, SubjectError) as exc:
+        status = 400 if isinstance(exc, SubjectError) else 503
+        raise ApiError(status, "reset-failed", str(exc)) from None
+    await _applied(request, published.seq)
+    return reply({"target": event.target, "seq": published.seq})

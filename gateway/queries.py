@@ -1,0 +1,208 @@
+"""Read endpoints: the pool, sources, leases, agents. Memory only: no DuckDB, no NATS."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from gateway.http import FOLD, ApiError, choice, integer, open_query, reply
+from projections.readmodels import ProxyFilter, due_sources, liveness, percentile, source_score
+from projections.snapshot import ProxySnapshot, ProxyView, build
+from reducers import ProxyRow
+from reducers.state import latency_samples
+
+__all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
+
+routes = web.RouteTableDef()
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class SnapshotKeeper:
+    """Holds the current proxy snapshot; rebuilds it when the fold moved and it is stale."""
+
+    def __init__(self, max_age_s: float = 1.0) -> None:
+        self.max_age_s = max_age_s
+        self.current: ProxySnapshot | None = None
+        self._built = 0.0
+
+    def get(self, request: web.Request) -> ProxySnapshot:
+        state = request.app[FOLD].state
+        snap = self.current
+        fresh = time.monotonic() - self._built < self.max_age_s
+        if snap is None or (snap.seq != state.last_seq and not fresh):
+            snap = build(state)
+            self.current = snap  # one assignment: readers see the old or the new one
+            self._built = time.monotonic()
+        return snap
+
+
+SNAPSHOT = web.AppKey("snapshot", SnapshotKeeper)
+
+
+def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> dict[str, Any]:
+    if isinstance(v, ProxyRow):
+        samples = latency_samples(v)
+        latency = v.latency_ema
+        agents = len(v.agents)
+    else:
+        samples = [
+            int.from_bytes(v.samples[i : i + 2], "little") for i in range(0, len(v.samples), 2)
+        ]
+        latency = v.latency
+        agents = v.agents
+    return {
+        "ip": v.ip,
+        "port": v.port,
+        "proto": v.proto,
+        "protos": list(v.protos),
+        "status": liveness(now - v.last_seen, ttl),
+        "last_seen": v.last_seen,
+        "first_seen": v.first_seen,
+        "latency_ms": round(latency, 1),
+        "latency_p50_ms": percentile(samples, 0.5),
+        "latency_p95_ms": percentile(samples, 0.95),
+        "exit_ip": v.exit_ip,
+        "anonymity": v.anonymity,
+        "mitm": v.mitm,
+        "confirmations": v.confirmations,
+        "agents": agents,
+        "sources": list(v.sources),
+        "fail_streak": v.fail_streak,
+        "country": v.country,
+        "asn": v.asn,
+    }
+
+
+def _filter(request: web.Request) -> ProxyFilter:
+    mitm = request.query.get("mitm")
+    if mitm not in (None, "true", "false"):
+        raise ApiError(400, "bad-parameter", "mitm: true or false", parameter="mitm")
+    latency = integer(request, "max_latency_ms")
+    return ProxyFilter(
+        proto=request.query.get("proto") or None,
+        country=request.query.get("country") or None,
+        asn=integer(request, "asn"),
+        anonymity=request.query.get("anonymity") or None,
+        max_latency_ms=float(latency) if latency is not None else None,
+        status=choice(request, "status", ("alive", "stale", "dead", "all"), "alive"),
+        fresh_s=integer(request, "fresh_s"),
+        mitm=None if mitm is None else mitm == "true",
+    )
+
+
+@routes.get("/v1/proxies")
+async def proxies(request: web.Request) -> web.StreamResponse:
+    open_query(request)
+    f = _filter(request)
+    sort = choice(request, "sort", ("latency", "last_seen"), "latency")
+    fmt = choice(request, "format", ("json", "txt", "csv"), "json")
+    limit = integer(request, "limit", 100) or 0
+    snap = request.app[SNAPSHOT].get(request)
+    now = now_ms()
+    views = list(snap.select(f, now, sort=sort, limit=limit))
+    if fmt == "txt":
+        return web.Response(text="".join(v.line for v in views), content_type="text/plain")
+    if fmt == "csv":
+        lines = ["proto,ip,port,latency_ms,anonymity,exit_ip,last_seen\n"]
+        lines += [
+            f"{v.proto},{v.ip},{v.port},{v.latency:.1f},{v.anonymity},{v.exit_ip},{v.last_seen}\n"
+            for v in views
+        ]
+        return web.Response(text="".join(lines), content_type="text/csv")
+    return reply({"count": len(views), "proxies": [_view_json(v, now, snap.ttl_s) for v in views]})
+
+
+@routes.get("/v1/proxies/{addr}")
+async def one_proxy(request: web.Request) -> web.Response:
+    open_query(request)
+    ip, _, port = request.match_info["addr"].rpartition(":")
+    if not ip or not port.isdigit():
+        raise ApiError(400, "bad-parameter", "address: ip:port", parameter="addr")
+    state = request.app[FOLD].state
+    row = state.proxies.get((ip.strip("[]"), int(port)))
+    if row is None:
+        raise ApiError(404, "not-found", f"no proxy {ip}:{port} in the pool")
+    body = _view_json(row, now_ms(), state.settings.proxy_ttl_s)
+    body["history"] = {
+        "confirmations": row.confirmations,
+        "first_seen": row.first_seen,
+        "last_seen": row.last_seen,
+        "last_failed": row.last_failed,
+        "fail_streak": row.fail_streak,
+        "latency_samples_ms": latency_samples(row),
+        "confirming_agents": list(row.agents),
+    }
+    return reply(body)
+
+
+def _source_json(row: Any, score: float) -> dict[str, Any]:
+    return {**msgspec.structs.asdict(row), "score": round(score, 4), "due": score >= 1.0}
+
+
+@routes.get("/v1/sources")
+async def sources(request: web.Request) -> web.Response:
+    open_query(request)
+    state = request.app[FOLD].state
+    now = now_ms()
+    limit = integer(request, "limit", 100) or 0
+    if choice(request, "due", ("true", "false"), "false") == "true":
+        pairs = due_sources(state, now, limit)
+    else:
+        pairs = sorted(
+            ((source_score(r, now), r) for r in state.sources.values()),
+            key=lambda p: (-p[0], p[1].url_id),
+        )
+        pairs = pairs[:limit] if limit else pairs
+    items = [_source_json(row, score) for score, row in pairs]
+    return reply({"count": len(items), "sources": items})
+
+
+@routes.get("/v1/sources/{url_id}")
+async def one_source(request: web.Request) -> web.Response:
+    open_query(request)
+    row = request.app[FOLD].state.sources.get(request.match_info["url_id"])
+    if row is None:
+        raise ApiError(404, "not-found", "no such source")
+    return reply(_source_json(row, source_score(row, now_ms())))
+
+
+@routes.get("/v1/leases")
+async def leases(request: web.Request) -> web.Response:
+    open_query(request)
+    state = request.app[FOLD].state
+    now = now_ms()
+    kind = request.query.get("kind")
+    limit = integer(request, "limit", 1000) or 0
+    rows = sorted(
+        (r for r in state.leases.values() if kind is None or r.kind == kind),
+        key=lambda r: r.target,
+    )
+    rows = rows[:limit] if limit else rows
+    items = []
+    for r in rows:
+        item = msgspec.structs.asdict(r)
+        if r.status == "leased" and r.expires_at < now:
+            item["status"] = "expired"
+        items.append(item)
+    return reply({"count": len(items), "leases": items})
+
+
+@routes.get("/v1/agents")
+async def agents(request: web.Request) -> web.Response:
+    open_query(request)
+    state = request.app[FOLD].state
+    now = now_ms()
+    items = []
+    for a in sorted(state.agents.values(), key=lambda a: a.name):
+        item = msgspec.structs.asdict(a)
+        del item["token_sha256"]
+        held = state.holders.get(a.name, set())
+        item["active_leases"] = sum(1 for t in held if state.leases[t].expires_at >= now)
+        items.append(item)
+    return reply({"count": len(items), "agents": items})
