@@ -90,7 +90,7 @@ async def judge(request: web.Request) -> web.Response:
             "peer": list(peer[:2]) if peer else None,
             "method": request.method,
             "path": request.path_qs,
-            "headers": [[k, v] for k, v in request.headers.items()],
+            "headers": [[str(k), v] for k, v in request.headers.items()],
         }
     )
 

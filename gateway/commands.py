@@ -148,7 +148,7 @@ async def take_leases(request: web.Request) -> web.Response:
         grants = await request.app[GRANTER].grant(caller.name, body.kind, body.count, body.ttl_s)
     except LogError as exc:
         raise ApiError(503, "log-unavailable", str(exc)) from None
-    return reply(LeasesReply(leases=[msgspec.convert(g, dict) for g in grants]))  # type: ignore[misc]
+    return reply(LeasesReply(leases=grants))
 
 
 def _held(request: web.Request, caller: Caller) -> tuple[str, str]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import structlog
 from aiohttp import web
 
 from gateway.api import FieldError, Problem
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 _json = msgspec.json.Encoder()
+log = structlog.get_logger("ppf.gateway")
 
 ROLE_ADMIN = "admin"
 
@@ -123,6 +125,9 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
             raise
         kind = (exc.reason or "error").lower().replace(" ", "-")
         return problem(exc.status, kind, exc.text or exc.reason or "error")
+    except Exception:  # a bug: still a problem body, and a log line to find it by
+        log.exception("request_failed", path=request.path, method=request.method)
+        return problem(500, "internal-error", "the gateway failed on this request")
 
 
 def integer(request: web.Request, name: str, default: int | None = None) -> int | None:

@@ -15,33 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
 from events import Leased, LeaseKind, shard_of
+from gateway.api import LeaseGrant
 from ops.fold_service import FoldService
 from ops.log import ConflictError, Log, fresh_id, now_ms
 from projections.readmodels import source_score
 from reducers import LeaseRow, State
 
-__all__ = ["SHARDS", "Grant", "Granter", "live_holdings"]
+__all__ = ["SHARDS", "Granter", "live_holdings"]
 
 log = structlog.get_logger("ppf.leases")
 
 SHARDS = tuple(f"s{i:03d}" for i in range(256))
 _ = shard_of  # recheck targets are the shards that shard_of() maps proxies to
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    lease: str
-    epoch: int
-    kind: str
-    target: str
-    expires_at: int
-    payload: dict[str, Any]
 
 
 def _free(row: LeaseRow | None, now: int) -> bool:
@@ -135,7 +125,7 @@ class Granter:
             return {"cursor": row.cursor, "end": row.end}
         return {"shard": target}
 
-    async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[Grant]:
+    async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[LeaseGrant]:
         now = now_ms()
         room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
         picked = self._candidates(kind, now)[: max(0, min(count, room))]
@@ -176,7 +166,7 @@ class Granter:
                 self.lost += 1
                 continue
             grants.append(
-                Grant(
+                LeaseGrant(
                     lease=ev.lease,
                     epoch=seq,
                     kind=kind,

@@ -1,0 +1,277 @@
+"""The gateway's agent and admin endpoints against a real nats-server on a real port."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+import events as ev
+from gateway.app import make_app
+from gateway.http import GatewayConfig
+from ops.fold_service import FoldService
+from ops.log import Log, fresh_id, now_ms
+from tests.helpers import worked
+
+Client = TestClient  # type: ignore[type-arg]
+
+
+async def enroll(lg: Log, name: str, role: str) -> str:
+    token = secrets.token_urlsafe(16)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    await lg.publish(
+        ev.AgentEnrolled(
+            id=fresh_id(), agent="admin", at=now_ms(), name=name, role=role, token_sha256=digest
+        )
+    )
+    return token
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+async def caught_up(fold: FoldService, lg: Log) -> None:
+    assert await fold.wait_for(await lg.head_seq(), 10)
+
+
+@pytest.fixture
+async def gw(log_client: Log) -> AsyncIterator[tuple[Client, FoldService, dict[str, str]]]:
+    tokens = {
+        "admin": await enroll(log_client, "root", "admin"),
+        "w1": await enroll(log_client, "w1", "worker"),
+        "w2": await enroll(log_client, "w2", "worker"),
+        "c1": await enroll(log_client, "c1", "checker"),
+    }
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    config = GatewayConfig(max_batch=50, rate_per_s=1000, burst=1000)
+    client = TestClient(TestServer(make_app(fold, log_client, config)))
+    await client.start_server()
+    await caught_up(fold, log_client)
+    try:
+        yield client, fold, tokens
+    finally:
+        await client.close()
+        await fold.stop()
+
+
+async def _json(resp: Any) -> Any:
+    return await resp.json(content_type=None)
+
+
+async def test_events_need_a_token_of_the_right_role(gw: Any, log_client: Log) -> None:
+    client, _, tokens = gw
+    raw = {"events": [msgspec.to_builtins(worked(agent="w1"))]}
+    r = await client.post("/v1/events", json=raw)
+    assert r.status == 401 and r.content_type == "application/problem+json"
+    r = await client.post("/v1/events", json=raw, headers=auth("not-a-token"))
+    assert r.status == 401
+    head = await log_client.head_seq()
+    r = await client.post("/v1/events", json=raw, headers=auth(tokens["w1"]))
+    assert r.status == 200, await r.text()
+    assert (await r.json())["seqs"] == [head + 1]
+    # A worker may not publish as another agent, nor a checker's ProxyFailed.
+    failed = ev.ProxyFailed(id=fresh_id(), agent="w1", at=0, ip="8.8.8.8", port=80, proto="http")
+    bad = {"events": [msgspec.to_builtins(failed), raw["events"][0]]}
+    bad["events"][1] = {**raw["events"][0], "agent": "w2", "id": fresh_id()}
+    r = await client.post("/v1/events", json=bad, headers=auth(tokens["w1"]))
+    problem = await _json(r)
+    assert r.status == 400
+    assert [(e["index"], e["field"]) for e in problem["errors"]] == [(0, "type"), (1, "agent")]
+    assert await log_client.head_seq() == head + 1  # nothing of a bad batch is published
+
+
+async def test_invalid_events_name_index_and_field(gw: Any, log_client: Log) -> None:
+    client, _, tokens = gw
+    good = msgspec.to_builtins(worked(agent="w1"))
+    broken = {**good, "port": "eighty", "id": fresh_id()}
+    missing = {k: v for k, v in good.items() if k != "ip"}
+    unknown = {"type": "Teleported", "id": "x", "agent": "w1", "at": 0}
+    head = await log_client.head_seq()
+    r = await client.post(
+        "/v1/events", json={"events": [good, broken, missing, unknown]}, headers=auth(tokens["w1"])
+    )
+    problem = await _json(r)
+    assert r.status == 400 and problem["type"].endswith("/invalid-events")
+    fields = {e["index"]: e["field"] for e in problem["errors"]}
+    assert fields[1] == "port" and 2 in fields and 3 in fields and 0 not in fields
+    assert await log_client.head_seq() == head
+    r = await client.post("/v1/events", data=b"{nope", headers=auth(tokens["w1"]))
+    assert r.status == 400
+    r = await client.post("/v1/events", json={"events": [], "extra": 1}, headers=auth(tokens["w1"]))
+    assert r.status == 400
+    many = {"events": [{**good, "id": fresh_id()} for _ in range(51)]}
+    r = await client.post("/v1/events", json=many, headers=auth(tokens["w1"]))
+    assert r.status == 413
+
+
+async def test_same_event_twice_is_one_observation(gw: Any, log_client: Log) -> None:
+    client, fold, tokens = gw
+    event = msgspec.to_builtins(worked("9.9.9.9", agent="w1"))
+    for _ in range(2):
+        r = await client.post("/v1/events", json={"events": [event]}, headers=auth(tokens["w1"]))
+        assert r.status == 200
+    await caught_up(fold, log_client)
+    assert fold.state.proxies[("9.9.9.9", 8080)].confirmations == 1
+
+
+async def test_leases_are_granted_once_extended_and_released(gw: Any, log_client: Log) -> None:
+    client, fold, tokens = gw
+    urls = [f"http://lists.example/{i}.txt" for i in range(3)]
+    r = await client.post(
+        "/v1/sources", json={"urls": urls, "proto_hint": "socks5"}, headers=auth(tokens["w1"])
+    )
+    assert r.status == 403
+    r = await client.post(
+        "/v1/sources", json={"urls": urls, "proto_hint": "socks5"}, headers=auth(tokens["admin"])
+    )
+    assert r.status == 200 and len((await r.json())["added"]) == 3
+    await caught_up(fold, log_client)
+
+    async def lease(who: str, count: int) -> list[dict[str, Any]]:
+        r = await client.post(
+            "/v1/leases",
+            json={"agent": who, "kind": "source", "count": count, "ttl_s": 60},
+            headers=auth(tokens[who]),
+        )
+        assert r.status == 200, await r.text()
+        return (await r.json())["leases"]  # type: ignore[no-any-return]
+
+    first, second = await asyncio.gather(lease("w1", 2), lease("w2", 2))
+    targets = [g["target"] for g in first + second]
+    assert len(targets) == len(set(targets)) == 3  # every source once, to one agent
+    grant = first[0]
+    assert grant["payload"]["url"] in urls and grant["payload"]["proto_hint"] == "socks5"
+    assert grant["epoch"] > 0 and grant["expires_at"] > now_ms()
+    assert await lease("w1", 5) == []  # nothing left to lease
+
+    r = await client.post(f"/v1/leases/{grant['lease']}/heartbeat", headers=auth(tokens["w2"]))
+    assert r.status == 409  # not w2's lease
+    r = await client.post(f"/v1/leases/{grant['lease']}/heartbeat", headers=auth(tokens["w1"]))
+    assert r.status == 200 and (await r.json())["expires_at"] >= grant["expires_at"]
+    r = await client.post(
+        f"/v1/leases/{grant['lease']}/release", json={"outcome": "done"}, headers=auth(tokens["w1"])
+    )
+    assert r.status == 200
+    r = await client.post(
+        f"/v1/leases/{grant['lease']}/release", json={"outcome": "done"}, headers=auth(tokens["w1"])
+    )
+    assert r.status == 409 and (await r.json())["type"].endswith("/lease-lost")
+    again = await lease("w2", 1)
+    assert [g["target"] for g in again] == [grant["target"]]
+    r = await client.post(
+        "/v1/leases", json={"agent": "c1", "kind": "source", "count": 1}, headers=auth(tokens["c1"])
+    )
+    assert r.status == 403  # a checker leases recheck shards only
+    r = await client.post(
+        "/v1/leases",
+        json={"agent": "c1", "kind": "recheck", "count": 3},
+        headers=auth(tokens["c1"]),
+    )
+    shards = [g["target"] for g in (await r.json())["leases"]]
+    assert len(shards) == 3 and all(s.startswith("s") for s in shards)
+
+
+async def test_two_gateways_never_grant_one_target_twice(log_client: Log) -> None:
+    tokens = {f"w{i}": await enroll(log_client, f"w{i}", "worker") for i in range(6)}
+    for i in range(20):
+        url = f"http://race.example/{i}"
+        await log_client.publish(
+            ev.SourceAdded(
+                id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=ev.url_id(url)
+            )
+        )
+    folds = [FoldService(log_client, db=None) for _ in range(2)]
+    clients = []
+    for fold in folds:
+        await fold.start()
+        await caught_up(fold, log_client)
+        client = TestClient(TestServer(make_app(fold, log_client)))
+        await client.start_server()
+        clients.append(client)
+    try:
+
+        async def claim(i: int) -> list[str]:
+            client = clients[i % 2]
+            who = f"w{i % 6}"
+            r = await client.post(
+                "/v1/leases",
+                json={"agent": who, "kind": "source", "count": 4},
+                headers=auth(tokens[who]),
+            )
+            assert r.status == 200
+            return [g["target"] for g in (await r.json())["leases"]]
+
+        results = await asyncio.gather(*(claim(i) for i in range(12)))
+        granted = [t for r in results for t in r]
+        assert len(granted) == len(set(granted)) == 20
+    finally:
+        for client in clients:
+            await client.close()
+        for fold in folds:
+            await fold.stop()
+
+
+async def test_judge_echoes_the_caller(gw: Any) -> None:
+    client, _, _ = gw
+    r = await client.get("/judge", headers={"X-Forwarded-For": "1.2.3.4", "Via": "1.1 squid"})
+    body = await r.json()
+    assert body["remote"] == "127.0.0.1"
+    headers = {k.lower(): v for k, v in body["headers"]}
+    assert headers["x-forwarded-for"] == "1.2.3.4" and headers["via"] == "1.1 squid"
+
+
+async def test_rate_limit_answers_429(log_client: Log) -> None:
+    token = await enroll(log_client, "w1", "worker")
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    await caught_up(fold, log_client)
+    client = TestClient(
+        TestServer(make_app(fold, log_client, GatewayConfig(rate_per_s=1, burst=3)))
+    )
+    await client.start_server()
+    try:
+        codes = []
+        for _ in range(5):
+            r = await client.post("/v1/events", json={"events": []}, headers=auth(token))
+            codes.append(r.status)
+        assert codes[:3] == [200, 200, 200] and codes[-1] == 429
+        assert "Retry-After" in r.headers
+    finally:
+        await client.close()
+        await fold.stop()
+
+
+async def test_private_queries_need_a_token(log_client: Log) -> None:
+    token = await enroll(log_client, "w1", "worker")
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    await caught_up(fold, log_client)
+    app = make_app(fold, log_client, GatewayConfig(private_queries=True))
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        assert (await client.get("/v1/proxies")).status == 401
+        assert (await client.get("/v1/proxies", headers=auth(token))).status == 200
+        assert (await client.get("/healthz")).status == 200
+    finally:
+        await client.close()
+        await fold.stop()
+
+
+async def test_openapi_is_served_and_committed(gw: Any) -> None:
+    import json
+    from pathlib import Path
+
+    client, _, _ = gw
+    served = await (await client.get("/openapi.json")).json()
+    committed = json.loads((Path(__file__).parent.parent / "schemas" / "openapi.json").read_text())
+    assert served == committed
+    assert "/v1/leases" in served["paths"] and "LeaseRequest" in served["components"]["schemas"]
