@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterable, Iterator
+from itertools import islice
 from typing import Any
 
 import structlog
@@ -91,11 +93,13 @@ class Granter:
             self._due_at = time.monotonic()
         return self._due
 
-    def _candidates(self, kind: LeaseKind, now: int) -> list[tuple[str, float]]:
+    def _candidates(self, kind: LeaseKind, now: int) -> Iterator[tuple[str, float]]:
+        """Free targets in priority order, lazily: a grant takes the first few only."""
         state = self.fold.state
         leases = state.leases
+        pairs: Iterable[tuple[str, float]]
         if kind == "source":
-            pairs = [(uid, score) for score, uid in self._due_sources(now)]
+            pairs = ((uid, score) for score, uid in self._due_sources(now))
         elif kind == "recheck":
             # Longest since last leased first: every shard gets its turn.
             pairs = sorted(
@@ -108,7 +112,7 @@ class Granter:
                 for row in leases.values()
                 if row.kind == "seed" and row.cursor <= row.end
             )
-        return [(t, s) for t, s in pairs if t not in self._claiming and _free(leases.get(t), now)]
+        return ((t, s) for t, s in pairs if t not in self._claiming and _free(leases.get(t), now))
 
     def _payload(self, kind: str, target: str, score: float) -> dict[str, Any]:
         state = self.fold.state
@@ -128,7 +132,7 @@ class Granter:
     async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[LeaseGrant]:
         now = now_ms()
         room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
-        picked = self._candidates(kind, now)[: max(0, min(count, room))]
+        picked = list(islice(self._candidates(kind, now), max(0, min(count, room))))
         if not picked:
             return []
         state = self.fold.state

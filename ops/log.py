@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -83,9 +84,16 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+# Ids need uniqueness, not secrecy: a PRNG seeded from the OS (and reseeded in every
+# forked child, which would otherwise repeat its parent's ids) instead of a getrandom
+# syscall per event, which showed up at 7% of the gateway's time under lease load.
+_entropy = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _entropy.seed(os.urandom(32)))
+
+
 def fresh_id() -> str:
     """A new UUIDv7 event id, from this machine's clock and entropy."""
-    return uuid7(now_ms(), os.urandom(10))
+    return uuid7(now_ms(), _entropy.getrandbits(80).to_bytes(10, "big"))
 
 
 class Log:

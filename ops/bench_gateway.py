@@ -1,0 +1,225 @@
+"""``ppf bench lease`` and ``ppf bench query``: the gateway as agents and users meet it.
+
+Both start a real nats-server and a real ``ppf gateway`` process on loopback; the load
+comes from this process, so the gateway has its own interpreter (and GIL), as deployed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from events import AgentEnrolled, ProxyWorked, SourceAdded, url_id
+from ops.log import Log, fresh_id, now_ms
+from ops.natsd import NatsServer, free_port
+from ops.synthetic import _ip
+
+__all__ = ["bench_lease", "bench_query"]
+
+
+def _pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
+
+
+def _spawn_gateway(url: str, port: int, logfile: Path) -> subprocess.Popen[bytes]:
+    with open(logfile, "ab") as out:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ops.cli",
+                "gateway",
+                "--nats",
+                url,
+                "--listen",
+                f"127.0.0.1:{port}",
+            ],
+            stdout=out,
+            stderr=out,
+        )
+
+
+@contextlib.asynccontextmanager
+async def _system(workdir: Path) -> AsyncIterator[tuple[Log, str, subprocess.Popen[bytes]]]:
+    """A nats-server and one gateway process; yields (log client, gateway URL, process)."""
+    server = NatsServer(workdir / "nats", port=free_port())
+    server.start()
+    port = free_port()
+    gateway = None
+    lg = await Log.connect(server.url, name="ppf-bench")
+    try:
+        await lg.ensure_stream()
+        gateway = await asyncio.to_thread(_spawn_gateway, server.url, port, workdir / "gateway.log")
+        yield lg, f"http://127.0.0.1:{port}", gateway
+    finally:
+        if gateway is not None:
+            gateway.terminate()
+            gateway.wait(20)
+        await lg.close()
+        server.stop()
+
+
+async def _wait_applied(base: str, seq: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as http:
+        while time.monotonic() < deadline:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with http.get(f"{base}/v1/stats") as r:
+                    if r.status == 200 and (await r.json())["applied_seq"] >= seq:
+                        return
+            await asyncio.sleep(0.2)
+    raise RuntimeError(f"gateway did not reach seq {seq}")
+
+
+async def bench_lease(
+    clients: int = 50, seconds: float = 10.0, sources: int = 10_000, count: int = 1
+) -> dict[str, Any]:
+    """Grants/s and grant latency with ``clients`` agents leasing concurrently.
+
+    Each agent leases ``count`` sources, releases them (done) and leases again; only the
+    lease requests are timed. Releasing keeps every agent under the per-agent cap.
+    """
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-lease-") as tmp:
+        async with _system(Path(tmp)) as (lg, base, _):
+            tokens = {}
+            enroll = []
+            for i in range(clients):
+                token = secrets.token_urlsafe(16)
+                tokens[f"b{i:03d}"] = token
+                enroll.append(
+                    AgentEnrolled(
+                        id=fresh_id(),
+                        agent="admin",
+                        at=now_ms(),
+                        name=f"b{i:03d}",
+                        role="worker",
+                        token_sha256=hashlib.sha256(token.encode()).hexdigest(),
+                    )
+                )
+            urls = [f"https://bench.example/{i}.txt" for i in range(sources)]
+            adds = [
+                SourceAdded(id=fresh_id(), agent="admin", at=now_ms(), url=u, url_id=url_id(u))
+                for u in urls
+            ]
+            seqs = await lg.publish_many([*enroll, *adds])
+            await _wait_applied(base, seqs[-1])
+            latencies: list[float] = []
+            granted = 0
+            deadline = time.monotonic() + seconds
+
+            async def agent(name: str, token: str) -> None:
+                nonlocal granted
+                body = {"agent": name, "kind": "source", "count": count, "ttl_s": 600}
+                headers = {"Authorization": f"Bearer {token}"}
+                conn = aiohttp.TCPConnector(limit=1)
+                async with aiohttp.ClientSession(headers=headers, connector=conn) as http:
+                    while time.monotonic() < deadline:
+                        t = time.perf_counter()
+                        async with http.post(f"{base}/v1/leases", json=body) as r:
+                            data = await r.json()
+                        latencies.append((time.perf_counter() - t) * 1000)
+                        if r.status != 200:
+                            raise RuntimeError(f"lease answered {r.status}: {data}")
+                        granted += len(data["leases"])
+                        for g in data["leases"]:  # done at once: the next cycle may lease
+                            url = f"{base}/v1/leases/{g['lease']}/release"
+                            async with http.post(url, json={"outcome": "done"}) as r:
+                                if r.status != 200:
+                                    raise RuntimeError(f"release answered {r.status}")
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(agent(n, t) for n, t in tokens.items()))
+            elapsed = time.perf_counter() - t0
+    return {
+        "clients": clients,
+        "count_per_request": count,
+        "seconds": round(elapsed, 1),
+        "grants": granted,
+        "grants_per_s": round(granted / elapsed),
+        "requests": len(latencies),
+        "latency_p50_ms": round(statistics.median(latencies), 2),
+        "latency_p99_ms": round(_pct(latencies, 0.99), 2),
+        "latency_max_ms": round(max(latencies), 2),
+    }
+
+
+QUERIES = [
+    "/v1/proxies",
+    "/v1/proxies?proto=socks5",
+    "/v1/proxies?anonymity=elite&max_latency_ms=500",
+    "/v1/proxies?proto=http&sort=last_seen&limit=50",
+    "/v1/proxies?fresh_s=3600&limit=200",
+    "/v1/proxies?format=txt&proto=socks4",
+    "/v1/proxies?format=csv&limit=100",
+    "/v1/proxies?country=ZZ",  # matches nothing: a full scan
+]
+
+
+async def bench_query(proxies: int = 100_000, rounds: int = 200) -> dict[str, Any]:
+    """Latency of filtered queries at ``proxies`` alive proxies, and txt of them all."""
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-query-") as tmp:
+        async with _system(Path(tmp)) as (lg, base, _):
+            protos = ("http", "https", "socks4", "socks5")
+            anon = ("transparent", "anonymous", "elite")
+            events = [
+                ProxyWorked(
+                    id=fresh_id(),
+                    agent="bench",
+                    at=now_ms(),
+                    ip=_ip(p),
+                    port=1024 + p % 50000,
+                    proto=protos[p % 4],
+                    latency_ms=20 + (p * 7919) % 3000,
+                    exit_ip=_ip(p),
+                    anonymity=anon[p % 3],  # type: ignore[arg-type]
+                )
+                for p in range(proxies)
+            ]
+            seqs = await lg.publish_many(events)
+            await _wait_applied(base, seqs[-1])
+            per_query: dict[str, list[float]] = {}
+            async with aiohttp.ClientSession() as http:
+                async with http.get(f"{base}/v1/stats") as r:
+                    alive = (await r.json())["proxies"]["alive"]
+                for q in QUERIES:  # warm: the first query after the fold builds a snapshot
+                    async with http.get(base + q) as r:
+                        await r.read()
+                for _ in range(rounds):
+                    for q in QUERIES:
+                        t = time.perf_counter()
+                        async with http.get(base + q) as r:
+                            await r.read()
+                            if r.status != 200:
+                                raise RuntimeError(f"{q} answered {r.status}")
+                        per_query.setdefault(q, []).append((time.perf_counter() - t) * 1000)
+                txt_ms = []
+                for _ in range(10):
+                    t = time.perf_counter()
+                    async with http.get(f"{base}/v1/proxies?format=txt&limit=0") as r:
+                        body = await r.read()
+                    txt_ms.append((time.perf_counter() - t) * 1000)
+                lines = body.count(b"\n")
+    every = [x for xs in per_query.values() for x in xs]
+    return {
+        "alive_proxies": alive,
+        "requests": len(every),
+        "latency_p50_ms": round(statistics.median(every), 2),
+        "latency_p99_ms": round(_pct(every, 0.99), 2),
+        "per_query_p99_ms": {q: round(_pct(xs, 0.99), 2) for q, xs in per_query.items()},
+        "txt_all_lines": lines,
+        "txt_all_ms_median": round(statistics.median(txt_ms), 1),
+        "txt_all_ms_max": round(max(txt_ms), 1),
+    }
