@@ -39,24 +39,49 @@ class ProxyView(NamedTuple):
     line: str  # "proto://ip:port\n"
 
 
+Index = dict[object, tuple[ProxyView, ...]]
+
+
 @dataclass(frozen=True, slots=True)
 class ProxySnapshot:
     seq: int
     ttl_s: int
     by_latency: tuple[ProxyView, ...]
     by_last_seen: tuple[ProxyView, ...]
+    # Views by proto, anonymity, country and ASN, each sorted by latency: a selective
+    # filter scans its own short list instead of the whole pool.
+    indexes: dict[str, Index]
+
+    def _base(self, f: ProxyFilter) -> tuple[ProxyView, ...] | None:
+        keys = {"proto": f.proto, "anonymity": f.anonymity, "country": f.country, "asn": f.asn}
+        lists = [self.indexes[k].get(v, ()) for k, v in keys.items() if v is not None]
+        return min(lists, key=len) if lists else None
 
     def select(
         self, f: ProxyFilter, now: int, *, sort: str = "latency", limit: int = 100
     ) -> Iterator[ProxyView]:
         """Matching views in order, stopping after ``limit`` (0: all)."""
-        rows = self.by_last_seen if sort == "last_seen" else self.by_latency
+        base = self._base(f)
+        if base is not None and sort == "last_seen" and len(base) * 8 > len(self.by_latency):
+            base = None  # a broad filter: walking the last-seen order stops sooner
+        if base is not None and sort == "last_seen":
+            hits = sorted(self._scan(base, f, now, "latency", 0), key=_by_last_seen)
+            yield from hits[:limit] if limit else hits
+            return
+        if base is None:
+            base = self.by_last_seen if sort == "last_seen" else self.by_latency
+        yield from self._scan(base, f, now, sort, limit)
+
+    def _scan(
+        self, rows: tuple[ProxyView, ...], f: ProxyFilter, now: int, sort: str, limit: int
+    ) -> Iterator[ProxyView]:
         ttl = self.ttl_s * 1000
+        never = -(1 << 62)
         lo, hi = {
-            "alive": (-(1 << 62), ttl),
+            "alive": (never, ttl),
             "stale": (ttl + 1, 3 * ttl),
             "dead": (3 * ttl + 1, None),
-        }.get(f.status, (0, None))
+        }.get(f.status, (never, None))
         fresh = f.fresh_s * 1000 if f.fresh_s is not None else None
         taken = 0
         for v in rows:
@@ -85,6 +110,22 @@ class ProxySnapshot:
                 return
 
 
+def _by_last_seen(v: ProxyView) -> tuple[int, str, int]:
+    return (-v.last_seen, v.ip, v.port)
+
+
+def _index(views: tuple[ProxyView, ...], key: str) -> Index:
+    groups: dict[object, list[ProxyView]] = {}
+    if key == "proto":
+        for v in views:
+            for p in v.protos:
+                groups.setdefault(p, []).append(v)
+    else:
+        for v in views:
+            groups.setdefault(getattr(v, key), []).append(v)
+    return {k: tuple(vs) for k, vs in groups.items()}
+
+
 def build(state: State) -> ProxySnapshot:
     views = [
         ProxyView(
@@ -110,10 +151,10 @@ def build(state: State) -> ProxySnapshot:
         for r in state.proxies.values()
     ]
     by_latency = tuple(sorted(views, key=lambda v: (v.latency, v.ip, v.port)))
-    by_last_seen = tuple(sorted(views, key=lambda v: (-v.last_seen, v.ip, v.port)))
     return ProxySnapshot(
         seq=state.last_seq,
         ttl_s=state.settings.proxy_ttl_s,
         by_latency=by_latency,
-        by_last_seen=by_last_seen,
+        by_last_seen=tuple(sorted(views, key=_by_last_seen)),
+        indexes={k: _index(by_latency, k) for k in ("proto", "anonymity", "country", "asn")},
     )
