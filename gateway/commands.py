@@ -205,7 +205,8 @@ async def release(request: web.Request) -> web.Response:
         published = await request.app[LOG].publish(event)
     except LogError as exc:
         raise ApiError(503, "log-unavailable", str(exc)) from None
-    await _applied(request, published.seq)
+    # No wait for the fold here: the release is in the log, which decides; the next
+    # lease request reads the projection, which will have applied it or will soon.
     return reply(ReleaseReply(lease=lease, target=target, outcome=body.outcome, seq=published.seq))
 
 

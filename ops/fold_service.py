@@ -8,6 +8,8 @@ original sequence: kept, never folded, never a crash.
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
 import time
 from pathlib import Path
 
@@ -49,7 +51,10 @@ class FoldService:
         self.folder = Folder(self.state, self._reject if dlq else None)
         self._dlq: asyncio.Queue[tuple[int, bytes, bytes, DecodeError]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._advanced = asyncio.Condition()
+        # Waiters for a sequence, in a heap: each batch wakes only those it satisfied
+        # (a Condition's notify_all woke every waiting request on every batch).
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._waiter_ids = itertools.count()
         self._digest: tuple[int, str] = (-1, "")
         self._head = (0.0, 0)
         self.dlq_sent = 0
@@ -98,14 +103,23 @@ class FoldService:
 
     async def wait_for(self, seq: int, timeout: float) -> bool:
         """Wait until the projection has applied ``seq``; False on timeout."""
-        async with self._advanced:
-            try:
-                await asyncio.wait_for(
-                    self._advanced.wait_for(lambda: self.state.last_seq >= seq), timeout
-                )
-            except TimeoutError:
-                return False
+        if self.state.last_seq >= seq:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters, (seq, next(self._waiter_ids), fut))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return False
         return True
+
+    def _wake(self) -> None:
+        applied = self.state.last_seq
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= applied:
+            fut = heapq.heappop(waiters)[2]
+            if not fut.done():
+                fut.set_result(None)
 
     async def _run(self) -> None:
         hose = Firehose(self.log.url, self.state.last_seq + 1)
@@ -113,8 +127,7 @@ class FoldService:
             self.folder.apply(batch)
             if self.checkpointer is not None:
                 await self.checkpointer.maybe(self.state)
-            async with self._advanced:
-                self._advanced.notify_all()
+            self._wake()
             await asyncio.sleep(0)  # let queries and publishes in between batches
 
     def _reject(self, seq: int, subject: bytes, payload: bytes, exc: DecodeError) -> None:
