@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from events import AnyEvent
+
 __all__ = [
     "EventsAccepted",
     "EventsRequest",
@@ -138,9 +140,12 @@ def openapi() -> dict[str, Any]:
         SourcesAdded,
         Problem,
     ]
-    _, components = msgspec.json.schema_components(
-        types, ref_template="#/components/schemas/{name}"
+    (event_schema, *_), components = msgspec.json.schema_components(
+        [AnyEvent, *types], ref_template="#/components/schemas/{name}"
     )
+    # The events of a batch are the event union (decoded one by one, so a bad one can be
+    # named by its index); say so in the document rather than "any value".
+    components["EventsRequest"]["properties"]["events"]["items"] = event_schema
     lease_path = {"name": "lease", "in": "path", "required": True, "schema": {"type": "string"}}
     proxy_filters = [
         _query("proto", {"type": "string"}),

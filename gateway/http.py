@@ -124,7 +124,8 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         if exc.status < 400:
             raise
         kind = (exc.reason or "error").lower().replace(" ", "-")
-        return problem(exc.status, kind, exc.text or exc.reason or "error")
+        keep = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
+        return problem(exc.status, kind, exc.text or exc.reason or "error", headers=keep)
     except Exception:  # a bug: still a problem body, and a log line to find it by
         log.exception("request_failed", path=request.path, method=request.method)
         return problem(500, "internal-error", "the gateway failed on this request")

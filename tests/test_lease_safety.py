@@ -164,6 +164,10 @@ async def test_no_double_lease_and_expired_leases_come_back(
             )
         )
         head = await lg.head_seq()
+        async with aiohttp.ClientSession() as http:
+            await asyncio.sleep(1)  # let the gateway apply the last releases
+            async with http.get(f"{gateways[0]}/v1/leases?kind=source&limit=0") as r:
+                ledger = {row["target"]: row for row in (await r.json())["leases"]}
     finally:
         for proc, _ in procs:
             proc.terminate()
@@ -201,11 +205,18 @@ async def test_no_double_lease_and_expired_leases_come_back(
                 if held is not None and held[0] == event.lease and ts <= held[1]:
                     del live[event.target]
     assert overlaps == [], f"{len(overlaps)} double leases, first: {overlaps[0]}"
-    # Every lease left to expire well before the end was granted again afterwards.
+    # Every lease left to expire well before the end was granted again afterwards,
+    # unless its target used up its attempt budget (failed until a LeaseReset: §5).
     missed = [
         lease
         for lease, expires in rec.abandoned.items()
         if expires < end_ms - 5_000
         and not any(t > expires for t in granted_at[rec.grants[lease][0]])
     ]
-    assert missed == [], f"{len(missed)} expired leases never re-granted"
+    unexplained = [
+        lease
+        for lease in missed
+        if ledger[rec.grants[lease][0]]["status"] != "failed"
+        or ledger[rec.grants[lease][0]]["attempts"] < 5
+    ]
+    assert unexplained == [], f"{len(unexplained)} expired leases never re-granted"
