@@ -263,6 +263,17 @@ def openapi() -> dict[str, Any]:
         },
         "/judge": {"get": {"summary": "echo of the caller", "responses": {"200": _reply(None)}}},
         "/openapi.json": {"get": {"summary": "this document", "responses": {"200": _reply(None)}}},
+        "/": {
+            "get": {
+                "summary": "the dashboard",
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"text/html": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
     }
     return {
         "openapi": "3.1.0",

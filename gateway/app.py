@@ -6,6 +6,8 @@ never awaits inside a batch, so no handler sees a half-applied event.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 from aiohttp import web
 
@@ -93,6 +95,15 @@ async def judge(request: web.Request) -> web.Response:
             "headers": [[str(k), v] for k, v in request.headers.items()],
         }
     )
+
+
+_DASHBOARD = (Path(__file__).parent / "static" / "index.html").read_bytes()
+
+
+@routes.get("/")
+async def dashboard(request: web.Request) -> web.Response:
+    """One page, no build step: it polls the JSON endpoints (issue 5 grows it)."""
+    return web.Response(body=_DASHBOARD, content_type="text/html")
 
 
 @routes.get("/openapi.json")

@@ -133,7 +133,7 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
 
 def integer(request: web.Request, name: str, default: int | None = None) -> int | None:
     raw = request.query.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         value = int(raw)

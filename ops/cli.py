@@ -70,6 +70,22 @@ async def _configure_lab(lg: Log, lab: bool) -> None:
     log.info("settings_published", lab=lab)
 
 
+async def enroll(lg: Log, name: str, role: str) -> str:
+    """Publish ``AgentEnrolled`` with the SHA-256 of a fresh token; returns the token."""
+    import hashlib
+    import secrets
+
+    from events import AgentEnrolled
+
+    token = secrets.token_urlsafe(32)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    event = AgentEnrolled(
+        id=fresh_id(), agent="admin", at=now_ms(), name=name, role=role, token_sha256=digest
+    )  # type: ignore[arg-type]
+    await lg.publish(event)
+    return token
+
+
 async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
     from aiohttp import web
 
@@ -91,8 +107,15 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
     fold = None
     try:
         await lg.ensure_stream()
+        local_tokens: dict[str, str] = {}
         if embedded:
             await _configure_lab(lg, args.lab)
+            if not args.no_agents:
+                # The local worker and checker get fresh tokens at every start, kept in
+                # memory only; enrolling again revokes the previous run's tokens.
+                for name, role in (("local-worker", "worker"), ("local-checker", "checker")):
+                    local_tokens[name] = await enroll(lg, name, role)
+                log.info("local_agents_enrolled", agents=sorted(local_tokens))
         db = data / "ppf.duckdb" if args.cmd in ("up", "fold") else None
         if db is not None:
             data.mkdir(parents=True, exist_ok=True)
@@ -207,27 +230,15 @@ def _schemas(args: argparse.Namespace) -> int:
 
 
 async def _token(args: argparse.Namespace) -> int:
-    import hashlib
-    import secrets
-
-    from events import AgentEnrolled, agent_name_ok
+    from events import agent_name_ok
 
     if not agent_name_ok(args.name):
         print(f"ppf token: bad agent name {args.name!r}: 1-64 of A-Z a-z 0-9 _ -", file=sys.stderr)
         return 2
-    token = secrets.token_urlsafe(32)
-    event = AgentEnrolled(
-        id=fresh_id(),
-        agent="admin",
-        at=now_ms(),
-        name=args.name,
-        role=args.role,
-        token_sha256=hashlib.sha256(token.encode()).hexdigest(),
-    )
     lg = await Log.connect(args.nats, name="ppf-token")
     try:
         await lg.ensure_stream()
-        await lg.publish(event)
+        token = await enroll(lg, args.name, args.role)
     finally:
         await lg.close()
     print(token, flush=True)

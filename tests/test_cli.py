@@ -48,8 +48,7 @@ class Up:
             f"127.0.0.1:{self.http}",
             "--nats-listen",
             f"127.0.0.1:{self.nats_port}",
-            "--no-agents",
-            *extra,
+            *(extra or ("--no-agents",)),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.logfile = data.parent / f"up-{self.http}.log"
@@ -187,7 +186,7 @@ def test_replay_verifies_after_kill_9_under_load(ppf_bin: str, tmp_path: Path) -
 
 def test_up_lab_is_published_and_replayed(ppf_bin: str, tmp_path: Path) -> None:
     """`ppf up --lab` puts lab mode in the log, so loopback proxies count, in replay too."""
-    up = Up(ppf_bin, tmp_path / "data", "--lab")
+    up = Up(ppf_bin, tmp_path / "data", "--lab", "--no-agents")
     up.start()
     try:
 
@@ -211,6 +210,24 @@ def test_up_lab_is_published_and_replayed(ppf_bin: str, tmp_path: Path) -> None:
             tail.kill()
             tail.communicate()
         assert line["event"]["ip"] == "127.0.0.1" and line["subject"] == "ppf.proxy.127-0-0-1_3128"
+    finally:
+        assert up.stop() == 0
+
+
+def test_up_enrolls_its_local_agents_and_serves_the_dashboard(ppf_bin: str, tmp_path: Path) -> None:
+    """Without --no-agents, `ppf up` enrolls its own worker and checker (tokens hashed)."""
+    up = Up(ppf_bin, tmp_path / "data", "--lab")
+    up.start()
+    try:
+        up.caught_up()
+        status, body = _get(up.base + "/v1/agents")
+        assert status == 200
+        roles = {a["name"]: a["role"] for a in body["agents"]}
+        assert {roles["local-worker"], roles["local-checker"]} == {"worker", "checker"}
+        assert all("token_sha256" not in a for a in body["agents"])
+        with urllib.request.urlopen(up.base + "/", timeout=5) as r:
+            page = r.read().decode()
+        assert r.headers["Content-Type"].startswith("text/html") and "/v1/stats" in page
     finally:
         assert up.stop() == 0
 
