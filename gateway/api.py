@@ -254,6 +254,9 @@ def openapi() -> dict[str, Any]:
         },
         "/v1/agents": {"get": {"summary": "the fleet", "responses": {"200": _reply(None)}}},
         "/v1/stats": {"get": {"summary": "pipeline health", "responses": {"200": _reply(None)}}},
+        "/v1/stats/series": {
+            "get": {"summary": "the dashboard's time series", "responses": {"200": _reply(None)}}
+        },
         "/healthz": {"get": {"summary": "liveness", "responses": {"200": _reply(None)}}},
         "/readyz": {
             "get": {

@@ -6,7 +6,12 @@ never awaits inside a batch, so no handler sees a half-applied event.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -37,6 +42,7 @@ __all__ = ["FOLD", "make_app"]
 routes = web.RouteTableDef()
 _OPENAPI = msgspec.json.encode(openapi())
 _ALIVE = ProxyFilter()
+_STALE = ProxyFilter(status="stale")
 
 
 @routes.get("/healthz")
@@ -55,31 +61,123 @@ async def readyz(request: web.Request) -> web.Response:
     return reply(body, 200 if ready else 503)
 
 
+def _pool(request: web.Request) -> dict[str, Any]:
+    """Pool composition: alive proxies by protocol and anonymity, stale (due) count."""
+    snap = request.app[SNAPSHOT].get(request)
+    now = now_ms()
+    by_proto: dict[str, int] = {}
+    by_anonymity: dict[str, int] = {}
+    alive = 0
+    for v in snap.select(_ALIVE, now, limit=0):
+        alive += 1
+        by_proto[v.proto] = by_proto.get(v.proto, 0) + 1
+        key = v.anonymity or "unknown"
+        by_anonymity[key] = by_anonymity.get(key, 0) + 1
+    stale = sum(1 for _ in snap.select(_STALE, now, limit=0))
+    return {
+        "alive": alive,
+        "stale": stale,
+        "known": len(snap.by_latency),
+        "by_proto": dict(sorted(by_proto.items())),
+        "by_anonymity": dict(sorted(by_anonymity.items())),
+    }
+
+
 @routes.get("/v1/stats")
 async def stats(request: web.Request) -> web.Response:
     open_query(request)
     fold = request.app[FOLD]
     state = fold.state
     head = await fold.head_seq()
-    snap = request.app[SNAPSHOT].get(request)
     granter = request.app[GRANTER]
-    alive = sum(1 for _ in snap.select(_ALIVE, now_ms(), limit=0))
+    now = now_ms()
+    pool = _pool(request)
+    active = sum(1 for a in state.agents.values() if now - a.last_seen <= 300_000)
+    tap = fold.tap.stats if fold.tap is not None else None
     return reply(
         {
             "applied_seq": fold.applied_seq,
             "head_seq": head,
             "lag": max(head - fold.applied_seq, 0),
+            "lag_s": fold.lag_s(head),
             "digest": fold.digest(),
-            "proxies": {"known": len(state.proxies), "alive": alive},
+            "rates": fold.stats.rates(),
+            "proxies": {"known": pool["known"], "alive": pool["alive"]},
+            "pool": pool,
+            "queues": {
+                "due_sources": len(granter.due_sources(now)),
+                "stale_proxies": pool["stale"],
+                "dlq_pending": fold.dlq_pending,
+            },
             "sources": len(state.sources),
             "leases": len(state.leases),
             "agents": len(state.agents),
+            "agents_active_5m": active,
             "rejected": fold.folder.rejected,
             "dlq_sent": fold.dlq_sent,
             "grants": {"granted": granter.granted, "lost": granter.lost},
+            "nats_ops": dict(request.app[LOG].ops),
+            "tap": None
+            if tap is None
+            else {
+                "fed": tap.fed,
+                "sent": tap.sent,
+                "dropped": tap.dropped + tap.failed,
+                "errors": tap.errors,
+                "last_error": tap.last_error,
+            },
             "settings": state.settings,
         }
     )
+
+
+class Series:
+    """The dashboard's time series: a point every ``every_s``, the last hour or so."""
+
+    def __init__(self, every_s: float) -> None:
+        self.every_s = every_s
+        self.points: deque[dict[str, Any]] = deque(maxlen=360)
+
+    async def run(self, app: web.Application) -> None:
+        while True:
+            fold = app[FOLD]
+            head = await fold.head_seq()
+            snap = app[SNAPSHOT].current
+            by_proto: dict[str, int] = {}
+            if snap is not None:
+                for v in snap.select(_ALIVE, now_ms(), limit=0):
+                    by_proto[v.proto] = by_proto.get(v.proto, 0) + 1
+            rates = fold.stats.rates()["1m"]
+            self.points.append(
+                {
+                    "t": now_ms(),
+                    "alive_by_proto": by_proto,
+                    "fold_rate": rates["fold"],
+                    "fetch_rate": rates["Fetched"],
+                    "error_rate": rates["Fetched.failed"],
+                    "lag": max(head - fold.applied_seq, 0),
+                }
+            )
+            await asyncio.sleep(self.every_s)
+
+
+SERIES = web.AppKey("series", Series)
+
+
+@routes.get("/v1/stats/series")
+async def series(request: web.Request) -> web.Response:
+    open_query(request)
+    return reply(
+        {"every_s": request.app[SERIES].every_s, "points": list(request.app[SERIES].points)}
+    )
+
+
+async def _sampling(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(app[SERIES].run(app), name="ppf-series")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 @routes.get("/judge")
@@ -122,6 +220,8 @@ def make_app(
     app[LIMITER] = RateLimiter(config.rate_per_s, config.burst)
     app[SNAPSHOT] = SnapshotKeeper()
     app[GRANTER] = Granter(fold, app[LOG], max_per_agent=config.max_leases_per_agent)
+    app[SERIES] = Series(config.series_every_s)
+    app.cleanup_ctx.append(_sampling)
     app.add_routes(routes)
     app.add_routes(query_routes)
     app.add_routes(command_routes)

@@ -48,6 +48,7 @@ class GatewayConfig:
     burst: float = 4_000.0
     max_leases_per_agent: int = 64
     lag_bound: int = 1_000
+    series_every_s: float = 10.0
 
 
 FOLD = web.AppKey("fold", FoldService)

@@ -73,7 +73,7 @@ class Granter:
         self.granted = 0
         self.lost = 0
 
-    def _due_sources(self, now: int) -> list[tuple[float, str]]:
+    def due_sources(self, now: int) -> list[tuple[float, str]]:
         """Due sources by score, recomputed at most every ``due_refresh_s``.
 
         Scoring every source for every request would cost O(sources) per grant; a short
@@ -99,7 +99,7 @@ class Granter:
         leases = state.leases
         pairs: Iterable[tuple[str, float]]
         if kind == "source":
-            pairs = ((uid, score) for score, uid in self._due_sources(now))
+            pairs = ((uid, score) for score, uid in self.due_sources(now))
         elif kind == "recheck":
             # Longest since last leased first: every shard gets its turn.
             pairs = sorted(

@@ -18,6 +18,8 @@ import structlog
 from events import DecodeError, dlq_subject
 from ops.firehose import Firehose
 from ops.log import Log, LogError
+from ops.pipeline_stats import PipelineStats
+from ops.tap import Tap
 from projections import Checkpointer, Folder, Store, digest
 from reducers import State
 
@@ -37,6 +39,7 @@ class FoldService:
         dlq: bool = True,
         every_events: int = 500_000,
         every_ms: int = 5_000,
+        tap: Tap | None = None,
     ) -> None:
         self.log = log_client
         self.state = State()
@@ -49,6 +52,8 @@ class FoldService:
                 store.close()
             self.checkpointer = Checkpointer(db, every_events=every_events, every_ms=every_ms)
         self.folder = Folder(self.state, self._reject if dlq else None)
+        self.tap = tap
+        self.stats = PipelineStats()
         self._dlq: asyncio.Queue[tuple[int, bytes, bytes, DecodeError]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         # Waiters for a sequence, in a heap: each batch wakes only those it satisfied
@@ -81,14 +86,18 @@ class FoldService:
         if time.monotonic() - at > max_age_s:
             seq = await self.log.head_seq()
             self._head = (time.monotonic(), seq)
-        return seq
+        # A cached head may predate what the fold has applied since: never report less.
+        return max(seq, self.state.last_seq)
 
     async def start(self) -> None:
         if self.checkpointer is not None:
             await self.checkpointer.start()
+        if self.tap is not None:
+            await self.tap.start()
         self._tasks = [
             asyncio.create_task(self._run(), name="ppf-fold"),
             asyncio.create_task(self._send_dlq(), name="ppf-dlq"),
+            asyncio.create_task(self._tick(), name="ppf-stats"),
         ]
 
     async def stop(self) -> None:
@@ -99,6 +108,8 @@ class FoldService:
         if self.checkpointer is not None:
             await self.checkpointer.flush(self.state)
             await self.checkpointer.close()
+        if self.tap is not None:
+            await self.tap.stop()
         log.info("fold_stopped", last_seq=self.state.last_seq)
 
     async def wait_for(self, seq: int, timeout: float) -> bool:
@@ -125,10 +136,53 @@ class FoldService:
         hose = Firehose(self.log.url, self.state.last_seq + 1)
         async for batch in hose.batches():
             self.folder.apply(batch)
+            if self.tap is not None:
+                self.tap.feed(batch)
             if self.checkpointer is not None:
                 await self.checkpointer.maybe(self.state)
             self._wake()
             await asyncio.sleep(0)  # let queries and publishes in between batches
+
+    async def _tick(self) -> None:
+        """Sample the pipeline's rates; every 10 s, a metrics row for the tap."""
+        last_row = 0.0
+        while True:
+            self.stats.sample(self.state, self.state.last_seq)
+            if self.tap is not None and time.monotonic() - last_row >= 10:
+                last_row = time.monotonic()
+                self.tap.metrics(await self.metrics())
+            await asyncio.sleep(self.stats.every_s)
+
+    async def metrics(self) -> dict[str, object]:
+        """The figures an operator watches, in one flat row."""
+        head = await self.head_seq()
+        row: dict[str, object] = {
+            "applied_seq": self.state.last_seq,
+            "head_seq": head,
+            "lag": max(head - self.state.last_seq, 0),
+            "lag_s": self.lag_s(head),
+            "proxies_known": len(self.state.proxies),
+            "sources": len(self.state.sources),
+            "agents": len(self.state.agents),
+            "rejected": self.folder.rejected,
+        }
+        for kind, rate in self.stats.rates()["1m"].items():
+            row[f"rate_1m.{kind}"] = rate
+        for op, n in self.log.ops.items():
+            row[f"nats.{op}"] = n
+        if self.tap is not None:
+            row["tap.dropped"] = self.tap.stats.dropped + self.tap.stats.failed
+        return row
+
+    @property
+    def dlq_pending(self) -> int:
+        return self._dlq.qsize()
+
+    def lag_s(self, head: int) -> float:
+        """How far behind the head the fold is, in seconds of the log's own time."""
+        if head <= self.state.last_seq or not self.folder.last_ts:
+            return 0.0
+        return round(max(time.time() - self.folder.last_ts / 1000, 0.0), 3)
 
     def _reject(self, seq: int, subject: bytes, payload: bytes, exc: DecodeError) -> None:
         log.warning(

@@ -104,6 +104,8 @@ class Log:
         self.js = js
         self.url = url
         self._closing: list[bool] = []
+        # NATS operations by kind, for /v1/stats.
+        self.ops: dict[str, int] = {"publish": 0, "direct_get": 0, "stream_info": 0}
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "ppf", timeout: float = 5.0) -> Log:
@@ -167,11 +169,13 @@ class Log:
             await self.js.update_stream(config)
 
     async def head_seq(self) -> int:
+        self.ops["stream_info"] += 1
         info = await self.js.stream_info(STREAM)
         return int(info.state.last_seq)
 
     async def last_event(self, subject: str) -> Event | None:
         """The last event on ``subject`` (direct get), or None when there is none."""
+        self.ops["direct_get"] += 1
         try:
             msg = await self.js.get_last_msg(STREAM, subject, direct=True)
         except nats.js.errors.NotFoundError:
@@ -204,6 +208,7 @@ class Log:
         delay = 0.2
         for attempt in range(1, RETRIES + 1):
             try:
+                self.ops["publish"] += 1
                 ack = await self.js.publish(subject, payload, headers=hdrs)
                 return Published(seq=ack.seq, duplicate=bool(ack.duplicate))
             except nats.js.errors.BadRequestError as exc:
@@ -233,6 +238,7 @@ class Log:
             for start in range(0, len(pending), window):
                 chunk = pending[start : start + window]
                 futures = []
+                self.ops["publish"] += len(chunk)
                 for i in chunk:
                     ev = events[i]
                     futures.append(

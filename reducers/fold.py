@@ -90,6 +90,8 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
             if not ledger.release(state, event, ts):
                 agent.late += 1
         case Fetched():
+            if not event.ok:  # per-agent error counts feed the fleet's error rate
+                counts["Fetched.failed"] = counts.get("Fetched.failed", 0) + 1
             sources.fetched(state, event, ts)
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1

@@ -1,0 +1,260 @@
+"""The Axiom tap: every folded event, and a metrics row every 10 s, to an Axiom dataset.
+
+Fire-and-forget by construction. The fold hands each batch of raw messages to
+``Tap.feed``, which writes one msgpack frame to a child process and returns; when the
+child falls behind (Axiom slow or down) and the pipe's buffer passes its bound, the
+batch is dropped and counted, never waited for. The child turns messages into rows
+(``_time`` = the server timestamp, type, subject, seq, the event's own fields), batches
+them, and sends with axiom-py. Nothing ever reads Axiom back.
+
+axiom-py retries 5xx and connection errors itself (about 3 s) and sets no timeout of
+its own, so the child gives its session one: a server that accepts and never answers
+costs a bounded wait, and the rows behind it are dropped and counted, not queued
+without end (FIELD-NOTES.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import os
+import struct
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, BinaryIO
+
+import msgspec
+import structlog
+
+__all__ = ["Tap", "TapConfig", "TapStats"]
+
+log = structlog.get_logger("ppf.tap")
+
+_FRAME = struct.Struct(">Q")
+_encode = msgspec.msgpack.Encoder().encode
+_CHILD = "import sys; from ops.tap import serve; sys.exit(serve())"
+
+
+@dataclass(frozen=True, slots=True)
+class TapConfig:
+    token: str
+    dataset: str
+    url: str | None = None
+    org_id: str | None = None
+    batch_rows: int = 1_000
+    batch_s: float = 1.0
+    timeout_s: float = 5.0
+    max_pipe_bytes: int = 16 * 1024 * 1024
+    max_rows: int = 50_000
+
+    @classmethod
+    def from_env(cls) -> TapConfig | None:
+        """AXIOM_TOKEN, AXIOM_DATASET (default ppf), AXIOM_URL, AXIOM_ORG_ID; None: off."""
+        token = os.environ.get("AXIOM_TOKEN")
+        if not token:
+            return None
+        return cls(
+            token=token,
+            dataset=os.environ.get("AXIOM_DATASET", "ppf"),
+            url=os.environ.get("AXIOM_URL") or None,
+            org_id=os.environ.get("AXIOM_ORG_ID") or None,
+        )
+
+
+@dataclass(slots=True)
+class TapStats:
+    fed: int = 0
+    dropped: int = 0  # by this process: the child was behind
+    sent: int = 0  # rows Axiom accepted (reported by the child)
+    failed: int = 0  # rows the child dropped: send errors, its own bound
+    errors: int = 0
+    last_error: str = ""
+
+
+class Tap:
+    """The parent side: non-blocking feed, stats read back from the child."""
+
+    def __init__(self, config: TapConfig) -> None:
+        self.config = config
+        self.stats = TapStats()
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        env = {
+            **os.environ,
+            "PPF_TAP": json.dumps(
+                {k: getattr(self.config, k) for k in self.config.__dataclass_fields__}
+            ),
+        }
+        self._proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _CHILD,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=env,
+        )
+        self._reader = asyncio.create_task(self._read_stats(), name="ppf-tap-stats")
+        log.info("tap_started", dataset=self.config.dataset, url=self.config.url)
+
+    def _write(self, kind: int, body: bytes, items: int) -> None:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdin.is_closing():
+            self.stats.dropped += items
+            return
+        transport = proc.stdin.transport
+        if transport.get_write_buffer_size() > self.config.max_pipe_bytes:
+            self.stats.dropped += items  # the child is behind: never wait for it
+            return
+        proc.stdin.write(_FRAME.pack(len(body) + 1) + bytes((kind,)) + body)
+
+    def feed(self, batch: Sequence[tuple[int, int, bytes, bytes]]) -> None:
+        """Hand a batch of folded messages to the tap; returns at once."""
+        self.stats.fed += len(batch)
+        self._write(0, _encode(batch), len(batch))
+
+    def metrics(self, row: dict[str, Any]) -> None:
+        self._write(1, _encode(row), 1)
+
+    async def _read_stats(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        while line := await self._proc.stdout.readline():
+            try:
+                report = json.loads(line)
+            except ValueError:
+                continue
+            self.stats.sent = report["sent"]
+            self.stats.failed = report["failed"]
+            self.stats.errors = report["errors"]
+            self.stats.last_error = report["last_error"]
+
+    async def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), self.config.timeout_s + 2)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+        if self._reader is not None:
+            self._reader.cancel()
+
+
+# -- the child ------------------------------------------------------------------------
+
+_decode_batch = msgspec.msgpack.Decoder(list[tuple[int, int, bytes, bytes]]).decode
+_decode_event = msgspec.json.Decoder().decode
+
+
+def _iso(ts_ms: int) -> str:
+    return datetime.fromtimestamp(ts_ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _rows(batch: list[tuple[int, int, bytes, bytes]]) -> list[dict[str, Any]]:
+    rows = []
+    for seq, ts, subject, payload in batch:
+        try:
+            fields = _decode_event(payload)
+        except msgspec.DecodeError:
+            fields = {"undecodable": payload[:200].decode(errors="replace")}
+        if not isinstance(fields, dict):
+            fields = {"value": fields}
+        rows.append({**fields, "_time": _iso(ts), "seq": seq, "subject": subject.decode()})
+    return rows
+
+
+def _read(inp: BinaryIO) -> bytes | None:
+    head = inp.read(8)
+    if len(head) < 8:
+        return None
+    (size,) = _FRAME.unpack(head)
+    data = inp.read(size)
+    return data if len(data) == size else None
+
+
+def serve() -> int:
+    """The child: read frames, batch rows, send, report counts on stdout."""
+    import queue
+    import threading
+
+    import axiom_py
+
+    config = TapConfig(**json.loads(os.environ["PPF_TAP"]))
+    client = axiom_py.Client(token=config.token, org_id=config.org_id, url=config.url)
+    # axiom-py's requests session has no timeout: give it one.
+    client.session.request = functools.partial(  # type: ignore[method-assign]
+        client.session.request, timeout=config.timeout_s
+    )
+    counts = {"sent": 0, "failed": 0, "errors": 0, "last_error": ""}
+    pending: queue.Queue[list[dict[str, Any]] | None] = queue.Queue()
+    queued = [0]
+    lock = threading.Lock()
+
+    def report() -> None:
+        with lock:
+            sys.stdout.write(json.dumps(counts) + "\n")
+            sys.stdout.flush()
+
+    def sender() -> None:
+        while (rows := pending.get()) is not None:
+            try:
+                client.ingest_events(config.dataset, rows)
+                with lock:
+                    counts["sent"] += len(rows)
+            except Exception as exc:  # any failure of Axiom: count it, drop, go on
+                with lock:
+                    counts["failed"] += len(rows)
+                    counts["errors"] += 1
+                    counts["last_error"] = repr(exc)[:300]
+            finally:
+                with lock:
+                    queued[0] -= len(rows)
+            report()
+
+    thread = threading.Thread(target=sender, name="ppf-tap-sender", daemon=True)
+    thread.start()
+    rows: list[dict[str, Any]] = []
+    since = time.monotonic()
+
+    def flush() -> None:
+        nonlocal rows, since
+        if rows:
+            with lock:
+                over = queued[0] + len(rows) > config.max_rows
+                if over:
+                    counts["failed"] += len(rows)
+                else:
+                    queued[0] += len(rows)
+            if not over:
+                pending.put(rows)
+            rows = []
+        since = time.monotonic()
+
+    inp = sys.stdin.buffer
+    while (frame := _read(inp)) is not None:
+        with lock:
+            behind = queued[0] >= config.max_rows
+        if behind and frame[0] == 0:
+            # Axiom is not taking what we have: drop before paying for the rows.
+            with lock:
+                counts["failed"] += len(_decode_batch(frame[1:]))
+            continue
+        if frame[0] == 0:
+            rows.extend(_rows(_decode_batch(frame[1:])))
+        else:
+            rows.append({**msgspec.msgpack.decode(frame[1:]), "type": "metrics"})
+        if len(rows) >= config.batch_rows or time.monotonic() - since >= config.batch_s:
+            flush()
+    flush()
+    pending.put(None)
+    thread.join(config.timeout_s * 4)
+    report()
+    return 0
