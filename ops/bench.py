@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
+import socket
 import sqlite3
 import sys
 import tempfile
@@ -131,12 +132,42 @@ async def _sqlite_baseline(url: str, head: int, budget_s: float, workdir: Path) 
     return {"events": n, "events_per_s": n / elapsed}
 
 
+async def _fold_with_dead_axiom(url: str, head: int, workdir: Path) -> tuple[float, float]:
+    """The same fold with the Axiom tap on, Axiom a port that accepts and never answers;
+    then once more with the tap off, since a second fold in one process runs a few
+    percent apart from the first (order effects as large as the tap's cost)."""
+    from ops.tap import Tap, TapConfig
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(1000)
+    tap = Tap(
+        TapConfig(
+            token="xaat-bench", dataset="bench", url=f"http://127.0.0.1:{hole.getsockname()[1]}"
+        )
+    )
+    await tap.start()
+    try:
+        t = time.perf_counter()
+        await replay(
+            Firehose(url).batches(until=head), workdir / "tapped.duckdb", on_batch=tap.feed
+        )
+        rate = head / (time.perf_counter() - t)
+    finally:
+        await tap.stop()
+        hole.close()
+    t = time.perf_counter()
+    await replay(Firehose(url).batches(until=head), workdir / "untapped.duckdb")
+    return rate, head / (time.perf_counter() - t)
+
+
 async def bench_fold(
     events: int = 1_000_000,
     proxies: int = 100_000,
     seed: int = 1,
     nats_url: str | None = None,
     baseline_budget_s: float = 20.0,
+    tap_check: bool = True,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp:
         workdir = Path(tmp)
@@ -183,6 +214,7 @@ async def bench_fold(
             restored = Store(workdir / "fold.duckdb")
             restore_ok = digest(restored.restore()) == live_digest
             restored.close()
+            tapped = await _fold_with_dead_axiom(nats_url, head, workdir) if tap_check else None
             baseline = await _sqlite_baseline(nats_url, head, baseline_budget_s, workdir)
         finally:
             if server is not None:
@@ -202,6 +234,11 @@ async def bench_fold(
         "peak_rss_mb": round(rss_fold),
         "rss_before_fold_mb": round(rss_before),
         "restore_digest_equal": restore_ok,
+        "fold_with_dead_axiom_tap_per_s": round(tapped[0]) if tapped else None,
+        "fold_tap_off_again_per_s": round(tapped[1]) if tapped else None,
+        "dead_tap_vs_tap_off": round(2 * tapped[0] / (fold_rate + tapped[1]), 3)
+        if tapped
+        else None,
         "sqlite_baseline_events_per_s": round(baseline["events_per_s"]),
         "sqlite_baseline_events": baseline["events"],
         "speedup_vs_sqlite": round(fold_rate / baseline["events_per_s"], 1),

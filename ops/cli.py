@@ -93,6 +93,7 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
     from gateway.http import GatewayConfig
     from ops.fold_service import FoldService
     from ops.natsd import NatsServer
+    from ops.tap import Tap, TapConfig
 
     server = None
     url = args.nats
@@ -119,7 +120,9 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         db = data / "ppf.duckdb" if args.cmd in ("up", "fold") else None
         if db is not None:
             data.mkdir(parents=True, exist_ok=True)
-        fold = FoldService(lg, db=db, dlq=args.cmd != "gateway")
+        tap_config = TapConfig.from_env() if args.cmd in ("up", "fold") else None
+        tap = Tap(tap_config) if tap_config is not None else None
+        fold = FoldService(lg, db=db, dlq=args.cmd != "gateway", tap=tap)
         await fold.start()
         if args.cmd in ("up", "gateway"):
             host, port = _hostport(args.listen, 8080)

@@ -35,6 +35,7 @@ __all__ = ["Tap", "TapConfig", "TapStats"]
 log = structlog.get_logger("ppf.tap")
 
 _FRAME = struct.Struct(">Q")
+_HEAD = struct.Struct(">BI")  # kind (0 events, 1 metrics), item count
 _encode = msgspec.msgpack.Encoder().encode
 _CHILD = "import sys; from ops.tap import serve; sys.exit(serve())"
 
@@ -48,8 +49,8 @@ class TapConfig:
     batch_rows: int = 1_000
     batch_s: float = 1.0
     timeout_s: float = 5.0
-    max_pipe_bytes: int = 16 * 1024 * 1024
-    max_rows: int = 50_000
+    max_pipe_bytes: int = 4 * 1024 * 1024
+    max_rows: int = 10_000
 
     @classmethod
     def from_env(cls) -> TapConfig | None:
@@ -83,6 +84,7 @@ class Tap:
         self.stats = TapStats()
         self._proc: asyncio.subprocess.Process | None = None
         self._reader: asyncio.Task[None] | None = None
+        self._behind = False  # the child said Axiom is not keeping up: drop at once
 
     async def start(self) -> None:
         env = {
@@ -102,24 +104,32 @@ class Tap:
         self._reader = asyncio.create_task(self._read_stats(), name="ppf-tap-stats")
         log.info("tap_started", dataset=self.config.dataset, url=self.config.url)
 
-    def _write(self, kind: int, body: bytes, items: int) -> None:
+    def _open(self, items: int) -> asyncio.StreamWriter | None:
+        """The child's pipe, or None (and the items counted as dropped) when behind."""
         proc = self._proc
-        if proc is None or proc.stdin is None or proc.stdin.is_closing():
+        if self._behind or proc is None or proc.stdin is None or proc.stdin.is_closing():
             self.stats.dropped += items
-            return
-        transport = proc.stdin.transport
-        if transport.get_write_buffer_size() > self.config.max_pipe_bytes:
+            return None
+        if proc.stdin.transport.get_write_buffer_size() > self.config.max_pipe_bytes:
             self.stats.dropped += items  # the child is behind: never wait for it
-            return
-        proc.stdin.write(_FRAME.pack(len(body) + 1) + bytes((kind,)) + body)
+            return None
+        return proc.stdin
+
+    @staticmethod
+    def _send(pipe: asyncio.StreamWriter, kind: int, items: int, body: bytes) -> None:
+        pipe.write(_FRAME.pack(len(body) + 5) + _HEAD.pack(kind, items) + body)
 
     def feed(self, batch: Sequence[tuple[int, int, bytes, bytes]]) -> None:
         """Hand a batch of folded messages to the tap; returns at once."""
         self.stats.fed += len(batch)
-        self._write(0, _encode(batch), len(batch))
+        pipe = self._open(len(batch))
+        if pipe is not None:  # encoded only when it will be sent
+            self._send(pipe, 0, len(batch), _encode(batch))
 
     def metrics(self, row: dict[str, Any]) -> None:
-        self._write(1, _encode(row), 1)
+        pipe = self._open(1)
+        if pipe is not None:
+            self._send(pipe, 1, 1, _encode(row))
 
     async def _read_stats(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None
@@ -128,6 +138,7 @@ class Tap:
                 report = json.loads(line)
             except ValueError:
                 continue
+            self._behind = report["behind"]
             self.stats.sent = report["sent"]
             self.stats.failed = report["failed"]
             self.stats.errors = report["errors"]
@@ -193,7 +204,13 @@ def serve() -> int:
     client.session.request = functools.partial(  # type: ignore[method-assign]
         client.session.request, timeout=config.timeout_s
     )
-    counts = {"sent": 0, "failed": 0, "errors": 0, "last_error": ""}
+    counts: dict[str, Any] = {
+        "sent": 0,
+        "failed": 0,
+        "errors": 0,
+        "last_error": "",
+        "behind": False,
+    }
     pending: queue.Queue[list[dict[str, Any]] | None] = queue.Queue()
     queued = [0]
     lock = threading.Lock()
@@ -217,6 +234,7 @@ def serve() -> int:
             finally:
                 with lock:
                     queued[0] -= len(rows)
+                    counts["behind"] = queued[0] >= config.max_rows
             report()
 
     thread = threading.Thread(target=sender, name="ppf-tap-sender", daemon=True)
@@ -240,17 +258,23 @@ def serve() -> int:
 
     inp = sys.stdin.buffer
     while (frame := _read(inp)) is not None:
+        kind, items = _HEAD.unpack_from(frame)
         with lock:
             behind = queued[0] >= config.max_rows
-        if behind and frame[0] == 0:
-            # Axiom is not taking what we have: drop before paying for the rows.
+        if behind:
+            # Axiom is not taking what we have: drop before paying for the rows, and
+            # tell the parent, which then stops encoding and sending until we catch up.
             with lock:
-                counts["failed"] += len(_decode_batch(frame[1:]))
+                counts["failed"] += items
+                tell = not counts["behind"]
+                counts["behind"] = True
+            if tell:
+                report()
             continue
-        if frame[0] == 0:
-            rows.extend(_rows(_decode_batch(frame[1:])))
+        if kind == 0:
+            rows.extend(_rows(_decode_batch(frame[5:])))
         else:
-            rows.append({**msgspec.msgpack.decode(frame[1:]), "type": "metrics"})
+            rows.append({**msgspec.msgpack.decode(frame[5:]), "type": "metrics"})
         if len(rows) >= config.batch_rows or time.monotonic() - since >= config.batch_s:
             flush()
     flush()

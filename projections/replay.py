@@ -19,6 +19,7 @@ async def replay(
     on_progress: Callable[[int], None] | None = None,
     every_events: int = 500_000,
     every_ms: int = 5_000,
+    on_batch: Callable[[list[Message]], None] | None = None,
 ) -> Folder:
     """Fold every message into a new DuckDB file, committed; the folder holds the state."""
     path = Path(db)
@@ -31,6 +32,8 @@ async def replay(
     try:
         async for batch in batches:
             folder.apply(batch)
+            if on_batch is not None:
+                on_batch(batch)
             await checkpointer.maybe(state)
             if on_progress is not None:
                 on_progress(state.last_seq)
