@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 
-.PHONY: up test lint bench clean
+.PHONY: up test lint bench clean system-deps
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,17 @@ $(STAMP): pyproject.toml | $(BIN)/python
 up: $(STAMP)
 	$(BIN)/ppf up
 
+# Debian packages the integration tests use: installed when missing and we are root;
+# otherwise those tests skip, naming what to install.
+SYSTEM_PACKAGES := chromium
+system-deps:
+	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else echo "not root: install$$missing (apt-get install$$missing); their tests will skip"; fi; \
+	fi
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -24,7 +35,7 @@ lint: $(STAMP)
 	$(BIN)/ppf schemas --check
 
 # pytest exits 5 when it collected no test: make treats that as a failure, as it should.
-test: lint
+test: lint system-deps
 	$(BIN)/pytest
 
 bench: $(STAMP)

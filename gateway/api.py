@@ -233,6 +233,7 @@ def openapi() -> dict[str, Any]:
                 "parameters": [
                     _query("limit", {"type": "integer", "minimum": 0}),
                     _query("due", {"enum": ["true", "false"]}),
+                    _query("sort", {"enum": ["score", "yield"]}),
                 ],
                 "responses": {"200": _reply(None), **_problems(400)},
             },

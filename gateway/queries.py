@@ -151,14 +151,16 @@ async def sources(request: web.Request) -> web.Response:
     state = request.app[FOLD].state
     now = now_ms()
     limit = integer(request, "limit", 100) or 0
+    order = choice(request, "sort", ("score", "yield"), "score")
     if choice(request, "due", ("true", "false"), "false") == "true":
-        pairs = due_sources(state, now, limit)
+        pairs = due_sources(state, now, 0)
     else:
-        pairs = sorted(
-            ((source_score(r, now), r) for r in state.sources.values()),
-            key=lambda p: (-p[0], p[1].url_id),
-        )
-        pairs = pairs[:limit] if limit else pairs
+        pairs = [(source_score(r, now), r) for r in state.sources.values()]
+    if order == "yield":
+        pairs.sort(key=lambda p: (-p[1].yield_rate, p[1].url_id))
+    else:
+        pairs.sort(key=lambda p: (-p[0], p[1].url_id))
+    pairs = pairs[:limit] if limit else pairs
     items = [_source_json(row, score) for score, row in pairs]
     return reply({"count": len(items), "sources": items})
 
