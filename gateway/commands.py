@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import msgspec
+import structlog
 from aiohttp import web
 
 from events import (
@@ -154,6 +155,7 @@ async def take_leases(request: web.Request) -> web.Response:
 def _held(request: web.Request, caller: Caller) -> tuple[str, str]:
     """(lease, target) when ``caller`` holds this lease now, else 409."""
     lease = request.match_info["lease"]
+    structlog.contextvars.bind_contextvars(lease=lease)
     state = request.app[FOLD].state
     target = state.lease_owner.get(lease)
     row = state.leases.get(target) if target is not None else None

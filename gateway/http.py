@@ -109,6 +109,24 @@ def problem(
 
 @web.middleware
 async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Problems for every error, and one log line per request.
+
+    Every request is logged at debug; refusals, failures and slow answers at info and
+    up, so a busy gateway (thousands of lease requests a second) logs what matters.
+    """
+    structlog.contextvars.clear_contextvars()
+    started = time.perf_counter()
+    response = await _answer(request, handler)
+    ms = round((time.perf_counter() - started) * 1000, 2)
+    status = response.status
+    level = "debug" if status < 400 and ms < 100 else "warning" if status >= 500 else "info"
+    getattr(log, level)(
+        "request_answered", method=request.method, path=request.path, status=status, ms=ms
+    )
+    return response
+
+
+async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         response: web.StreamResponse = await handler(request)
         return response
@@ -200,6 +218,7 @@ def authorize(request: web.Request, *roles: str) -> Caller:
     name = state.tokens.get(digest)
     if name is None:
         raise ApiError(401, "unauthorized", "unknown or revoked token")
+    structlog.contextvars.bind_contextvars(agent=name)
     agent = state.agents[name]
     if agent.role != ROLE_ADMIN and agent.role not in roles:
         raise ApiError(403, "forbidden", f"role {agent.role} may not do this")

@@ -24,6 +24,7 @@ import aiohttp
 from events import AgentEnrolled, ProxyWorked, SourceAdded, url_id
 from ops.log import Log, fresh_id, now_ms
 from ops.natsd import NatsServer, free_port
+from ops.progress import Progress
 from ops.synthetic import _ip
 
 __all__ = ["bench_lease", "bench_query"]
@@ -140,8 +141,15 @@ async def bench_lease(
                                 if r.status != 200:
                                     raise RuntimeError(f"release answered {r.status}")
 
+            async def show() -> None:
+                progress = Progress("leases", None)
+                while time.monotonic() < deadline:
+                    progress.update(granted)
+                    await asyncio.sleep(0.25)
+                progress.close()
+
             t0 = time.perf_counter()
-            await asyncio.gather(*(agent(n, t) for n, t in tokens.items()))
+            await asyncio.gather(show(), *(agent(n, t) for n, t in tokens.items()))
             elapsed = time.perf_counter() - t0
     return {
         "clients": clients,
@@ -188,7 +196,12 @@ async def bench_query(proxies: int = 100_000, rounds: int = 200) -> dict[str, An
                 )
                 for p in range(proxies)
             ]
-            seqs = await lg.publish_many(events)
+            progress = Progress("publish", len(events))
+            seqs = []
+            for start in range(0, len(events), 10_000):
+                seqs += await lg.publish_many(events[start : start + 10_000])
+                progress.update(len(seqs))
+            progress.close()
             await _wait_applied(base, seqs[-1])
             per_query: dict[str, list[float]] = {}
             async with aiohttp.ClientSession() as http:

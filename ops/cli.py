@@ -277,11 +277,17 @@ async def _sources(args: argparse.Namespace) -> int:
         )
         for u in dict.fromkeys(urls)
     ]
+    from ops.progress import Progress
+
     lg = await Log.connect(args.nats, name="ppf-sources")
+    progress = Progress("sources", len(events))
     try:
         await lg.ensure_stream()
-        await lg.publish_many(events)
+        for start in range(0, len(events), 1000):
+            await lg.publish_many(events[start : start + 1000])
+            progress.update(min(start + 1000, len(events)))
     finally:
+        progress.close()
         await lg.close()
     print(json.dumps({"added": len(events)}))
     return 0

@@ -166,3 +166,18 @@ async def test_gateway_serves_the_projections(
     assert sources["sources"][0]["due"] is True
     missing = await client.get("/v1/nothing-here")
     assert missing.status == 404 and missing.content_type == "application/problem+json"
+
+
+async def test_rejected_messages_are_logged_with_seq_and_reason(log_client: Log) -> None:
+    from structlog.testing import capture_logs
+
+    await log_client.publish_raw("ppf.proxy.x", b"{garbage", msg_id="bad-log")
+    fold = FoldService(log_client, db=None)
+    with capture_logs() as logs:
+        await fold.start()
+        try:
+            assert await fold.wait_for(1, 10)
+        finally:
+            await fold.stop()
+    rejected = [x for x in logs if x["event"] == "event_rejected"]
+    assert rejected and rejected[0]["seq"] == 1 and rejected[0]["reason"] == "undecodable"

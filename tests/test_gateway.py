@@ -275,3 +275,21 @@ async def test_openapi_is_served_and_committed(gw: Any) -> None:
     committed = json.loads((Path(__file__).parent.parent / "schemas" / "openapi.json").read_text())
     assert served == committed
     assert "/v1/leases" in served["paths"] and "LeaseRequest" in served["components"]["schemas"]
+
+
+async def test_requests_and_refusals_are_logged_with_the_agent(gw: Any) -> None:
+    """One line per request; refusals at info with the caller bound (structlog)."""
+    from structlog.contextvars import merge_contextvars
+    from structlog.testing import capture_logs
+
+    client, _, tokens = gw
+    with capture_logs(processors=[merge_contextvars]) as logs:
+        r = await client.post("/v1/sources", json={"urls": []}, headers=auth(tokens["w1"]))
+        assert r.status == 403
+        assert (await client.get("/healthz")).status == 200
+    lines = [x for x in logs if x["event"] == "request_answered"]
+    refused = next(x for x in lines if x["path"] == "/v1/sources")
+    assert refused["status"] == 403 and refused["agent"] == "w1"
+    assert refused["log_level"] == "info"
+    healthy = next(x for x in lines if x["path"] == "/healthz")
+    assert healthy["log_level"] == "debug" and "agent" not in healthy
