@@ -83,6 +83,26 @@ def _pool(request: web.Request) -> dict[str, Any]:
     }
 
 
+def _activity(state: Any, now: int, limit: int = 50) -> list[dict[str, Any]]:
+    """The most recently seen agents: role, last seen, events by type, leases held now."""
+    recent = sorted(state.agents.values(), key=lambda a: (-a.last_seen, a.name))[:limit]
+    return [
+        {
+            "name": a.name,
+            "role": a.role,
+            "last_seen": a.last_seen,
+            "events": dict(a.counts),
+            "active_leases": sum(
+                1 for t in state.holders.get(a.name, ()) if state.leases[t].expires_at >= now
+            ),
+            "lost": a.lost,
+            "late": a.late,
+            "rejected": a.rejected,
+        }
+        for a in recent
+    ]
+
+
 @routes.get("/v1/stats")
 async def stats(request: web.Request) -> web.Response:
     open_query(request)
@@ -113,6 +133,7 @@ async def stats(request: web.Request) -> web.Response:
             "leases": len(state.leases),
             "agents": len(state.agents),
             "agents_active_5m": active,
+            "agent_activity": _activity(state, now),
             "rejected": fold.folder.rejected,
             "dlq_sent": fold.dlq_sent,
             "grants": {"granted": granter.granted, "lost": granter.lost},

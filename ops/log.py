@@ -105,7 +105,10 @@ class Log:
         self.url = url
         self._closing: list[bool] = []
         # NATS operations by kind, for /v1/stats.
-        self.ops: dict[str, int] = {"publish": 0, "direct_get": 0, "stream_info": 0}
+        # Object-store keys count deposits once agents make them (issue 4).
+        self.ops: dict[str, int] = dict.fromkeys(
+            ("publish", "direct_get", "stream_info", "object_get", "object_put"), 0
+        )
 
     @classmethod
     async def connect(cls, url: str, *, name: str = "ppf", timeout: float = 5.0) -> Log:

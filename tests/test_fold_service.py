@@ -142,6 +142,15 @@ async def test_gateway_serves_the_projections(
     assert stats["applied_seq"] == 3 and stats["head_seq"] == 3
     assert stats["digest"] == digest(fold.state)
     assert stats["proxies"] == {"known": 2, "alive": 2}
+    assert stats["pool"]["by_proto"] == {"http": 1, "socks5": 1}
+    assert stats["pool"]["by_anonymity"] == {"unknown": 2}
+    assert set(stats["rates"]) == {"1m", "5m", "15m"} and "fold" in stats["rates"]["1m"]
+    assert stats["queues"]["due_sources"] == 1 and stats["queues"]["stale_proxies"] == 0
+    assert stats["lag"] == 0 and stats["lag_s"] == 0
+    assert {"publish", "direct_get", "object_get", "object_put"} <= set(stats["nats_ops"])
+    activity = {a["name"]: a for a in stats["agent_activity"]}
+    assert activity["w1"]["events"] == {"ProxyWorked": 2}
+    assert stats["tap"] is None
 
     everything = await (await client.get("/v1/proxies")).json()
     assert [p["ip"] for p in everything["proxies"]] == ["8.8.8.8", "1.1.1.1"]
