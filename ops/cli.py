@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import signal
 import sys
 import urllib.request
@@ -293,6 +294,21 @@ async def _sources(args: argparse.Namespace) -> int:
     return 0
 
 
+def _extract(args: argparse.Namespace) -> int:
+    from agents.extract import EXTRACTOR, extract
+
+    data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    out = sys.stdout
+    for c in extract(data, args.hint, lab=args.lab):
+        if args.json:
+            row = {"ip": c.ip, "port": c.port, "proto": c.proto, "confidence": c.confidence}
+            out.write(json.dumps(row) + "\n")
+        else:
+            out.write(f"{c}\n")
+    log.debug("extracted", extractor=EXTRACTOR, file=args.file)
+    return 0
+
+
 async def _bench(args: argparse.Namespace) -> int:
     from ops.bench import bench_fold, print_fold
     from ops.bench_gateway import bench_lease, bench_query
@@ -304,6 +320,10 @@ async def _bench(args: argparse.Namespace) -> int:
             result = await bench_lease(args.clients, args.seconds, count=args.count)
         case "query":
             result = await bench_query(args.proxies)
+        case "extract":
+            from ops.bench_extract import bench_extract
+
+            result = bench_extract(args.mb, args.seed)
         case _:
             print(f"ppf bench {args.what}: not built yet (see the open issues)", file=sys.stderr)
             return 2
@@ -367,6 +387,12 @@ def _parser() -> argparse.ArgumentParser:
         sp.add_argument("--hint", default="", help="protocol hint of these lists")
         sp.add_argument("--nats", default=DEFAULT_NATS)
 
+    ex = sub.add_parser("extract", help="proxy candidates in a list, one a line")
+    ex.add_argument("file", help="a file, or - for stdin")
+    ex.add_argument("--hint", default=None, help="protocol of the list (http, socks4, socks5)")
+    ex.add_argument("--json", action="store_true")
+    ex.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
+
     bn = sub.add_parser("bench", help="benchmarks")
     bn.add_argument("what", choices=["fold", "lease", "query", "extract", "check", "pool"])
     bn.add_argument("--events", type=int, default=1_000_000)
@@ -375,6 +401,7 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--clients", type=int, default=50, help="lease: concurrent agents")
     bn.add_argument("--seconds", type=float, default=10.0, help="lease: how long")
     bn.add_argument("--count", type=int, default=1, help="lease: targets per request")
+    bn.add_argument("--mb", type=int, default=30, help="extract: size of the dense list")
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     return p
@@ -395,6 +422,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return asyncio.run(_tail(args))
             case "schemas":
                 return _schemas(args)
+            case "extract":
+                return _extract(args)
             case "bench":
                 return asyncio.run(_bench(args))
             case "token":
@@ -408,6 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `ppf extract big.txt | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 2
 
 

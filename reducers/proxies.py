@@ -7,8 +7,8 @@ left dead for good.
 
 from __future__ import annotations
 
+from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyWorked
-from reducers.address import proxy_address_ok
 from reducers.state import MAX_SAMPLE_MS, ProxyKey, ProxyRow, State
 
 __all__ = ["SWEEP_MS", "failed", "purge_lab", "sweep", "worked"]

@@ -1,4 +1,7 @@
-"""Which addresses can be public proxies. Pure and fast: this runs on every report."""
+"""Which addresses can be public proxies. Pure and fast: this runs on every report.
+
+Shared by the reducers (admission to the pool) and the agents' extractor (candidates).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,140 @@
+"""The extractor: real published lists with known answers, and every format by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agents.extract import Candidate, extract
+
+FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "sources"
+
+
+def _manifest() -> list[tuple[str, str | None, str]]:
+    path = FIXTURES / "MANIFEST.tsv"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, hint, expected, _ = line.split("\t")
+        rows.append((name, None if hint == "-" else hint, expected))
+    return rows
+
+
+@pytest.mark.skipif(not FIXTURES.exists(), reason="../shared/fixtures/sources is absent")
+@pytest.mark.parametrize(("name", "hint", "expected"), _manifest(), ids=lambda x: str(x))
+def test_real_lists_precision_and_recall(name: str, hint: str | None, expected: str) -> None:
+    """>= 0.99 precision and recall on every published list (ARCHITECTURE fixtures)."""
+    got = {str(c) for c in extract((FIXTURES / name).read_bytes(), hint)}
+    want = set((FIXTURES / expected).read_text().split())
+    hits = len(got & want)
+    precision, recall = hits / max(len(got), 1), hits / len(want)
+    assert precision >= 0.99 and recall >= 0.99, (precision, recall, sorted(got ^ want)[:5])
+
+
+def _strs(text: str, hint: str | None = None, lab: bool = False) -> list[str]:
+    return [str(c) for c in extract(text, hint, lab=lab)]
+
+
+def test_plain_schemes_and_hints() -> None:
+    text = "8.8.8.8:3128\nsocks5://1.1.1.1:1080\nHTTPS://9.9.9.9:443\n"
+    assert _strs(text) == ["8.8.8.8:3128", "socks5://1.1.1.1:1080", "https://9.9.9.9:443"]
+    assert _strs(text, "socks4")[0] == "socks4://8.8.8.8:3128"
+
+
+def test_columns_csv_and_markdown() -> None:
+    text = (
+        "ip port type\n"
+        "8.8.8.8 8080 socks4\n"
+        "8.8.4.4,3128,http\n"
+        "| 1.1.1.1 | 1080 | SOCKS5 | elite |\n"
+        "9.9.9.9\t80\n"
+    )
+    assert _strs(text) == [
+        "socks4://8.8.8.8:8080",
+        "http://8.8.4.4:3128",
+        "socks5://1.1.1.1:1080",
+        "9.9.9.9:80",
+    ]
+
+
+def test_html_tables_take_neighbouring_cells() -> None:
+    html = (
+        "<table><tr><th>IP</th><th>Port</th><th>Type</th></tr>"
+        "<tr><td>8.8.8.8</td><td>8080</td><td>HTTPS</td></tr>"
+        '<tr><td><a href="#">1.1.1.1</a></td><td> 1080 </td><td>socks5</td></tr>'
+        "<tr><td>1.0.0.1</td><td>Cloudflare</td><td>53</td></tr></table>"
+    )
+    assert _strs(html)[:2] == ["https://8.8.8.8:8080", "socks5://1.1.1.1:1080"]
+    assert not any("1.0.0.1" in s for s in _strs(html))
+
+
+def test_json_any_nesting_and_proxy_strings() -> None:
+    text = (
+        '{"data": {"list": [{"ip": "8.8.8.8", "port": "8080", "protocols": ["socks4", "socks5"]},'
+        ' {"Host": "1.1.1.1", "Port": 3128, "exit_ip": "9.9.9.9", "asn": 15169}]},'
+        ' "extra": [{"proxy": "http://8.8.4.4:80"}, {"proxy": "9.9.9.10:8118"}]}'
+    )
+    assert _strs(text, "http") == [
+        "socks4://8.8.8.8:8080",
+        "socks5://8.8.8.8:8080",
+        "http://1.1.1.1:3128",
+        "http://8.8.4.4:80",
+        "http://9.9.9.10:8118",
+    ]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "updated 12:30:45 on 2026-11-29",
+        "version 1.2.3.4.5:80",
+        "build 10.0.19041.1:443 (not an address: five parts)",
+        "private 10.0.0.1:8080 and 192.168.1.1:3128 and 127.0.0.1:80",
+        "documentation 203.0.113.7:8080 multicast 224.0.0.1:80",
+        "ports 8.8.8.8:0 8.8.8.8:65536 8.8.8.8:99999",
+        "not octets 999.1.1.1:80 256.1.1.1:80",
+        "ftp://8.8.8.8:21/file",
+        "date 2023.11.29.10:30",
+        "BTC bc1q0hxnu4gmn5ru8j7g29tv2dq2ng5g0zhanl6t4t",
+    ],
+)
+def test_never_a_proxy(text: str) -> None:
+    assert extract(text) == []
+
+
+def test_lab_mode_admits_loopback_and_private() -> None:
+    assert _strs("127.0.0.1:3128 10.1.2.3:1080", lab=True) == ["127.0.0.1:3128", "10.1.2.3:1080"]
+
+
+def test_duplicates_collapse_and_confidence_says_why() -> None:
+    got = extract("8.8.8.8:80\n8.8.8.8:80\nsocks5://8.8.8.8:80\n8.8.4.4 80\n")
+    assert got == [
+        Candidate("8.8.8.8", 80, None, 0.8),
+        Candidate("8.8.8.8", 80, "socks5", 1.0),
+        Candidate("8.8.4.4", 80, None, 0.6),
+    ]
+
+
+def test_ppf_extract_command(ppf_bin: str) -> None:
+    """`ppf extract -` reads stdin; --json gives objects; the hint fills the protocol."""
+    import json
+    import subprocess
+
+    text = b"8.8.8.8:3128\nsocks5://1.1.1.1:1080\n10.0.0.1:80\n"
+    plain = subprocess.run(
+        [ppf_bin, "extract", "-", "--hint", "http"],
+        input=text,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert plain.stdout.decode().split() == ["http://8.8.8.8:3128", "socks5://1.1.1.1:1080"]
+    as_json = subprocess.run(
+        [ppf_bin, "extract", "-", "--json"], input=text, capture_output=True, timeout=60, check=True
+    )
+    rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert rows[0] == {"ip": "8.8.8.8", "port": 3128, "proto": None, "confidence": 0.8}
