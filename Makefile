@@ -19,9 +19,9 @@ up: $(STAMP)
 
 # Debian packages the integration tests use: installed when missing and we are root;
 # otherwise those tests skip, naming what to install.
-SYSTEM_PACKAGES := chromium
+SYSTEM_PACKAGES := chromium squid tinyproxy microsocks dante-server
 system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \

@@ -309,6 +309,43 @@ def _extract(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _check(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from agents.check import Judge, check_many
+    from agents.extract import PROTOS
+
+    targets = []
+    for addr in args.addrs:
+        scheme, sep, rest = addr.partition("://")
+        proto = PROTOS.get(scheme.lower()) if sep else None
+        if sep and proto is None:
+            print(f"ppf check: unknown protocol in {addr!r}", file=sys.stderr)
+            return 2
+        host, _, port = (rest if sep else addr).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            print(f"ppf check: not ip:port or proto://ip:port: {addr!r}", file=sys.stderr)
+            return 2
+        targets.append((host.strip("[]"), int(port), proto or args.proto))
+    try:
+        judge = await Judge.discover(args.judge)
+    except (OSError, ValueError, TimeoutError) as exc:
+        print(f"ppf check: judge {args.judge}: {exc}", file=sys.stderr)
+        return 1
+    results = await check_many(targets, judge, concurrency=args.concurrency, timeout=args.timeout)
+    for r in results:
+        if args.json:
+            print(json.dumps(dataclasses.asdict(r)))
+        elif r.ok:
+            print(
+                f"{r.addr} ok {r.anonymity or '-'} exit={r.exit_ip} {r.latency_ms}ms"
+                + (" MITM" if r.mitm else "")
+            )
+        else:
+            print(f"{r.addr} failed {r.error}")
+    return 0 if any(r.ok for r in results) else 1
+
+
 async def _bench(args: argparse.Namespace) -> int:
     from ops.bench import bench_fold, print_fold
     from ops.bench_gateway import bench_lease, bench_query
@@ -393,6 +430,14 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true")
     ex.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
 
+    ck = sub.add_parser("check", help="check proxies through a judge, one result a line")
+    ck.add_argument("addrs", nargs="+", metavar="ADDR", help="ip:port or proto://ip:port")
+    ck.add_argument("--judge", required=True, help="http://host:port/judge")
+    ck.add_argument("--proto", default=None, choices=["http", "https", "socks4", "socks5"])
+    ck.add_argument("--json", action="store_true")
+    ck.add_argument("--concurrency", type=int, default=500)
+    ck.add_argument("--timeout", type=float, default=10.0)
+
     bn = sub.add_parser("bench", help="benchmarks")
     bn.add_argument("what", choices=["fold", "lease", "query", "extract", "check", "pool"])
     bn.add_argument("--events", type=int, default=1_000_000)
@@ -424,6 +469,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _schemas(args)
             case "extract":
                 return _extract(args)
+            case "check":
+                return asyncio.run(_check(args))
             case "bench":
                 return asyncio.run(_bench(args))
             case "token":
