@@ -361,6 +361,10 @@ async def _bench(args: argparse.Namespace) -> int:
             from ops.bench_extract import bench_extract
 
             result = bench_extract(args.mb, args.seed)
+        case "check":
+            from ops.bench_check import bench_check
+
+            result = await bench_check(args.checks)
         case _:
             print(f"ppf bench {args.what}: not built yet (see the open issues)", file=sys.stderr)
             return 2
@@ -447,6 +451,7 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--seconds", type=float, default=10.0, help="lease: how long")
     bn.add_argument("--count", type=int, default=1, help="lease: targets per request")
     bn.add_argument("--mb", type=int, default=30, help="extract: size of the dense list")
+    bn.add_argument("--checks", type=int, default=10_000, help="check: how many")
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     return p

@@ -10,7 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from agents.check import Judge, check, check_many
 from gateway.app import judge as judge_handler
-from tests.testbed import ProxyLab, missing
+from ops.lab import ProxyLab, missing
 
 
 @pytest.fixture(scope="module")

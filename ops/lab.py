@@ -1,4 +1,4 @@
-"""Real proxy servers from Debian's packages on loopback, each with its own exit address.
+"""A lab of real proxy servers from Debian's packages on loopback, each its own exit.
 
 squid (adds X-Forwarded-For: transparent), tinyproxy with Via (anonymous) and without
 (elite), microsocks (SOCKS5), dante (SOCKS4/5); plus a closed port, a tarpit and a port

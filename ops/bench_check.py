@@ -1,0 +1,80 @@
+"""``ppf bench check``: checks per second through the real proxy lab, and memory.
+
+The judge runs in its own process (an async aiohttp app: a threaded judge capped
+checks at 450-500/s in FIELD-NOTES.md), the proxies in theirs, the checks here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.check import Judge, check_many
+from ops.lab import ProxyLab
+from ops.natsd import free_port
+
+__all__ = ["bench_check"]
+
+_JUDGE = (
+    "import sys; from aiohttp import web; from gateway.app import judge; "
+    "app = web.Application(); app.router.add_get('/judge', judge); "
+    "web.run_app(app, host='127.0.0.1', port=int(sys.argv[1]), print=None, access_log=None)"
+)
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def _judge_up(port: int) -> Judge:
+    for _ in range(200):
+        with contextlib.suppress(OSError, ValueError, TimeoutError):
+            return await Judge.discover(f"http://127.0.0.1:{port}/judge", timeout=2)
+        await asyncio.sleep(0.05)
+    raise RuntimeError("the judge did not start")
+
+
+async def bench_check(checks: int = 10_000) -> dict[str, Any]:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 5,000 sockets at once
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-check-") as tmp:
+        lab = ProxyLab(Path(tmp) / "lab").start()
+        port = free_port()
+        judge_proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _JUDGE, str(port))
+        try:
+            judge = await _judge_up(port)
+            # tinyproxy answers nothing past its few hundred clients (its own limit, seen
+            # as failed checks at 5,000 at once), so the load goes to the three that hold.
+            working = [p for p in lab.proxies if p.name in ("squid", "microsocks", "dante")]
+            targets = [
+                ("127.0.0.1", working[i % len(working)].port, working[i % len(working)].proto)
+                for i in range(checks)
+            ]
+            out: dict[str, Any] = {"checks": checks, "proxies": [p.name for p in working]}
+            for concurrency in (500, 5_000):
+                t = time.perf_counter()
+                results = await check_many(targets, judge, concurrency=concurrency, timeout=10)
+                elapsed = time.perf_counter() - t
+                ok = sum(r.ok for r in results)
+                out[f"c{concurrency}_checks_per_s"] = round(checks / elapsed)
+                out[f"c{concurrency}_ok"] = ok
+                out[f"c{concurrency}_peak_rss_mb"] = round(_rss_mb())
+                errors: dict[str, int] = {}
+                names = {p.port: p.name for p in working}
+                for (_, port, _), r in zip(targets, results, strict=True):
+                    if not r.ok:
+                        key = f"{names[port]}: {r.error[:60]}"
+                        errors[key] = errors.get(key, 0) + 1
+                out[f"c{concurrency}_errors"] = errors
+        finally:
+            judge_proc.terminate()
+            await judge_proc.wait()
+            lab.stop()
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return out
