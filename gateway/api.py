@@ -254,6 +254,13 @@ def openapi() -> dict[str, Any]:
             }
         },
         "/v1/agents": {"get": {"summary": "the fleet", "responses": {"200": _reply(None)}}},
+        "/v1/agents/me": {
+            "get": {
+                "summary": "the agent behind the token",
+                "security": _AUTH,
+                "responses": {"200": _reply(None), **_problems(401, 403, 429)},
+            }
+        },
         "/v1/stats": {"get": {"summary": "pipeline health", "responses": {"200": _reply(None)}}},
         "/v1/stats/series": {
             "get": {"summary": "the dashboard's time series", "responses": {"200": _reply(None)}}

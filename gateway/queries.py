@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from gateway.http import FOLD, ApiError, choice, integer, open_query, reply
+from gateway.http import FOLD, ApiError, authorize, choice, integer, open_query, reply
 from projections.readmodels import ProxyFilter, due_sources, liveness, percentile, source_score
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow
@@ -193,6 +193,13 @@ async def leases(request: web.Request) -> web.Response:
             item["status"] = "expired"
         items.append(item)
     return reply({"count": len(items), "leases": items})
+
+
+@routes.get("/v1/agents/me")
+async def whoami(request: web.Request) -> web.Response:
+    """The agent behind a token: how `ppf agent` learns its own name."""
+    caller = authorize(request, "worker", "checker", "seed")
+    return reply({"name": caller.name, "role": caller.role})
 
 
 @routes.get("/v1/agents")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -107,6 +108,8 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
     lg = await Log.connect(url or DEFAULT_NATS, name=f"ppf-{args.cmd}")
     runner = None
     fold = None
+    agent_stop = None
+    agent_task = None
     try:
         await lg.ensure_stream()
         local_tokens: dict[str, str] = {}
@@ -138,6 +141,21 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         else:
             print(f"ppf fold: nats {lg.url}  db {db}", flush=True)
         log.info("started", role=args.cmd, nats=lg.url)
+        if "local-worker" in local_tokens and args.cmd == "up":
+            from agents.worker import Worker, WorkerConfig
+
+            host, port = _hostport(args.listen, 8080)
+            base = f"http://{host}:{port}"
+            worker = Worker(
+                base,
+                local_tokens["local-worker"],
+                "local-worker",
+                base + "/judge",
+                data / "agents" / "local-worker",
+                WorkerConfig(lab=args.lab),
+            )
+            agent_stop = asyncio.Event()
+            agent_task = asyncio.create_task(worker.run(agent_stop), name="ppf-local-worker")
         # Fewer young-generation collections: every request allocates, and with the
         # default threshold (700) the collector's pauses set the lease p99 (measured in
         # `ppf bench lease`: 78 ms -> 59 ms). The projections themselves are untracked
@@ -145,6 +163,10 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         gc.set_threshold(100_000, 50, 1000)
         await _wait_for_signal()
     finally:
+        if agent_stop is not None and agent_task is not None:
+            agent_stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(agent_task, 15)
         if runner is not None:
             await runner.cleanup()
         if fold is not None:
@@ -346,6 +368,34 @@ async def _check(args: argparse.Namespace) -> int:
     return 0 if any(r.ok for r in results) else 1
 
 
+async def _agent(args: argparse.Namespace) -> int:
+    from agents.gateway_client import GatewayClient, GatewayError
+    from agents.worker import Worker, WorkerConfig
+
+    if args.role != "worker":
+        print(f"ppf agent {args.role}: not built yet (issue 4)", file=sys.stderr)
+        return 2
+    data = Path(args.data)
+    try:
+        async with GatewayClient(args.gateway, args.token, "", data / "outbox.jsonl") as gw:
+            me = await gw.whoami()
+    except (GatewayError, OSError) as exc:
+        print(f"ppf agent: {exc}", file=sys.stderr)
+        return 1
+    config = WorkerConfig(
+        lab=args.lab, upstream=args.upstream, batch=args.batch, check_timeout_s=args.check_timeout
+    )
+    judge = args.judge or args.gateway.rstrip("/") + "/judge"
+    worker = Worker(args.gateway, args.token, me["name"], judge, data / me["name"], config)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("agent_started", agent=me["name"], role=me["role"], gateway=args.gateway)
+    await worker.run(stop)
+    return 0
+
+
 async def _bench(args: argparse.Namespace) -> int:
     from ops.bench import bench_fold, print_fold
     from ops.bench_gateway import bench_lease, bench_query
@@ -434,6 +484,18 @@ def _parser() -> argparse.ArgumentParser:
     ex.add_argument("--json", action="store_true")
     ex.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
 
+    ag = sub.add_parser("agent", help="run an agent against a gateway")
+    ag.add_argument("role", choices=["worker", "checker", "seed"])
+    ag.add_argument("--gateway", required=True)
+    ag.add_argument("--token", required=True)
+    ag.add_argument("--nats", default=None, help="(not used yet: events go through the gateway)")
+    ag.add_argument("--upstream", default=None, help="socks5://127.0.0.1:9050 for Tor")
+    ag.add_argument("--judge", default=None, help="default: the gateway's /judge")
+    ag.add_argument("--lab", action="store_true", help="fetch and check private addresses")
+    ag.add_argument("--data", default="./data/agents", help="outbox directory")
+    ag.add_argument("--batch", type=int, default=5, help="sources leased a cycle")
+    ag.add_argument("--check-timeout", type=float, default=10.0)
+
     ck = sub.add_parser("check", help="check proxies through a judge, one result a line")
     ck.add_argument("addrs", nargs="+", metavar="ADDR", help="ip:port or proto://ip:port")
     ck.add_argument("--judge", required=True, help="http://host:port/judge")
@@ -476,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return _extract(args)
             case "check":
                 return asyncio.run(_check(args))
+            case "agent":
+                return asyncio.run(_agent(args))
             case "bench":
                 return asyncio.run(_bench(args))
             case "token":

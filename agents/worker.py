@@ -1,0 +1,194 @@
+"""The worker: lease proxy-list URLs, fetch, extract, test, report, release.
+
+One cycle: lease ``batch`` sources; fetch each (skipping extraction when the content
+hash equals the lease's ``last_hash``); extract; deduplicate across the batch; cap at
+``max_proxies``; check them all through the judge; publish ``Fetched``, ``Extracted``,
+``ProxyWorked`` (working ones only) and ``Discovered`` (links of pages that yielded
+proxies); release. A heartbeat task keeps the leases of a long cycle alive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agents.check import Judge, check_many
+from agents.extract import EXTRACTOR, extract
+from agents.fetch import Fetcher
+from agents.gateway_client import GatewayClient
+from events import Discovered, Event, Extracted, Fetched, ProxyWorked
+from ops.log import fresh_id, now_ms
+
+__all__ = ["Worker", "WorkerConfig"]
+
+log = structlog.get_logger("ppf.worker")
+
+_HREF = re.compile(rb"""href=["'](https?://[^"'<>\s]{4,300})["']""", re.IGNORECASE)
+MAX_CANDIDATES_IN_EVENT = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    batch: int = 5  # url_batch_size
+    max_proxies: int = 2_000  # max_proxies_per_cycle
+    check_concurrency: int = 500
+    check_timeout_s: float = 10.0
+    fetch_timeout_s: float = 30.0
+    lease_ttl_s: int = 300
+    idle_s: float = 5.0
+    lab: bool = False
+    upstream: str | None = None
+
+
+class Worker:
+    def __init__(
+        self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: WorkerConfig
+    ) -> None:
+        self.gateway = gateway
+        self.token = token
+        self.name = name
+        self.judge_url = judge_url
+        self.data = data
+        self.config = config
+        self.cycles = 0
+        self.confirmed = 0
+
+    def _ev(self, cls: type[Event], **fields: Any) -> Event:
+        return cls(id=fresh_id(), agent=self.name, at=now_ms(), **fields)
+
+    async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
+        """Work until ``stop`` is set (or ``cycles`` cycles that had work are done)."""
+        async with (
+            GatewayClient(self.gateway, self.token, self.name, self.data / "outbox.jsonl") as gw,
+            Fetcher(
+                upstream=self.config.upstream,
+                lab=self.config.lab,
+                timeout_s=self.config.fetch_timeout_s,
+            ) as fetcher,
+        ):
+            judge = await Judge.discover(self.judge_url)
+            while not stop.is_set():
+                try:
+                    did = await self.cycle(gw, fetcher, judge)
+                except Exception as exc:  # one bad cycle must not end the worker
+                    log.warning("cycle_failed", agent=self.name, error=repr(exc))
+                    did = 0
+                if did:
+                    self.cycles += 1
+                    if cycles is not None and self.cycles >= cycles:
+                        return
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.config.idle_s)
+
+    async def cycle(self, gw: GatewayClient, fetcher: Fetcher, judge: Judge) -> int:
+        cfg = self.config
+        grants = await gw.lease("source", cfg.batch, cfg.lease_ttl_s)
+        if not grants:
+            return 0
+        keeper = asyncio.create_task(self._heartbeats(gw, [g["lease"] for g in grants]))
+        try:
+            return await self._work(gw, fetcher, judge, grants)
+        finally:
+            keeper.cancel()
+
+    async def _heartbeats(self, gw: GatewayClient, leases: list[str]) -> None:
+        while True:
+            await asyncio.sleep(self.config.lease_ttl_s / 3)
+            for lease in leases:
+                await gw.heartbeat(lease)
+
+    async def _work(
+        self, gw: GatewayClient, fetcher: Fetcher, judge: Judge, grants: list[dict[str, Any]]
+    ) -> int:
+        cfg = self.config
+        events: list[Event] = []
+        pages: dict[str, bytes] = {}
+        found: dict[tuple[str, int, str | None], tuple[str, str]] = {}  # -> (url_id, lease)
+        outcomes: dict[str, tuple[str, str]] = {}
+        fetched = await asyncio.gather(*(fetcher.fetch(g["payload"]["url"]) for g in grants))
+        for grant, result in zip(grants, fetched, strict=True):
+            uid, lease, payload = grant["target"], grant["lease"], grant["payload"]
+            changed = result.ok and result.content_hash != payload.get("last_hash", "")
+            events.append(
+                self._ev(
+                    Fetched,
+                    url_id=uid,
+                    lease=lease,
+                    ok=result.ok,
+                    error=result.error,
+                    http_status=result.status,
+                    content_hash=result.content_hash,
+                    bytes=len(result.body),
+                    fetch_ms=result.fetch_ms,
+                    changed=changed,
+                )
+            )
+            outcomes[lease] = ("done", "") if result.ok else ("failed", result.error)
+            if not changed:
+                continue
+            candidates = extract(result.body, payload.get("proto_hint") or None, lab=cfg.lab)
+            events.append(
+                self._ev(
+                    Extracted,
+                    url_id=uid,
+                    content_hash=result.content_hash,
+                    count=len(candidates),
+                    lease=lease,
+                    extractor=EXTRACTOR,
+                    candidates=[
+                        (c.ip, c.port, c.proto or "", c.confidence)
+                        for c in candidates[:MAX_CANDIDATES_IN_EVENT]
+                    ],
+                )
+            )
+            pages[uid] = result.body
+            for c in candidates:
+                found.setdefault((c.ip, c.port, c.proto), (uid, lease))
+        targets = list(found)[: cfg.max_proxies]
+        results = await check_many(
+            targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
+        )
+        productive: set[str] = set()
+        for (ip, port, _), result in zip(targets, results, strict=True):
+            if not result.ok or result.proto is None:
+                continue
+            uid, lease = found[(ip, port, _)]
+            productive.add(uid)
+            events.append(
+                self._ev(
+                    ProxyWorked,
+                    ip=ip,
+                    port=port,
+                    proto=result.proto,
+                    latency_ms=result.latency_ms,
+                    exit_ip=result.exit_ip,
+                    anonymity=result.anonymity,
+                    mitm=result.mitm,
+                    source=uid,
+                    judge=self.judge_url,
+                    lease=lease,
+                )
+            )
+            self.confirmed += 1
+        for uid in sorted(productive):
+            links = list(dict.fromkeys(m.decode() for m in _HREF.findall(pages[uid])))[:50]
+            if links:
+                events.append(self._ev(Discovered, parent=uid, urls=links))
+        await gw.publish(events)
+        for lease, (outcome, error) in outcomes.items():
+            await gw.release(lease, outcome, error)
+        log.info(
+            "cycle_done",
+            agent=self.name,
+            sources=len(grants),
+            candidates=len(found),
+            working=sum(r.ok for r in results),
+        )
+        return len(grants)

@@ -1,0 +1,97 @@
+"""The whole worker loop, end to end: `ppf up --lab` with its local worker, a source page
+listing the real proxy lab and fakes, and the pool that comes out of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from ops.lab import ProxyLab, missing
+from tests.test_cli import Up
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyLab]:
+    absent = missing()
+    if absent:
+        pytest.skip(f"proxy servers missing: apt-get install {' '.join(absent)} (make test does)")
+    bed = ProxyLab(tmp_path_factory.mktemp("lab")).start()
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+def _json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+def _pool(base: str) -> list[dict[str, Any]]:
+    return list(_json(base + "/v1/proxies?limit=0&status=all")["proxies"])
+
+
+@pytest.mark.timeout(180)
+async def test_worker_turns_a_list_into_verified_proxies(
+    lab: ProxyLab, ppf_bin: str, tmp_path: Path
+) -> None:
+    lines = []
+    for p in lab.proxies:
+        lines.append(
+            f"socks5://127.0.0.1:{p.port}" if p.name == "microsocks" else f"127.0.0.1:{p.port}"
+        )
+    page = "# a proxy list\n" + "\n".join(lines) + "\nupdated 12:30:45\n"
+
+    async def serve_list(_: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    app = web.Application()
+    app.router.add_get("/list.txt", serve_list)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    up = Up(ppf_bin, tmp_path / "data", "--lab")
+    await asyncio.to_thread(up.start)
+    try:
+        added = await asyncio.create_subprocess_exec(
+            ppf_bin,
+            "sources",
+            "add",
+            str(server.make_url("/list.txt")),
+            "--nats",
+            up.nats,
+            stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.DEVNULL,
+        )
+        _, err = await asyncio.wait_for(added.communicate(), 60)
+        assert added.returncode == 0, err.decode()
+        real = {p.port: p for p in lab.proxies if p.proto is not None}
+        deadline = time.monotonic() + 120
+        pool: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            pool = await asyncio.to_thread(_pool, up.base)
+            if len(pool) >= len(real):
+                break
+            await asyncio.sleep(1)
+        found = {p["port"]: p for p in pool}
+        assert set(found) == set(real), (sorted(found), sorted(real))  # no fake, none missed
+        for port, proxy in real.items():
+            got = found[port]
+            assert (got["proto"], got["anonymity"], got["exit_ip"]) == (
+                proxy.proto,
+                proxy.anonymity,
+                proxy.exit_ip,
+            ), proxy.name
+        sources = await asyncio.to_thread(_json, up.base + "/v1/sources")
+        assert sources["sources"][0]["proxies_added"] == len(real)
+    finally:
+        assert await asyncio.to_thread(up.stop) == 0
+        await server.close()
