@@ -37,7 +37,7 @@ from gateway.api import (
 )
 from gateway.http import CONFIG, FOLD, LOG, ApiError, Caller, authorize, reply
 from gateway.leases import Granter
-from ops.log import LogError, fresh_id, now_ms
+from ops.log import fresh_id, now_ms
 
 __all__ = ["GRANTER", "ROLE_EVENTS", "routes"]
 
@@ -124,10 +124,7 @@ async def publish_events(request: web.Request) -> web.Response:
         )
     if not events:
         return reply(EventsAccepted(seqs=[], duplicates=0))
-    try:
-        seqs = await request.app[LOG].publish_many(events)
-    except LogError as exc:
-        raise ApiError(503, "log-unavailable", str(exc)) from None
+    seqs = await request.app[LOG].publish_many(events)
     duplicates = len(seqs) - len(set(seqs))
     return reply(EventsAccepted(seqs=seqs, duplicates=duplicates))
 
@@ -145,10 +142,7 @@ async def take_leases(request: web.Request) -> web.Response:
         raise ApiError(400, "bad-parameter", "count: 1 to 1000", parameter="count")
     if body.ttl_s <= 0:
         raise ApiError(400, "bad-parameter", "ttl_s: > 0", parameter="ttl_s")
-    try:
-        grants = await request.app[GRANTER].grant(caller.name, body.kind, body.count, body.ttl_s)
-    except LogError as exc:
-        raise ApiError(503, "log-unavailable", str(exc)) from None
+    grants = await request.app[GRANTER].grant(caller.name, body.kind, body.count, body.ttl_s)
     return reply(LeasesReply(leases=grants))
 
 
@@ -174,10 +168,7 @@ async def heartbeat(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed")
     lease, target = _held(request, caller)
     event = Heartbeat(id=fresh_id(), agent=caller.name, at=now_ms(), leases=[lease])
-    try:
-        published = await request.app[LOG].publish(event)
-    except LogError as exc:
-        raise ApiError(503, "log-unavailable", str(exc)) from None
+    published = await request.app[LOG].publish(event)
     await _applied(request, published.seq)
     row = request.app[FOLD].state.leases[target]
     if row.lease != lease or row.status != "leased":
@@ -203,10 +194,7 @@ async def release(request: web.Request) -> web.Response:
         error=body.error,
         kind=row.kind,  # type: ignore[arg-type]
     )
-    try:
-        published = await request.app[LOG].publish(event)
-    except LogError as exc:
-        raise ApiError(503, "log-unavailable", str(exc)) from None
+    published = await request.app[LOG].publish(event)
     # No wait for the fold here: the release is in the log, which decides; the next
     # lease request reads the projection, which will have applied it or will soon.
     return reply(ReleaseReply(lease=lease, target=target, outcome=body.outcome, seq=published.seq))
@@ -239,10 +227,7 @@ async def add_sources(request: web.Request) -> web.Response:
             )
         )
     if events:
-        try:
-            await request.app[LOG].publish_many(events)
-        except LogError as exc:
-            raise ApiError(503, "log-unavailable", str(exc)) from None
+        await request.app[LOG].publish_many(events)
     return reply(SourcesAdded(added=added, known=known))
 
 
@@ -261,8 +246,7 @@ async def reset_target(request: web.Request) -> web.Response:
     )
     try:
         published = await request.app[LOG].publish(event)
-    except (LogError, SubjectError) as exc:
-        status = 400 if isinstance(exc, SubjectError) else 503
-        raise ApiError(status, "reset-failed", str(exc)) from None
+    except SubjectError as exc:
+        raise ApiError(400, "bad-target", str(exc)) from None
     await _applied(request, published.seq)
     return reply({"target": event.target, "seq": published.seq})

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from gateway.api import FieldError, Problem
 from ops.fold_service import FoldService
-from ops.log import Log
+from ops.log import Log, LogError
 
 __all__ = [
     "CONFIG",
@@ -130,6 +130,8 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
     try:
         response: web.StreamResponse = await handler(request)
         return response
+    except LogError as exc:  # the log is the one dependency every write goes through
+        return problem(503, "log-unavailable", str(exc))
     except ApiError as exc:
         return problem(
             exc.status,

@@ -25,10 +25,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, BinaryIO
+from typing import Any
 
 import msgspec
 import structlog
+
+from projections.writer import read_frame
 
 __all__ = ["Tap", "TapConfig", "TapStats"]
 
@@ -182,15 +184,6 @@ def _rows(batch: list[tuple[int, int, bytes, bytes]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _read(inp: BinaryIO) -> bytes | None:
-    head = inp.read(8)
-    if len(head) < 8:
-        return None
-    (size,) = _FRAME.unpack(head)
-    data = inp.read(size)
-    return data if len(data) == size else None
-
-
 def serve() -> int:
     """The child: read frames, batch rows, send, report counts on stdout."""
     import queue
@@ -257,7 +250,7 @@ def serve() -> int:
         since = time.monotonic()
 
     inp = sys.stdin.buffer
-    while (frame := _read(inp)) is not None:
+    while (frame := read_frame(inp)) is not None:
         kind, items = _HEAD.unpack_from(frame)
         with lock:
             behind = queued[0] >= config.max_rows

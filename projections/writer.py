@@ -26,7 +26,7 @@ import msgspec
 
 from projections.store import TABLES, Checkpoint, Store, StoreError
 
-__all__ = ["ProcessWriter"]
+__all__ = ["ProcessWriter", "read_frame"]
 
 _FRAME = struct.Struct(">Q")
 _CHILD = "import sys; from projections.writer import serve; sys.exit(serve(sys.argv[1]))"
@@ -91,7 +91,8 @@ class ProcessWriter:
             await proc.wait()
 
 
-def _read_frame(inp: BinaryIO) -> bytes | None:
+def read_frame(inp: BinaryIO) -> bytes | None:
+    """One ``>Q length`` + bytes frame from a pipe; None at its end or a short frame."""
     head = inp.read(8)
     if len(head) < 8:
         return None
@@ -113,10 +114,10 @@ def serve(path: str) -> int:
     out.write(_FRAME.pack(store.last_seq))
     out.flush()
     try:
-        while (data := _read_frame(inp)) is not None:
+        while (data := read_frame(inp)) is not None:
             tables = {}
             for name in TABLES:
-                blob = _read_frame(inp)
+                blob = read_frame(inp)
                 if blob is None:
                     return 0  # the parent died mid-send: commit nothing of it
                 tables[name] = blob

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.lab import ProxyLab, missing
 from ops.log import Log
 from ops.natsd import NatsServer, NatsServerError, find_binary, free_port
 
@@ -43,6 +44,19 @@ async def log_client(nats_server: NatsServer) -> AsyncIterator[Log]:
         yield lg
     finally:
         await lg.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyLab]:
+    """The real proxy lab (ops/lab.py), once per module."""
+    absent = missing()
+    if absent:
+        pytest.skip(f"proxy servers missing: apt-get install {' '.join(absent)} (make test does)")
+    bed = ProxyLab(tmp_path_factory.mktemp("lab")).start()
+    try:
+        yield bed
+    finally:
+        bed.stop()
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
@@ -10,19 +10,7 @@ from aiohttp.test_utils import TestServer
 
 from agents.check import Judge, check, check_many
 from gateway.app import judge as judge_handler
-from ops.lab import ProxyLab, missing
-
-
-@pytest.fixture(scope="module")
-def testbed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyLab]:
-    absent = missing()
-    if absent:
-        pytest.skip(f"proxy servers missing: apt-get install {' '.join(absent)} (make test does)")
-    bed = ProxyLab(tmp_path_factory.mktemp("testbed")).start()
-    try:
-        yield bed
-    finally:
-        bed.stop()
+from ops.lab import ProxyLab
 
 
 @pytest.fixture
@@ -38,10 +26,10 @@ async def judge() -> AsyncIterator[Judge]:
 
 
 async def test_every_real_proxy_is_found_with_its_protocol_anonymity_and_exit(
-    testbed: ProxyLab, judge: Judge
+    lab: ProxyLab, judge: Judge
 ) -> None:
     assert judge.own_ip == "127.0.0.1"
-    for proxy in testbed.proxies:
+    for proxy in lab.proxies:
         result = await check("127.0.0.1", proxy.port, None, judge, timeout=3)
         if proxy.proto is None:  # closed, tarpit, garbage: never a proxy
             assert not result.ok, (proxy.name, result)
@@ -55,39 +43,37 @@ async def test_every_real_proxy_is_found_with_its_protocol_anonymity_and_exit(
         assert not result.mitm and result.latency_ms >= 0
 
 
-async def test_explicit_protocols_and_socks4_on_dante(testbed: ProxyLab, judge: Judge) -> None:
-    dante = next(p for p in testbed.proxies if p.name == "dante")
+async def test_explicit_protocols_and_socks4_on_dante(lab: ProxyLab, judge: Judge) -> None:
+    dante = next(p for p in lab.proxies if p.name == "dante")
     socks4 = await check("127.0.0.1", dante.port, "socks4", judge, timeout=3)
     assert socks4.ok and socks4.exit_ip == "127.0.0.6"
-    squid = next(p for p in testbed.proxies if p.name == "squid")
+    squid = next(p for p in lab.proxies if p.name == "squid")
     wrong = await check("127.0.0.1", squid.port, "socks5", judge, timeout=3)
     assert not wrong.ok and wrong.error
 
 
-async def test_tarpit_costs_one_timeout_and_many_run_at_once(
-    testbed: ProxyLab, judge: Judge
-) -> None:
+async def test_tarpit_costs_one_timeout_and_many_run_at_once(lab: ProxyLab, judge: Judge) -> None:
     import time
 
-    tarpit = next(p for p in testbed.proxies if p.name == "tarpit")
-    targets = [("127.0.0.1", p.port, p.proto) for p in testbed.proxies] * 20
+    tarpit = next(p for p in lab.proxies if p.name == "tarpit")
+    targets = [("127.0.0.1", p.port, p.proto) for p in lab.proxies] * 20
     targets += [("127.0.0.1", tarpit.port, None)] * 20
     started = time.monotonic()
     results = await check_many(targets, judge, concurrency=500, timeout=1.5)
     assert time.monotonic() - started < 6  # one timeout wide, not one per tarpit
-    by_port = {p.port: p for p in testbed.proxies}
+    by_port = {p.port: p for p in lab.proxies}
     for (_, port, _), result in zip(targets, results, strict=True):
         assert result.ok == (by_port[port].proto is not None), (by_port[port].name, result)
 
 
-async def test_ppf_check_command(testbed: ProxyLab, judge: Judge, ppf_bin: str) -> None:
+async def test_ppf_check_command(lab: ProxyLab, judge: Judge, ppf_bin: str) -> None:
     """`ppf check` checks exactly what it is given, loopback included; --json per line."""
     import asyncio
     import json
 
-    squid = next(p for p in testbed.proxies if p.name == "squid")
-    micro = next(p for p in testbed.proxies if p.name == "microsocks")
-    closed = next(p for p in testbed.proxies if p.name == "closed")
+    squid = next(p for p in lab.proxies if p.name == "squid")
+    micro = next(p for p in lab.proxies if p.name == "microsocks")
+    closed = next(p for p in lab.proxies if p.name == "closed")
     url = f"http://{judge.host}:{judge.port}{judge.path}"
     proc = await asyncio.create_subprocess_exec(
         ppf_bin,

@@ -7,7 +7,6 @@ import asyncio
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,8 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from ops.lab import ProxyLab, missing
+from ops.lab import ProxyLab
 from tests.test_cli import Up
-
-
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyLab]:
-    absent = missing()
-    if absent:
-        pytest.skip(f"proxy servers missing: apt-get install {' '.join(absent)} (make test does)")
-    bed = ProxyLab(tmp_path_factory.mktemp("lab")).start()
-    try:
-        yield bed
-    finally:
-        bed.stop()
 
 
 def _json(url: str) -> Any:
