@@ -39,6 +39,7 @@ class Record:
     grants: dict[str, tuple[str, str]] = field(default_factory=dict)  # lease -> (target, agent)
     abandoned: dict[str, int] = field(default_factory=dict)  # lease -> expires_at
     heartbeats_lost: int = 0
+    lagging: int = 0
     errors: list[str] = field(default_factory=list)
 
 
@@ -71,6 +72,12 @@ async def _agent(
                     async with http.post(url) as r:
                         if r.status == 409:
                             rec.heartbeats_lost += 1
+                            break
+                        if r.status == 503:  # the projection lagged past the wait: try later
+                            rec.lagging += 1
+                            continue
+                        if r.status != 200:
+                            rec.errors.append(f"heartbeat {r.status}: {await r.text()}")
                             break
                         expires = (await r.json())["expires_at"]
                 if fate < 0.15:
