@@ -156,10 +156,11 @@ class Worker:
             targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
         )
         productive: set[str] = set()
-        for (ip, port, _), result in zip(targets, results, strict=True):
+        for key, result in zip(targets, results, strict=True):
             if not result.ok or result.proto is None:
                 continue
-            uid, lease = found[(ip, port, _)]
+            ip, port, _ = key
+            uid, lease = found[key]
             productive.add(uid)
             events.append(
                 self._ev(

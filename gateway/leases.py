@@ -21,7 +21,7 @@ from typing import Any
 
 import structlog
 
-from events import Leased, LeaseKind, shard_of
+from events import Leased, LeaseKind
 from gateway.api import LeaseGrant
 from ops.fold_service import FoldService
 from ops.log import ConflictError, Log, fresh_id, now_ms
@@ -32,8 +32,8 @@ __all__ = ["SHARDS", "Granter", "live_holdings"]
 
 log = structlog.get_logger("ppf.leases")
 
+# Recheck targets: the shards events.shard_of() maps proxies to.
 SHARDS = tuple(f"s{i:03d}" for i in range(256))
-_ = shard_of  # recheck targets are the shards that shard_of() maps proxies to
 
 
 def _free(row: LeaseRow | None, now: int) -> bool:
