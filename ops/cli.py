@@ -279,11 +279,12 @@ async def _sources(args: argparse.Namespace) -> int:
         text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
         urls = [line.strip() for line in text.splitlines() if line.strip()]
         urls = [u for u in urls if not u.startswith("#")]
+    hints = dict.fromkeys(urls, args.hint or "")
     if args.action == "seed":
-        print(
-            "ppf sources seed: the built-in list comes with the agents (issue 4)", file=sys.stderr
-        )
-        return 2
+        from agents.seeds import SEEDS
+
+        hints = dict(SEEDS)
+        urls = list(hints)
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if bad:
         print(f"ppf sources: not http(s) URLs: {', '.join(bad[:5])}", file=sys.stderr)
@@ -295,8 +296,8 @@ async def _sources(args: argparse.Namespace) -> int:
             at=now_ms(),
             url=u,
             url_id=url_id(u),
-            proto_hint=args.hint or "",
-            origin="manual",
+            proto_hint=hints[u],
+            origin="seed" if args.action == "seed" else "manual",
         )
         for u in dict.fromkeys(urls)
     ]
@@ -473,7 +474,9 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("urls", nargs="+")
     imp = so_sub.add_parser("import")
     imp.add_argument("file", help="one URL a line; - for stdin")
-    so_sub.add_parser("seed")
+    seed = so_sub.add_parser("seed", help="add the built-in list of well-known sources")
+    seed.add_argument("--nats", default=DEFAULT_NATS)
+    seed.add_argument("--hint", default="")
     for sp in (add, imp):
         sp.add_argument("--hint", default="", help="protocol hint of these lists")
         sp.add_argument("--nats", default=DEFAULT_NATS)
@@ -545,8 +548,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             case "token":
                 return asyncio.run(_token(args))
             case "sources":
-                if args.action == "seed":
-                    args.urls = []
+                args.urls = getattr(args, "urls", [])
                 return asyncio.run(_sources(args))
     except LogError as exc:
         print(f"ppf {args.cmd}: {exc}", file=sys.stderr)

@@ -279,3 +279,30 @@ def test_bench_fold_runs_and_reports(ppf_bin: str) -> None:
         "peak_rss_mb",
     ):
         assert out[key] > 0
+
+
+def test_sources_seed_and_import(ppf_bin: str, tmp_path: Path, nats_server: Any) -> None:
+    """`ppf sources seed` adds the built-in lists with hints; import skips comments."""
+    from agents.seeds import SEEDS
+
+    res = subprocess.run(
+        [ppf_bin, "sources", "seed", "--nats", nats_server.url], capture_output=True, timeout=60
+    )
+    assert res.returncode == 0, res.stderr.decode()
+    assert json.loads(res.stdout) == {"added": len(SEEDS)}
+    listing = tmp_path / "lists.txt"
+    listing.write_text("# mine\nhttps://a.example/p.txt\n\nhttps://b.example/q.txt\n")
+    res = subprocess.run(
+        [ppf_bin, "sources", "import", str(listing), "--hint", "socks5", "--nats", nats_server.url],
+        capture_output=True,
+        timeout=60,
+    )
+    assert json.loads(res.stdout) == {"added": 2}
+    bad = tmp_path / "bad.txt"
+    bad.write_text("ftp://x.example/list\n")
+    res = subprocess.run(
+        [ppf_bin, "sources", "import", str(bad), "--nats", nats_server.url],
+        capture_output=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and b"not http(s)" in res.stderr
