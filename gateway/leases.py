@@ -26,7 +26,8 @@ from gateway.api import LeaseGrant
 from ops.fold_service import FoldService
 from ops.log import ConflictError, Log, fresh_id, now_ms
 from projections.readmodels import source_score
-from reducers import LeaseRow, State
+from projections.recheck import due_in_shard, shards
+from reducers import LeaseRow, ProxyRow, State
 
 __all__ = ["SHARDS", "Granter", "live_holdings"]
 
@@ -72,6 +73,10 @@ class Granter:
         self._due_at = -1.0
         self.granted = 0
         self.lost = 0
+        self.recheck_batch = 500
+        self.shards_refresh_s = 5.0
+        self._shard_rows: dict[str, list[ProxyRow]] = {}
+        self._shards_at = -1e9
 
     def due_sources(self, now: int) -> list[tuple[float, str]]:
         """Due sources by score, recomputed at most every ``due_refresh_s``.
@@ -127,7 +132,15 @@ class Granter:
         row = state.leases.get(target)
         if kind == "seed" and row is not None:
             return {"cursor": row.cursor, "end": row.end}
-        return {"shard": target}
+        due = due_in_shard(self._shards().get(target, []), now_ms(), self.recheck_batch)
+        return {"shard": target, "proxies": [[p.ip, p.port, p.proto] for p in due]}
+
+    def _shards(self) -> dict[str, list[ProxyRow]]:
+        """Proxies by shard, recomputed at most every ``shards_refresh_s``."""
+        if time.monotonic() - self._shards_at > self.shards_refresh_s:
+            self._shard_rows = shards(self.fold.state)
+            self._shards_at = time.monotonic()
+        return self._shard_rows
 
     async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[LeaseGrant]:
         now = now_ms()

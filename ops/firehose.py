@@ -90,8 +90,8 @@ class Firehose:
                 self._consumer = ""
             writer.close()
             try:
-                await writer.wait_closed()
-            except OSError:
+                await asyncio.wait_for(writer.wait_closed(), 5)
+            except (OSError, TimeoutError):
                 pass
 
     async def _session(self, until: int | None) -> AsyncIterator[list[Message]]:

@@ -8,6 +8,7 @@ original sequence: kept, never folded, never a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
@@ -103,7 +104,9 @@ class FoldService:
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        # Bounded: a task stuck in a socket call must not hold the shutdown forever.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
         self._tasks = []
         if self.checkpointer is not None:
             await self.checkpointer.flush(self.state)

