@@ -10,7 +10,6 @@ proxies); release. A heartbeat task keeps the leases of a long cycle alive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from agents.check import Judge, check_many
 from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher
 from agents.gateway_client import GatewayClient
+from agents.loop import run_cycles
 from events import Discovered, Event, Extracted, Fetched, ProxyWorked
 from ops.log import fresh_id, now_ms
 
@@ -73,19 +73,13 @@ class Worker:
             ) as fetcher,
         ):
             judge = await Judge.discover(self.judge_url)
-            while not stop.is_set():
-                try:
-                    did = await self.cycle(gw, fetcher, judge)
-                except Exception as exc:  # one bad cycle must not end the worker
-                    log.warning("cycle_failed", agent=self.name, error=repr(exc))
-                    did = 0
-                if did:
-                    self.cycles += 1
-                    if cycles is not None and self.cycles >= cycles:
-                        return
-                    continue
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.config.idle_s)
+            self.cycles += await run_cycles(
+                self.name,
+                lambda: self.cycle(gw, fetcher, judge),
+                stop,
+                idle_s=self.config.idle_s,
+                cycles=cycles,
+            )
 
     async def cycle(self, gw: GatewayClient, fetcher: Fetcher, judge: Judge) -> int:
         cfg = self.config

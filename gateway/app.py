@@ -240,7 +240,9 @@ def make_app(
     app[CONFIG] = config
     app[LIMITER] = RateLimiter(config.rate_per_s, config.burst)
     app[SNAPSHOT] = SnapshotKeeper()
-    app[GRANTER] = Granter(fold, app[LOG], max_per_agent=config.max_leases_per_agent)
+    app[GRANTER] = Granter(
+        fold, app[LOG], max_per_agent=config.max_leases_per_agent, recheck=config.recheck
+    )
     app[SERIES] = Series(config.series_every_s)
     app.cleanup_ctx.append(_sampling)
     app.add_routes(routes)

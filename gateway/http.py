@@ -14,6 +14,7 @@ from aiohttp import web
 from gateway.api import FieldError, Problem
 from ops.fold_service import FoldService
 from ops.log import Log, LogError
+from projections.recheck import RecheckPolicy
 
 __all__ = [
     "CONFIG",
@@ -48,6 +49,7 @@ class GatewayConfig:
     burst: float = 4_000.0
     max_leases_per_agent: int = 64
     lag_bound: int = 1_000
+    recheck: RecheckPolicy = field(default_factory=RecheckPolicy)
     series_every_s: float = 10.0
 
 

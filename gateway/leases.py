@@ -26,7 +26,7 @@ from gateway.api import LeaseGrant
 from ops.fold_service import FoldService
 from ops.log import ConflictError, Log, fresh_id, now_ms
 from projections.readmodels import source_score
-from projections.recheck import due_in_shard, shards
+from projections.recheck import RecheckPolicy, due_in_shard, shards
 from reducers import LeaseRow, ProxyRow, State
 
 __all__ = ["SHARDS", "Granter", "live_holdings"]
@@ -62,6 +62,7 @@ class Granter:
         max_per_agent: int = 64,
         wait_s: float = 2.0,
         due_refresh_s: float = 0.5,
+        recheck: RecheckPolicy | None = None,
     ) -> None:
         self.fold = fold
         self.log = lg
@@ -74,6 +75,7 @@ class Granter:
         self.granted = 0
         self.lost = 0
         self.recheck_batch = 500
+        self.recheck = recheck or RecheckPolicy()
         self.shards_refresh_s = 5.0
         self._shard_rows: dict[str, list[ProxyRow]] = {}
         self._shards_at = -1e9
@@ -132,7 +134,8 @@ class Granter:
         row = state.leases.get(target)
         if kind == "seed" and row is not None:
             return {"cursor": row.cursor, "end": row.end}
-        due = due_in_shard(self._shards().get(target, []), now_ms(), self.recheck_batch)
+        rows = self._shards().get(target, [])
+        due = due_in_shard(rows, now_ms(), self.recheck_batch, self.recheck)
         return {"shard": target, "proxies": [[p.ip, p.port, p.proto] for p in due]}
 
     def _shards(self) -> dict[str, list[ProxyRow]]:

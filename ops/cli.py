@@ -142,6 +142,7 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
             print(f"ppf fold: nats {lg.url}  db {db}", flush=True)
         log.info("started", role=args.cmd, nats=lg.url)
         if "local-worker" in local_tokens and args.cmd == "up":
+            from agents.checker import Checker, CheckerConfig
             from agents.worker import Worker, WorkerConfig
 
             host, port = _hostport(args.listen, 8080)
@@ -154,8 +155,16 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
                 data / "agents" / "local-worker",
                 WorkerConfig(lab=args.lab),
             )
+            checker = Checker(
+                base,
+                local_tokens["local-checker"],
+                "local-checker",
+                base + "/judge",
+                data / "agents" / "local-checker",
+                CheckerConfig(),
+            )
             agent_stop = asyncio.Event()
-            agent_task = asyncio.create_task(worker.run(agent_stop), name="ppf-local-worker")
+            agent_task = asyncio.gather(worker.run(agent_stop), checker.run(agent_stop))
         # Fewer young-generation collections: every request allocates, and with the
         # default threshold (700) the collector's pauses set the lease p99 (measured in
         # `ppf bench lease`: 78 ms -> 59 ms). The projections themselves are untracked
@@ -370,11 +379,12 @@ async def _check(args: argparse.Namespace) -> int:
 
 
 async def _agent(args: argparse.Namespace) -> int:
+    from agents.checker import Checker, CheckerConfig
     from agents.gateway_client import GatewayClient, GatewayError
     from agents.worker import Worker, WorkerConfig
 
-    if args.role != "worker":
-        print(f"ppf agent {args.role}: not built yet (issue 4)", file=sys.stderr)
+    if args.role == "seed":
+        print("ppf agent seed: not built yet (issue 4)", file=sys.stderr)
         return 2
     data = Path(args.data)
     try:
@@ -383,17 +393,25 @@ async def _agent(args: argparse.Namespace) -> int:
     except (GatewayError, OSError) as exc:
         print(f"ppf agent: {exc}", file=sys.stderr)
         return 1
-    config = WorkerConfig(
-        lab=args.lab, upstream=args.upstream, batch=args.batch, check_timeout_s=args.check_timeout
-    )
     judge = args.judge or args.gateway.rstrip("/") + "/judge"
-    worker = Worker(args.gateway, args.token, me["name"], judge, data / me["name"], config)
+    agent: Worker | Checker
+    if args.role == "worker":
+        config = WorkerConfig(
+            lab=args.lab,
+            upstream=args.upstream,
+            batch=args.batch,
+            check_timeout_s=args.check_timeout,
+        )
+        agent = Worker(args.gateway, args.token, me["name"], judge, data / me["name"], config)
+    else:
+        checks = CheckerConfig(check_timeout_s=args.check_timeout)
+        agent = Checker(args.gateway, args.token, me["name"], judge, data / me["name"], checks)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("agent_started", agent=me["name"], role=me["role"], gateway=args.gateway)
-    await worker.run(stop)
+    await agent.run(stop)
     return 0
 
 

@@ -1,0 +1,114 @@
+"""The checker: lease recheck shards, re-test the proxies that are due, report both ways.
+
+The gateway's lease payload lists the shard's due proxies (graduated intervals, spread
+across ASNs: projections/recheck.py); the checker tests each with the protocol it was
+confirmed with and publishes ``ProxyWorked`` or ``ProxyFailed`` under its lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from agents.check import Judge, check_many
+from agents.gateway_client import GatewayClient
+from agents.loop import run_cycles
+from events import Event, ProxyFailed, ProxyWorked
+from ops.log import fresh_id, now_ms
+
+__all__ = ["Checker", "CheckerConfig"]
+
+log = structlog.get_logger("ppf.checker")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckerConfig:
+    shards: int = 8  # shards leased a cycle
+    check_concurrency: int = 500
+    check_timeout_s: float = 10.0
+    lease_ttl_s: int = 300
+    idle_s: float = 30.0
+
+
+class Checker:
+    def __init__(
+        self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: CheckerConfig
+    ) -> None:
+        self.gateway = gateway
+        self.token = token
+        self.name = name
+        self.judge_url = judge_url
+        self.data = data
+        self.config = config
+        self.cycles = 0
+        self.rechecked = 0
+
+    def _ev(self, cls: type[Event], **fields: Any) -> Event:
+        return cls(id=fresh_id(), agent=self.name, at=now_ms(), **fields)
+
+    async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
+        async with GatewayClient(
+            self.gateway, self.token, self.name, self.data / "outbox.jsonl"
+        ) as gw:
+            judge = await Judge.discover(self.judge_url)
+            self.cycles += await run_cycles(
+                self.name,
+                lambda: self.cycle(gw, judge),
+                stop,
+                idle_s=self.config.idle_s,
+                cycles=cycles,
+            )
+
+    async def cycle(self, gw: GatewayClient, judge: Judge) -> int:
+        cfg = self.config
+        grants = await gw.lease("recheck", cfg.shards, cfg.lease_ttl_s)
+        if not grants:
+            return 0
+        targets: list[tuple[str, int, str | None]] = []
+        leases: list[str] = []
+        for grant in grants:
+            for ip, port, proto in grant["payload"].get("proxies", []):
+                targets.append((ip, port, proto or None))
+                leases.append(grant["lease"])
+        results = await check_many(
+            targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
+        )
+        events: list[Event] = []
+        for (ip, port, proto), lease, r in zip(targets, leases, results, strict=True):
+            if r.ok and r.proto is not None:
+                events.append(
+                    self._ev(
+                        ProxyWorked,
+                        ip=ip,
+                        port=port,
+                        proto=r.proto,
+                        latency_ms=r.latency_ms,
+                        exit_ip=r.exit_ip,
+                        anonymity=r.anonymity,
+                        mitm=r.mitm,
+                        judge=self.judge_url,
+                        lease=lease,
+                    )
+                )
+            else:
+                events.append(
+                    self._ev(
+                        ProxyFailed, ip=ip, port=port, proto=proto or "", error=r.error, lease=lease
+                    )
+                )
+        await gw.publish(events)
+        for grant in grants:
+            await gw.release(grant["lease"], "done")
+        self.rechecked += len(targets)
+        log.info(
+            "recheck_done",
+            agent=self.name,
+            shards=len(grants),
+            proxies=len(targets),
+            working=sum(r.ok for r in results),
+        )
+        return len(grants)

@@ -1,0 +1,92 @@
+"""The checker: recheck shards leased from a real gateway, real proxies re-tested."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from aiohttp.test_utils import TestServer
+
+import events as ev
+from agents.checker import Checker, CheckerConfig
+from gateway.app import make_app
+from gateway.http import GatewayConfig
+from ops.cli import enroll
+from ops.fold_service import FoldService
+from ops.lab import ProxyLab
+from ops.log import Log, fresh_id, now_ms
+from projections.recheck import RecheckPolicy, due_in_shard
+from reducers import ProxyRow
+from tests.helpers import worked
+
+NOW = 1_800_000_000_000
+
+
+def _row(**kw: object) -> ProxyRow:
+    fields: dict[str, object] = {
+        "ip": "8.8.8.8",
+        "port": 80,
+        "proto": "http",
+        "protos": ("http",),
+        "first_seen": NOW,
+        "last_seen": NOW,
+    }
+    fields.update(kw)
+    return ProxyRow(**fields)  # type: ignore[arg-type]
+
+
+def test_graduated_intervals_and_asn_spread() -> None:
+    policy = RecheckPolicy(failing_s=60, fresh_s=600, settled_s=3600, veteran_s=7200)
+    failing = _row(ip="1.1.1.1", fail_streak=2, confirmations=9)
+    fresh = _row(ip="1.1.1.2", confirmations=1)
+    settled = _row(ip="1.1.1.3", confirmations=9)
+    veteran = _row(ip="1.1.1.4", confirmations=9, first_seen=NOW - 2 * 86_400_000)
+    rows = [failing, fresh, settled, veteran]
+    at = {61: {"1.1.1.1"}, 601: {"1.1.1.1", "1.1.1.2"}, 3601: {"1.1.1.1", "1.1.1.2", "1.1.1.3"}}
+    for seconds, want in at.items():
+        assert {r.ip for r in due_in_shard(rows, NOW + seconds * 1000, 100, policy)} == want
+    assert len(due_in_shard(rows, NOW + 7201 * 1000, 100, policy)) == 4
+    spread = [_row(ip=f"2.2.2.{i}", asn=i % 2) for i in range(6)]
+    order = [r.asn for r in due_in_shard(spread, NOW + 10**9, 4, policy)]
+    assert order == [0, 1, 0, 1]
+
+
+async def test_checker_rechecks_known_proxies_both_ways(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    token = await enroll(log_client, "c1", "checker")
+    await log_client.publish(
+        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
+    )
+    known = [p for p in lab.proxies if p.name in ("squid", "microsocks", "closed")]
+    for p in known:
+        await log_client.publish(worked("127.0.0.1", p.port, proto=p.proto or "http"))
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    assert await fold.wait_for(await log_client.head_seq(), 10)
+    now_policy = RecheckPolicy(failing_s=0, fresh_s=0, settled_s=0, veteran_s=0)
+    server = TestServer(make_app(fold, log_client, GatewayConfig(recheck=now_policy)))
+    await server.start_server()
+    try:
+        base = str(server.make_url("")).rstrip("/")
+        checker = Checker(
+            base,
+            token,
+            "c1",
+            base + "/judge",
+            tmp_path / "c1",
+            CheckerConfig(shards=256, check_timeout_s=3, idle_s=0.1),
+        )
+        # 64 shards a cycle (the per-agent lease cap), least recently leased first: 4 cycles
+        await asyncio.wait_for(checker.run(asyncio.Event(), cycles=4), 60)
+        assert checker.rechecked == 3
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        rows = {port: fold.state.proxies[("127.0.0.1", port)] for port in (p.port for p in known)}
+        by_name = {p.name: rows[p.port] for p in known}
+        assert by_name["squid"].confirmations == 2 and by_name["squid"].fail_streak == 0
+        assert by_name["microsocks"].confirmations == 2
+        assert by_name["closed"].fail_streak == 1 and by_name["closed"].confirmations == 1
+        assert all(r.status == "free" for r in fold.state.leases.values() if r.kind == "recheck")
+    finally:
+        await server.close()
+        await fold.stop()
