@@ -10,15 +10,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from agents.check import Judge, check_many
 from agents.gateway_client import GatewayClient
-from agents.loop import run_cycles
+from agents.loop import Agent, run_cycles
 from events import Event, ProxyFailed, ProxyWorked
-from ops.log import fresh_id, now_ms
 
 __all__ = ["Checker", "CheckerConfig"]
 
@@ -34,21 +32,14 @@ class CheckerConfig:
     idle_s: float = 30.0
 
 
-class Checker:
+class Checker(Agent):
+    config: CheckerConfig
+
     def __init__(
         self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: CheckerConfig
     ) -> None:
-        self.gateway = gateway
-        self.token = token
-        self.name = name
-        self.judge_url = judge_url
-        self.data = data
-        self.config = config
-        self.cycles = 0
+        super().__init__(gateway, token, name, judge_url, data, config)
         self.rechecked = 0
-
-    def _ev(self, cls: type[Event], **fields: Any) -> Event:
-        return cls(id=fresh_id(), agent=self.name, at=now_ms(), **fields)
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         async with GatewayClient(

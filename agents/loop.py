@@ -1,14 +1,20 @@
-"""The loop every agent runs: a cycle, or an idle wait when there was no work."""
+"""What every agent shares: who it is, how it stamps events, and the loop it runs
+(a cycle, or an idle wait when there was no work)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 import structlog
 
-__all__ = ["run_cycles"]
+from events import Event
+from ops.log import fresh_id, now_ms
+
+__all__ = ["Agent", "run_cycles"]
 
 log = structlog.get_logger("ppf.agent")
 
@@ -41,3 +47,22 @@ async def run_cycles(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), idle_s)
     return done
+
+
+class Agent:
+    """An agent's identity and its way to the gateway; subclasses define ``run``."""
+
+    def __init__(
+        self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: Any
+    ) -> None:
+        self.gateway = gateway
+        self.token = token
+        self.name = name
+        self.judge_url = judge_url
+        self.data = data
+        self.config = config
+        self.cycles = 0
+
+    def _ev(self, cls: type[Event], **fields: Any) -> Event:
+        """A new event from this agent, stamped with a fresh id and this machine's clock."""
+        return cls(id=fresh_id(), agent=self.name, at=now_ms(), **fields)

@@ -21,9 +21,8 @@ from agents.check import Judge, check_many
 from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher
 from agents.gateway_client import GatewayClient
-from agents.loop import run_cycles
+from agents.loop import Agent, run_cycles
 from events import Discovered, Event, Extracted, Fetched, ProxyWorked
-from ops.log import fresh_id, now_ms
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -46,21 +45,14 @@ class WorkerConfig:
     upstream: str | None = None
 
 
-class Worker:
+class Worker(Agent):
+    config: WorkerConfig
+
     def __init__(
         self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: WorkerConfig
     ) -> None:
-        self.gateway = gateway
-        self.token = token
-        self.name = name
-        self.judge_url = judge_url
-        self.data = data
-        self.config = config
-        self.cycles = 0
+        super().__init__(gateway, token, name, judge_url, data, config)
         self.confirmed = 0
-
-    def _ev(self, cls: type[Event], **fields: Any) -> Event:
-        return cls(id=fresh_id(), agent=self.name, at=now_ms(), **fields)
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         """Work until ``stop`` is set (or ``cycles`` cycles that had work are done)."""

@@ -30,7 +30,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from projections.writer import read_frame
+from projections.writer import end_child, read_frame
 
 __all__ = ["Tap", "TapConfig", "TapStats"]
 
@@ -150,13 +150,7 @@ class Tap:
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), self.config.timeout_s + 2)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await end_child(proc, self.config.timeout_s + 2)
         if self._reader is not None:
             self._reader.cancel()
 

@@ -26,7 +26,7 @@ import msgspec
 
 from projections.store import TABLES, Checkpoint, Store, StoreError
 
-__all__ = ["ProcessWriter", "read_frame"]
+__all__ = ["ProcessWriter", "end_child", "read_frame"]
 
 _FRAME = struct.Struct(">Q")
 _CHILD = "import sys; from projections.writer import serve; sys.exit(serve(sys.argv[1]))"
@@ -80,15 +80,20 @@ class ProcessWriter:
 
     async def close(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is None:
-            return
-        if proc.stdin is not None:
-            proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        if proc is not None:
+            await end_child(proc, 30)
+
+
+async def end_child(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
+    """Close a pipe-fed child's input (it finishes what it has, then exits); kill it
+    when it does not exit in ``timeout_s``."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
 
 
 def read_frame(inp: BinaryIO) -> bytes | None:
