@@ -56,6 +56,7 @@ class Checker(Agent):
 
     async def cycle(self, gw: GatewayClient, judge: Judge) -> int:
         cfg = self.config
+        await gw.flush()  # observations buffered while the log was away go first
         grants = await gw.lease("recheck", cfg.shards, cfg.lease_ttl_s)
         if not grants:
             return 0

@@ -99,6 +99,10 @@ class GatewayClient:
         self.outbox.unlink(missing_ok=True)
         return True
 
+    async def flush(self) -> bool:
+        """Send what the outbox holds, if anything; True when it is empty after."""
+        return not self.outbox.exists() or await self.publish([])
+
     def _read_outbox(self) -> list[bytes]:
         if not self.outbox.exists():
             return []

@@ -75,6 +75,7 @@ class Worker(Agent):
 
     async def cycle(self, gw: GatewayClient, fetcher: Fetcher, judge: Judge) -> int:
         cfg = self.config
+        await gw.flush()  # observations buffered while the log was away go first
         grants = await gw.lease("source", cfg.batch, cfg.lease_ttl_s)
         if not grants:
             return 0

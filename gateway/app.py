@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import structlog
 from aiohttp import web
 
 from gateway.api import openapi
@@ -39,6 +40,7 @@ from projections.readmodels import ProxyFilter
 
 __all__ = ["FOLD", "make_app"]
 
+log = structlog.get_logger("ppf.gateway")
 routes = web.RouteTableDef()
 _OPENAPI = msgspec.json.encode(openapi())
 _ALIVE = ProxyFilter()
@@ -161,25 +163,30 @@ class Series:
 
     async def run(self, app: web.Application) -> None:
         while True:
-            fold = app[FOLD]
-            head = await fold.head_seq()
-            snap = app[SNAPSHOT].current
-            by_proto: dict[str, int] = {}
-            if snap is not None:
-                for v in snap.select(_ALIVE, now_ms(), limit=0):
-                    by_proto[v.proto] = by_proto.get(v.proto, 0) + 1
-            rates = fold.stats.rates()["1m"]
-            self.points.append(
-                {
-                    "t": now_ms(),
-                    "alive_by_proto": by_proto,
-                    "fold_rate": rates["fold"],
-                    "fetch_rate": rates["Fetched"],
-                    "error_rate": rates["Fetched.failed"],
-                    "lag": max(head - fold.applied_seq, 0),
-                }
-            )
+            try:
+                self.sample(app, await app[FOLD].head_seq())
+            except Exception as exc:  # NATS away: a gap in the chart, not a dead sampler
+                log.warning("series_sample_failed", error=repr(exc))
             await asyncio.sleep(self.every_s)
+
+    def sample(self, app: web.Application, head: int) -> None:
+        fold = app[FOLD]
+        snap = app[SNAPSHOT].current
+        by_proto: dict[str, int] = {}
+        if snap is not None:
+            for v in snap.select(_ALIVE, now_ms(), limit=0):
+                by_proto[v.proto] = by_proto.get(v.proto, 0) + 1
+        rates = fold.stats.rates()["1m"]
+        self.points.append(
+            {
+                "t": now_ms(),
+                "alive_by_proto": by_proto,
+                "fold_rate": rates["fold"],
+                "fetch_rate": rates["Fetched"],
+                "error_rate": rates["Fetched.failed"],
+                "lag": max(head - fold.applied_seq, 0),
+            }
+        )
 
 
 SERIES = web.AppKey("series", Series)
@@ -197,7 +204,7 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(app[SERIES].run(app), name="ppf-series")
     yield
     task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
+    with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
 
 

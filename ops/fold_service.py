@@ -153,7 +153,10 @@ class FoldService:
             self.stats.sample(self.state, self.state.last_seq)
             if self.tap is not None and time.monotonic() - last_row >= 10:
                 last_row = time.monotonic()
-                self.tap.metrics(await self.metrics())
+                try:
+                    self.tap.metrics(await self.metrics())
+                except Exception as exc:  # NATS away: skip this row, keep sampling
+                    log.warning("metrics_row_failed", error=repr(exc))
             await asyncio.sleep(self.stats.every_s)
 
     async def metrics(self) -> dict[str, object]:

@@ -151,8 +151,12 @@ class Log:
 
     async def close(self) -> None:
         self._closing.append(True)
-        if not self.nc.is_closed:
-            await self.nc.drain()
+        if self.nc.is_closed:
+            return
+        try:  # drain flushes what is pending; a server that went away gets a plain close
+            await asyncio.wait_for(self.nc.drain(), 5)
+        except (TimeoutError, nats.errors.Error):
+            await self.nc.close()
 
     async def ensure_stream(self) -> None:
         """Create stream PPF, or bring its settings to ours; idempotent."""

@@ -1,0 +1,87 @@
+"""A NATS restart in the middle of a worker's batch loses no observation and doubles none."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+import events as ev
+from agents.worker import Worker, WorkerConfig
+from gateway.app import make_app
+from ops.cli import enroll
+from ops.fold_service import FoldService
+from ops.lab import ProxyLab
+from ops.log import Log, fresh_id, now_ms
+from ops.natsd import NatsServer
+
+
+async def _until(cond: object, timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():  # type: ignore[operator]
+        assert loop.time() < end, "condition not reached"
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(300)
+async def test_nats_restart_mid_batch(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    lg = await Log.connect(nats_server.url)
+    await lg.ensure_stream()
+    token = await enroll(lg, "w1", "worker")
+    await lg.publish(
+        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
+    )
+    real = [p for p in lab.proxies if p.name in ("squid", "microsocks", "dante")]
+    tarpit = next(p for p in lab.proxies if p.name == "tarpit")
+    page = "\n".join(f"127.0.0.1:{p.port}" for p in [*real, tarpit]) + "\n"
+
+    async def serve_list(_: web.Request) -> web.Response:
+        return web.Response(text=page)
+
+    lists = web.Application()
+    lists.router.add_get("/l.txt", serve_list)
+    list_server = TestServer(lists, host="127.0.0.1")
+    await list_server.start_server()
+    url = str(list_server.make_url("/l.txt"))
+    await lg.publish(
+        ev.SourceAdded(id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=ev.url_id(url))
+    )
+    fold = FoldService(lg, db=None)
+    await fold.start()
+    assert await fold.wait_for(await lg.head_seq(), 10)
+    gateway = TestServer(make_app(fold, lg), host="127.0.0.1")
+    await gateway.start_server()
+    base = str(gateway.make_url("")).rstrip("/")
+    # The tarpit makes the check phase last its timeout: the window for the restart.
+    config = WorkerConfig(lab=True, check_timeout_s=4, idle_s=0.5, lease_ttl_s=60)
+    worker = Worker(base, token, "w1", base + "/judge", tmp_path / "w1", config)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    outbox = tmp_path / "w1" / "outbox.jsonl"
+    try:
+        await _until(lambda: any(r.status == "leased" for r in fold.state.leases.values()), 20)
+        await nats_server.astop()  # mid-batch: the worker is checking through the tarpit
+        # The gateway retries its publishes for about 30 s before it answers 503.
+        await _until(outbox.exists, 90)  # the observations could not be published: kept
+        await nats_server.astart()
+        await _until(lambda: not outbox.exists(), 90)  # re-sent once the log is back
+        head = await lg.head_seq()
+        assert await fold.wait_for(head, 20)
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 90)
+        await gateway.close()
+        await list_server.close()
+        await fold.stop()
+        await lg.close()
+    confirmations = {p.port: fold.state.proxies[("127.0.0.1", p.port)].confirmations for p in real}
+    assert confirmations == {p.port: 1 for p in real}  # none lost, none doubled
+    assert ("127.0.0.1", tarpit.port) not in fold.state.proxies
+    counts = fold.state.agents["w1"].counts
+    assert counts["Fetched"] == 1 and counts["ProxyWorked"] == len(real)
