@@ -108,9 +108,10 @@ class Granter:
         if kind == "source":
             pairs = ((uid, score) for score, uid in self.due_sources(now))
         elif kind == "recheck":
-            # Longest since last leased first: every shard gets its turn.
+            # Only shards with proxies due now (an empty shard is no work: leasing it
+            # would have checkers spin), longest since last leased first.
             pairs = sorted(
-                ((t, 0.0) for t in SHARDS),
+                ((t, 0.0) for t in self._due_shards(now)),
                 key=lambda p: (leases[p[0]].leased_at if p[0] in leases else 0, p[0]),
             )
         else:
@@ -137,6 +138,13 @@ class Granter:
         rows = self._shards().get(target, [])
         due = due_in_shard(rows, now_ms(), self.recheck_batch, self.recheck)
         return {"shard": target, "proxies": [[p.ip, p.port, p.proto] for p in due]}
+
+    def _due_shards(self, now: int) -> list[str]:
+        return [
+            shard
+            for shard, rows in self._shards().items()
+            if due_in_shard(rows, now, 1, self.recheck)
+        ]
 
     def _shards(self) -> dict[str, list[ProxyRow]]:
         """Proxies by shard, recomputed at most every ``shards_refresh_s``."""

@@ -86,6 +86,9 @@ class NatsServer:
             stderr=subprocess.STDOUT,
             env=env,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+            # Its own session: a Ctrl-C on the terminal reaches ppf, which then stops
+            # the server after the fold and the gateway, not before them.
+            start_new_session=True,
         )
         logfile.close()
         deadline = time.monotonic() + timeout

@@ -100,6 +100,9 @@ class Tap:
             "-c",
             _CHILD,
             stdin=asyncio.subprocess.PIPE,
+            # Its own session: a Ctrl-C meant for ppf must not kill it before the last
+            # write; it ends when its input does (the parent closing it, or dying).
+            start_new_session=True,
             stdout=asyncio.subprocess.PIPE,
             env=env,
         )

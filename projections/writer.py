@@ -45,9 +45,16 @@ class ProcessWriter:
 
     async def start(self) -> None:
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _CHILD, self.path,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-c",
+            _CHILD,
+            self.path,
+            stdin=asyncio.subprocess.PIPE,
+            # Its own session: a Ctrl-C meant for ppf must not kill it before the last
+            # write; it ends when its input does (the parent closing it, or dying).
+            start_new_session=True,
+            stdout=asyncio.subprocess.PIPE,
+        )
         self.last_seq = await self._answer()
 
     async def _answer(self) -> int:
