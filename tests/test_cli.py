@@ -63,7 +63,8 @@ class Up:
 
     def start(self) -> None:
         with open(self.logfile, "ab") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=log)
+            # Its own process group, so stop() can do what Ctrl-C on a terminal does.
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.logfile.read_text()
@@ -94,8 +95,9 @@ class Up:
             self.proc.wait()
 
     def stop(self) -> int:
+        """SIGINT to the whole process group, as a terminal's Ctrl-C sends it."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGINT)
+        os.killpg(self.proc.pid, signal.SIGINT)
         try:
             return self.proc.wait(20)
         finally:
