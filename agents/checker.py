@@ -16,7 +16,7 @@ import structlog
 from agents.check import Judge, check_many
 from agents.gateway_client import GatewayClient
 from agents.loop import Agent, run_cycles
-from events import Event, ProxyFailed, ProxyWorked
+from events import Event, ProxyFailed
 
 __all__ = ["Checker", "CheckerConfig"]
 
@@ -72,20 +72,7 @@ class Checker(Agent):
         events: list[Event] = []
         for (ip, port, proto), lease, r in zip(targets, leases, results, strict=True):
             if r.ok and r.proto is not None:
-                events.append(
-                    self._ev(
-                        ProxyWorked,
-                        ip=ip,
-                        port=port,
-                        proto=r.proto,
-                        latency_ms=r.latency_ms,
-                        exit_ip=r.exit_ip,
-                        anonymity=r.anonymity,
-                        mitm=r.mitm,
-                        judge=self.judge_url,
-                        lease=lease,
-                    )
-                )
+                events.append(self._worked(ip, port, r, lease))
             else:
                 events.append(
                     self._ev(

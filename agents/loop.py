@@ -11,7 +11,8 @@ from typing import Any
 
 import structlog
 
-from events import Event
+from agents.check import Check
+from events import Event, ProxyWorked
 from ops.log import fresh_id, now_ms
 
 __all__ = ["Agent", "run_cycles"]
@@ -66,3 +67,19 @@ class Agent:
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""
         return cls(id=fresh_id(), agent=self.name, at=now_ms(), **fields)
+
+    def _worked(self, ip: str, port: int, result: Check, lease: str, source: str = "") -> Event:
+        """The observation a successful check makes (worker and checker alike)."""
+        return self._ev(
+            ProxyWorked,
+            ip=ip,
+            port=port,
+            proto=result.proto,
+            latency_ms=result.latency_ms,
+            exit_ip=result.exit_ip,
+            anonymity=result.anonymity,
+            mitm=result.mitm,
+            source=source,
+            judge=self.judge_url,
+            lease=lease,
+        )

@@ -22,7 +22,7 @@ from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher
 from agents.gateway_client import GatewayClient
 from agents.loop import Agent, run_cycles
-from events import Discovered, Event, Extracted, Fetched, ProxyWorked
+from events import Discovered, Event, Extracted, Fetched
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -149,21 +149,7 @@ class Worker(Agent):
             ip, port, _ = key
             uid, lease = found[key]
             productive.add(uid)
-            events.append(
-                self._ev(
-                    ProxyWorked,
-                    ip=ip,
-                    port=port,
-                    proto=result.proto,
-                    latency_ms=result.latency_ms,
-                    exit_ip=result.exit_ip,
-                    anonymity=result.anonymity,
-                    mitm=result.mitm,
-                    source=uid,
-                    judge=self.judge_url,
-                    lease=lease,
-                )
-            )
+            events.append(self._worked(ip, port, result, lease, source=uid))
             self.confirmed += 1
         for uid in sorted(productive):
             links = list(dict.fromkeys(m.decode() for m in _HREF.findall(pages[uid])))[:50]
