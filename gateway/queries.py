@@ -12,7 +12,7 @@ from gateway.http import FOLD, ApiError, authorize, choice, integer, open_query,
 from projections.readmodels import ProxyFilter, due_sources, liveness, percentile, source_score
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow
-from reducers.state import latency_samples
+from reducers.state import latency_samples, unpack_samples
 
 __all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
 
@@ -46,16 +46,11 @@ SNAPSHOT = web.AppKey("snapshot", SnapshotKeeper)
 
 
 def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> dict[str, Any]:
+    samples = unpack_samples(v.samples)
     if isinstance(v, ProxyRow):
-        samples = latency_samples(v)
-        latency = v.latency_ema
-        agents = len(v.agents)
+        latency, agents = v.latency_ema, len(v.agents)
     else:
-        samples = [
-            int.from_bytes(v.samples[i : i + 2], "little") for i in range(0, len(v.samples), 2)
-        ]
-        latency = v.latency
-        agents = v.agents
+        latency, agents = v.latency, v.agents
     return {
         "ip": v.ip,
         "port": v.port,

@@ -20,6 +20,7 @@ __all__ = [
     "SourceRow",
     "State",
     "latency_samples",
+    "unpack_samples",
 ]
 
 ProxyKey = tuple[str, int]
@@ -27,7 +28,11 @@ MAX_SAMPLE_MS = 65_535
 
 
 def latency_samples(row: ProxyRow) -> list[int]:
-    data = row.samples
+    return unpack_samples(row.samples)
+
+
+def unpack_samples(data: bytes) -> list[int]:
+    """The packed little-endian uint16 latency samples of a row, as milliseconds."""
     return [int.from_bytes(data[i : i + 2], "little") for i in range(0, len(data), 2)]
 
 
