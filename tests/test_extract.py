@@ -5,8 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from agents.extract import Candidate, extract
+from agents import extract as extract_module
+from agents.extract import Candidate, extract, native_scanner
 
 FIXTURES = Path(__file__).resolve().parent.parent.parent / "shared" / "fixtures" / "sources"
 
@@ -24,9 +27,26 @@ def _manifest() -> list[tuple[str, str | None, str]]:
     return rows
 
 
+NO_SCANNER = (
+    "agents/_scan.c was not built: install a C compiler (apt-get install gcc) and reinstall"
+)
+
+
+@pytest.fixture(params=["native", "regex"])
+def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both dense-list paths: the C scanner and the regex it must equal."""
+    if request.param == "native" and not native_scanner():
+        pytest.skip(NO_SCANNER)
+    if request.param == "regex":
+        monkeypatch.setattr(extract_module, "_c_scan", None)
+    return str(request.param)
+
+
 @pytest.mark.skipif(not FIXTURES.exists(), reason="../shared/fixtures/sources is absent")
 @pytest.mark.parametrize(("name", "hint", "expected"), _manifest(), ids=lambda x: str(x))
-def test_real_lists_precision_and_recall(name: str, hint: str | None, expected: str) -> None:
+def test_real_lists_precision_and_recall(
+    name: str, hint: str | None, expected: str, scanner: str
+) -> None:
     """>= 0.99 precision and recall on every published list (ARCHITECTURE fixtures)."""
     got = {str(c) for c in extract((FIXTURES / name).read_bytes(), hint)}
     want = set((FIXTURES / expected).read_text().split())
@@ -138,3 +158,59 @@ def test_ppf_extract_command(ppf_bin: str) -> None:
     )
     rows = [json.loads(line) for line in as_json.stdout.splitlines()]
     assert rows[0] == {"ip": "8.8.8.8", "port": 3128, "proto": None, "confidence": 0.8}
+
+
+# Pieces that sit at the edges of the scanner's rules: octets and ports at and past
+# their limits, leading zeros, every separator, schemes known and unknown, reserved
+# prefixes, word characters and dots glued on either side, bytes that are not ASCII.
+# Both sides of every edge of the reserved ranges the scanner knows by number.
+_EDGES = [
+    *["0.1.1.1", "1.1.1.1", "9.1.1.1", "10.1.1.1", "11.1.1.1", "126.1.1.1", "127.1.1.1"],
+    *["128.1.1.1", "100.63.1.1", "100.64.1.1", "100.127.1.1", "100.128.1.1", "169.253.1.1"],
+    *["169.254.1.1", "169.255.1.1", "172.15.9.9", "172.16.9.9", "172.31.9.9", "172.32.9.9"],
+    *["192.0.0.1", "192.0.1.1", "192.0.2.1", "192.0.3.1", "192.1.0.1", "192.88.98.1"],
+    *["192.88.99.1", "192.88.100.1", "192.167.1.1", "192.168.1.1", "192.169.1.1"],
+    *["198.17.1.1", "198.18.1.1", "198.19.1.1", "198.20.1.1", "198.51.99.1", "198.51.100.1"],
+    *["198.51.101.1", "203.0.112.1", "203.0.113.1", "203.0.114.1", "203.1.113.1", "223.1.1.1"],
+    *["224.1.1.1", "239.1.1.1", "255.255.255.255"],
+]
+_PIECES = [
+    *[f"{ip}:8080" for ip in _EDGES],
+    *"0123456789",
+    *[".", ":", " ", "\t", ",", ";", "|", "\n", "_", "a", "Z", "/", "-", "@"],
+    *["25", "255", "256", "249", "00", "01", "65535", "65536", "99999", "123456"],
+    *["8.8.8.8", "1.2.3.4:80", "203.0.113.9", "192.0.2.1", "192.0.20.1", "100.64.1.1"],
+    *["100.128.1.1", "172.16.0.1", "172.32.0.1", "198.18.1.1", "198.51.100.1", "224.1.1.1"],
+    *["10.", "127.", "169.254.", "192.168.", "192.88.99.", "0.", "223."],
+    *["http://", "HTTPS://", "socks4a://", "Socks5h://", "socks://", "ftp://", "x1://", "://"],
+    *["\xc3\xa9", "\xff"],
+]
+
+
+@pytest.mark.skipif(not native_scanner(), reason=NO_SCANNER)
+@settings(max_examples=600, deadline=None)
+@given(
+    pieces=st.lists(st.sampled_from(_PIECES), max_size=60),
+    hint=st.sampled_from([None, "http", "https", "socks4", "socks5"]),
+)
+def test_native_scanner_equals_the_regex(pieces: list[str], hint: str | None) -> None:
+    """agents/_scan.c is the _FAST regex, match for match, dedup and confidence included."""
+    data = "".join(pieces).encode("latin-1")
+    codes = extract_module._CODES
+    native = extract_module._c_scan(
+        data, codes.index(hint), Candidate, codes, extract_module._CONFIDENCES
+    )
+    regex = extract_module._first_of_each(extract_module._fast(data, hint))
+    assert native == regex
+
+
+@pytest.mark.skipif(not native_scanner(), reason=NO_SCANNER)
+def test_native_scanner_on_a_dense_list_equals_the_regex() -> None:
+    """A million-candidate list (the benchmark's shape) through both paths: identical."""
+    from ops.bench_extract import dense_list
+
+    data = dense_list(8, seed=7) + "".join(f"{ip}:80\n" for ip in _EDGES).encode()
+    codes = extract_module._CODES
+    native = extract_module._c_scan(data, 0, Candidate, codes, extract_module._CONFIDENCES)
+    assert native == extract_module._first_of_each(extract_module._fast(data, None))
+    assert len(native) > 300_000
