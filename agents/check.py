@@ -1,14 +1,19 @@
 """Testing a proxy: does it carry a request to the judge, how fast, and what does it reveal.
 
 One check opens a connection through the proxy (HTTP forwarding, HTTP CONNECT, SOCKS4,
-SOCKS5 via python-socks) and sends a plain ``GET`` for the judge with a nonce; the
-judge echoes the address it saw and every header. From that:
+SOCKS5 via python-socks) and sends a ``GET`` for the judge with a nonce; the judge
+echoes the address it saw and every header. From that:
 
 - ``exit_ip``: the address the judge saw;
 - ``anonymity``: ``transparent`` when our own address appears in the headers,
   ``anonymous`` when proxy headers (Via, X-Forwarded-For, ...) appear without it,
   ``elite`` when neither;
-- ``mitm``: the proxy answered 200 but the body is not the judge's echo of our nonce.
+- ``mitm``: the proxy answered 200 but the body is not the judge's echo of our nonce,
+  or, through a tunnel (CONNECT, SOCKS) to a TLS judge, the certificate that came
+  back is not the one the judge showed us directly (pinned at discovery).
+
+With a TLS judge, tunnels carry TLS to it (where an interceptor has to show its own
+certificate); HTTP forwarding proxies are checked in plain HTTP, as they are used.
 
 Every check is bounded by one timeout, so a tarpit or a port that speaks garbage costs
 that timeout and a failed result, never a hang. Measured (FIELD-NOTES.md): python-socks
@@ -18,7 +23,9 @@ plus a hand-written request beats a new aiohttp session per check by 30-60 %.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import ssl
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -28,7 +35,7 @@ import msgspec
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
-__all__ = ["Check", "Judge", "check", "check_many"]
+__all__ = ["Check", "Judge", "TlsJudge", "check", "check_many"]
 
 PROXY_HEADERS = (
     "via",
@@ -41,8 +48,10 @@ PROXY_HEADERS = (
     "proxy-connection",
 )
 # HTTP first: a SOCKS server hangs up on "GET" at once, while an HTTP proxy sent a SOCKS
-# greeting waits for the rest of a request line until the timeout.
-AUTO = ("http", "socks5", "socks4")
+# greeting waits for the rest of a request line until the timeout. CONNECT next, for
+# proxies that tunnel but refuse to forward.
+AUTO = ("http", "https", "socks5", "socks4")
+TUNNELS = {"https": ProxyType.HTTP, "socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
 MAX_RESPONSE = 64 * 1024
 
 
@@ -59,6 +68,16 @@ class Check:
 
 
 @dataclass(frozen=True, slots=True)
+class TlsJudge:
+    """The judge over TLS, and the SHA-256 of the certificate it showed us directly."""
+
+    host: str
+    port: int
+    path: str
+    pin: str
+
+
+@dataclass(frozen=True, slots=True)
 class Judge:
     """Where checks are sent, and how the judge sees us without a proxy."""
 
@@ -66,9 +85,13 @@ class Judge:
     port: int
     path: str
     own_ip: str
+    tls: TlsJudge | None = None
 
     @classmethod
-    async def discover(cls, url: str, timeout: float = 10.0) -> Judge:
+    async def discover(
+        cls, url: str, timeout: float = 10.0, *, tls_url: str | None = None
+    ) -> Judge:
+        """Ask the judge (and its TLS twin) directly who we are and what it looks like."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"judge must be an http:// URL: {url!r}")
@@ -82,7 +105,45 @@ class Judge:
             writer.close()
         if echo is None:
             raise ValueError(f"{url} is not a ppf judge")
-        return cls(judge.host, judge.port, judge.path, str(echo.get("remote") or ""))
+        tls = await _discover_tls(tls_url, timeout) if tls_url else None
+        return cls(judge.host, judge.port, judge.path, str(echo.get("remote") or ""), tls)
+
+
+def _client_tls() -> ssl.SSLContext:
+    """No chain verification: the judge's certificate is pinned instead (a lab or a
+    private judge has no public chain, and what matters is whether it changed)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+_TLS = _client_tls()
+
+
+def _pin(writer: asyncio.StreamWriter) -> str:
+    ssl_object = writer.get_extra_info("ssl_object")
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    return hashlib.sha256(der).hexdigest() if der else ""
+
+
+async def _discover_tls(url: str, timeout: float) -> TlsJudge:
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname:
+        raise ValueError(f"TLS judge must be an https:// URL: {url!r}")
+    host, port, path = parts.hostname, parts.port or 443, parts.path or "/judge"
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(host, port, ssl=_TLS, server_hostname=host), timeout
+    )
+    try:
+        plain = Judge(host, port, path, "")
+        echo = await asyncio.wait_for(_request(reader, writer, plain, "direct", True), timeout)
+        pin = _pin(writer)
+    finally:
+        writer.close()
+    if echo is None or not pin:
+        raise ValueError(f"{url} is not a ppf judge over TLS")
+    return TlsJudge(host, port, path, pin)
 
 
 class _Echo(msgspec.Struct):
@@ -142,20 +203,27 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
     addr = f"{proto}://{ip}:{port}"
     started = time.perf_counter()
     writer = None
+    tls = judge.tls if proto in TUNNELS else None
+    target = Judge(tls.host, tls.port, tls.path, judge.own_ip) if tls else judge
+    altered_certificate = False
     try:
         async with asyncio.timeout(timeout):
             if proto == "http":
                 reader, writer = await asyncio.open_connection(ip, port)
                 origin_form = False
             else:
-                kind = {"socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}.get(
-                    proto, ProxyType.HTTP
-                )
-                sock = await Proxy(kind, ip, port).connect(judge.host, judge.port)
-                reader, writer = await asyncio.open_connection(sock=sock)
+                kind = TUNNELS.get(proto, ProxyType.HTTP)
+                sock = await Proxy(kind, ip, port).connect(target.host, target.port)
+                if tls is not None:
+                    reader, writer = await asyncio.open_connection(
+                        sock=sock, ssl=_TLS, server_hostname=tls.host
+                    )
+                    altered_certificate = _pin(writer) != tls.pin
+                else:
+                    reader, writer = await asyncio.open_connection(sock=sock)
                 origin_form = True
             nonce = os.urandom(6).hex()
-            echo = await _request(reader, writer, judge, nonce, origin_form)
+            echo = await _request(reader, writer, target, nonce, origin_form)
     except (OSError, TimeoutError, ConnectionError, ValueError) as exc:
         return Check(addr, False, proto, error=f"{type(exc).__name__}: {exc}"[:200])
     except Exception as exc:  # python-socks raises its own errors for bad replies
@@ -173,6 +241,7 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
         anonymity=_classify(echo, judge.own_ip),
         exit_ip=str(echo.get("remote") or ""),
         latency_ms=latency,
+        mitm=altered_certificate,
     )
 
 

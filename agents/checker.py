@@ -30,6 +30,9 @@ class CheckerConfig:
     check_timeout_s: float = 10.0
     lease_ttl_s: int = 300
     idle_s: float = 30.0
+    nats: str | None = None  # None: the URL the gateway offers
+    tls_judge: str | None = None  # https:// judge: tunnels are checked for interception
+    http_only: bool = False
 
 
 class Checker(Agent):
@@ -42,10 +45,9 @@ class Checker(Agent):
         self.rechecked = 0
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
-        async with GatewayClient(
-            self.gateway, self.token, self.name, self.data / "outbox.jsonl"
-        ) as gw:
-            judge = await Judge.discover(self.judge_url)
+        async with self._gateway_client() as gw:
+            self.via = gw.via
+            judge = await Judge.discover(self.judge_url, tls_url=self.config.tls_judge)
             self.cycles += await run_cycles(
                 self.name,
                 lambda: self.cycle(gw, judge),

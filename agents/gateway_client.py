@@ -1,9 +1,12 @@
 """An agent's side of the gateway: leases, heartbeats, releases, and observations.
 
-Observations are sent as ``POST /v1/events`` batches. When the gateway or the log is
-unreachable they are appended to an outbox file and sent again, with the same event
-ids, before anything newer: the log stores a re-sent id once, so a restart of NATS or
-of the gateway loses no observation and doubles none.
+Observations go to JetStream directly, through the NATS user of the agent's role (the
+gateway tells an authenticated agent its URL; ``--nats`` names one), or as
+``POST /v1/events`` batches with ``--http-only`` or when the gateway offers no NATS.
+When the log is unreachable they are written to an outbox file and sent again, with
+the same event ids, before anything newer: the log stores a re-sent id once (within
+its duplicate window), so a restart of NATS or of the gateway loses no observation and
+doubles none.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ from typing import Any
 import aiohttp
 import structlog
 
-from events import Event, encode
+from events import DecodeError, Event, decode, encode
+from ops.log import Log, LogError, redact
+from ops.natsd import AGENT_INBOX
 
 __all__ = ["GatewayClient", "GatewayError"]
 
@@ -25,25 +30,68 @@ class GatewayError(RuntimeError):
     pass
 
 
+# Events per JetStream round (pipelined): a failure re-sends at most this many that
+# may have been stored already, and those the duplicate window absorbs.
+NATS_CHUNK = 200
+
+
 class GatewayClient:
-    def __init__(self, base: str, token: str, agent: str, outbox: Path) -> None:
+    def __init__(
+        self,
+        base: str,
+        token: str,
+        agent: str,
+        outbox: Path,
+        *,
+        nats: str | None = None,
+        http_only: bool = False,
+    ) -> None:
         self.base = base.rstrip("/")
         self.agent = agent
         self.outbox = outbox
         self._headers = {"Authorization": f"Bearer {token}"}
         self._http: aiohttp.ClientSession | None = None
+        self._nats_url = None if http_only else nats
+        self._ask_gateway = not http_only and nats is None
+        self._log: Log | None = None
         self.sent = 0
         self.buffered = 0
+
+    @property
+    def via(self) -> str:
+        """Where observations go: ``nats`` or ``http``."""
+        return "nats" if self._nats_url else "http"
 
     async def __aenter__(self) -> GatewayClient:
         self._http = aiohttp.ClientSession(
             headers=self._headers, timeout=aiohttp.ClientTimeout(total=30)
         )
+        await self._ask_for_nats()
         return self
+
+    async def _ask_for_nats(self) -> None:
+        """Learn the role's NATS URL from the gateway, once it answers (until then, and
+        when it offers none, observations go through HTTP)."""
+        if not self._ask_gateway:
+            return
+        try:
+            self._nats_url = (await self.whoami()).get("nats") or None
+        except (GatewayError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+            log.warning("no_nats_offer_yet", agent=self.agent, error=repr(exc))
+            return
+        self._ask_gateway = False
+        log.info(
+            "agent_events_via",
+            agent=self.agent,
+            via=self.via,
+            nats=redact(self._nats_url) if self._nats_url else None,
+        )
 
     async def __aexit__(self, *exc: object) -> None:
         if self._http is not None:
             await self._http.close()
+        if self._log is not None:
+            await self._log.close()
 
     async def _post(self, path: str, body: Any) -> tuple[int, Any]:
         assert self._http is not None
@@ -75,29 +123,64 @@ class GatewayClient:
         return status == 200
 
     async def publish(self, events: list[Event]) -> bool:
-        """Send (outbox first); on failure keep them on disk. True when all were sent."""
+        """Send (outbox first); on failure keep the unsent on disk. True when all were sent."""
+        await self._ask_for_nats()
         pending = [*self._read_outbox(), *(encode(e) for e in events)]
+        send = self._send_nats if self._nats_url else self._send_http
+        done, detail = await send(pending)
+        self.sent += done
+        if done < len(pending):
+            self._write_outbox(pending[done:])
+            log.warning("events_buffered", count=len(pending) - done, via=self.via, detail=detail)
+            return False
+        self.outbox.unlink(missing_ok=True)
+        return True
+
+    async def _send_http(self, pending: list[bytes]) -> tuple[int, str]:
+        """``POST /v1/events`` in batches; how many were stored, and why not the rest."""
+        assert self._http is not None
         for start in range(0, len(pending), 500):
-            chunk = pending[start : start + 500]
-            body = b'{"events":[' + b",".join(chunk) + b"]}"
+            body = b'{"events":[' + b",".join(pending[start : start + 500]) + b"]}"
             try:
-                assert self._http is not None
                 async with self._http.post(
                     self.base + "/v1/events",
                     data=body,
                     headers={"Content-Type": "application/json"},
                 ) as r:
-                    ok = r.status == 200
-                    detail = "" if ok else (await r.text())[:300]
+                    if r.status != 200:
+                        return start, f"{r.status} {(await r.text())[:300]}"
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                ok, detail = False, repr(exc)
-            if not ok:
-                self._write_outbox(pending[start:])
-                log.warning("events_buffered", count=len(pending) - start, detail=detail)
-                return False
-            self.sent += len(chunk)
-        self.outbox.unlink(missing_ok=True)
-        return True
+                return start, repr(exc)
+        return len(pending), ""
+
+    async def _send_nats(self, pending: list[bytes]) -> tuple[int, str]:
+        """Straight to JetStream, each event under its own id as ``Nats-Msg-Id``."""
+        assert self._nats_url is not None
+        try:
+            if self._log is None:
+                self._log = await Log.connect(
+                    self._nats_url, name=f"ppf-agent-{self.agent}", inbox_prefix=AGENT_INBOX
+                )
+        except LogError as exc:
+            return 0, repr(exc)
+        for start in range(0, len(pending), NATS_CHUNK):
+            chunk = []
+            for line in pending[start : start + NATS_CHUNK]:
+                try:
+                    chunk.append(decode(line))
+                except DecodeError as exc:  # a damaged outbox line: set aside, not lost
+                    self._set_aside(line, exc.reason)
+            try:
+                await self._log.publish_many(chunk, timeout=5.0)
+            except LogError as exc:
+                return start, repr(exc)
+        return len(pending), ""
+
+    def _set_aside(self, line: bytes, reason: str) -> None:
+        bad = self.outbox.with_suffix(".rejected")
+        with bad.open("ab") as f:
+            f.write(line + b"\n")
+        log.error("outbox_line_rejected", reason=reason, kept_in=str(bad))
 
     async def flush(self) -> bool:
         """Send what the outbox holds, if anything; True when it is empty after."""

@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 
 from agents.check import Check
+from agents.gateway_client import GatewayClient
 from events import Event, ProxyWorked
 from ops.log import fresh_id, now_ms
 
@@ -63,6 +64,18 @@ class Agent:
         self.data = data
         self.config = config
         self.cycles = 0
+        self.via = ""  # where observations went: nats or http (set once running)
+
+    def _gateway_client(self) -> GatewayClient:
+        """The gateway, and the way observations go (JetStream, or HTTP when told)."""
+        return GatewayClient(
+            self.gateway,
+            self.token,
+            self.name,
+            self.data / "outbox.jsonl",
+            nats=self.config.nats,
+            http_only=self.config.http_only,
+        )
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""

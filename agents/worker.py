@@ -43,6 +43,9 @@ class WorkerConfig:
     idle_s: float = 5.0
     lab: bool = False
     upstream: str | None = None
+    nats: str | None = None  # None: the URL the gateway offers
+    tls_judge: str | None = None  # https:// judge: tunnels are checked for interception
+    http_only: bool = False
 
 
 class Worker(Agent):
@@ -57,14 +60,15 @@ class Worker(Agent):
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         """Work until ``stop`` is set (or ``cycles`` cycles that had work are done)."""
         async with (
-            GatewayClient(self.gateway, self.token, self.name, self.data / "outbox.jsonl") as gw,
+            self._gateway_client() as gw,
             Fetcher(
                 upstream=self.config.upstream,
                 lab=self.config.lab,
                 timeout_s=self.config.fetch_timeout_s,
             ) as fetcher,
         ):
-            judge = await Judge.discover(self.judge_url)
+            self.via = gw.via
+            judge = await Judge.discover(self.judge_url, tls_url=self.config.tls_judge)
             self.cycles += await run_cycles(
                 self.name,
                 lambda: self.cycle(gw, fetcher, judge),

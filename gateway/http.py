@@ -51,6 +51,9 @@ class GatewayConfig:
     lag_bound: int = 1_000
     recheck: RecheckPolicy = field(default_factory=RecheckPolicy)
     series_every_s: float = 10.0
+    # role -> the NATS URL (with that role's user) its agents publish through; a role
+    # missing here publishes through POST /v1/events.
+    agent_nats: dict[str, str] = field(default_factory=dict)
 
 
 FOLD = web.AppKey("fold", FoldService)

@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from gateway.http import FOLD, ApiError, authorize, choice, integer, open_query, reply
+from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
 from projections.readmodels import ProxyFilter, due_sources, liveness, percentile, source_score
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow
@@ -192,9 +192,11 @@ async def leases(request: web.Request) -> web.Response:
 
 @routes.get("/v1/agents/me")
 async def whoami(request: web.Request) -> web.Response:
-    """The agent behind a token: how `ppf agent` learns its own name."""
+    """The agent behind a token: how `ppf agent` learns its own name, and the NATS URL
+    its role publishes through (null: publish through ``POST /v1/events``)."""
     caller = authorize(request, "worker", "checker", "seed")
-    return reply({"name": caller.name, "role": caller.role})
+    nats = request.app[CONFIG].agent_nats.get(caller.role)
+    return reply({"name": caller.name, "role": caller.role, "nats": nats})
 
 
 @routes.get("/v1/agents")

@@ -94,7 +94,7 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
     from gateway.app import make_app
     from gateway.http import GatewayConfig
     from ops.fold_service import FoldService
-    from ops.natsd import NatsServer
+    from ops.natsd import ROLES, NatsServer
     from ops.tap import Tap, TapConfig
 
     server = None
@@ -130,18 +130,23 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         await fold.start()
         if args.cmd in ("up", "gateway"):
             host, port = _hostport(args.listen, 8080)
-            config = GatewayConfig(private_queries=args.private_queries)
+            # The embedded server's role users, offered to agents with their tokens; an
+            # external NATS's users are its operator's, so agents there are told --nats.
+            agent_nats = {r: server.agent_url(r) for r in ROLES} if server is not None else {}
+            config = GatewayConfig(private_queries=args.private_queries, agent_nats=agent_nats)
             runner = web.AppRunner(make_app(fold, lg, config), access_log=None)
             await runner.setup()
             await web.TCPSite(runner, host, port).start()
             print(
-                f"ppf {args.cmd}: gateway http://{host}:{port}  nats {lg.url}  data {data}",
+                f"ppf {args.cmd}: gateway http://{host}:{port}  nats {lg.address}  data {data}",
                 flush=True,
             )
         else:
-            print(f"ppf fold: nats {lg.url}  db {db}", flush=True)
-        log.info("started", role=args.cmd, nats=lg.url)
+            print(f"ppf fold: nats {lg.address}  db {db}", flush=True)
+        log.info("started", role=args.cmd, nats=lg.address)
         if "local-worker" in local_tokens and args.cmd == "up":
+            # Their tokens must be in the projection before they first ask the gateway.
+            await fold.wait_for(await lg.head_seq(), 30)
             from agents.checker import Checker, CheckerConfig
             from agents.worker import Worker, WorkerConfig
 
@@ -360,7 +365,7 @@ async def _check(args: argparse.Namespace) -> int:
             return 2
         targets.append((host.strip("[]"), int(port), proto or args.proto))
     try:
-        judge = await Judge.discover(args.judge)
+        judge = await Judge.discover(args.judge, tls_url=args.tls_judge)
     except (OSError, ValueError, TimeoutError) as exc:
         print(f"ppf check: judge {args.judge}: {exc}", file=sys.stderr)
         return 1
@@ -401,10 +406,18 @@ async def _agent(args: argparse.Namespace) -> int:
             upstream=args.upstream,
             batch=args.batch,
             check_timeout_s=args.check_timeout,
+            nats=args.nats,
+            http_only=args.http_only,
+            tls_judge=args.tls_judge,
         )
         agent = Worker(args.gateway, args.token, me["name"], judge, data / me["name"], config)
     else:
-        checks = CheckerConfig(check_timeout_s=args.check_timeout)
+        checks = CheckerConfig(
+            check_timeout_s=args.check_timeout,
+            nats=args.nats,
+            http_only=args.http_only,
+            tls_judge=args.tls_judge,
+        )
         agent = Checker(args.gateway, args.token, me["name"], judge, data / me["name"], checks)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -509,9 +522,17 @@ def _parser() -> argparse.ArgumentParser:
     ag.add_argument("role", choices=["worker", "checker", "seed"])
     ag.add_argument("--gateway", required=True)
     ag.add_argument("--token", required=True)
-    ag.add_argument("--nats", default=None, help="(not used yet: events go through the gateway)")
+    ag.add_argument(
+        "--nats", default=None, help="publish here (default: the URL the gateway offers the role)"
+    )
+    ag.add_argument(
+        "--http-only", action="store_true", help="publish through POST /v1/events, never NATS"
+    )
     ag.add_argument("--upstream", default=None, help="socks5://127.0.0.1:9050 for Tor")
     ag.add_argument("--judge", default=None, help="default: the gateway's /judge")
+    ag.add_argument(
+        "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
+    )
     ag.add_argument("--lab", action="store_true", help="fetch and check private addresses")
     ag.add_argument("--data", default="./data/agents", help="outbox directory")
     ag.add_argument("--batch", type=int, default=5, help="sources leased a cycle")
@@ -520,6 +541,9 @@ def _parser() -> argparse.ArgumentParser:
     ck = sub.add_parser("check", help="check proxies through a judge, one result a line")
     ck.add_argument("addrs", nargs="+", metavar="ADDR", help="ip:port or proto://ip:port")
     ck.add_argument("--judge", required=True, help="http://host:port/judge")
+    ck.add_argument(
+        "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
+    )
     ck.add_argument("--proto", default=None, choices=["http", "https", "socks4", "socks5"])
     ck.add_argument("--json", action="store_true")
     ck.add_argument("--concurrency", type=int, default=500)
@@ -543,6 +567,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logs.configure()
+    if getattr(args, "nats", None) and args.cmd != "agent":  # agents use their role's user
+        from ops.natsd import with_credentials
+
+        data = Path(getattr(args, "data", None) or os.environ.get("PPF_DATA", "./data"))
+        args.nats = with_credentials(args.nats, data / "nats")
     try:
         match args.cmd:
             case "up":

@@ -20,7 +20,7 @@ import json
 import os
 import re
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import structlog
 
@@ -57,6 +57,7 @@ class Firehose:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 4222
+        self._user, self._password = parts.username, parts.password
         self.next_seq = max(start_seq, 1)
         self.heartbeat_s = heartbeat_s
         self._inbox = ""
@@ -103,7 +104,14 @@ class Firehose:
         # A fresh inbox per session: a consumer of an earlier session lingers until its
         # inactive threshold, and must never find an interested subscriber again.
         self._inbox = f"_PPF.fh.{os.urandom(8).hex()}"
-        connect = {"verbose": False, "pedantic": False, "headers": True, "protocol": 1}
+        connect: dict[str, object] = {
+            "verbose": False,
+            "pedantic": False,
+            "headers": True,
+            "protocol": 1,
+        }
+        if self._user is not None:
+            connect |= {"user": unquote(self._user), "pass": unquote(self._password or "")}
         config = {
             "stream_name": STREAM,
             "config": {

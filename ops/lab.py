@@ -2,24 +2,31 @@
 
 squid (adds X-Forwarded-For: transparent), tinyproxy with Via (anonymous) and without
 (elite), microsocks (SOCKS5), dante (SOCKS4/5); plus a closed port, a tarpit and a port
-that speaks garbage. Loopback addresses 127.0.0.2-6 work as distinct exit addresses.
+that speaks garbage, and two interceptors of our own: ``mitm-tls`` tunnels CONNECT but
+answers TLS with its own certificate (detectable only against a TLS judge), and
+``mitm-body`` forwards HTTP but alters the page. Loopback addresses 127.0.0.2-8 work as
+distinct exit addresses.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from ops.natsd import free_port
 
-__all__ = ["PACKAGES", "Proxy", "ProxyLab", "missing"]
+__all__ = ["PACKAGES", "Proxy", "ProxyLab", "missing", "self_signed"]
 
 PACKAGES = {
     "squid": "squid",
@@ -45,6 +52,53 @@ class Proxy:
     anonymity: str = ""
     exit_ip: str = ""
     proc: subprocess.Popen[bytes] | None = None
+    mitm: str = ""  # "tls": a TLS judge sees it; "body": any judge does
+
+
+def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
+    """A throwaway certificate and key for 127.0.0.1 (openssl, in every Debian)."""
+    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
+    if not cert.exists():
+        cmd = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
+        cmd += ["-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1"]
+        subprocess.run(
+            [*cmd, "-keyout", str(key), "-out", str(cert)],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    return cert, key
+
+
+def _relay(a: socket.socket, b: socket.socket, timeout: float = 30.0) -> None:
+    """Copy both ways until either side closes (or nothing moves for ``timeout``)."""
+    pair = {a: b, b: a}
+    while True:
+        ready, _, _ = select.select(list(pair), [], [], timeout)
+        if not ready:
+            return
+        for s in ready:
+            # An SSLSocket may hold decrypted bytes select() cannot see: drain them all.
+            while True:
+                try:
+                    data = s.recv(65536)
+                except (ssl.SSLWantReadError, BlockingIOError):
+                    break
+                if not data:
+                    return
+                pair[s].sendall(data)
+                if not (isinstance(s, ssl.SSLSocket) and s.pending()):
+                    break
+
+
+def _read_head(conn: socket.socket) -> bytes:
+    head = b""
+    while b"\r\n\r\n" not in head and len(head) < 16384:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        head += chunk
+    return head
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout: float = 15) -> None:
@@ -86,6 +140,7 @@ class ProxyLab:
         self._dante()
         for p in self.proxies:
             _wait_port(p.port, p.proc)
+        self.proxies += [self._mitm_tls(), self._mitm_body()]
         self.proxies += [self._closed(), self._tarpit(), self._garbage()]
         return self
 
@@ -159,6 +214,92 @@ class ProxyLab:
 
         threading.Thread(target=serve, daemon=True).start()
         return Proxy("garbage", s.getsockname()[1], None)
+
+    def _serve(self, handle: Callable[[socket.socket], None]) -> int:
+        """A thread accepting on a fresh loopback port, a thread per connection."""
+        s = self._listen()
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    return
+
+                def one(conn: socket.socket = conn) -> None:
+                    try:
+                        conn.settimeout(30)
+                        handle(conn)
+                    except (OSError, ValueError):
+                        pass
+                    finally:
+                        conn.close()
+
+                threading.Thread(target=one, daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return int(s.getsockname()[1])
+
+    def _mitm_tls(self) -> Proxy:
+        """CONNECT, then TLS answered with its own certificate and re-made to the target;
+        anything else through the tunnel passes untouched (as interceptors do)."""
+        cert, key = self_signed(self.root, "mitm")
+        server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_side.load_cert_chain(cert, key)
+        client_side = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client_side.check_hostname = False
+        client_side.verify_mode = ssl.CERT_NONE
+
+        def handle(conn: socket.socket) -> None:
+            head = _read_head(conn)
+            parts = head.split(b" ", 2)
+            if len(parts) < 3 or parts[0] != b"CONNECT":
+                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\n\r\n")
+                return
+            host, _, port = parts[1].decode().rpartition(":")
+            upstream = socket.create_connection((host, int(port)), 10, ("127.0.0.7", 0))
+            with upstream:
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                first = conn.recv(1, socket.MSG_PEEK)
+                if first[:1] != b"\x16":  # not a TLS handshake: relay as is
+                    _relay(conn, upstream)
+                    return
+                with (
+                    server_side.wrap_socket(conn, server_side=True) as inner,
+                    client_side.wrap_socket(upstream, server_hostname=host) as outer,
+                ):
+                    _relay(inner, outer)
+
+        return Proxy("mitm-tls", self._serve(handle), "https", "elite", "127.0.0.7", mitm="tls")
+
+    def _mitm_body(self) -> Proxy:
+        """An HTTP forwarding proxy that appends a script to every page it carries."""
+
+        def handle(conn: socket.socket) -> None:
+            head = _read_head(conn)
+            line, _, rest = head.partition(b"\r\n")
+            method, uri, version = line.split(b" ", 2)
+            target = urlsplit(uri.decode())
+            if method == b"CONNECT" or not target.hostname:
+                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\n\r\n")
+                return
+            path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+            upstream = socket.create_connection(
+                (target.hostname, target.port or 80), 10, ("127.0.0.8", 0)
+            )
+            with upstream:
+                upstream.sendall(b" ".join([method, path.encode(), version]) + b"\r\n" + rest)
+                answer = b""
+                while chunk := upstream.recv(65536):
+                    answer += chunk
+            head_out, _, body = answer.partition(b"\r\n\r\n")
+            body += b"<script src=//ads.invalid/x.js></script>"
+            lines = [
+                h for h in head_out.split(b"\r\n") if not h.lower().startswith(b"content-length")
+            ]
+            conn.sendall(b"\r\n".join(lines) + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+        return Proxy("mitm-body", self._serve(handle), "http", "", "", mitm="body")
 
     def stop(self) -> None:
         for s in self._servers:

@@ -37,6 +37,7 @@ __all__ = [
     "Published",
     "fresh_id",
     "now_ms",
+    "redact",
 ]
 
 log = structlog.get_logger("ppf.log")
@@ -63,6 +64,18 @@ class Published:
     duplicate: bool
 
 
+def redact(url: str) -> str:
+    """``url`` without passwords: what logs and terminals may show."""
+    out = []
+    for one in url.split(","):
+        parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+        host = parts.hostname or ""
+        out.append(
+            f"{parts.scheme}://{host}:{parts.port}" if parts.port else f"{parts.scheme}://{host}"
+        )
+    return ",".join(out)
+
+
 async def _probe(url: str, timeout: float) -> None:
     """Fail fast when no server of ``url`` (comma-separated list) accepts a connection."""
     errors = []
@@ -73,11 +86,11 @@ async def _probe(url: str, timeout: float) -> None:
                 asyncio.open_connection(parts.hostname or "127.0.0.1", parts.port or 4222), timeout
             )
         except (OSError, TimeoutError) as exc:
-            errors.append(f"{one.strip()}: {exc!r}")
+            errors.append(f"{redact(one)}: {exc!r}")
             continue
         writer.close()
         return
-    raise LogError(f"cannot connect to NATS at {url}: " + "; ".join(errors))
+    raise LogError(f"cannot connect to NATS at {redact(url)}: " + "; ".join(errors))
 
 
 def now_ms() -> int:
@@ -103,6 +116,7 @@ class Log:
         self.nc = nc
         self.js = js
         self.url = url
+        self.address = redact(url)  # for logs: no password
         self._closing: list[bool] = []
         # NATS operations by kind, for /v1/stats.
         # Object-store keys count deposits once agents make them (issue 4).
@@ -111,18 +125,23 @@ class Log:
         )
 
     @classmethod
-    async def connect(cls, url: str, *, name: str = "ppf", timeout: float = 5.0) -> Log:
+    async def connect(
+        cls, url: str, *, name: str = "ppf", timeout: float = 5.0, inbox_prefix: str | None = None
+    ) -> Log:
+        """``inbox_prefix``: where replies come; an agent's NATS user may read only its own."""
+        shown = redact(url)
+
         async def error_cb(exc: Exception) -> None:
-            log.warning("nats_error", url=url, error=repr(exc))
+            log.warning("nats_error", url=shown, error=repr(exc))
 
         closing: list[bool] = []  # set by close(): a disconnect then is expected
 
         async def disconnected_cb() -> None:
             if not closing:
-                log.warning("nats_disconnected", url=url)
+                log.warning("nats_disconnected", url=shown)
 
         async def reconnected_cb() -> None:
-            log.info("nats_reconnected", url=url)
+            log.info("nats_reconnected", url=shown)
 
         await _probe(url, timeout)
         try:
@@ -140,11 +159,12 @@ class Log:
                     error_cb=error_cb,
                     disconnected_cb=disconnected_cb,
                     reconnected_cb=reconnected_cb,
+                    **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
                 ),
                 timeout,
             )
         except (OSError, TimeoutError, nats.errors.Error) as exc:
-            raise LogError(f"cannot connect to NATS at {url}: {exc!r}") from exc
+            raise LogError(f"cannot connect to NATS at {shown}: {exc!r}") from exc
         client = cls(nc, nc.jetstream(timeout=timeout), url)
         client._closing = closing
         return client
@@ -248,11 +268,13 @@ class Log:
                 self.ops["publish"] += len(chunk)
                 for i in chunk:
                     ev = events[i]
-                    futures.append(
-                        await self.js.publish_async(
+                    try:
+                        future = await self.js.publish_async(
                             subject_for(ev), encode(ev), headers={"Nats-Msg-Id": ev.id}
                         )
-                    )
+                    except nats.errors.Error as exc:  # closed, or its buffer is full
+                        raise PublishError(f"cannot publish: {exc!r}") from exc
+                    futures.append(future)
                 results = await asyncio.gather(
                     *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True
                 )

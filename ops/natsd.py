@@ -7,7 +7,9 @@ system package is ever needed.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -15,14 +17,28 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import structlog
 
-__all__ = ["NatsServer", "NatsServerError", "find_binary", "free_port"]
+__all__ = [
+    "AGENT_INBOX",
+    "ROLES",
+    "NatsServer",
+    "NatsServerError",
+    "find_binary",
+    "free_port",
+    "with_credentials",
+]
 
 log = structlog.get_logger("ppf.natsd")
 
 CONF = Path(__file__).resolve().parent.parent / "nats.conf"
+
+# The NATS users of nats.conf besides the service's own: one per agent role.
+ROLES = ("worker", "checker", "seed")
+# Where agents' replies arrive; nats.conf lets agents subscribe there and nowhere else.
+AGENT_INBOX = "_INBOX_AGENT"
 
 
 class NatsServerError(RuntimeError):
@@ -49,6 +65,20 @@ def _die_with_parent() -> None:
         pass
 
 
+def with_credentials(url: str, store_dir: Path, user: str = "ppf") -> str:
+    """``url`` with ``user``'s password from an embedded server's ``store_dir``, when the
+    URL carries none and that store has one: so ``ppf sources add`` run beside
+    ``ppf up`` (same ``./data``) reaches its NATS without anyone copying a password."""
+    path = store_dir / "auth.json"
+    parts = urlsplit(url if "://" in url else f"nats://{url}")
+    if parts.username or "," in url or not path.exists():
+        return url
+    password = json.loads(path.read_text()).get(user)
+    if not password:
+        return url
+    return f"{parts.scheme}://{user}:{password}@{parts.hostname}:{parts.port or 4222}"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -65,8 +95,38 @@ class NatsServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
-    def url(self) -> str:
+    def address(self) -> str:
+        """The URL without credentials: for logs and people."""
         return f"nats://{self.host}:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The service's URL (fold, gateway, CLI), credentials included."""
+        return self._url_for("ppf")
+
+    def agent_url(self, role: str) -> str:
+        """The URL an agent of ``role`` publishes through: its role's NATS user."""
+        if role not in ROLES:
+            raise ValueError(f"no NATS user for role {role!r}")
+        return self._url_for(role)
+
+    def _url_for(self, user: str) -> str:
+        if not CONF.exists():  # the flags-only server has no users
+            return self.address
+        return f"nats://{user}:{self._passwords()[user]}@{self.host}:{self.port}"
+
+    def _passwords(self) -> dict[str, str]:
+        """Made at the first start and kept, so restarts and agents agree on them."""
+        path = self.store_dir / "auth.json"
+        if path.exists():
+            return dict(json.loads(path.read_text()))
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        # A letter first: nats.conf would read an all-digit value as a number.
+        made = {user: "p" + secrets.token_hex(16) for user in ("ppf", *ROLES)}
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(made, f)
+        return made
 
     def _command(self) -> list[str]:
         cmd = [find_binary()]
@@ -80,6 +140,9 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         logfile = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115
         env = {**os.environ, "PPF_NATS_STORE": str(self.store_dir)}
+        for user, password in self._passwords().items():
+            suffix = "" if user == "ppf" else f"_{user.upper()}"
+            env[f"PPF_NATS{suffix}_PASSWORD"] = password
         self.proc = subprocess.Popen(
             self._command(),
             stdout=logfile,
@@ -101,12 +164,12 @@ class NatsServer:
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2) as s:
                     if s.recv(4).startswith(b"INFO"):
-                        log.info("nats_started", url=self.url, store=str(self.store_dir))
+                        log.info("nats_started", url=self.address, store=str(self.store_dir))
                         return
             except OSError:
                 time.sleep(0.05)
         self.stop()
-        raise NatsServerError(f"nats-server did not listen on {self.url} in {timeout}s")
+        raise NatsServerError(f"nats-server did not listen on {self.address} in {timeout}s")
 
     def stop(self, timeout: float = 10.0) -> None:
         proc, self.proc = self.proc, None
@@ -118,7 +181,7 @@ class NatsServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        log.info("nats_stopped", url=self.url)
+        log.info("nats_stopped", url=self.address)
 
     def kill(self) -> None:
         """SIGKILL: for crash tests."""

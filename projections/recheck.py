@@ -8,12 +8,13 @@ fill a checker's whole batch.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 from events import shard_of
 from reducers import ProxyRow, State
 
-__all__ = ["RecheckPolicy", "due_in_shard", "interval_s", "shards"]
+__all__ = ["RecheckPolicy", "due_in_shard", "interval_s", "network", "shards"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,10 +44,21 @@ def shards(state: State) -> dict[str, list[ProxyRow]]:
     return out
 
 
+def network(row: ProxyRow) -> int:
+    """What "the same network" means for spreading rechecks: the ASN when it is known,
+    else the /16 the address is in (as a negative number, apart from every ASN). Without
+    this, a shard from one big hosting range would be rechecked all at once, and a
+    range-wide outage would read as hundreds of dead proxies."""
+    if row.asn:
+        return row.asn
+    a, b, *_ = row.ip.split(".")
+    return -(int(a) << 8 | int(b)) - 1
+
+
 def due_in_shard(
     rows: list[ProxyRow], now: int, limit: int, p: RecheckPolicy = RecheckPolicy()
 ) -> list[ProxyRow]:
-    """Due proxies, most overdue first, interleaved across ASNs, at most ``limit``."""
+    """Due proxies, most overdue first, interleaved across networks, at most ``limit``."""
     due = []
     for row in rows:
         last = max(row.last_seen, row.last_failed)
@@ -54,14 +66,14 @@ def due_in_shard(
         if overdue >= 0:
             due.append((overdue, row))
     due.sort(key=lambda pair: (-pair[0], pair[1].ip, pair[1].port))
-    by_asn: dict[int, list[ProxyRow]] = {}
+    by_network: dict[int, deque[ProxyRow]] = {}
     for _, row in due:
-        by_asn.setdefault(row.asn, []).append(row)
+        by_network.setdefault(network(row), deque()).append(row)
     out: list[ProxyRow] = []
-    queues = list(by_asn.values())
+    queues = list(by_network.values())
     while queues and len(out) < limit:
         for q in queues:
-            out.append(q.pop(0))
+            out.append(q.popleft())
             if len(out) == limit:
                 break
         queues = [q for q in queues if q]

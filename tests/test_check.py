@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import ssl
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
@@ -10,19 +13,45 @@ from aiohttp.test_utils import TestServer
 
 from agents.check import Judge, check, check_many
 from gateway.app import judge as judge_handler
-from ops.lab import ProxyLab
+from ops.lab import ProxyLab, self_signed
+
+
+async def _judge_server(tls: ssl.SSLContext | None = None) -> TestServer:
+    app = web.Application()
+    app.router.add_get("/judge", judge_handler)
+    server = TestServer(app, host="127.0.0.1", scheme="https" if tls else "http")
+    await server.start_server(ssl=tls)
+    return server
+
+
+@contextlib.asynccontextmanager
+async def _judge(tmp_path: Path, *, tls: bool) -> AsyncIterator[Judge]:
+    """The judge alone, or with its TLS twin (tunnels then carry TLS to it)."""
+    plain = await _judge_server()
+    servers = [plain]
+    tls_url = None
+    if tls:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*self_signed(tmp_path, "judge"))
+        servers.append(await _judge_server(ctx))
+        tls_url = str(servers[1].make_url("/judge"))
+    try:
+        yield await Judge.discover(str(plain.make_url("/judge")), tls_url=tls_url)
+    finally:
+        for server in servers:
+            await server.close()
+
+
+@pytest.fixture(params=["plain", "tls"])
+async def judge(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Judge]:
+    async with _judge(tmp_path, tls=request.param == "tls") as j:
+        yield j
 
 
 @pytest.fixture
-async def judge() -> AsyncIterator[Judge]:
-    app = web.Application()
-    app.router.add_get("/judge", judge_handler)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield await Judge.discover(str(server.make_url("/judge")))
-    finally:
-        await server.close()
+async def tls_judge(tmp_path: Path) -> AsyncIterator[Judge]:
+    async with _judge(tmp_path, tls=True) as j:
+        yield j
 
 
 async def test_every_real_proxy_is_found_with_its_protocol_anonymity_and_exit(
@@ -40,7 +69,26 @@ async def test_every_real_proxy_is_found_with_its_protocol_anonymity_and_exit(
             proxy.anonymity,
             proxy.exit_ip,
         ), proxy.name
-        assert not result.mitm and result.latency_ms >= 0
+        # An altered page shows to any judge; a replaced certificate only to a TLS one.
+        seen = proxy.mitm == "body" or (proxy.mitm == "tls" and judge.tls is not None)
+        assert result.mitm == seen, proxy.name
+        assert result.latency_ms >= 0
+
+
+async def test_tls_interception_is_told_by_the_certificate(lab: ProxyLab, tls_judge: Judge) -> None:
+    """Through the interceptor the page is intact; only the pinned certificate differs."""
+    judge = tls_judge
+    assert judge.tls is not None and len(judge.tls.pin) == 64
+    mitm = next(p for p in lab.proxies if p.name == "mitm-tls")
+    squid = next(p for p in lab.proxies if p.name == "squid")
+    dante = next(p for p in lab.proxies if p.name == "dante")
+    intercepted = await check("127.0.0.1", mitm.port, "https", judge, timeout=3)
+    assert intercepted.ok and intercepted.mitm and intercepted.exit_ip == "127.0.0.7"
+    for honest in (
+        await check("127.0.0.1", squid.port, "https", judge, timeout=3),  # CONNECT
+        await check("127.0.0.1", dante.port, "socks5", judge, timeout=3),
+    ):
+        assert honest.ok and not honest.mitm, honest
 
 
 async def test_explicit_protocols_and_socks4_on_dante(lab: ProxyLab, judge: Judge) -> None:

@@ -51,6 +51,14 @@ def test_graduated_intervals_and_asn_spread() -> None:
     assert order == [0, 1, 0, 1]
 
 
+def test_without_asns_rechecks_spread_across_slash16_networks() -> None:
+    """Unknown ASNs (no enrichment yet): the /16 stands in, so one range is not all first."""
+    rows = [_row(ip=f"5.5.{i}.1", port=80 + i) for i in range(4)]  # one /16, most overdue
+    rows += [_row(ip="6.6.0.1", last_seen=NOW + 1000), _row(ip="7.7.0.1", last_seen=NOW + 2000)]
+    picked = [r.ip for r in due_in_shard(rows, NOW + 10**9, 3, RecheckPolicy())]
+    assert picked == ["5.5.0.1", "6.6.0.1", "7.7.0.1"]
+
+
 async def test_checker_rechecks_known_proxies_both_ways(
     lab: ProxyLab, log_client: Log, tmp_path: Path
 ) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 import events as ev
 from ops.log import Log, LogError
-from ops.natsd import free_port
+from ops.natsd import free_port, with_credentials
 from ops.schemas import generate
 from tests.helpers import worked
 
@@ -37,6 +37,7 @@ class Up:
     """One `ppf up` process on its own ports and data dir."""
 
     def __init__(self, ppf: str, data: Path, *extra: str) -> None:
+        self.data = data
         self.http = free_port()
         self.nats_port = free_port()
         self.cmd = [
@@ -59,7 +60,8 @@ class Up:
 
     @property
     def nats(self) -> str:
-        return f"nats://127.0.0.1:{self.nats_port}"
+        """The embedded server's service URL, as an operator would take it from the store."""
+        return with_credentials(f"nats://127.0.0.1:{self.nats_port}", self.data / "nats")
 
     def start(self) -> None:
         with open(self.logfile, "ab") as log:

@@ -77,8 +77,16 @@ async def test_worker_turns_a_list_into_verified_proxies(
                 proxy.anonymity,
                 proxy.exit_ip,
             ), proxy.name
+            assert got["mitm"] == (proxy.mitm == "body"), proxy.name  # no TLS judge here
         sources = await asyncio.to_thread(_json, up.base + "/v1/sources")
         assert sources["sources"][0]["proxies_added"] == len(real)
     finally:
         assert await asyncio.to_thread(up.stop) == 0
         await server.close()
+    # The local agents published straight to JetStream, each through its role's NATS
+    # user, and no password reached the log.
+    lines = [json.loads(x) for x in up.logfile.read_text().splitlines() if x.startswith("{")]
+    via = {x["agent"]: x["via"] for x in lines if x.get("event") == "agent_events_via"}
+    assert via == {"local-worker": "nats", "local-checker": "nats"}
+    passwords = json.loads((tmp_path / "data" / "nats" / "auth.json").read_text())
+    assert not any(pw in up.logfile.read_text() for pw in passwords.values())

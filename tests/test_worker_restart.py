@@ -28,9 +28,12 @@ async def _until(cond: object, timeout: float) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("via", ["nats", "http"])
 async def test_nats_restart_mid_batch(
-    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path, via: str
 ) -> None:
+    """Straight to JetStream through the worker role's NATS user, or through the gateway
+    (``--http-only``): either way the outbox carries the batch over the restart."""
     lg = await Log.connect(nats_server.url)
     await lg.ensure_stream()
     token = await enroll(lg, "w1", "worker")
@@ -59,15 +62,23 @@ async def test_nats_restart_mid_batch(
     await gateway.start_server()
     base = str(gateway.make_url("")).rstrip("/")
     # The tarpit makes the check phase last its timeout: the window for the restart.
-    config = WorkerConfig(lab=True, check_timeout_s=4, idle_s=0.5, lease_ttl_s=60)
+    config = WorkerConfig(
+        lab=True,
+        check_timeout_s=4,
+        idle_s=0.5,
+        lease_ttl_s=60,
+        nats=nats_server.agent_url("worker") if via == "nats" else None,
+        http_only=via == "http",
+    )
     worker = Worker(base, token, "w1", base + "/judge", tmp_path / "w1", config)
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     outbox = tmp_path / "w1" / "outbox.jsonl"
     try:
         await _until(lambda: any(r.status == "leased" for r in fold.state.leases.values()), 20)
+        assert worker.via == via
         await nats_server.astop()  # mid-batch: the worker is checking through the tarpit
-        # The gateway retries its publishes for about 30 s before it answers 503.
+        # Publishes are retried for about 15 s (NATS) or 30 s (the gateway, then 503).
         await _until(outbox.exists, 90)  # the observations could not be published: kept
         await nats_server.astart()
         await _until(lambda: not outbox.exists(), 90)  # re-sent once the log is back
