@@ -8,16 +8,20 @@ the fleet at its own networks.
 
 from __future__ import annotations
 
-import asyncio
+import errno
 import hashlib
 import ipaddress
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import ThreadedResolver
 from aiohttp_socks import ProxyConnector
+from yarl import URL
 
 __all__ = ["FetchResult", "Fetcher"]
 
@@ -37,8 +41,47 @@ class FetchResult:
     not_modified: bool = False
 
 
+MAX_REDIRECTS = 5
+
+
+def _public(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_global
+    except ValueError:
+        return False
+
+
+class _PublicOnlyResolver(AbstractResolver):
+    """Refuses, at connect time, a name that resolves to any non-public address.
+
+    Checking at connect time, not before the request, is what stops DNS rebinding: a
+    name that answered a public address to a pre-check and a private one to the
+    connection is still refused."""
+
+    def __init__(self, admitted: frozenset[str]) -> None:
+        self._inner = ThreadedResolver()
+        self._admitted = admitted
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        for info in found:
+            if not _public(info["host"]) and info["host"] not in self._admitted:
+                # (errno, text): aiohttp shows only the strerror of what a resolver raised
+                why = f"refused: {host} resolves to non-public {info['host']}"
+                raise OSError(errno.EACCES, why)
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
 class Fetcher:
-    """One aiohttp session (with the upstream's connector) for many fetches."""
+    """One aiohttp session (with the upstream's connector) for many fetches.
+
+    ``lab`` admits every address; ``admitted`` admits the ones it names (a lab page on
+    one loopback address, say, without opening the others)."""
 
     def __init__(
         self,
@@ -47,15 +90,23 @@ class Fetcher:
         lab: bool = False,
         timeout_s: float = 30.0,
         max_bytes: int = MAX_BYTES,
+        admitted: frozenset[str] = frozenset(),
     ) -> None:
         self.upstream = upstream
         self.lab = lab
+        self.admitted = admitted
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.max_bytes = max_bytes
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> Fetcher:
-        connector = ProxyConnector.from_url(self.upstream) if self.upstream else None
+        connector: aiohttp.BaseConnector | None
+        if self.upstream:  # the upstream resolves names (Tor: at the exit)
+            connector = ProxyConnector.from_url(self.upstream)
+        elif self.lab:
+            connector = None
+        else:
+            connector = aiohttp.TCPConnector(resolver=_PublicOnlyResolver(self.admitted))
         self._session = aiohttp.ClientSession(
             connector=connector, timeout=self.timeout, headers={"User-Agent": "ppf/1"}
         )
@@ -65,69 +116,89 @@ class Fetcher:
         if self._session is not None:
             await self._session.close()
 
-    async def _guard(self, url: str) -> str | None:
-        """An error when the URL may not be fetched, else None."""
+    def _guard(self, url: str) -> str | None:
+        """An error when the URL may not be fetched, else None. Names are checked when
+        they are resolved (``_PublicOnlyResolver``); addresses written in the URL, here,
+        with an upstream too: it would connect to them for us."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             return f"not an http(s) URL: {url!r}"
-        if self.lab or self.upstream:
-            return None  # through an upstream, the upstream resolves (Tor: remotely)
+        if self.lab:
+            return None
+        host = parts.hostname
         try:
-            infos = await asyncio.get_running_loop().getaddrinfo(
-                parts.hostname, parts.port or 80, type=socket.SOCK_STREAM
-            )
-        except OSError as exc:
-            return f"cannot resolve {parts.hostname}: {exc}"
-        for info in infos:
-            addr = ipaddress.ip_address(info[4][0])
-            if not addr.is_global:
-                return f"refused: {parts.hostname} resolves to non-public {addr}"
+            ipaddress.ip_address(host)
+        except ValueError:
+            return None  # a name
+        if not _public(host) and host not in self.admitted:
+            return f"refused: {host} is not a public address"
         return None
 
     async def fetch(self, url: str, *, etag: str = "", last_modified: str = "") -> FetchResult:
+        """One list: redirects followed by hand (at most 5), each hop guarded."""
         assert self._session is not None, "use `async with Fetcher(...)`"
-        refused = await self._guard(url)
-        if refused:
-            return FetchResult(ok=False, error=refused)
         headers = {}
         if etag:
             headers["If-None-Match"] = etag
         if last_modified:
             headers["If-Modified-Since"] = last_modified
         started = time.perf_counter()
+
+        def elapsed() -> int:
+            return int((time.perf_counter() - started) * 1000)
+
         try:
-            async with self._session.get(url, headers=headers, allow_redirects=True) as r:
-                ms = int((time.perf_counter() - started) * 1000)
-                if r.status == 304:
-                    return FetchResult(
-                        ok=True,
-                        status=304,
-                        fetch_ms=ms,
-                        not_modified=True,
-                        etag=etag,
-                        last_modified=last_modified,
-                    )
-                if r.status >= 400:
-                    return FetchResult(
-                        ok=False, status=r.status, fetch_ms=ms, error=f"HTTP {r.status}"
-                    )
-                body = await r.content.read(self.max_bytes + 1)
-                if len(body) > self.max_bytes:
-                    return FetchResult(
-                        ok=False,
-                        status=r.status,
-                        fetch_ms=ms,
-                        error=f"larger than {self.max_bytes} bytes",
-                    )
-                return FetchResult(
-                    ok=True,
-                    status=r.status,
-                    body=body,
-                    content_hash=hashlib.sha256(body).hexdigest(),
-                    fetch_ms=int((time.perf_counter() - started) * 1000),
-                    etag=r.headers.get("ETag", ""),
-                    last_modified=r.headers.get("Last-Modified", ""),
-                )
+            for _ in range(MAX_REDIRECTS + 1):
+                refused = self._guard(url)
+                if refused:
+                    return FetchResult(ok=False, fetch_ms=elapsed(), error=refused)
+                async with self._session.get(url, headers=headers, allow_redirects=False) as r:
+                    if r.status in (301, 302, 303, 307, 308) and "Location" in r.headers:
+                        url = str(r.url.join(URL(r.headers["Location"])))
+                        continue
+                    return await self._result(r, elapsed, etag, last_modified)
+            return FetchResult(
+                ok=False, fetch_ms=elapsed(), error=f"more than {MAX_REDIRECTS} redirects"
+            )
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            ms = int((time.perf_counter() - started) * 1000)
-            return FetchResult(ok=False, fetch_ms=ms, error=f"{type(exc).__name__}: {exc}"[:200])
+            return FetchResult(
+                ok=False, fetch_ms=elapsed(), error=f"{type(exc).__name__}: {exc}"[:200]
+            )
+
+    async def _result(
+        self,
+        r: aiohttp.ClientResponse,
+        elapsed: Callable[[], int],
+        etag: str,
+        last_modified: str,
+    ) -> FetchResult:
+        if r.status == 304:
+            return FetchResult(
+                ok=True,
+                status=304,
+                fetch_ms=elapsed(),
+                not_modified=True,
+                etag=etag,
+                last_modified=last_modified,
+            )
+        if r.status >= 400:
+            return FetchResult(
+                ok=False, status=r.status, fetch_ms=elapsed(), error=f"HTTP {r.status}"
+            )
+        body = await r.content.read(self.max_bytes + 1)
+        if len(body) > self.max_bytes:
+            return FetchResult(
+                ok=False,
+                status=r.status,
+                fetch_ms=elapsed(),
+                error=f"larger than {self.max_bytes} bytes",
+            )
+        return FetchResult(
+            ok=True,
+            status=r.status,
+            body=body,
+            content_hash=hashlib.sha256(body).hexdigest(),
+            fetch_ms=elapsed(),
+            etag=r.headers.get("ETag", ""),
+            last_modified=r.headers.get("Last-Modified", ""),
+        )

@@ -10,7 +10,9 @@ proxies); release. A heartbeat task keeps the leases of a long cycle alive.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import structlog
 
 from agents.check import Judge, check_many
 from agents.extract import EXTRACTOR, extract
-from agents.fetch import Fetcher
+from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
 from agents.loop import Agent, run_cycles
 from events import Discovered, Event, Extracted, Fetched
@@ -30,6 +32,7 @@ log = structlog.get_logger("ppf.worker")
 
 _HREF = re.compile(rb"""href=["'](https?://[^"'<>\s]{4,300})["']""", re.IGNORECASE)
 MAX_CANDIDATES_IN_EVENT = 1_000
+MAX_VALIDATORS = 20_000  # sources whose ETag / Last-Modified a worker remembers
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,28 @@ class Worker(Agent):
     ) -> None:
         super().__init__(gateway, token, name, judge_url, data, config)
         self.confirmed = 0
+        # url -> (etag, last_modified, content_hash) of this worker's last fetch: the
+        # lease payload carries only the log's last hash, so validators live here.
+        self._validators: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
+        self.not_modified = 0
+
+    async def _fetch(self, fetcher: Fetcher, payload: dict[str, Any]) -> FetchResult:
+        """Conditional when this worker holds the validators of the copy the log last
+        saw (same hash): a 304 then means that copy, unchanged."""
+        url, last_hash = payload["url"], payload.get("last_hash", "")
+        etag, modified, seen_hash = self._validators.get(url, ("", "", ""))
+        if not seen_hash or seen_hash != last_hash:
+            etag = modified = ""
+        result = await fetcher.fetch(url, etag=etag, last_modified=modified)
+        if result.not_modified:
+            self.not_modified += 1
+            result = dataclasses.replace(result, content_hash=seen_hash)
+        elif result.ok and (result.etag or result.last_modified):
+            self._validators[url] = (result.etag, result.last_modified, result.content_hash)
+            self._validators.move_to_end(url)
+            while len(self._validators) > MAX_VALIDATORS:
+                self._validators.popitem(last=False)
+        return result
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         """Work until ``stop`` is set (or ``cycles`` cycles that had work are done)."""
@@ -103,7 +128,7 @@ class Worker(Agent):
         pages: dict[str, bytes] = {}
         found: dict[tuple[str, int, str | None], tuple[str, str]] = {}  # -> (url_id, lease)
         outcomes: dict[str, tuple[str, str]] = {}
-        fetched = await asyncio.gather(*(fetcher.fetch(g["payload"]["url"]) for g in grants))
+        fetched = await asyncio.gather(*(self._fetch(fetcher, g["payload"]) for g in grants))
         for grant, result in zip(grants, fetched, strict=True):
             uid, lease, payload = grant["target"], grant["lease"], grant["payload"]
             changed = result.ok and result.content_hash != payload.get("last_hash", "")
