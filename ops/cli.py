@@ -446,7 +446,7 @@ async def _bench(args: argparse.Namespace) -> int:
         case "check":
             from ops.bench_check import bench_check
 
-            result = await bench_check(args.checks)
+            result = await bench_check(args.checks, tls=args.tls)
         case _:
             print(f"ppf bench {args.what}: not built yet (see the open issues)", file=sys.stderr)
             return 2
@@ -559,6 +559,7 @@ def _parser() -> argparse.ArgumentParser:
     bn.add_argument("--count", type=int, default=1, help="lease: targets per request")
     bn.add_argument("--mb", type=int, default=30, help="extract: size of the dense list")
     bn.add_argument("--checks", type=int, default=10_000, help="check: how many")
+    bn.add_argument("--tls", action="store_true", help="check: tunnels carry TLS to a pinned judge")
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     return p
