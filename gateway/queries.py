@@ -196,6 +196,13 @@ async def whoami(request: web.Request) -> web.Response:
     its role publishes through (null: publish through ``POST /v1/events``)."""
     caller = authorize(request, "worker", "checker", "seed")
     nats = request.app[CONFIG].agent_nats.get(caller.role)
+    if nats is not None:
+        # A server listening on every address: reach it where the agent reached us.
+        host = request.url.host or ""
+        host = f"[{host}]" if ":" in host else host
+        for unspecified in ("@0.0.0.0:", "@[::]:"):
+            if unspecified in nats and host:
+                nats = nats.replace(unspecified, f"@{host}:")
     return reply({"name": caller.name, "role": caller.role, "nats": nats})
 
 

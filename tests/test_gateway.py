@@ -293,3 +293,32 @@ async def test_requests_and_refusals_are_logged_with_the_agent(gw: Any) -> None:
     assert refused["log_level"] == "info"
     healthy = next(x for x in lines if x["path"] == "/healthz")
     assert healthy["log_level"] == "debug" and "agent" not in healthy
+
+
+async def test_agents_are_offered_their_roles_nats_user(log_client: Log) -> None:
+    """/v1/agents/me names the URL an agent publishes through: its own role's user, at
+    the address the agent reached the gateway by when the server listens everywhere."""
+    tokens = {r: await enroll(log_client, f"{r}1", r) for r in ("worker", "checker", "admin")}
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    await caught_up(fold, log_client)
+    offers = {
+        "worker": "nats://worker:pw@0.0.0.0:4222",
+        "checker": "nats://checker:pc@10.0.0.5:4222",
+    }
+    client = TestClient(TestServer(make_app(fold, log_client, GatewayConfig(agent_nats=offers))))
+    await client.start_server()
+    try:
+        worker = await _json(await client.get("/v1/agents/me", headers=auth(tokens["worker"])))
+        assert worker == {
+            "name": "worker1",
+            "role": "worker",
+            "nats": "nats://worker:pw@127.0.0.1:4222",
+        }
+        checker = await _json(await client.get("/v1/agents/me", headers=auth(tokens["checker"])))
+        assert checker["nats"] == "nats://checker:pc@10.0.0.5:4222"
+        admin = await _json(await client.get("/v1/agents/me", headers=auth(tokens["admin"])))
+        assert admin["nats"] is None  # no NATS user for people: they have the service's
+    finally:
+        await client.close()
+        await fold.stop()
