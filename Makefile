@@ -10,7 +10,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml agents/_scan.c | $(BIN)/python
+$(STAMP): pyproject.toml setup.py agents/_scan.c | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 
