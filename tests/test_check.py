@@ -114,6 +114,27 @@ async def test_tarpit_costs_one_timeout_and_many_run_at_once(lab: ProxyLab, judg
         assert result.ok == (by_port[port].proto is not None), (by_port[port].name, result)
 
 
+async def test_five_thousand_at_once(lab: ProxyLab, tmp_path: Path) -> None:
+    """The bench's 5,000 concurrent checks, for correctness: every one answered, right,
+    in input order (their speed and memory are `ppf bench check`'s to measure)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 12_000:
+        pytest.skip(f"needs 12,000 open files (ulimit -n); the hard limit here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    working = [p for p in lab.proxies if p.name in ("squid", "microsocks", "dante")]
+    targets = [("127.0.0.1", working[i % 3].port, working[i % 3].proto) for i in range(5_000)]
+    try:
+        async with _judge(tmp_path, tls=False) as judge:
+            results = await check_many(targets, judge, concurrency=5_000, timeout=30)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    exits = {p.port: p.exit_ip for p in working}
+    assert [r.exit_ip for r in results] == [exits[port] for _, port, _ in targets]
+    assert all(r.ok for r in results)
+
+
 async def test_ppf_check_command(lab: ProxyLab, judge: Judge, ppf_bin: str) -> None:
     """`ppf check` checks exactly what it is given, loopback included; --json per line."""
     import asyncio
