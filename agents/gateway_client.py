@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import structlog
 
 from events import DecodeError, Event, decode, encode
@@ -22,6 +23,17 @@ from ops.log import Log, LogError, redact
 from ops.natsd import AGENT_INBOX
 
 __all__ = ["GatewayClient", "GatewayError"]
+
+
+def _invalid_indexes(problem: str, count: int) -> dict[int, str]:
+    """The events a 400 names as invalid (index -> why), or none if it names none."""
+    try:
+        errors = msgspec.json.decode(problem).get("errors") or []
+        found = {int(e["index"]): f"{e.get('field', '')}: {e.get('reason', '')}" for e in errors}
+    except (msgspec.DecodeError, AttributeError, KeyError, TypeError, ValueError):
+        return {}
+    return {i: why for i, why in found.items() if 0 <= i < count}
+
 
 log = structlog.get_logger("ppf.agent")
 
@@ -123,37 +135,52 @@ class GatewayClient:
         return status == 200
 
     async def publish(self, events: list[Event]) -> bool:
-        """Send (outbox first); on failure keep the unsent on disk. True when all were sent."""
+        """Send (outbox first); on failure keep the unsent on disk. True when all were sent.
+
+        An event the log will never take (the gateway names it invalid, or it cannot be
+        decoded from the outbox) is set aside in ``outbox.rejected`` with its reason,
+        so it neither blocks everything after it nor is lost."""
         await self._ask_for_nats()
         pending = [*self._read_outbox(), *(encode(e) for e in events)]
         send = self._send_nats if self._nats_url else self._send_http
-        done, detail = await send(pending)
-        self.sent += done
-        if done < len(pending):
-            self._write_outbox(pending[done:])
-            log.warning("events_buffered", count=len(pending) - done, via=self.via, detail=detail)
+        left, detail = await send(pending)
+        if left:
+            self._write_outbox(left)
+            log.warning("events_buffered", count=len(left), via=self.via, detail=detail)
             return False
         self.outbox.unlink(missing_ok=True)
         return True
 
-    async def _send_http(self, pending: list[bytes]) -> tuple[int, str]:
-        """``POST /v1/events`` in batches; how many were stored, and why not the rest."""
+    async def _send_http(self, pending: list[bytes]) -> tuple[list[bytes], str]:
+        """``POST /v1/events`` in batches; what is left to send, and why."""
         assert self._http is not None
-        for start in range(0, len(pending), 500):
-            body = b'{"events":[' + b",".join(pending[start : start + 500]) + b"]}"
+        size = 500
+        while pending:
+            chunk = pending[:size]
+            body = b'{"events":[' + b",".join(chunk) + b"]}"
             try:
                 async with self._http.post(
                     self.base + "/v1/events",
                     data=body,
                     headers={"Content-Type": "application/json"},
                 ) as r:
-                    if r.status != 200:
-                        return start, f"{r.status} {(await r.text())[:300]}"
+                    status, text = r.status, await r.text()
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                return start, repr(exc)
-        return len(pending), ""
+                return pending, repr(exc)
+            if status == 200:
+                self.sent += len(chunk)
+                pending = pending[size:]
+            elif status == 413 and size > 1:  # this gateway takes smaller batches
+                size //= 2
+            elif status == 400 and (invalid := _invalid_indexes(text, len(chunk))):
+                for i, why in invalid.items():
+                    self._set_aside(chunk[i], why)
+                pending = [e for i, e in enumerate(chunk) if i not in invalid] + pending[size:]
+            else:
+                return pending, f"{status} {text[:300]}"
+        return [], ""
 
-    async def _send_nats(self, pending: list[bytes]) -> tuple[int, str]:
+    async def _send_nats(self, pending: list[bytes]) -> tuple[list[bytes], str]:
         """Straight to JetStream, each event under its own id as ``Nats-Msg-Id``."""
         assert self._nats_url is not None
         try:
@@ -162,25 +189,28 @@ class GatewayClient:
                     self._nats_url, name=f"ppf-agent-{self.agent}", inbox_prefix=AGENT_INBOX
                 )
         except LogError as exc:
-            return 0, repr(exc)
-        for start in range(0, len(pending), NATS_CHUNK):
-            chunk = []
-            for line in pending[start : start + NATS_CHUNK]:
+            return pending, repr(exc)
+        while pending:
+            lines, chunk = pending[:NATS_CHUNK], []
+            for line in lines:
                 try:
                     chunk.append(decode(line))
-                except DecodeError as exc:  # a damaged outbox line: set aside, not lost
+                except DecodeError as exc:  # a damaged outbox line
                     self._set_aside(line, exc.reason)
             try:
                 await self._log.publish_many(chunk, timeout=5.0)
             except LogError as exc:
-                return start, repr(exc)
-        return len(pending), ""
+                return [encode(e) for e in chunk] + pending[NATS_CHUNK:], repr(exc)
+            self.sent += len(chunk)
+            pending = pending[NATS_CHUNK:]
+        return [], ""
 
     def _set_aside(self, line: bytes, reason: str) -> None:
         bad = self.outbox.with_suffix(".rejected")
+        bad.parent.mkdir(parents=True, exist_ok=True)
         with bad.open("ab") as f:
-            f.write(line + b"\n")
-        log.error("outbox_line_rejected", reason=reason, kept_in=str(bad))
+            f.write(reason.encode()[:300].replace(b"\n", b" ") + b"\t" + line + b"\n")
+        log.error("event_set_aside", reason=reason, kept_in=str(bad))
 
     async def flush(self) -> bool:
         """Send what the outbox holds, if anything; True when it is empty after."""

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import secrets
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -13,6 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
+from agents.gateway_client import GatewayClient
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.fold_service import FoldService
@@ -322,3 +324,31 @@ async def test_agents_are_offered_their_roles_nats_user(log_client: Log) -> None
     finally:
         await client.close()
         await fold.stop()
+
+
+async def test_agent_outbox_sets_aside_what_the_log_will_never_take(
+    gw: Any, log_client: Log, nats_server: Any, tmp_path: Path
+) -> None:
+    """An invalid event, or a damaged outbox line, is kept aside with its reason instead
+    of blocking every observation after it; batches shrink to what the gateway takes."""
+    client, _, tokens = gw
+    base = str(client.make_url("")).rstrip("/")
+    good = [worked(agent="w1", ip=f"8.8.{i // 250}.{i % 250 + 1}") for i in range(120)]
+    broken = msgspec.structs.replace(worked(agent="w1"), port="eighty")  # type: ignore[arg-type]
+    head = await log_client.head_seq()
+    outbox = tmp_path / "http" / "outbox.jsonl"
+    async with GatewayClient(base, tokens["w1"], "w1", outbox, http_only=True) as agent:
+        assert await agent.publish([*good[:60], broken, *good[60:]])  # batches of 50 at most
+    assert await log_client.head_seq() == head + 120
+    [aside] = outbox.with_suffix(".rejected").read_bytes().splitlines()
+    assert aside.startswith(b"port:") and b'"eighty"' in aside
+    assert not outbox.exists()
+
+    outbox = tmp_path / "by-nats" / "outbox.jsonl"
+    outbox.parent.mkdir()
+    outbox.write_bytes(b'{"type": "Fetched", "id": \n' + ev.encode(worked(agent="w1")) + b"\n")
+    url = nats_server.agent_url("worker")
+    async with GatewayClient(base, tokens["w1"], "w1", outbox, nats=url) as agent:
+        assert agent.via == "nats" and await agent.flush()
+    assert await log_client.head_seq() == head + 121
+    assert outbox.with_suffix(".rejected").read_bytes().startswith(b"undecodable\t")
