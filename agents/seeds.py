@@ -3,7 +3,10 @@ lists, JSON APIs and HTML pages. (url, protocol hint or "".)"""
 
 from __future__ import annotations
 
-__all__ = ["SEEDS"]
+from events import SourceAdded, url_id
+from ops.log import fresh_id, now_ms
+
+__all__ = ["SEEDS", "source_added"]
 
 _GH = "https://raw.githubusercontent.com"
 
@@ -43,3 +46,19 @@ SEEDS: tuple[tuple[str, str], ...] = (
     ("https://www.sslproxies.org/", "https"),
     ("https://www.socks-proxy.net/", "socks4"),
 )
+
+
+def source_added(urls: dict[str, str], origin: str) -> list[SourceAdded]:
+    """``SourceAdded`` events (from the admin) for ``urls`` (url -> protocol hint)."""
+    return [
+        SourceAdded(
+            id=fresh_id(),
+            agent="admin",
+            at=now_ms(),
+            url=u,
+            url_id=url_id(u),
+            proto_hint=hint,
+            origin=origin,
+        )
+        for u, hint in urls.items()
+    ]

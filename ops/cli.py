@@ -147,6 +147,13 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         if "local-worker" in local_tokens and args.cmd == "up":
             # Their tokens must be in the projection before they first ask the gateway.
             await fold.wait_for(await lg.head_seq(), 30)
+            if not args.lab and not fold.state.sources:
+                # A first start has work to do: the built-in public lists (`ppf sources
+                # seed`). A lab starts empty: its tests bring their own pages.
+                from agents.seeds import SEEDS, source_added
+
+                await lg.publish_many(source_added(dict(SEEDS), "seed"))
+                log.info("sources_seeded", count=len(SEEDS))
             from agents.checker import Checker, CheckerConfig
             from agents.worker import Worker, WorkerConfig
 
@@ -286,7 +293,7 @@ async def _token(args: argparse.Namespace) -> int:
 
 
 async def _sources(args: argparse.Namespace) -> int:
-    from events import SourceAdded, url_id
+    from agents.seeds import SEEDS, source_added
 
     urls = list(args.urls)
     if args.action == "import":
@@ -295,26 +302,14 @@ async def _sources(args: argparse.Namespace) -> int:
         urls = [u for u in urls if not u.startswith("#")]
     hints = dict.fromkeys(urls, args.hint or "")
     if args.action == "seed":
-        from agents.seeds import SEEDS
-
         hints = dict(SEEDS)
         urls = list(hints)
     bad = [u for u in urls if not u.startswith(("http://", "https://"))]
     if bad:
         print(f"ppf sources: not http(s) URLs: {', '.join(bad[:5])}", file=sys.stderr)
         return 2
-    events = [
-        SourceAdded(
-            id=fresh_id(),
-            agent="admin",
-            at=now_ms(),
-            url=u,
-            url_id=url_id(u),
-            proto_hint=hints[u],
-            origin="seed" if args.action == "seed" else "manual",
-        )
-        for u in dict.fromkeys(urls)
-    ]
+    origin = "seed" if args.action == "seed" else "manual"
+    events = source_added({u: hints[u] for u in dict.fromkeys(urls)}, origin)
     from ops.progress import Progress
 
     lg = await Log.connect(args.nats, name="ppf-sources")

@@ -36,7 +36,9 @@ def _get(url: str) -> tuple[int, Any]:
 class Up:
     """One `ppf up` process on its own ports and data dir."""
 
-    def __init__(self, ppf: str, data: Path, *extra: str) -> None:
+    def __init__(self, ppf: str, data: Path, *extra: str, agents: bool = False) -> None:
+        """No local agents unless ``extra`` asks something of them (``--lab``) or
+        ``agents`` says so."""
         self.data = data
         self.http = free_port()
         self.nats_port = free_port()
@@ -49,7 +51,7 @@ class Up:
             f"127.0.0.1:{self.http}",
             "--nats-listen",
             f"127.0.0.1:{self.nats_port}",
-            *(extra or ("--no-agents",)),
+            *(extra or (() if agents else ("--no-agents",))),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.logfile = data.parent / f"up-{self.http}.log"
@@ -225,6 +227,33 @@ def test_up_lab_is_published_and_replayed(ppf_bin: str, tmp_path: Path) -> None:
         assert line["event"]["ip"] == "127.0.0.1" and line["subject"] == "ppf.proxy.127-0-0-1_3128"
     finally:
         assert up.stop() == 0
+
+
+def test_a_first_up_seeds_the_public_lists_once(ppf_bin: str, tmp_path: Path) -> None:
+    """With its agents and outside a lab, `ppf up` has work from its first start: the
+    built-in lists. A restart adds none again. (Here no name resolves: the local
+    worker's fetches fail fast, and the sources stay.)"""
+    from agents.seeds import SEEDS
+
+    seeded: list[int] = []
+    for _ in range(2):
+        up = Up(ppf_bin, tmp_path / "data", agents=True)
+        up.start()
+        try:
+            deadline = time.monotonic() + 30
+            urls: list[str] = []
+            while time.monotonic() < deadline and len(urls) < len(SEEDS):
+                time.sleep(0.2)  # the seeds go in once the gateway listens
+                up.caught_up()
+                urls = [s["url"] for s in _get(up.base + "/v1/sources?limit=0")[1]["sources"]]
+            time.sleep(0.5)
+            up.caught_up()  # and nothing more after them
+            urls = [s["url"] for s in _get(up.base + "/v1/sources?limit=0")[1]["sources"]]
+            assert sorted(urls) == sorted(u for u, _ in SEEDS)
+        finally:
+            assert up.stop() == 0
+        seeded.append(up.logfile.read_text().count('"event": "sources_seeded"'))
+    assert seeded == [1, 0]
 
 
 def test_up_enrolls_its_local_agents_and_serves_the_dashboard(ppf_bin: str, tmp_path: Path) -> None:
