@@ -129,8 +129,10 @@ class GatewayClient:
         status, _ = await self._post(f"/v1/leases/{lease}/heartbeat", None)
         return status == 200
 
-    async def release(self, lease: str, outcome: str, error: str = "") -> bool:
-        body = {"outcome": outcome, "counted": True, "error": error[:500]}
+    async def release(
+        self, lease: str, outcome: str, error: str = "", *, counted: bool = True
+    ) -> bool:
+        body = {"outcome": outcome, "counted": counted, "error": error[:500]}
         status, _ = await self._post(f"/v1/leases/{lease}/release", body)
         return status == 200
 

@@ -146,6 +146,10 @@ class Worker(Agent):
                     changed=changed,
                 )
             )
+            # A list that would not load is the source's fault, not the lease's: its
+            # Fetched says so and the source's schedule backs off (and retries within
+            # 6 h). Counting it against the attempt budget would, after five tries, fail
+            # the target for good, until an admin reset.
             outcomes[lease] = ("done", "") if result.ok else ("failed", result.error)
             if not changed:
                 continue
@@ -186,7 +190,7 @@ class Worker(Agent):
                 events.append(self._ev(Discovered, parent=uid, urls=links))
         await gw.publish(events)
         for lease, (outcome, error) in outcomes.items():
-            await gw.release(lease, outcome, error)
+            await gw.release(lease, outcome, error, counted=outcome != "failed")
         log.info(
             "cycle_done",
             agent=self.name,

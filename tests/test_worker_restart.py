@@ -16,7 +16,7 @@ from ops.cli import enroll
 from ops.fold_service import FoldService
 from ops.lab import ProxyLab
 from ops.log import Log, fresh_id, now_ms
-from ops.natsd import NatsServer
+from ops.natsd import NatsServer, free_port
 
 
 async def _until(cond: object, timeout: float) -> None:
@@ -96,3 +96,38 @@ async def test_nats_restart_mid_batch(
     assert ("127.0.0.1", tarpit.port) not in fold.state.proxies
     counts = fold.state.agents["w1"].counts
     assert counts["Fetched"] == 1 and counts["ProxyWorked"] == len(real)
+
+
+@pytest.mark.timeout(120)
+async def test_a_list_that_will_not_load_spends_no_attempt(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The fetch failure is told by Fetched (the source backs off); the lease is
+    released uncounted, so a source that is down for a while never ends `failed`."""
+    lg = await Log.connect(nats_server.url)
+    await lg.ensure_stream()
+    token = await enroll(lg, "w1", "worker")
+    await lg.publish(
+        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
+    )
+    url = f"http://127.0.0.1:{free_port()}/gone.txt"  # nothing listens there
+    uid = ev.url_id(url)
+    await lg.publish(ev.SourceAdded(id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=uid))
+    fold = FoldService(lg, db=None)
+    await fold.start()
+    gateway = TestServer(make_app(fold, lg), host="127.0.0.1")
+    await gateway.start_server()
+    base = str(gateway.make_url("")).rstrip("/")
+    try:
+        config = WorkerConfig(lab=True, idle_s=0.2, nats=nats_server.agent_url("worker"))
+        worker = Worker(base, token, "w1", base + "/judge", tmp_path / "w1", config)
+        await asyncio.wait_for(worker.run(asyncio.Event(), cycles=1), 60)
+        assert await fold.wait_for(await lg.head_seq(), 10)
+        row = next(r for r in fold.state.leases.values() if r.target == uid)
+        assert (row.status, row.attempts) == ("free", 0)
+        assert "Connect" in row.last_error or "refused" in row.last_error.lower()
+        assert fold.state.agents["w1"].counts["Fetched.failed"] == 1
+    finally:
+        await gateway.close()
+        await fold.stop()
+        await lg.close()
