@@ -159,7 +159,7 @@ static int keyset_grow(keyset_t *s, size_t at_least) {
     int bits = s->slots ? s->bits + 1 : 12;
     while (((size_t)1 << bits) < at_least) bits++;
     size_t cap = (size_t)1 << bits;
-    uint64_t *slots = PyMem_Calloc(cap, sizeof(uint64_t));
+    uint64_t *slots = PyMem_RawCalloc(cap, sizeof(uint64_t));
     if (!slots) return -1;
     for (size_t k = 0; s->slots && k <= s->mask; k++) {
         uint64_t key = s->slots[k];
@@ -168,7 +168,7 @@ static int keyset_grow(keyset_t *s, size_t at_least) {
         while (slots[h]) h = (h + 1) & (cap - 1);
         slots[h] = key;
     }
-    PyMem_Free(s->slots);
+    PyMem_RawFree(s->slots);
     s->slots = slots;
     s->mask = cap - 1;
     s->bits = bits;
@@ -203,7 +203,7 @@ typedef struct {
 /* Pass 1: every match in order, as fixed-size records (sequential writes only). */
 static hit_t *find_hits(const unsigned char *buf, Py_ssize_t len, int hint, size_t *count) {
     size_t n = 0, cap = 1024;
-    hit_t *hits = PyMem_Malloc(cap * sizeof(hit_t));
+    hit_t *hits = PyMem_RawMalloc(cap * sizeof(hit_t));
     if (!hits) return NULL;
     for (Py_ssize_t i = 0; i < len;) {
         unsigned char c = buf[i];
@@ -222,9 +222,9 @@ static hit_t *find_hits(const unsigned char *buf, Py_ssize_t len, int hint, size
         i = m.end;
         if (m.proto == P_UNKNOWN) continue; /* ftp://, rtsp://: not a proxy URL */
         if (n == cap) {
-            hit_t *more = PyMem_Realloc(hits, 2 * cap * sizeof(hit_t));
+            hit_t *more = PyMem_RawRealloc(hits, 2 * cap * sizeof(hit_t));
             if (!more) {
-                PyMem_Free(hits);
+                PyMem_RawFree(hits);
                 return NULL;
             }
             hits = more;
@@ -254,7 +254,7 @@ static int mark_first(hit_t *hits, size_t n) {
             __builtin_prefetch(&seen.slots[slot_of(hits[k + AHEAD].key + 1, seen.bits)], 1);
         hits[k].keep = (uint8_t)keyset_add(&seen, hits[k].key);
     }
-    PyMem_Free(seen.slots);
+    PyMem_RawFree(seen.slots);
     return 0;
 }
 
@@ -279,8 +279,14 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
     const unsigned char *buf = view.buf;
     size_t n = 0, kept = 0;
     PyObject *out = NULL;
-    hit_t *hits = find_hits(buf, view.len, hint, &n);
-    if (!hits || mark_first(hits, n) < 0) {
+    hit_t *hits;
+    int marked = -1;
+    /* Passes 1 and 2 touch no Python object (raw allocator only): other threads run. */
+    Py_BEGIN_ALLOW_THREADS
+    hits = find_hits(buf, view.len, hint, &n);
+    if (hits) marked = mark_first(hits, n);
+    Py_END_ALLOW_THREADS
+    if (!hits || marked < 0) {
         PyErr_NoMemory();
         goto done;
     }
@@ -319,7 +325,7 @@ static PyObject *scan(PyObject *Py_UNUSED(self), PyObject *args) {
         PyList_SET_ITEM(out, at++, cand);
     }
 done:
-    PyMem_Free(hits);
+    PyMem_RawFree(hits);
     PyBuffer_Release(&view);
     return out;
 }
