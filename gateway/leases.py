@@ -25,7 +25,7 @@ from events import Leased, LeaseKind
 from gateway.api import LeaseGrant
 from ops.fold_service import FoldService
 from ops.log import ConflictError, Log, fresh_id, now_ms
-from projections.readmodels import source_score
+from projections.readmodels import due_score, due_sources
 from projections.recheck import RecheckPolicy, due_in_shard, shards
 from reducers import LeaseRow, ProxyRow, State
 
@@ -81,24 +81,26 @@ class Granter:
         self._shards_at = -1e9
 
     def due_sources(self, now: int) -> list[tuple[float, str]]:
-        """Due sources by score, recomputed at most every ``due_refresh_s``.
+        """Due sources by score, ranked at most every ``due_refresh_s``.
 
-        Scoring every source for every request would cost O(sources) per grant; a short
-        stale window is harmless, since the claim itself is checked by the log.
+        Scoring every source for every request would cost O(sources) per grant, so the
+        ranking is kept a moment; each candidate is scored again as it is taken (see
+        ``_candidates``), so a source fetched since the ranking is not leased again.
         """
         if time.monotonic() - self._due_at > self.due_refresh_s:
-            state = self.fold.state
-            scored = []
-            for row in state.sources.values():
-                if not row.url:
-                    continue
-                score = source_score(row, now)
-                if score >= 1.0:
-                    scored.append((score, row.url_id))
-            scored.sort(key=lambda p: (-p[0], p[1]))
-            self._due = scored
+            self._due = [(score, row.url_id) for score, row in due_sources(self.fold.state, now, 0)]
             self._due_at = time.monotonic()
         return self._due
+
+    def _still_due(
+        self, pairs: Iterable[tuple[float, str]], now: int
+    ) -> Iterator[tuple[str, float]]:
+        sources = self.fold.state.sources
+        for _, uid in pairs:
+            row = sources.get(uid)
+            score = due_score(row, now) if row is not None else None
+            if score is not None:
+                yield uid, score
 
     def _candidates(self, kind: LeaseKind, now: int) -> Iterator[tuple[str, float]]:
         """Free targets in priority order, lazily: a grant takes the first few only."""
@@ -106,7 +108,7 @@ class Granter:
         leases = state.leases
         pairs: Iterable[tuple[str, float]]
         if kind == "source":
-            pairs = ((uid, score) for score, uid in self.due_sources(now))
+            pairs = self._still_due(self.due_sources(now), now)
         elif kind == "recheck":
             # Only shards with proxies due now (an empty shard is no work: leasing it
             # would have checkers spin), longest since last leased first.

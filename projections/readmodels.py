@@ -15,6 +15,7 @@ __all__ = [
     "NEVER_FETCHED_BASE",
     "ProxyFilter",
     "ScoreWeights",
+    "due_score",
     "due_sources",
     "liveness",
     "percentile",
@@ -63,16 +64,22 @@ def _due(row: SourceRow, score: float, now: int) -> bool:
     return row.error > 0 and now - row.check_time >= RESEED_MS
 
 
+def due_score(row: SourceRow, now: int, w: ScoreWeights = ScoreWeights()) -> float | None:
+    """The source's score when it is due at ``now``, else None."""
+    if not row.url:
+        return None
+    score = source_score(row, now, w)
+    return score if _due(row, score, now) else None
+
+
 def due_sources(
     state: State, now: int, limit: int = 100, w: ScoreWeights = ScoreWeights()
 ) -> list[tuple[float, SourceRow]]:
     """Due sources, highest score first (never fetched first); ties by url_id."""
     scored = []
     for row in state.sources.values():
-        if not row.url:
-            continue
-        score = source_score(row, now, w)
-        if _due(row, score, now):
+        score = due_score(row, now, w)
+        if score is not None:
             scored.append((score, row))
     scored.sort(key=lambda pair: (-pair[0], pair[1].url_id))
     return scored[:limit] if limit else scored

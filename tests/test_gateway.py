@@ -16,6 +16,7 @@ from aiohttp.test_utils import TestClient, TestServer
 import events as ev
 from agents.gateway_client import GatewayClient
 from gateway.app import make_app
+from gateway.commands import GRANTER
 from gateway.http import GatewayConfig
 from ops.fold_service import FoldService
 from ops.log import Log, fresh_id, now_ms
@@ -352,3 +353,40 @@ async def test_agent_outbox_sets_aside_what_the_log_will_never_take(
         assert agent.via == "nats" and await agent.flush()
     assert await log_client.head_seq() == head + 121
     assert outbox.with_suffix(".rejected").read_bytes().startswith(b"undecodable\t")
+
+
+async def test_a_source_fetched_since_the_ranking_is_not_leased_again(
+    gw: Any, log_client: Log
+) -> None:
+    """The granter keeps its ranking of due sources a moment; a source fetched and
+    released in that moment is not due any more, and is not granted from the ranking."""
+    client, fold, tokens = gw
+    client.app[GRANTER].due_refresh_s = 3600.0  # the ranking outlives this whole test
+    url = "http://lists.example/once.txt"
+    r = await client.post("/v1/sources", json={"urls": [url]}, headers=auth(tokens["admin"]))
+    assert r.status == 200
+    await caught_up(fold, log_client)
+    body = {"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60}
+    [grant] = (await _json(await client.post("/v1/leases", json=body, headers=auth(tokens["w1"]))))[
+        "leases"
+    ]
+    fetched = ev.Fetched(
+        id=fresh_id(),
+        agent="w1",
+        at=now_ms(),
+        url_id=grant["target"],
+        lease=grant["lease"],
+        ok=True,
+        http_status=200,
+        content_hash="ab" * 32,
+        changed=True,
+    )
+    events = {"events": [msgspec.to_builtins(fetched)]}
+    assert (await client.post("/v1/events", json=events, headers=auth(tokens["w1"]))).status == 200
+    release = {"outcome": "done"}
+    r = await client.post(
+        f"/v1/leases/{grant['lease']}/release", json=release, headers=auth(tokens["w1"])
+    )
+    assert r.status == 200
+    again = await _json(await client.post("/v1/leases", json=body, headers=auth(tokens["w1"])))
+    assert again["leases"] == []
