@@ -73,6 +73,10 @@ def with_credentials(url: str, store_dir: Path, user: str = "ppf") -> str:
     parts = urlsplit(url if "://" in url else f"nats://{url}")
     if parts.username or "," in url or not path.exists():
         return url
+    # Only toward this machine: a remote server is someone else's, and never gets
+    # this store's password.
+    if parts.hostname not in ("localhost", "::1") and not str(parts.hostname).startswith("127."):
+        return url
     password = json.loads(path.read_text()).get(user)
     if not password:
         return url

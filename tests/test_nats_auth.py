@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import nats
 import pytest
 
 import events as ev
 from ops.log import Log, fresh_id, now_ms
-from ops.natsd import AGENT_INBOX, NatsServer
+from ops.natsd import AGENT_INBOX, NatsServer, with_credentials
 
 
 def _fetched() -> ev.Event:
@@ -100,3 +101,16 @@ async def test_a_wrong_password_is_refused(nats_server: NatsServer) -> None:
     finally:
         writer.close()
         await writer.wait_closed()
+
+
+def test_cli_credentials_go_only_to_this_machine(tmp_path: Path) -> None:
+    """`ppf sources add` beside `ppf up` finds the service password; a remote server, or
+    a URL that names its own user, is left as given."""
+    (tmp_path / "auth.json").write_text(json.dumps({"ppf": "psecret"}))
+    assert (
+        with_credentials("nats://127.0.0.1:4222", tmp_path) == "nats://ppf:psecret@127.0.0.1:4222"
+    )
+    assert with_credentials("localhost:4223", tmp_path) == "nats://ppf:psecret@localhost:4223"
+    for kept in ("nats://10.0.0.9:4222", "nats://me:pw@127.0.0.1:4222", "nats://a:1,nats://b:2"):
+        assert with_credentials(kept, tmp_path) == kept
+    assert with_credentials("nats://127.0.0.1:4222", tmp_path / "none") == "nats://127.0.0.1:4222"
