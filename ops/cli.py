@@ -13,6 +13,7 @@ import sys
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import structlog
@@ -107,6 +108,8 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         url = server.url
     lg = await Log.connect(url or DEFAULT_NATS, name=f"ppf-{args.cmd}")
     runner = None
+    runners: list[web.AppRunner] = []  # more sites to stop (the TLS judge)
+    tls_judge: str | None = None
     fold = None
     agent_stop = None
     agent_task = None
@@ -141,6 +144,8 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
                 f"ppf {args.cmd}: gateway http://{host}:{port}  nats {lg.address}  data {data}",
                 flush=True,
             )
+            if args.cmd == "up" and args.judge_tls_listen != "off":
+                tls_judge = await _serve_tls_judge(args.judge_tls_listen, data / "tls", runners)
         else:
             print(f"ppf fold: nats {lg.address}  db {db}", flush=True)
         log.info("started", role=args.cmd, nats=lg.address)
@@ -165,7 +170,7 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
                 "local-worker",
                 base + "/judge",
                 data / "agents" / "local-worker",
-                WorkerConfig(lab=args.lab),
+                WorkerConfig(lab=args.lab, tls_judge=tls_judge),
             )
             checker = Checker(
                 base,
@@ -173,7 +178,7 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
                 "local-checker",
                 base + "/judge",
                 data / "agents" / "local-checker",
-                CheckerConfig(),
+                CheckerConfig(tls_judge=tls_judge),
             )
             agent_stop = asyncio.Event()
             agent_task = asyncio.gather(worker.run(agent_stop), checker.run(agent_stop))
@@ -188,6 +193,8 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
             agent_stop.set()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(agent_task, 15)
+        for extra in runners:
+            await extra.cleanup()
         if runner is not None:
             await runner.cleanup()
         if fold is not None:
@@ -196,6 +203,30 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         if server is not None:
             await server.astop()
     return 0
+
+
+async def _serve_tls_judge(listen: str, certs: Path, runners: list[Any]) -> str | None:
+    """``/judge`` alone over TLS, for agents that watch tunnels for interception; its URL,
+    or None where openssl is missing (checks then see altered pages only)."""
+    from aiohttp import web
+
+    from gateway.app import judge
+    from ops.tls import judge_context
+
+    ctx = judge_context(certs)
+    if ctx is None:
+        log.warning("no_tls_judge", reason="openssl not found: apt-get install openssl")
+        return None
+    host, port = _hostport(listen, 8443)
+    app = web.Application()
+    app.router.add_get("/judge", judge)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    runners.append(runner)
+    await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+    url = f"https://{host}:{port}/judge"
+    print(f"ppf up: TLS judge {url}", flush=True)
+    return url
 
 
 async def _replay(args: argparse.Namespace) -> int:
@@ -461,6 +492,11 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--no-agents", action="store_true")
     up.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
     up.add_argument("--private-queries", action="store_true", help="queries need a token")
+    up.add_argument(
+        "--judge-tls-listen",
+        default="127.0.0.1:8443",
+        help="the judge over TLS (self-signed, pinned by agents); 'off' for none",
+    )
 
     gw = sub.add_parser("gateway", help="the HTTP gateway alone")
     gw.add_argument("--nats", default=DEFAULT_NATS)

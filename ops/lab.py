@@ -25,8 +25,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ops.natsd import free_port
+from ops.tls import self_signed
 
 __all__ = ["PACKAGES", "Proxy", "ProxyLab", "missing", "self_signed"]
+
 
 PACKAGES = {
     "squid": "squid",
@@ -53,21 +55,6 @@ class Proxy:
     exit_ip: str = ""
     proc: subprocess.Popen[bytes] | None = None
     mitm: str = ""  # "tls": a TLS judge sees it; "body": any judge does
-
-
-def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
-    """A throwaway certificate and key for 127.0.0.1 (openssl, in every Debian)."""
-    cert, key = directory / f"{name}.crt", directory / f"{name}.key"
-    if not cert.exists():
-        cmd = ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2"]
-        cmd += ["-subj", f"/CN={name}", "-addext", "subjectAltName=IP:127.0.0.1"]
-        subprocess.run(
-            [*cmd, "-keyout", str(key), "-out", str(cert)],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-    return cert, key
 
 
 def _relay(a: socket.socket, b: socket.socket, timeout: float = 30.0) -> None:

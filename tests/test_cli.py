@@ -51,6 +51,8 @@ class Up:
             f"127.0.0.1:{self.http}",
             "--nats-listen",
             f"127.0.0.1:{self.nats_port}",
+            "--judge-tls-listen",
+            f"127.0.0.1:{free_port()}",
             *(extra or (() if agents else ("--no-agents",))),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
