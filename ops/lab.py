@@ -35,6 +35,7 @@ PACKAGES = {
     "tinyproxy": "tinyproxy",
     "microsocks": "microsocks",
     "danted": "dante-server",
+    "openssl": "openssl",  # the certificates of the TLS interceptor and judges
 }
 
 
