@@ -223,7 +223,11 @@ async def _serve_tls_judge(listen: str, certs: Path, runners: list[Any]) -> str 
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     runners.append(runner)
-    await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+    except OSError as exc:  # the port is taken: run on, watching pages only
+        log.warning("no_tls_judge", listen=listen, error=repr(exc))
+        return None
     url = f"https://{host}:{port}/judge"
     print(f"ppf up: TLS judge {url}", flush=True)
     return url
