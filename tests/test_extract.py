@@ -214,3 +214,31 @@ def test_native_scanner_on_a_dense_list_equals_the_regex() -> None:
     native = extract_module._c_scan(data, 0, Candidate, codes, extract_module._CONFIDENCES)
     assert native == extract_module._first_of_each(extract_module._fast(data, None))
     assert len(native) > 300_000
+
+
+def _ip(i: int) -> str:
+    return f"8.8.{i // 250}.{i % 250 + 1}"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "page",
+    [
+        # HTML lets </tr> and </td> be left out; a lazy row pattern rescanned the page
+        # from every row (13 s for 40 KB before; these are 50 times larger).
+        "<table>" + "".join(f"<tr><td>{_ip(i)}</td><td>80" for i in range(50_000)),
+        "<table><tr>" + "".join(f"<td>{_ip(i)}<td>80" for i in range(50_000)),
+        "<td>" + "<a" * 1_000_000 + " socks5 8.8.8.8:80",
+        "socks5 " + "-a" * 1_000_000 + " 8.8.8.8:80",
+        "socks5 " + "-a" * 100_000 + "@ 8.8.8.8:80",
+    ],
+    ids=["rows-unclosed", "cells-unclosed", "lt-without-gt", "punctuated-run", "with-at"],
+)
+def test_hostile_pages_cost_time_in_proportion_to_their_length(page: str) -> None:
+    """A hang here is a worker stopped by one page: each of these must finish (the
+    timeout is the guard; how fast is `ppf bench extract`'s to say) and be right."""
+    got = extract(page.encode())
+    if page.startswith("<table>") or page.startswith("<table><tr>"):
+        assert len(got) == 50_000 and got[0] == Candidate("8.8.0.1", 80, None, 0.8)
+    else:
+        assert [str(c) for c in got] == ["socks5://8.8.8.8:80"]
