@@ -258,8 +258,10 @@ def extract(data: str | bytes, hint: str | None = None, *, lab: bool = False) ->
     found: Iterator[Candidate]
     if head in ("[", "{"):
         try:
-            found = _json_walk(msgspec.json.decode(text), hint, lab)
-        except msgspec.DecodeError:
+            # Walked here, not lazily: nesting deeper than Python's stack (a hostile
+            # page) raises now, and the page is then read as text instead.
+            found = iter(list(_json_walk(msgspec.json.decode(text), hint, lab)))
+        except (msgspec.DecodeError, RecursionError):
             found = _text(text, hint, lab)
     elif "<td" in text or "<TD" in text:
         found = _chain(_html(text, hint, lab), _text(_TAG.sub(" ", text), hint, lab))

@@ -153,7 +153,14 @@ class Worker(Agent):
             outcomes[lease] = ("done", "") if result.ok else ("failed", result.error)
             if not changed:
                 continue
-            candidates = extract(result.body, payload.get("proto_hint") or None, lab=cfg.lab)
+            try:
+                candidates = extract(result.body, payload.get("proto_hint") or None, lab=cfg.lab)
+            except Exception as exc:  # a bug meets a page: the rest of the batch goes on
+                log.error("extract_failed", agent=self.name, url_id=uid, error=repr(exc))
+                # Abandoned counts an attempt: a page that keeps doing this is a poison
+                # target, and the attempt budget parks it.
+                outcomes[lease] = ("abandoned", f"extract: {exc!r}")
+                continue
             events.append(
                 self._ev(
                     Extracted,

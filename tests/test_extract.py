@@ -242,3 +242,12 @@ def test_hostile_pages_cost_time_in_proportion_to_their_length(page: str) -> Non
         assert len(got) == 50_000 and got[0] == Candidate("8.8.0.1", 80, None, 0.8)
     else:
         assert [str(c) for c in got] == ["socks5://8.8.8.8:80"]
+
+
+@pytest.mark.parametrize("depth", [100, 990, 100_000])
+def test_json_nested_past_the_stack_is_read_as_text_not_a_crash(depth: int) -> None:
+    page = "[" * depth + '{"ip": "8.8.8.8", "port": 80, "note": "1.1.1.1:8080"}' + "]" * depth
+    got = {str(c) for c in extract(page.encode())}
+    assert got in ({"8.8.8.8:80"}, {"1.1.1.1:8080"})  # the object, or the page as text
+    if depth == 100:
+        assert got == {"8.8.8.8:80"}

@@ -131,3 +131,65 @@ async def test_a_list_that_will_not_load_spends_no_attempt(
         await gateway.close()
         await fold.stop()
         await lg.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_page_that_breaks_the_extractor_spoils_only_itself(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection: the extractor raises on one page of the batch. The other page's
+    proxies are still checked and published; the broken one is released `abandoned`,
+    which counts an attempt (a page that always does this is parked by the budget)."""
+    import agents.worker as worker_module
+
+    real_extract = worker_module.extract
+
+    def extract(body: bytes, *args: object, **kw: object) -> object:
+        if b"POISON" in body:
+            raise ValueError("the extractor met a bug")
+        return real_extract(body, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_module, "extract", extract)
+    squid = next(p for p in lab.proxies if p.name == "squid")
+    pages = {"/good.txt": f"127.0.0.1:{squid.port}\n", "/poison.txt": "POISON 8.8.8.8:80\n"}
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(text=pages[request.path])
+
+    site = web.Application()
+    site.router.add_get("/{name}", serve)
+    list_server = TestServer(site, host="127.0.0.1")
+    await list_server.start_server()
+    lg = await Log.connect(nats_server.url)
+    await lg.ensure_stream()
+    token = await enroll(lg, "w1", "worker")
+    await lg.publish(
+        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
+    )
+    uids = {}
+    for path in pages:
+        url = str(list_server.make_url(path))
+        uids[path] = ev.url_id(url)
+        await lg.publish(
+            ev.SourceAdded(id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=uids[path])
+        )
+    fold = FoldService(lg, db=None)
+    await fold.start()
+    gateway = TestServer(make_app(fold, lg), host="127.0.0.1")
+    await gateway.start_server()
+    base = str(gateway.make_url("")).rstrip("/")
+    try:
+        config = WorkerConfig(lab=True, idle_s=0.2, check_timeout_s=5)
+        worker = Worker(base, token, "w1", base + "/judge", tmp_path / "w1", config)
+        await asyncio.wait_for(worker.run(asyncio.Event(), cycles=1), 60)
+        assert await fold.wait_for(await lg.head_seq(), 10)
+        assert ("127.0.0.1", squid.port) in fold.state.proxies
+        rows = {r.target: r for r in fold.state.leases.values()}
+        poisoned, good = rows[uids["/poison.txt"]], rows[uids["/good.txt"]]
+        assert (poisoned.attempts, good.attempts) == (1, 0)
+        assert "extractor met a bug" in poisoned.last_error
+    finally:
+        await gateway.close()
+        await list_server.close()
+        await fold.stop()
+        await lg.close()
