@@ -1,0 +1,72 @@
+"""A one-machine fleet for worker tests: the log, a fold, a gateway, and list pages.
+
+Everything real (nats-server, the aiohttp gateway on a port, pages served over HTTP);
+only the size is small. Lab mode is on, so loopback proxies and pages are accepted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+import events as ev
+from gateway.app import make_app
+from ops.cli import enroll
+from ops.fold_service import FoldService
+from ops.log import Log, fresh_id, now_ms
+from ops.natsd import NatsServer
+
+__all__ = ["Fleet", "fleet"]
+
+
+@dataclass
+class Fleet:
+    log: Log
+    fold: FoldService
+    gateway: str  # base URL
+    token: str  # of the worker "w1"
+    url_ids: dict[str, str]  # page path -> its source's url_id
+
+
+@contextlib.asynccontextmanager
+async def fleet(
+    nats_server: NatsServer, pages: dict[str, str], *, unserved: Sequence[str] = ()
+) -> AsyncIterator[Fleet]:
+    """Pages (path -> text) served and added as sources, and ``unserved`` URLs added as
+    sources too (keyed by URL in ``url_ids``); a worker "w1" enrolled."""
+
+    async def serve(request: web.Request) -> web.Response:
+        return web.Response(text=pages[request.path])
+
+    site = web.Application()
+    site.router.add_get("/{name}", serve)
+    lists = TestServer(site, host="127.0.0.1")
+    await lists.start_server()
+    lg = await Log.connect(nats_server.url)
+    await lg.ensure_stream()
+    token = await enroll(lg, "w1", "worker")
+    settings = ev.Settings(lab=True)
+    await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
+    urls = {path: str(lists.make_url(path)) for path in pages} | {u: u for u in unserved}
+    url_ids = {key: ev.url_id(url) for key, url in urls.items()}
+    for key, url in urls.items():
+        added = ev.SourceAdded(
+            id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=url_ids[key]
+        )
+        await lg.publish(added)
+    fold = FoldService(lg, db=None)
+    await fold.start()
+    assert await fold.wait_for(await lg.head_seq(), 10)
+    gateway = TestServer(make_app(fold, lg), host="127.0.0.1")
+    await gateway.start_server()
+    try:
+        yield Fleet(lg, fold, str(gateway.make_url("")).rstrip("/"), token, url_ids)
+    finally:
+        await gateway.close()
+        await lists.close()
+        await fold.stop()
+        await lg.close()

@@ -1,0 +1,63 @@
+"""What one bad source may cost a worker's batch: itself, and nothing else."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from agents.worker import Worker, WorkerConfig
+from ops.lab import ProxyLab
+from ops.natsd import NatsServer, free_port
+from tests.fleet import Fleet, fleet
+
+
+async def _one_cycle(f: Fleet, tmp_path: Path, **config: object) -> None:
+    cfg = WorkerConfig(lab=True, idle_s=0.2, check_timeout_s=5, **config)  # type: ignore[arg-type]
+    worker = Worker(f.gateway, f.token, "w1", f.gateway + "/judge", tmp_path / "w1", cfg)
+    await asyncio.wait_for(worker.run(asyncio.Event(), cycles=1), 60)
+    assert await f.fold.wait_for(await f.log.head_seq(), 10)
+
+
+@pytest.mark.timeout(120)
+async def test_a_list_that_will_not_load_spends_no_attempt(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """The fetch failure is told by Fetched (the source backs off); the lease is
+    released uncounted, so a source that is down for a while never ends `failed`."""
+    gone = f"http://127.0.0.1:{free_port()}/gone.txt"  # nothing listens there
+    async with fleet(nats_server, {}, unserved=[gone]) as f:
+        await _one_cycle(f, tmp_path, nats=nats_server.agent_url("worker"))
+        lease = next(r for r in f.fold.state.leases.values() if r.target == f.url_ids[gone])
+        assert (lease.status, lease.attempts) == ("free", 0)
+        assert "Connect" in lease.last_error or "refused" in lease.last_error.lower()
+        assert f.fold.state.agents["w1"].counts["Fetched.failed"] == 1
+
+
+@pytest.mark.timeout(120)
+async def test_a_page_that_breaks_the_extractor_spoils_only_itself(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fault injection: the extractor raises on one page of the batch. The other page's
+    proxies are still checked and published; the broken one is released `abandoned`,
+    which counts an attempt (a page that always does this is parked by the budget)."""
+    import agents.worker as worker_module
+
+    real_extract = worker_module.extract
+
+    def extract(body: bytes, *args: object, **kw: object) -> object:
+        if b"POISON" in body:
+            raise ValueError("the extractor met a bug")
+        return real_extract(body, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(worker_module, "extract", extract)
+    squid = next(p for p in lab.proxies if p.name == "squid")
+    pages = {"/good.txt": f"127.0.0.1:{squid.port}\n", "/poison.txt": "POISON 8.8.8.8:80\n"}
+    async with fleet(nats_server, pages) as f:
+        await _one_cycle(f, tmp_path)
+        assert ("127.0.0.1", squid.port) in f.fold.state.proxies
+        rows = {r.target: r for r in f.fold.state.leases.values()}
+        poisoned, good = rows[f.url_ids["/poison.txt"]], rows[f.url_ids["/good.txt"]]
+        assert (poisoned.attempts, good.attempts) == (1, 0)
+        assert "extractor met a bug" in poisoned.last_error
