@@ -423,7 +423,9 @@ async def _agent(args: argparse.Namespace) -> int:
         return 2
     data = Path(args.data)
     try:
-        async with GatewayClient(args.gateway, args.token, "", data / "outbox.jsonl") as gw:
+        # Only to learn the agent's name: it publishes nothing, so it asks for no NATS.
+        outbox = data / "outbox.jsonl"
+        async with GatewayClient(args.gateway, args.token, "", outbox, http_only=True) as gw:
             me = await gw.whoami()
     except (GatewayError, OSError) as exc:
         print(f"ppf agent: {exc}", file=sys.stderr)
@@ -454,7 +456,11 @@ async def _agent(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     log.info("agent_started", agent=me["name"], role=me["role"], gateway=args.gateway)
-    await agent.run(stop)
+    try:
+        await agent.run(stop)
+    except (OSError, ValueError, TimeoutError) as exc:  # the judges, asked at start
+        print(f"ppf agent: cannot start: {exc!r}", file=sys.stderr)
+        return 1
     return 0
 
 
