@@ -149,16 +149,18 @@ async def _serve(args: argparse.Namespace, *, embedded: bool) -> int:
         else:
             print(f"ppf fold: nats {lg.address}  db {db}", flush=True)
         log.info("started", role=args.cmd, nats=lg.address)
-        if "local-worker" in local_tokens and args.cmd == "up":
-            # Their tokens must be in the projection before they first ask the gateway.
+        if args.cmd == "up":
+            # Caught up first: the local agents' tokens must be in the projection before
+            # they ask the gateway, and an empty log tells a first start.
             await fold.wait_for(await lg.head_seq(), 30)
             if not args.lab and not fold.state.sources:
-                # A first start has work to do: the built-in public lists (`ppf sources
-                # seed`). A lab starts empty: its tests bring their own pages.
+                # A first start has work to do, for the local agents or remote ones: the
+                # built-in public lists (`ppf sources seed`). A lab starts empty.
                 from agents.seeds import SEEDS, source_added
 
                 await lg.publish_many(source_added(dict(SEEDS), "seed"))
                 log.info("sources_seeded", count=len(SEEDS))
+        if "local-worker" in local_tokens and args.cmd == "up":
             from agents.checker import Checker, CheckerConfig
             from agents.worker import Worker, WorkerConfig
 

@@ -36,9 +36,8 @@ def _get(url: str) -> tuple[int, Any]:
 class Up:
     """One `ppf up` process on its own ports and data dir."""
 
-    def __init__(self, ppf: str, data: Path, *extra: str, agents: bool = False) -> None:
-        """No local agents unless ``extra`` asks something of them (``--lab``) or
-        ``agents`` says so."""
+    def __init__(self, ppf: str, data: Path, *extra: str) -> None:
+        """No local agents unless ``extra`` asks something of them (``--lab``)."""
         self.data = data
         self.http = free_port()
         self.nats_port = free_port()
@@ -53,7 +52,7 @@ class Up:
             f"127.0.0.1:{self.nats_port}",
             "--judge-tls-listen",
             f"127.0.0.1:{free_port()}",
-            *(extra or (() if agents else ("--no-agents",))),
+            *(extra or ("--no-agents",)),
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self.logfile = data.parent / f"up-{self.http}.log"
@@ -232,14 +231,13 @@ def test_up_lab_is_published_and_replayed(ppf_bin: str, tmp_path: Path) -> None:
 
 
 def test_a_first_up_seeds_the_public_lists_once(ppf_bin: str, tmp_path: Path) -> None:
-    """With its agents and outside a lab, `ppf up` has work from its first start: the
-    built-in lists. A restart adds none again. (Here no name resolves: the local
-    worker's fetches fail fast, and the sources stay.)"""
+    """Outside a lab, `ppf up` has work from its first start: the built-in lists. A
+    restart adds none again. (No agents here: a test fetches nothing from outside.)"""
     from agents.seeds import SEEDS
 
     seeded: list[int] = []
     for _ in range(2):
-        up = Up(ppf_bin, tmp_path / "data", agents=True)
+        up = Up(ppf_bin, tmp_path / "data")
         up.start()
         try:
             deadline = time.monotonic() + 30
