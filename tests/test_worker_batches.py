@@ -1,4 +1,4 @@
-"""What one bad source may cost a worker's batch: itself, and nothing else."""
+"""Worker batches: a long one keeps its leases; one bad source costs itself, nothing else."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.fleet import Fleet, fleet
 
 
 async def _one_cycle(f: Fleet, tmp_path: Path, **config: object) -> None:
-    cfg = WorkerConfig(lab=True, idle_s=0.2, check_timeout_s=5, **config)  # type: ignore[arg-type]
+    cfg = WorkerConfig(**{"lab": True, "idle_s": 0.2, "check_timeout_s": 5, **config})  # type: ignore[arg-type]
     worker = Worker(f.gateway, f.token, "w1", f.gateway + "/judge", tmp_path / "w1", cfg)
     await asyncio.wait_for(worker.run(asyncio.Event(), cycles=1), 60)
     assert await f.fold.wait_for(await f.log.head_seq(), 10)
@@ -61,3 +61,18 @@ async def test_a_page_that_breaks_the_extractor_spoils_only_itself(
         poisoned, good = rows[f.url_ids["/poison.txt"]], rows[f.url_ids["/good.txt"]]
         assert (poisoned.attempts, good.attempts) == (1, 0)
         assert "extractor met a bug" in poisoned.last_error
+
+
+@pytest.mark.timeout(120)
+async def test_heartbeats_keep_a_batch_longer_than_its_lease(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A 10 s lease (the shortest the ledger grants) over a batch that checks a tarpit
+    for 14 s: the heartbeats keep it, so it is released `done` by its holder, never
+    lost or expired (either would count an attempt)."""
+    tarpit = next(p for p in lab.proxies if p.name == "tarpit")
+    async with fleet(nats_server, {"/slow.txt": f"127.0.0.1:{tarpit.port}\n"}) as f:
+        await _one_cycle(f, tmp_path, lease_ttl_s=10, check_timeout_s=14)
+        row = next(r for r in f.fold.state.leases.values() if r.target == f.url_ids["/slow.txt"])
+        assert (row.status, row.attempts, row.lost) == ("free", 0, 0)
+        assert f.fold.state.agents["w1"].counts.get("Heartbeat", 0) >= 2
