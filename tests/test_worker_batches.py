@@ -76,3 +76,40 @@ async def test_heartbeats_keep_a_batch_longer_than_its_lease(
         row = next(r for r in f.fold.state.leases.values() if r.target == f.url_ids["/slow.txt"])
         assert (row.status, row.attempts, row.lost) == ("free", 0, 0)
         assert f.fold.state.agents["w1"].counts.get("Heartbeat", 0) >= 2
+
+
+@pytest.mark.timeout(120)
+async def test_a_batch_dedups_checks_once_and_follows_links_of_productive_pages(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Three pages leased together: squid listed on two is checked and confirmed once;
+    links are taken from the page that yielded proxies, not from the one that did not."""
+    by = {p.name: p for p in lab.proxies}
+    squid, micro, dante, closed = (by[n] for n in ("squid", "microsocks", "dante", "closed"))
+    pages = {
+        "/a.html": f"<p>127.0.0.1:{squid.port} socks5://127.0.0.1:{micro.port} socks5://127.0.0.1:{dante.port}</p>"
+        '<a href="http://lists.example/next.txt">more</a>',
+        "/b.txt": f"127.0.0.1:{squid.port}\n",
+        "/c.html": f'<p>127.0.0.1:{closed.port}</p><a href="http://lists.example/other.txt">x</a>',
+    }
+    async with fleet(nats_server, pages) as f:
+        await _one_cycle(f, tmp_path, batch=5)
+        state = f.fold.state
+        assert state.agents["w1"].counts["ProxyWorked"] == 3
+        real = [("127.0.0.1", p.port) for p in (squid, micro, dante)]
+        assert [state.proxies[k].confirmations for k in real] == [1, 1, 1]
+        linked = {row.url: row for row in state.sources.values()}
+        assert linked["http://lists.example/next.txt"].origin == "discovered"
+        assert linked["http://lists.example/next.txt"].parent == f.url_ids["/a.html"]
+        assert "http://lists.example/other.txt" not in linked
+
+
+@pytest.mark.timeout(120)
+async def test_a_cycle_checks_at_most_its_cap(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    by = {p.name: p for p in lab.proxies}
+    page = "".join(f"127.0.0.1:{by[n].port}\n" for n in ("squid", "tinyproxy-via", "dante"))
+    async with fleet(nats_server, {"/l.txt": page}) as f:
+        await _one_cycle(f, tmp_path, max_proxies=2)
+        assert f.fold.state.agents["w1"].counts["ProxyWorked"] == 2
