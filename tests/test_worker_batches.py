@@ -13,10 +13,10 @@ from ops.natsd import NatsServer, free_port
 from tests.fleet import Fleet, fleet
 
 
-async def _one_cycle(f: Fleet, tmp_path: Path, **config: object) -> None:
+async def _one_cycle(f: Fleet, tmp_path: Path, cycles: int = 1, **config: object) -> None:
     cfg = WorkerConfig(**{"lab": True, "idle_s": 0.2, "check_timeout_s": 5, **config})  # type: ignore[arg-type]
     worker = Worker(f.gateway, f.token, "w1", f.gateway + "/judge", tmp_path / "w1", cfg)
-    await asyncio.wait_for(worker.run(asyncio.Event(), cycles=1), 60)
+    await asyncio.wait_for(worker.run(asyncio.Event(), cycles=cycles), 60)
     assert await f.fold.wait_for(await f.log.head_seq(), 10)
 
 
@@ -113,3 +113,20 @@ async def test_a_cycle_checks_at_most_its_cap(
     async with fleet(nats_server, {"/l.txt": page}) as f:
         await _one_cycle(f, tmp_path, max_proxies=2)
         assert f.fold.state.agents["w1"].counts["ProxyWorked"] == 2
+
+
+@pytest.mark.timeout(120)
+async def test_an_unchanged_page_is_not_extracted_again(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Fetched twice (a page of 100 candidates or more is due again at once: its yield
+    lifts its score by the whole 1.0), extracted once: the second fetch has the hash
+    the lease carried."""
+    dead: set[int] = set()
+    while len(dead) < 120:  # loopback ports nobody holds
+        dead.add(free_port())
+    page = "".join(f"127.0.0.1:{port}\n" for port in sorted(dead))
+    async with fleet(nats_server, {"/same.txt": page}) as f:
+        await _one_cycle(f, tmp_path, cycles=2, check_timeout_s=2)
+        counts = f.fold.state.agents["w1"].counts
+        assert (counts["Fetched"], counts["Extracted"]) == (2, 1)
