@@ -35,6 +35,8 @@ async def _serve(host: str = "127.0.0.1", **pages: web.Response) -> TestServer:
             raise web.HTTPFound("/loop")
         if request.path.startswith("/to/"):
             raise web.HTTPFound(request.path[len("/to") :] if "//" not in request.path else "")
+        if request.path == "/long":  # megabytes: many chunks on the wire
+            return web.Response(body=PAGE * 150_000)
         return web.Response(body=b"x" * 5000 if request.path == "/big" else PAGE)
 
     app = web.Application()
@@ -60,6 +62,10 @@ async def test_bounded_hashed_and_conditional(site: TestServer) -> None:
         assert page.content_hash == hashlib.sha256(PAGE).hexdigest()
         big = await f.fetch(str(site.make_url("/big")))
         assert not big.ok and "larger than 4096" in big.error
+    async with Fetcher(lab=True, timeout_s=10) as f:
+        long = await f.fetch(str(site.make_url("/long")))
+        assert long.ok and long.body == PAGE * 150_000  # read to its end, not one chunk
+    async with Fetcher(lab=True, timeout_s=1, max_bytes=4096) as f:
         slow = await f.fetch(str(site.make_url("/slow")))
         assert not slow.ok and "Timeout" in slow.error and slow.fetch_ms < 3000
         first = await f.fetch(str(site.make_url("/cached")))
