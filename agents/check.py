@@ -36,7 +36,7 @@ import msgspec
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
-__all__ = ["Check", "Judge", "TlsJudge", "check", "check_many"]
+__all__ = ["Check", "Judge", "TlsJudge", "check", "check_many", "judge_answers"]
 
 PROXY_HEADERS = (
     "via",
@@ -108,6 +108,21 @@ class Judge:
             raise ValueError(f"{url} is not a ppf judge")
         tls = await _discover_tls(tls_url, timeout) if tls_url else None
         return cls(judge.host, judge.port, judge.path, str(echo.get("remote") or ""), tls)
+
+
+async def judge_answers(judge: Judge, timeout: float = 5.0) -> bool:
+    """Whether the judge answers us directly now: a failed check means a dead proxy
+    only while it does."""
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(judge.host, judge.port)
+            return await _request(reader, writer, judge, os.urandom(6).hex(), True) is not None
+    except (OSError, TimeoutError, ConnectionError, ValueError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 def _client_tls() -> ssl.SSLContext:

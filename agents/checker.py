@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from agents.check import Judge, check_many
+from agents.check import Judge, check_many, judge_answers
 from agents.gateway_client import GatewayClient
 from agents.loop import Agent, run_cycles
 from events import Event, ProxyFailed
@@ -43,6 +43,7 @@ class Checker(Agent):
     ) -> None:
         super().__init__(gateway, token, name, judge_url, data, config)
         self.rechecked = 0
+        self.voided = 0  # cycles thrown away because the judge did not answer
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         async with self._gateway_client() as gw:
@@ -71,6 +72,14 @@ class Checker(Agent):
         results = await check_many(
             targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
         )
+        if not all(r.ok for r in results) and not await judge_answers(judge):
+            # Our judge is down, not their proxies: failures now would mark a healthy
+            # pool dead. The cycle is void; its shards go back uncounted.
+            log.warning("recheck_void", agent=self.name, reason="the judge does not answer")
+            for grant in grants:
+                await gw.release(grant["lease"], "abandoned", "judge unreachable", counted=False)
+            self.voided += 1
+            return 0  # no work done: wait before asking again
         events: list[Event] = []
         for (ip, port, proto), lease, r in zip(targets, leases, results, strict=True):
             if r.ok and r.proto is not None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 import events as ev
 from agents.checker import Checker, CheckerConfig
+from gateway.app import judge as judge_handler
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli import enroll
@@ -97,4 +99,64 @@ async def test_checker_rechecks_known_proxies_both_ways(
         assert all(r.status == "free" for r in fold.state.leases.values() if r.kind == "recheck")
     finally:
         await server.close()
+        await fold.stop()
+
+
+async def test_a_judge_outage_marks_no_proxy_dead(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    """The judge answers the checker's start, then fails: every check fails, but the
+    judge fails directly too, so no `ProxyFailed` is published and the shards go back
+    uncounted."""
+    token = await enroll(log_client, "c1", "checker")
+    await log_client.publish(
+        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
+    )
+    known = [p for p in lab.proxies if p.name in ("squid", "microsocks")]
+    for p in known:
+        await log_client.publish(worked("127.0.0.1", p.port, proto=p.proto or "http"))
+    answered = 0
+
+    async def failing_judge(request: web.Request) -> web.StreamResponse:
+        nonlocal answered
+        answered += 1
+        if answered > 1:  # the discovery only
+            raise web.HTTPServiceUnavailable()
+        return await judge_handler(request)
+
+    judge_app = web.Application()
+    judge_app.router.add_get("/judge", failing_judge)
+    judge_server = TestServer(judge_app, host="127.0.0.1")
+    await judge_server.start_server()
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    assert await fold.wait_for(await log_client.head_seq(), 10)
+    now_policy = RecheckPolicy(failing_s=0, fresh_s=0, settled_s=0, veteran_s=0)
+    server = TestServer(make_app(fold, log_client, GatewayConfig(recheck=now_policy)))
+    await server.start_server()
+    stop = asyncio.Event()
+    try:
+        base = str(server.make_url("")).rstrip("/")
+        config = CheckerConfig(shards=256, check_timeout_s=3, idle_s=30)
+        checker = Checker(
+            base, token, "c1", str(judge_server.make_url("/judge")), tmp_path / "c1", config
+        )
+        task = asyncio.create_task(checker.run(stop))
+        for _ in range(300):
+            if checker.voided:
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        assert checker.voided == 1
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        for p in known:
+            row = fold.state.proxies[("127.0.0.1", p.port)]
+            assert (row.fail_streak, row.confirmations) == (0, 1), p.name
+        recheck = [r for r in fold.state.leases.values() if r.kind == "recheck"]
+        assert recheck and all((r.status, r.attempts) == ("free", 0) for r in recheck)
+        assert "ProxyFailed" not in fold.state.agents["c1"].counts
+    finally:
+        await server.close()
+        await judge_server.close()
         await fold.stop()
