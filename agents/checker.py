@@ -47,7 +47,6 @@ class Checker(Agent):
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         async with self._gateway_client() as gw:
-            self.via = gw.via
             judge = await Judge.discover(self.judge_url, tls_url=self.config.tls_judge)
             self.cycles += await run_cycles(
                 self.name,

@@ -64,11 +64,16 @@ class Agent:
         self.data = data
         self.config = config
         self.cycles = 0
-        self.via = ""  # where observations went: nats or http (set once running)
+        self._client: GatewayClient | None = None
+
+    @property
+    def via(self) -> str:
+        """Where observations go now: ``nats`` or ``http`` ("" before the agent runs)."""
+        return self._client.via if self._client is not None else ""
 
     def _gateway_client(self) -> GatewayClient:
         """The gateway, and the way observations go (JetStream, or HTTP when told)."""
-        return GatewayClient(
+        self._client = GatewayClient(
             self.gateway,
             self.token,
             self.name,
@@ -76,6 +81,7 @@ class Agent:
             nats=self.config.nats,
             http_only=self.config.http_only,
         )
+        return self._client
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""

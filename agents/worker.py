@@ -92,7 +92,6 @@ class Worker(Agent):
                 timeout_s=self.config.fetch_timeout_s,
             ) as fetcher,
         ):
-            self.via = gw.via
             judge = await Judge.discover(self.judge_url, tls_url=self.config.tls_judge)
             self.cycles += await run_cycles(
                 self.name,
