@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
-from aiohttp_socks import ProxyConnector
+from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
 from yarl import URL
 
 __all__ = ["FetchResult", "Fetcher"]
@@ -40,6 +40,7 @@ class FetchResult:
     etag: str = ""
     last_modified: str = ""
     not_modified: bool = False
+    upstream_down: bool = False  # the upstream itself did not answer: not the source's fault
 
 
 MAX_REDIRECTS = 5
@@ -152,7 +153,16 @@ class Fetcher:
             # One bound for the whole fetch, redirects included (each request has its own).
             async with asyncio.timeout(self.timeout.total):
                 return await self._follow(url, headers, elapsed, etag, last_modified)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (ProxyConnectionError, ProxyTimeoutError) as exc:
+            # Not OSErrors: before, they escaped and failed the worker's whole batch.
+            return FetchResult(
+                ok=False,
+                fetch_ms=elapsed(),
+                error=f"upstream: {type(exc).__name__}: {exc}"[:200],
+                upstream_down=True,
+            )
+        except (aiohttp.ClientError, TimeoutError, OSError, ProxyError) as exc:
+            # ProxyError: the upstream answered, and could not reach the source.
             return FetchResult(
                 ok=False, fetch_ms=elapsed(), error=f"{type(exc).__name__}: {exc}"[:200]
             )

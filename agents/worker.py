@@ -126,10 +126,15 @@ class Worker(Agent):
         events: list[Event] = []
         pages: dict[str, bytes] = {}
         found: dict[tuple[str, int, str | None], tuple[str, str]] = {}  # -> (url_id, lease)
-        outcomes: dict[str, tuple[str, str]] = {}
+        outcomes: dict[str, tuple[str, str, bool]] = {}  # lease -> (outcome, error, counted)
         fetched = await asyncio.gather(*(self._fetch(fetcher, g["payload"]) for g in grants))
         for grant, result in zip(grants, fetched, strict=True):
             uid, lease, payload = grant["target"], grant["lease"], grant["payload"]
+            if result.upstream_down:
+                # Our way out is down (Tor restarting, say): nothing was learned about
+                # the source, so no Fetched, and the lease goes back uncounted.
+                outcomes[lease] = ("abandoned", result.error, False)
+                continue
             changed = result.ok and result.content_hash != payload.get("last_hash", "")
             events.append(
                 self._ev(
@@ -149,7 +154,7 @@ class Worker(Agent):
             # Fetched says so and the source's schedule backs off (and retries within
             # 6 h). Counting it against the attempt budget would, after five tries, fail
             # the target for good, until an admin reset.
-            outcomes[lease] = ("done", "") if result.ok else ("failed", result.error)
+            outcomes[lease] = ("done", "", True) if result.ok else ("failed", result.error, False)
             if not changed:
                 continue
             try:
@@ -158,7 +163,7 @@ class Worker(Agent):
                 log.error("extract_failed", agent=self.name, url_id=uid, error=repr(exc))
                 # Abandoned counts an attempt: a page that keeps doing this is a poison
                 # target, and the attempt budget parks it.
-                outcomes[lease] = ("abandoned", f"extract: {exc!r}")
+                outcomes[lease] = ("abandoned", f"extract: {exc!r}", True)
                 continue
             events.append(
                 self._ev(
@@ -195,8 +200,11 @@ class Worker(Agent):
             if links:
                 events.append(self._ev(Discovered, parent=uid, urls=links))
         await gw.publish(events)
-        for lease, (outcome, error) in outcomes.items():
-            await gw.release(lease, outcome, error, counted=outcome != "failed")
+        for lease, (outcome, error, counted) in outcomes.items():
+            await gw.release(lease, outcome, error, counted=counted)
+        if all(r.upstream_down for r in fetched):
+            log.warning("upstream_down", agent=self.name, upstream=cfg.upstream)
+            return 0  # no work done: wait before leasing again
         log.info(
             "cycle_done",
             agent=self.name,

@@ -130,3 +130,28 @@ async def test_an_unchanged_page_is_not_extracted_again(
         await _one_cycle(f, tmp_path, cycles=2, check_timeout_s=2)
         counts = f.fold.state.agents["w1"].counts
         assert (counts["Fetched"], counts["Extracted"]) == (2, 1)
+
+
+@pytest.mark.timeout(120)
+async def test_an_upstream_that_is_down_blames_no_source(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Tor (here: a SOCKS port nobody holds) down: nothing is learned about the sources,
+    so no Fetched is published and the leases go back uncounted."""
+    upstream = f"socks5://127.0.0.1:{free_port()}"
+    async with fleet(nats_server, {"/a.txt": "8.8.8.8:80\n", "/b.txt": "1.1.1.1:80\n"}) as f:
+        cfg = WorkerConfig(lab=True, idle_s=30, upstream=upstream, batch=5)
+        worker = Worker(f.gateway, f.token, "w1", f.gateway + "/judge", tmp_path / "w1", cfg)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        leases = f.fold.state.leases
+        for _ in range(100):  # until both leases were granted and given back
+            if len(leases) == 2 and all(r.status == "free" for r in leases.values()):
+                break
+            await asyncio.sleep(0.1)
+        stop.set()
+        await asyncio.wait_for(task, 30)
+        assert await f.fold.wait_for(await f.log.head_seq(), 10)
+        assert [(r.status, r.attempts) for r in leases.values()] == [("free", 0)] * 2
+        assert all("upstream" in r.last_error for r in leases.values())
+        assert "Fetched" not in f.fold.state.agents["w1"].counts
