@@ -11,6 +11,7 @@ doubles none.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ class GatewayClient:
             return
         try:
             self._nats_url = (await self.whoami()).get("nats") or None
-        except (GatewayError, aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except GatewayError as exc:
             log.warning("no_nats_offer_yet", agent=self.agent, error=repr(exc))
             return
         self._ask_gateway = False
@@ -105,18 +106,29 @@ class GatewayClient:
         if self._log is not None:
             await self._log.close()
 
-    async def _post(self, path: str, body: Any) -> tuple[int, Any]:
+    async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """(status, decoded JSON); (0, why) when the gateway could not be reached. A body
+        that is not JSON (a proxy's error page) comes back as its first 300 characters."""
         assert self._http is not None
-        async with self._http.post(self.base + path, json=body) as r:
-            return r.status, await r.json(content_type=None)
+        try:
+            async with self._http.request(method, self.base + path, json=body) as r:
+                raw = await r.read()
+                status = r.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return 0, repr(exc)
+        try:
+            return status, msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            return status, raw[:300].decode("utf-8", "replace")
 
-    async def whoami(self) -> dict[str, str]:
-        assert self._http is not None
-        async with self._http.get(self.base + "/v1/agents/me") as r:
-            data = await r.json(content_type=None)
-            if r.status != 200:
-                raise GatewayError(f"whoami: {r.status} {data}")
-            return dict(data)
+    async def _post(self, path: str, body: Any) -> tuple[int, Any]:
+        return await self._call("POST", path, body)
+
+    async def whoami(self) -> dict[str, Any]:
+        status, data = await self._call("GET", "/v1/agents/me")
+        if status != 200 or not isinstance(data, dict):
+            raise GatewayError(f"whoami: {status} {data}")
+        return data
 
     async def lease(self, kind: str, count: int, ttl_s: int) -> list[dict[str, Any]]:
         body = {"agent": self.agent, "kind": kind, "count": count, "ttl_s": ttl_s}
@@ -133,8 +145,15 @@ class GatewayClient:
         self, lease: str, outcome: str, error: str = "", *, counted: bool = True
     ) -> bool:
         body = {"outcome": outcome, "counted": counted, "error": error[:500]}
-        status, _ = await self._post(f"/v1/leases/{lease}/release", body)
-        return status == 200
+        # A few tries over a gateway's blip: a release that never arrives lets the lease
+        # expire, and expiry counts an attempt whatever the outcome was.
+        for delay in (0.5, 1.0, 2.0, 0.0):
+            status, _ = await self._post(f"/v1/leases/{lease}/release", body)
+            if status != 0 and status < 500:
+                return status == 200
+            if delay:
+                await asyncio.sleep(delay)
+        return False
 
     async def publish(self, events: list[Event]) -> bool:
         """Send (outbox first); on failure keep the unsent on disk. True when all were sent.
