@@ -1,1 +1,1 @@
-"""Agents (worker, checker, seed node) and their shared engine. Built in issue 4."""
+"""Agents (worker and checker; the seed node to come) and their engine: fetch, extract, check."""

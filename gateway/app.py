@@ -228,7 +228,7 @@ _DASHBOARD = (Path(__file__).parent / "static" / "index.html").read_bytes()
 
 @routes.get("/")
 async def dashboard(request: web.Request) -> web.Response:
-    """One page, no build step: it polls the JSON endpoints (issue 5 grows it)."""
+    """One page, no build step: it polls the JSON endpoints."""
     return web.Response(body=_DASHBOARD, content_type="text/html")
 
 

@@ -421,7 +421,7 @@ async def _agent(args: argparse.Namespace) -> int:
     from agents.worker import Worker, WorkerConfig
 
     if args.role == "seed":
-        print("ppf agent seed: not built yet (issue 4)", file=sys.stderr)
+        print("ppf agent seed: the seed node is not built yet", file=sys.stderr)
         return 2
     data = Path(args.data)
     try:

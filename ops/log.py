@@ -119,7 +119,7 @@ class Log:
         self.address = redact(url)  # for logs: no password
         self._closing: list[bool] = []
         # NATS operations by kind, for /v1/stats.
-        # Object-store keys count deposits once agents make them (issue 4).
+        # Object-store keys count deposits once agents make them (the seed node, to come).
         self.ops: dict[str, int] = dict.fromkeys(
             ("publish", "direct_get", "stream_info", "object_get", "object_put"), 0
         )
