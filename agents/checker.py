@@ -68,9 +68,10 @@ class Checker(Agent):
             for ip, port, proto in grant["payload"].get("proxies", []):
                 targets.append((ip, port, proto or None))
                 leases.append(grant["lease"])
-        results = await check_many(
-            targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
-        )
+        async with self._heartbeats(gw, grants):  # thousands of checks may outlast a lease
+            results = await check_many(
+                targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
+            )
         if not all(r.ok for r in results) and not await judge_answers(judge):
             # Our judge is down, not their proxies: failures now would mark a healthy
             # pool dead. The cycle is void; its shards go back uncounted.

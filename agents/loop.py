@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,25 @@ class Agent:
             http_only=self.config.http_only,
         )
         return self._client
+
+    @contextlib.asynccontextmanager
+    async def _heartbeats(
+        self, gw: GatewayClient, grants: list[dict[str, Any]]
+    ) -> AsyncIterator[None]:
+        """Keep ``grants``' leases while the block runs: a heartbeat each a third of the
+        TTL, so a batch may take longer than its lease (two heartbeats may fail)."""
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self.config.lease_ttl_s / 3)
+                for grant in grants:
+                    await gw.heartbeat(grant["lease"])
+
+        keeper = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            keeper.cancel()
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""

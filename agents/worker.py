@@ -107,17 +107,8 @@ class Worker(Agent):
         grants = await gw.lease("source", cfg.batch, cfg.lease_ttl_s)
         if not grants:
             return 0
-        keeper = asyncio.create_task(self._heartbeats(gw, [g["lease"] for g in grants]))
-        try:
+        async with self._heartbeats(gw, grants):
             return await self._work(gw, fetcher, judge, grants)
-        finally:
-            keeper.cancel()
-
-    async def _heartbeats(self, gw: GatewayClient, leases: list[str]) -> None:
-        while True:
-            await asyncio.sleep(self.config.lease_ttl_s / 3)
-            for lease in leases:
-                await gw.heartbeat(lease)
 
     async def _work(
         self, gw: GatewayClient, fetcher: Fetcher, judge: Judge, grants: list[dict[str, Any]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -159,4 +160,36 @@ async def test_a_judge_outage_marks_no_proxy_dead(
     finally:
         await server.close()
         await judge_server.close()
+        await fold.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_heartbeats_keep_a_recheck_longer_than_its_lease(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    """A known proxy turned tarpit holds the recheck for 14 s, over a 10 s lease: the
+    heartbeats keep the shard, released `done` by its holder, no attempt counted."""
+    token = await enroll(log_client, "c1", "checker")
+    await log_client.publish(
+        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
+    )
+    tarpit = next(p for p in lab.proxies if p.name == "tarpit")
+    await log_client.publish(worked("127.0.0.1", tarpit.port, proto="http"))
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    assert await fold.wait_for(await log_client.head_seq(), 10)
+    now_policy = RecheckPolicy(failing_s=0, fresh_s=0, settled_s=0, veteran_s=0)
+    server = TestServer(make_app(fold, log_client, GatewayConfig(recheck=now_policy)))
+    await server.start_server()
+    try:
+        base = str(server.make_url("")).rstrip("/")
+        config = CheckerConfig(shards=256, check_timeout_s=14, lease_ttl_s=10, idle_s=0.1)
+        checker = Checker(base, token, "c1", base + "/judge", tmp_path / "c1", config)
+        await asyncio.wait_for(checker.run(asyncio.Event(), cycles=1), 60)
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        [shard] = [r for r in fold.state.leases.values() if r.kind == "recheck"]
+        assert (shard.status, shard.attempts, shard.lost) == ("free", 0, 0)
+        assert fold.state.proxies[("127.0.0.1", tarpit.port)].fail_streak == 1
+    finally:
+        await server.close()
         await fold.stop()
