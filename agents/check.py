@@ -36,7 +36,7 @@ import msgspec
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
-__all__ = ["Check", "Judge", "TlsJudge", "check", "check_many", "judge_answers"]
+__all__ = ["Check", "Judge", "Target", "TlsJudge", "check", "check_many", "judge_answers"]
 
 PROXY_HEADERS = (
     "via",
@@ -319,13 +319,21 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
 
 
 async def check(
-    ip: str, port: int, proto: str | None, judge: Judge, timeout: float = 10.0
+    ip: str,
+    port: int,
+    proto: str | None,
+    judge: Judge,
+    timeout: float = 10.0,
+    *,
+    prefer: str | None = None,
 ) -> Check:
-    """Check one proxy; with no protocol, try HTTP, SOCKS5, then SOCKS4."""
+    """Check one proxy as ``proto``; with none, detect it: HTTP, CONNECT, SOCKS5, SOCKS4,
+    ``prefer`` first (a source's hint: usually right, and then one try is enough)."""
     if proto is not None:
         return await _once(ip, port, proto, judge, timeout)
+    order = AUTO if prefer not in AUTO else (prefer, *(p for p in AUTO if p != prefer))
     last = Check(f"{ip}:{port}", False, None, error="no protocol answered")
-    for candidate in AUTO:
+    for candidate in order:
         result = await _once(ip, port, candidate, judge, timeout)
         if result.ok:
             return result
@@ -335,18 +343,22 @@ async def check(
     return Check(f"{ip}:{port}", False, None, error=last.error)
 
 
+Target = tuple[str, int, str | None] | tuple[str, int, str | None, str | None]
+
+
 async def check_many(
-    targets: Iterable[tuple[str, int, str | None]],
+    targets: Iterable[Target],
     judge: Judge,
     *,
     concurrency: int = 500,
     timeout: float = 10.0,
 ) -> list[Check]:
-    """Check all, at most ``concurrency`` at once; results in input order."""
+    """Check all, at most ``concurrency`` at once; results in input order. A target is
+    (ip, port, proto) or (ip, port, proto, prefer): see ``check``."""
     gate = asyncio.Semaphore(concurrency)
 
-    async def one(ip: str, port: int, proto: str | None) -> Check:
+    async def one(ip: str, port: int, proto: str | None, prefer: str | None = None) -> Check:
         async with gate:
-            return await check(ip, port, proto, judge, timeout)
+            return await check(ip, port, proto, judge, timeout, prefer=prefer)
 
     return await asyncio.gather(*(one(*t) for t in targets))

@@ -116,7 +116,10 @@ class Worker(Agent):
         cfg = self.config
         events: list[Event] = []
         pages: dict[str, bytes] = {}
-        found: dict[tuple[str, int, str | None], tuple[str, str]] = {}  # -> (url_id, lease)
+        # One check per address across the batch: (ip, port) -> [proto, prefer, url_id,
+        # lease]. A protocol written with the address (a scheme, a JSON field) is checked
+        # as given; one from a hint or a word on the line is only tried first.
+        found: dict[tuple[str, int], list[Any]] = {}
         outcomes: dict[str, tuple[str, str, bool]] = {}  # lease -> (outcome, error, counted)
         fetched = await asyncio.gather(*(self._fetch(fetcher, g["payload"]) for g in grants))
         for grant, result in zip(grants, fetched, strict=True):
@@ -172,17 +175,24 @@ class Worker(Agent):
             )
             pages[uid] = result.body
             for c in candidates:
-                found.setdefault((c.ip, c.port, c.proto), (uid, lease))
-        targets = list(found)[: cfg.max_proxies]
+                explicit = c.proto if c.confidence >= 1.0 else None
+                entry = found.setdefault((c.ip, c.port), [explicit, None, uid, lease])
+                if entry[0] is None and explicit is not None:
+                    entry[0] = explicit
+                if explicit is None and entry[1] is None:
+                    entry[1] = c.proto
+        targets = [
+            (ip, port, proto, prefer)
+            for (ip, port), (proto, prefer, _, _) in list(found.items())[: cfg.max_proxies]
+        ]
         results = await check_many(
             targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
         )
         productive: set[str] = set()
-        for key, result in zip(targets, results, strict=True):
+        for (ip, port, _, _), result in zip(targets, results, strict=True):
             if not result.ok or result.proto is None:
                 continue
-            ip, port, _ = key
-            uid, lease = found[key]
+            uid, lease = found[(ip, port)][2:]
             productive.add(uid)
             events.append(self._worked(ip, port, result, lease, source=uid))
             self.confirmed += 1

@@ -34,10 +34,15 @@ class Fleet:
 
 @contextlib.asynccontextmanager
 async def fleet(
-    nats_server: NatsServer, pages: dict[str, str], *, unserved: Sequence[str] = ()
+    nats_server: NatsServer,
+    pages: dict[str, str],
+    *,
+    unserved: Sequence[str] = (),
+    hints: dict[str, str] | None = None,
 ) -> AsyncIterator[Fleet]:
-    """Pages (path -> text) served and added as sources, and ``unserved`` URLs added as
-    sources too (keyed by URL in ``url_ids``); a worker "w1" enrolled."""
+    """Pages (path -> text) served and added as sources (with ``hints``: path ->
+    protocol hint), and ``unserved`` URLs added as sources too (keyed by URL in
+    ``url_ids``); a worker "w1" enrolled."""
 
     async def serve(request: web.Request) -> web.Response:
         return web.Response(text=pages[request.path])
@@ -55,7 +60,12 @@ async def fleet(
     url_ids = {key: ev.url_id(url) for key, url in urls.items()}
     for key, url in urls.items():
         added = ev.SourceAdded(
-            id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=url_ids[key]
+            id=fresh_id(),
+            agent="admin",
+            at=now_ms(),
+            url=url,
+            url_id=url_ids[key],
+            proto_hint=(hints or {}).get(key, ""),
         )
         await lg.publish(added)
     fold = FoldService(lg, db=None)

@@ -155,3 +155,24 @@ async def test_an_upstream_that_is_down_blames_no_source(
         assert [(r.status, r.attempts) for r in leases.values()] == [("free", 0)] * 2
         assert all("upstream" in r.last_error for r in leases.values())
         assert "Fetched" not in f.fold.state.agents["w1"].counts
+
+
+@pytest.mark.timeout(120)
+async def test_one_check_per_address_and_a_wrong_hint_is_only_a_first_guess(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """microsocks listed bare on one page and as socks5:// on another is checked once;
+    dante on a page hinted `http` is still found, as SOCKS5 (the hint is tried first)."""
+    by = {p.name: p for p in lab.proxies}
+    micro, dante = by["microsocks"], by["dante"]
+    pages = {
+        "/bare.txt": f"127.0.0.1:{micro.port}\n",
+        "/schemed.txt": f"socks5://127.0.0.1:{micro.port}\n",
+        "/hinted.txt": f"127.0.0.1:{dante.port}\n",
+    }
+    async with fleet(nats_server, pages, hints={"/hinted.txt": "http"}) as f:
+        await _one_cycle(f, tmp_path, batch=5)
+        state = f.fold.state
+        assert state.agents["w1"].counts["ProxyWorked"] == 2
+        assert state.proxies[("127.0.0.1", micro.port)].confirmations == 1
+        assert state.proxies[("127.0.0.1", dante.port)].proto == "socks5"
