@@ -121,6 +121,7 @@ class Worker(Agent):
         # as given; one from a hint or a word on the line is only tried first.
         found: dict[tuple[str, int], list[Any]] = {}
         outcomes: dict[str, tuple[str, str, bool]] = {}  # lease -> (outcome, error, counted)
+        extracted = 0
         fetched = await asyncio.gather(*(self._fetch(fetcher, g["payload"]) for g in grants))
         for grant, result in zip(grants, fetched, strict=True):
             uid, lease, payload = grant["target"], grant["lease"], grant["payload"]
@@ -174,17 +175,19 @@ class Worker(Agent):
                 )
             )
             pages[uid] = result.body
+            extracted += len(candidates)
             for c in candidates:
                 explicit = c.proto if c.confidence >= 1.0 else None
-                entry = found.setdefault((c.ip, c.port), [explicit, None, uid, lease])
+                entry = found.get((c.ip, c.port))
+                if entry is None:
+                    if len(found) >= cfg.max_proxies:
+                        continue  # past the cap: never checked, so not kept (lists run long)
+                    entry = found[(c.ip, c.port)] = [explicit, None, uid, lease]
                 if entry[0] is None and explicit is not None:
                     entry[0] = explicit
                 if explicit is None and entry[1] is None:
                     entry[1] = c.proto
-        targets = [
-            (ip, port, proto, prefer)
-            for (ip, port), (proto, prefer, _, _) in list(found.items())[: cfg.max_proxies]
-        ]
+        targets = [(ip, port, proto, prefer) for (ip, port), (proto, prefer, _, _) in found.items()]
         results = await check_many(
             targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
         )
@@ -210,7 +213,8 @@ class Worker(Agent):
             "cycle_done",
             agent=self.name,
             sources=len(grants),
-            candidates=len(found),
+            candidates=extracted,
+            checked=len(targets),
             working=sum(r.ok for r in results),
         )
         return len(grants)
