@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urljoin
 
 import structlog
 
@@ -30,7 +31,22 @@ __all__ = ["Worker", "WorkerConfig"]
 
 log = structlog.get_logger("ppf.worker")
 
-_HREF = re.compile(rb"""href=["'](https?://[^"'<>\s]{4,300})["']""", re.IGNORECASE)
+_HREF = re.compile(rb"""href=["']([^"'<>\s]{1,300})["']""", re.IGNORECASE)
+MAX_LINKS = 50  # per productive page
+
+
+def _links(page: bytes, base: str) -> list[str]:
+    """http(s) links of a page, relative ones resolved against its URL, in order, once."""
+    out: dict[str, None] = {}
+    for raw in _HREF.findall(page):
+        url = urljoin(base, raw.decode("ascii", "replace")).split("#", 1)[0]
+        if url.startswith(("http://", "https://")) and url != base:
+            out[url] = None
+            if len(out) == MAX_LINKS:
+                break
+    return list(out)
+
+
 MAX_CANDIDATES_IN_EVENT = 1_000
 MAX_VALIDATORS = 20_000  # sources whose ETag / Last-Modified a worker remembers
 
@@ -116,6 +132,7 @@ class Worker(Agent):
         cfg = self.config
         events: list[Event] = []
         pages: dict[str, bytes] = {}
+        urls: dict[str, str] = {}
         # One check per address across the batch: (ip, port) -> [proto, prefer, url_id,
         # lease]. A protocol written with the address (a scheme, a JSON field) is checked
         # as given; one from a hint or a word on the line is only tried first.
@@ -175,6 +192,7 @@ class Worker(Agent):
                 )
             )
             pages[uid] = result.body
+            urls[uid] = payload["url"]
             extracted += len(candidates)
             for c in candidates:
                 explicit = c.proto if c.confidence >= 1.0 else None
@@ -200,7 +218,7 @@ class Worker(Agent):
             events.append(self._worked(ip, port, result, lease, source=uid))
             self.confirmed += 1
         for uid in sorted(productive):
-            links = list(dict.fromkeys(m.decode() for m in _HREF.findall(pages[uid])))[:50]
+            links = _links(pages[uid], urls[uid])
             if links:
                 events.append(self._ev(Discovered, parent=uid, urls=links))
         await gw.publish(events)

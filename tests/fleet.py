@@ -30,6 +30,7 @@ class Fleet:
     gateway: str  # base URL
     token: str  # of the worker "w1"
     url_ids: dict[str, str]  # page path -> its source's url_id
+    urls: dict[str, str]  # page path -> its URL
 
 
 @contextlib.asynccontextmanager
@@ -74,7 +75,7 @@ async def fleet(
     gateway = TestServer(make_app(fold, lg), host="127.0.0.1")
     await gateway.start_server()
     try:
-        yield Fleet(lg, fold, str(gateway.make_url("")).rstrip("/"), token, url_ids)
+        yield Fleet(lg, fold, str(gateway.make_url("")).rstrip("/"), token, url_ids, urls)
     finally:
         await gateway.close()
         await lists.close()

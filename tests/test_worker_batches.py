@@ -88,7 +88,7 @@ async def test_a_batch_dedups_checks_once_and_follows_links_of_productive_pages(
     squid, micro, dante, closed = (by[n] for n in ("squid", "microsocks", "dante", "closed"))
     pages = {
         "/a.html": f"<p>127.0.0.1:{squid.port} socks5://127.0.0.1:{micro.port} socks5://127.0.0.1:{dante.port}</p>"
-        '<a href="http://lists.example/next.txt">more</a>',
+        '<a href="http://lists.example/next.txt">more</a> <a href="more/page2.html">2</a>',
         "/b.txt": f"127.0.0.1:{squid.port}\n",
         "/c.html": f'<p>127.0.0.1:{closed.port}</p><a href="http://lists.example/other.txt">x</a>',
     }
@@ -102,6 +102,8 @@ async def test_a_batch_dedups_checks_once_and_follows_links_of_productive_pages(
         assert linked["http://lists.example/next.txt"].origin == "discovered"
         assert linked["http://lists.example/next.txt"].parent == f.url_ids["/a.html"]
         assert "http://lists.example/other.txt" not in linked
+        relative = f.urls["/a.html"].rsplit("/", 1)[0] + "/more/page2.html"
+        assert linked[relative].parent == f.url_ids["/a.html"]  # resolved against its page
 
 
 @pytest.mark.timeout(120)
