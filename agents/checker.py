@@ -15,7 +15,7 @@ import structlog
 
 from agents.check import Judge, check_many, judge_answers
 from agents.gateway_client import GatewayClient
-from agents.loop import Agent, run_cycles
+from agents.loop import Agent, AgentConfig, run_cycles
 from events import Event, ProxyFailed
 
 __all__ = ["Checker", "CheckerConfig"]
@@ -24,15 +24,8 @@ log = structlog.get_logger("ppf.checker")
 
 
 @dataclass(frozen=True, slots=True)
-class CheckerConfig:
+class CheckerConfig(AgentConfig):
     shards: int = 8  # shards leased a cycle
-    check_concurrency: int = 500
-    check_timeout_s: float = 10.0
-    lease_ttl_s: int = 300
-    idle_s: float = 30.0
-    nats: str | None = None  # None: the URL the gateway offers
-    tls_judge: str | None = None  # https:// judge: tunnels are checked for interception
-    http_only: bool = False
 
 
 class Checker(Agent):

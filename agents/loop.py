@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from agents.gateway_client import GatewayClient
 from events import Event, ProxyWorked
 from ops.log import fresh_id, now_ms
 
-__all__ = ["Agent", "run_cycles"]
+__all__ = ["Agent", "AgentConfig", "run_cycles"]
 
 log = structlog.get_logger("ppf.agent")
 
@@ -51,11 +52,31 @@ async def run_cycles(
     return done
 
 
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    """What every agent is told: how it checks, how long its leases last, how long it
+    waits when there is no work, and where its observations go."""
+
+    check_concurrency: int = 500
+    check_timeout_s: float = 10.0
+    lease_ttl_s: int = 300
+    idle_s: float = 30.0
+    nats: str | None = None  # None: the URL the gateway offers
+    tls_judge: str | None = None  # https:// judge: tunnels are checked for interception
+    http_only: bool = False
+
+
 class Agent:
     """An agent's identity and its way to the gateway; subclasses define ``run``."""
 
     def __init__(
-        self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: Any
+        self,
+        gateway: str,
+        token: str,
+        name: str,
+        judge_url: str,
+        data: Path,
+        config: AgentConfig,
     ) -> None:
         self.gateway = gateway
         self.token = token

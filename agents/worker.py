@@ -24,7 +24,7 @@ from agents.check import Judge, check_many
 from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
-from agents.loop import Agent, run_cycles
+from agents.loop import Agent, AgentConfig, run_cycles
 from events import Discovered, Event, Extracted, Fetched
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -52,19 +52,13 @@ MAX_VALIDATORS = 20_000  # sources whose ETag / Last-Modified a worker remembers
 
 
 @dataclass(frozen=True, slots=True)
-class WorkerConfig:
+class WorkerConfig(AgentConfig):
     batch: int = 5  # url_batch_size
     max_proxies: int = 2_000  # max_proxies_per_cycle
-    check_concurrency: int = 500
-    check_timeout_s: float = 10.0
     fetch_timeout_s: float = 30.0
-    lease_ttl_s: int = 300
-    idle_s: float = 5.0
+    idle_s: float = 5.0  # sources come due all the time: look again soon
     lab: bool = False
     upstream: str | None = None
-    nats: str | None = None  # None: the URL the gateway offers
-    tls_judge: str | None = None  # https:// judge: tunnels are checked for interception
-    http_only: bool = False
 
 
 class Worker(Agent):
