@@ -48,12 +48,12 @@ SEEDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def source_added(urls: dict[str, str], origin: str) -> list[SourceAdded]:
-    """``SourceAdded`` events (from the admin) for ``urls`` (url -> protocol hint)."""
+def source_added(urls: dict[str, str], origin: str, agent: str = "admin") -> list[SourceAdded]:
+    """``SourceAdded`` events from ``agent`` for ``urls`` (url -> protocol hint)."""
     return [
         SourceAdded(
             id=fresh_id(),
-            agent="admin",
+            agent=agent,
             at=now_ms(),
             url=u,
             url_id=url_id(u),

@@ -12,13 +12,13 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from agents.seeds import source_added
 from events import (
     AnyEvent,
     Event,
     Heartbeat,
     LeaseReset,
     Released,
-    SourceAdded,
     SubjectError,
     subject_for,
     url_id,
@@ -206,7 +206,7 @@ async def add_sources(request: web.Request) -> web.Response:
     body = await _body(request, SourcesRequest)
     assert isinstance(body, SourcesRequest)
     state = request.app[FOLD].state
-    added, known, events = [], [], []
+    added, known, fresh = [], [], {}
     for url in body.urls:
         if not url.startswith(("http://", "https://")):
             raise ApiError(400, "bad-url", f"not an http(s) URL: {url!r}")
@@ -215,17 +215,8 @@ async def add_sources(request: web.Request) -> web.Response:
             known.append(uid)
             continue
         added.append(uid)
-        events.append(
-            SourceAdded(
-                id=fresh_id(),
-                agent=caller.name,
-                at=now_ms(),
-                url=url,
-                url_id=uid,
-                proto_hint=body.proto_hint,
-                origin="manual",
-            )
-        )
+        fresh[url] = body.proto_hint
+    events = source_added(fresh, "manual", agent=caller.name)
     if events:
         await request.app[LOG].publish_many(events)
     return reply(SourcesAdded(added=added, known=known))
