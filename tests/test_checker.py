@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,7 +20,7 @@ from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli import enroll
 from ops.fold_service import FoldService
-from ops.lab import ProxyLab
+from ops.lab import Proxy, ProxyLab
 from ops.log import Log, fresh_id, now_ms
 from projections.recheck import RecheckPolicy, due_in_shard
 from reducers import ProxyRow
@@ -62,14 +66,21 @@ def test_without_asns_rechecks_spread_across_slash16_networks() -> None:
     assert picked == ["5.5.0.1", "6.6.0.1", "7.7.0.1"]
 
 
-async def test_checker_rechecks_known_proxies_both_ways(
-    lab: ProxyLab, log_client: Log, tmp_path: Path
-) -> None:
+@dataclass
+class _Rechecks:
+    fold: FoldService
+    gateway: str  # base URL
+    token: str  # of the checker "c1"
+
+
+@contextlib.asynccontextmanager
+async def _rechecks(log_client: Log, known: list[Proxy]) -> AsyncIterator[_Rechecks]:
+    """A checker "c1" enrolled, ``known`` proxies confirmed once, a fold, and a gateway
+    whose recheck policy makes every known proxy due at once."""
     token = await enroll(log_client, "c1", "checker")
     await log_client.publish(
         ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
     )
-    known = [p for p in lab.proxies if p.name in ("squid", "microsocks", "closed")]
     for p in known:
         await log_client.publish(worked("127.0.0.1", p.port, proto=p.proto or "http"))
     fold = FoldService(log_client, db=None)
@@ -79,28 +90,29 @@ async def test_checker_rechecks_known_proxies_both_ways(
     server = TestServer(make_app(fold, log_client, GatewayConfig(recheck=now_policy)))
     await server.start_server()
     try:
-        base = str(server.make_url("")).rstrip("/")
-        checker = Checker(
-            base,
-            token,
-            "c1",
-            base + "/judge",
-            tmp_path / "c1",
-            CheckerConfig(shards=256, check_timeout_s=3, idle_s=0.1),
-        )
-        # Only shards with due proxies are leased: one cycle covers the three proxies.
-        await asyncio.wait_for(checker.run(asyncio.Event(), cycles=1), 60)
-        assert checker.rechecked == 3
-        assert await fold.wait_for(await log_client.head_seq(), 10)
-        rows = {port: fold.state.proxies[("127.0.0.1", port)] for port in (p.port for p in known)}
-        by_name = {p.name: rows[p.port] for p in known}
-        assert by_name["squid"].confirmations == 2 and by_name["squid"].fail_streak == 0
-        assert by_name["microsocks"].confirmations == 2
-        assert by_name["closed"].fail_streak == 1 and by_name["closed"].confirmations == 1
-        assert all(r.status == "free" for r in fold.state.leases.values() if r.kind == "recheck")
+        yield _Rechecks(fold, str(server.make_url("")).rstrip("/"), token)
     finally:
         await server.close()
         await fold.stop()
+
+
+async def test_checker_rechecks_known_proxies_both_ways(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    known = [p for p in lab.proxies if p.name in ("squid", "microsocks", "closed")]
+    async with _rechecks(log_client, known) as r:
+        config = CheckerConfig(shards=256, check_timeout_s=3, idle_s=0.1)
+        checker = Checker(r.gateway, r.token, "c1", r.gateway + "/judge", tmp_path / "c1", config)
+        # Only shards with due proxies are leased: one cycle covers the three proxies.
+        await asyncio.wait_for(checker.run(asyncio.Event(), cycles=1), 60)
+        assert checker.rechecked == 3
+        assert await r.fold.wait_for(await log_client.head_seq(), 10)
+        state = r.fold.state
+        by_name = {p.name: state.proxies[("127.0.0.1", p.port)] for p in known}
+        assert by_name["squid"].confirmations == 2 and by_name["squid"].fail_streak == 0
+        assert by_name["microsocks"].confirmations == 2
+        assert by_name["closed"].fail_streak == 1 and by_name["closed"].confirmations == 1
+        assert all(row.status == "free" for row in state.leases.values() if row.kind == "recheck")
 
 
 async def test_a_judge_outage_marks_no_proxy_dead(
@@ -109,13 +121,7 @@ async def test_a_judge_outage_marks_no_proxy_dead(
     """The judge answers the checker's start, then fails: every check fails, but the
     judge fails directly too, so no `ProxyFailed` is published and the shards go back
     uncounted."""
-    token = await enroll(log_client, "c1", "checker")
-    await log_client.publish(
-        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
-    )
     known = [p for p in lab.proxies if p.name in ("squid", "microsocks")]
-    for p in known:
-        await log_client.publish(worked("127.0.0.1", p.port, proto=p.proto or "http"))
     answered = 0
 
     async def failing_judge(request: web.Request) -> web.StreamResponse:
@@ -129,38 +135,30 @@ async def test_a_judge_outage_marks_no_proxy_dead(
     judge_app.router.add_get("/judge", failing_judge)
     judge_server = TestServer(judge_app, host="127.0.0.1")
     await judge_server.start_server()
-    fold = FoldService(log_client, db=None)
-    await fold.start()
-    assert await fold.wait_for(await log_client.head_seq(), 10)
-    now_policy = RecheckPolicy(failing_s=0, fresh_s=0, settled_s=0, veteran_s=0)
-    server = TestServer(make_app(fold, log_client, GatewayConfig(recheck=now_policy)))
-    await server.start_server()
     stop = asyncio.Event()
     try:
-        base = str(server.make_url("")).rstrip("/")
-        config = CheckerConfig(shards=256, check_timeout_s=3, idle_s=30)
-        checker = Checker(
-            base, token, "c1", str(judge_server.make_url("/judge")), tmp_path / "c1", config
-        )
-        task = asyncio.create_task(checker.run(stop))
-        for _ in range(300):
-            if checker.voided:
-                break
-            await asyncio.sleep(0.1)
-        stop.set()
-        await asyncio.wait_for(task, 30)
-        assert checker.voided == 1
-        assert await fold.wait_for(await log_client.head_seq(), 10)
-        for p in known:
-            row = fold.state.proxies[("127.0.0.1", p.port)]
-            assert (row.fail_streak, row.confirmations) == (0, 1), p.name
-        recheck = [r for r in fold.state.leases.values() if r.kind == "recheck"]
-        assert recheck and all((r.status, r.attempts) == ("free", 0) for r in recheck)
-        assert "ProxyFailed" not in fold.state.agents["c1"].counts
+        async with _rechecks(log_client, known) as r:
+            config = CheckerConfig(shards=256, check_timeout_s=3, idle_s=30)
+            judge = str(judge_server.make_url("/judge"))
+            checker = Checker(r.gateway, r.token, "c1", judge, tmp_path / "c1", config)
+            task = asyncio.create_task(checker.run(stop))
+            for _ in range(300):
+                if checker.voided:
+                    break
+                await asyncio.sleep(0.1)
+            stop.set()
+            await asyncio.wait_for(task, 30)
+            assert checker.voided == 1
+            assert await r.fold.wait_for(await log_client.head_seq(), 10)
+            state = r.fold.state
+            for p in known:
+                row = state.proxies[("127.0.0.1", p.port)]
+                assert (row.fail_streak, row.confirmations) == (0, 1), p.name
+            recheck = [row for row in state.leases.values() if row.kind == "recheck"]
+            assert recheck and all((x.status, x.attempts) == ("free", 0) for x in recheck)
+            assert "ProxyFailed" not in state.agents["c1"].counts
     finally:
-        await server.close()
         await judge_server.close()
-        await fold.stop()
 
 
 @pytest.mark.timeout(120)
@@ -169,27 +167,13 @@ async def test_heartbeats_keep_a_recheck_longer_than_its_lease(
 ) -> None:
     """A known proxy turned tarpit holds the recheck for 14 s, over a 10 s lease: the
     heartbeats keep the shard, released `done` by its holder, no attempt counted."""
-    token = await enroll(log_client, "c1", "checker")
-    await log_client.publish(
-        ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=ev.Settings(lab=True))
-    )
     tarpit = next(p for p in lab.proxies if p.name == "tarpit")
-    await log_client.publish(worked("127.0.0.1", tarpit.port, proto="http"))
-    fold = FoldService(log_client, db=None)
-    await fold.start()
-    assert await fold.wait_for(await log_client.head_seq(), 10)
-    now_policy = RecheckPolicy(failing_s=0, fresh_s=0, settled_s=0, veteran_s=0)
-    server = TestServer(make_app(fold, log_client, GatewayConfig(recheck=now_policy)))
-    await server.start_server()
-    try:
-        base = str(server.make_url("")).rstrip("/")
+    tarpit_as_http = dataclasses.replace(tarpit, proto="http")  # known as an HTTP proxy
+    async with _rechecks(log_client, [tarpit_as_http]) as r:
         config = CheckerConfig(shards=256, check_timeout_s=14, lease_ttl_s=10, idle_s=0.1)
-        checker = Checker(base, token, "c1", base + "/judge", tmp_path / "c1", config)
+        checker = Checker(r.gateway, r.token, "c1", r.gateway + "/judge", tmp_path / "c1", config)
         await asyncio.wait_for(checker.run(asyncio.Event(), cycles=1), 60)
-        assert await fold.wait_for(await log_client.head_seq(), 10)
-        [shard] = [r for r in fold.state.leases.values() if r.kind == "recheck"]
+        assert await r.fold.wait_for(await log_client.head_seq(), 10)
+        [shard] = [row for row in r.fold.state.leases.values() if row.kind == "recheck"]
         assert (shard.status, shard.attempts, shard.lost) == ("free", 0, 0)
-        assert fold.state.proxies[("127.0.0.1", tarpit.port)].fail_streak == 1
-    finally:
-        await server.close()
-        await fold.stop()
+        assert r.fold.state.proxies[("127.0.0.1", tarpit.port)].fail_streak == 1
