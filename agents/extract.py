@@ -121,12 +121,11 @@ def _plain(data: bytes) -> bool:
         return False
     # One-byte probes first: they run at memchr speed, and a dense list has no '<'
     # and no letter of "http" or "socks" at all.
-    if b"<" in data and b"<td" in data.lower():
+    low = data.lower() if b"<" in data or any(c in data for c in b"hHsS") else b""
+    if b"<td" in low:
         return False
-    if any(c in data for c in (b"h", b"H", b"s", b"S")):
-        low = data.lower()
-        if (b"http" in low or b"socks" in low) and _BARE_WORD.search(data):
-            return False
+    if (b"http" in low or b"socks" in low) and _BARE_WORD.search(data):
+        return False
     return not (b"@" in data and _USERINFO.search(data))
 
 
