@@ -267,7 +267,8 @@ async def _request(
 
 def _classify(echo: dict[str, object], own_ip: str) -> str:
     headers = echo.get("headers") or []
-    seen = {str(k).lower(): str(v) for k, v in headers}  # type: ignore[misc]
+    pairs: list[tuple[object, object]] = list(headers) if isinstance(headers, list) else []
+    seen = {str(k).lower(): str(v) for k, v in pairs}
     revealing = [v for k, v in seen.items() if k in PROXY_HEADERS]
     if own_ip and any(own_ip in v for v in revealing):
         return "transparent"

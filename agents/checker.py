@@ -58,9 +58,9 @@ class Checker(Agent):
         targets: list[tuple[str, int, str | None]] = []
         leases: list[str] = []
         for grant in grants:
-            for ip, port, proto in grant["payload"].get("proxies", []):
-                targets.append((ip, port, proto or None))
-                leases.append(grant["lease"])
+            for ip, port, known in grant.recheck().proxies:
+                targets.append((ip, port, known or None))
+                leases.append(grant.lease)
         async with self._heartbeats(gw, grants):  # thousands of checks may outlast a lease
             results = await check_many(
                 targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
@@ -70,7 +70,7 @@ class Checker(Agent):
             # pool dead. The cycle is void; its shards go back uncounted.
             log.warning("recheck_void", agent=self.name, reason="the judge does not answer")
             for grant in grants:
-                await gw.release(grant["lease"], "abandoned", "judge unreachable", counted=False)
+                await gw.release(grant.lease, "abandoned", "judge unreachable", counted=False)
             self.voided += 1
             return 0  # no work done: wait before asking again
         events: list[Event] = []
@@ -85,7 +85,7 @@ class Checker(Agent):
                 )
         await gw.publish(events)
         for grant in grants:
-            await gw.release(grant["lease"], "done")
+            await gw.release(grant.lease, "done")
         self.rechecked += len(targets)
         log.info(
             "recheck_done",

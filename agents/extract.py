@@ -22,7 +22,7 @@ import msgspec
 from events.address import proxy_address_ok
 
 try:
-    from agents._scan import scan as _c_scan
+    from agents._scan import scan as _c_scan  # type: ignore[import-not-found, unused-ignore]
 except ImportError:  # built without a C compiler: _fast below applies the same rules
     _c_scan = None
 
@@ -231,7 +231,7 @@ def _json_walk(node: Any, hint: str | None, lab: bool) -> Iterator[Candidate]:
         else:
             protos = [p for p in [_proto(str(proto_field))] if p] if proto_field else []
         if _valid_port(port) and proxy_address_ok(ip.strip(), port, lab=lab):
-            for p in protos or [hint]:
+            for p in protos or [hint or ""]:
                 yield Candidate(ip.strip(), port, p, 1.0 if p and protos else 0.8)
         return  # a proxy object: its other fields (exit_ip, asn, geo) are not proxies
     for key in _STRING_KEYS:

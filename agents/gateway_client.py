@@ -20,8 +20,8 @@ import msgspec
 import structlog
 
 from events import DecodeError, Event, decode, encode
-from ops.log import Log, LogError, redact
-from ops.natsd import AGENT_INBOX
+from events.wire import AgentMe, LeaseGrant, LeasesReply, WireError
+from ops.nats.client import AGENT_INBOX, Log, LogError, redact
 
 __all__ = ["GatewayClient", "GatewayError"]
 
@@ -39,8 +39,8 @@ def _invalid_indexes(problem: str, count: int) -> dict[int, str]:
 log = structlog.get_logger("ppf.agent")
 
 
-class GatewayError(RuntimeError):
-    pass
+class GatewayError(WireError):
+    """The gateway said no, or could not be reached (status 0)."""
 
 
 # Events per JetStream round (pipelined): a failure re-sends at most this many that
@@ -88,7 +88,7 @@ class GatewayClient:
         if not self._ask_gateway:
             return
         try:
-            self._nats_url = (await self.whoami()).get("nats") or None
+            self._nats_url = (await self.whoami()).nats or None
         except GatewayError as exc:
             log.warning("no_nats_offer_yet", agent=self.agent, error=repr(exc))
             return
@@ -124,18 +124,24 @@ class GatewayClient:
     async def _post(self, path: str, body: Any) -> tuple[int, Any]:
         return await self._call("POST", path, body)
 
-    async def whoami(self) -> dict[str, Any]:
+    async def whoami(self) -> AgentMe:
         status, data = await self._call("GET", "/v1/agents/me")
-        if status != 200 or not isinstance(data, dict):
-            raise GatewayError(f"whoami: {status} {data}")
-        return data
+        if status != 200:
+            raise GatewayError(status, f"whoami: {status} {data}")
+        try:
+            return msgspec.convert(data, AgentMe)
+        except msgspec.ValidationError as exc:
+            raise GatewayError(status, f"whoami: {exc}: {data}") from None
 
-    async def lease(self, kind: str, count: int, ttl_s: int) -> list[dict[str, Any]]:
+    async def lease(self, kind: str, count: int, ttl_s: int) -> list[LeaseGrant]:
         body = {"agent": self.agent, "kind": kind, "count": count, "ttl_s": ttl_s}
         status, data = await self._post("/v1/leases", body)
         if status != 200:
-            raise GatewayError(f"lease: {status} {data}")
-        return list(data["leases"])
+            raise GatewayError(status, f"lease: {status} {data}")
+        try:
+            return msgspec.convert(data, LeasesReply).leases
+        except msgspec.ValidationError as exc:
+            raise GatewayError(status, f"lease: {exc}") from None
 
     async def heartbeat(self, lease: str) -> bool:
         status, _ = await self._post(f"/v1/leases/{lease}/heartbeat", None)

@@ -15,7 +15,8 @@ import structlog
 from agents.check import Check
 from agents.gateway_client import GatewayClient
 from events import Event, ProxyWorked
-from ops.log import fresh_id, now_ms
+from events.mint import fresh_id, now_ms
+from events.wire import DEFAULT_LEASE_TTL_S, LeaseGrant
 
 __all__ = ["Agent", "AgentConfig", "run_cycles"]
 
@@ -59,7 +60,7 @@ class AgentConfig:
 
     check_concurrency: int = 500
     check_timeout_s: float = 10.0
-    lease_ttl_s: int = 300
+    lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     idle_s: float = 30.0
     nats: str | None = None  # None: the URL the gateway offers
     tls_judge: str | None = None  # https:// judge: tunnels are checked for interception
@@ -105,9 +106,7 @@ class Agent:
         return self._client
 
     @contextlib.asynccontextmanager
-    async def _heartbeats(
-        self, gw: GatewayClient, grants: list[dict[str, Any]]
-    ) -> AsyncIterator[None]:
+    async def _heartbeats(self, gw: GatewayClient, grants: list[LeaseGrant]) -> AsyncIterator[None]:
         """Keep ``grants``' leases while the block runs: a heartbeat each a third of the
         TTL, so a batch may take longer than its lease (two heartbeats may fail)."""
 
@@ -115,7 +114,7 @@ class Agent:
             while True:
                 await asyncio.sleep(self.config.lease_ttl_s / 3)
                 for grant in grants:
-                    await gw.heartbeat(grant["lease"])
+                    await gw.heartbeat(grant.lease)
 
         keeper = asyncio.create_task(beat())
         try:

@@ -3,8 +3,8 @@ lists, JSON APIs and HTML pages. (url, protocol hint or "".)"""
 
 from __future__ import annotations
 
-from events import SourceAdded, url_id
-from ops.log import fresh_id, now_ms
+from events import Origin, SourceAdded, url_id
+from events.mint import fresh_id, now_ms
 
 __all__ = ["SEEDS", "source_added"]
 
@@ -48,7 +48,7 @@ SEEDS: tuple[tuple[str, str], ...] = (
 )
 
 
-def source_added(urls: dict[str, str], origin: str, agent: str = "admin") -> list[SourceAdded]:
+def source_added(urls: dict[str, str], origin: Origin, agent: str = "admin") -> list[SourceAdded]:
     """``SourceAdded`` events from ``agent`` for ``urls`` (url -> protocol hint)."""
     return [
         SourceAdded(

@@ -26,6 +26,7 @@ from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
 from agents.loop import Agent, AgentConfig, run_cycles
 from events import Discovered, Event, Extracted, Fetched
+from events.wire import LeaseGrant, SourcePayload
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -74,10 +75,10 @@ class Worker(Agent):
         self._validators: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self.not_modified = 0
 
-    async def _fetch(self, fetcher: Fetcher, payload: dict[str, Any]) -> FetchResult:
+    async def _fetch(self, fetcher: Fetcher, payload: SourcePayload) -> FetchResult:
         """Conditional when this worker holds the validators of the copy the log last
         saw (same hash): a 304 then means that copy, unchanged."""
-        url, last_hash = payload["url"], payload.get("last_hash", "")
+        url, last_hash = payload.url, payload.last_hash
         etag, modified, seen_hash = self._validators.get(url, ("", "", ""))
         if not seen_hash or seen_hash != last_hash:
             etag = modified = ""
@@ -121,7 +122,7 @@ class Worker(Agent):
             return await self._work(gw, fetcher, judge, grants)
 
     async def _work(
-        self, gw: GatewayClient, fetcher: Fetcher, judge: Judge, grants: list[dict[str, Any]]
+        self, gw: GatewayClient, fetcher: Fetcher, judge: Judge, grants: list[LeaseGrant]
     ) -> int:
         cfg = self.config
         events: list[Event] = []
@@ -133,15 +134,16 @@ class Worker(Agent):
         found: dict[tuple[str, int], list[Any]] = {}
         outcomes: dict[str, tuple[str, str, bool]] = {}  # lease -> (outcome, error, counted)
         extracted = 0
-        fetched = await asyncio.gather(*(self._fetch(fetcher, g["payload"]) for g in grants))
-        for grant, result in zip(grants, fetched, strict=True):
-            uid, lease, payload = grant["target"], grant["lease"], grant["payload"]
+        payloads = [g.source() for g in grants]
+        fetched = await asyncio.gather(*(self._fetch(fetcher, p) for p in payloads))
+        for grant, payload, result in zip(grants, payloads, fetched, strict=True):
+            uid, lease = grant.target, grant.lease
             if result.upstream_down:
                 # Our way out is down (Tor restarting, say): nothing was learned about
                 # the source, so no Fetched, and the lease goes back uncounted.
                 outcomes[lease] = ("abandoned", result.error, False)
                 continue
-            changed = result.ok and result.content_hash != payload.get("last_hash", "")
+            changed = result.ok and result.content_hash != payload.last_hash
             events.append(
                 self._ev(
                     Fetched,
@@ -164,7 +166,7 @@ class Worker(Agent):
             if not changed:
                 continue
             try:
-                candidates = extract(result.body, payload.get("proto_hint") or None, lab=cfg.lab)
+                candidates = extract(result.body, payload.proto_hint or None, lab=cfg.lab)
             except Exception as exc:  # a bug meets a page: the rest of the batch goes on
                 log.error("extract_failed", agent=self.name, url_id=uid, error=repr(exc))
                 # Abandoned counts an attempt: a page that keeps doing this is a poison
@@ -186,7 +188,7 @@ class Worker(Agent):
                 )
             )
             pages[uid] = result.body
-            urls[uid] = payload["url"]
+            urls[uid] = payload.url
             extracted += len(candidates)
             for c in candidates:
                 explicit = c.proto if c.confidence >= 1.0 else None
@@ -204,12 +206,12 @@ class Worker(Agent):
             targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
         )
         productive: set[str] = set()
-        for (ip, port, _, _), result in zip(targets, results, strict=True):
-            if not result.ok or result.proto is None:
+        for (ip, port, _, _), check in zip(targets, results, strict=True):
+            if not check.ok or check.proto is None:
                 continue
             uid, lease = found[(ip, port)][2:]
             productive.add(uid)
-            events.append(self._worked(ip, port, result, lease, source=uid))
+            events.append(self._worked(ip, port, check, lease, source=uid))
             self.confirmed += 1
         for uid in sorted(productive):
             links = _links(pages[uid], urls[uid])

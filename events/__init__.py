@@ -3,7 +3,7 @@
 from events.catalogue import *  # noqa: F403
 from events.catalogue import __all__ as _catalogue_all
 from events.codec import DecodeError, decode, decode_many, encode, schema
-from events.ids import uuid7
+from events.ids import token_sha256, uuid7
 from events.subjects import *  # noqa: F403
 from events.subjects import __all__ as _subjects_all
 
@@ -15,5 +15,6 @@ __all__ = [
     "decode_many",
     "encode",
     "schema",
+    "token_sha256",
     "uuid7",
 ]

@@ -1,8 +1,16 @@
-"""UUIDv7 event ids. Pure: the caller at the edge supplies the clock and the entropy."""
+"""UUIDv7 event ids and token digests. Pure: the caller at the edge supplies the clock and
+the entropy (``events/mint.py``)."""
 
 from __future__ import annotations
 
-__all__ = ["uuid7"]
+import hashlib
+
+__all__ = ["token_sha256", "uuid7"]
+
+
+def token_sha256(token: str) -> str:
+    """What the log keeps of an agent token (never the token itself)."""
+    return hashlib.sha256(token.strip().encode()).hexdigest()
 
 
 def uuid7(unix_ms: int, rand: bytes) -> str:

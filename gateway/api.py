@@ -1,109 +1,33 @@
-"""Request and response bodies of the HTTP API, and the OpenAPI document built from them.
+"""The OpenAPI document, built from the wire types (``events/wire.py``).
 
-Handlers decode requests with these types (unknown fields rejected: STYLE.md §1) and
-encode responses with them, so the document cannot drift from what is served.
+Handlers decode requests with those types and encode responses with them, so the
+document cannot drift from what is served.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from events import AnyEvent
+from events.wire import (
+    AgentMe,
+    EventsAccepted,
+    EventsRequest,
+    HeartbeatReply,
+    LeaseRequest,
+    LeasesReply,
+    Problem,
+    ReleaseReply,
+    ReleaseRequest,
+    SourcesAdded,
+    SourcesRequest,
+)
 
-__all__ = [
-    "EventsAccepted",
-    "EventsRequest",
-    "FieldError",
-    "HeartbeatReply",
-    "LeaseGrant",
-    "LeaseRequest",
-    "LeasesReply",
-    "Problem",
-    "ReleaseReply",
-    "ReleaseRequest",
-    "SourcesAdded",
-    "SourcesRequest",
-    "openapi",
-]
+__all__ = ["openapi"]
 
-Kind = Literal["source", "recheck", "seed"]
-
-
-class LeaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    agent: str
-    kind: Kind
-    count: int = 1
-    ttl_s: int = 300
-
-
-class LeaseGrant(msgspec.Struct, kw_only=True):
-    lease: str
-    epoch: int
-    kind: str
-    target: str
-    expires_at: int
-    payload: dict[str, Any]
-
-
-class LeasesReply(msgspec.Struct, kw_only=True):
-    leases: list[LeaseGrant]
-
-
-class HeartbeatReply(msgspec.Struct, kw_only=True):
-    lease: str
-    expires_at: int
-
-
-class ReleaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    outcome: Literal["done", "failed", "abandoned"] = "done"
-    counted: bool = True
-    error: str = ""
-
-
-class ReleaseReply(msgspec.Struct, kw_only=True):
-    lease: str
-    target: str
-    outcome: str
-    seq: int
-
-
-class EventsRequest(msgspec.Struct, forbid_unknown_fields=True):
-    events: list[msgspec.Raw]
-
-
-class EventsAccepted(msgspec.Struct, kw_only=True):
-    seqs: list[int]
-    duplicates: int
-
-
-class SourcesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    urls: list[str]
-    proto_hint: str = ""
-
-
-class SourcesAdded(msgspec.Struct, kw_only=True):
-    added: list[str]
-    known: list[str]
-
-
-class FieldError(msgspec.Struct, kw_only=True):
-    index: int
-    field: str
-    reason: str
-
-
-class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
-    type: str
-    title: str
-    status: int
-    detail: str
-    errors: list[FieldError] = []
-    parameter: str = ""
-
-
-_AUTH = [{"bearer": []}]
+_AUTH: list[dict[str, list[str]]] = [{"bearer": []}]
 
 
 def _body(ref: str) -> dict[str, Any]:
@@ -138,6 +62,7 @@ def openapi() -> dict[str, Any]:
         EventsAccepted,
         SourcesRequest,
         SourcesAdded,
+        AgentMe,
         Problem,
     ]
     (event_schema, *_), components = msgspec.json.schema_components(
@@ -258,7 +183,7 @@ def openapi() -> dict[str, Any]:
             "get": {
                 "summary": "the agent behind the token",
                 "security": _AUTH,
-                "responses": {"200": _reply(None), **_problems(401, 403, 429)},
+                "responses": {"200": _reply("AgentMe"), **_problems(401, 403, 429)},
             }
         },
         "/v1/stats": {"get": {"summary": "pipeline health", "responses": {"200": _reply(None)}}},

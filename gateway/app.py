@@ -17,6 +17,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from events.mint import now_ms
 from gateway.api import openapi
 from gateway.commands import GRANTER
 from gateway.commands import routes as command_routes
@@ -34,17 +35,16 @@ from gateway.http import (
 from gateway.leases import Granter
 from gateway.queries import SNAPSHOT, SnapshotKeeper
 from gateway.queries import routes as query_routes
-from ops.fold_service import FoldService
-from ops.log import Log, now_ms
-from projections.readmodels import ProxyFilter
+from projections.live import FoldService
+from projections.log import EventLog
+from reducers import State
+from reducers.pool import lease_live
 
 __all__ = ["FOLD", "make_app"]
 
 log = structlog.get_logger("ppf.gateway")
 routes = web.RouteTableDef()
 _OPENAPI = msgspec.json.encode(openapi())
-_ALIVE = ProxyFilter()
-_STALE = ProxyFilter(status="stale")
 
 
 @routes.get("/healthz")
@@ -63,23 +63,20 @@ async def readyz(request: web.Request) -> web.Response:
     return reply(body, 200 if ready else 503)
 
 
-def _pool(request: web.Request) -> dict[str, Any]:
-    """Pool composition: alive proxies by protocol and anonymity, stale (due) count."""
-    snap = request.app[SNAPSHOT].get(request)
-    now = now_ms()
+def pool_composition(state: State, now: int) -> dict[str, Any]:
+    """Alive proxies by protocol and anonymity, and the band counts, from the counts the
+    fold keeps (``reducers/pool.py``): a few hundred buckets, whatever the pool's size."""
+    bands = state.composition.bands(now, state.settings.proxy_ttl_s)
     by_proto: dict[str, int] = {}
     by_anonymity: dict[str, int] = {}
-    alive = 0
-    for v in snap.select(_ALIVE, now, limit=0):
-        alive += 1
-        by_proto[v.proto] = by_proto.get(v.proto, 0) + 1
-        key = v.anonymity or "unknown"
-        by_anonymity[key] = by_anonymity.get(key, 0) + 1
-    stale = sum(1 for _ in snap.select(_STALE, now, limit=0))
+    for (proto, anonymity), n in bands["alive"].items():
+        by_proto[proto] = by_proto.get(proto, 0) + n
+        key = anonymity or "unknown"
+        by_anonymity[key] = by_anonymity.get(key, 0) + n
     return {
-        "alive": alive,
-        "stale": stale,
-        "known": len(snap.by_latency),
+        "alive": sum(bands["alive"].values()),
+        "stale": sum(bands["stale"].values()),
+        "known": len(state.proxies),
         "by_proto": dict(sorted(by_proto.items())),
         "by_anonymity": dict(sorted(by_anonymity.items())),
     }
@@ -95,7 +92,7 @@ def _activity(state: Any, now: int, limit: int = 50) -> list[dict[str, Any]]:
             "last_seen": a.last_seen,
             "events": dict(a.counts),
             "active_leases": sum(
-                1 for t in state.holders.get(a.name, ()) if state.leases[t].expires_at >= now
+                1 for t in state.holders.get(a.name, ()) if lease_live(state.leases[t], now)
             ),
             "lost": a.lost,
             "late": a.late,
@@ -113,7 +110,8 @@ async def stats(request: web.Request) -> web.Response:
     head = await fold.head_seq()
     granter = request.app[GRANTER]
     now = now_ms()
-    pool = _pool(request)
+    pool = pool_composition(state, now)
+    digest_seq, digest = fold.digest()
     active = sum(1 for a in state.agents.values() if now - a.last_seen <= 300_000)
     tap = fold.tap.stats if fold.tap is not None else None
     return reply(
@@ -122,12 +120,13 @@ async def stats(request: web.Request) -> web.Response:
             "head_seq": head,
             "lag": max(head - fold.applied_seq, 0),
             "lag_s": fold.lag_s(head),
-            "digest": fold.digest(),
+            "digest": digest,
+            "digest_seq": digest_seq,
             "rates": fold.stats.rates(),
             "proxies": {"known": pool["known"], "alive": pool["alive"]},
             "pool": pool,
             "queues": {
-                "due_sources": len(granter.due_sources(now)),
+                "due_sources": granter.due_count(now),
                 "stale_proxies": pool["stale"],
                 "dlq_pending": fold.dlq_pending,
             },
@@ -171,11 +170,7 @@ class Series:
 
     def sample(self, app: web.Application, head: int) -> None:
         fold = app[FOLD]
-        snap = app[SNAPSHOT].current
-        by_proto: dict[str, int] = {}
-        if snap is not None:
-            for v in snap.select(_ALIVE, now_ms(), limit=0):
-                by_proto[v.proto] = by_proto.get(v.proto, 0) + 1
+        by_proto = pool_composition(fold.state, now_ms())["by_proto"]
         rates = fold.stats.rates()["1m"]
         self.points.append(
             {
@@ -238,7 +233,7 @@ async def openapi_document(request: web.Request) -> web.Response:
 
 
 def make_app(
-    fold: FoldService, lg: Log | None = None, config: GatewayConfig | None = None
+    fold: FoldService, lg: EventLog | None = None, config: GatewayConfig | None = None
 ) -> web.Application:
     config = config or GatewayConfig()
     app = web.Application(middlewares=[middleware], client_max_size=config.max_body)

@@ -23,7 +23,8 @@ from events import (
     subject_for,
     url_id,
 )
-from gateway.api import (
+from events.mint import fresh_id, now_ms
+from events.wire import (
     EventsAccepted,
     EventsRequest,
     FieldError,
@@ -35,9 +36,9 @@ from gateway.api import (
     SourcesAdded,
     SourcesRequest,
 )
-from gateway.http import CONFIG, FOLD, LOG, ApiError, Caller, authorize, reply
+from gateway.http import CONFIG, FOLD, LOG, ApiError, Caller, authorize, decode_body, reply
 from gateway.leases import Granter
-from ops.log import fresh_id, now_ms
+from reducers.pool import lease_live
 
 __all__ = ["GRANTER", "ROLE_EVENTS", "routes"]
 
@@ -54,21 +55,8 @@ ROLE_EVENTS: dict[str, frozenset[str]] = {
 }
 ROLE_KINDS = {"worker": "source", "checker": "recheck", "seed": "seed"}
 
-_event = msgspec.json.Decoder(AnyEvent)  # type: ignore[arg-type]
+_event: msgspec.json.Decoder[Event] = msgspec.json.Decoder(AnyEvent)
 _PATH = re.compile(r"at `\$(?P<path>[^`]*)`")
-
-
-async def _body(request: web.Request, kind: type[msgspec.Struct]) -> msgspec.Struct:
-    max_body = request.app[CONFIG].max_body
-    if request.content_length is not None and request.content_length > max_body:
-        raise ApiError(413, "too-large", f"body over {max_body} bytes")
-    data = await request.read()
-    try:
-        return msgspec.json.decode(data, type=kind)
-    except msgspec.ValidationError as exc:
-        raise ApiError(400, "invalid-body", str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise ApiError(400, "undecodable-body", str(exc)) from None
 
 
 def _field(message: str) -> str:
@@ -95,8 +83,7 @@ def _check(caller: Caller, index: int, event: Event) -> FieldError | None:
 @routes.post("/v1/events")
 async def publish_events(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed")
-    body = await _body(request, EventsRequest)
-    assert isinstance(body, EventsRequest)
+    body = await decode_body(request, EventsRequest)
     limit = request.app[CONFIG].max_batch
     if len(body.events) > limit:
         raise ApiError(413, "batch-too-large", f"{len(body.events)} events; at most {limit}")
@@ -132,8 +119,7 @@ async def publish_events(request: web.Request) -> web.Response:
 @routes.post("/v1/leases")
 async def take_leases(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed")
-    body = await _body(request, LeaseRequest)
-    assert isinstance(body, LeaseRequest)
+    body = await decode_body(request, LeaseRequest)
     if body.agent != caller.name:
         raise ApiError(403, "forbidden", "agent must be the token's agent name")
     if caller.role != "admin" and ROLE_KINDS.get(caller.role) != body.kind:
@@ -153,7 +139,7 @@ def _held(request: web.Request, caller: Caller) -> tuple[str, str]:
     state = request.app[FOLD].state
     target = state.lease_owner.get(lease)
     row = state.leases.get(target) if target is not None else None
-    if row is None or row.holder != caller.name or row.expires_at < now_ms():
+    if row is None or not lease_live(row, now_ms()) or row.holder != caller.name:
         raise ApiError(409, "lease-lost", f"lease {lease} is not held by {caller.name}")
     return lease, row.target
 
@@ -180,8 +166,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 async def release(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed")
     lease, target = _held(request, caller)
-    body = await _body(request, ReleaseRequest) if request.can_read_body else ReleaseRequest()
-    assert isinstance(body, ReleaseRequest)
+    body = await decode_body(request, ReleaseRequest) if request.can_read_body else ReleaseRequest()
     row = request.app[FOLD].state.leases[target]
     event = Released(
         id=fresh_id(),
@@ -203,8 +188,7 @@ async def release(request: web.Request) -> web.Response:
 @routes.post("/v1/sources")
 async def add_sources(request: web.Request) -> web.Response:
     caller = authorize(request, "admin")
-    body = await _body(request, SourcesRequest)
-    assert isinstance(body, SourcesRequest)
+    body = await decode_body(request, SourcesRequest)
     state = request.app[FOLD].state
     added, known, fresh = [], [], {}
     for url in body.urls:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
 from aiohttp import web
 
-from gateway.api import FieldError, Problem
-from ops.fold_service import FoldService
-from ops.log import Log, LogError
+from events import token_sha256
+from events.wire import FieldError, Problem, WireError
+from projections.live import FoldService
+from projections.log import EventLog, LogError
 from projections.recheck import RecheckPolicy
 
 __all__ = [
@@ -26,12 +26,14 @@ __all__ = [
     "RateLimiter",
     "authorize",
     "choice",
+    "decode_body",
     "integer",
     "middleware",
     "problem",
     "reply",
 ]
 
+T = TypeVar("T")
 _json = msgspec.json.Encoder()
 log = structlog.get_logger("ppf.gateway")
 
@@ -57,11 +59,11 @@ class GatewayConfig:
 
 
 FOLD = web.AppKey("fold", FoldService)
-LOG = web.AppKey("log", Log)
+LOG = web.AppKey("log", EventLog)
 CONFIG = web.AppKey("config", GatewayConfig)
 
 
-class ApiError(Exception):
+class ApiError(WireError):
     """Raised by handlers; rendered as application/problem+json with a stable type."""
 
     def __init__(
@@ -74,10 +76,8 @@ class ApiError(Exception):
         parameter: str = "",
         headers: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(detail)
-        self.status = status
+        super().__init__(status, detail)
         self.kind = kind
-        self.detail = detail
         self.errors = errors or []
         self.parameter = parameter
         self.headers = headers or {}
@@ -157,6 +157,20 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
         return problem(500, "internal-error", "the gateway failed on this request")
 
 
+async def decode_body(request: web.Request, kind: type[T]) -> T:
+    """The request body as ``kind``, or a 400/413 problem that says what is wrong."""
+    max_body = request.app[CONFIG].max_body
+    if request.content_length is not None and request.content_length > max_body:
+        raise ApiError(413, "too-large", f"body over {max_body} bytes")
+    data = await request.read()
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.ValidationError as exc:
+        raise ApiError(400, "invalid-body", str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise ApiError(400, "undecodable-body", str(exc)) from None
+
+
 def integer(request: web.Request, name: str, default: int | None = None) -> int | None:
     raw = request.query.get(name)
     if raw is None:
@@ -220,7 +234,7 @@ def authorize(request: web.Request, *roles: str) -> Caller:
             "a bearer token is required",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    digest = hashlib.sha256(token.strip().encode()).hexdigest()
+    digest = token_sha256(token)
     state = request.app[FOLD].state
     name = state.tokens.get(digest)
     if name is None:

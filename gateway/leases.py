@@ -19,15 +19,18 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 from typing import Any
 
+import msgspec
 import structlog
 
 from events import Leased, LeaseKind
-from gateway.api import LeaseGrant
-from ops.fold_service import FoldService
-from ops.log import ConflictError, Log, fresh_id, now_ms
+from events.mint import fresh_id, now_ms
+from events.wire import LeaseGrant, RecheckPayload, SeedPayload, SourcePayload
+from projections.live import FoldService
+from projections.log import ConflictError, EventLog
 from projections.readmodels import due_score, due_sources
 from projections.recheck import RecheckPolicy, due_in_shard, shards
 from reducers import LeaseRow, ProxyRow, State
+from reducers.pool import lease_live
 
 __all__ = ["SHARDS", "Granter", "live_holdings"]
 
@@ -40,15 +43,13 @@ SHARDS = tuple(f"s{i:03d}" for i in range(256))
 def _free(row: LeaseRow | None, now: int) -> bool:
     if row is None:
         return True
-    if row.status == "failed":
-        return False
-    return row.status == "free" or row.expires_at < now
+    return row.status != "failed" and not lease_live(row, now)
 
 
 def live_holdings(state: State, agent: str, now: int) -> int:
     """Leases ``agent`` holds that have not expired by ``now``."""
     held = state.holders.get(agent, ())
-    return sum(1 for t in held if state.leases[t].expires_at >= now)
+    return sum(1 for t in held if lease_live(state.leases[t], now))
 
 
 class Granter:
@@ -57,7 +58,7 @@ class Granter:
     def __init__(
         self,
         fold: FoldService,
-        lg: Log,
+        lg: EventLog,
         *,
         max_per_agent: int = 64,
         wait_s: float = 2.0,
@@ -71,7 +72,10 @@ class Granter:
         self.due_refresh_s = due_refresh_s
         self._claiming: set[str] = set()  # targets this gateway has a claim in flight for
         self._due: list[tuple[float, str]] = []
-        self._due_at = -1.0
+        # None: never ranked. (A sentinel time such as -1.0 looked fresh on a machine
+        # whose monotonic clock, its uptime, was younger than ``due_refresh_s``: a CI
+        # machine booted minutes before the test granted nothing.)
+        self._due_at: float | None = None
         self.granted = 0
         self.lost = 0
         self.recheck_batch = 500
@@ -87,10 +91,17 @@ class Granter:
         ranking is kept a moment; each candidate is scored again as it is taken (see
         ``_candidates``), so a source fetched since the ranking is not leased again.
         """
-        if time.monotonic() - self._due_at > self.due_refresh_s:
+        if self._due_at is None or time.monotonic() - self._due_at > self.due_refresh_s:
             self._due = [(score, row.url_id) for score, row in due_sources(self.fold.state, now, 0)]
             self._due_at = time.monotonic()
         return self._due
+
+    def due_count(self, now: int, max_age_s: float = 10.0) -> int:
+        """How many sources the last ranking found due, ranked again when older than
+        ``max_age_s``: ``/v1/stats`` reads it without scoring every source per call."""
+        if self._due_at is None or time.monotonic() - self._due_at > max_age_s:
+            self.due_sources(now)
+        return len(self._due)
 
     def _still_due(
         self, pairs: Iterable[tuple[float, str]], now: int
@@ -126,20 +137,23 @@ class Granter:
 
     def _payload(self, kind: str, target: str, score: float) -> dict[str, Any]:
         state = self.fold.state
+        payload: SourcePayload | SeedPayload | RecheckPayload
+        row = state.leases.get(target)
         if kind == "source":
             src = state.sources[target]
-            return {
-                "url": src.url,
-                "last_hash": src.last_hash,
-                "proto_hint": src.proto_hint,
-                "priority": round(score, 4),
-            }
-        row = state.leases.get(target)
-        if kind == "seed" and row is not None:
-            return {"cursor": row.cursor, "end": row.end}
-        rows = self._shards().get(target, [])
-        due = due_in_shard(rows, now_ms(), self.recheck_batch, self.recheck)
-        return {"shard": target, "proxies": [[p.ip, p.port, p.proto] for p in due]}
+            payload = SourcePayload(
+                url=src.url,
+                last_hash=src.last_hash,
+                proto_hint=src.proto_hint,
+                priority=round(score, 4),
+            )
+        elif kind == "seed" and row is not None:
+            payload = SeedPayload(cursor=row.cursor, end=row.end)
+        else:
+            rows = self._shards().get(target, [])
+            due = due_in_shard(rows, now_ms(), self.recheck_batch, self.recheck)
+            payload = RecheckPayload(shard=target, proxies=[(p.ip, p.port, p.proto) for p in due])
+        return msgspec.structs.asdict(payload)
 
     def _due_shards(self, now: int) -> list[str]:
         return [

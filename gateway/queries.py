@@ -8,19 +8,18 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from events.mint import now_ms
+from events.wire import AgentMe
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
 from projections.readmodels import ProxyFilter, due_sources, liveness, percentile, source_score
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow
+from reducers.pool import lease_live
 from reducers.state import latency_samples, unpack_samples
 
 __all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
 
 routes = web.RouteTableDef()
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class SnapshotKeeper:
@@ -184,7 +183,7 @@ async def leases(request: web.Request) -> web.Response:
     items = []
     for r in rows:
         item = msgspec.structs.asdict(r)
-        if r.status == "leased" and r.expires_at < now:
+        if r.status == "leased" and not lease_live(r, now):
             item["status"] = "expired"
         items.append(item)
     return reply({"count": len(items), "leases": items})
@@ -203,7 +202,7 @@ async def whoami(request: web.Request) -> web.Response:
         for unspecified in ("@0.0.0.0:", "@[::]:"):
             if unspecified in nats and host:
                 nats = nats.replace(unspecified, f"@{host}:")
-    return reply({"name": caller.name, "role": caller.role, "nats": nats})
+    return reply(AgentMe(name=caller.name, role=caller.role, nats=nats))
 
 
 @routes.get("/v1/agents")
@@ -216,6 +215,6 @@ async def agents(request: web.Request) -> web.Response:
         item = msgspec.structs.asdict(a)
         del item["token_sha256"]
         held = state.holders.get(a.name, set())
-        item["active_leases"] = sum(1 for t in held if state.leases[t].expires_at >= now)
+        item["active_leases"] = sum(1 for t in held if lease_live(state.leases[t], now))
         items.append(item)
     return reply({"count": len(items), "agents": items})

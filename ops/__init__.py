@@ -1,1 +1,2 @@
-"""Operations: the ppf CLI, embedded NATS, the JetStream client, benchmarks."""
+"""Operations: the CLI (cli/), NATS (nats/), benchmarks (bench/), the test lab (lab/),
+logging and the Axiom tap (telemetry/), generated schemas."""

@@ -12,13 +12,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from events import DLQ_PREFIX, DecodeError, decode
+from projections.log import Message
 from projections.store import collect
 from projections.writer import ProcessWriter
 from reducers import State, fold, skip
 
-__all__ = ["Checkpointer", "Folder", "Rejected"]
+__all__ = ["Checkpointer", "Folder", "Message", "Rejected"]
 
-Message = tuple[int, int, bytes, bytes]
 Rejected = Callable[[int, bytes, bytes, DecodeError], None]
 
 _DLQ = DLQ_PREFIX.encode()
@@ -74,6 +74,8 @@ class Checkpointer:
         self.every_events = every_events
         self.every_ms = every_ms
         self._inflight: asyncio.Task[int] | None = None
+        # One checkpoint at a time: the fold's batches and its idle timer both cut.
+        self._lock = asyncio.Lock()
         self._since_seq = 0
         self._since_t = time.monotonic()
         self.written = 0
@@ -82,6 +84,11 @@ class Checkpointer:
     @property
     def last_written_seq(self) -> int:
         return self.writer.last_seq
+
+    @property
+    def digest(self) -> tuple[int, str]:
+        """(sequence, digest of the projections at it) of the last committed checkpoint."""
+        return self.writer.last_seq, self.writer.digest
 
     async def start(self) -> int:
         """Start the writer; returns the last_seq committed in the file."""
@@ -102,21 +109,23 @@ class Checkpointer:
         return True
 
     async def checkpoint(self, state: State) -> None:
-        cp = collect(state)
-        self._since_seq = state.last_seq
-        self._since_t = time.monotonic()
-        if self._inflight is not None:
-            await self._inflight
-        self.written += 1
-        self.rows += cp.rows
-        self._inflight = asyncio.create_task(self.writer.write(cp))
+        async with self._lock:
+            cp = collect(state)
+            self._since_seq = state.last_seq
+            self._since_t = time.monotonic()
+            if self._inflight is not None:
+                await self._inflight
+            self.written += 1
+            self.rows += cp.rows
+            self._inflight = asyncio.create_task(self.writer.write(cp))
 
     async def flush(self, state: State) -> None:
         """Checkpoint what is left and wait until it is committed."""
         await self.checkpoint(state)
-        if self._inflight is not None:
-            await self._inflight
-            self._inflight = None
+        async with self._lock:
+            if self._inflight is not None:
+                await self._inflight
+                self._inflight = None
 
     async def close(self) -> None:
         if self._inflight is not None:

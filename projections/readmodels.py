@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from reducers.pool import liveness
 from reducers.state import ProxyRow, SourceRow, State
 
 __all__ = [
@@ -83,16 +84,6 @@ def due_sources(
             scored.append((score, row))
     scored.sort(key=lambda pair: (-pair[0], pair[1].url_id))
     return scored[:limit] if limit else scored
-
-
-def liveness(age_ms: int, ttl_s: int) -> str:
-    """alive while seen within the TTL, stale (due for recheck) up to 3 TTLs, then dead."""
-    ttl = ttl_s * 1000
-    if age_ms <= ttl:
-        return "alive"
-    if age_ms <= 3 * ttl:
-        return "stale"
-    return "dead"
 
 
 def proxy_status(row: ProxyRow, now: int, ttl_s: int) -> str:

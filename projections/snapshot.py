@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from projections.readmodels import ProxyFilter
 from reducers import State
+from reducers.pool import band_edges
 
 __all__ = ["ProxySnapshot", "ProxyView", "build"]
 
@@ -75,20 +76,19 @@ class ProxySnapshot:
     def _scan(
         self, rows: tuple[ProxyView, ...], f: ProxyFilter, now: int, sort: str, limit: int
     ) -> Iterator[ProxyView]:
-        ttl = self.ttl_s * 1000
-        never = -(1 << 62)
-        lo, hi = {
-            "alive": (never, ttl),
-            "stale": (ttl + 1, 3 * ttl),
-            "dead": (3 * ttl + 1, None),
-        }.get(f.status, (never, None))
-        fresh = f.fresh_s * 1000 if f.fresh_s is not None else None
+        alive_from, stale_from = band_edges(now, self.ttl_s)
+        oldest, newest = {
+            "alive": (alive_from, None),
+            "stale": (stale_from, alive_from - 1),
+            "dead": (None, stale_from - 1),
+        }.get(f.status, (None, None))
+        fresh = now - f.fresh_s * 1000 if f.fresh_s is not None else None
         taken = 0
         for v in rows:
-            age = now - v.last_seen
-            if age < lo or (hi is not None and age > hi):
+            seen = v.last_seen
+            if (oldest is not None and seen < oldest) or (newest is not None and seen > newest):
                 continue
-            if fresh is not None and age > fresh:
+            if fresh is not None and seen < fresh:
                 continue
             if f.proto is not None and f.proto not in v.protos:
                 continue

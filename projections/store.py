@@ -23,9 +23,10 @@ import duckdb
 import msgspec
 
 from events.catalogue import Settings
+from projections.digest import DigestKeeper, meta_digest
 from reducers.state import AgentRow, LeaseRow, ProxyRow, SourceRow, State
 
-__all__ = ["DDL", "TABLES", "Checkpoint", "Store", "StoreError", "collect"]
+__all__ = ["DDL", "TABLES", "Checkpoint", "Store", "StoreError", "collect", "keep_digest"]
 
 SCHEMA_VERSION = "1"
 
@@ -62,6 +63,7 @@ class Checkpoint(msgspec.Struct):
     tables: dict[str, bytes] = {}
     deletes: dict[str, list[tuple[Any, ...]]] = {}
     rows: int = 0
+    meta_digest: str = ""  # the settings' part of the digest (projections/digest.py)
 
 
 def collect(state: State) -> Checkpoint:
@@ -82,13 +84,16 @@ def collect(state: State) -> Checkpoint:
             sources.append(src)
     leases = [state.leases[t] for t in state.dirty_leases]
     agents = list(state.agents.values())
+    meta = meta_digest(state)
     cp = Checkpoint(
+        meta_digest=meta,
         last_seq=state.last_seq,
         meta={
             "last_seq": str(state.last_seq),
             "sweep_bucket": str(state.sweep_bucket),
             "settings": _json(state.settings).decode(),
             "schema": SCHEMA_VERSION,
+            "meta_digest": meta,
         },
         tables={
             "proxies": _encode(proxies),
@@ -129,7 +134,7 @@ class _AgentCols(msgspec.Struct):
 # Each table blob is decoded twice, both in C: once into its plain columns (a view that
 # skips every other field), once into each row's own bytes (msgspec.Raw), which are
 # stored as they are, with no decode and re-encode of whole rows.
-_COLUMNS = {
+_COLUMNS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "proxies": msgspec.msgpack.Decoder(list[_ProxyCols]),
     "sources": msgspec.msgpack.Decoder(list[_SourceCols]),
     "leases": msgspec.msgpack.Decoder(list[_LeaseCols]),
@@ -143,6 +148,21 @@ def _tuples(table: str, blob: bytes) -> list[tuple[Any, ...]]:
     columns = _COLUMNS[table].decode(blob)
     raws = _raw_rows(blob)
     return [(*msgspec.structs.astuple(c), bytes(r)) for c, r in zip(columns, raws, strict=True)]
+
+
+def _key(table: str, values: tuple[Any, ...]) -> Any:
+    """A row's key for the digest keeper: (ip, port) for proxies, else the one column."""
+    return values[:2] if table == "proxies" else values[0]
+
+
+def keep_digest(keeper: DigestKeeper, cp: Checkpoint) -> None:
+    """Move the keeper's sums by the rows of one checkpoint."""
+    for table, blob in cp.tables.items():
+        for values in _tuples(table, blob):
+            keeper.put(table, _key(table, values), values[-1])
+    for table, keys in cp.deletes.items():
+        for key in keys:
+            keeper.delete(table, _key(table, tuple(key)))
 
 
 TABLES = ("proxies", "sources", "leases", "agents")
@@ -223,6 +243,17 @@ class Store:
                 state.agents[a.name] = a
         state.reindex()
         return state
+
+    def digest_keeper(self) -> tuple[DigestKeeper, str]:
+        """A keeper holding every committed row's hash, and the committed meta digest."""
+        keeper = DigestKeeper()
+        with self._lock:
+            meta = self._meta().get("meta_digest", "")
+            for table, keys in _KEYS.items():
+                cols = ", ".join(keys)
+                for values in self._con.execute(f"SELECT {cols}, row FROM {table}").fetchall():
+                    keeper.put(table, _key(table, values), values[-1])
+        return keeper, meta
 
     def close(self) -> None:
         with self._lock:

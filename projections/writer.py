@@ -8,8 +8,12 @@ Protocol over the child's stdin/stdout: the parent sends ``>Q length`` + a msgpa
 ``Checkpoint`` without its tables, then each table's blob as ``>Q length`` + bytes, in
 ``TABLES`` order (blobs are written as they are, never copied into one frame: at a
 million rows each copy is hundreds of MB). The child commits and answers
-``>Q last_seq``, or ``>Q 2**64-1``, ``>Q length`` and an error text. The child answers
-its restored ``last_seq`` first.
+``>Q last_seq`` and the 32-byte digest of the projections at it, or ``>Q 2**64-1``,
+``>Q length`` and an error text. The child answers its restored ``last_seq`` first.
+
+The digest is kept here, on the other core, from the rows each checkpoint carries
+(``projections.digest.DigestKeeper``): the fold pays nothing for it. The path
+``:memory:`` keeps the digest only, with no database (a gateway replica's fold).
 A parent that dies mid-send leaves a short frame: the child commits nothing of it and
 exits at end of input.
 """
@@ -24,13 +28,16 @@ from typing import BinaryIO
 
 import msgspec
 
-from projections.store import TABLES, Checkpoint, Store, StoreError
+from projections.digest import DigestKeeper, meta_digest
+from projections.store import TABLES, Checkpoint, Store, StoreError, keep_digest
+from reducers.state import State
 
 __all__ = ["ProcessWriter", "end_child", "read_frame"]
 
 _FRAME = struct.Struct(">Q")
 _CHILD = "import sys; from projections.writer import serve; sys.exit(serve(sys.argv[1]))"
 _ERROR = 2**64 - 1
+MEMORY = ":memory:"
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Checkpoint).decode
 
@@ -41,6 +48,7 @@ class ProcessWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         self.last_seq = 0
+        self.digest = ""  # of the projections at last_seq, as the child computed it
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -65,6 +73,7 @@ class ProcessWriter:
                 (size,) = _FRAME.unpack(await self._proc.stdout.readexactly(8))
                 text = (await self._proc.stdout.readexactly(size)).decode(errors="replace")
                 raise StoreError(f"checkpoint writer: {text}")
+            self.digest = (await self._proc.stdout.readexactly(32)).hex()
         except asyncio.IncompleteReadError:
             code = await self._proc.wait()
             raise StoreError(f"checkpoint writer for {self.path} exited with {code}") from None
@@ -116,14 +125,20 @@ def read_frame(inp: BinaryIO) -> bytes | None:
 def serve(path: str) -> int:
     """The child's loop (see the module docstring)."""
     out, inp = sys.stdout.buffer, sys.stdin.buffer
+    store = None
+    keeper, meta, last_seq = DigestKeeper(), "", 0
     try:
-        store = Store(path)
+        if path != MEMORY:
+            store = Store(path)
+            keeper, meta = store.digest_keeper()
+            last_seq = store.last_seq
     except StoreError as exc:
         text = str(exc).encode()
         out.write(_FRAME.pack(_ERROR) + _FRAME.pack(len(text)) + text)
         out.flush()
         return 1
-    out.write(_FRAME.pack(store.last_seq))
+    meta = meta or meta_digest(State())
+    out.write(_FRAME.pack(last_seq) + bytes.fromhex(keeper.value(meta)))
     out.flush()
     try:
         while (data := read_frame(inp)) is not None:
@@ -135,12 +150,16 @@ def serve(path: str) -> int:
                 tables[name] = blob
             try:
                 cp = msgspec.structs.replace(_decode(data), tables=tables)
-                store.write(cp)
-                out.write(_FRAME.pack(cp.last_seq))
+                if store is not None:
+                    store.write(cp)
+                keep_digest(keeper, cp)
+                digest = keeper.value(cp.meta_digest)
+                out.write(_FRAME.pack(cp.last_seq) + bytes.fromhex(digest))
             except Exception as exc:  # reported to the parent, which stops its fold
                 text = repr(exc).encode()
                 out.write(_FRAME.pack(_ERROR) + _FRAME.pack(len(text)) + text)
             out.flush()
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     return 0

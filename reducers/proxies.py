@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyWorked
+from reducers.pool import band_edges
 from reducers.state import MAX_SAMPLE_MS, ProxyKey, ProxyRow, State
 
 __all__ = ["SWEEP_MS", "failed", "purge_lab", "sweep", "worked"]
@@ -44,6 +45,7 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if row is None:
         if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
             return None
+        before = None
         proto = _SHARED.get(event.proto, event.proto)
         row = ProxyRow(
             ip=event.ip,
@@ -57,6 +59,7 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
         state.proxies[key] = row
         new = True
     else:
+        before = (row.last_seen, row.proto, row.anonymity)
         a = settings.ema_alpha
         row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
         if event.proto != row.proto:
@@ -76,6 +79,10 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if event.anonymity and event.anonymity != row.anonymity:
         row.anonymity = _SHARED.get(event.anonymity, event.anonymity)
     row.mitm = event.mitm
+    if before != (row.last_seen, row.proto, row.anonymity):  # moved between counts
+        if before is not None:
+            state.composition.remove(*before)
+        state.composition.add(row)
     if agent not in row.agents:
         row.agents = _add(row.agents, agent, settings.provenance_cap)
     if source not in row.sources:
@@ -87,10 +94,15 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
 def purge_lab(state: State) -> int:
     """Lab mode ended: drop every proxy that only lab mode admitted."""
     gone = [key for key in state.proxies if not proxy_address_ok(key[0], key[1])]
-    for key in gone:
-        del state.proxies[key]
-        state.dirty_proxies.add(key)
+    _evict(state, gone)
     return len(gone)
+
+
+def _evict(state: State, keys: list[ProxyKey]) -> None:
+    for key in keys:
+        row = state.proxies.pop(key)
+        state.composition.remove(row.last_seen, row.proto, row.anonymity)
+        state.dirty_proxies.add(key)
 
 
 def failed(state: State, event: ProxyFailed, ts: int) -> bool:
@@ -108,9 +120,7 @@ def failed(state: State, event: ProxyFailed, ts: int) -> bool:
 
 def sweep(state: State, ts: int) -> int:
     """Evict proxies dead for good (not seen for 3 TTLs) at log time ``ts``."""
-    horizon = ts - 3 * state.settings.proxy_ttl_s * 1000
+    _, horizon = band_edges(ts, state.settings.proxy_ttl_s)
     dead = [key for key, row in state.proxies.items() if row.last_seen < horizon]
-    for key in dead:
-        del state.proxies[key]
-        state.dirty_proxies.add(key)
+    _evict(state, dead)
     return len(dead)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from events.catalogue import Settings
+from reducers.pool import Composition
 
 __all__ = [
     "MAX_SAMPLE_MS",
@@ -127,6 +128,7 @@ class State:
 
     __slots__ = (
         "agents",
+        "composition",
         "dirty_leases",
         "dirty_proxies",
         "dirty_sources",
@@ -153,6 +155,8 @@ class State:
         self.lease_owner: dict[str, str] = {}
         self.holders: dict[str, set[str]] = {}
         self.tokens: dict[str, str] = {}
+        # The pool's composition by last_seen bucket (reducers/pool.py), kept by deltas.
+        self.composition = Composition()
         self.settings = Settings()
         self.last_seq = 0
         self.sweep_bucket = 0
@@ -170,6 +174,9 @@ class State:
                 self.lease_owner[row.lease] = row.target
                 self.holders.setdefault(row.holder, set()).add(row.target)
         self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
+        self.composition = Composition()
+        for proxy in self.proxies.values():
+            self.composition.add(proxy)
 
     def clear_dirty(self) -> None:
         self.dirty_proxies = set()

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from ops.natsd import free_port
+from ops.nats.server import free_port
 
 __all__ = ["Browser", "chromium_path"]
 

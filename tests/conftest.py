@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ops.lab import ProxyLab, missing
-from ops.log import Log
-from ops.natsd import NatsServer, NatsServerError, find_binary, free_port
+from ops.lab.testbed import ProxyLab, missing
+from ops.nats.client import Log
+from ops.nats.server import NatsServer, NatsServerError, find_binary, free_port
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"
 

@@ -16,9 +16,9 @@ from aiohttp.test_utils import TestServer
 import events as ev
 from gateway.app import make_app
 from ops.cli import enroll
-from ops.fold_service import FoldService
-from ops.log import Log, fresh_id, now_ms
-from ops.natsd import NatsServer
+from ops.nats.client import Log, fresh_id, now_ms
+from ops.nats.server import NatsServer
+from projections.live import FoldService
 
 __all__ = ["Fleet", "fleet"]
 

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from agents.gateway_client import GatewayClient, GatewayError
-from ops.natsd import free_port
+from ops.nats.server import free_port
 
 
 async def _broken_proxy() -> TestServer:

@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from ops.axiom_dashboard import build, queries
+from ops.telemetry.dashboard import build, queries
 
 AXIOM = Path(__file__).resolve().parent.parent / "ops" / "axiom"
 

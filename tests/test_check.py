@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from agents.check import Judge, check, check_many
 from gateway.app import judge as judge_handler
-from ops.lab import ProxyLab, self_signed
+from ops.lab.testbed import ProxyLab, self_signed
 
 
 async def _judge_server(tls: ssl.SSLContext | None = None) -> TestServer:

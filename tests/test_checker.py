@@ -19,9 +19,9 @@ from gateway.app import judge as judge_handler
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli import enroll
-from ops.fold_service import FoldService
-from ops.lab import Proxy, ProxyLab
-from ops.log import Log, fresh_id, now_ms
+from ops.lab.testbed import Proxy, ProxyLab
+from ops.nats.client import Log, fresh_id, now_ms
+from projections.live import FoldService
 from projections.recheck import RecheckPolicy, due_in_shard
 from reducers import ProxyRow
 from tests.helpers import worked

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 import events as ev
-from ops.log import Log, LogError
-from ops.natsd import free_port, with_credentials
+from ops.nats.client import Log, LogError
+from ops.nats.server import free_port, with_credentials
 from ops.schemas import generate
 from tests.helpers import worked
 
@@ -80,10 +80,11 @@ class Up:
         raise AssertionError("ppf up did not answer /healthz in 30 s")
 
     def caught_up(self, timeout: float = 30) -> dict[str, Any]:
+        """Stats once the fold has applied the head and checkpointed it (its digest)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status, stats = _get(self.base + "/v1/stats")
-            if status == 200 and stats["applied_seq"] == stats["head_seq"]:
+            if status == 200 and stats["applied_seq"] == stats["head_seq"] == stats["digest_seq"]:
                 return stats  # type: ignore[no-any-return]
             time.sleep(0.1)
         raise AssertionError(f"not caught up: {stats}")
@@ -169,7 +170,7 @@ def test_replay_verifies_after_kill_9_under_load(ppf_bin: str, tmp_path: Path) -
         )
         assert replay.returncode == 0, replay.stderr.decode()
         out = json.loads(replay.stdout)
-        assert out == {"seq": stats["applied_seq"], "digest": stats["digest"]}
+        assert out == {"seq": stats["digest_seq"], "digest": stats["digest"]}
 
         # A replay to an earlier sequence gives another digest; a mismatch exits non-zero.
         early = subprocess.run(

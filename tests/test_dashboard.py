@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestServer
 import events as ev
 from gateway.app import make_app
 from gateway.http import GatewayConfig
-from ops.fold_service import FoldService
-from ops.log import Log, fresh_id, now_ms
+from ops.nats.client import Log, fresh_id, now_ms
+from projections.live import FoldService
 from tests.browser import Browser, chromium_path
 from tests.helpers import worked
 

@@ -207,7 +207,7 @@ def test_native_scanner_equals_the_regex(pieces: list[str], hint: str | None) ->
 @pytest.mark.skipif(not native_scanner(), reason=NO_SCANNER)
 def test_native_scanner_on_a_dense_list_equals_the_regex() -> None:
     """A million-candidate list (the benchmark's shape) through both paths: identical."""
-    from ops.bench_extract import dense_list
+    from ops.bench.extract import dense_list
 
     data = dense_list(8, seed=7) + "".join(f"{ip}:80\n" for ip in _EDGES).encode()
     codes = extract_module._CODES

@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from agents.fetch import Fetcher
 from agents.worker import Worker, WorkerConfig
-from ops.lab import ProxyLab
+from ops.lab.testbed import ProxyLab
 
 PAGE = b"8.8.8.8:3128\n1.1.1.1:1080\n"
 

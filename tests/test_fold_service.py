@@ -11,10 +11,10 @@ from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
 from gateway.app import make_app
-from ops.firehose import Firehose
-from ops.fold_service import FoldService
-from ops.log import Log, fresh_id, now_ms
+from ops.nats.client import Log, fresh_id, now_ms
+from ops.nats.stream import Firehose
 from projections import Folder, digest
+from projections.live import FoldService
 from reducers import State
 from tests.helpers import worked
 
@@ -97,7 +97,7 @@ async def test_restart_resumes_after_the_checkpoint_without_double_counting(
         async for batch in Firehose(log_client.url).batches(until=600):
             msgs.extend(batch)
         Folder(reference).apply(msgs)
-        assert again.digest() == digest(reference)
+        assert (await again.checkpoint_now())[1] == digest(reference)
         confirmations = sum(p.confirmations for p in again.state.proxies.values())
         assert confirmations == 600
     finally:
@@ -138,9 +138,10 @@ async def test_gateway_serves_the_projections(
     body = await ready.json()
     assert ready.status == 200 and body["applied_seq"] == body["head_seq"] == 3
 
+    assert await fold.checkpoint_now() == (3, digest(fold.state))
     stats = await (await client.get("/v1/stats")).json()
     assert stats["applied_seq"] == 3 and stats["head_seq"] == 3
-    assert stats["digest"] == digest(fold.state)
+    assert (stats["digest_seq"], stats["digest"]) == (3, digest(fold.state))
     assert stats["proxies"] == {"known": 2, "alive": 2}
     assert stats["pool"]["by_proto"] == {"http": 1, "socks5": 1}
     assert stats["pool"]["by_anonymity"] == {"unknown": 2}

@@ -18,8 +18,8 @@ from agents.gateway_client import GatewayClient
 from gateway.app import make_app
 from gateway.commands import GRANTER
 from gateway.http import GatewayConfig
-from ops.fold_service import FoldService
-from ops.log import Log, fresh_id, now_ms
+from ops.nats.client import Log, fresh_id, now_ms
+from projections.live import FoldService
 from tests.helpers import worked
 
 Client = TestClient  # type: ignore[type-arg]

@@ -24,9 +24,9 @@ import aiohttp
 import pytest
 
 import events as ev
-from ops.firehose import Firehose
-from ops.log import Log, fresh_id, now_ms
-from ops.natsd import NatsServer, free_port
+from ops.nats.client import Log, fresh_id, now_ms
+from ops.nats.server import NatsServer, free_port
+from ops.nats.stream import Firehose
 
 DURATION_S = float(os.environ.get("PPF_LEASE_SOAK_S", "60"))
 AGENTS = 50

@@ -8,9 +8,9 @@ import pytest
 from nats.js.api import StorageType, StoreCompression
 
 import events as ev
-from ops.firehose import Firehose
-from ops.log import ConflictError, Log, fresh_id
-from ops.natsd import NatsServer
+from ops.nats.client import ConflictError, Log, fresh_id
+from ops.nats.server import NatsServer
+from ops.nats.stream import Firehose
 from tests.helpers import worked
 
 

@@ -10,8 +10,8 @@ import nats
 import pytest
 
 import events as ev
-from ops.log import Log, fresh_id, now_ms
-from ops.natsd import AGENT_INBOX, NatsServer, with_credentials
+from ops.nats.client import Log, fresh_id, now_ms
+from ops.nats.server import AGENT_INBOX, NatsServer, with_credentials
 
 
 def _fetched() -> ev.Event:

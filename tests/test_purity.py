@@ -1,6 +1,10 @@
-"""The core stays pure: reducers import nothing beyond the stdlib, msgspec and events/.
+"""The core stays pure, and the arrows between the rooms point one way.
 
-And not every stdlib module is harmless: no clock, no randomness, no I/O.
+The core (``events/`` but its one edge module ``mint.py``, ``reducers/``, and the read
+models in ``projections/``) imports nothing beyond the stdlib, msgspec and the core, and
+not every stdlib module is harmless: no clock, no randomness, no I/O. Outside the core,
+``gateway/`` and ``projections/`` import nothing from ``ops/``, and ``agents/`` import
+only the log client from it.
 """
 
 from __future__ import annotations
@@ -12,7 +16,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CORE = sorted((ROOT / "reducers").glob("*.py")) + sorted((ROOT / "events").glob("*.py"))
+# events/mint.py is the edges' clock and entropy: the core must not import it (below).
+EDGE_IN_EVENTS = ROOT / "events" / "mint.py"
+READ_MODELS = ["readmodels.py", "snapshot.py", "digest.py", "recheck.py"]
+CORE = (
+    sorted((ROOT / "reducers").glob("*.py"))
+    + [p for p in sorted((ROOT / "events").glob("*.py")) if p != EDGE_IN_EVENTS]
+    + [ROOT / "projections" / name for name in READ_MODELS]
+)
 FORBIDDEN = {
     "asyncio",
     "time",
@@ -60,10 +71,13 @@ def _imports(path: Path) -> list[tuple[str, set[str]]]:
 
 @pytest.mark.parametrize("path", CORE, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_core_module_imports_only_pure_things(path: Path) -> None:
-    allowed_roots = {"msgspec", "events", "__future__", "typing"}
-    if path.parent.name == "reducers":
-        allowed_roots.add("reducers")
+    """A core module imports only the stdlib's pure parts, msgspec and the core."""
+    allowed_roots = {"msgspec", "events", "reducers", "__future__", "typing"}
+    read_models = {f"projections.{n.removesuffix('.py')}" for n in READ_MODELS}
     for module, names in _imports(path):
+        assert module != "events.mint", f"{path.name} imports the clock module"
+        if module in read_models:
+            continue
         root = module.split(".")[0]
         if root in ALLOWED_FROM:
             assert names and names <= ALLOWED_FROM[root], f"{path.name}: {module} {names}"
@@ -80,3 +94,37 @@ def test_the_check_itself_catches_a_clock(tmp_path: Path) -> None:
     bad.write_text("import time\nfrom reducers import fold\n")
     roots = [m.split(".")[0] for m, _ in _imports(bad)]
     assert "time" in roots and "time" in FORBIDDEN
+
+
+OUTSIDE_OPS = ["gateway", "projections", "reducers", "events"]
+LOG_CLIENT = "ops.nats.client"
+
+
+def _modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for f in OUTSIDE_OPS for p in _modules(f)],
+    ids=lambda p: f"{p.parent.name}/{p.name}",
+)
+def test_inner_rooms_import_nothing_from_ops(path: Path) -> None:
+    """gateway/, projections/, reducers/ and events/ never import ops/ (even lazily)."""
+    for module, _ in _imports(path):
+        assert module.split(".")[0] != "ops", f"{path.relative_to(ROOT)} imports {module}"
+
+
+@pytest.mark.parametrize("path", _modules("agents"), ids=lambda p: p.name)
+def test_agents_import_only_the_log_client_from_ops(path: Path) -> None:
+    """agents/ reach ops/ only through the JetStream client."""
+    for module, _ in _imports(path):
+        if module.split(".")[0] == "ops":
+            assert module == LOG_CLIENT, f"agents/{path.name} imports {module}"
+
+
+def test_the_direction_check_catches_a_back_arrow(tmp_path: Path) -> None:
+    """The direction rule is not vacuous: a gateway module importing ops is found."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from ops.nats.server import NatsServer\n")
+    assert [m for m, _ in _imports(bad)] == ["ops.nats.server"]

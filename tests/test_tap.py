@@ -13,9 +13,9 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from ops.fold_service import FoldService
-from ops.log import Log
-from ops.tap import Tap, TapConfig
+from ops.nats.client import Log
+from ops.telemetry.tap import Tap, TapConfig
+from projections.live import FoldService
 from tests.helpers import worked
 
 

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from ops.lab import ProxyLab
+from ops.lab.testbed import ProxyLab
 from tests.test_cli import Up
 
 

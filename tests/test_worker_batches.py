@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from agents.worker import Worker, WorkerConfig
-from ops.lab import ProxyLab
-from ops.natsd import NatsServer, free_port
+from ops.lab.testbed import ProxyLab
+from ops.nats.server import NatsServer, free_port
 from tests.fleet import Fleet, fleet
 
 

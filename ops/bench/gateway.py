@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import secrets
 import statistics
 import subprocess
 import sys
@@ -21,11 +19,12 @@ from typing import Any
 
 import aiohttp
 
-from events import AgentEnrolled, ProxyWorked, SourceAdded, url_id
-from ops.log import Log, fresh_id, now_ms
-from ops.natsd import NatsServer, free_port
+from events import ProxyWorked, SourceAdded, url_id
+from events.mint import enrollment, fresh_id, now_ms
+from ops.bench.synthetic import _ip
+from ops.nats.client import Log
+from ops.nats.server import NatsServer, free_port
 from ops.progress import Progress
-from ops.synthetic import _ip
 
 __all__ = ["bench_lease", "bench_query"]
 
@@ -98,18 +97,9 @@ async def bench_lease(
             tokens = {}
             enroll = []
             for i in range(clients):
-                token = secrets.token_urlsafe(16)
+                token, event = enrollment(f"b{i:03d}", "worker")
                 tokens[f"b{i:03d}"] = token
-                enroll.append(
-                    AgentEnrolled(
-                        id=fresh_id(),
-                        agent="admin",
-                        at=now_ms(),
-                        name=f"b{i:03d}",
-                        role="worker",
-                        token_sha256=hashlib.sha256(token.encode()).hexdigest(),
-                    )
-                )
+                enroll.append(event)
             urls = [f"https://bench.example/{i}.txt" for i in range(sources)]
             adds = [
                 SourceAdded(id=fresh_id(), agent="admin", at=now_ms(), url=u, url_id=url_id(u))

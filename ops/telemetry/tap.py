@@ -39,7 +39,7 @@ log = structlog.get_logger("ppf.tap")
 _FRAME = struct.Struct(">Q")
 _HEAD = struct.Struct(">BI")  # kind (0 events, 1 metrics), item count
 _encode = msgspec.msgpack.Encoder().encode
-_CHILD = "import sys; from ops.tap import serve; sys.exit(serve())"
+_CHILD = "import sys; from ops.telemetry.tap import serve; sys.exit(serve())"
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,14 +186,12 @@ def serve() -> int:
     import queue
     import threading
 
-    import axiom_py
+    import axiom_py  # type: ignore[import-untyped]
 
     config = TapConfig(**json.loads(os.environ["PPF_TAP"]))
     client = axiom_py.Client(token=config.token, org_id=config.org_id, url=config.url)
     # axiom-py's requests session has no timeout: give it one.
-    client.session.request = functools.partial(  # type: ignore[method-assign]
-        client.session.request, timeout=config.timeout_s
-    )
+    client.session.request = functools.partial(client.session.request, timeout=config.timeout_s)
     counts: dict[str, Any] = {
         "sent": 0,
         "failed": 0,

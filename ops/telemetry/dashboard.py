@@ -1,6 +1,6 @@
-"""Build ops/axiom/dashboard.json from ops/axiom/queries.apl: one chart per query.
+"""Build axiom/dashboard.json from axiom/queries.apl (beside this file): one chart a query.
 
-Run ``python -m ops.axiom_dashboard`` after editing the queries; a test checks the
+Run ``python -m ops.telemetry.dashboard`` after editing the queries; a test checks the
 committed JSON is what this builds.
 """
 

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from events import Fetched, ProxyFailed, ProxyWorked, decode, encode, subject_for
-from ops.firehose import Firehose
-from ops.log import Log
-from ops.natsd import NatsServer, free_port
+from ops.nats.client import Log
+from ops.nats.server import NatsServer, free_port
+from ops.nats.stream import Firehose
 from ops.progress import Progress
 from projections import Store, digest
 from projections.replay import replay
@@ -39,7 +39,7 @@ def _rss_mb() -> float:
 
 async def publish_synthetic(url: str, n: int, proxies: int, seed: int) -> int:
     """Publish with core NATS (no per-message ack wait), then wait for the stream head."""
-    from ops import synthetic
+    from ops.bench import synthetic
 
     lg = await Log.connect(url, name="ppf-bench-publisher")
     await lg.ensure_stream()
@@ -136,7 +136,7 @@ async def _fold_with_dead_axiom(url: str, head: int, workdir: Path) -> tuple[flo
     """The same fold with the Axiom tap on, Axiom a port that accepts and never answers;
     then once more with the tap off, since a second fold in one process runs a few
     percent apart from the first (order effects as large as the tap's cost)."""
-    from ops.tap import Tap, TapConfig
+    from ops.telemetry.tap import Tap, TapConfig
 
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
@@ -180,7 +180,7 @@ async def bench_fold(
             child = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "ops.bench",
+                "ops.bench.fold",
                 "publish",
                 nats_url,
                 str(events),
@@ -255,7 +255,7 @@ def print_fold(result: dict[str, Any], as_json: bool) -> None:
 
 
 if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "publish":
-    from ops import logs
+    from ops.telemetry import logs
 
     logs.configure()
     _, _, url, n, px, sd = sys.argv

@@ -12,11 +12,7 @@ Publishing rules measured on this machine (FIELD-NOTES.md):
 from __future__ import annotations
 
 import asyncio
-import os
-import random
-import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Sequence
 from urllib.parse import urlsplit
 
 import nats
@@ -27,9 +23,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StoreCompression, StreamConfig
 
-from events import STREAM, STREAM_SUBJECTS, Event, decode, encode, subject_for, uuid7
+from events import STREAM, STREAM_SUBJECTS, Event, decode, encode, subject_for
+from events.mint import fresh_id, now_ms
+from ops.nats.stream import Firehose
+from projections.log import ConflictError, LogError, Message, Published, PublishError
 
 __all__ = [
+    "AGENT_INBOX",
     "ConflictError",
     "Log",
     "LogError",
@@ -46,22 +46,8 @@ DUPLICATE_WINDOW_S = 300.0
 RETRIES = 3
 
 
-class LogError(RuntimeError):
-    """Base of every error the log client raises."""
-
-
-class PublishError(LogError):
-    """A publish that did not reach the stream after the bounded retries."""
-
-
-class ConflictError(LogError):
-    """A compare-and-set publish lost: the subject moved on (JetStream err_code 10071)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Published:
-    seq: int
-    duplicate: bool
+# Where agents' replies arrive; nats.conf lets agents subscribe there and nowhere else.
+AGENT_INBOX = "_INBOX_AGENT"
 
 
 def redact(url: str) -> str:
@@ -93,24 +79,8 @@ async def _probe(url: str, timeout: float) -> None:
     raise LogError(f"cannot connect to NATS at {redact(url)}: " + "; ".join(errors))
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-# Ids need uniqueness, not secrecy: a PRNG seeded from the OS (and reseeded in every
-# forked child, which would otherwise repeat its parent's ids) instead of a getrandom
-# syscall per event, which showed up at 7% of the gateway's time under lease load.
-_entropy = random.Random(os.urandom(32))
-os.register_at_fork(after_in_child=lambda: _entropy.seed(os.urandom(32)))
-
-
-def fresh_id() -> str:
-    """A new UUIDv7 event id, from this machine's clock and entropy."""
-    return uuid7(now_ms(), _entropy.getrandbits(80).to_bytes(10, "big"))
-
-
 class Log:
-    """A connection to the PPF stream."""
+    """A connection to the PPF stream (implements ``projections.log.EventLog``)."""
 
     def __init__(self, nc: Client, js: JetStreamContext, url: str) -> None:
         self.nc = nc
@@ -288,3 +258,7 @@ class Log:
             log.warning("publish_many_retried", failed=len(failed), attempt=attempt)
             pending = failed
         raise PublishError(f"{len(pending)} of {len(events)} events got no ack")
+
+    def read(self, start_seq: int, until: int | None = None) -> AsyncIterator[list[Message]]:
+        """Batches in stream order, through the lean reader on its own connection."""
+        return Firehose(self.url, start_seq).batches(until=until)

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ops.natsd import free_port
-from ops.tls import self_signed
+from ops.lab.tls import self_signed
+from ops.nats.server import free_port
 
 __all__ = ["PACKAGES", "Proxy", "ProxyLab", "missing", "self_signed"]
 

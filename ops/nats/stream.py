@@ -25,12 +25,12 @@ from urllib.parse import unquote, urlsplit
 import structlog
 
 from events import STREAM
+from projections.log import Message
 
 __all__ = ["Firehose", "FirehoseError", "Message"]
 
 log = structlog.get_logger("ppf.firehose")
 
-Message = tuple[int, int, bytes, bytes]  # stream seq, server ts (unix ms), subject, payload
 
 _CRLF = b"\r\n"
 _READ = 1 << 20

@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 
 import structlog
 
+from ops.nats.client import AGENT_INBOX
+
 __all__ = [
     "AGENT_INBOX",
     "ROLES",
@@ -33,12 +35,10 @@ __all__ = [
 
 log = structlog.get_logger("ppf.natsd")
 
-CONF = Path(__file__).resolve().parent.parent / "nats.conf"
+CONF = Path(__file__).resolve().parents[2] / "nats.conf"
 
 # The NATS users of nats.conf besides the service's own: one per agent role.
 ROLES = ("worker", "checker", "seed")
-# Where agents' replies arrive; nats.conf lets agents subscribe there and nowhere else.
-AGENT_INBOX = "_INBOX_AGENT"
 
 
 class NatsServerError(RuntimeError):

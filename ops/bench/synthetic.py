@@ -18,6 +18,7 @@ from events import (
     Fetched,
     Heartbeat,
     Leased,
+    Outcome,
     ProxyFailed,
     ProxyWorked,
     Released,
@@ -129,7 +130,7 @@ def events(
                     proto=PROTOS[p % 4],
                     latency_ms=rng.randrange(20, 3000),
                     exit_ip=_ip(p),
-                    anonymity=ANON[p % 3],
+                    anonymity=ANON[p % 3],  # type: ignore[arg-type]
                     source=uid,
                     lease=lease,
                 )
@@ -150,7 +151,7 @@ def events(
                         error="timeout",
                     )
                 )
-        outcome = "done" if rng.random() > 0.1 else "failed"
+        outcome: Outcome = "done" if rng.random() > 0.1 else "failed"
         cycle_events.append(
             Released(id=eid(), agent=agent, at=ms, lease=lease, target=uid, outcome=outcome)
         )

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from agents.check import Judge, check_many
-from ops.lab import ProxyLab, self_signed
-from ops.natsd import free_port
+from ops.lab.testbed import ProxyLab, self_signed
+from ops.nats.server import free_port
 
 __all__ = ["bench_check"]
 

@@ -13,45 +13,63 @@ import heapq
 import itertools
 import time
 from pathlib import Path
+from typing import Any, Protocol
 
 import structlog
 
 from events import DecodeError, dlq_subject
-from ops.firehose import Firehose
-from ops.log import Log, LogError
-from ops.pipeline_stats import PipelineStats
-from ops.tap import Tap
-from projections import Checkpointer, Folder, Store, digest
+from projections.folder import Checkpointer, Folder, Message
+from projections.log import EventLog, LogError
+from projections.rates import PipelineStats
+from projections.store import Store
+from projections.writer import MEMORY
 from reducers import State
 
-__all__ = ["FoldService"]
+__all__ = ["FoldService", "Sink"]
 
 log = structlog.get_logger("ppf.fold")
 
 
+class Sink(Protocol):
+    """Where folded batches go besides the projections (the Axiom tap, ``ops/telemetry``)."""
+
+    @property
+    def stats(self) -> Any: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def feed(self, batch: list[Message]) -> None: ...
+
+    def metrics(self, row: dict[str, object]) -> None: ...
+
+
 class FoldService:
-    """One projection replica. ``db`` None keeps it in memory only (a gateway replica)."""
+    """One projection replica. ``db`` None keeps it in memory only (a gateway replica):
+    its checkpoint writer then keeps the digest alone (``projections/writer.py``)."""
 
     def __init__(
         self,
-        log_client: Log,
+        log_client: EventLog,
         *,
         db: str | Path | None = None,
         dlq: bool = True,
         every_events: int = 500_000,
         every_ms: int = 5_000,
-        tap: Tap | None = None,
+        tap: Sink | None = None,
     ) -> None:
         self.log = log_client
         self.state = State()
-        self.checkpointer = None
         if db is not None:
             store = Store(db)  # restore here; the checkpoint writer owns the file after
             try:
                 self.state = store.restore()
             finally:
                 store.close()
-            self.checkpointer = Checkpointer(db, every_events=every_events, every_ms=every_ms)
+        self.checkpointer = Checkpointer(
+            db if db is not None else MEMORY, every_events=every_events, every_ms=every_ms
+        )
         self.folder = Folder(self.state, self._reject if dlq else None)
         self.tap = tap
         self.stats = PipelineStats()
@@ -61,7 +79,6 @@ class FoldService:
         # (a Condition's notify_all woke every waiting request on every batch).
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_ids = itertools.count()
-        self._digest: tuple[int, str] = (-1, "")
         self._head = (0.0, 0)
         self.dlq_sent = 0
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
@@ -75,12 +92,15 @@ class FoldService:
     def applied_seq(self) -> int:
         return self.state.last_seq
 
-    def digest(self) -> str:
-        """The digest of all projections at ``applied_seq`` (cached per sequence)."""
-        seq = self.state.last_seq
-        if self._digest[0] != seq:
-            self._digest = (seq, digest(self.state))
-        return self._digest[1]
+    def digest(self) -> tuple[int, str]:
+        """(digest_seq, digest): the projections' digest at the last checkpoint, kept by
+        the checkpoint writer; never computed on this loop (a million rows take seconds)."""
+        return self.checkpointer.digest
+
+    async def checkpoint_now(self) -> tuple[int, str]:
+        """Checkpoint what is applied and wait for it: the digest at ``applied_seq``."""
+        await self.checkpointer.flush(self.state)
+        return self.checkpointer.digest
 
     async def head_seq(self, max_age_s: float = 0.5) -> int:
         at, seq = self._head
@@ -91,14 +111,14 @@ class FoldService:
         return max(seq, self.state.last_seq)
 
     async def start(self) -> None:
-        if self.checkpointer is not None:
-            await self.checkpointer.start()
+        await self.checkpointer.start()
         if self.tap is not None:
             await self.tap.start()
         self._tasks = [
             asyncio.create_task(self._run(), name="ppf-fold"),
             asyncio.create_task(self._send_dlq(), name="ppf-dlq"),
             asyncio.create_task(self._tick(), name="ppf-stats"),
+            asyncio.create_task(self._idle_checkpoints(), name="ppf-checkpoint"),
         ]
 
     async def stop(self) -> None:
@@ -108,9 +128,8 @@ class FoldService:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
         self._tasks = []
-        if self.checkpointer is not None:
-            await self.checkpointer.flush(self.state)
-            await self.checkpointer.close()
+        await self.checkpointer.flush(self.state)
+        await self.checkpointer.close()
         if self.tap is not None:
             await self.tap.stop()
         log.info("fold_stopped", last_seq=self.state.last_seq)
@@ -136,15 +155,19 @@ class FoldService:
                 fut.set_result(None)
 
     async def _run(self) -> None:
-        hose = Firehose(self.log.url, self.state.last_seq + 1)
-        async for batch in hose.batches():
+        async for batch in self.log.read(self.state.last_seq + 1):
             self.folder.apply(batch)
             if self.tap is not None:
                 self.tap.feed(batch)
-            if self.checkpointer is not None:
-                await self.checkpointer.maybe(self.state)
+            await self.checkpointer.maybe(self.state)
             self._wake()
             await asyncio.sleep(0)  # let queries and publishes in between batches
+
+    async def _idle_checkpoints(self) -> None:
+        """A quiet log still gets its checkpoint (and digest) within ``every_ms``."""
+        while True:
+            await asyncio.sleep(self.checkpointer.every_ms / 1000)
+            await self.checkpointer.maybe(self.state)
 
     async def _tick(self) -> None:
         """Sample the pipeline's rates; every 10 s, a metrics row for the tap."""

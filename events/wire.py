@@ -1,0 +1,156 @@
+"""The HTTP wire between agents and the gateway: request and response bodies, typed.
+
+Pure msgspec Structs that ``gateway/`` serves and ``agents/`` read, so both sides decode
+the same types (requests reject unknown fields: STYLE.md §1; replies are read leniently,
+so a newer gateway may add fields). ``gateway/api.py`` builds the OpenAPI document from
+them. Every error either side raises about this wire derives from ``WireError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "AgentMe",
+    "EventsAccepted",
+    "EventsRequest",
+    "FieldError",
+    "HeartbeatReply",
+    "LeaseGrant",
+    "LeaseRequest",
+    "LeasesReply",
+    "Problem",
+    "RecheckPayload",
+    "ReleaseReply",
+    "ReleaseRequest",
+    "SeedPayload",
+    "SourcePayload",
+    "SourcesAdded",
+    "SourcesRequest",
+    "WireError",
+]
+
+Kind = Literal["source", "recheck", "seed"]
+DEFAULT_LEASE_TTL_S = 300  # what an agent asks for when it says nothing
+
+
+class LeaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    agent: str
+    kind: Kind
+    count: int = 1
+    ttl_s: int = DEFAULT_LEASE_TTL_S
+
+
+class SourcePayload(msgspec.Struct, kw_only=True):
+    """What a worker needs to fetch a source."""
+
+    url: str
+    last_hash: str = ""
+    proto_hint: str = ""
+    priority: float = 0.0
+
+
+class RecheckPayload(msgspec.Struct, kw_only=True):
+    """A recheck shard's due proxies: ``[ip, port, proto]`` each."""
+
+    shard: str
+    proxies: list[tuple[str, int, str]] = []
+
+
+class SeedPayload(msgspec.Struct, kw_only=True):
+    cursor: int
+    end: int
+
+
+class LeaseGrant(msgspec.Struct, kw_only=True):
+    lease: str
+    epoch: int
+    kind: Kind
+    target: str
+    expires_at: int
+    # One of the payload Structs above by ``kind``; kept as a plain object on the wire
+    # (the contract's shape), read back typed with ``source()`` or ``recheck()``.
+    payload: dict[str, Any]
+
+    def source(self) -> SourcePayload:
+        return msgspec.convert(self.payload, SourcePayload)
+
+    def recheck(self) -> RecheckPayload:
+        return msgspec.convert(self.payload, RecheckPayload)
+
+
+class LeasesReply(msgspec.Struct, kw_only=True):
+    leases: list[LeaseGrant]
+
+
+class HeartbeatReply(msgspec.Struct, kw_only=True):
+    lease: str
+    expires_at: int
+
+
+class ReleaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    outcome: Literal["done", "failed", "abandoned"] = "done"
+    counted: bool = True
+    error: str = ""
+
+
+class ReleaseReply(msgspec.Struct, kw_only=True):
+    lease: str
+    target: str
+    outcome: str
+    seq: int
+
+
+class EventsRequest(msgspec.Struct, forbid_unknown_fields=True):
+    events: list[msgspec.Raw]
+
+
+class EventsAccepted(msgspec.Struct, kw_only=True):
+    seqs: list[int]
+    duplicates: int
+
+
+class SourcesRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    urls: list[str]
+    proto_hint: str = ""
+
+
+class SourcesAdded(msgspec.Struct, kw_only=True):
+    added: list[str]
+    known: list[str]
+
+
+class AgentMe(msgspec.Struct, kw_only=True):
+    """``GET /v1/agents/me``: who a token is, and the NATS URL its role publishes through
+    (None: publish through ``POST /v1/events``)."""
+
+    name: str
+    role: str
+    nats: str | None = None
+
+
+class FieldError(msgspec.Struct, kw_only=True):
+    index: int
+    field: str
+    reason: str
+
+
+class Problem(msgspec.Struct, kw_only=True, omit_defaults=True):
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError] = []
+    parameter: str = ""
+
+
+class WireError(Exception):
+    """An answer that is not the one asked for: ``status`` (0 when nobody answered) and
+    what was said. The gateway raises it to answer with a problem; an agent gets it."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail

@@ -1,0 +1,1 @@
+"""Benchmarks (`ppf bench ...`) and their synthetic load."""

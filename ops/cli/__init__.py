@@ -1,0 +1,57 @@
+"""``ppf``: the command line (ARCHITECTURE.md §9).
+
+One module per command group, each registering its own subcommands with the function
+that runs them (``set_defaults(run=...)``); ``main`` only parses, sets up logging and
+credentials, and turns the errors every command shares into exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import inspect
+import os
+import sys
+from collections.abc import Sequence
+
+from ops.cli import admin, agent, bench, history, serve
+from ops.cli.admin import enroll
+from ops.cli.common import data_dir
+from ops.nats.client import LogError
+from ops.telemetry import logs
+
+__all__ = ["enroll", "main"]
+
+GROUPS = (serve, history, admin, agent, bench)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ppf", description="open proxy discovery fleet")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for group in GROUPS:
+        group.register(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logs.configure()
+    if getattr(args, "nats", None) and args.cmd != "agent":  # agents use their role's user
+        from ops.nats.server import with_credentials
+
+        args.nats = with_credentials(args.nats, data_dir(args) / "nats")
+    try:
+        result = args.run(args)
+        return int(asyncio.run(result) if inspect.iscoroutine(result) else result)
+    except LogError as exc:
+        print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `ppf extract big.txt | head`: the reader left, not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

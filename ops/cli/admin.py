@@ -1,0 +1,102 @@
+"""``ppf token``, ``ppf sources``: what an operator tells the fleet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from events import Origin, Role, agent_name_ok
+from events.mint import enrollment
+from ops.cli.common import DEFAULT_NATS
+from ops.nats.client import Log
+
+__all__ = ["enroll", "register"]
+
+ROLES = ["worker", "checker", "seed", "admin"]
+
+
+async def enroll(lg: Log, name: str, role: Role) -> str:
+    """Publish ``AgentEnrolled`` for a fresh token; returns the token (shown once)."""
+    token, event = enrollment(name, role)
+    await lg.publish(event)
+    return token
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    tk = sub.add_parser("token", help="agent tokens")
+    tk_sub = tk.add_subparsers(dest="action", required=True)
+    issue = tk_sub.add_parser("issue", help="enroll an agent; prints its token once")
+    issue.add_argument("name")
+    issue.add_argument("--role", required=True, choices=ROLES)
+    issue.add_argument("--nats", default=DEFAULT_NATS)
+    issue.set_defaults(run=_token)
+
+    so = sub.add_parser("sources", help="add sources (admin)")
+    so_sub = so.add_subparsers(dest="action", required=True)
+    add = so_sub.add_parser("add")
+    add.add_argument("urls", nargs="+")
+    imp = so_sub.add_parser("import")
+    imp.add_argument("file", help="one URL a line; - for stdin")
+    seed = so_sub.add_parser("seed", help="add the built-in list of well-known sources")
+    seed.add_argument("--nats", default=DEFAULT_NATS)
+    seed.add_argument("--hint", default="")
+    for sp in (add, imp):
+        sp.add_argument("--hint", default="", help="protocol hint of these lists")
+        sp.add_argument("--nats", default=DEFAULT_NATS)
+    for sp in (add, imp, seed):
+        sp.set_defaults(run=_sources)
+
+
+async def _token(args: argparse.Namespace) -> int:
+    if not agent_name_ok(args.name):
+        print(f"ppf token: bad agent name {args.name!r}: 1-64 of A-Z a-z 0-9 _ -", file=sys.stderr)
+        return 2
+    lg = await Log.connect(args.nats, name="ppf-token")
+    try:
+        await lg.ensure_stream()
+        token = await enroll(lg, args.name, args.role)
+    finally:
+        await lg.close()
+    print(token, flush=True)
+    return 0
+
+
+def _urls(args: argparse.Namespace) -> dict[str, str]:
+    """URL -> protocol hint, in the order given, once each."""
+    from agents.seeds import SEEDS
+
+    if args.action == "seed":
+        return dict(SEEDS)
+    urls = list(getattr(args, "urls", []))
+    if args.action == "import":
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        urls = [line.strip() for line in text.splitlines() if line.strip()]
+        urls = [u for u in urls if not u.startswith("#")]
+    return dict.fromkeys(urls, args.hint or "")
+
+
+async def _sources(args: argparse.Namespace) -> int:
+    from agents.seeds import source_added
+    from ops.progress import Progress
+
+    hints = _urls(args)
+    bad = [u for u in hints if not u.startswith(("http://", "https://"))]
+    if bad:
+        print(f"ppf sources: not http(s) URLs: {', '.join(bad[:5])}", file=sys.stderr)
+        return 2
+    origin: Origin = "seed" if args.action == "seed" else "manual"
+    events = source_added(hints, origin)
+    lg = await Log.connect(args.nats, name="ppf-sources")
+    progress = Progress("sources", len(events))
+    try:
+        await lg.ensure_stream()
+        for start in range(0, len(events), 1000):
+            await lg.publish_many(events[start : start + 1000])
+            progress.update(min(start + 1000, len(events)))
+    finally:
+        progress.close()
+        await lg.close()
+    print(json.dumps({"added": len(events)}))
+    return 0

@@ -1,0 +1,169 @@
+"""``ppf agent``, ``ppf check``, ``ppf extract``: the fleet's work, run by hand or as a role."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+
+__all__ = ["register"]
+
+log = structlog.get_logger("ppf")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    ex = sub.add_parser("extract", help="proxy candidates in a list, one a line")
+    ex.add_argument("file", help="a file, or - for stdin")
+    ex.add_argument("--hint", default=None, help="protocol of the list (http, socks4, socks5)")
+    ex.add_argument("--json", action="store_true")
+    ex.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
+    ex.set_defaults(run=_extract)
+
+    ag = sub.add_parser("agent", help="run an agent against a gateway")
+    ag.add_argument("role", choices=["worker", "checker", "seed"])
+    ag.add_argument("--gateway", required=True)
+    ag.add_argument("--token", required=True)
+    ag.add_argument(
+        "--nats", default=None, help="publish here (default: the URL the gateway offers the role)"
+    )
+    ag.add_argument(
+        "--http-only", action="store_true", help="publish through POST /v1/events, never NATS"
+    )
+    ag.add_argument("--upstream", default=None, help="socks5://127.0.0.1:9050 for Tor")
+    ag.add_argument("--judge", default=None, help="default: the gateway's /judge")
+    ag.add_argument(
+        "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
+    )
+    ag.add_argument("--lab", action="store_true", help="fetch and check private addresses")
+    ag.add_argument("--data", default="./data/agents", help="outbox directory")
+    ag.add_argument("--batch", type=int, default=5, help="sources leased a cycle")
+    ag.add_argument("--check-timeout", type=float, default=10.0)
+    ag.set_defaults(run=_agent)
+
+    ck = sub.add_parser("check", help="check proxies through a judge, one result a line")
+    ck.add_argument("addrs", nargs="+", metavar="ADDR", help="ip:port or proto://ip:port")
+    ck.add_argument("--judge", required=True, help="http://host:port/judge")
+    ck.add_argument(
+        "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
+    )
+    ck.add_argument("--proto", default=None, choices=["http", "https", "socks4", "socks5"])
+    ck.add_argument("--json", action="store_true")
+    ck.add_argument("--concurrency", type=int, default=500)
+    ck.add_argument("--timeout", type=float, default=10.0)
+    ck.set_defaults(run=_check)
+
+
+def _extract(args: argparse.Namespace) -> int:
+    from agents.extract import EXTRACTOR, extract
+
+    data = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    out = sys.stdout
+    for c in extract(data, args.hint, lab=args.lab):
+        if args.json:
+            row = {"ip": c.ip, "port": c.port, "proto": c.proto, "confidence": c.confidence}
+            out.write(json.dumps(row) + "\n")
+        else:
+            out.write(f"{c}\n")
+    log.debug("extracted", extractor=EXTRACTOR, file=args.file)
+    return 0
+
+
+def _targets(addrs: list[str], default: str | None) -> list[tuple[str, int, str | None]]:
+    """``ip:port`` or ``proto://ip:port`` each; ValueError names the first bad one."""
+    from agents.extract import PROTOS
+
+    targets = []
+    for addr in addrs:
+        scheme, sep, rest = addr.partition("://")
+        proto = PROTOS.get(scheme.lower()) if sep else None
+        if sep and proto is None:
+            raise ValueError(f"unknown protocol in {addr!r}")
+        host, _, port = (rest if sep else addr).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"not ip:port or proto://ip:port: {addr!r}")
+        targets.append((host.strip("[]"), int(port), proto or default))
+    return targets
+
+
+async def _check(args: argparse.Namespace) -> int:
+    from agents.check import Judge, check_many
+
+    try:
+        targets = _targets(args.addrs, args.proto)
+    except ValueError as exc:
+        print(f"ppf check: {exc}", file=sys.stderr)
+        return 2
+    try:
+        judge = await Judge.discover(args.judge, tls_url=args.tls_judge)
+    except (OSError, ValueError, TimeoutError) as exc:
+        print(f"ppf check: judge {args.judge}: {exc}", file=sys.stderr)
+        return 1
+    results = await check_many(targets, judge, concurrency=args.concurrency, timeout=args.timeout)
+    for r in results:
+        if args.json:
+            print(json.dumps(dataclasses.asdict(r)))
+        elif r.ok:
+            print(
+                f"{r.addr} ok {r.anonymity or '-'} exit={r.exit_ip} {r.latency_ms}ms"
+                + (" MITM" if r.mitm else "")
+            )
+        else:
+            print(f"{r.addr} failed {r.error}")
+    return 0 if any(r.ok for r in results) else 1
+
+
+async def _agent(args: argparse.Namespace) -> int:
+    from agents.checker import Checker, CheckerConfig
+    from agents.gateway_client import GatewayClient, GatewayError
+    from agents.worker import Worker, WorkerConfig
+
+    if args.role == "seed":
+        print("ppf agent seed: the seed node is not built yet", file=sys.stderr)
+        return 2
+    data = Path(args.data)
+    try:
+        # Only to learn the agent's name: it publishes nothing, so it asks for no NATS.
+        outbox = data / "outbox.jsonl"
+        async with GatewayClient(args.gateway, args.token, "", outbox, http_only=True) as gw:
+            me = await gw.whoami()
+    except (GatewayError, OSError) as exc:
+        print(f"ppf agent: {exc}", file=sys.stderr)
+        return 1
+    judge = args.judge or args.gateway.rstrip("/") + "/judge"
+    agent: Worker | Checker
+    if args.role == "worker":
+        config = WorkerConfig(
+            lab=args.lab,
+            upstream=args.upstream,
+            batch=args.batch,
+            check_timeout_s=args.check_timeout,
+            nats=args.nats,
+            http_only=args.http_only,
+            tls_judge=args.tls_judge,
+        )
+        agent = Worker(args.gateway, args.token, me.name, judge, data / me.name, config)
+    else:
+        checks = CheckerConfig(
+            check_timeout_s=args.check_timeout,
+            nats=args.nats,
+            http_only=args.http_only,
+            tls_judge=args.tls_judge,
+        )
+        agent = Checker(args.gateway, args.token, me.name, judge, data / me.name, checks)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info("agent_started", agent=me.name, role=me.role, gateway=args.gateway)
+    try:
+        await agent.run(stop)
+    except (OSError, ValueError, TimeoutError) as exc:  # the judges, asked at start
+        print(f"ppf agent: cannot start: {exc!r}", file=sys.stderr)
+        return 1
+    return 0

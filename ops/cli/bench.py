@@ -1,0 +1,61 @@
+"""``ppf bench ...``: every figure in BENCHMARKS.md comes from one of these."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+__all__ = ["register"]
+
+WHAT = ["fold", "lease", "query", "stats", "extract", "check", "pool"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bn = sub.add_parser("bench", help="benchmarks")
+    bn.add_argument("what", choices=WHAT)
+    bn.add_argument("--events", type=int, default=1_000_000)
+    bn.add_argument("--proxies", type=int, default=100_000)
+    bn.add_argument("--seed", type=int, default=1)
+    bn.add_argument("--clients", type=int, default=50, help="lease: concurrent agents")
+    bn.add_argument("--seconds", type=float, default=10.0, help="lease, stats: how long")
+    bn.add_argument("--count", type=int, default=1, help="lease: targets per request")
+    bn.add_argument("--rate", type=int, default=10_000, help="stats: events/s folded meanwhile")
+    bn.add_argument("--mb", type=int, default=30, help="extract: size of the dense list")
+    bn.add_argument("--checks", type=int, default=10_000, help="check: how many")
+    bn.add_argument("--tls", action="store_true", help="check: tunnels carry TLS to a pinned judge")
+    bn.add_argument("--nats", default=None)
+    bn.add_argument("--json", action="store_true")
+    bn.set_defaults(run=_bench)
+
+
+async def _bench(args: argparse.Namespace) -> int:
+    from ops.bench.fold import bench_fold, print_fold
+
+    match args.what:
+        case "fold":
+            result = await bench_fold(args.events, args.proxies, args.seed, args.nats)
+        case "lease":
+            from ops.bench.gateway import bench_lease
+
+            result = await bench_lease(args.clients, args.seconds, count=args.count)
+        case "query":
+            from ops.bench.gateway import bench_query
+
+            result = await bench_query(args.proxies)
+        case "stats":
+            from ops.bench.stats import bench_stats
+
+            result = await bench_stats(args.proxies, args.seconds, rate=args.rate)
+        case "extract":
+            from ops.bench.extract import bench_extract
+
+            result = bench_extract(args.mb, args.seed)
+        case "check":
+            from ops.bench.check import bench_check
+
+            result = await bench_check(args.checks, tls=args.tls)
+        case _:
+            print(f"ppf bench {args.what}: not built yet (see the open issues)", file=sys.stderr)
+            return 2
+    print_fold(result, args.json)
+    return 0

@@ -1,0 +1,54 @@
+"""What every command group shares: defaults, argument types, the data dir, signals."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_NATS",
+    "REPO",
+    "data_dir",
+    "hostport",
+    "listen",
+    "wait_for_signal",
+]
+
+DEFAULT_NATS = "nats://127.0.0.1:4222"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def data_dir(args: argparse.Namespace) -> Path:
+    """``--data``, else ``$PPF_DATA``, else ``./data``: the one rule, for every command."""
+    given = getattr(args, "data", None)
+    return Path(given or os.environ.get("PPF_DATA") or "./data")
+
+
+def hostport(text: str, default_port: int = 0) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host:
+        return text, default_port
+    try:
+        number = int(port)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not HOST:PORT: {text!r}") from None
+    if not 0 < number < 65536:
+        raise argparse.ArgumentTypeError(f"port out of range: {text!r}")
+    return host, number
+
+
+def listen(text: str) -> str:
+    """argparse type: check HOST:PORT at parse time, keep the text."""
+    hostport(text)
+    return text
+
+
+async def wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()

@@ -1,0 +1,115 @@
+"""``ppf replay``, ``ppf tail``, ``ppf schemas``: reading the log and its vocabulary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.request
+from pathlib import Path
+
+import msgspec
+
+from events import DecodeError, decode
+from ops.cli.common import DEFAULT_NATS, REPO
+from ops.nats.client import Log
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rp = sub.add_parser("replay", help="rebuild projections from the log")
+    rp.add_argument("--db", required=True)
+    rp.add_argument("--to", type=int, default=None)
+    rp.add_argument("--verify", action="store_true")
+    rp.add_argument("--gateway", default=None)
+    rp.add_argument("--nats", default=DEFAULT_NATS)
+    rp.set_defaults(run=_replay)
+
+    tl = sub.add_parser("tail", help="print live events")
+    tl.add_argument("--type", default=None)
+    tl.add_argument("--from", dest="from_seq", type=int, default=None)
+    tl.add_argument("--nats", default=DEFAULT_NATS)
+    tl.set_defaults(run=_tail)
+
+    sc = sub.add_parser("schemas", help="write the generated schemas")
+    sc.add_argument("--check", action="store_true", help="fail when the files differ")
+    sc.add_argument("--out", default=str(REPO / "schemas"))
+    sc.set_defaults(run=_schemas)
+
+
+async def _replay(args: argparse.Namespace) -> int:
+    from ops.progress import Progress
+    from projections import digest
+    from projections.replay import replay
+
+    expected = None
+    lg = await Log.connect(args.nats)
+    try:
+        head = await lg.head_seq()
+        to = head if args.to is None else min(args.to, head)
+        if args.verify:
+            if not args.gateway:
+                print("ppf replay: --verify needs --gateway URL", file=sys.stderr)
+                return 2
+            url = args.gateway.rstrip("/") + "/v1/stats"
+            with urllib.request.urlopen(url, timeout=10) as r:
+                stats = json.load(r)
+            # The gateway's digest belongs to its last checkpoint (digest_seq), not to
+            # what it has applied since: compare there.
+            to, expected = int(stats["digest_seq"]), stats["digest"]
+            if to <= 0:
+                print("ppf replay: the gateway has no digest yet; try again", file=sys.stderr)
+                return 1
+        progress = Progress("replay", to)
+        folder = await replay(lg.read(1, until=to), args.db, on_progress=progress.update)
+        progress.close()
+    finally:
+        await lg.close()
+    seq, dig = folder.state.last_seq, digest(folder.state)
+    print(json.dumps({"seq": seq, "digest": dig}))
+    if expected is not None and dig != expected:
+        print(f"ppf replay: digest differs from the gateway's {expected}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    lg = await Log.connect(args.nats)
+    try:
+        start = args.from_seq if args.from_seq is not None else await lg.head_seq() + 1
+        async for batch in lg.read(start):
+            for seq, ts, subject, payload in batch:
+                line = {"seq": seq, "ts": ts, "subject": subject.decode()}
+                try:
+                    event = decode(payload)
+                except DecodeError as exc:
+                    line["error"] = str(exc)
+                else:
+                    if args.type and type(event).__name__ != args.type:
+                        continue
+                    line["event"] = msgspec.to_builtins(event)
+                print(json.dumps(line), flush=True)
+    finally:
+        await lg.close()
+    return 0
+
+
+def _schemas(args: argparse.Namespace) -> int:
+    from ops.schemas import generate
+
+    out = Path(args.out)
+    stale = []
+    for name, text in generate().items():
+        path = out / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+        else:
+            out.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(path)
+    if stale:
+        print("out of date (run `ppf schemas`): " + ", ".join(stale), file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,280 @@
+"""``ppf up``, ``ppf gateway``, ``ppf fold``: the long-running roles.
+
+Each command is composed from small start functions that push their own cleanup onto
+one ``AsyncExitStack``, so what started is stopped in reverse order, whatever failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from events import Configured, Role, Settings
+from events.mint import fresh_id, now_ms
+from ops.cli.admin import enroll
+from ops.cli.common import DEFAULT_NATS, data_dir, hostport, listen, wait_for_signal
+from ops.nats.client import Log
+from ops.nats.server import ROLES, NatsServer
+from projections.live import FoldService
+
+__all__ = ["register"]
+
+log = structlog.get_logger("ppf")
+
+LOCAL_AGENTS: tuple[tuple[str, Role], ...] = (
+    ("local-worker", "worker"),
+    ("local-checker", "checker"),
+)
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = sub.add_parser("up", help="the whole system on one machine")
+    up.add_argument("--data", default=None, help="default: $PPF_DATA or ./data")
+    up.add_argument("--listen", default="127.0.0.1:8080", type=listen)
+    up.add_argument("--nats-listen", default="127.0.0.1:4222", type=listen)
+    up.add_argument("--nats", default=None, help="use this NATS; start none")
+    up.add_argument("--no-agents", action="store_true")
+    up.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
+    up.add_argument("--private-queries", action="store_true", help="queries need a token")
+    up.add_argument(
+        "--judge-tls-listen",
+        default="127.0.0.1:8443",
+        help="the judge over TLS (self-signed, pinned by agents); 'off' for none",
+    )
+    up.set_defaults(run=_up)
+
+    gw = sub.add_parser("gateway", help="the HTTP gateway alone")
+    gw.add_argument("--nats", default=DEFAULT_NATS)
+    gw.add_argument("--listen", default="127.0.0.1:8080", type=listen)
+    gw.add_argument("--private-queries", action="store_true", help="queries need a token")
+    gw.set_defaults(run=_gateway)
+
+    fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
+    fo.add_argument("--nats", default=DEFAULT_NATS)
+    fo.add_argument("--data", default=None, help="default: $PPF_DATA or ./data")
+    fo.set_defaults(run=_fold)
+
+
+async def _up(args: argparse.Namespace) -> int:
+    data = data_dir(args)
+    async with AsyncExitStack() as stack:
+        server = await _nats_server(stack, args, data)
+        lg = await _log(stack, server.url if server else args.nats or DEFAULT_NATS, "ppf-up")
+        await _configure_lab(lg, args.lab)
+        tokens = {} if args.no_agents else await _enroll_local_agents(lg)
+        fold = await _fold_service(stack, lg, data, dlq=True)
+        agent_nats = {r: server.agent_url(r) for r in ROLES} if server is not None else {}
+        base = await _gateway_site(stack, args, fold, lg, agent_nats, "up")
+        tls_judge = None
+        if args.judge_tls_listen != "off":
+            tls_judge = await _tls_judge(stack, args.judge_tls_listen, data / "tls")
+        # Caught up first: the local agents' tokens must be in the projection before they
+        # ask the gateway, and an empty log tells a first start.
+        await fold.wait_for(await lg.head_seq(), 30)
+        if not args.lab and not fold.state.sources:
+            await _seed_sources(lg)
+        if tokens:
+            await _local_agents(stack, base, tokens, data, lab=args.lab, tls_judge=tls_judge)
+        log.info("started", role="up", nats=lg.address)
+        await _serve_forever()
+    return 0
+
+
+async def _gateway(args: argparse.Namespace) -> int:
+    async with AsyncExitStack() as stack:
+        lg = await _log(stack, args.nats, "ppf-gateway")
+        # A replica without a data dir: its projection lives in memory; its digest is
+        # kept by a checkpoint writer on an in-memory database (see projections.live).
+        fold = await _fold_service(stack, lg, None, dlq=False)
+        await _gateway_site(stack, args, fold, lg, {}, "gateway")
+        log.info("started", role="gateway", nats=lg.address)
+        await _serve_forever()
+    return 0
+
+
+async def _fold(args: argparse.Namespace) -> int:
+    data = data_dir(args)
+    async with AsyncExitStack() as stack:
+        lg = await _log(stack, args.nats, "ppf-fold")
+        await _fold_service(stack, lg, data, dlq=True)
+        print(f"ppf fold: nats {lg.address}  db {data / 'ppf.duckdb'}", flush=True)
+        log.info("started", role="fold", nats=lg.address)
+        await _serve_forever()
+    return 0
+
+
+async def _serve_forever() -> None:
+    # Fewer young-generation collections: every request allocates, and with the default
+    # threshold (700) the collector's pauses set the lease p99 (measured in `ppf bench
+    # lease`: 78 ms -> 59 ms). The projections are untracked Structs (gc=False), so
+    # less frequent collection costs little memory.
+    gc.set_threshold(100_000, 50, 1000)
+    await wait_for_signal()
+
+
+async def _nats_server(
+    stack: AsyncExitStack, args: argparse.Namespace, data: Path
+) -> NatsServer | None:
+    """The embedded server, unless ``--nats`` names one."""
+    if args.nats is not None:
+        return None
+    host, port = hostport(args.nats_listen, 4222)
+    server = NatsServer(data / "nats", host, port)
+    await server.astart()
+    stack.push_async_callback(server.astop)
+    return server
+
+
+async def _log(stack: AsyncExitStack, url: str, name: str) -> Log:
+    lg = await Log.connect(url, name=name)
+    stack.push_async_callback(lg.close)
+    await lg.ensure_stream()
+    return lg
+
+
+async def _configure_lab(lg: Log, lab: bool) -> None:
+    """Publish ``Configured`` when the log's last settings disagree with ``--lab``."""
+    current = await lg.last_event("ppf.config")
+    settings = current.settings if isinstance(current, Configured) else Settings()
+    if settings.lab == lab:
+        return
+    event = Configured(
+        id=fresh_id(),
+        agent="admin",
+        at=now_ms(),
+        settings=msgspec.structs.replace(settings, lab=lab),
+    )
+    await lg.publish(event)
+    log.info("settings_published", lab=lab)
+
+
+async def _enroll_local_agents(lg: Log) -> dict[str, str]:
+    """Fresh tokens for the local worker and checker at every start, kept in memory only;
+    enrolling again revokes the previous run's tokens."""
+    tokens = {name: await enroll(lg, name, role) for name, role in LOCAL_AGENTS}
+    log.info("local_agents_enrolled", agents=sorted(tokens))
+    return tokens
+
+
+async def _fold_service(
+    stack: AsyncExitStack, lg: Log, data: Path | None, *, dlq: bool
+) -> FoldService:
+    from ops.telemetry.tap import Tap, TapConfig
+
+    db: Path | None = None
+    tap = None
+    if data is not None:
+        data.mkdir(parents=True, exist_ok=True)
+        db = data / "ppf.duckdb"
+        config = TapConfig.from_env()
+        tap = Tap(config) if config is not None else None
+    fold = FoldService(lg, db=db, dlq=dlq, tap=tap)
+    await fold.start()
+    stack.push_async_callback(fold.stop)
+    return fold
+
+
+async def _gateway_site(
+    stack: AsyncExitStack,
+    args: argparse.Namespace,
+    fold: FoldService,
+    lg: Log,
+    agent_nats: dict[str, str],
+    role: str,
+) -> str:
+    """The HTTP API; returns its base URL. ``agent_nats``: the embedded server's role users,
+    offered to agents with their tokens (an external NATS's users are its operator's)."""
+    from gateway.app import make_app
+    from gateway.http import GatewayConfig
+
+    host, port = hostport(args.listen, 8080)
+    config = GatewayConfig(private_queries=args.private_queries, agent_nats=agent_nats)
+    runner = web.AppRunner(make_app(fold, lg, config), access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    await web.TCPSite(runner, host, port).start()
+    print(f"ppf {role}: gateway http://{host}:{port}  nats {lg.address}", flush=True)
+    return f"http://{host}:{port}"
+
+
+async def _tls_judge(stack: AsyncExitStack, listen_at: str, certs: Path) -> str | None:
+    """``/judge`` alone over TLS, for agents that watch tunnels for interception; its URL,
+    or None where openssl is missing or the port is taken (checks then see pages only)."""
+    from gateway.app import judge
+    from ops.lab.tls import judge_context
+
+    ctx = judge_context(certs)
+    if ctx is None:
+        log.warning("no_tls_judge", reason="openssl not found: apt-get install openssl")
+        return None
+    host, port = hostport(listen_at, 8443)
+    app = web.Application()
+    app.router.add_get("/judge", judge)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+    except OSError as exc:
+        log.warning("no_tls_judge", listen=listen_at, error=repr(exc))
+        return None
+    url = f"https://{host}:{port}/judge"
+    print(f"ppf up: TLS judge {url}", flush=True)
+    return url
+
+
+async def _seed_sources(lg: Log) -> None:
+    """A first start has work to do, for the local agents or remote ones: the built-in
+    public lists (`ppf sources seed`). A lab starts empty."""
+    from agents.seeds import SEEDS, source_added
+
+    await lg.publish_many(source_added(dict(SEEDS), "seed"))
+    log.info("sources_seeded", count=len(SEEDS))
+
+
+async def _local_agents(
+    stack: AsyncExitStack,
+    base: str,
+    tokens: dict[str, str],
+    data: Path,
+    *,
+    lab: bool,
+    tls_judge: str | None,
+) -> None:
+    from agents.checker import Checker, CheckerConfig
+    from agents.worker import Worker, WorkerConfig
+
+    judge = base + "/judge"
+    worker = Worker(
+        base,
+        tokens["local-worker"],
+        "local-worker",
+        judge,
+        data / "agents" / "local-worker",
+        WorkerConfig(lab=lab, tls_judge=tls_judge),
+    )
+    checker = Checker(
+        base,
+        tokens["local-checker"],
+        "local-checker",
+        judge,
+        data / "agents" / "local-checker",
+        CheckerConfig(tls_judge=tls_judge),
+    )
+    stop = asyncio.Event()
+    task = asyncio.gather(worker.run(stop), checker.run(stop))
+
+    async def _stop() -> None:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 15)
+
+    stack.push_async_callback(_stop)

@@ -1,0 +1,1 @@
+"""The test lab: real proxy servers, interceptors and TLS material for tests and benchmarks."""

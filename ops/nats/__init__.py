@@ -1,0 +1,1 @@
+"""Embedded nats-server, the JetStream client (the log) and the stream reader."""

@@ -1,0 +1,1 @@
+"""Logging setup, the Axiom tap and its dashboards."""

@@ -1,0 +1,71 @@
+"""The log as the projections and the gateway see it: a Protocol and its errors.
+
+``ops/nats/client.py`` implements it on JetStream; the live fold, the gateway and the
+replay driver are written against this, so none of them imports ``ops/`` (the arrows
+point inward) and a test can hand them any object with these methods.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from events import Event
+
+__all__ = [
+    "ConflictError",
+    "EventLog",
+    "LogError",
+    "Message",
+    "PublishError",
+    "Published",
+]
+
+Message = tuple[int, int, bytes, bytes]  # stream seq, server ts (unix ms), subject, payload
+
+
+class LogError(RuntimeError):
+    """Base of every error the log client raises."""
+
+
+class PublishError(LogError):
+    """A publish that did not reach the stream after the bounded retries."""
+
+
+class ConflictError(LogError):
+    """A compare-and-set publish lost: the subject moved on (JetStream err_code 10071)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Published:
+    seq: int
+    duplicate: bool
+
+
+class EventLog(Protocol):
+    """What the fold and the gateway need of the log."""
+
+    address: str  # where it is, without credentials: for logs and status lines
+    ops: dict[str, int]  # operations by kind, for /v1/stats
+
+    async def head_seq(self) -> int: ...
+
+    async def publish(
+        self, event: Event, *, expected_last_subject_seq: int | None = None
+    ) -> Published: ...
+
+    async def publish_many(self, events: Sequence[Event]) -> list[int]: ...
+
+    async def publish_raw(
+        self,
+        subject: str,
+        payload: bytes,
+        *,
+        msg_id: str,
+        headers: dict[str, str] | None = None,
+    ) -> Published: ...
+
+    def read(self, start_seq: int, until: int | None = None) -> AsyncIterator[list[Message]]:
+        """Batches of messages in stream order from ``start_seq``, forever or to ``until``."""
+        ...

@@ -1,0 +1,99 @@
+"""Liveness bands, lease liveness, and the pool's composition kept by deltas.
+
+The bands (ARCHITECTURE.md §5) are written here once: ``alive`` while seen within the
+TTL, ``stale`` up to three TTLs, ``dead`` after, and evicted from memory when the log's
+own time passes that. The reducers evict by them, the read models answer by them.
+
+``Composition`` counts proxies by (protocol, anonymity) per bucket of ``last_seen``; the
+proxy reducers move a row between counts as they change it, so ``/v1/stats`` sums a few
+hundred buckets instead of scanning a million rows. It is derived state: rebuilt from
+the rows on restore, never persisted, not part of the digest.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # state.py holds a Composition: the row types are for annotations only
+    from reducers.state import LeaseRow, ProxyRow
+
+__all__ = [
+    "BUCKET_MS",
+    "DEAD_AFTER_TTLS",
+    "Composition",
+    "band_edges",
+    "lease_live",
+    "liveness",
+]
+
+DEAD_AFTER_TTLS = 3
+# Counts are kept per 30 s of last_seen: a band edge falls inside one bucket, which is
+# counted whole on the fresher side (at most 30 s of confirmations misplaced), and a
+# stats call sums (3 TTLs + 10 min) / 30 s buckets: about 1,500 at the default TTL.
+BUCKET_MS = 30_000
+
+
+def band_edges(now: int, ttl_s: int) -> tuple[int, int]:
+    """(alive_from, stale_from): seen at or after the first is alive, at or after the
+    second stale, before it dead (and evicted once the log's time passes it)."""
+    ttl = ttl_s * 1000
+    return now - ttl, now - DEAD_AFTER_TTLS * ttl
+
+
+def liveness(age_ms: int, ttl_s: int) -> str:
+    """alive while seen within the TTL, stale (due for recheck) up to 3 TTLs, then dead."""
+    alive_from, stale_from = band_edges(0, ttl_s)
+    if -age_ms >= alive_from:
+        return "alive"
+    if -age_ms >= stale_from:
+        return "stale"
+    return "dead"
+
+
+def lease_live(row: LeaseRow | None, now: int) -> bool:
+    """A lease holds until its ``expires_at`` inclusive; the ledger frees it after."""
+    return row is not None and row.status == "leased" and row.expires_at >= now
+
+
+Key = tuple[str, str]  # (proto, anonymity)
+
+
+class Composition:
+    """Proxies by (protocol, anonymity) per ``last_seen`` bucket, kept by the reducers."""
+
+    __slots__ = ("buckets",)
+
+    def __init__(self) -> None:
+        self.buckets: dict[int, dict[Key, int]] = {}
+
+    def add(self, row: ProxyRow) -> None:
+        counts = self.buckets.get(row.last_seen // BUCKET_MS)
+        if counts is None:
+            counts = self.buckets[row.last_seen // BUCKET_MS] = {}
+        key = (row.proto, row.anonymity)
+        counts[key] = counts.get(key, 0) + 1
+
+    def remove(self, last_seen: int, proto: str, anonymity: str) -> None:
+        bucket = last_seen // BUCKET_MS
+        counts = self.buckets[bucket]
+        key = (proto, anonymity)
+        left = counts[key] - 1
+        if left:
+            counts[key] = left
+        else:
+            del counts[key]
+            if not counts:
+                del self.buckets[bucket]
+
+    def bands(self, now: int, ttl_s: int) -> dict[str, dict[Key, int]]:
+        """Counts by band at ``now``: {"alive": {(proto, anonymity): n}, "stale": ...}."""
+        alive_from, stale_from = band_edges(now, ttl_s)
+        out: dict[str, dict[Key, int]] = {"alive": {}, "stale": {}, "dead": {}}
+        for bucket, counts in self.buckets.items():
+            newest = bucket * BUCKET_MS + BUCKET_MS - 1
+            band = out[
+                "alive" if newest >= alive_from else "stale" if newest >= stale_from else "dead"
+            ]
+            for key, n in counts.items():
+                band[key] = band.get(key, 0) + n
+        return out
