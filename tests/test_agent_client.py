@@ -30,6 +30,7 @@ async def _broken_proxy() -> TestServer:
 async def test_a_broken_way_to_the_gateway_is_an_answer_not_a_crash(
     way: str, tmp_path: Path
 ) -> None:
+    """A 502 page or a closed port is a status the agent acts on, never an exception."""
     server = await _broken_proxy() if way == "502 page" else None
     base = str(server.make_url("")).rstrip("/") if server else f"http://127.0.0.1:{free_port()}"
     try:

@@ -48,6 +48,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[s
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 def test_gateway_conforms(case: Any, live: tuple[str, dict[str, str]]) -> None:
+    """Every endpoint answers as the committed OpenAPI document says (schemathesis)."""
     base, auth = live
     response = case.call(base_url=base, headers=auth, timeout=10)
     # Schema-valid requests may still be refused for rules a schema cannot state (an

@@ -57,6 +57,7 @@ async def tls_judge(tmp_path: Path) -> AsyncIterator[Judge]:
 async def test_every_real_proxy_is_found_with_its_protocol_anonymity_and_exit(
     lab: ProxyLab, judge: Judge
 ) -> None:
+    """Each lab proxy is confirmed with its protocol, anonymity and exit; fakes never."""
     assert judge.own_ip == "127.0.0.1"
     for proxy in lab.proxies:
         result = await check("127.0.0.1", proxy.port, None, judge, timeout=3)
@@ -92,6 +93,7 @@ async def test_tls_interception_is_told_by_the_certificate(lab: ProxyLab, tls_ju
 
 
 async def test_explicit_protocols_and_socks4_on_dante(lab: ProxyLab, judge: Judge) -> None:
+    """A protocol given with the address is checked as given, SOCKS4 included."""
     dante = next(p for p in lab.proxies if p.name == "dante")
     socks4 = await check("127.0.0.1", dante.port, "socks4", judge, timeout=3)
     assert socks4.ok and socks4.exit_ip == "127.0.0.6"
@@ -101,6 +103,7 @@ async def test_explicit_protocols_and_socks4_on_dante(lab: ProxyLab, judge: Judg
 
 
 async def test_tarpit_costs_one_timeout_and_many_run_at_once(lab: ProxyLab, judge: Judge) -> None:
+    """A tarpit costs one timeout while the other checks run at the same time."""
     import time
 
     tarpit = next(p for p in lab.proxies if p.name == "tarpit")

@@ -43,6 +43,7 @@ def _row(**kw: object) -> ProxyRow:
 
 
 def test_graduated_intervals_and_asn_spread() -> None:
+    """Rechecks follow graduated intervals and interleave networks."""
     policy = RecheckPolicy(failing_s=60, fresh_s=600, settled_s=3600, veteran_s=7200)
     failing = _row(ip="1.1.1.1", fail_streak=2, confirmations=9)
     fresh = _row(ip="1.1.1.2", confirmations=1)
@@ -99,6 +100,7 @@ async def _rechecks(log_client: Log, known: list[Proxy]) -> AsyncIterator[_Reche
 async def test_checker_rechecks_known_proxies_both_ways(
     lab: ProxyLab, log_client: Log, tmp_path: Path
 ) -> None:
+    """A checker confirms live proxies and reports dead ones as ProxyFailed."""
     known = [p for p in lab.proxies if p.name in ("squid", "microsocks", "closed")]
     async with _rechecks(log_client, known) as r:
         config = CheckerConfig(shards=256, check_timeout_s=3, idle_s=0.1)

@@ -276,6 +276,7 @@ def test_up_enrolls_its_local_agents_and_serves_the_dashboard(ppf_bin: str, tmp_
 
 
 def test_bad_flags_and_missing_nats_fail_clearly(ppf_bin: str) -> None:
+    """Bad flags and an absent NATS are one-line errors with a non-zero exit."""
     res = subprocess.run(
         [ppf_bin, "replay", "--db", "x.duckdb", "--nats", f"nats://127.0.0.1:{free_port()}"],
         capture_output=True,
@@ -296,6 +297,7 @@ def test_committed_schemas_match_the_code() -> None:
 
 
 def test_event_schema_names_every_event() -> None:
+    """The committed JSON Schema names every event of the catalogue."""
     schema = json.loads((REPO / "schemas" / "events.schema.json").read_text())
     assert {t.__name__ for t in ev.EVENT_TYPES} <= set(schema["$defs"])
 

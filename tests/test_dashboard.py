@@ -21,6 +21,7 @@ from tests.helpers import worked
 async def test_dashboard_shows_the_projection_and_follows_it(
     log_client: Log, tmp_path: Path
 ) -> None:
+    """The dashboard page shows the pool in Chromium and follows new events."""
     if chromium_path() is None:
         pytest.skip("chromium not found: apt-get install chromium (make test does, as root)")
     for i in range(3):

@@ -198,6 +198,7 @@ def test_digest_sees_a_change() -> None:
 
 
 def test_store_refuses_another_schema(tmp_path: Path) -> None:
+    """A DuckDB file of another schema version is refused, not misread."""
     from projections import StoreError
 
     store = Store(tmp_path / "x.duckdb")

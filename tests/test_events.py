@@ -79,6 +79,7 @@ def test_url_id_is_16_hex_of_normalized_url() -> None:
 
 
 def test_shard_is_stable_and_in_range() -> None:
+    """A proxy's recheck shard is stable and one of s000-s255."""
     shards = {ev.shard_of(f"1.2.3.{i}", 80) for i in range(1000)}
     assert all(re.fullmatch(r"s\d{3}", s) and int(s[1:]) < 256 for s in shards)
     assert len(shards) > 200
@@ -108,6 +109,7 @@ def test_bad_token_is_refused() -> None:
     ],
 )
 def test_bad_payloads_name_their_reason(payload: bytes, reason: str) -> None:
+    """Undecodable or invalid payloads raise DecodeError with a stable reason."""
     with pytest.raises(ev.DecodeError) as info:
         ev.decode(payload)
     assert info.value.reason == reason

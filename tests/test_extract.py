@@ -60,12 +60,14 @@ def _strs(text: str, hint: str | None = None, lab: bool = False) -> list[str]:
 
 
 def test_plain_schemes_and_hints() -> None:
+    """Plain lines yield candidates; schemes and hints set the protocol."""
     text = "8.8.8.8:3128\nsocks5://1.1.1.1:1080\nHTTPS://9.9.9.9:443\n"
     assert _strs(text) == ["8.8.8.8:3128", "socks5://1.1.1.1:1080", "https://9.9.9.9:443"]
     assert _strs(text, "socks4")[0] == "socks4://8.8.8.8:3128"
 
 
 def test_columns_csv_and_markdown() -> None:
+    """Address and port in separate CSV or markdown columns are joined."""
     text = (
         "ip port type\n"
         "8.8.8.8 8080 socks4\n"
@@ -82,6 +84,7 @@ def test_columns_csv_and_markdown() -> None:
 
 
 def test_html_tables_take_neighbouring_cells() -> None:
+    """HTML tables join an address cell with the port cell beside it."""
     html = (
         "<table><tr><th>IP</th><th>Port</th><th>Type</th></tr>"
         "<tr><td>8.8.8.8</td><td>8080</td><td>HTTPS</td></tr>"
@@ -93,6 +96,7 @@ def test_html_tables_take_neighbouring_cells() -> None:
 
 
 def test_json_any_nesting_and_proxy_strings() -> None:
+    """JSON lists of objects or proxy strings are read at any nesting."""
     text = (
         '{"data": {"list": [{"ip": "8.8.8.8", "port": "8080", "protocols": ["socks4", "socks5"]},'
         ' {"Host": "1.1.1.1", "Port": 3128, "exit_ip": "9.9.9.9", "asn": 15169}]},'
@@ -123,14 +127,17 @@ def test_json_any_nesting_and_proxy_strings() -> None:
     ],
 )
 def test_never_a_proxy(text: str) -> None:
+    """Reserved, private and malformed addresses are never candidates."""
     assert extract(text) == []
 
 
 def test_lab_mode_admits_loopback_and_private() -> None:
+    """Lab mode admits loopback and private addresses, and only lab mode."""
     assert _strs("127.0.0.1:3128 10.1.2.3:1080", lab=True) == ["127.0.0.1:3128", "10.1.2.3:1080"]
 
 
 def test_duplicates_collapse_and_confidence_says_why() -> None:
+    """A candidate listed twice is one; confidence says how its protocol was known."""
     got = extract("8.8.8.8:80\n8.8.8.8:80\nsocks5://8.8.8.8:80\n8.8.4.4 80\n")
     assert got == [
         Candidate("8.8.8.8", 80, None, 0.8),
@@ -246,6 +253,7 @@ def test_hostile_pages_cost_time_in_proportion_to_their_length(page: str) -> Non
 
 @pytest.mark.parametrize("depth", [100, 990, 100_000])
 def test_json_nested_past_the_stack_is_read_as_text_not_a_crash(depth: int) -> None:
+    """JSON nested past the stack is read as text, never a crash."""
     page = "[" * depth + '{"ip": "8.8.8.8", "port": 80, "note": "1.1.1.1:8080"}' + "]" * depth
     got = {str(c) for c in extract(page.encode())}
     assert got in ({"8.8.8.8:80"}, {"1.1.1.1:8080"})  # the object, or the page as text

@@ -13,6 +13,7 @@ from aiohttp.test_utils import TestServer
 
 from agents.fetch import Fetcher
 from agents.worker import Worker, WorkerConfig
+from events.wire import SourcePayload
 from ops.lab.testbed import ProxyLab
 
 PAGE = b"8.8.8.8:3128\n1.1.1.1:1080\n"
@@ -56,6 +57,7 @@ async def site() -> AsyncIterator[TestServer]:
 
 
 async def test_bounded_hashed_and_conditional(site: TestServer) -> None:
+    """A fetch is size-bounded, hashed, and conditional when validators are known."""
     async with Fetcher(lab=True, timeout_s=1, max_bytes=4096) as f:
         page = await f.fetch(str(site.make_url("/list.txt")))
         assert page.ok and page.body == PAGE
@@ -77,6 +79,7 @@ async def test_bounded_hashed_and_conditional(site: TestServer) -> None:
 
 
 async def test_private_addresses_are_refused_without_the_lab_flag(site: TestServer) -> None:
+    """URLs resolving to private addresses are refused unless lab mode allows them."""
     port = site.port
     async with Fetcher(timeout_s=2) as f:
         for url in (
@@ -135,14 +138,15 @@ async def test_through_upstreams(lab: ProxyLab, site: TestServer) -> None:
 async def test_worker_asks_conditionally_only_for_the_copy_the_log_saw(
     site: TestServer, tmp_path: Path
 ) -> None:
+    """Validators are sent only for the copy whose hash the log last saw."""
     worker = Worker("http://127.0.0.1:1", "t", "w1", "", tmp_path, WorkerConfig(lab=True))
     url = str(site.make_url("/cached"))
     async with Fetcher(lab=True, timeout_s=2) as f:
-        first = await worker._fetch(f, {"url": url, "last_hash": ""})
+        first = await worker._fetch(f, SourcePayload(url=url, last_hash=""))
         assert first.ok and not first.not_modified
         # The log's last copy is another one (another worker fetched since): ask plainly.
-        other = await worker._fetch(f, {"url": url, "last_hash": "0" * 64})
+        other = await worker._fetch(f, SourcePayload(url=url, last_hash="0" * 64))
         assert not other.not_modified and other.body == PAGE
-        same = await worker._fetch(f, {"url": url, "last_hash": first.content_hash})
+        same = await worker._fetch(f, SourcePayload(url=url, last_hash=first.content_hash))
         assert same.not_modified and same.content_hash == first.content_hash
     assert worker.not_modified == 1

@@ -42,6 +42,7 @@ async def _dlq(lg: Log, reason: str) -> list[tuple[bytes, dict[str, str]]]:
 async def test_bad_messages_go_to_the_dlq_and_the_fold_goes_on(
     log_client: Log, tmp_path: Path
 ) -> None:
+    """Bad payloads go to the DLQ with their reason and the fold goes on."""
     await log_client.publish(worked("8.8.8.8"))
     await log_client.publish_raw("ppf.proxy.x", b"{garbage", msg_id="bad-1")
     await log_client.publish_raw("ppf.proxy.x", b'{"type": "Nope", "id": "1"}', msg_id="bad-2")
@@ -78,6 +79,7 @@ async def test_bad_messages_go_to_the_dlq_and_the_fold_goes_on(
 async def test_restart_resumes_after_the_checkpoint_without_double_counting(
     log_client: Log, tmp_path: Path
 ) -> None:
+    """A restarted fold resumes after its checkpoint and counts nothing twice."""
     db = tmp_path / "p.duckdb"
     first = [worked(f"8.8.8.{i % 20 + 1}", latency_ms=i) for i in range(300)]
     await log_client.publish_many(first)
@@ -121,6 +123,7 @@ async def test_gateway_serves_the_projections(
     gateway: tuple[TestClient, FoldService],  # type: ignore[type-arg]
     log_client: Log,
 ) -> None:
+    """health, readiness and stats answer from the projections, digest at digest_seq."""
     client, fold = gateway
     url = "http://list.example/socks5.txt"
     uid = ev.url_id(url)
@@ -179,6 +182,7 @@ async def test_gateway_serves_the_projections(
 
 
 async def test_rejected_messages_are_logged_with_seq_and_reason(log_client: Log) -> None:
+    """A rejected message is logged with its sequence and reason."""
     from structlog.testing import capture_logs
 
     await log_client.publish_raw("ppf.proxy.x", b"{garbage", msg_id="bad-log")

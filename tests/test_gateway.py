@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,22 +16,12 @@ from agents.gateway_client import GatewayClient
 from gateway.app import make_app
 from gateway.commands import GRANTER
 from gateway.http import GatewayConfig
+from ops.cli import enroll
 from ops.nats.client import Log, fresh_id, now_ms
 from projections.live import FoldService
 from tests.helpers import worked
 
 Client = TestClient  # type: ignore[type-arg]
-
-
-async def enroll(lg: Log, name: str, role: str) -> str:
-    token = secrets.token_urlsafe(16)
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    await lg.publish(
-        ev.AgentEnrolled(
-            id=fresh_id(), agent="admin", at=now_ms(), name=name, role=role, token_sha256=digest
-        )
-    )
-    return token
 
 
 def auth(token: str) -> dict[str, str]:
@@ -70,6 +58,7 @@ async def _json(resp: Any) -> Any:
 
 
 async def test_events_need_a_token_of_the_right_role(gw: Any, log_client: Log) -> None:
+    """POST /v1/events needs a token whose role may publish those events."""
     client, _, tokens = gw
     raw = {"events": [msgspec.to_builtins(worked(agent="w1"))]}
     r = await client.post("/v1/events", json=raw)
@@ -92,6 +81,7 @@ async def test_events_need_a_token_of_the_right_role(gw: Any, log_client: Log) -
 
 
 async def test_invalid_events_name_index_and_field(gw: Any, log_client: Log) -> None:
+    """A 400 names the index and field of every invalid event; none is published."""
     client, _, tokens = gw
     good = msgspec.to_builtins(worked(agent="w1"))
     broken = {**good, "port": "eighty", "id": fresh_id()}
@@ -116,6 +106,7 @@ async def test_invalid_events_name_index_and_field(gw: Any, log_client: Log) -> 
 
 
 async def test_same_event_twice_is_one_observation(gw: Any, log_client: Log) -> None:
+    """The same event id posted twice is stored once."""
     client, fold, tokens = gw
     event = msgspec.to_builtins(worked("9.9.9.9", agent="w1"))
     for _ in range(2):
@@ -126,6 +117,7 @@ async def test_same_event_twice_is_one_observation(gw: Any, log_client: Log) -> 
 
 
 async def test_leases_are_granted_once_extended_and_released(gw: Any, log_client: Log) -> None:
+    """A lease is granted once, extended by heartbeats, and freed by its release."""
     client, fold, tokens = gw
     urls = [f"http://lists.example/{i}.txt" for i in range(3)]
     r = await client.post(
@@ -183,6 +175,7 @@ async def test_leases_are_granted_once_extended_and_released(gw: Any, log_client
 
 
 async def test_two_gateways_never_grant_one_target_twice(log_client: Log) -> None:
+    """Two gateways on one log never grant one target twice."""
     tokens = {f"w{i}": await enroll(log_client, f"w{i}", "worker") for i in range(6)}
     for i in range(20):
         url = f"http://race.example/{i}"
@@ -223,6 +216,7 @@ async def test_two_gateways_never_grant_one_target_twice(log_client: Log) -> Non
 
 
 async def test_judge_echoes_the_caller(gw: Any) -> None:
+    """/judge echoes the caller's address and headers."""
     client, _, _ = gw
     r = await client.get("/judge", headers={"X-Forwarded-For": "1.2.3.4", "Via": "1.1 squid"})
     body = await r.json()
@@ -232,6 +226,7 @@ async def test_judge_echoes_the_caller(gw: Any) -> None:
 
 
 async def test_rate_limit_answers_429(log_client: Log) -> None:
+    """A token over its rate gets 429 with Retry-After."""
     token = await enroll(log_client, "w1", "worker")
     fold = FoldService(log_client, db=None)
     await fold.start()
@@ -253,6 +248,7 @@ async def test_rate_limit_answers_429(log_client: Log) -> None:
 
 
 async def test_private_queries_need_a_token(log_client: Log) -> None:
+    """With private queries, reads need a token."""
     token = await enroll(log_client, "w1", "worker")
     fold = FoldService(log_client, db=None)
     await fold.start()
@@ -270,6 +266,7 @@ async def test_private_queries_need_a_token(log_client: Log) -> None:
 
 
 async def test_openapi_is_served_and_committed(gw: Any) -> None:
+    """/openapi.json is served and equals the committed document."""
     import json
     from pathlib import Path
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import random
-import secrets
 import subprocess
 import time
 from collections import defaultdict
@@ -24,6 +22,7 @@ import aiohttp
 import pytest
 
 import events as ev
+from ops.cli import enroll
 from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer, free_port
 from ops.nats.stream import Firehose
@@ -117,6 +116,7 @@ async def _ready(base: str, timeout: float = 30) -> None:
 async def test_no_double_lease_and_expired_leases_come_back(
     nats_server: NatsServer, ppf_bin: str, tmp_path: Path
 ) -> None:
+    """Under a minute of concurrent agents, no target is leased twice; expired ones return."""
     lg = await Log.connect(nats_server.url)
     await lg.ensure_stream()
     # One agent enrolled through the CLI (so its tokens work on both gateways) ...
@@ -137,18 +137,7 @@ async def test_no_double_lease_and_expired_leases_come_back(
     tokens = {"a00": out.decode().strip()}
     # ... the rest directly, as the CLI does it.
     for i in range(1, AGENTS):
-        token = secrets.token_urlsafe(16)
-        tokens[f"a{i:02d}"] = token
-        await lg.publish(
-            ev.AgentEnrolled(
-                id=fresh_id(),
-                agent="admin",
-                at=now_ms(),
-                name=f"a{i:02d}",
-                role="worker",
-                token_sha256=hashlib.sha256(token.encode()).hexdigest(),
-            )
-        )
+        tokens[f"a{i:02d}"] = await enroll(lg, f"a{i:02d}", "worker")
     for i in range(SOURCES):
         url = f"http://soak.example/{i}.txt"
         await lg.publish(

@@ -15,6 +15,7 @@ from tests.helpers import worked
 
 
 async def test_stream_is_created_idempotently_with_the_contracted_settings(log_client: Log) -> None:
+    """Stream PPF is created once with the contract's settings."""
     await log_client.ensure_stream()
     await log_client.ensure_stream()
     info = await log_client.js.stream_info(ev.STREAM)
@@ -26,6 +27,7 @@ async def test_stream_is_created_idempotently_with_the_contracted_settings(log_c
 
 
 async def test_same_event_published_twice_is_stored_once(log_client: Log) -> None:
+    """A re-published event id is stored once (Nats-Msg-Id)."""
     event = worked()
     first = await log_client.publish(event)
     again = await log_client.publish(event)
@@ -34,6 +36,7 @@ async def test_same_event_published_twice_is_stored_once(log_client: Log) -> Non
 
 
 async def test_publish_many_keeps_order_and_dedups(log_client: Log) -> None:
+    """Pipelined publishing keeps input order and deduplicates ids."""
     batch = [worked(f"8.8.{i // 250}.{i % 250 + 1}") for i in range(2000)]
     seqs = await log_client.publish_many(batch)
     assert seqs == list(range(1, 2001))
@@ -42,6 +45,7 @@ async def test_publish_many_keeps_order_and_dedups(log_client: Log) -> None:
 
 
 async def test_compare_and_set_conflict_is_typed(log_client: Log) -> None:
+    """A lost compare-and-set raises ConflictError."""
     claim = ev.Leased(
         id=fresh_id(), agent="w1", at=0, lease="l1", kind="source", target="t1", ttl_s=60
     )
@@ -54,6 +58,7 @@ async def test_compare_and_set_conflict_is_typed(log_client: Log) -> None:
 
 
 async def test_last_event_by_direct_get(log_client: Log) -> None:
+    """last_event reads a subject's last event by direct get."""
     assert await log_client.last_event("ppf.config") is None
     config = ev.Configured(id=fresh_id(), agent="admin", at=0, settings=ev.Settings(lab=True))
     await log_client.publish(config)
@@ -61,6 +66,7 @@ async def test_last_event_by_direct_get(log_client: Log) -> None:
 
 
 async def test_firehose_reads_in_order_from_a_sequence(log_client: Log) -> None:
+    """The stream reader hands out messages in order from a sequence."""
     batch = [worked(f"8.8.{i // 250}.{i % 250 + 1}") for i in range(3000)]
     await log_client.publish_many(batch)
     got = []
@@ -74,6 +80,7 @@ async def test_firehose_reads_in_order_from_a_sequence(log_client: Log) -> None:
 
 
 async def test_firehose_follows_live_publishes(log_client: Log) -> None:
+    """The stream reader follows messages published after it started."""
     hose = Firehose(log_client.url, start_seq=1)
     seen: list[int] = []
 

@@ -44,6 +44,7 @@ async def _as(url: str, errors: list[str]) -> nats.NATS:
 async def test_role_users_publish_only_their_subjects(
     log_client: Log, nats_server: NatsServer, role: str, allowed: list, refused: list
 ) -> None:
+    """Each role's NATS user may publish only its role's subjects."""
     errors: list[str] = []
     nc = await _as(nats_server.agent_url(role), errors)
     js = nc.jetstream(timeout=2)
@@ -70,6 +71,7 @@ async def test_role_users_publish_only_their_subjects(
 async def test_agents_cannot_read_the_log_or_the_service_replies(
     log_client: Log, nats_server: NatsServer
 ) -> None:
+    """Agent users can neither read the stream nor the service's replies."""
     await log_client.publish(_fetched())
     errors: list[str] = []
     nc = await _as(nats_server.agent_url("worker"), errors)

@@ -53,6 +53,7 @@ class Log:
     ],
 )
 def test_non_public_addresses_never_become_proxies(ip: str, port: int) -> None:
+    """Non-public addresses never become proxies outside lab mode."""
     log = Log()
     log(worked(ip, port))
     assert log.state.proxies == {}
@@ -74,6 +75,7 @@ def test_lab_mode_from_the_log_admits_loopback() -> None:
 
 
 def test_confirmations_latency_and_provenance() -> None:
+    """Confirmations count, latency is an EMA, agents and sources are kept."""
     log = Log()
     for i, lat in enumerate([100, 200, 300, 400]):
         log(
@@ -99,6 +101,7 @@ def test_confirmations_latency_and_provenance() -> None:
 
 
 def test_latency_samples_are_bounded() -> None:
+    """A proxy keeps a bounded number of latency samples."""
     log = Log()
     for i in range(40):
         log(worked(latency_ms=i))
@@ -108,6 +111,7 @@ def test_latency_samples_are_bounded() -> None:
 
 
 def test_liveness_follows_ttl() -> None:
+    """alive within the TTL, stale to three TTLs, dead after."""
     log = Log()
     log(worked())
     row = log.state.proxies[("8.8.8.8", 8080)]
@@ -122,6 +126,7 @@ def test_liveness_follows_ttl() -> None:
 
 
 def test_dead_proxies_are_evicted_by_log_time() -> None:
+    """Proxies dead for three TTLs are evicted at the log's time, not the clock's."""
     log = Log()
     log(worked("8.8.8.8"))
     ttl_ms = log.state.settings.proxy_ttl_s * 1000
@@ -134,6 +139,7 @@ def test_dead_proxies_are_evicted_by_log_time() -> None:
 
 
 def test_failed_recheck_counts_streak_on_known_proxies_only() -> None:
+    """A failed recheck raises the streak of a known proxy and creates none."""
     log = Log()
     fail = ev.ProxyFailed(id=eid(), agent="c1", at=0, ip="8.8.8.8", port=8080, proto="http")
     log(fail)
@@ -146,6 +152,7 @@ def test_failed_recheck_counts_streak_on_known_proxies_only() -> None:
 
 
 def test_redelivered_sequence_changes_nothing() -> None:
+    """A sequence applied already changes nothing when delivered again."""
     log = Log()
     event = worked()
     assert fold(log.state, event, 5, T0)
@@ -159,6 +166,7 @@ def test_redelivered_sequence_changes_nothing() -> None:
 
 
 def test_first_claim_wins_and_the_second_is_lost() -> None:
+    """The first valid claim on a target wins; the second is recorded lost."""
     log = Log()
     a, b = leased("t1", "w1"), leased("t1", "w2")
     log(a)
@@ -170,6 +178,7 @@ def test_first_claim_wins_and_the_second_is_lost() -> None:
 
 
 def test_expired_lease_is_re_granted_and_counts_an_attempt() -> None:
+    """An expired lease can be claimed again and counts an attempt."""
     log = Log()
     log(leased("t1", "w1", ttl_s=60))
     second = leased("t1", "w2", ttl_s=60)
@@ -180,6 +189,7 @@ def test_expired_lease_is_re_granted_and_counts_an_attempt() -> None:
 
 
 def test_heartbeat_extends_and_late_events_change_nothing() -> None:
+    """A heartbeat extends a held lease; events naming a lost lease change none."""
     log = Log()
     a = leased("t1", "w1", ttl_s=60)
     log(a)
@@ -194,6 +204,7 @@ def test_heartbeat_extends_and_late_events_change_nothing() -> None:
 
 
 def test_release_outcomes_and_the_attempt_budget() -> None:
+    """Failed releases count attempts up to the budget; done resets them."""
     log = Log()
     for i in range(4):
         lease = leased("t1")
@@ -223,6 +234,7 @@ def test_release_outcomes_and_the_attempt_budget() -> None:
 
 
 def test_release_by_a_non_holder_is_late() -> None:
+    """A release by an agent that does not hold the lease is late and frees nothing."""
     log = Log()
     lease = leased("t1", "w1")
     log(lease)
@@ -232,6 +244,7 @@ def test_release_by_a_non_holder_is_late() -> None:
 
 
 def test_seed_cursor_only_moves_forward_within_the_range() -> None:
+    """A seed range's cursor only moves forward, within the range."""
     log = Log()
     log(ev.SeedPlanned(id=eid(), agent="admin", at=0, plan="p", input="k", ranges=[("r0", 0, 99)]))
     lease = leased("p-r0", "s1", kind="seed")
@@ -280,6 +293,7 @@ def _source(log: Log, url: str = "http://list.example/p.txt") -> str:
 
 
 def test_error_rises_only_after_two_consecutive_failures() -> None:
+    """A source's error rises only after two failed fetches in a row."""
     log = Log()
     uid = _source(log)
     log(_fetched(uid, ok=False))
@@ -292,6 +306,7 @@ def test_error_rises_only_after_two_consecutive_failures() -> None:
 
 
 def test_interval_adapts_within_bounds_and_stale_counts() -> None:
+    """The check interval adapts within its bounds; unchanged pages count stale."""
     log = Log()
     uid = _source(log)
     for _ in range(30):
@@ -306,6 +321,7 @@ def test_interval_adapts_within_bounds_and_stale_counts() -> None:
 
 
 def test_working_ratio_counts_distinct_working_proxies_of_a_fetch() -> None:
+    """working_ratio counts each working proxy of a fetch once."""
     log = Log()
     uid = _source(log)
     lease = leased(uid)
@@ -322,6 +338,7 @@ def test_working_ratio_counts_distinct_working_proxies_of_a_fetch() -> None:
 
 
 def test_score_and_due_order() -> None:
+    """Scores follow the contract's formula and order the due sources."""
     log = Log()
     fresh = _source(log, "http://a.example/")
     done = _source(log, "http://b.example/")
@@ -334,6 +351,7 @@ def test_score_and_due_order() -> None:
 
 
 def test_discovered_links_become_sources_once() -> None:
+    """A discovered link becomes a source once, with its parent."""
     log = Log()
     parent = _source(log)
     urls = [f"http://d.example/{i}" for i in range(150)]

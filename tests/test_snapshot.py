@@ -56,6 +56,7 @@ filters = st.builds(
 def test_snapshot_select_equals_the_read_model(
     state: State, f: ProxyFilter, sort: str, limit: int, later: int
 ) -> None:
+    """A snapshot query answers exactly what the read model answers."""
     now = T0 + later
     expected = [(r.ip, r.port) for r in query_proxies(state, now, f, sort=sort, limit=limit)]
     got = [(v.ip, v.port) for v in build(state).select(f, now, sort=sort, limit=limit)]

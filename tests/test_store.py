@@ -14,6 +14,7 @@ T0 = 1_800_000_000_000
 
 
 async def test_checkpointer_commits_through_the_child(tmp_path: Path) -> None:
+    """Checkpoints commit through the writer child and restore to the same digest."""
     db = tmp_path / "p.duckdb"
     state = State()
     folder = Folder(state)
@@ -37,6 +38,7 @@ async def test_checkpointer_commits_through_the_child(tmp_path: Path) -> None:
 
 
 async def test_writer_that_cannot_open_its_file_fails_loudly(tmp_path: Path) -> None:
+    """A writer that cannot open its file raises StoreError at start."""
     (tmp_path / "taken").write_text("not a duckdb file")
     cp = Checkpointer(tmp_path / "taken")
     with pytest.raises(StoreError, match="checkpoint writer"):

@@ -80,6 +80,7 @@ def _config(url: str, **kw: Any) -> TapConfig:
 
 
 async def test_every_folded_event_reaches_axiom(log_client: Log, axiom: Any) -> None:
+    """Every folded event reaches the Axiom ingest endpoint."""
     fake, url = axiom
     events = [worked(f"8.8.8.{i}", latency_ms=i) for i in range(1, 121)]
     await log_client.publish_many(events)
@@ -101,6 +102,7 @@ async def test_every_folded_event_reaches_axiom(log_client: Log, axiom: Any) -> 
 
 
 async def test_axiom_answering_500_costs_rows_never_the_fold(log_client: Log, axiom: Any) -> None:
+    """Axiom answering 500 drops tap rows, never slows or stops the fold."""
     fake, url = axiom
     fake.mode = "fail"
     await log_client.publish_many([worked(f"8.8.4.{i}") for i in range(1, 201)])
@@ -119,6 +121,7 @@ async def test_axiom_answering_500_costs_rows_never_the_fold(log_client: Log, ax
 
 
 async def test_axiom_that_never_answers_costs_rows_never_the_fold(log_client: Log) -> None:
+    """An Axiom that never answers drops tap rows, never the fold."""
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(100)  # accepts connections (the kernel does), never answers
@@ -141,6 +144,7 @@ async def test_axiom_that_never_answers_costs_rows_never_the_fold(log_client: Lo
 
 
 def test_tap_is_off_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without AXIOM_TOKEN there is no tap."""
     monkeypatch.delenv("AXIOM_TOKEN", raising=False)
     assert TapConfig.from_env() is None
     monkeypatch.setenv("AXIOM_TOKEN", "xaat-1")

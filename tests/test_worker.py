@@ -31,6 +31,7 @@ def _pool(base: str) -> list[dict[str, Any]]:
 async def test_worker_turns_a_list_into_verified_proxies(
     lab: ProxyLab, ppf_bin: str, tmp_path: Path
 ) -> None:
+    """A real ppf up --lab worker turns a list into verified proxies."""
     lines = []
     for p in lab.proxies:
         lines.append(

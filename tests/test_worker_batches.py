@@ -110,6 +110,7 @@ async def test_a_batch_dedups_checks_once_and_follows_links_of_productive_pages(
 async def test_a_cycle_checks_at_most_its_cap(
     lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
 ) -> None:
+    """A worker cycle checks at most its cap of addresses."""
     by = {p.name: p for p in lab.proxies}
     page = "".join(f"127.0.0.1:{by[n].port}\n" for n in ("squid", "tinyproxy-via", "dante"))
     async with fleet(nats_server, {"/l.txt": page}) as f:

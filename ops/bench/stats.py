@@ -1,0 +1,226 @@
+"""``ppf bench stats``: what ``/v1/stats`` costs at a large pool, and what it costs the fold.
+
+Against one real nats-server and real ``ppf gateway`` processes (each with its own
+interpreter, as deployed), all on loopback:
+
+1. a pool of ``proxies`` distinct proxies is published once (``ProxyWorked`` each),
+   then a backlog of ``backlog`` re-confirmations;
+2. **fold rate**, interleaved A B A B: a fresh gateway folds the whole log from sequence 1;
+   the rate is taken over the backlog part (after the pool is built). In A the bench
+   asks ``/healthz`` every 100 ms (to see ``applied_seq``), in B ``/v1/stats`` every
+   100 ms: the difference is what a polling dashboard costs the fold;
+3. **latency under load**: one gateway that holds the pool; a child process publishes
+   ``rate`` events/s for ``seconds`` while the bench asks ``/v1/stats`` every 100 ms, then
+   again while it asks ``/v1/proxies?limit=100`` every 100 ms. The fold's applied rate in
+   each window is reported, so the load it ran under is a measured figure too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from events import ProxyWorked, encode, subject_for
+from events.mint import fresh_id, now_ms
+from ops.bench.gateway import _pct, _spawn_gateway
+from ops.bench.synthetic import PROTOS, _ip
+from ops.nats.client import Log
+from ops.nats.server import NatsServer, free_port
+from ops.progress import Progress
+
+__all__ = ["bench_stats"]
+
+POLL_S = 0.1
+
+
+def _worked(n: int) -> ProxyWorked:
+    return ProxyWorked(
+        id=fresh_id(),
+        agent="bench",
+        at=now_ms(),
+        ip=_ip(n),
+        port=8080 + n % 3,
+        proto=PROTOS[n % 4],
+        latency_ms=20 + (n * 7919) % 3000,
+        exit_ip=_ip(n),
+    )
+
+
+async def _publish(url: str, first: int, count: int, pool: int, *, rate: float = 0.0) -> int:
+    """Confirmations of proxies ``first % pool`` onwards, as fast as the stream takes them
+    or at ``rate`` a second; returns the stream head after."""
+    lg = await Log.connect(url, name="ppf-bench-stats-publisher")
+    start_head = await lg.head_seq()
+    t0 = time.monotonic()
+    for i in range(count):
+        ev = _worked((first + i) % pool)
+        await lg.nc.publish(subject_for(ev), encode(ev), headers={"Nats-Msg-Id": ev.id})
+        if rate and i % 100 == 99:
+            ahead = (i + 1) / rate - (time.monotonic() - t0)
+            if ahead > 0:
+                await asyncio.sleep(ahead)
+        elif not rate and i % 20_000 == 19_999:
+            await lg.nc.flush()
+            while await lg.head_seq() < start_head + i - 40_000:
+                await asyncio.sleep(0.01)
+    await lg.nc.flush()
+    deadline = time.monotonic() + 120
+    while (head := await lg.head_seq()) < start_head + count and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    await lg.close()
+    return head
+
+
+def _publisher(url: str, first: int, count: int, pool: int, rate: float) -> subprocess.Popen[bytes]:
+    """The steady load comes from its own process, so it does not share our loop."""
+    args = [sys.executable, "-m", "ops.bench.stats", url, str(first), str(count), str(pool)]
+    return subprocess.Popen([*args, str(rate)], stdout=subprocess.DEVNULL)
+
+
+@contextlib.asynccontextmanager
+async def _gateway(url: str, workdir: Path, name: str) -> AsyncIterator[str]:
+    port = free_port()
+    proc = await asyncio.to_thread(_spawn_gateway, url, port, workdir / f"{name}.log")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 30)
+
+
+async def _applied(http: aiohttp.ClientSession, base: str, path: str = "/healthz") -> int:
+    async with http.get(base + path) as r:
+        return int((await r.json())["applied_seq"])
+
+
+async def _wait_up(http: aiohttp.ClientSession, base: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError):
+            await _applied(http, base)
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"gateway {base} did not answer")
+
+
+async def _fold_rate(
+    url: str, workdir: Path, pool_head: int, head: int, poll: str, run: int
+) -> float:
+    """Events/s the gateway's fold applies between ``pool_head`` and ``head``."""
+    async with aiohttp.ClientSession() as http, _gateway(url, workdir, f"fold-{run}") as base:
+        await _wait_up(http, base)
+        marks: list[tuple[float, int]] = []
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            seq = await _applied(http, base, poll)
+            marks.append((time.monotonic(), seq))
+            if seq >= head:
+                break
+            await asyncio.sleep(POLL_S)
+        else:
+            raise RuntimeError(f"fold did not reach {head}")
+    # From the last sample before the backlog to the first at its end.
+    start = max((m for m in marks if m[1] <= pool_head), default=marks[0])
+    end = next(m for m in marks if m[1] >= head)
+    return (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
+
+
+async def _latency(
+    http: aiohttp.ClientSession, base: str, path: str, seconds: float
+) -> tuple[list[float], float]:
+    """Latencies (ms) of ``path`` asked every 100 ms, and the fold's applied rate meanwhile."""
+    first = await _applied(http, base)
+    t0 = time.monotonic()
+    latencies = []
+    while time.monotonic() - t0 < seconds:
+        t = time.perf_counter()
+        async with http.get(base + path) as r:
+            await r.read()
+            if r.status != 200:
+                raise RuntimeError(f"{path} answered {r.status}")
+        latencies.append((time.perf_counter() - t) * 1000)
+        await asyncio.sleep(max(0.0, POLL_S - (time.perf_counter() - t)))
+    rate = (await _applied(http, base) - first) / (time.monotonic() - t0)
+    return latencies, rate
+
+
+def _summary(latencies: list[float]) -> dict[str, float]:
+    return {
+        "requests": len(latencies),
+        "p50_ms": round(statistics.median(latencies), 2),
+        "p99_ms": round(_pct(latencies, 0.99), 2),
+        "max_ms": round(max(latencies), 2),
+    }
+
+
+async def bench_stats(
+    proxies: int = 100_000,
+    seconds: float = 20.0,
+    *,
+    rate: int = 10_000,
+    backlog: int = 300_000,
+    runs: int = 2,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-stats-") as tmp:
+        workdir = Path(tmp)
+        server = NatsServer(workdir / "nats", port=free_port())
+        server.start()
+        try:
+            lg = await Log.connect(server.url)
+            await lg.ensure_stream()
+            await lg.close()
+            progress = Progress("publish", None)
+            pool_head = await _publish(server.url, 0, proxies, proxies)
+            progress.update(pool_head)
+            head = await _publish(server.url, 0, backlog, proxies)
+            progress.close()
+            rates: dict[str, list[float]] = {"healthz": [], "stats": []}
+            for run in range(runs):  # A B A B: the machine's drift falls on both
+                for poll in ("healthz", "stats"):
+                    r = await _fold_rate(server.url, workdir, pool_head, head, f"/{poll}", run)
+                    rates[poll if poll == "healthz" else "stats"].append(r)
+            async with (
+                aiohttp.ClientSession() as http,
+                _gateway(server.url, workdir, "latency") as base,
+            ):
+                await _wait_up(http, base)
+                while await _applied(http, base) < head:
+                    await asyncio.sleep(0.5)
+                count = int(rate * seconds * 2.5)  # outlasts both windows below
+                load = _publisher(server.url, 0, count, proxies, float(rate))
+                try:
+                    await asyncio.sleep(2.0)  # the load settles
+                    stats_ms, stats_rate = await _latency(http, base, "/v1/stats", seconds)
+                    query = "/v1/proxies?limit=100"
+                    proxies_ms, proxies_rate = await _latency(http, base, query, seconds)
+                finally:
+                    load.terminate()
+                    await asyncio.to_thread(load.wait, 30)
+        finally:
+            server.stop()
+    healthz, stats = statistics.median(rates["healthz"]), statistics.median(rates["stats"])
+    return {
+        "proxies": proxies,
+        "backlog_events": backlog,
+        "fold_events_per_s_polling_healthz": [round(r) for r in rates["healthz"]],
+        "fold_events_per_s_polling_stats": [round(r) for r in rates["stats"]],
+        "fold_cost_of_stats_polling_pct": round(100 * (healthz - stats) / healthz, 1),
+        "load_events_per_s_asked": rate,
+        "stats": {**_summary(stats_ms), "fold_events_per_s": round(stats_rate)},
+        "proxies_limit_100": {**_summary(proxies_ms), "fold_events_per_s": round(proxies_rate)},
+    }
+
+
+if __name__ == "__main__" and len(sys.argv) == 6:
+    _, url, first, count, pool, per_s = sys.argv
+    asyncio.run(_publish(url, int(first), int(count), int(pool), rate=float(per_s)))
