@@ -2,15 +2,18 @@
 
 One check opens a connection through the proxy (HTTP forwarding, HTTP CONNECT, SOCKS4,
 SOCKS5 via python-socks) and sends a ``GET`` for the judge with a nonce; the judge
-echoes the address it saw and every header. From that:
+echoes the address it saw and every header, in its own format (``agents/judges.py``:
+ppf's, httpbin's, azenv's). An answer without the nonce is not the judge's (a portal, an
+error page): the proxy is not working. From the echo:
 
 - ``exit_ip``: the address the judge saw;
 - ``anonymity``: ``transparent`` when our own address appears in the headers,
   ``anonymous`` when proxy headers (Via, X-Forwarded-For, ...) appear without it,
   ``elite`` when neither;
-- ``mitm``: the proxy answered 200 but the body is not the judge's echo of our nonce,
-  or, through a tunnel (CONNECT, SOCKS) to a TLS judge, the certificate that came
-  back is not the one the judge showed us directly (pinned at discovery).
+- ``mitm``: the judge's echo came back inside another page than the judge's own (its
+  frame differs from the direct answer's: a script appended), or, through a tunnel
+  (CONNECT, SOCKS) to a TLS judge, the certificate that came back is not the one the
+  judge showed us directly (pinned at discovery).
 
 With a TLS judge, tunnels carry TLS to it (where an interceptor has to show its own
 certificate); HTTP forwarding proxies are checked in plain HTTP, as they are used.
@@ -23,20 +26,34 @@ plus a hand-written request beats a new aiohttp session per check by 30-60 %.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
+import itertools
 import os
 import ssl
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-import msgspec
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
-__all__ = ["Check", "Judge", "Target", "TlsJudge", "check", "check_many", "judge_answers"]
+from agents.judges import Echo, read_echo
+
+__all__ = [
+    "HTTPS_TARGETS",
+    "Check",
+    "Judge",
+    "Judges",
+    "Target",
+    "TlsJudge",
+    "check",
+    "check_many",
+    "judge_answers",
+    "tunnels_https",
+]
 
 PROXY_HEADERS = (
     "via",
@@ -66,6 +83,9 @@ class Check:
     latency_ms: int = 0
     mitm: bool = False
     error: str = ""
+    judge: str = ""  # the judge's URL
+    void: bool = False  # the judge failed, not the proxy: never counted against it
+    https: str = ""  # tunnelled to a real HTTPS target: yes, no, "" (not tried)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +107,12 @@ class Judge:
     path: str
     own_ip: str
     tls: TlsJudge | None = None
+    format: str = "ppf"  # as its direct answer showed (agents/judges.py)
+    frame: str = ""  # what its direct answer holds besides the echo
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}{self.path}"
 
     @classmethod
     async def discover(
@@ -96,18 +122,19 @@ class Judge:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"judge must be an http:// URL: {url!r}")
-        judge = cls(parts.hostname, parts.port or 80, parts.path or "/judge", "")
+        judge = cls(parts.hostname, parts.port or 80, parts.path or "/", "")
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(judge.host, judge.port), timeout
         )
         try:
-            echo = await asyncio.wait_for(_request(reader, writer, judge, "direct", True), timeout)
+            nonce = os.urandom(6).hex()
+            echo = await asyncio.wait_for(_request(reader, writer, judge, nonce, True), timeout)
         finally:
             writer.close()
         if echo is None:
-            raise ValueError(f"{url} is not a ppf judge")
+            raise ValueError(f"{url} is not a judge: its answer does not echo the query")
         tls = await _discover_tls(tls_url, timeout) if tls_url else None
-        return cls(judge.host, judge.port, judge.path, str(echo.get("remote") or ""), tls)
+        return cls(judge.host, judge.port, judge.path, echo.remote, tls, echo.format, echo.frame)
 
 
 async def judge_answers(judge: Judge, timeout: float = 5.0) -> bool:
@@ -213,21 +240,13 @@ async def _discover_tls(url: str, timeout: float) -> TlsJudge:
         tls = _Tls(reader, writer, host)
         pin = await asyncio.wait_for(tls.handshake(), timeout)
         plain = Judge(host, port, path, "")
-        echo = await asyncio.wait_for(_request(tls, tls, plain, "direct", True), timeout)
+        nonce = os.urandom(6).hex()
+        echo = await asyncio.wait_for(_request(tls, tls, plain, nonce, True), timeout)
     finally:
         writer.close()
     if echo is None or not pin:
         raise ValueError(f"{url} is not a ppf judge over TLS")
     return TlsJudge(host, port, path, pin)
-
-
-class _Echo(msgspec.Struct):
-    remote: str | None = None
-    path: str = ""
-    headers: list[tuple[str, str]] = []
-
-
-_echo = msgspec.json.Decoder(_Echo)
 
 
 async def _request(
@@ -236,8 +255,8 @@ async def _request(
     judge: Judge,
     nonce: str,
     origin_form: bool,
-) -> dict[str, object] | None:
-    """GET the judge; the echo as a dict, or None when the answer is not the judge's."""
+) -> Echo | None:
+    """GET the judge; its echo, or None when the answer is not the judge's."""
     target = f"{judge.path}?n={nonce}"
     if not origin_form:  # an HTTP forwarding proxy wants the absolute URI
         target = f"http://{judge.host}:{judge.port}{target}"
@@ -256,19 +275,11 @@ async def _request(
     status = head.split(b" ", 2)
     if len(status) < 2 or not status[0].startswith(b"HTTP/") or status[1] != b"200":
         raise ConnectionError(f"proxy answered {head[:60]!r}")
-    try:
-        echo = _echo.decode(body)
-    except msgspec.DecodeError:
-        return None
-    if not echo.path.endswith(f"n={nonce}"):
-        return None
-    return {"remote": echo.remote, "headers": echo.headers}
+    return read_echo(body, nonce)
 
 
-def _classify(echo: dict[str, object], own_ip: str) -> str:
-    headers = echo.get("headers") or []
-    pairs: list[tuple[object, object]] = list(headers) if isinstance(headers, list) else []
-    seen = {str(k).lower(): str(v) for k, v in pairs}
+def _classify(echo: Echo, own_ip: str) -> str:
+    seen = {k.lower(): v for k, v in echo.headers}
     revealing = [v for k, v in seen.items() if k in PROXY_HEADERS]
     if own_ip and any(own_ip in v for v in revealing):
         return "transparent"
@@ -281,6 +292,7 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
     writer = None
     tls = judge.tls if proto in TUNNELS else None
     target = Judge(tls.host, tls.port, tls.path, judge.own_ip) if tls else judge
+    frame = "" if tls else judge.frame  # the TLS twin is ppf's own judge
     altered_certificate = False
     try:
         async with asyncio.timeout(timeout):
@@ -306,16 +318,16 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
         if writer is not None:
             writer.close()
     latency = int((time.perf_counter() - started) * 1000)
-    if echo is None:
-        return Check(addr, True, proto, latency_ms=latency, mitm=True)
+    if echo is None:  # a portal, an error page: the request never reached the judge
+        return Check(addr, False, proto, latency_ms=latency, error="not the judge's answer")
     return Check(
         addr,
         True,
         proto,
         anonymity=_classify(echo, judge.own_ip),
-        exit_ip=str(echo.get("remote") or ""),
+        exit_ip=echo.remote,
         latency_ms=latency,
-        mitm=altered_certificate,
+        mitm=altered_certificate or echo.frame != frame,
     )
 
 
@@ -331,35 +343,101 @@ async def check(
     """Check one proxy as ``proto``; with none, detect it: HTTP, CONNECT, SOCKS5, SOCKS4,
     ``prefer`` first (a source's hint: usually right, and then one try is enough)."""
     if proto is not None:
-        return await _once(ip, port, proto, judge, timeout)
+        return dataclasses.replace(await _once(ip, port, proto, judge, timeout), judge=judge.url)
     order = AUTO if prefer not in AUTO else (prefer, *(p for p in AUTO if p != prefer))
     last = Check(f"{ip}:{port}", False, None, error="no protocol answered")
     for candidate in order:
         result = await _once(ip, port, candidate, judge, timeout)
         if result.ok:
-            return result
+            return dataclasses.replace(result, judge=judge.url)
         last = result
         if "Timeout" in last.error:
             break  # a tarpit: one timeout, not one per protocol
-    return Check(f"{ip}:{port}", False, None, error=last.error)
+    return Check(f"{ip}:{port}", False, None, error=last.error, judge=judge.url)
 
 
 Target = tuple[str, int, str | None] | tuple[str, int, str | None, str | None]
 
 
+# Real HTTPS endpoints with a small known answer (a 2xx, no body to speak of): a proxy
+# that passes the judge is tried once through a tunnel to one of them.
+HTTPS_TARGETS = (
+    "https://www.gstatic.com/generate_204",
+    "https://cp.cloudflare.com/generate_204",
+    "https://connectivitycheck.gstatic.com/generate_204",
+)
+
+
+async def tunnels_https(ip: str, port: int, proto: str, url: str, timeout: float) -> bool:
+    """Whether the proxy carries a TLS session to ``url`` and its answer back: a CONNECT
+    tunnel for HTTP proxies, the SOCKS one otherwise. The certificate is not judged here
+    (interception is the TLS judge's matter); a 2xx status line through TLS is the answer.
+    """
+    parts = urlsplit(url)
+    host, target_port = parts.hostname or "", parts.port or 443
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            kind = TUNNELS.get(proto, ProxyType.HTTP)
+            sock = await Proxy(kind, ip, port).connect(host, target_port)
+            reader, writer = await asyncio.open_connection(sock=sock)
+            tls = _Tls(reader, writer, host)
+            await tls.handshake()
+            tls.write(
+                f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}\r\n"
+                "Connection: close\r\n\r\n".encode()
+            )
+            await tls.drain()
+            head = await tls.read(4096)
+    except Exception:  # python-socks, TLS and socket errors alike: not carried
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+    status = head.split(b" ", 2)
+    return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1][:1] == b"2"
+
+
+class Judges(Protocol):
+    """A pool of judges (``agents/judgepool.py``): one for each check, and the blame."""
+
+    async def acquire(self, ip: str) -> Judge | None: ...
+
+    async def answers(self, judge: Judge) -> bool: ...
+
+
 async def check_many(
     targets: Iterable[Target],
-    judge: Judge,
+    judge: Judge | Judges,
     *,
     concurrency: int = 500,
     timeout: float = 10.0,
+    https: Sequence[str] = (),
 ) -> list[Check]:
     """Check all, at most ``concurrency`` at once; results in input order. A target is
-    (ip, port, proto) or (ip, port, proto, prefer): see ``check``."""
+    (ip, port, proto) or (ip, port, proto, prefer): see ``check``. With a pool, each check
+    takes a judge that can see the proxy, and a failure while that judge does not answer
+    directly is ``void``. With ``https`` targets, a proxy that works is also tried once
+    through a tunnel to one of them (in turn), and the check says ``https`` yes or no."""
     gate = asyncio.Semaphore(concurrency)
+    turn = itertools.count()
 
     async def one(ip: str, port: int, proto: str | None, prefer: str | None = None) -> Check:
         async with gate:
-            return await check(ip, port, proto, judge, timeout, prefer=prefer)
+            if isinstance(judge, Judge):
+                result = await check(ip, port, proto, judge, timeout, prefer=prefer)
+            else:
+                chosen = await judge.acquire(ip)
+                if chosen is None:
+                    error = "no healthy judge can see this address"
+                    return Check(f"{ip}:{port}", False, proto, error=error, void=True)
+                result = await check(ip, port, proto, chosen, timeout, prefer=prefer)
+                void = not result.ok and not await judge.answers(chosen)
+                result = dataclasses.replace(result, judge=chosen.url, void=void)
+            if result.ok and result.proto is not None and https:
+                url = https[next(turn) % len(https)]
+                carried = await tunnels_https(ip, port, result.proto, url, timeout)
+                result = dataclasses.replace(result, https="yes" if carried else "no")
+            return result
 
     return await asyncio.gather(*(one(*t) for t in targets))

@@ -8,13 +8,15 @@ confirmed with and publishes ``ProxyWorked`` or ``ProxyFailed`` under its lease.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
 
-from agents.check import Judge, check_many, judge_answers
+from agents.check import check_many
 from agents.gateway_client import GatewayClient
+from agents.judgepool import JudgePool
 from agents.loop import Agent, AgentConfig, run_cycles
 from events import Event, ProxyFailed
 
@@ -32,15 +34,20 @@ class Checker(Agent):
     config: CheckerConfig
 
     def __init__(
-        self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: CheckerConfig
+        self,
+        gateway: str,
+        token: str,
+        name: str,
+        judges: str | Sequence[str],
+        data: Path,
+        config: CheckerConfig,
     ) -> None:
-        super().__init__(gateway, token, name, judge_url, data, config)
+        super().__init__(gateway, token, name, judges, data, config)
         self.rechecked = 0
         self.voided = 0  # cycles thrown away because the judge did not answer
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
-        async with self._gateway_client() as gw:
-            judge = await Judge.discover(self.judge_url, tls_url=self.config.tls_judge)
+        async with self._gateway_client() as gw, self._judges() as judge:
             self.cycles += await run_cycles(
                 self.name,
                 lambda: self.cycle(gw, judge),
@@ -49,7 +56,7 @@ class Checker(Agent):
                 cycles=cycles,
             )
 
-    async def cycle(self, gw: GatewayClient, judge: Judge) -> int:
+    async def cycle(self, gw: GatewayClient, judge: JudgePool) -> int:
         cfg = self.config
         await gw.flush()  # observations buffered while the log was away go first
         grants = await gw.lease("recheck", cfg.shards, cfg.lease_ttl_s)
@@ -63,12 +70,17 @@ class Checker(Agent):
                 leases.append(grant.lease)
         async with self._heartbeats(gw, grants):  # thousands of checks may outlast a lease
             results = await check_many(
-                targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
+                targets,
+                judge,
+                concurrency=cfg.check_concurrency,
+                timeout=cfg.check_timeout_s,
+                https=cfg.https_targets,
             )
-        if not all(r.ok for r in results) and not await judge_answers(judge):
-            # Our judge is down, not their proxies: failures now would mark a healthy
+        failed = [r for r in results if not r.ok]
+        if failed and all(r.void for r in failed):
+            # Our judges are down, not their proxies: failures now would mark a healthy
             # pool dead. The cycle is void; its shards go back uncounted.
-            log.warning("recheck_void", agent=self.name, reason="the judge does not answer")
+            log.warning("recheck_void", agent=self.name, reason="no judge answers")
             for grant in grants:
                 await gw.release(grant.lease, "abandoned", "judge unreachable", counted=False)
             self.voided += 1
@@ -77,7 +89,7 @@ class Checker(Agent):
         for (ip, port, proto), lease, r in zip(targets, leases, results, strict=True):
             if r.ok and r.proto is not None:
                 events.append(self._worked(ip, port, r, lease))
-            else:
+            elif not r.void:  # a judge's failure says nothing of the proxy
                 events.append(
                     self._ev(
                         ProxyFailed, ip=ip, port=port, proto=proto or "", error=r.error, lease=lease

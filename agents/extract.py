@@ -1,8 +1,10 @@
 """Proxy candidates out of whatever a proxy list looks like. Pure: text in, candidates out.
 
 Formats: ``ip:port`` lines, ``proto://ip:port``, ``ip port`` columns, CSV and markdown
-tables, HTML tables (ip and port in neighbouring cells), JSON (any nesting of objects
-with ip/host and port fields, or ``proxy`` strings). The protocol comes from the
+tables, HTML tables (ip and port in neighbouring cells), HTML grids of other elements
+(ip and port in neighbouring ``div``/``span`` texts), addresses written base64-encoded
+inside a script call (``document.write(Base64.decode("..."))``), JSON (any nesting of
+objects with ip/host and port fields, or ``proxy`` strings). The protocol comes from the
 line's scheme, the JSON field, a protocol word on the line, or the source's hint, in
 that order; confidence says which.
 
@@ -12,6 +14,8 @@ parts, addresses that cannot be public (unless ``lab``), ports outside 1-65535.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from collections.abc import Iterator
 from itertools import pairwise
@@ -78,6 +82,12 @@ _CELL_START = re.compile(r"<t[dh]\b[^<>]*>", re.IGNORECASE)
 _CELL_END = re.compile(r"</t[dhr]\s*>|</table\s*>|</tbody\s*>", re.IGNORECASE)
 _TAG = re.compile(r"<[^<>]*>")
 _IP_ONLY = re.compile(rf"^\s*({_IP})\s*$")
+# An address alone inside an element (a grid of spans): the fast path cannot read those.
+_TAGGED_IP = re.compile(rb">\s*(?:\d{1,3}\.){3}\d{1,3}\s*<")
+# A script whose one string literal is base64 (some lists hide addresses that way). The
+# element is matched up to the next '<' only, like every HTML pattern here.
+_SCRIPT = re.compile(r"<script\b[^<>]*>([^<]*)</script\s*>", re.IGNORECASE)
+_B64 = re.compile(r"""["']([A-Za-z0-9+/]{8,88}={0,2})["']""")
 _PORT_ONLY = re.compile(r"^\s*(\d{1,5})\s*$")
 
 # The fast path, for the common dense list with no protocol words on its lines: one C
@@ -122,7 +132,9 @@ def _plain(data: bytes) -> bool:
     # One-byte probes first: they run at memchr speed, and a dense list has no '<'
     # and no letter of "http" or "socks" at all.
     low = data.lower() if b"<" in data or any(c in data for c in b"hHsS") else b""
-    if b"<td" in low:
+    if b"<td" in low or (b"<" in data and _TAGGED_IP.search(data)):
+        return False
+    if b"<script" in low and b"base64" in low:
         return False
     if (b"http" in low or b"socks" in low) and _BARE_WORD.search(data):
         return False
@@ -196,6 +208,34 @@ def _text(text: str, hint: str | None, lab: bool) -> Iterator[Candidate]:
                 yield Candidate(ip, port, hint, confidence if hint else confidence - 0.1)
 
 
+def _unscript(text: str) -> str:
+    """Scripts that write a base64 literal, replaced by what it decodes to when that is
+    an address (or address:port): the page as a browser would show it."""
+
+    def decoded(m: re.Match[str]) -> str:
+        for literal in _B64.findall(m[1]):
+            try:
+                plain = base64.b64decode(literal, validate=True).decode("ascii").strip()
+            except (binascii.Error, UnicodeDecodeError, ValueError):
+                continue
+            if _IP_ONLY.match(plain.rpartition(":")[0] or plain):
+                return plain
+        return m[0]
+
+    return _SCRIPT.sub(decoded, text)
+
+
+def _nodes(text: str, hint: str | None, lab: bool) -> Iterator[Candidate]:
+    """Any HTML: an address text followed by a port text (a grid of divs and spans)."""
+    texts = [t.strip() for t in _TAG.split(text)]
+    for a, b in pairwise(t for t in texts if t):
+        ip_m, port_m = _IP_ONLY.match(a), _PORT_ONLY.match(b)
+        if ip_m and port_m:
+            ip, port = ip_m[1], int(port_m[1])
+            if _valid_port(port) and proxy_address_ok(ip, port, lab=lab):
+                yield Candidate(ip, port, hint, 0.8)
+
+
 def _html(text: str, hint: str | None, lab: bool) -> Iterator[Candidate]:
     for row in _ROW_START.split(text)[1:]:
         cells = []
@@ -262,8 +302,17 @@ def extract(data: str | bytes, hint: str | None = None, *, lab: bool = False) ->
             found = iter(list(_json_walk(msgspec.json.decode(text), hint, lab)))
         except (msgspec.DecodeError, RecursionError):
             found = _text(text, hint, lab)
-    elif "<td" in text or "<TD" in text:
-        found = _chain(_html(text, hint, lab), _text(_TAG.sub(" ", text), hint, lab))
+    elif "<" in text and _TAG.search(text):
+        text = _unscript(text) if "<script" in text.lower() else text
+        # Tables join neighbouring cells themselves; elsewhere a tag ends a line, so text
+        # in two elements ("version 1.2.3.4" | "8080") is never read as one column pair.
+        table = "<td" in text or "<TD" in text
+        flat = _TAG.sub(" " if table else "\n", text)
+        first = _first_of_each(_chain(_html(text, hint, lab), _text(flat, hint, lab)))
+        # Split elements last, and only for addresses nothing above found (the same
+        # address with another protocol guess would be a duplicate).
+        seen = {(c.ip, c.port) for c in first}
+        return first + [c for c in _first_of_each(_nodes(text, hint, lab)) if c[:2] not in seen]
     else:
         found = _text(text, hint, lab)
     return _first_of_each(found)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from agents.check import Check
+from agents.check import HTTPS_TARGETS, Check
 from agents.gateway_client import GatewayClient
+from agents.judgepool import JudgePool
 from events import Event, ProxyWorked
 from events.mint import fresh_id, now_ms
 from events.wire import DEFAULT_LEASE_TTL_S, LeaseGrant
@@ -65,6 +66,9 @@ class AgentConfig:
     nats: str | None = None  # None: the URL the gateway offers
     tls_judge: str | None = None  # https:// judge: tunnels are checked for interception
     http_only: bool = False
+    own_judges: tuple[str, ...] = ()  # ppf's own judges among the given: no budget
+    judge_budget_per_s: float = 5.0  # requests a second to each public judge not ours
+    https_targets: tuple[str, ...] = HTTPS_TARGETS  # () tries none
 
 
 class Agent:
@@ -75,14 +79,15 @@ class Agent:
         gateway: str,
         token: str,
         name: str,
-        judge_url: str,
+        judges: str | Sequence[str],
         data: Path,
         config: AgentConfig,
     ) -> None:
         self.gateway = gateway
         self.token = token
         self.name = name
-        self.judge_url = judge_url
+        # One URL or several (``--judge`` repeated); none: the built-in public judges.
+        self.judge_urls = (judges,) if isinstance(judges, str) else tuple(judges)
         self.data = data
         self.config = config
         self.cycles = 0
@@ -122,6 +127,22 @@ class Agent:
         finally:
             keeper.cancel()
 
+    @contextlib.asynccontextmanager
+    async def _judges(self) -> AsyncIterator[JudgePool]:
+        """The judge pool, asked directly at start (ValueError: none answers), watched
+        while the agent runs."""
+        pool = JudgePool(
+            self.judge_urls,
+            tls_url=self.config.tls_judge,
+            own=self.config.own_judges,
+            budget_per_s=self.config.judge_budget_per_s,
+        )
+        await pool.start()
+        try:
+            yield pool
+        finally:
+            await pool.stop()
+
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""
         return cls(id=fresh_id(), agent=self.name, at=now_ms(), **fields)
@@ -138,6 +159,7 @@ class Agent:
             anonymity=result.anonymity,
             mitm=result.mitm,
             source=source,
-            judge=self.judge_url,
+            judge=result.judge,
+            https=result.https,
             lease=lease,
         )

@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ from urllib.parse import urljoin
 
 import structlog
 
-from agents.check import Judge, check_many
+from agents.check import check_many
 from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
+from agents.judgepool import JudgePool
 from agents.loop import Agent, AgentConfig, run_cycles
 from events import Discovered, Event, Extracted, Fetched
 from events.wire import LeaseGrant, SourcePayload
@@ -66,9 +68,15 @@ class Worker(Agent):
     config: WorkerConfig
 
     def __init__(
-        self, gateway: str, token: str, name: str, judge_url: str, data: Path, config: WorkerConfig
+        self,
+        gateway: str,
+        token: str,
+        name: str,
+        judges: str | Sequence[str],
+        data: Path,
+        config: WorkerConfig,
     ) -> None:
-        super().__init__(gateway, token, name, judge_url, data, config)
+        super().__init__(gateway, token, name, judges, data, config)
         self.confirmed = 0
         # url -> (etag, last_modified, content_hash) of this worker's last fetch: the
         # lease payload carries only the log's last hash, so validators live here.
@@ -102,8 +110,8 @@ class Worker(Agent):
                 lab=self.config.lab,
                 timeout_s=self.config.fetch_timeout_s,
             ) as fetcher,
+            self._judges() as judge,
         ):
-            judge = await Judge.discover(self.judge_url, tls_url=self.config.tls_judge)
             self.cycles += await run_cycles(
                 self.name,
                 lambda: self.cycle(gw, fetcher, judge),
@@ -112,7 +120,7 @@ class Worker(Agent):
                 cycles=cycles,
             )
 
-    async def cycle(self, gw: GatewayClient, fetcher: Fetcher, judge: Judge) -> int:
+    async def cycle(self, gw: GatewayClient, fetcher: Fetcher, judge: JudgePool) -> int:
         cfg = self.config
         await gw.flush()  # observations buffered while the log was away go first
         grants = await gw.lease("source", cfg.batch, cfg.lease_ttl_s)
@@ -122,7 +130,7 @@ class Worker(Agent):
             return await self._work(gw, fetcher, judge, grants)
 
     async def _work(
-        self, gw: GatewayClient, fetcher: Fetcher, judge: Judge, grants: list[LeaseGrant]
+        self, gw: GatewayClient, fetcher: Fetcher, judge: JudgePool, grants: list[LeaseGrant]
     ) -> int:
         cfg = self.config
         events: list[Event] = []
@@ -203,7 +211,11 @@ class Worker(Agent):
                     entry[1] = c.proto
         targets = [(ip, port, proto, prefer) for (ip, port), (proto, prefer, _, _) in found.items()]
         results = await check_many(
-            targets, judge, concurrency=cfg.check_concurrency, timeout=cfg.check_timeout_s
+            targets,
+            judge,
+            concurrency=cfg.check_concurrency,
+            timeout=cfg.check_timeout_s,
+            https=cfg.https_targets,
         )
         productive: set[str] = set()
         for (ip, port, _, _), check in zip(targets, results, strict=True):

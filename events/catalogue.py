@@ -28,6 +28,7 @@ __all__ = [
     "LeaseKind",
     "LeaseReset",
     "Leased",
+    "Located",
     "Origin",
     "Outcome",
     "ProxyFailed",
@@ -37,12 +38,15 @@ __all__ = [
     "SeedPlanned",
     "Settings",
     "SourceAdded",
+    "Tried",
 ]
 
 LeaseKind = Literal["source", "recheck", "seed"]
 Outcome = Literal["done", "failed", "abandoned"]
 Origin = Literal["seed", "discovered", "manual"]
 Anonymity = Literal["transparent", "anonymous", "elite", ""]
+# Whether a proxy tunnelled to a real HTTPS target: "yes", "no", or "" (not tried).
+Tried = Literal["yes", "no", ""]
 Role = Literal["worker", "checker", "seed", "admin", "gateway", "fold"]
 
 SCHEMA_VERSION = 1
@@ -142,6 +146,7 @@ class ProxyWorked(Event, frozen=True, kw_only=True, tag="ProxyWorked"):
     source: str = ""
     judge: str = ""
     lease: str = ""
+    https: Tried = ""
 
 
 class ProxyFailed(Event, frozen=True, kw_only=True, tag="ProxyFailed"):
@@ -194,6 +199,17 @@ class Configured(Event, frozen=True, kw_only=True, tag="Configured"):
     settings: Settings
 
 
+class Located(Event, frozen=True, kw_only=True, tag="Located"):
+    """Country and network of an address, looked up once by the service (offline data
+    whose version is ``geo``), so replay needs no data file."""
+
+    ip: str
+    country: str = ""  # ISO 3166 alpha-2; "" when the data has none
+    asn: int = 0  # 0 when the data gives no number (geoip2fast gives names only)
+    as_org: str = ""
+    geo: str = ""
+
+
 AnyEvent = (
     SourceAdded
     | Leased
@@ -211,6 +227,7 @@ AnyEvent = (
     | SeedPlanned
     | AgentEnrolled
     | Configured
+    | Located
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -230,4 +247,5 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     SeedPlanned,
     AgentEnrolled,
     Configured,
+    Located,
 )

@@ -23,6 +23,7 @@ from events.catalogue import (
     Heartbeat,
     Leased,
     LeaseReset,
+    Located,
     ProxyFailed,
     ProxyWorked,
     Released,
@@ -127,4 +128,6 @@ def subject_for(event: Event) -> str:
             return "ppf.config"
         case SeedPlanned():
             return "ppf.seed." + _token(event.plan, "plan")
+        case Located():
+            return "ppf.geo." + _token(event.ip.replace(".", "-"), "ip")
     raise SubjectError(f"no subject for {type(event).__name__}")

@@ -69,16 +69,20 @@ def pool_composition(state: State, now: int) -> dict[str, Any]:
     bands = state.composition.bands(now, state.settings.proxy_ttl_s)
     by_proto: dict[str, int] = {}
     by_anonymity: dict[str, int] = {}
-    for (proto, anonymity), n in bands["alive"].items():
+    by_country: dict[str, int] = {}
+    for (proto, anonymity, country), n in bands["alive"].items():
         by_proto[proto] = by_proto.get(proto, 0) + n
         key = anonymity or "unknown"
         by_anonymity[key] = by_anonymity.get(key, 0) + n
+        where = country or "unknown"
+        by_country[where] = by_country.get(where, 0) + n
     return {
         "alive": sum(bands["alive"].values()),
         "stale": sum(bands["stale"].values()),
         "known": len(state.proxies),
         "by_proto": dict(sorted(by_proto.items())),
         "by_anonymity": dict(sorted(by_anonymity.items())),
+        "by_country": dict(sorted(by_country.items())),
     }
 
 

@@ -64,29 +64,50 @@ def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> dict[str, Any]:
         "exit_ip": v.exit_ip,
         "anonymity": v.anonymity,
         "mitm": v.mitm,
+        "https": v.https,
         "confirmations": v.confirmations,
         "agents": agents,
         "sources": list(v.sources),
         "fail_streak": v.fail_streak,
         "country": v.country,
         "asn": v.asn,
+        "as_org": v.as_org,
     }
 
 
+def _countries(raw: str | None) -> tuple[str, ...] | None:
+    """``country=DE,NL``: ISO 3166 alpha-2 codes, any case; 400 names a bad one."""
+    if not raw:
+        return None
+    codes = tuple(c.strip().upper() for c in raw.split(",") if c.strip())
+    bad = [c for c in codes if len(c) != 2 or not c.isalpha()]
+    if bad or not codes:
+        detail = (
+            f"country: ISO 3166 alpha-2 codes, comma-separated (not {bad[0] if bad else raw!r})"
+        )
+        raise ApiError(400, "bad-parameter", detail, parameter="country")
+    return codes
+
+
 def _filter(request: web.Request) -> ProxyFilter:
-    mitm = request.query.get("mitm")
-    if mitm not in (None, "true", "false"):
-        raise ApiError(400, "bad-parameter", "mitm: true or false", parameter="mitm")
+    # Proxies seen tampering with pages or certificates are left out unless asked for:
+    # mitm=true serves only them, mitm=any serves everything.
+    mitm = choice(request, "mitm", ("false", "true", "any"), "false")
+    https = request.query.get("https")
+    if https not in (None, "true", "false"):
+        raise ApiError(400, "bad-parameter", "https: true or false", parameter="https")
     latency = integer(request, "max_latency_ms")
     return ProxyFilter(
         proto=request.query.get("proto") or None,
-        country=request.query.get("country") or None,
+        country=_countries(request.query.get("country")),
+        as_org=request.query.get("as_org") or None,
         asn=integer(request, "asn"),
         anonymity=request.query.get("anonymity") or None,
         max_latency_ms=float(latency) if latency is not None else None,
         status=choice(request, "status", ("alive", "stale", "dead", "all"), "alive"),
         fresh_s=integer(request, "fresh_s"),
-        mitm=None if mitm is None else mitm == "true",
+        mitm=None if mitm == "any" else mitm == "true",
+        https=None if https is None else https == "true",
     )
 
 

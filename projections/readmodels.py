@@ -101,13 +101,15 @@ def percentile(samples: Iterable[int], q: float) -> int | None:
 @dataclass(frozen=True, slots=True)
 class ProxyFilter:
     proto: str | None = None
-    country: str | None = None
+    country: tuple[str, ...] | None = None  # any of these ISO codes
     asn: int | None = None
+    as_org: str | None = None
     anonymity: str | None = None
     max_latency_ms: float | None = None
     status: str = "alive"  # alive, stale, dead, all
     fresh_s: int | None = None
     mitm: bool | None = None
+    https: bool | None = None  # True: tunnelled to a real HTTPS target; False: not (yet)
 
 
 def _matches(row: ProxyRow, f: ProxyFilter, now: int, ttl_s: int) -> bool:
@@ -115,13 +117,17 @@ def _matches(row: ProxyRow, f: ProxyFilter, now: int, ttl_s: int) -> bool:
         return False
     if f.anonymity is not None and row.anonymity != f.anonymity:
         return False
-    if f.country is not None and row.country != f.country:
+    if f.country is not None and row.country not in f.country:
+        return False
+    if f.as_org is not None and row.as_org != f.as_org:
         return False
     if f.asn is not None and row.asn != f.asn:
         return False
     if f.max_latency_ms is not None and row.latency_ema > f.max_latency_ms:
         return False
     if f.mitm is not None and row.mitm != f.mitm:
+        return False
+    if f.https is not None and (row.https == "yes") != f.https:
         return False
     if f.fresh_s is not None and now - row.last_seen > f.fresh_s * 1000:
         return False

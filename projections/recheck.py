@@ -2,8 +2,8 @@
 
 Graduated intervals (a read model: pure, ``now`` passed in): a proxy that is failing
 is rechecked soon, a new one (few confirmations) often, a long-lived one seldom.
-Within a shard, proxies are interleaved across ASNs so one network's outage does not
-fill a checker's whole batch.
+Within a shard, proxies are interleaved across networks (AS organisation, else /16) so
+one network's outage does not fill a checker's whole batch.
 """
 
 from __future__ import annotations
@@ -44,15 +44,17 @@ def shards(state: State) -> dict[str, list[ProxyRow]]:
     return out
 
 
-def network(row: ProxyRow) -> int:
-    """What "the same network" means for spreading rechecks: the ASN when it is known,
-    else the /16 the address is in (as a negative number, apart from every ASN). Without
-    this, a shard from one big hosting range would be rechecked all at once, and a
-    range-wide outage would read as hundreds of dead proxies."""
+def network(row: ProxyRow) -> str:
+    """What "the same network" means for spreading rechecks: the AS number or, as the
+    offline data gives it, the AS organisation when known, else the /16 the address is
+    in. Without this, a shard from one big hosting range would be rechecked all at once,
+    and a range-wide outage would read as hundreds of dead proxies."""
     if row.asn:
-        return row.asn
+        return f"as{row.asn}"
+    if row.as_org:
+        return f"org:{row.as_org}"
     a, b, *_ = row.ip.split(".")
-    return -(int(a) << 8 | int(b)) - 1
+    return f"net:{a}.{b}"
 
 
 def due_in_shard(
@@ -66,7 +68,7 @@ def due_in_shard(
         if overdue >= 0:
             due.append((overdue, row))
     due.sort(key=lambda pair: (-pair[0], pair[1].ip, pair[1].port))
-    by_network: dict[int, deque[ProxyRow]] = {}
+    by_network: dict[str, deque[ProxyRow]] = {}
     for _, row in due:
         by_network.setdefault(network(row), deque()).append(row)
     out: list[ProxyRow] = []

@@ -28,7 +28,9 @@ class ProxyView(NamedTuple):
     anonymity: str
     country: str
     asn: int
+    as_org: str
     mitm: bool
+    https: str
     last_seen: int
     first_seen: int
     exit_ip: str
@@ -54,7 +56,8 @@ class ProxySnapshot:
     indexes: dict[str, Index]
 
     def _base(self, f: ProxyFilter) -> tuple[ProxyView, ...] | None:
-        keys = {"proto": f.proto, "anonymity": f.anonymity, "country": f.country, "asn": f.asn}
+        one_country = f.country[0] if f.country is not None and len(f.country) == 1 else None
+        keys = {"proto": f.proto, "anonymity": f.anonymity, "country": one_country, "asn": f.asn}
         lists = [self.indexes[k].get(v, ()) for k, v in keys.items() if v is not None]
         return min(lists, key=len) if lists else None
 
@@ -98,11 +101,15 @@ class ProxySnapshot:
                 if sort != "last_seen":
                     return  # sorted by latency: nothing further can match
                 continue
-            if f.country is not None and v.country != f.country:
+            if f.country is not None and v.country not in f.country:
+                continue
+            if f.as_org is not None and v.as_org != f.as_org:
                 continue
             if f.asn is not None and v.asn != f.asn:
                 continue
             if f.mitm is not None and v.mitm != f.mitm:
+                continue
+            if f.https is not None and (v.https == "yes") != f.https:
                 continue
             yield v
             taken += 1
@@ -137,7 +144,9 @@ def build(state: State) -> ProxySnapshot:
             r.anonymity,
             r.country,
             r.asn,
+            r.as_org,
             r.mitm,
+            r.https,
             r.last_seen,
             r.first_seen,
             r.exit_ip,

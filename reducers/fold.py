@@ -21,13 +21,14 @@ from events.catalogue import (
     Heartbeat,
     Leased,
     LeaseReset,
+    Located,
     ProxyFailed,
     ProxyWorked,
     Released,
     SeedPlanned,
     SourceAdded,
 )
-from reducers import agents, ledger, proxies, sources
+from reducers import agents, geo, ledger, proxies, sources
 from reducers.state import State
 
 __all__ = ["fold", "skip"]
@@ -117,6 +118,8 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
             state.settings_dirty = True
             if lab_ends:
                 proxies.purge_lab(state)
+        case Located():
+            geo.located(state, event)
         case DepositFolded() | DepositRejected():
             pass  # recorded per agent above; deposits get their own projection later
         case _:

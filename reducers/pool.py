@@ -4,7 +4,7 @@ The bands (ARCHITECTURE.md §5) are written here once: ``alive`` while seen with
 TTL, ``stale`` up to three TTLs, ``dead`` after, and evicted from memory when the log's
 own time passes that. The reducers evict by them, the read models answer by them.
 
-``Composition`` counts proxies by (protocol, anonymity) per bucket of ``last_seen``; the
+``Composition`` counts proxies by (protocol, anonymity, country) per bucket of ``last_seen``; the
 proxy reducers move a row between counts as they change it, so ``/v1/stats`` sums a few
 hundred buckets instead of scanning a million rows. It is derived state: rebuilt from
 the rows on restore, never persisted, not part of the digest.
@@ -55,11 +55,12 @@ def lease_live(row: LeaseRow | None, now: int) -> bool:
     return row is not None and row.status == "leased" and row.expires_at >= now
 
 
-Key = tuple[str, str]  # (proto, anonymity)
+Key = tuple[str, str, str]  # (proto, anonymity, country)
 
 
 class Composition:
-    """Proxies by (protocol, anonymity) per ``last_seen`` bucket, kept by the reducers."""
+    """Proxies by (protocol, anonymity, country) per ``last_seen`` bucket, kept by the
+    reducers."""
 
     __slots__ = ("buckets",)
 
@@ -70,13 +71,13 @@ class Composition:
         counts = self.buckets.get(row.last_seen // BUCKET_MS)
         if counts is None:
             counts = self.buckets[row.last_seen // BUCKET_MS] = {}
-        key = (row.proto, row.anonymity)
+        key = (row.proto, row.anonymity, row.country)
         counts[key] = counts.get(key, 0) + 1
 
-    def remove(self, last_seen: int, proto: str, anonymity: str) -> None:
+    def remove(self, last_seen: int, proto: str, anonymity: str, country: str) -> None:
         bucket = last_seen // BUCKET_MS
         counts = self.buckets[bucket]
-        key = (proto, anonymity)
+        key = (proto, anonymity, country)
         left = counts[key] - 1
         if left:
             counts[key] = left
@@ -86,7 +87,7 @@ class Composition:
                 del self.buckets[bucket]
 
     def bands(self, now: int, ttl_s: int) -> dict[str, dict[Key, int]]:
-        """Counts by band at ``now``: {"alive": {(proto, anonymity): n}, "stale": ...}."""
+        """Counts by band at ``now``: {"alive": {(proto, anonymity, country): n}, ...}."""
         alive_from, stale_from = band_edges(now, ttl_s)
         out: dict[str, dict[Key, int]] = {"alive": {}, "stale": {}, "dead": {}}
         for bucket, counts in self.buckets.items():

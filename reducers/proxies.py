@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyWorked
+from reducers import geo
 from reducers.pool import band_edges
 from reducers.state import MAX_SAMPLE_MS, ProxyKey, ProxyRow, State
 
@@ -27,7 +28,10 @@ def _add(items: tuple[str, ...], item: str, cap: int) -> tuple[str, ...]:
 
 # One str object per common value, not one per row: msgspec decodes a fresh string for
 # every field of every event, and a million rows would keep a million copies of "http".
-_SHARED = {s: s for s in ("http", "https", "socks4", "socks5", "transparent", "anonymous", "elite")}
+_SHARED = {
+    s: s
+    for s in ("http", "https", "socks4", "socks5", "transparent", "anonymous", "elite", "yes", "no")
+}
 
 
 def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -> bool | None:
@@ -57,9 +61,10 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
             latency_ema=float(latency),
         )
         state.proxies[key] = row
+        geo.admitted(state, row)
         new = True
     else:
-        before = (row.last_seen, row.proto, row.anonymity)
+        before = (row.last_seen, row.proto, row.anonymity, row.country)
         a = settings.ema_alpha
         row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
         if event.proto != row.proto:
@@ -79,7 +84,9 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if event.anonymity and event.anonymity != row.anonymity:
         row.anonymity = _SHARED.get(event.anonymity, event.anonymity)
     row.mitm = event.mitm
-    if before != (row.last_seen, row.proto, row.anonymity):  # moved between counts
+    if event.https:
+        row.https = _SHARED.get(event.https, event.https)
+    if before != (row.last_seen, row.proto, row.anonymity, row.country):  # moved counts
         if before is not None:
             state.composition.remove(*before)
         state.composition.add(row)
@@ -101,7 +108,8 @@ def purge_lab(state: State) -> int:
 def _evict(state: State, keys: list[ProxyKey]) -> None:
     for key in keys:
         row = state.proxies.pop(key)
-        state.composition.remove(row.last_seen, row.proto, row.anonymity)
+        state.composition.remove(row.last_seen, row.proto, row.anonymity, row.country)
+        geo.evicted(state, row)
         state.dirty_proxies.add(key)
 
 

@@ -7,9 +7,12 @@ row are tuples in insertion order, so a row's canonical encoding is deterministi
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from events.catalogue import Settings
+from reducers import geo
 from reducers.pool import Composition
 
 __all__ = [
@@ -58,6 +61,9 @@ class ProxyRow(msgspec.Struct, gc=False):
     sources: tuple[str, ...] = ()
     country: str = ""
     asn: int = 0
+    https: str = ""  # yes, no, "" (never tried): a check that did not try leaves it
+    as_org: str = ""
+    geo: str = ""  # the version of the data country and as_org came from
 
 
 class SourceRow(msgspec.Struct, gc=False):
@@ -128,6 +134,7 @@ class State:
 
     __slots__ = (
         "agents",
+        "by_ip",
         "composition",
         "dirty_leases",
         "dirty_proxies",
@@ -142,6 +149,7 @@ class State:
         "sources",
         "sweep_bucket",
         "tokens",
+        "unlocated",
     )
 
     def __init__(self) -> None:
@@ -157,6 +165,10 @@ class State:
         self.tokens: dict[str, str] = {}
         # The pool's composition by last_seen bucket (reducers/pool.py), kept by deltas.
         self.composition = Composition()
+        # ip -> [its location or None, the ports of its rows] (reducers/geo.py), and the
+        # addresses no Located has reached yet: what the service still has to look up.
+        self.by_ip: dict[str, list[Any]] = {}
+        self.unlocated: set[str] = set()
         self.settings = Settings()
         self.last_seq = 0
         self.sweep_bucket = 0
@@ -175,8 +187,11 @@ class State:
                 self.holders.setdefault(row.holder, set()).add(row.target)
         self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
         self.composition = Composition()
+        self.by_ip = {}
+        self.unlocated = set()
         for proxy in self.proxies.values():
             self.composition.add(proxy)
+            geo.admitted(self, proxy)
 
     def clear_dirty(self) -> None:
         self.dirty_proxies = set()

@@ -47,12 +47,22 @@ def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 def test_real_lists_precision_and_recall(
     name: str, hint: str | None, expected: str, scanner: str
 ) -> None:
-    """>= 0.99 precision and recall on every published list (ARCHITECTURE fixtures)."""
+    """Precision and recall 1.0 on every published list (the shared fixtures)."""
     got = {str(c) for c in extract((FIXTURES / name).read_bytes(), hint)}
     want = set((FIXTURES / expected).read_text().split())
     hits = len(got & want)
     precision, recall = hits / max(len(got), 1), hits / len(want)
-    assert precision >= 0.99 and recall >= 0.99, (precision, recall, sorted(got ^ want)[:5])
+    assert precision == recall == 1.0, (precision, recall, sorted(got ^ want)[:5])
+
+
+OWN = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.mark.parametrize("name", ["div_grid", "base64_script"])
+def test_own_html_pages_precision_and_recall(name: str, scanner: str) -> None:
+    """A div/span grid and base64-written addresses: exactly the listed proxies."""
+    got = [str(c) for c in extract((OWN / f"{name}.html").read_bytes())]
+    assert sorted(got) == sorted((OWN / f"{name}.expected").read_text().split())
 
 
 def _strs(text: str, hint: str | None = None, lab: bool = False) -> list[str]:

@@ -28,6 +28,7 @@ def pools(draw: st.DrawFn) -> State:
             latency_ms=draw(st.integers(0, 3000)),
             anonymity=draw(st.sampled_from(ANON)),
             mitm=draw(st.booleans()),
+            https=draw(st.sampled_from(["yes", "no", ""])),
         )
         fold(state, event, seq, T0 + draw(st.integers(0, 40_000_000)))
     return state
@@ -41,7 +42,8 @@ filters = st.builds(
     status=st.sampled_from(["alive", "stale", "dead", "all"]),
     fresh_s=st.none() | st.integers(0, 50_000),
     mitm=st.none() | st.booleans(),
-    country=st.none() | st.just(""),
+    https=st.none() | st.booleans(),
+    country=st.none() | st.sampled_from([("",), ("BO",), ("", "BO")]),
 )
 
 

@@ -23,8 +23,8 @@ def _json(url: str) -> Any:
         return json.load(r)
 
 
-def _pool(base: str) -> list[dict[str, Any]]:
-    return list(_json(base + "/v1/proxies?limit=0&status=all")["proxies"])
+def _pool(base: str, mitm: str = "any") -> list[dict[str, Any]]:
+    return list(_json(base + f"/v1/proxies?limit=0&status=all&mitm={mitm}")["proxies"])
 
 
 @pytest.mark.timeout(180)
@@ -80,6 +80,9 @@ async def test_worker_turns_a_list_into_verified_proxies(
             ), proxy.name
             # `ppf up` serves a TLS judge: the interceptor's certificate shows too.
             assert got["mitm"] == bool(proxy.mitm), proxy.name
+        # By default the pool leaves the interceptors out.
+        served = {p["port"] for p in await asyncio.to_thread(_pool, up.base, "false")}
+        assert served == {port for port, p in real.items() if not p.mitm}
         sources = await asyncio.to_thread(_json, up.base + "/v1/sources")
         assert sources["sources"][0]["proxies_added"] == len(real)
     finally:

@@ -1,4 +1,5 @@
-"""``ppf agent``, ``ppf check``, ``ppf extract``: the fleet's work, run by hand or as a role."""
+"""``ppf agent``, ``ppf check``, ``ppf extract``, ``ppf geo``: the fleet's work, run by hand
+or as a role."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from pathlib import Path
 import structlog
 
 __all__ = ["register"]
+
+# What `ppf check --json` prints of a check (ARCHITECTURE.md §9).
+CHECK_KEYS = ("addr", "ok", "proto", "anonymity", "exit_ip", "latency_ms", "mitm", "error")
 
 log = structlog.get_logger("ppf")
 
@@ -36,9 +40,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--http-only", action="store_true", help="publish through POST /v1/events, never NATS"
     )
     ag.add_argument("--upstream", default=None, help="socks5://127.0.0.1:9050 for Tor")
-    ag.add_argument("--judge", default=None, help="default: the gateway's /judge")
+    ag.add_argument(
+        "--judge",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a judge (repeatable); default: the gateway's /judge and the built-in public list",
+    )
     ag.add_argument(
         "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
+    )
+    ag.add_argument(
+        "--https-target",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an HTTPS endpoint with a 2xx answer (repeatable; default: a built-in list)",
     )
     ag.add_argument("--lab", action="store_true", help="fetch and check private addresses")
     ag.add_argument("--data", default="./data/agents", help="outbox directory")
@@ -57,6 +74,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ck.add_argument("--concurrency", type=int, default=500)
     ck.add_argument("--timeout", type=float, default=10.0)
     ck.set_defaults(run=_check)
+
+    geo = sub.add_parser("geo", help="offline country and network of addresses")
+    geo.add_argument("ips", nargs="+", metavar="IP")
+    geo.add_argument("--json", action="store_true")
+    geo.set_defaults(run=_geo)
+
+
+def _geo(args: argparse.Namespace) -> int:
+    from ops.geo import lookup
+
+    for ip in args.ips:
+        place = lookup(ip)
+        row = {"ip": ip, "country": place.country, "as_org": place.as_org, "geo": place.geo}
+        print(json.dumps(row) if args.json else f"{ip} {place.country or '-'} {place.as_org}")
+    return 0
 
 
 def _extract(args: argparse.Namespace) -> int:
@@ -93,6 +125,7 @@ def _targets(addrs: list[str], default: str | None) -> list[tuple[str, int, str 
 
 async def _check(args: argparse.Namespace) -> int:
     from agents.check import Judge, check_many
+    from agents.judgepool import is_public_host
 
     try:
         targets = _targets(args.addrs, args.proto)
@@ -104,10 +137,18 @@ async def _check(args: argparse.Namespace) -> int:
     except (OSError, ValueError, TimeoutError) as exc:
         print(f"ppf check: judge {args.judge}: {exc}", file=sys.stderr)
         return 1
+    if not is_public_host(judge.host):
+        public = [f"{ip}:{port}" for ip, port, _ in targets if is_public_host(ip)]
+        if public:
+            print(
+                f"ppf check: warning: the judge {args.judge} is not public; a public proxy "
+                f"fetching it reaches its own network, not this judge ({', '.join(public[:3])})",
+                file=sys.stderr,
+            )
     results = await check_many(targets, judge, concurrency=args.concurrency, timeout=args.timeout)
     for r in results:
         if args.json:
-            print(json.dumps(dataclasses.asdict(r)))
+            print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k in CHECK_KEYS}))
         elif r.ok:
             print(
                 f"{r.addr} ok {r.anonymity or '-'} exit={r.exit_ip} {r.latency_ms}ms"
@@ -135,7 +176,13 @@ async def _agent(args: argparse.Namespace) -> int:
     except (GatewayError, OSError) as exc:
         print(f"ppf agent: {exc}", file=sys.stderr)
         return 1
-    judge = args.judge or args.gateway.rstrip("/") + "/judge"
+    from agents.check import HTTPS_TARGETS
+    from agents.judgepool import BUILTIN_JUDGES
+
+    gateway_judge = args.gateway.rstrip("/") + "/judge"
+    judges = list(args.judge) or [gateway_judge, *BUILTIN_JUDGES]
+    own = (gateway_judge,) if not args.judge else ()
+    https = tuple(args.https_target) or (() if args.lab else HTTPS_TARGETS)
     agent: Worker | Checker
     if args.role == "worker":
         config = WorkerConfig(
@@ -146,16 +193,20 @@ async def _agent(args: argparse.Namespace) -> int:
             nats=args.nats,
             http_only=args.http_only,
             tls_judge=args.tls_judge,
+            own_judges=own,
+            https_targets=https,
         )
-        agent = Worker(args.gateway, args.token, me.name, judge, data / me.name, config)
+        agent = Worker(args.gateway, args.token, me.name, judges, data / me.name, config)
     else:
         checks = CheckerConfig(
             check_timeout_s=args.check_timeout,
             nats=args.nats,
             http_only=args.http_only,
             tls_judge=args.tls_judge,
+            own_judges=own,
+            https_targets=https,
         )
-        agent = Checker(args.gateway, args.token, me.name, judge, data / me.name, checks)
+        agent = Checker(args.gateway, args.token, me.name, judges, data / me.name, checks)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

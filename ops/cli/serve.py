@@ -21,6 +21,8 @@ from events import Configured, Role, Settings
 from events.mint import fresh_id, now_ms
 from ops.cli.admin import enroll
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, listen, wait_for_signal
+from ops.cli.judges import agent_judges, judge_site, tls_judge_site
+from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.server import ROLES, NatsServer
 from projections.live import FoldService
@@ -42,12 +44,42 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up.add_argument("--nats-listen", default="127.0.0.1:4222", type=listen)
     up.add_argument("--nats", default=None, help="use this NATS; start none")
     up.add_argument("--no-agents", action="store_true")
+    up.add_argument(
+        "--no-seed", action="store_true", help="start with no sources (no built-in lists)"
+    )
     up.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
     up.add_argument("--private-queries", action="store_true", help="queries need a token")
     up.add_argument(
         "--judge-tls-listen",
         default="127.0.0.1:8443",
         help="the judge over TLS (self-signed, pinned by agents); 'off' for none",
+    )
+    up.add_argument(
+        "--judge",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a judge for the local agents (repeatable; replaces the built-in public list)",
+    )
+    up.add_argument(
+        "--https-target",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="an HTTPS endpoint with a 2xx answer that working proxies are tried through "
+        "(repeatable; default: a built-in list, none in a lab)",
+    )
+    up.add_argument(
+        "--public-url",
+        default=None,
+        metavar="URL",
+        help="where the world reaches this machine's judge, e.g. http://203.0.113.5:8081/judge",
+    )
+    up.add_argument(
+        "--judge-listen",
+        default=None,
+        type=listen,
+        help="the judge's own listener (HOST:PORT) for --public-url; the API stays private",
     )
     up.set_defaults(run=_up)
 
@@ -75,14 +107,18 @@ async def _up(args: argparse.Namespace) -> int:
         base = await _gateway_site(stack, args, fold, lg, agent_nats, "up")
         tls_judge = None
         if args.judge_tls_listen != "off":
-            tls_judge = await _tls_judge(stack, args.judge_tls_listen, data / "tls")
+            tls_judge = await tls_judge_site(stack, args.judge_tls_listen, data / "tls")
+        if args.judge_listen is not None:
+            await judge_site(stack, args.judge_listen)
+        judges, own = agent_judges(args, base)
         # Caught up first: the local agents' tokens must be in the projection before they
         # ask the gateway, and an empty log tells a first start.
         await fold.wait_for(await lg.head_seq(), 30)
-        if not args.lab and not fold.state.sources:
+        if not args.lab and not args.no_seed and not fold.state.sources:
             await _seed_sources(lg)
         if tokens:
-            await _local_agents(stack, base, tokens, data, lab=args.lab, tls_judge=tls_judge)
+            print(f"ppf up: the local agents check through {', '.join(judges)}", flush=True)
+            await _local_agents(stack, base, tokens, data, judges, own, args, tls_judge)
         log.info("started", role="up", nats=lg.address)
         await _serve_forever()
     return 0
@@ -179,6 +215,11 @@ async def _fold_service(
     fold = FoldService(lg, db=db, dlq=dlq, tap=tap)
     await fold.start()
     stack.push_async_callback(fold.stop)
+    # Every replica locates what its projection has not located: the ids are
+    # deterministic, so the log keeps one Located per address whoever publishes it.
+    locator = Locator(fold)
+    await locator.start()
+    stack.push_async_callback(locator.stop)
     return fold
 
 
@@ -205,32 +246,6 @@ async def _gateway_site(
     return f"http://{host}:{port}"
 
 
-async def _tls_judge(stack: AsyncExitStack, listen_at: str, certs: Path) -> str | None:
-    """``/judge`` alone over TLS, for agents that watch tunnels for interception; its URL,
-    or None where openssl is missing or the port is taken (checks then see pages only)."""
-    from gateway.app import judge
-    from ops.lab.tls import judge_context
-
-    ctx = judge_context(certs)
-    if ctx is None:
-        log.warning("no_tls_judge", reason="openssl not found: apt-get install openssl")
-        return None
-    host, port = hostport(listen_at, 8443)
-    app = web.Application()
-    app.router.add_get("/judge", judge)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    stack.push_async_callback(runner.cleanup)
-    try:
-        await web.TCPSite(runner, host, port, ssl_context=ctx).start()
-    except OSError as exc:
-        log.warning("no_tls_judge", listen=listen_at, error=repr(exc))
-        return None
-    url = f"https://{host}:{port}/judge"
-    print(f"ppf up: TLS judge {url}", flush=True)
-    return url
-
-
 async def _seed_sources(lg: Log) -> None:
     """A first start has work to do, for the local agents or remote ones: the built-in
     public lists (`ppf sources seed`). A lab starts empty."""
@@ -245,29 +260,33 @@ async def _local_agents(
     base: str,
     tokens: dict[str, str],
     data: Path,
-    *,
-    lab: bool,
+    judges: list[str],
+    own: tuple[str, ...],
+    args: argparse.Namespace,
     tls_judge: str | None,
 ) -> None:
+    from agents.check import HTTPS_TARGETS
     from agents.checker import Checker, CheckerConfig
     from agents.worker import Worker, WorkerConfig
 
-    judge = base + "/judge"
+    lab = args.lab
+    # A lab cannot reach the world's HTTPS endpoints: it tries none unless told.
+    https = tuple(args.https_target) or (() if lab else HTTPS_TARGETS)
     worker = Worker(
         base,
         tokens["local-worker"],
         "local-worker",
-        judge,
+        judges,
         data / "agents" / "local-worker",
-        WorkerConfig(lab=lab, tls_judge=tls_judge),
+        WorkerConfig(lab=lab, tls_judge=tls_judge, own_judges=own, https_targets=https),
     )
     checker = Checker(
         base,
         tokens["local-checker"],
         "local-checker",
-        judge,
+        judges,
         data / "agents" / "local-checker",
-        CheckerConfig(tls_judge=tls_judge),
+        CheckerConfig(tls_judge=tls_judge, own_judges=own, https_targets=https),
     )
     stop = asyncio.Event()
     task = asyncio.gather(worker.run(stop), checker.run(stop))

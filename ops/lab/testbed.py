@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 from ops.lab.tls import self_signed
 from ops.nats.server import free_port
 
-__all__ = ["PACKAGES", "Proxy", "ProxyLab", "missing", "self_signed"]
+__all__ = ["LOOPBACK_EXITS", "PACKAGES", "Proxy", "ProxyLab", "missing", "self_signed"]
 
 
 PACKAGES = {
@@ -102,10 +102,25 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout: float =
     raise RuntimeError(f"nothing listens on {port}")
 
 
+# Where each proxy's outgoing connections come from: its exit address. On loopback,
+# 127.0.0.2-8 work without setup; the world in a box (ops/lab/world.py) passes
+# public-looking ones that it has put on its namespace's loopback.
+LOOPBACK_EXITS = {
+    "squid": "127.0.0.2",
+    "tinyproxy-via": "127.0.0.3",
+    "tinyproxy-elite": "127.0.0.4",
+    "microsocks": "127.0.0.5",
+    "dante": "127.0.0.6",
+    "mitm-tls": "127.0.0.7",
+    "mitm-body": "127.0.0.8",
+}
+
+
 @dataclass
 class ProxyLab:
     root: Path
     proxies: list[Proxy] = field(default_factory=list)
+    exits: dict[str, str] = field(default_factory=lambda: dict(LOOPBACK_EXITS))
     _servers: list[socket.socket] = field(default_factory=list)
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -118,13 +133,14 @@ class ProxyLab:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o777)  # squid and tinyproxy drop root for their own users
         self._squid()
-        self._tinyproxy("tinyproxy-via", "127.0.0.3", via=True)
-        self._tinyproxy("tinyproxy-elite", "127.0.0.4", via=False)
+        self._tinyproxy("tinyproxy-via", self.exits["tinyproxy-via"], via=True)
+        self._tinyproxy("tinyproxy-elite", self.exits["tinyproxy-elite"], via=False)
         port = free_port()
+        bind = self.exits["microsocks"]
         proc = self._spawn(
-            "microsocks", ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-b", "127.0.0.5"]
+            "microsocks", ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-b", bind]
         )
-        self.proxies.append(Proxy("microsocks", port, "socks5", "elite", "127.0.0.5", proc))
+        self.proxies.append(Proxy("microsocks", port, "socks5", "elite", bind, proc))
         self._dante()
         for p in self.proxies:
             _wait_port(p.port, p.proc)
@@ -136,14 +152,16 @@ class ProxyLab:
         port = free_port()
         conf = self.root / "squid.conf"
         conf.write_text(
-            f"http_port 127.0.0.1:{port}\ntcp_outgoing_address 127.0.0.2\nforwarded_for on\n"
+            f"http_port 127.0.0.1:{port}\ntcp_outgoing_address {self.exits['squid']}\n"
+            "forwarded_for on\n"
             "http_access allow all\ncache deny all\naccess_log none\n"
             f"pid_filename {self.root}/squid.pid\ncache_log {self.root}/squid-cache.log\n"
             f"coredump_dir {self.root}\nshutdown_lifetime 0 seconds\n"
         )
         binary = shutil.which("squid") or "/usr/sbin/squid"
         proc = self._spawn("squid", [binary, "-N", "-f", str(conf)])
-        self.proxies.append(Proxy("squid", port, "http", "transparent", "127.0.0.2", proc))
+        exit_ip = self.exits["squid"]
+        self.proxies.append(Proxy("squid", port, "http", "transparent", exit_ip, proc))
 
     def _tinyproxy(self, name: str, bind: str, *, via: bool) -> None:
         port = free_port()
@@ -162,14 +180,14 @@ class ProxyLab:
         conf = self.root / "danted.conf"
         conf.write_text(
             f"logoutput: {self.root}/danted.log\ninternal: 127.0.0.1 port = {port}\n"
-            "external: 127.0.0.6\nsocksmethod: none\nclientmethod: none\n"
+            f"external: {self.exits['dante']}\nsocksmethod: none\nclientmethod: none\n"
             "user.privileged: root\nuser.unprivileged: nobody\n"
             "client pass { from: 127.0.0.0/8 to: 0.0.0.0/0 }\n"
             "socks pass { from: 127.0.0.0/8 to: 0.0.0.0/0 protocol: tcp }\n"
         )
         binary = shutil.which("danted") or "/usr/sbin/danted"
         proc = self._spawn("danted", [binary, "-f", str(conf)])
-        self.proxies.append(Proxy("dante", port, "socks5", "elite", "127.0.0.6", proc))
+        self.proxies.append(Proxy("dante", port, "socks5", "elite", self.exits["dante"], proc))
 
     def _listen(self) -> socket.socket:
         s = socket.socket()
@@ -245,7 +263,7 @@ class ProxyLab:
                 conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\n\r\n")
                 return
             host, _, port = parts[1].decode().rpartition(":")
-            upstream = socket.create_connection((host, int(port)), 10, ("127.0.0.7", 0))
+            upstream = socket.create_connection((host, int(port)), 10, (self.exits["mitm-tls"], 0))
             with upstream:
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 first = conn.recv(1, socket.MSG_PEEK)
@@ -258,7 +276,8 @@ class ProxyLab:
                 ):
                     _relay(inner, outer)
 
-        return Proxy("mitm-tls", self._serve(handle), "https", "elite", "127.0.0.7", mitm="tls")
+        exit_ip = self.exits["mitm-tls"]
+        return Proxy("mitm-tls", self._serve(handle), "https", "elite", exit_ip, mitm="tls")
 
     def _mitm_body(self) -> Proxy:
         """An HTTP forwarding proxy that appends a script to every page it carries."""
@@ -273,7 +292,7 @@ class ProxyLab:
                 return
             path = (target.path or "/") + (f"?{target.query}" if target.query else "")
             upstream = socket.create_connection(
-                (target.hostname, target.port or 80), 10, ("127.0.0.8", 0)
+                (target.hostname, target.port or 80), 10, (self.exits["mitm-body"], 0)
             )
             with upstream:
                 upstream.sendall(b" ".join([method, path.encode(), version]) + b"\r\n" + rest)
@@ -287,7 +306,9 @@ class ProxyLab:
             ]
             conn.sendall(b"\r\n".join(lines) + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
-        return Proxy("mitm-body", self._serve(handle), "http", "", "", mitm="body")
+        # It forwards our headers untouched (no Via): elite, exiting from its address.
+        exit_ip = self.exits["mitm-body"]
+        return Proxy("mitm-body", self._serve(handle), "http", "elite", exit_ip, mitm="body")
 
     def stop(self) -> None:
         for s in self._servers:

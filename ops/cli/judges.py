@@ -1,0 +1,104 @@
+"""``ppf judges``, and the judges of ``ppf up``: which ones its agents use, and the
+listeners of its own."""
+
+from __future__ import annotations
+
+import argparse
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from ops.cli.common import hostport
+
+__all__ = ["agent_judges", "judge_site", "register", "tls_judge_site"]
+
+log = structlog.get_logger("ppf")
+
+
+def agent_judges(args: argparse.Namespace, base: str) -> tuple[list[str], tuple[str, ...]]:
+    """The judges the local agents use, and which of them are ours.
+
+    ``--judge`` replaces the built-in public list; ``--public-url`` adds this machine's
+    own judge as the world reaches it. A lab's proxies are on loopback: its judge is the
+    gateway's own. (A loopback judge is only ever used for loopback proxies: the pool's
+    rule, ``agents/judgepool.py``.)"""
+    from agents.judgepool import BUILTIN_JUDGES
+
+    own = [args.public_url] if args.public_url else []
+    if args.lab:
+        own.append(base + "/judge")
+    given = list(args.judge) or ([] if args.lab else list(BUILTIN_JUDGES))
+    return list(dict.fromkeys([*own, *given])), tuple(own)
+
+
+async def judge_site(stack: AsyncExitStack, listen_at: str) -> None:
+    """``/judge`` alone on its own listener, so exposing the judge exposes nothing else."""
+    from gateway.app import judge
+
+    host, port = hostport(listen_at, 8081)
+    app = web.Application()
+    app.router.add_get("/judge", judge)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    await web.TCPSite(runner, host, port).start()
+    print(f"ppf up: judge http://{host}:{port}/judge", flush=True)
+
+
+async def tls_judge_site(stack: AsyncExitStack, listen_at: str, certs: Path) -> str | None:
+    """``/judge`` alone over TLS, for agents that watch tunnels for interception; its URL,
+    or None where openssl is missing or the port is taken (checks then see pages only)."""
+    from gateway.app import judge
+    from ops.lab.tls import judge_context
+
+    ctx = judge_context(certs)
+    if ctx is None:
+        log.warning("no_tls_judge", reason="openssl not found: apt-get install openssl")
+        return None
+    host, port = hostport(listen_at, 8443)
+    app = web.Application()
+    app.router.add_get("/judge", judge)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+    except OSError as exc:
+        log.warning("no_tls_judge", listen=listen_at, error=repr(exc))
+        return None
+    url = f"https://{host}:{port}/judge"
+    print(f"ppf up: TLS judge {url}", flush=True)
+    return url
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    jd = sub.add_parser("judges", help="the judge pool, asked directly: health and latency")
+    jd.add_argument(
+        "--judge", action="append", default=[], metavar="URL", help="default: the built-in list"
+    )
+    jd.add_argument("--json", action="store_true")
+    jd.set_defaults(run=_judges)
+
+
+async def _judges(args: argparse.Namespace) -> int:
+    import json
+
+    from agents.judgepool import JudgePool
+
+    pool = JudgePool(args.judge)
+    try:
+        await pool.start()
+    except ValueError:
+        pass  # every judge failed: the rows say why
+    finally:
+        await pool.stop()
+    rows = pool.rows()
+    for row in rows:
+        if args.json:
+            print(json.dumps(row))
+        else:
+            state = "healthy" if row["healthy"] else f"benched ({row['last_error']})"
+            print(f"{row['url']}  {row['format'] or '-'}  {row['latency_ms']}ms  {state}")
+    return 0 if any(r["healthy"] for r in rows) else 1

@@ -1,0 +1,128 @@
+"""Offline country and network lookups, published once per address as ``Located``.
+
+The data is geoip2fast's own file (GeoLite2 country + AS organisation, IPv4), shipped
+inside its wheel: no download, ~0.15 s to load, ~150k lookups/s. Its version goes into
+every event, so replay needs no data file and a data update is visible in the log.
+
+The ``Locator`` runs beside a fold (in ``ppf up``, ``ppf fold`` and every gateway): it
+takes the addresses the projection has not located yet (``State.unlocated``), looks
+them up off the event loop, and publishes ``Located`` with an id derived from the
+address and the data version, so any number of replicas store it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+import structlog
+
+from events import Located, uuid7
+from events.mint import now_ms
+from projections.live import FoldService
+from projections.log import LogError
+
+__all__ = ["Locator", "Place", "located_id", "lookup"]
+
+log = structlog.get_logger("ppf.geo")
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    country: str
+    as_org: str
+    geo: str  # data version
+
+
+@cache
+def _data() -> tuple[Any, str]:
+    from importlib.metadata import version
+
+    from geoip2fast import GeoIP2Fast  # type: ignore[import-untyped]
+
+    data = GeoIP2Fast(geoip2fast_data_file="geoip2fast-asn.dat.gz")
+    source = str(data.get_database_info().get("source_info", "")).split(":")[-1]
+    return data, f"geoip2fast-{version('geoip2fast')}:{source}"
+
+
+def lookup(ip: str) -> Place:
+    """Country (ISO alpha-2, "" for private or unknown) and AS organisation of ``ip``."""
+    data, geo = _data()
+    found = data.lookup(ip)
+    country = str(getattr(found, "country_code", "") or "")
+    if len(country) != 2 or not country.isalpha() or getattr(found, "is_private", False):
+        country = ""
+    org = str(getattr(found, "asn_name", "") or "")
+    return Place(country, "" if org == "IANA.ORG" else org, geo)
+
+
+def located_id(ip: str, geo: str) -> str:
+    """The same address and data version give the same id on every replica."""
+    return uuid7(0, hashlib.sha256(f"{ip}|{geo}".encode()).digest()[:10])
+
+
+class Locator:
+    """Publishes ``Located`` for what the projection has not located yet."""
+
+    def __init__(self, fold: FoldService, *, every_s: float = 1.0, batch: int = 5_000) -> None:
+        self.fold = fold
+        self.every_s = every_s
+        self.batch = batch
+        self.published = 0
+        self._asked: dict[str, float] = {}  # ip -> when; asked again after a minute
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(_data)  # load once, off the loop
+        self._task = asyncio.create_task(self._run(), name="ppf-geo")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.once()
+            except LogError as exc:  # NATS away: the same addresses are asked again later
+                log.warning("locate_failed", error=str(exc))
+            await asyncio.sleep(self.every_s)
+
+    async def once(self) -> int:
+        """Locate up to ``batch`` addresses not asked in the last minute; how many."""
+        now = time.monotonic()
+        todo = []
+        for ip in self.fold.state.unlocated:
+            if now - self._asked.get(ip, -1e9) >= 60:
+                todo.append(ip)
+                if len(todo) >= self.batch:
+                    break
+        if not todo:
+            self._asked = {ip: t for ip, t in self._asked.items() if now - t < 60}
+            return 0
+        places = await asyncio.to_thread(lambda: [lookup(ip) for ip in todo])
+        at = now_ms()
+        events = [
+            Located(
+                id=located_id(ip, p.geo),
+                agent="fold",
+                at=at,
+                ip=ip,
+                country=p.country,
+                as_org=p.as_org,
+                geo=p.geo,
+            )
+            for ip, p in zip(todo, places, strict=True)
+        ]
+        for ip in todo:
+            self._asked[ip] = now
+        await self.fold.log.publish_many(events)
+        self.published += len(events)
+        return len(events)

@@ -1,0 +1,259 @@
+"""The world in a box: an "internet" network namespace with public-looking addresses.
+
+The lab on loopback is kinder than the world: there a proxy shares the judge's
+loopback. Here the proxies, judges and source pages live in their own namespace, joined
+to ours by one veth link, and the caller (ppf, a test) stays in its own: a proxy asked
+for ``127.0.0.1`` reaches the internet namespace's loopback, never ours, as a public
+proxy would. No lab mode is needed: every address is public-looking.
+
+Routing, not one flat link (FIELD-NOTES.md): the public-looking addresses sit on the
+inner namespace's ``lo`` as /32s and our side routes ``45.68.0.0/16`` over the /30 of
+the link, so thousands of addresses cost one neighbour entry, and an address nobody
+owns inside is dropped silently (a connect that times out, like most dead proxies).
+The inner namespace gets no default route: nothing in it can reach past the box.
+
+Needs root and iproute2 (CI runs as root); ``unavailable()`` says why not, for skips.
+Cleanup is certain: ``stop()`` runs from the context manager, from ``atexit`` and on
+SIGTERM; a box left by a process killed with SIGKILL is removed by the next ``start()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ops.lab.testbed import missing
+
+__all__ = ["LINK_HOST", "World", "WorldProxy", "unavailable"]
+
+PREFIX = "ppfw"  # namespaces and links of this module: ppfw<pid>, ppfw<pid>h
+LINK_HOST, LINK_INNER = "45.67.0.1", "45.67.0.2"  # our end and the box's, a /30
+PUBLIC = "45.68.0.0/16"  # everything in the box
+
+PROXY_NAMES = (
+    "squid",
+    "tinyproxy-via",
+    "tinyproxy-elite",
+    "microsocks",
+    "dante",
+    "mitm-tls",
+    "mitm-body",
+)
+PORTS = {"squid": 3128, "microsocks": 1080, "dante": 1080}  # the rest 8080
+RTT_MS = {  # each live proxy its own round trip, tens to hundreds of ms
+    "squid": 60,
+    "tinyproxy-via": 120,
+    "tinyproxy-elite": 240,
+    "microsocks": 90,
+    "dante": 300,
+    "mitm-tls": 150,
+    "mitm-body": 80,
+}
+
+
+def unavailable() -> str | None:
+    """Why a box cannot be built here (a sentence naming what to do), or None."""
+    if os.geteuid() != 0:
+        return "the world in a box needs root (network namespaces)"
+    if shutil.which("ip") is None:
+        return "the world in a box needs iproute2: apt-get install iproute2"
+    lacking = missing()
+    if lacking:
+        return f"the world in a box needs {' '.join(lacking)}: apt-get install {' '.join(lacking)}"
+    return None
+
+
+def _ip(*args: str, check: bool = True, ns: str | None = None) -> subprocess.CompletedProcess[str]:
+    cmd = ["ip", *(["-n", ns] if ns else []), *args]
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=30)
+
+
+@dataclass(frozen=True, slots=True)
+class WorldProxy:
+    """A proxy as the lab knows it: the truth a check is measured against."""
+
+    name: str
+    addr: str
+    port: int
+    proto: str | None
+    anonymity: str
+    exit_ip: str
+    mitm: str
+    rtt_ms: float
+    https: str  # "yes" when it tunnels to the box's HTTPS endpoint
+
+    @property
+    def url(self) -> str:
+        return f"{self.proto or 'http'}://{self.addr}:{self.port}"
+
+
+@dataclass
+class World:
+    root: Path
+    dead_each: int = 3  # addresses of each dead kind
+    name: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
+    proxies: list[WorldProxy] = field(default_factory=list)
+    judges: dict[str, str] = field(default_factory=dict)  # format -> URL
+    refusing: list[tuple[str, int]] = field(default_factory=list)
+    silent: list[tuple[str, int]] = field(default_factory=list)
+    tarpits: list[tuple[str, int]] = field(default_factory=list)
+    portal: tuple[str, int] = ("45.68.5.1", 8080)
+    garbage: tuple[str, int] = ("45.68.5.2", 8080)
+    page_url: str = ""
+    https_url: str = "https://45.68.9.1/generate_204"
+    _proc: subprocess.Popen[bytes] | None = None
+    _up: bool = False
+
+    @property
+    def link(self) -> str:
+        return f"{self.name}h"
+
+    def start(self) -> World:
+        why = unavailable()
+        if why is not None:
+            raise RuntimeError(why)
+        remove_stale()
+        self.root.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o777)  # the proxies drop root for their own users
+        atexit.register(self.stop)
+        self._up = True
+        self._network()
+        config = self._config()
+        (self.root / "world.json").write_text(json.dumps(config))
+        with open(self.root / "inet.log", "ab") as log:
+            self._proc = subprocess.Popen(
+                [
+                    *("ip", "netns", "exec", self.name, sys.executable, "-m", "ops.lab.inet"),
+                    str(self.root / "world.json"),
+                ],
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        ready = self.root / "ready.json"
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = (self.root / "inet.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the box's internet did not start:\n{tail}")
+            time.sleep(0.05)
+        served = json.loads(ready.read_text())["proxies"]
+        self.proxies = [WorldProxy(**p) for p in served]
+        return self
+
+    def _network(self) -> None:
+        name, link = self.name, self.link
+        _ip("netns", "add", name)
+        _ip("link", "add", link, "type", "veth", "peer", "name", f"{name}i")
+        _ip("link", "set", f"{name}i", "netns", name)
+        _ip("addr", "add", f"{LINK_HOST}/30", "dev", link)
+        _ip("link", "set", link, "up")
+        _ip("addr", "add", f"{LINK_INNER}/30", "dev", f"{name}i", ns=name)
+        _ip("link", "set", f"{name}i", "up", ns=name)
+        _ip("link", "set", "lo", "up", ns=name)
+        _ip("route", "replace", PUBLIC, "via", LINK_INNER)
+        batch = self.root / "addresses.batch"
+        batch.write_text("".join(f"addr add {a}/32 dev lo\n" for a in self._owned()))
+        _ip("-batch", str(batch), ns=name)
+
+    def _owned(self) -> list[str]:
+        """Every address the box answers on (the silent ones are left out on purpose)."""
+        self.judges = {
+            "httpbin": "http://45.68.3.1/get",
+            "azenv": "http://45.68.3.2/azenv.php",
+        }
+        self.refusing = [(f"45.68.7.{i}", 8080) for i in range(1, self.dead_each + 1)]
+        self.silent = [(f"45.68.8.{i}", 8080) for i in range(1, self.dead_each + 1)]
+        self.tarpits = [(f"45.68.6.{i}", 8080) for i in range(1, self.dead_each + 1)]
+        self.page_url = "http://45.68.4.1/proxies.txt"
+        owned = [f"45.68.1.{i}" for i in range(1, len(PROXY_NAMES) + 1)]
+        owned += [f"45.68.2.{i}" for i in range(1, len(PROXY_NAMES) + 1)]
+        owned += ["45.68.3.1", "45.68.3.2", "45.68.4.1", "45.68.9.1"]
+        owned += [self.portal[0], self.garbage[0]]
+        owned += [a for a, _ in self.refusing + self.tarpits]
+        return owned
+
+    def _config(self) -> dict[str, Any]:
+        proxies = {
+            name: {"addr": f"45.68.1.{i}", "port": PORTS.get(name, 8080), "rtt_ms": RTT_MS[name]}
+            for i, name in enumerate(PROXY_NAMES, 1)
+        }
+        exits = {name: f"45.68.2.{i}" for i, name in enumerate(PROXY_NAMES, 1)}
+        listed = [f"{p['addr']}:{p['port']}" for p in proxies.values()]
+        listed += [f"{a}:{p}" for a, p in self.refusing + self.silent + self.tarpits]
+        listed += [f"{self.portal[0]}:{self.portal[1]}", f"{self.garbage[0]}:{self.garbage[1]}"]
+        return {
+            "root": str(self.root),
+            "exits": exits,
+            "proxies": proxies,
+            "tarpits": self.tarpits,
+            "portal": self.portal,
+            "garbage": self.garbage,
+            "judges": [
+                {"format": "httpbin", "addr": "45.68.3.1", "port": 80},
+                {"format": "azenv", "addr": "45.68.3.2", "port": 80},
+            ],
+            "https_target": {"addr": "45.68.9.1", "port": 443},
+            "pages": {
+                "addr": "45.68.4.1",
+                "port": 80,
+                "files": {"/proxies.txt": "\n".join(listed)},
+            },
+        }
+
+    def stop(self) -> None:
+        if not self._up:
+            return
+        self._up = False
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.pid, 15)
+            try:
+                self._proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self._proc.pid, 9)
+                self._proc.wait(5)
+        destroy(self.name)
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> World:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def destroy(name: str) -> None:
+    """Kill whatever runs in namespace ``name``, then remove its link, route and itself."""
+    pids = _ip("netns", "pids", name, check=False).stdout.split()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid), 9)
+    _ip("link", "del", f"{name}h", check=False)
+    _ip("route", "del", PUBLIC, check=False)
+    _ip("netns", "del", name, check=False)
+
+
+def boxes() -> list[str]:
+    """The namespaces of this module that exist now."""
+    out = _ip("netns", "list", check=False).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(PREFIX)]
+
+
+def remove_stale() -> None:
+    """Boxes whose creating process is gone (killed with SIGKILL): removed."""
+    for name in boxes():
+        pid = name.removeprefix(PREFIX)
+        alive = pid.isdigit() and Path(f"/proc/{pid}").exists() and int(pid) != os.getpid()
+        if not alive or int(pid) == os.getpid():
+            destroy(name)

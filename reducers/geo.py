@@ -1,0 +1,79 @@
+"""Where proxies are: country and network by address, from ``Located`` events.
+
+A location belongs to an address, and an address may carry proxies on several ports, so
+the state keeps, per address of a row, its location and its ports (``State.by_ip``:
+derived, rebuilt from the rows on restore). A ``Located`` reaches every row of its
+address; a new row on a located address takes the location at once. An address that
+no row carries any more is forgotten, as it would be after a restore, so the two agree.
+``State.unlocated`` lists the addresses the service still has to look up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from events.catalogue import Located
+
+if TYPE_CHECKING:
+    from reducers.state import ProxyRow, State
+
+__all__ = ["admitted", "evicted", "located"]
+
+Place = tuple[str, int, str, str]  # country, asn, as_org, data version
+
+# One tuple per distinct place, shared by every row there (a few thousand, not a million).
+_PLACES: dict[Place, Place] = {}
+
+
+def _place(row: ProxyRow) -> Place | None:
+    if not row.geo:
+        return None
+    place = (row.country, row.asn, row.as_org, row.geo)
+    return _PLACES.setdefault(place, place)
+
+
+def admitted(state: State, row: ProxyRow) -> None:
+    """A row joined the pool (or was restored): file it under its address."""
+    entry = state.by_ip.get(row.ip)
+    if entry is None:
+        place = _place(row)
+        state.by_ip[row.ip] = [place, (row.port,)]
+        if place is None:
+            state.unlocated.add(row.ip)
+        return
+    entry[1] = (*entry[1], row.port)
+    place = entry[0]
+    if place is not None and _place(row) != place:
+        row.country, row.asn, row.as_org, row.geo = place
+        state.dirty_proxies.add((row.ip, row.port))
+
+
+def evicted(state: State, row: ProxyRow) -> None:
+    entry = state.by_ip.get(row.ip)
+    if entry is None:
+        return
+    ports = tuple(p for p in entry[1] if p != row.port)
+    if ports:
+        entry[1] = ports
+    else:
+        del state.by_ip[row.ip]
+        state.unlocated.discard(row.ip)
+
+
+def located(state: State, event: Located) -> bool:
+    """Copy a location onto the rows of its address; False when no row has it."""
+    entry = state.by_ip.get(event.ip)
+    if entry is None:
+        return False
+    place: Place = (event.country, event.asn, event.as_org, event.geo)
+    place = _PLACES.setdefault(place, place)
+    entry[0] = place
+    state.unlocated.discard(event.ip)
+    for port in entry[1]:
+        row = state.proxies[(event.ip, port)]
+        if (row.country, row.asn, row.as_org, row.geo) != place:
+            state.composition.remove(row.last_seen, row.proto, row.anonymity, row.country)
+            row.country, row.asn, row.as_org, row.geo = place
+            state.composition.add(row)
+            state.dirty_proxies.add((event.ip, port))
+    return True

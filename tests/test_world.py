@@ -1,0 +1,98 @@
+"""The world in a box: public proxies, judges and dead addresses in their own namespace.
+
+What it shows is what the loopback lab hid: a public proxy asked for our loopback judge
+reaches its own loopback, so only a judge the world can reach confirms anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aiohttp import web
+
+from agents.check import Judge, check, tunnels_https
+from gateway.app import judge as ppf_judge
+from ops.lab.world import LINK_HOST, World, unavailable
+from ops.nats.server import free_port
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with World(tmp_path_factory.mktemp("world")) as w:
+        yield w
+
+
+@pytest.fixture
+async def loopback_judge() -> AsyncIterator[str]:
+    """ppf's judge on our own loopback, as `ppf up` used to hand its agents."""
+    app = web.Application()
+    app.router.add_get("/judge", ppf_judge)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    yield f"http://127.0.0.1:{port}/judge"
+    await runner.cleanup()
+
+
+async def test_public_judges_confirm_every_real_proxy_in_any_format(world: World) -> None:
+    """Through httpbin and azenv judges alike: protocol, anonymity and exit of each proxy."""
+    for url in world.judges.values():
+        judge = await Judge.discover(url)
+        assert judge.own_ip == LINK_HOST, url
+        for proxy in world.proxies:
+            result = await check(proxy.addr, proxy.port, None, judge, timeout=5)
+            assert result.ok, (url, proxy.name, result.error)
+            got = (result.proto, result.anonymity, result.exit_ip)
+            assert got == (proxy.proto, proxy.anonymity, proxy.exit_ip), (url, proxy.name)
+            assert result.mitm == (proxy.mitm == "body"), (url, proxy.name)
+
+
+async def test_a_public_proxy_never_reaches_our_loopback_judge(
+    world: World, loopback_judge: str
+) -> None:
+    """Asked for 127.0.0.1, a public proxy fetches its own loopback: nothing is confirmed."""
+    judge = await Judge.discover(loopback_judge)
+    results = await asyncio.gather(
+        *(check(p.addr, p.port, p.proto, judge, timeout=5) for p in world.proxies)
+    )
+    assert [r.addr for r in results if r.ok] == []
+
+
+async def test_dead_addresses_come_in_three_kinds_and_fakes_are_not_proxies(
+    world: World,
+) -> None:
+    """Refused at once, silent until the timeout, accepted and never answered; a portal
+    and a garbage speaker answer, but not as the judge: none of them works."""
+    judge = await Judge.discover(world.judges["httpbin"])
+    refusing = await check(*world.refusing[0], "http", judge, timeout=3)
+    assert not refusing.ok and "Connection" in refusing.error, refusing
+    for addr in (world.silent[0], world.tarpits[0]):
+        dead = await check(*addr, "http", judge, timeout=1.5)
+        assert not dead.ok and "Timeout" in dead.error, (addr, dead)
+    for addr in (world.portal, world.garbage):
+        fake = await check(*addr, None, judge, timeout=3)
+        assert not fake.ok, (addr, fake)
+    portal = await check(*world.portal, "http", judge, timeout=3)
+    assert portal.error == "not the judge's answer"
+
+
+async def test_https_capability_is_a_tunnel_to_a_real_tls_endpoint(world: World) -> None:
+    """Every proxy that tunnels carries TLS to the box's HTTPS endpoint; the page rewriter,
+    which refuses CONNECT, does not."""
+    for proxy in world.proxies:
+        assert proxy.proto is not None
+        carried = await tunnels_https(proxy.addr, proxy.port, proxy.proto, world.https_url, 5)
+        assert carried == (proxy.https == "yes"), proxy.name
+
+
+async def test_each_proxy_has_its_round_trip(world: World) -> None:
+    """The box adds each proxy's own round trip: a check through it takes at least that."""
+    judge = await Judge.discover(world.judges["httpbin"])
+    for proxy in world.proxies:
+        result = await check(proxy.addr, proxy.port, proxy.proto, judge, timeout=5)
+        assert result.ok and result.latency_ms >= proxy.rtt_ms, (proxy.name, result)
