@@ -112,7 +112,8 @@ class Judge:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}{self.path}"
+        port = "" if self.port == 80 else f":{self.port}"
+        return f"http://{self.host}{port}{self.path}"
 
     @classmethod
     async def discover(

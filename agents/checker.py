@@ -59,6 +59,8 @@ class Checker(Agent):
     async def cycle(self, gw: GatewayClient, judge: JudgePool) -> int:
         cfg = self.config
         await gw.flush()  # observations buffered while the log was away go first
+        if await self._outage(gw, judge):
+            return 0
         grants = await gw.lease("recheck", cfg.shards, cfg.lease_ttl_s)
         if not grants:
             return 0

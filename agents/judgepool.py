@@ -114,15 +114,27 @@ class JudgePool:
         self._next = 0
         self._task: asyncio.Task[None] | None = None
 
-    async def start(self) -> JudgePool:
-        """Ask every judge directly; ValueError when none answers (nothing can be checked)."""
-        await asyncio.gather(*(self._ask(s) for s in self.states))
-        if not any(s.healthy for s in self.states):
-            errors = "; ".join(f"{s.url}: {s.last_error}" for s in self.states)
-            raise ValueError(f"no judge answers: {errors}")
+    async def start(self, *, require: bool = True) -> JudgePool:
+        """Ask every judge directly. When none answers: ValueError with ``require`` (an
+        operator's typo should stop ``ppf agent`` at once), else the pool starts down
+        and ``outage`` says why (a machine without internet: the agent waits)."""
+        await asyncio.gather(*(self._ask(s, quiet=True) for s in self.states))
+        if not self.healthy_any() and require:
+            raise ValueError(f"no judge answers: {self.outage()}")
         log.info("judges_ready", judges=[s.row() for s in self.states])
         self._task = asyncio.create_task(self._watch(), name="ppf-judges")
         return self
+
+    def healthy_any(self) -> bool:
+        return any(s.healthy for s in self.states)
+
+    def outage(self) -> str:
+        """Why no judge can be used, in one line ("" while one can)."""
+        if self.healthy_any():
+            return ""
+        return "no judge answers directly: " + "; ".join(
+            f"{s.url}: {s.last_error}" for s in self.states
+        )
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -141,7 +153,7 @@ class JudgePool:
             ]
             await asyncio.gather(*(self._ask(s) for s in due))
 
-    async def _ask(self, state: JudgeState) -> bool:
+    async def _ask(self, state: JudgeState, *, quiet: bool = False) -> bool:
         """One direct ask: discovery the first time, a health check after."""
         started = time.perf_counter()
         try:
@@ -151,7 +163,7 @@ class JudgePool:
             else:
                 await _direct(state.judge, self.timeout_s)
         except (OSError, TimeoutError, ConnectionError, ValueError) as exc:
-            self._bench(state, f"{type(exc).__name__}: {exc}"[:200])
+            self._bench(state, f"{type(exc).__name__}: {exc}"[:200], quiet=quiet)
             return False
         state.latency_ms = int((time.perf_counter() - started) * 1000)
         if not state.healthy:
@@ -161,11 +173,11 @@ class JudgePool:
         state._answered_at = time.monotonic()
         return True
 
-    def _bench(self, state: JudgeState, why: str) -> None:
+    def _bench(self, state: JudgeState, why: str, *, quiet: bool = False) -> None:
         state.failures += 1
         state.cooldown_s = min(max(state.cooldown_s * 2, self.base_cooldown_s), self.max_cooldown_s)
         state.benched_until = time.monotonic() + state.cooldown_s
-        if state.healthy or state.failures == 1:
+        if state.healthy or (state.failures == 1 and not quiet):
             log.warning("judge_benched", judge=state.url, error=why, cooldown_s=state.cooldown_s)
         state.healthy, state.last_error = False, why
 

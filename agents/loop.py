@@ -15,7 +15,7 @@ import structlog
 from agents.check import HTTPS_TARGETS, Check
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
-from events import Event, ProxyWorked
+from events import Event, Heartbeat, ProxyWorked
 from events.mint import fresh_id, now_ms
 from events.wire import DEFAULT_LEASE_TTL_S, LeaseGrant
 
@@ -68,6 +68,9 @@ class AgentConfig:
     http_only: bool = False
     own_judges: tuple[str, ...] = ()  # ppf's own judges among the given: no budget
     judge_budget_per_s: float = 5.0  # requests a second to each public judge not ours
+    # False: start even when no judge answers (``ppf up`` on a machine without internet)
+    # and wait, saying so, instead of stopping.
+    require_judge: bool = True
     https_targets: tuple[str, ...] = HTTPS_TARGETS  # () tries none
 
 
@@ -92,6 +95,7 @@ class Agent:
         self.config = config
         self.cycles = 0
         self._client: GatewayClient | None = None
+        self._down = False  # our own network is down (see _outage)
 
     @property
     def via(self) -> str:
@@ -137,11 +141,26 @@ class Agent:
             own=self.config.own_judges,
             budget_per_s=self.config.judge_budget_per_s,
         )
-        await pool.start()
+        await pool.start(require=self.config.require_judge)
         try:
             yield pool
         finally:
             await pool.stop()
+
+    async def _outage(self, gw: GatewayClient, judges: JudgePool) -> bool:
+        """Whether our own way out is down (no judge answers directly: the canary). Said
+        once when it starts and once when it ends, in the log and to the fleet (a
+        ``Heartbeat`` with ``outage``); meanwhile the agent takes no work, so no source
+        and no proxy is blamed for our network."""
+        why = judges.outage()
+        if bool(why) != self._down:
+            self._down = bool(why)
+            if why:
+                log.warning("network_down", agent=self.name, why=why)
+            else:
+                log.info("network_back", agent=self.name)
+            await gw.publish([self._ev(Heartbeat, leases=[], outage=why[:500])])
+        return self._down
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""

@@ -123,6 +123,8 @@ class Worker(Agent):
     async def cycle(self, gw: GatewayClient, fetcher: Fetcher, judge: JudgePool) -> int:
         cfg = self.config
         await gw.flush()  # observations buffered while the log was away go first
+        if await self._outage(gw, judge):
+            return 0
         grants = await gw.lease("source", cfg.batch, cfg.lease_ttl_s)
         if not grants:
             return 0

@@ -97,6 +97,9 @@ class Leased(Event, frozen=True, kw_only=True, tag="Leased"):
 
 class Heartbeat(Event, frozen=True, kw_only=True, tag="Heartbeat"):
     leases: list[str] = []
+    # The sender's own way out is down (no judge, no canary answers): what it sees, or
+    # "" once it is back. Its failures then blame no source and no proxy.
+    outage: str = ""
 
 
 class Released(Event, frozen=True, kw_only=True, tag="Released"):

@@ -138,6 +138,12 @@ async def stats(request: web.Request) -> web.Response:
             "leases": len(state.leases),
             "agents": len(state.agents),
             "agents_active_5m": active,
+            # Agents whose own network is down: their silence is not the sources' fault.
+            "outages": [
+                {"agent": a.name, "outage": a.outage, "since": a.outage_since}
+                for a in state.agents.values()
+                if a.outage
+            ],
             "agent_activity": _activity(state, now),
             "rejected": fold.folder.rejected,
             "dlq_sent": fold.dlq_sent,

@@ -84,6 +84,9 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
                 agent.lost += 1
         case Heartbeat():
             agent.late += ledger.heartbeat(state, event, ts)
+            if event.outage != agent.outage:
+                agent.outage_since = ts if event.outage else 0
+                agent.outage = event.outage
         case Released():
             ledger.on_subject(state, event.target, event.kind, seq)
             if event.kind == "source":

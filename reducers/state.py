@@ -123,6 +123,8 @@ class AgentRow(msgspec.Struct, gc=False):
     lost: int = 0
     late: int = 0
     rejected: int = 0
+    outage: str = ""  # its own network is down (Heartbeat.outage), "" when it is not
+    outage_since: int = 0
 
 
 class State:

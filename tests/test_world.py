@@ -96,3 +96,29 @@ async def test_each_proxy_has_its_round_trip(world: World) -> None:
     for proxy in world.proxies:
         result = await check(proxy.addr, proxy.port, proxy.proto, judge, timeout=5)
         assert result.ok and result.latency_ms >= proxy.rtt_ms, (proxy.name, result)
+
+
+async def test_a_loopback_judge_is_never_used_for_a_public_proxy(
+    world: World, loopback_judge: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ppf's loopback judge named first in the pool, every public proxy is checked
+    through a public judge; without the reachability rule, checks through it fail."""
+    from agents import judgepool
+    from agents.check import check_many
+
+    targets = [(p.addr, p.port, p.proto) for p in world.proxies]
+    pool = await judgepool.JudgePool(
+        [loopback_judge, world.judges["httpbin"]], own=[loopback_judge]
+    ).start()
+    try:
+        results = await check_many(targets, pool, timeout=5)
+        assert all(r.ok for r in results), [r.error for r in results]
+        assert {r.judge for r in results} == {world.judges["httpbin"]}
+        monkeypatch.setattr(judgepool, "is_public_host", lambda host: True)
+        for state in pool.states:  # the rule read at pick time: now every judge "fits"
+            state.healthy = True
+        results = await check_many(targets, pool, timeout=5)
+        through_loopback = [r for r in results if r.judge == loopback_judge]
+        assert through_loopback and not any(r.ok for r in through_loopback)
+    finally:
+        await pool.stop()

@@ -7,8 +7,6 @@ one ``AsyncExitStack``, so what started is stopped in reverse order, whatever fa
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
 import gc
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -17,11 +15,11 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from events import Configured, Role, Settings
+from events import Configured, Settings
 from events.mint import fresh_id, now_ms
-from ops.cli.admin import enroll
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, listen, wait_for_signal
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
+from ops.cli.local import enroll_local_agents, local_agents
 from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.server import ROLES, NatsServer
@@ -30,11 +28,6 @@ from projections.live import FoldService
 __all__ = ["register"]
 
 log = structlog.get_logger("ppf")
-
-LOCAL_AGENTS: tuple[tuple[str, Role], ...] = (
-    ("local-worker", "worker"),
-    ("local-checker", "checker"),
-)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -101,7 +94,7 @@ async def _up(args: argparse.Namespace) -> int:
         server = await _nats_server(stack, args, data)
         lg = await _log(stack, server.url if server else args.nats or DEFAULT_NATS, "ppf-up")
         await _configure_lab(lg, args.lab)
-        tokens = {} if args.no_agents else await _enroll_local_agents(lg)
+        tokens = {} if args.no_agents else await enroll_local_agents(lg)
         fold = await _fold_service(stack, lg, data, dlq=True)
         agent_nats = {r: server.agent_url(r) for r in ROLES} if server is not None else {}
         base = await _gateway_site(stack, args, fold, lg, agent_nats, "up")
@@ -118,7 +111,7 @@ async def _up(args: argparse.Namespace) -> int:
             await _seed_sources(lg)
         if tokens:
             print(f"ppf up: the local agents check through {', '.join(judges)}", flush=True)
-            await _local_agents(stack, base, tokens, data, judges, own, args, tls_judge)
+            await local_agents(stack, base, tokens, data, judges, own, args, tls_judge)
         log.info("started", role="up", nats=lg.address)
         await _serve_forever()
     return 0
@@ -192,14 +185,6 @@ async def _configure_lab(lg: Log, lab: bool) -> None:
     log.info("settings_published", lab=lab)
 
 
-async def _enroll_local_agents(lg: Log) -> dict[str, str]:
-    """Fresh tokens for the local worker and checker at every start, kept in memory only;
-    enrolling again revokes the previous run's tokens."""
-    tokens = {name: await enroll(lg, name, role) for name, role in LOCAL_AGENTS}
-    log.info("local_agents_enrolled", agents=sorted(tokens))
-    return tokens
-
-
 async def _fold_service(
     stack: AsyncExitStack, lg: Log, data: Path | None, *, dlq: bool
 ) -> FoldService:
@@ -253,47 +238,3 @@ async def _seed_sources(lg: Log) -> None:
 
     await lg.publish_many(source_added(dict(SEEDS), "seed"))
     log.info("sources_seeded", count=len(SEEDS))
-
-
-async def _local_agents(
-    stack: AsyncExitStack,
-    base: str,
-    tokens: dict[str, str],
-    data: Path,
-    judges: list[str],
-    own: tuple[str, ...],
-    args: argparse.Namespace,
-    tls_judge: str | None,
-) -> None:
-    from agents.check import HTTPS_TARGETS
-    from agents.checker import Checker, CheckerConfig
-    from agents.worker import Worker, WorkerConfig
-
-    lab = args.lab
-    # A lab cannot reach the world's HTTPS endpoints: it tries none unless told.
-    https = tuple(args.https_target) or (() if lab else HTTPS_TARGETS)
-    worker = Worker(
-        base,
-        tokens["local-worker"],
-        "local-worker",
-        judges,
-        data / "agents" / "local-worker",
-        WorkerConfig(lab=lab, tls_judge=tls_judge, own_judges=own, https_targets=https),
-    )
-    checker = Checker(
-        base,
-        tokens["local-checker"],
-        "local-checker",
-        judges,
-        data / "agents" / "local-checker",
-        CheckerConfig(tls_judge=tls_judge, own_judges=own, https_targets=https),
-    )
-    stop = asyncio.Event()
-    task = asyncio.gather(worker.run(stop), checker.run(stop))
-
-    async def _stop() -> None:
-        stop.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 15)
-
-    stack.push_async_callback(_stop)

@@ -71,7 +71,9 @@ async def _pipe(
         pass
 
 
-def _relay(inner_port: int, rtt_ms: float) -> Any:
+def _relay(inner_port: int, rtt_ms: float, *, proxy_header: bool = False) -> Any:
+    """A relay that adds ``rtt_ms``; with ``proxy_header`` it tells the proxy behind it
+    who the client really is (PROXY protocol v1), as if there were no relay."""
     half, jitter = rtt_ms / 2000, rtt_ms / 10000
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -80,6 +82,12 @@ def _relay(inner_port: int, rtt_ms: float) -> Any:
         except OSError:
             writer.close()
             return
+        if proxy_header:
+            client = writer.get_extra_info("peername")
+            local = writer.get_extra_info("sockname")
+            up_writer.write(
+                f"PROXY TCP4 {client[0]} {local[0]} {client[1]} {local[1]}\r\n".encode()
+            )
         await asyncio.gather(
             _pipe(reader, up_writer, half, jitter),
             _pipe(up_reader, writer, half, jitter),
@@ -194,7 +202,7 @@ def _https_target(root: Path) -> tuple[web.Application, ssl.SSLContext]:
 
 async def serve(config: dict[str, Any]) -> None:
     root = Path(config["root"])
-    lab = ProxyLab(root / "proxies", exits=config["exits"]).start()
+    lab = ProxyLab(root / "proxies", exits=config["exits"], proxy_protocol=True).start()
     servers: list[asyncio.base_events.Server] = []
     runners: list[web.AppRunner] = []
     served = []
@@ -203,7 +211,7 @@ async def serve(config: dict[str, Any]) -> None:
             spec = config["proxies"].get(proxy.name)
             if spec is None or proxy.name in ("closed", "tarpit", "garbage"):
                 continue
-            handle = _relay(proxy.port, spec["rtt_ms"])
+            handle = _relay(proxy.port, spec["rtt_ms"], proxy_header=proxy.name == "squid")
             servers.append(await asyncio.start_server(handle, spec["addr"], spec["port"]))
             served.append(
                 {

@@ -74,9 +74,19 @@ def _relay(a: socket.socket, b: socket.socket, timeout: float = 30.0) -> None:
                     break
                 if not data:
                     return
-                pair[s].sendall(data)
+                _send_all(pair[s], data)
                 if not (isinstance(s, ssl.SSLSocket) and s.pending()):
                     break
+
+
+def _send_all(sock: socket.socket, data: bytes) -> None:
+    """sendall for a socket that may be non-blocking (the TLS interceptor's)."""
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view) :]
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError, BlockingIOError):
+            select.select([], [sock], [], 5)
 
 
 def _read_head(conn: socket.socket) -> bytes:
@@ -121,6 +131,9 @@ class ProxyLab:
     root: Path
     proxies: list[Proxy] = field(default_factory=list)
     exits: dict[str, str] = field(default_factory=lambda: dict(LOOPBACK_EXITS))
+    # squid takes its client's address from a PROXY protocol header (the world in a box
+    # puts a delaying relay in front of it, and squid must still see who really asked).
+    proxy_protocol: bool = False
     _servers: list[socket.socket] = field(default_factory=list)
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
@@ -152,8 +165,13 @@ class ProxyLab:
         port = free_port()
         conf = self.root / "squid.conf"
         conf.write_text(
-            f"http_port 127.0.0.1:{port}\ntcp_outgoing_address {self.exits['squid']}\n"
-            "forwarded_for on\n"
+            f"http_port 127.0.0.1:{port}"
+            + (
+                " require-proxy-header\nproxy_protocol_access allow all"
+                if self.proxy_protocol
+                else ""
+            )
+            + f"\ntcp_outgoing_address {self.exits['squid']}\nforwarded_for on\n"
             "http_access allow all\ncache deny all\naccess_log none\n"
             f"pid_filename {self.root}/squid.pid\ncache_log {self.root}/squid-cache.log\n"
             f"coredump_dir {self.root}\nshutdown_lifetime 0 seconds\n"
@@ -274,6 +292,12 @@ class ProxyLab:
                     server_side.wrap_socket(conn, server_side=True) as inner,
                     client_side.wrap_socket(upstream, server_hostname=host) as outer,
                 ):
+                    # Non-blocking from here: a blocking read of a TLS side that only
+                    # had session tickets to say would wait for data that never comes
+                    # while the other side's request waits unread (a deadlock whenever
+                    # the tickets arrive first, as they do behind a slow link).
+                    inner.setblocking(False)
+                    outer.setblocking(False)
                     _relay(inner, outer)
 
         exit_ip = self.exits["mitm-tls"]

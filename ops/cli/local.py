@@ -1,0 +1,80 @@
+"""The agents `ppf up` runs itself: a worker and a checker, enrolled afresh at each start."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import structlog
+
+from events import Role
+from ops.cli.admin import enroll
+from ops.nats.client import Log
+
+__all__ = ["enroll_local_agents", "local_agents"]
+
+log = structlog.get_logger("ppf")
+
+LOCAL_AGENTS: tuple[tuple[str, Role], ...] = (
+    ("local-worker", "worker"),
+    ("local-checker", "checker"),
+)
+
+
+async def enroll_local_agents(lg: Log) -> dict[str, str]:
+    """Fresh tokens for the local worker and checker at every start, kept in memory only;
+    enrolling again revokes the previous run's tokens."""
+    tokens = {name: await enroll(lg, name, role) for name, role in LOCAL_AGENTS}
+    log.info("local_agents_enrolled", agents=sorted(tokens))
+    return tokens
+
+
+async def local_agents(
+    stack: AsyncExitStack,
+    base: str,
+    tokens: dict[str, str],
+    data: Path,
+    judges: list[str],
+    own: tuple[str, ...],
+    args: argparse.Namespace,
+    tls_judge: str | None,
+) -> None:
+    from agents.check import HTTPS_TARGETS
+    from agents.checker import Checker, CheckerConfig
+    from agents.worker import Worker, WorkerConfig
+
+    lab = args.lab
+    # A lab cannot reach the world's HTTPS endpoints: it tries none unless told.
+    https = tuple(args.https_target) or (() if lab else HTTPS_TARGETS)
+    worker = Worker(
+        base,
+        tokens["local-worker"],
+        "local-worker",
+        judges,
+        data / "agents" / "local-worker",
+        WorkerConfig(
+            lab=lab, tls_judge=tls_judge, own_judges=own, https_targets=https, require_judge=False
+        ),
+    )
+    checker = Checker(
+        base,
+        tokens["local-checker"],
+        "local-checker",
+        judges,
+        data / "agents" / "local-checker",
+        CheckerConfig(
+            tls_judge=tls_judge, own_judges=own, https_targets=https, require_judge=False
+        ),
+    )
+    stop = asyncio.Event()
+    task = asyncio.gather(worker.run(stop), checker.run(stop))
+
+    async def _stop() -> None:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, 15)
+
+    stack.push_async_callback(_stop)
