@@ -41,6 +41,7 @@ from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from agents.judges import Echo, read_echo
+from events.wire import judge_nonce_tag
 
 __all__ = [
     "HTTPS_TARGETS",
@@ -109,6 +110,16 @@ class Judge:
     tls: TlsJudge | None = None
     format: str = "ppf"  # as its direct answer showed (agents/judges.py)
     frame: str = ""  # what its direct answer holds besides the echo
+    # (agent, key) for ppf's public judge: nonces it accepts, answers it signs.
+    signer: tuple[str, bytes] | None = None
+
+    def nonce(self) -> str:
+        """A fresh nonce for one request; the signed form when we have a key here."""
+        random_part = os.urandom(6).hex()
+        if self.signer is None:
+            return random_part
+        agent, key = self.signer
+        return f"{agent}.{random_part}.{judge_nonce_tag(key, random_part)}"
 
     @property
     def url(self) -> str:
@@ -117,25 +128,34 @@ class Judge:
 
     @classmethod
     async def discover(
-        cls, url: str, timeout: float = 10.0, *, tls_url: str | None = None
+        cls,
+        url: str,
+        timeout: float = 10.0,
+        *,
+        tls_url: str | None = None,
+        signer: tuple[str, bytes] | None = None,
     ) -> Judge:
         """Ask the judge (and its TLS twin) directly who we are and what it looks like."""
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"judge must be an http:// URL: {url!r}")
-        judge = cls(parts.hostname, parts.port or 80, parts.path or "/", "")
+        judge = cls(parts.hostname, parts.port or 80, parts.path or "/", "", signer=signer)
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(judge.host, judge.port), timeout
         )
         try:
-            nonce = os.urandom(6).hex()
+            nonce = judge.nonce()
             echo = await asyncio.wait_for(_request(reader, writer, judge, nonce, True), timeout)
         finally:
             writer.close()
         if echo is None:
             raise ValueError(f"{url} is not a judge: its answer does not echo the query")
-        tls = await _discover_tls(tls_url, timeout) if tls_url else None
-        return cls(judge.host, judge.port, judge.path, echo.remote, tls, echo.format, echo.frame)
+        if echo.forged:
+            raise ValueError(f"{url}: its answer is not signed with our key")
+        tls = await _discover_tls(tls_url, timeout, signer) if tls_url else None
+        return cls(
+            judge.host, judge.port, judge.path, echo.remote, tls, echo.format, echo.frame, signer
+        )
 
 
 async def judge_answers(judge: Judge, timeout: float = 5.0) -> bool:
@@ -145,7 +165,7 @@ async def judge_answers(judge: Judge, timeout: float = 5.0) -> bool:
     try:
         async with asyncio.timeout(timeout):
             reader, writer = await asyncio.open_connection(judge.host, judge.port)
-            return await _request(reader, writer, judge, os.urandom(6).hex(), True) is not None
+            return await _request(reader, writer, judge, judge.nonce(), True) is not None
     except (OSError, TimeoutError, ConnectionError, ValueError):
         return False
     finally:
@@ -231,7 +251,9 @@ class _Tls:
                 return b""
 
 
-async def _discover_tls(url: str, timeout: float) -> TlsJudge:
+async def _discover_tls(
+    url: str, timeout: float, signer: tuple[str, bytes] | None = None
+) -> TlsJudge:
     parts = urlsplit(url)
     if parts.scheme != "https" or not parts.hostname:
         raise ValueError(f"TLS judge must be an https:// URL: {url!r}")
@@ -240,8 +262,8 @@ async def _discover_tls(url: str, timeout: float) -> TlsJudge:
     try:
         tls = _Tls(reader, writer, host)
         pin = await asyncio.wait_for(tls.handshake(), timeout)
-        plain = Judge(host, port, path, "")
-        nonce = os.urandom(6).hex()
+        plain = Judge(host, port, path, "", signer=signer)
+        nonce = plain.nonce()
         echo = await asyncio.wait_for(_request(tls, tls, plain, nonce, True), timeout)
     finally:
         writer.close()
@@ -276,7 +298,7 @@ async def _request(
     status = head.split(b" ", 2)
     if len(status) < 2 or not status[0].startswith(b"HTTP/") or status[1] != b"200":
         raise ConnectionError(f"proxy answered {head[:60]!r}")
-    return read_echo(body, nonce)
+    return read_echo(body, nonce, judge.signer[1] if judge.signer else b"")
 
 
 def _classify(echo: Echo, own_ip: str) -> str:
@@ -292,7 +314,9 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
     started = time.perf_counter()
     writer = None
     tls = judge.tls if proto in TUNNELS else None
-    target = Judge(tls.host, tls.port, tls.path, judge.own_ip) if tls else judge
+    target = (
+        Judge(tls.host, tls.port, tls.path, judge.own_ip, signer=judge.signer) if tls else judge
+    )
     frame = "" if tls else judge.frame  # the TLS twin is ppf's own judge
     altered_certificate = False
     try:
@@ -309,7 +333,7 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
             if tls is not None:
                 stream = _Tls(reader, writer, tls.host)
                 altered_certificate = await stream.handshake() != tls.pin
-            nonce = os.urandom(6).hex()
+            nonce = target.nonce()
             echo = await _request(stream or reader, stream or writer, target, nonce, origin_form)
     except (OSError, TimeoutError, ConnectionError, ValueError) as exc:
         return Check(addr, False, proto, error=f"{type(exc).__name__}: {exc}"[:200])
@@ -328,7 +352,7 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
         anonymity=_classify(echo, judge.own_ip),
         exit_ip=echo.remote,
         latency_ms=latency,
-        mitm=altered_certificate or echo.frame != frame,
+        mitm=altered_certificate or echo.frame != frame or echo.forged,
     )
 
 
@@ -404,7 +428,7 @@ class Judges(Protocol):
 
     async def acquire(self, ip: str) -> Judge | None: ...
 
-    async def answers(self, judge: Judge) -> bool: ...
+    async def answers(self, judge: Judge, since: float) -> bool: ...
 
 
 async def check_many(
@@ -432,8 +456,9 @@ async def check_many(
                 if chosen is None:
                     error = "no healthy judge can see this address"
                     return Check(f"{ip}:{port}", False, proto, error=error, void=True)
+                began = time.monotonic()
                 result = await check(ip, port, proto, chosen, timeout, prefer=prefer)
-                void = not result.ok and not await judge.answers(chosen)
+                void = not result.ok and not await judge.answers(chosen, began)
                 result = dataclasses.replace(result, judge=chosen.url, void=void)
             if result.ok and result.proto is not None and https:
                 url = https[next(turn) % len(https)]

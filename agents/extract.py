@@ -72,7 +72,10 @@ _USER = r"(?:[^\s:@/]{1,64}(?::[^\s@/]{0,64})?@)?"
 _ADDR = rf"(?P<ip>{_IP})(?:(?P<colon>:)|[ \t]*[,;|\t][ \t]*|[ \t]+)(?P<port>\d{{1,5}})(?![\d.:])"
 _TEXT = re.compile(_SCHEME + _ADDR)
 _TEXT_USER = re.compile(_SCHEME + _USER + _ADDR)  # for lines with an '@' only
-_WORD = re.compile(r"(?<![A-Za-z0-9])(https?|socks4a?|socks5h?)(?![A-Za-z0-9])", re.IGNORECASE)
+# A protocol word on a line (a "SOCKS5" column), not the scheme of another address on it.
+_WORD = re.compile(
+    r"(?<![A-Za-z0-9])(https?|socks4a?|socks5h?)(?![A-Za-z0-9])(?!://)", re.IGNORECASE
+)
 # HTML by splitting at tags, never by matching a tag to its closing one: HTML lets
 # </tr> and </td> be left out, and a lazy `<tr>(.*?)</tr>` then scans to the end of the
 # page from every row (a 40 KB page took 13 s; 8 MB would never end). Every pattern

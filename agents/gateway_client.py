@@ -178,6 +178,15 @@ class GatewayClient:
         self.outbox.unlink(missing_ok=True)
         return True
 
+    async def announce(self, events: list[Event]) -> bool:
+        """Send now through ``POST /v1/events``, never the outbox: for events whose
+        subject only the service writes (an agent's own ``Heartbeat``), which its NATS
+        user may not publish. False when the gateway did not take them (ask again)."""
+        left, detail = await self._send_http([encode(e) for e in events])
+        if left:
+            log.warning("announce_failed", agent=self.agent, detail=detail)
+        return not left
+
     async def _send_http(self, pending: list[bytes]) -> tuple[list[bytes], str]:
         """``POST /v1/events`` in batches; what is left to send, and why."""
         assert self._http is not None

@@ -19,7 +19,6 @@ list of well-known public echo services, and for each one:
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -102,6 +101,8 @@ class JudgePool:
         cooldown_s: float = 30.0,
         max_cooldown_s: float = 3600.0,
         timeout_s: float = 10.0,
+        agent: str = "",
+        key: bytes = b"",
     ) -> None:
         chosen = list(dict.fromkeys(urls or BUILTIN_JUDGES))
         self.states = [JudgeState(u, own=u in own, _tokens=budget_per_s) for u in chosen]
@@ -111,8 +112,11 @@ class JudgePool:
         self.base_cooldown_s = cooldown_s
         self.max_cooldown_s = max_cooldown_s
         self.timeout_s = timeout_s
+        # Our own judges sign for us when the world can reach them (gateway/judge.py).
+        self.agent, self.key = agent, key
         self._next = 0
         self._task: asyncio.Task[None] | None = None
+        self._asking: dict[str, asyncio.Future[bool]] = {}
 
     async def start(self, *, require: bool = True) -> JudgePool:
         """Ask every judge directly. When none answers: ValueError with ``require`` (an
@@ -159,7 +163,10 @@ class JudgePool:
         try:
             if state.judge is None:
                 tls = self.tls_url if state.own else None
-                state.judge = await Judge.discover(state.url, self.timeout_s, tls_url=tls)
+                signer = (self.agent, self.key) if state.own and self.key else None
+                state.judge = await Judge.discover(
+                    state.url, self.timeout_s, tls_url=tls, signer=signer
+                )
             else:
                 await _direct(state.judge, self.timeout_s)
         except (OSError, TimeoutError, ConnectionError, ValueError) as exc:
@@ -231,17 +238,29 @@ class JudgePool:
         state._tokens -= 1.0
         return True
 
-    async def answers(self, judge: Judge, fresh_s: float = 5.0) -> bool:
-        """Whether ``judge`` answers directly now (asked at most every ``fresh_s``); a
-        judge that does not is benched, and the checks that failed through it are void."""
+    async def answers(self, judge: Judge, since: float) -> bool:
+        """Whether ``judge`` answered directly at some point after ``since`` (monotonic:
+        when the failed check began), asking it now if not; a judge that does not answer
+        is benched, and the checks that failed through it are void. Concurrent failures
+        through one judge share one ask."""
         state = next((s for s in self.states if s.judge is judge), None)
         if state is None:
             return True
-        if state.healthy and time.monotonic() - state._answered_at < fresh_s:
+        if state._answered_at >= since:
             return True
-        if not state.healthy:
+        # A public judge we do not own is asked at most once a second, however many
+        # checks fail through it (politeness, at the cost of a second's doubt).
+        recent = time.monotonic() - state._answered_at < 1.0
+        if state.healthy and recent and state.public and not state.own:
+            return True
+        if not state.healthy and state.benched_until > since:
             return False
-        return await self._ask(state)
+        asking = self._asking.get(state.url)
+        if asking is None:
+            asking = asyncio.ensure_future(self._ask(state))
+            self._asking[state.url] = asking
+            asking.add_done_callback(lambda _: self._asking.pop(state.url, None))
+        return await asyncio.shield(asking)
 
     def rows(self) -> list[dict[str, object]]:
         return [s.row() for s in self.states]
@@ -252,7 +271,7 @@ async def _direct(judge: Judge, timeout: float) -> None:
     async with asyncio.timeout(timeout):
         reader, writer = await asyncio.open_connection(judge.host, judge.port)
         try:
-            echo = await _request(reader, writer, judge, os.urandom(6).hex(), True)
+            echo = await _request(reader, writer, judge, judge.nonce(), True)
         finally:
             writer.close()
     if echo is None:

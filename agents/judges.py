@@ -19,11 +19,14 @@ proxy did not carry the request, and it is not working.
 
 from __future__ import annotations
 
+import hmac
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+
+from events.wire import judge_sign
 
 __all__ = ["Echo", "read_echo"]
 
@@ -38,6 +41,9 @@ class Echo:
     headers: tuple[tuple[str, str], ...]
     format: str  # ppf, httpbin, azenv
     frame: str = ""  # what the answer holds besides the echo (HTML around azenv lines...)
+    # ppf's public judge signs what it echoed; True when the signature does not hold
+    # (the page was rewritten inside, where its frame shows nothing).
+    forged: bool = False
 
 
 def _json_object(body: bytes) -> tuple[Any, str] | None:
@@ -65,7 +71,7 @@ def _json_object(body: bytes) -> tuple[Any, str] | None:
     return None
 
 
-def _from_json(doc: Any, nonce: str, frame: str) -> Echo | None:
+def _from_json(doc: Any, nonce: str, frame: str, key: bytes) -> Echo | None:
     if not isinstance(doc, dict):
         return None
     if "origin" in doc and isinstance(doc.get("args"), dict):  # httpbin
@@ -81,7 +87,12 @@ def _from_json(doc: Any, nonce: str, frame: str) -> Echo | None:
             return None
         raw = doc["headers"] if isinstance(doc.get("headers"), list) else []
         pairs = tuple((str(p[0]), str(p[1])) for p in raw if isinstance(p, list) and len(p) == 2)
-        return Echo(str(doc.get("remote") or ""), pairs, "ppf", frame)
+        remote = str(doc.get("remote") or "")
+        forged = False
+        if key:
+            want = judge_sign(key, nonce, remote, str(doc["path"]), [list(p) for p in pairs])
+            forged = not hmac.compare_digest(str(doc.get("sig", "")), want)
+        return Echo(remote, pairs, "ppf", frame, forged)
     return None
 
 
@@ -99,13 +110,14 @@ def _from_azenv(text: str, nonce: str) -> Echo | None:
     return Echo(fields["REMOTE_ADDR"], headers, "azenv", frame)
 
 
-def read_echo(body: bytes, nonce: str) -> Echo | None:
-    """The judge's echo in ``body`` for this ``nonce``, or None when it is not there."""
+def read_echo(body: bytes, nonce: str, key: bytes = b"") -> Echo | None:
+    """The judge's echo in ``body`` for this ``nonce``, or None when it is not there;
+    with ``key``, a ppf answer's signature is checked (``Echo.forged``)."""
     if nonce.encode() not in body:
         return None  # fast path: most answers that are not the judge's
     found = _json_object(body)
     if found is not None:
-        echo = _from_json(found[0], nonce, found[1])
+        echo = _from_json(found[0], nonce, found[1], key)
         if echo is not None:
             return echo
     return _from_azenv(body.decode("utf-8", "replace"), nonce)

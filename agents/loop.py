@@ -71,6 +71,7 @@ class AgentConfig:
     # False: start even when no judge answers (``ppf up`` on a machine without internet)
     # and wait, saying so, instead of stopping.
     require_judge: bool = True
+    judge_key: str = ""  # hex: this agent's key for ppf's public judge (GET /v1/agents/me)
     https_targets: tuple[str, ...] = HTTPS_TARGETS  # () tries none
 
 
@@ -140,6 +141,8 @@ class Agent:
             tls_url=self.config.tls_judge,
             own=self.config.own_judges,
             budget_per_s=self.config.judge_budget_per_s,
+            agent=self.name,
+            key=bytes.fromhex(self.config.judge_key),
         )
         await pool.start(require=self.config.require_judge)
         try:
@@ -153,14 +156,15 @@ class Agent:
         ``Heartbeat`` with ``outage``); meanwhile the agent takes no work, so no source
         and no proxy is blamed for our network."""
         why = judges.outage()
-        if bool(why) != self._down:
+        if bool(why) != self._down and await gw.announce(
+            [self._ev(Heartbeat, leases=[], outage=why[:500])]
+        ):
             self._down = bool(why)
             if why:
                 log.warning("network_down", agent=self.name, why=why)
             else:
                 log.info("network_back", agent=self.name)
-            await gw.publish([self._ev(Heartbeat, leases=[], outage=why[:500])])
-        return self._down
+        return bool(why)
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""

@@ -8,6 +8,8 @@ them. Every error either side raises about this wire derives from ``WireError``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from typing import Any, Literal
 
 import msgspec
@@ -30,6 +32,8 @@ __all__ = [
     "SourcesAdded",
     "SourcesRequest",
     "WireError",
+    "judge_nonce_tag",
+    "judge_sign",
 ]
 
 Kind = Literal["source", "recheck", "seed"]
@@ -122,13 +126,29 @@ class SourcesAdded(msgspec.Struct, kw_only=True):
     known: list[str]
 
 
-class AgentMe(msgspec.Struct, kw_only=True):
-    """``GET /v1/agents/me``: who a token is, and the NATS URL its role publishes through
-    (None: publish through ``POST /v1/events``)."""
+class AgentMe(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """``GET /v1/agents/me``: who a token is, the NATS URL its role publishes through
+    (None: publish through ``POST /v1/events``), and its key for ppf's public judge
+    (hex; "" where the gateway publishes none)."""
 
     name: str
     role: str
-    nats: str | None = None
+    nats: str | None  # always sent, null included
+    judge_key: str = ""  # left out when empty
+
+
+_JSON = msgspec.json.Encoder()
+
+
+def judge_sign(key: bytes, nonce: str, remote: str, path: str, headers: list[list[str]]) -> str:
+    """The HMAC ppf's public judge puts in its answer: over the nonce and everything it
+    echoed, in one encoding judge and agent make alike (``gateway/judge.py``)."""
+    return hmac.new(key, _JSON.encode([nonce, remote, path, headers]), hashlib.sha256).hexdigest()
+
+
+def judge_nonce_tag(key: bytes, random_part: str) -> str:
+    """The tag that makes ``<agent>.<random>.<tag>`` a nonce of that agent's."""
+    return hmac.new(key, random_part.encode(), hashlib.sha256).hexdigest()[:16]
 
 
 class FieldError(msgspec.Struct, kw_only=True):

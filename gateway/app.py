@@ -32,6 +32,7 @@ from gateway.http import (
     open_query,
     reply,
 )
+from gateway.judge import judge
 from gateway.leases import Granter
 from gateway.queries import SNAPSHOT, SnapshotKeeper
 from gateway.queries import routes as query_routes
@@ -213,19 +214,7 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-@routes.get("/judge")
-async def judge(request: web.Request) -> web.Response:
-    """Echo the caller's address and every header: agents classify anonymity from it."""
-    peer = request.transport.get_extra_info("peername") if request.transport else None
-    return reply(
-        {
-            "remote": request.remote,
-            "peer": list(peer[:2]) if peer else None,
-            "method": request.method,
-            "path": request.path_qs,
-            "headers": [[str(k), v] for k, v in request.headers.items()],
-        }
-    )
+routes.get("/judge")(judge)
 
 
 _DASHBOARD = (Path(__file__).parent / "static" / "index.html").read_bytes()

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from events import token_sha256
 from events.wire import FieldError, Problem, WireError
+from gateway.judge import JudgeKeys
 from projections.live import FoldService
 from projections.log import EventLog, LogError
 from projections.recheck import RecheckPolicy
@@ -56,6 +57,9 @@ class GatewayConfig:
     # role -> the NATS URL (with that role's user) its agents publish through; a role
     # missing here publishes through POST /v1/events.
     agent_nats: dict[str, str] = field(default_factory=dict)
+    # The public judge's keys, when this machine publishes one: agents get theirs with
+    # GET /v1/agents/me (gateway/judge.py).
+    judge_keys: JudgeKeys | None = None
 
 
 FOLD = web.AppKey("fold", FoldService)

@@ -223,7 +223,9 @@ async def whoami(request: web.Request) -> web.Response:
         for unspecified in ("@0.0.0.0:", "@[::]:"):
             if unspecified in nats and host:
                 nats = nats.replace(unspecified, f"@{host}:")
-    return reply(AgentMe(name=caller.name, role=caller.role, nats=nats))
+    keys = request.app[CONFIG].judge_keys
+    key = keys.agent_key(caller.name).hex() if keys is not None else ""
+    return reply(AgentMe(name=caller.name, role=caller.role, nats=nats, judge_key=key))
 
 
 @routes.get("/v1/agents")

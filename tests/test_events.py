@@ -45,6 +45,7 @@ SAMPLES: list[ev.Event] = [
         id=eid(), agent="admin", at=1, name="w1", role="worker", token_sha256="0" * 64
     ),
     ev.Configured(id=eid(), agent="admin", at=1, settings=ev.Settings(lab=True)),
+    ev.Located(id=eid(), agent="fold", at=1, ip="45.68.1.1", country="BO", as_org="", geo="test-1"),
 ]
 
 
@@ -66,7 +67,8 @@ def test_subjects_follow_the_contract() -> None:
     """Subjects are exactly those of ARCHITECTURE.md §3."""
     assert ev.subject_for(worked("203.0.113.7", 8080)) == "ppf.proxy.203-0-113-7_8080"
     assert ev.subject_for(leased("s042", kind="recheck")) == "ppf.lease.recheck.s042"
-    assert ev.subject_for(SAMPLES[-1]) == "ppf.config"
+    assert ev.subject_for(SAMPLES[-2]) == "ppf.config"
+    assert ev.subject_for(SAMPLES[-1]) == "ppf.geo.45-68-1-1"
     assert ev.subject_for(SAMPLES[0]).startswith("ppf.source.")
 
 

@@ -3,7 +3,11 @@ judge's; what surrounds the echo (its frame) tells an altered page."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
+
+import pytest
 
 from agents.judges import read_echo
 
@@ -75,3 +79,42 @@ def test_a_page_with_something_added_has_another_frame() -> None:
         assert direct is not None and altered is not None
         assert altered.remote == direct.remote
         assert altered.frame != direct.frame
+
+
+async def test_the_public_judge_answers_only_agents_and_signs(tmp_path: Path) -> None:
+    """A stranger's nonce gets 403; an agent's gets a signed echo it can verify; the same
+    echo with one header changed inside (its frame intact) is forged."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    from agents.check import Judge, _request
+    from gateway.judge import JUDGE_KEYS, JudgeKeys, judge
+
+    keys = JudgeKeys.load(tmp_path / "judge.key")
+    app = web.Application()
+    app[JUDGE_KEYS] = keys
+    app.router.add_get("/judge", judge)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url("/judge"))
+    try:
+        with pytest.raises(ConnectionError, match="403"):
+            await Judge.discover(url, signer=("w1", b"0" * 32))
+        signer = ("w1", keys.agent_key("w1"))
+        ours = await Judge.discover(url, signer=signer)
+        assert ours.format == "ppf" and ours.signer == signer
+        reader, writer = await asyncio.open_connection(ours.host, ours.port)
+        nonce = ours.nonce()
+        writer.write(
+            f"GET /judge?n={nonce} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+        )
+        raw = await reader.read()
+        writer.close()
+        body = raw.partition(b"\r\n\r\n")[2]
+        honest = read_echo(body, nonce, signer[1])
+        assert honest is not None and not honest.forged
+        rewritten = read_echo(body.replace(b'"Host","x"', b'"Host","y"'), nonce, signer[1])
+        assert rewritten is not None and rewritten.frame == honest.frame and rewritten.forged
+        assert _request  # the agent's own request path is the one discover used
+    finally:
+        await server.close()

@@ -7,6 +7,8 @@ reaches its own loopback, so only a judge the world can reach confirms anything.
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -120,5 +122,65 @@ async def test_a_loopback_judge_is_never_used_for_a_public_proxy(
         results = await check_many(targets, pool, timeout=5)
         through_loopback = [r for r in results if r.judge == loopback_judge]
         assert through_loopback and not any(r.ok for r in through_loopback)
+    finally:
+        await pool.stop()
+
+
+@pytest.fixture
+async def public_ppf_judge() -> AsyncIterator[tuple[str, web.AppRunner]]:
+    """ppf's own judge where the box reaches it (our end of the link), as --public-url."""
+    app = web.Application()
+    app.router.add_get("/judge", ppf_judge)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, LINK_HOST, port).start()
+    yield f"http://{LINK_HOST}:{port}/judge", runner
+    await runner.cleanup()
+
+
+async def test_ppf_check_gives_one_answer_through_every_judge_format(
+    world: World, ppf_bin: str, public_ppf_judge: tuple[str, web.AppRunner]
+) -> None:
+    """`ppf check` through ppf's judge, an httpbin and an azenv judge: the same protocol,
+    anonymity and exit address for every proxy."""
+    addrs = [f"{p.addr}:{p.port}" for p in world.proxies]
+    answers = {}
+    for url in (public_ppf_judge[0], *world.judges.values()):
+        proc = await asyncio.create_subprocess_exec(
+            ppf_bin, "check", *addrs, "--judge", url, "--json", "--timeout", "5",
+            stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(proc.communicate(), 120)
+        rows = [json.loads(line) for line in out.splitlines()]
+        answers[url] = [(r["ok"], r["proto"], r["anonymity"], r["exit_ip"]) for r in rows]
+    truth = [(True, p.proto, p.anonymity, p.exit_ip) for p in world.proxies]
+    assert all(got == truth for got in answers.values()), answers
+
+
+async def test_a_judge_killed_mid_run_is_benched_and_costs_no_proxy(
+    world: World, public_ppf_judge: tuple[str, web.AppRunner]
+) -> None:
+    """Our judge stops answering between two rounds of checks: within one health period
+    it is benched, the checks that failed through it are void (never a proxy's
+    failure), and the next round goes through the box's public judge."""
+    from agents.check import check_many
+    from agents.judgepool import JudgePool
+
+    url, runner = public_ppf_judge
+    targets = [(p.addr, p.port, p.proto) for p in world.proxies]
+    pool = await JudgePool([url, world.judges["httpbin"]], own=[url], health_every_s=1).start()
+    try:
+        first = await check_many(targets, pool, timeout=5)
+        assert all(r.ok and r.judge == url for r in first)
+        await runner.cleanup()  # the judge dies
+        during = await check_many(targets, pool, timeout=5)
+        assert all(r.ok or r.void for r in during), [(r.addr, r.error) for r in during]
+        benched = time.monotonic()
+        while pool.states[0].healthy and time.monotonic() - benched < 5:
+            await asyncio.sleep(0.1)
+        assert not pool.states[0].healthy  # within the health period (1 s) and a poll
+        after = await check_many(targets, pool, timeout=5)
+        assert all(r.ok and r.judge == world.judges["httpbin"] for r in after)
     finally:
         await pool.stop()

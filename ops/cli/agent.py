@@ -195,6 +195,7 @@ async def _agent(args: argparse.Namespace) -> int:
             tls_judge=args.tls_judge,
             own_judges=own,
             https_targets=https,
+            judge_key=me.judge_key,
         )
         agent = Worker(args.gateway, args.token, me.name, judges, data / me.name, config)
     else:
@@ -205,6 +206,7 @@ async def _agent(args: argparse.Namespace) -> int:
             tls_judge=args.tls_judge,
             own_judges=own,
             https_targets=https,
+            judge_key=me.judge_key,
         )
         agent = Checker(args.gateway, args.token, me.name, judges, data / me.name, checks)
     stop = asyncio.Event()

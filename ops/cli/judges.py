@@ -10,6 +10,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from gateway.judge import JudgeKeys
 from ops.cli.common import hostport
 
 __all__ = ["agent_judges", "judge_site", "register", "tls_judge_site"]
@@ -33,12 +34,14 @@ def agent_judges(args: argparse.Namespace, base: str) -> tuple[list[str], tuple[
     return list(dict.fromkeys([*own, *given])), tuple(own)
 
 
-async def judge_site(stack: AsyncExitStack, listen_at: str) -> None:
-    """``/judge`` alone on its own listener, so exposing the judge exposes nothing else."""
-    from gateway.app import judge
+async def judge_site(stack: AsyncExitStack, listen_at: str, keys: JudgeKeys) -> None:
+    """``/judge`` alone on its own listener, so exposing the judge exposes nothing else;
+    it answers only agents' nonces, signed (gateway/judge.py)."""
+    from gateway.judge import JUDGE_KEYS, judge
 
     host, port = hostport(listen_at, 8081)
     app = web.Application()
+    app[JUDGE_KEYS] = keys
     app.router.add_get("/judge", judge)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -47,10 +50,12 @@ async def judge_site(stack: AsyncExitStack, listen_at: str) -> None:
     print(f"ppf up: judge http://{host}:{port}/judge", flush=True)
 
 
-async def tls_judge_site(stack: AsyncExitStack, listen_at: str, certs: Path) -> str | None:
+async def tls_judge_site(
+    stack: AsyncExitStack, listen_at: str, certs: Path, keys: JudgeKeys | None = None
+) -> str | None:
     """``/judge`` alone over TLS, for agents that watch tunnels for interception; its URL,
     or None where openssl is missing or the port is taken (checks then see pages only)."""
-    from gateway.app import judge
+    from gateway.judge import JUDGE_KEYS, judge
     from ops.lab.tls import judge_context
 
     ctx = judge_context(certs)
@@ -59,6 +64,8 @@ async def tls_judge_site(stack: AsyncExitStack, listen_at: str, certs: Path) -> 
         return None
     host, port = hostport(listen_at, 8443)
     app = web.Application()
+    if keys is not None:
+        app[JUDGE_KEYS] = keys
     app.router.add_get("/judge", judge)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

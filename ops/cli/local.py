@@ -11,6 +11,7 @@ from pathlib import Path
 import structlog
 
 from events import Role
+from gateway.judge import JudgeKeys
 from ops.cli.admin import enroll
 from ops.nats.client import Log
 
@@ -41,6 +42,7 @@ async def local_agents(
     own: tuple[str, ...],
     args: argparse.Namespace,
     tls_judge: str | None,
+    keys: JudgeKeys | None,
 ) -> None:
     from agents.check import HTTPS_TARGETS
     from agents.checker import Checker, CheckerConfig
@@ -49,6 +51,10 @@ async def local_agents(
     lab = args.lab
     # A lab cannot reach the world's HTTPS endpoints: it tries none unless told.
     https = tuple(args.https_target) or (() if lab else HTTPS_TARGETS)
+
+    def key(name: str) -> str:
+        return keys.agent_key(name).hex() if keys is not None else ""
+
     worker = Worker(
         base,
         tokens["local-worker"],
@@ -56,7 +62,12 @@ async def local_agents(
         judges,
         data / "agents" / "local-worker",
         WorkerConfig(
-            lab=lab, tls_judge=tls_judge, own_judges=own, https_targets=https, require_judge=False
+            lab=lab,
+            tls_judge=tls_judge,
+            own_judges=own,
+            https_targets=https,
+            require_judge=False,
+            judge_key=key("local-worker"),
         ),
     )
     checker = Checker(
@@ -66,7 +77,11 @@ async def local_agents(
         judges,
         data / "agents" / "local-checker",
         CheckerConfig(
-            tls_judge=tls_judge, own_judges=own, https_targets=https, require_judge=False
+            tls_judge=tls_judge,
+            own_judges=own,
+            https_targets=https,
+            require_judge=False,
+            judge_key=key("local-checker"),
         ),
     )
     stop = asyncio.Event()

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from events import Configured, Settings
 from events.mint import fresh_id, now_ms
+from gateway.judge import JudgeKeys
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, listen, wait_for_signal
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
 from ops.cli.local import enroll_local_agents, local_agents
@@ -97,12 +98,15 @@ async def _up(args: argparse.Namespace) -> int:
         tokens = {} if args.no_agents else await enroll_local_agents(lg)
         fold = await _fold_service(stack, lg, data, dlq=True)
         agent_nats = {r: server.agent_url(r) for r in ROLES} if server is not None else {}
-        base = await _gateway_site(stack, args, fold, lg, agent_nats, "up")
+        # A judge the world reaches signs its answers, for our agents only.
+        keys = JudgeKeys.load(data / "judge.key") if args.public_url else None
+        base = await _gateway_site(stack, args, fold, lg, agent_nats, "up", keys)
         tls_judge = None
         if args.judge_tls_listen != "off":
-            tls_judge = await tls_judge_site(stack, args.judge_tls_listen, data / "tls")
+            certs = data / "tls"
+            tls_judge = await tls_judge_site(stack, args.judge_tls_listen, certs, keys)
         if args.judge_listen is not None:
-            await judge_site(stack, args.judge_listen)
+            await judge_site(stack, args.judge_listen, keys or JudgeKeys.load(data / "judge.key"))
         judges, own = agent_judges(args, base)
         # Caught up first: the local agents' tokens must be in the projection before they
         # ask the gateway, and an empty log tells a first start.
@@ -111,7 +115,7 @@ async def _up(args: argparse.Namespace) -> int:
             await _seed_sources(lg)
         if tokens:
             print(f"ppf up: the local agents check through {', '.join(judges)}", flush=True)
-            await local_agents(stack, base, tokens, data, judges, own, args, tls_judge)
+            await local_agents(stack, base, tokens, data, judges, own, args, tls_judge, keys)
         log.info("started", role="up", nats=lg.address)
         await _serve_forever()
     return 0
@@ -215,6 +219,7 @@ async def _gateway_site(
     lg: Log,
     agent_nats: dict[str, str],
     role: str,
+    keys: JudgeKeys | None = None,
 ) -> str:
     """The HTTP API; returns its base URL. ``agent_nats``: the embedded server's role users,
     offered to agents with their tokens (an external NATS's users are its operator's)."""
@@ -222,7 +227,9 @@ async def _gateway_site(
     from gateway.http import GatewayConfig
 
     host, port = hostport(args.listen, 8080)
-    config = GatewayConfig(private_queries=args.private_queries, agent_nats=agent_nats)
+    config = GatewayConfig(
+        private_queries=args.private_queries, agent_nats=agent_nats, judge_keys=keys
+    )
     runner = web.AppRunner(make_app(fold, lg, config), access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
