@@ -32,7 +32,7 @@ import itertools
 import os
 import ssl
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -438,16 +438,25 @@ async def check_many(
     concurrency: int = 500,
     timeout: float = 10.0,
     https: Sequence[str] = (),
+    on_result: Callable[[int, Check], None] | None = None,
 ) -> list[Check]:
     """Check all, at most ``concurrency`` at once; results in input order. A target is
     (ip, port, proto) or (ip, port, proto, prefer): see ``check``. With a pool, each check
     takes a judge that can see the proxy, and a failure while that judge does not answer
     directly is ``void``. With ``https`` targets, a proxy that works is also tried once
-    through a tunnel to one of them (in turn), and the check says ``https`` yes or no."""
+    through a tunnel to one of them (in turn), and the check says ``https`` yes or no.
+    ``on_result(index, check)`` hears of each check as it ends (a worker publishes the
+    working ones at once instead of at the end of a long batch)."""
     gate = asyncio.Semaphore(concurrency)
     turn = itertools.count()
 
-    async def one(ip: str, port: int, proto: str | None, prefer: str | None = None) -> Check:
+    async def one(index: int, target: Target) -> Check:
+        result = await _one(*target)
+        if on_result is not None:
+            on_result(index, result)
+        return result
+
+    async def _one(ip: str, port: int, proto: str | None, prefer: str | None = None) -> Check:
         async with gate:
             if isinstance(judge, Judge):
                 result = await check(ip, port, proto, judge, timeout, prefer=prefer)
@@ -466,4 +475,4 @@ async def check_many(
                 result = dataclasses.replace(result, https="yes" if carried else "no")
             return result
 
-    return await asyncio.gather(*(one(*t) for t in targets))
+    return await asyncio.gather(*(one(i, t) for i, t in enumerate(targets)))

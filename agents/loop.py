@@ -60,7 +60,9 @@ class AgentConfig:
     waits when there is no work, and where its observations go."""
 
     check_concurrency: int = 500
-    check_timeout_s: float = 10.0
+    # A proxy slower than this to fetch a tiny page is of no use, and nearly every dead
+    # candidate costs exactly this: 5 s (as widely used checkers do) keeps a harvest fast.
+    check_timeout_s: float = 5.0
     lease_ttl_s: int = DEFAULT_LEASE_TTL_S
     idle_s: float = 30.0
     nats: str | None = None  # None: the URL the gateway offers

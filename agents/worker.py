@@ -10,6 +10,7 @@ proxies); release. A heartbeat task keeps the leases of a long cycle alive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 from collections import OrderedDict
@@ -21,7 +22,7 @@ from urllib.parse import urljoin
 
 import structlog
 
-from agents.check import check_many
+from agents.check import Check, check_many
 from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
@@ -57,7 +58,10 @@ MAX_VALIDATORS = 20_000  # sources whose ETag / Last-Modified a worker remembers
 @dataclass(frozen=True, slots=True)
 class WorkerConfig(AgentConfig):
     batch: int = 5  # url_batch_size
-    max_proxies: int = 2_000  # max_proxies_per_cycle
+    # Addresses checked a cycle: bounds the memory a batch of dense lists can take (they
+    # held millions) while letting a big list be checked whole.
+    max_proxies: int = 20_000
+    publish_every_s: float = 1.0  # confirmations go out as checks end, this often
     fetch_timeout_s: float = 30.0
     idle_s: float = 5.0  # sources come due all the time: look again soon
     lab: bool = False
@@ -212,21 +216,44 @@ class Worker(Agent):
                 if explicit is None and entry[1] is None:
                     entry[1] = c.proto
         targets = [(ip, port, proto, prefer) for (ip, port), (proto, prefer, _, _) in found.items()]
-        results = await check_many(
-            targets,
-            judge,
-            concurrency=cfg.check_concurrency,
-            timeout=cfg.check_timeout_s,
-            https=cfg.https_targets,
-        )
+        # What the fetches found goes out first; confirmations follow as checks end, so a
+        # long batch (thousands of dead candidates, each a timeout) serves its first
+        # working proxies within seconds, not at its end.
+        await gw.publish(events)
+        events = []
         productive: set[str] = set()
-        for (ip, port, _, _), check in zip(targets, results, strict=True):
-            if not check.ok or check.proto is None:
-                continue
-            uid, lease = found[(ip, port)][2:]
-            productive.add(uid)
-            events.append(self._worked(ip, port, check, lease, source=uid))
-            self.confirmed += 1
+
+        def heard(index: int, check: Check) -> None:
+            if check.ok and check.proto is not None:
+                ip, port = targets[index][:2]
+                uid, lease = found[(ip, port)][2:]
+                productive.add(uid)
+                events.append(self._worked(ip, port, check, lease, source=uid))
+                self.confirmed += 1
+
+        async def stream(done: asyncio.Event) -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), cfg.publish_every_s)
+                if events:
+                    batch = events[:]
+                    del events[:]
+                    await gw.publish(batch)
+
+        done = asyncio.Event()
+        streamer = asyncio.create_task(stream(done))
+        try:
+            results = await check_many(
+                targets,
+                judge,
+                concurrency=cfg.check_concurrency,
+                timeout=cfg.check_timeout_s,
+                https=cfg.https_targets,
+                on_result=heard,
+            )
+        finally:
+            done.set()
+            await streamer
         for uid in sorted(productive):
             links = _links(pages[uid], urls[uid])
             if links:

@@ -37,7 +37,9 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def publish_synthetic(url: str, n: int, proxies: int, seed: int) -> int:
+async def publish_synthetic(
+    url: str, n: int, proxies: int, seed: int, located: bool = False
+) -> int:
     """Publish with core NATS (no per-message ack wait), then wait for the stream head."""
     from ops.bench import synthetic
 
@@ -46,7 +48,7 @@ async def publish_synthetic(url: str, n: int, proxies: int, seed: int) -> int:
     start = await lg.head_seq()
     progress = Progress("publish", n)
     sent = 0
-    for ev in synthetic.events(n, proxies=proxies, seed=seed):
+    for ev in synthetic.events(n, proxies=proxies, seed=seed, located=located):
         await lg.nc.publish(subject_for(ev), encode(ev), headers={"Nats-Msg-Id": ev.id})
         sent += 1
         if sent % 20_000 == 0:
@@ -168,6 +170,7 @@ async def bench_fold(
     nats_url: str | None = None,
     baseline_budget_s: float = 20.0,
     tap_check: bool = True,
+    located: bool = False,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp:
         workdir = Path(tmp)
@@ -186,6 +189,7 @@ async def bench_fold(
                 str(events),
                 str(proxies),
                 str(seed),
+                *(["located"] if located else []),
             )
             if await child.wait() != 0:
                 raise RuntimeError("publishing the synthetic events failed")
@@ -254,9 +258,9 @@ def print_fold(result: dict[str, Any], as_json: bool) -> None:
         print(f"{key:36} {value}")
 
 
-if __name__ == "__main__" and len(sys.argv) == 6 and sys.argv[1] == "publish":
+if __name__ == "__main__" and len(sys.argv) in (6, 7) and sys.argv[1] == "publish":
     from ops.telemetry import logs
 
     logs.configure()
-    _, _, url, n, px, sd = sys.argv
-    asyncio.run(publish_synthetic(url, int(n), int(px), int(sd)))
+    _, _, url, n, px, sd, *located = sys.argv
+    asyncio.run(publish_synthetic(url, int(n), int(px), int(sd), located == ["located"]))

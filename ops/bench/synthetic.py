@@ -18,6 +18,7 @@ from events import (
     Fetched,
     Heartbeat,
     Leased,
+    Located,
     Outcome,
     ProxyFailed,
     ProxyWorked,
@@ -41,8 +42,17 @@ def _ip(n: int) -> str:
 
 
 def events(
-    n: int, *, proxies: int = 100_000, sources: int = 10_000, agents: int = 20, seed: int = 1
+    n: int,
+    *,
+    proxies: int = 100_000,
+    sources: int = 10_000,
+    agents: int = 20,
+    seed: int = 1,
+    located: bool = False,
 ) -> Iterator[Event]:
+    """``n`` events; with ``located``, also one ``Located`` after the first confirmation
+    of each distinct proxy, as the service publishes them (not counted in ``n``, so the
+    two streams differ by exactly those)."""
     rng = random.Random(seed)
     ms = 1_790_000_000_000
     counter = 0
@@ -84,6 +94,7 @@ def events(
     # of the proxies, so N events reach min(N, proxies) distinct proxies.
     per_source = max(proxies // sources, 1)
     cursor = [0] * sources
+    seen: set[int] = set()
     cycle = 0
     while True:
         s = (cycle * 7919) % sources
@@ -135,6 +146,11 @@ def events(
                     lease=lease,
                 )
             )
+            if located and p not in seen:
+                seen.add(p)
+                cycle_events.append(
+                    Located(id=eid(), agent="fold", at=ms, ip=_ip(p), country="DE", geo="bench")
+                )
             if i % 25 == 24:
                 cycle_events.append(Heartbeat(id=eid(), agent=agent, at=ms, leases=[lease]))
             if rng.random() < 0.08:
@@ -159,4 +175,4 @@ def events(
             if emitted >= n:
                 return
             yield ev
-            emitted += 1
+            emitted += not isinstance(ev, Located)

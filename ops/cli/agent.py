@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ag.add_argument("--lab", action="store_true", help="fetch and check private addresses")
     ag.add_argument("--data", default="./data/agents", help="outbox directory")
     ag.add_argument("--batch", type=int, default=5, help="sources leased a cycle")
-    ag.add_argument("--check-timeout", type=float, default=10.0)
+    ag.add_argument("--check-timeout", type=float, default=5.0)
     ag.set_defaults(run=_agent)
 
     ck = sub.add_parser("check", help="check proxies through a judge, one result a line")

@@ -7,7 +7,7 @@ import sys
 
 __all__ = ["register"]
 
-WHAT = ["fold", "lease", "query", "stats", "extract", "check", "pool"]
+WHAT = ["fold", "lease", "query", "stats", "extract", "check", "harvest", "pool"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -23,6 +23,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bn.add_argument("--mb", type=int, default=30, help="extract: size of the dense list")
     bn.add_argument("--checks", type=int, default=10_000, help="check: how many")
     bn.add_argument("--tls", action="store_true", help="check: tunnels carry TLS to a pinned judge")
+    bn.add_argument("--candidates", type=int, default=10_000, help="harvest: listed")
+    bn.add_argument("--working-share", type=float, default=0.05, help="harvest: that work")
+    bn.add_argument(
+        "--located", action="store_true", help="fold: one Located per distinct proxy too"
+    )
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     bn.set_defaults(run=_bench)
@@ -33,7 +38,9 @@ async def _bench(args: argparse.Namespace) -> int:
 
     match args.what:
         case "fold":
-            result = await bench_fold(args.events, args.proxies, args.seed, args.nats)
+            result = await bench_fold(
+                args.events, args.proxies, args.seed, args.nats, located=args.located
+            )
         case "lease":
             from ops.bench.gateway import bench_lease
 
@@ -50,6 +57,10 @@ async def _bench(args: argparse.Namespace) -> int:
             from ops.bench.extract import bench_extract
 
             result = bench_extract(args.mb, args.seed)
+        case "harvest":
+            from ops.bench.harvest import bench_harvest
+
+            result = await bench_harvest(args.candidates, args.working_share)
         case "check":
             from ops.bench.check import bench_check
 

@@ -23,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import signal
 import ssl
 import sys
@@ -201,6 +202,9 @@ def _https_target(root: Path) -> tuple[web.Application, ssl.SSLContext]:
 
 
 async def serve(config: dict[str, Any]) -> None:
+    # Thousands of listening addresses and held connections (a harvest): lift the limit.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     root = Path(config["root"])
     lab = ProxyLab(root / "proxies", exits=config["exits"], proxy_protocol=True).start()
     servers: list[asyncio.base_events.Server] = []
@@ -228,6 +232,10 @@ async def serve(config: dict[str, Any]) -> None:
                     "https": "no" if proxy.name == "mitm-body" else "yes",
                 }
             )
+        by_name = {p.name: p for p in lab.proxies}
+        for e in config.get("extra", []):
+            handle = _relay(by_name[e["via"]].port, e["rtt_ms"], proxy_header=e["via"] == "squid")
+            servers.append(await asyncio.start_server(handle, e["addr"], e["port"]))
         for addr, port in config["tarpits"]:
             servers.append(await asyncio.start_server(_tarpit, addr, port))
         addr, port = config["portal"]

@@ -23,6 +23,7 @@ import atexit
 import contextlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -49,15 +50,21 @@ PROXY_NAMES = (
     "mitm-body",
 )
 PORTS = {"squid": 3128, "microsocks": 1080, "dante": 1080}  # the rest 8080
-RTT_MS = {  # each live proxy its own round trip, tens to hundreds of ms
-    "squid": 60,
-    "tinyproxy-via": 120,
+RTT_MS = {  # each live proxy its own round trip, 100-400 ms as the world's
+    "squid": 120,
+    "tinyproxy-via": 160,
     "tinyproxy-elite": 240,
-    "microsocks": 90,
+    "microsocks": 100,
     "dante": 300,
-    "mitm-tls": 150,
-    "mitm-body": 80,
+    "mitm-tls": 180,
+    "mitm-body": 140,
 }
+HONEST = ("squid", "tinyproxy-via", "tinyproxy-elite", "microsocks", "dante")
+
+
+def _spread(block: int, i: int) -> str:
+    """The i-th address of a /20 block of the box (45.68.<block>.0/20, .1-.250 each /24)."""
+    return f"45.68.{block + i // 250}.{1 + i % 250}"
 
 
 def unavailable() -> str | None:
@@ -100,12 +107,18 @@ class WorldProxy:
 class World:
     root: Path
     dead_each: int = 3  # addresses of each dead kind
+    # More working addresses (a harvest): relays, each with its own round trip (100-400
+    # ms, from ``seed``), in front of the honest proxies in turn. They exit where their
+    # proxy does: many addresses, few exits, as behind a NAT.
+    extra_working: int = 0
+    seed: int = 1
     name: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
     proxies: list[WorldProxy] = field(default_factory=list)
     judges: dict[str, str] = field(default_factory=dict)  # format -> URL
     refusing: list[tuple[str, int]] = field(default_factory=list)
     silent: list[tuple[str, int]] = field(default_factory=list)
     tarpits: list[tuple[str, int]] = field(default_factory=list)
+    extra: list[tuple[str, int]] = field(default_factory=list)
     portal: tuple[str, int] = ("45.68.5.1", 8080)
     garbage: tuple[str, int] = ("45.68.5.2", 8080)
     page_url: str = ""
@@ -172,15 +185,16 @@ class World:
             "httpbin": "http://45.68.3.1/get",
             "azenv": "http://45.68.3.2/azenv.php",
         }
-        self.refusing = [(f"45.68.7.{i}", 8080) for i in range(1, self.dead_each + 1)]
-        self.silent = [(f"45.68.8.{i}", 8080) for i in range(1, self.dead_each + 1)]
-        self.tarpits = [(f"45.68.6.{i}", 8080) for i in range(1, self.dead_each + 1)]
+        self.refusing = [(_spread(32, i), 8080) for i in range(self.dead_each)]
+        self.silent = [(_spread(64, i), 8080) for i in range(self.dead_each)]
+        self.tarpits = [(_spread(48, i), 8080) for i in range(self.dead_each)]
+        self.extra = [(_spread(16, i), 8080) for i in range(self.extra_working)]
         self.page_url = "http://45.68.4.1/proxies.txt"
         owned = [f"45.68.1.{i}" for i in range(1, len(PROXY_NAMES) + 1)]
         owned += [f"45.68.2.{i}" for i in range(1, len(PROXY_NAMES) + 1)]
         owned += ["45.68.3.1", "45.68.3.2", "45.68.4.1", "45.68.9.1"]
         owned += [self.portal[0], self.garbage[0]]
-        owned += [a for a, _ in self.refusing + self.tarpits]
+        owned += [a for a, _ in self.refusing + self.tarpits + self.extra]
         return owned
 
     def _config(self) -> dict[str, Any]:
@@ -189,7 +203,13 @@ class World:
             for i, name in enumerate(PROXY_NAMES, 1)
         }
         exits = {name: f"45.68.2.{i}" for i, name in enumerate(PROXY_NAMES, 1)}
+        rng = random.Random(self.seed)
+        extra = [
+            {"addr": a, "port": p, "via": HONEST[i % len(HONEST)], "rtt_ms": rng.randint(100, 400)}
+            for i, (a, p) in enumerate(self.extra)
+        ]
         listed = [f"{p['addr']}:{p['port']}" for p in proxies.values()]
+        listed += [f"{e['addr']}:{e['port']}" for e in extra]
         listed += [f"{a}:{p}" for a, p in self.refusing + self.silent + self.tarpits]
         listed += [f"{self.portal[0]}:{self.portal[1]}", f"{self.garbage[0]}:{self.garbage[1]}"]
         return {
@@ -197,6 +217,7 @@ class World:
             "exits": exits,
             "proxies": proxies,
             "tarpits": self.tarpits,
+            "extra": extra,
             "portal": self.portal,
             "garbage": self.garbage,
             "judges": [

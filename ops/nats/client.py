@@ -244,6 +244,13 @@ class Log:
                         )
                     except nats.errors.Error as exc:  # closed, or its buffer is full
                         raise PublishError(f"cannot publish: {exc!r}") from exc
+                    except asyncio.CancelledError:
+                        # nats-py cancels its own flush when the server goes away: that
+                        # is a lost connection, not this task being cancelled.
+                        task = asyncio.current_task()
+                        if task is not None and task.cancelling():
+                            raise
+                        raise PublishError("the connection went away mid-publish") from None
                     futures.append(future)
                 results = await asyncio.gather(
                     *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True

@@ -1,0 +1,153 @@
+"""``ppf bench harvest``: a cold ``ppf up`` against the world in a box.
+
+One source page lists ``candidates`` addresses of which ``working_share`` work (real
+proxies behind relays with 100-400 ms round trips); the dead are split between the
+three kinds (refusing, silent, accepting and never answering), plus a portal and a
+garbage speaker. ``ppf up`` runs with its defaults (no lab mode; its own judge given
+to the world with ``--public-url``, the box's public judges and HTTPS endpoint named),
+its local worker and checker as shipped. Measured from the moment ``ppf up`` starts:
+
+- seconds until ``GET /v1/proxies`` serves the first 100 working proxies;
+- candidates settled per second: every candidate checked (worked or failed), over the
+  time from the source being added to the worker's cycle being done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from ops.lab.world import LINK_HOST, World
+from ops.nats.server import free_port, with_credentials
+
+__all__ = ["bench_harvest"]
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+def _served(base: str) -> int:
+    with contextlib.suppress(OSError, ValueError):
+        return len(_get(base + "/v1/proxies?limit=0&mitm=any")["proxies"])
+    return 0
+
+
+async def bench_harvest(candidates: int = 10_000, working_share: float = 0.05) -> dict[str, Any]:
+    working = max(int(candidates * working_share), 7)
+    dead_each = (candidates - working - 2) // 3  # the portal and the garbage speaker
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-harvest-") as tmp:
+        root = Path(tmp)
+        with World(root / "world", dead_each=dead_each, extra_working=working - 7) as world:
+            http, judge, tls = free_port(), free_port(), free_port()
+            nats = free_port()
+            cmd = [sys.executable, "-m", "ops.cli", "up", "--data", str(root / "data")]
+            cmd += ["--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}"]
+            cmd += ["--no-seed", "--https-target", world.https_url]
+            cmd += ["--public-url", f"http://{LINK_HOST}:{judge}/judge"]
+            cmd += ["--judge-listen", f"{LINK_HOST}:{judge}"]
+            cmd += ["--judge-tls-listen", f"{LINK_HOST}:{tls}"]
+            cmd += ["--judge", world.judges["httpbin"], "--judge", world.judges["azenv"]]
+            base = f"http://127.0.0.1:{http}"
+            log = root / "up.log"
+            started = time.monotonic()
+            proc = await asyncio.to_thread(_spawn, cmd, log)
+            try:
+                return await _measure(proc, base, root, world, nats, started, candidates, log)
+            finally:
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+
+
+async def _measure(
+    proc: subprocess.Popen[bytes],
+    base: str,
+    root: Path,
+    world: World,
+    nats: int,
+    started: float,
+    candidates: int,
+    log: Path,
+) -> dict[str, Any]:
+    while _served(base) == 0 and not _answers(base):
+        if proc.poll() is not None or time.monotonic() - started > 60:
+            raise RuntimeError(f"ppf up did not start:\n{log.read_text()[-2000:]}")
+        await asyncio.sleep(0.1)
+    url = with_credentials(f"nats://127.0.0.1:{nats}", root / "data" / "nats")
+    add = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ops.cli", "sources", "add", world.page_url, "--nats", url,
+        stdout=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    if await add.wait() != 0:
+        raise RuntimeError("ppf sources add failed")
+    added = time.monotonic()
+    first_100 = None
+    deadline = added + 600
+    while time.monotonic() < deadline:
+        served = await asyncio.to_thread(_served, base)
+        if first_100 is None and served >= 100:
+            first_100 = time.monotonic() - started
+        cycle = _cycle_done(log)
+        if cycle is not None and first_100 is not None:
+            break
+        await asyncio.sleep(0.5)
+    cycle = _cycle_done(log)
+    if cycle is None:
+        raise RuntimeError(f"the worker did not finish its cycle:\n{log.read_text()[-2000:]}")
+    checked, ended = cycle
+    settle_s = ended - added
+    served = await asyncio.to_thread(_served, base)
+    return {
+        "candidates_listed": candidates,
+        "working_in_the_box": len(world.proxies) + len(world.extra),
+        "dead_each_kind": len(world.refusing),
+        "checked": checked,
+        "served_at_the_end": served,
+        "first_100_served_s_from_cold_start": round(first_100, 1) if first_100 else None,
+        "settle_s": round(settle_s, 1),
+        "candidates_settled_per_s": round(checked / settle_s, 1),
+        "defaults": {"check_concurrency": 500, "check_timeout_s": 5.0, "max_proxies": 20_000},
+    }
+
+
+def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
+
+
+def _answers(base: str) -> bool:
+    with contextlib.suppress(OSError, ValueError):
+        return bool(_get(base + "/healthz")["ok"])
+    return False
+
+
+def _cycle_done(log: Path) -> tuple[int, float] | None:
+    """(checked, when) of the local worker's first finished cycle, from its log line (the
+    time mapped to this process's monotonic clock)."""
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("{") and '"cycle_done"' in line:
+            row = json.loads(line)
+            if row.get("agent") == "local-worker" and row.get("checked"):
+                return int(row["checked"]), time.monotonic() - (time.time() - _ts(row))
+    return None
+
+
+def _ts(row: dict[str, Any]) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(str(row["timestamp"]).replace("Z", "+00:00")).timestamp()
