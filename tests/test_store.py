@@ -64,3 +64,33 @@ def test_evicted_proxies_are_deleted_from_the_file(tmp_path: Path) -> None:
     store.close()
     assert set(restored.proxies) == {("8.8.4.4", 8080)}
     assert digest(restored) == digest(state)
+
+
+@pytest.mark.parametrize("path", ["file", ":memory:"])
+async def test_the_writer_keeps_the_digest_of_each_checkpoint(tmp_path: Path, path: str) -> None:
+    """The digest the writer child keeps from the rows it is sent equals the digest
+    computed from scratch at every checkpoint, evictions and restarts included (and with
+    no database at all, as a gateway replica runs it)."""
+    from reducers.proxies import SWEEP_MS
+
+    db = tmp_path / "p.duckdb" if path == "file" else ":memory:"
+    state = State()
+    folder = Folder(state)
+    cp = Checkpointer(db, every_events=1, every_ms=60_000)
+    await cp.start()
+    assert cp.digest == (0, digest(State()))
+    seq = 0
+    for step in range(40):
+        seq += 1
+        ts = T0 + step * 60_000
+        if step == 30:  # past 3 TTLs of the first proxies: the sweep evicts them
+            ts = T0 + 3 * state.settings.proxy_ttl_s * 1000 + 2 * SWEEP_MS
+        folder.apply([message(seq, ts, worked(f"8.8.{step % 3}.{step % 11 + 1}", latency_ms=seq))])
+        await cp.flush(state)
+        assert cp.digest == (seq, digest(state)), step
+    await cp.close()
+    if path == "file":  # a new writer on the same file starts from the same digest
+        again = Checkpointer(db)
+        await again.start()
+        assert again.digest == (seq, digest(state))
+        await again.close()
