@@ -10,7 +10,7 @@ from __future__ import annotations
 from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyWorked
 from reducers import geo
-from reducers.pool import band_edges
+from reducers.pool import BUCKET_MS, band_edges
 from reducers.state import MAX_SAMPLE_MS, ProxyKey, ProxyRow, State
 
 __all__ = ["SWEEP_MS", "failed", "purge_lab", "sweep", "worked"]
@@ -49,7 +49,6 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if row is None:
         if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
             return None
-        before = None
         proto = _SHARED.get(event.proto, event.proto)
         row = ProxyRow(
             ip=event.ip,
@@ -63,8 +62,11 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
         state.proxies[key] = row
         geo.admitted(state, row)
         new = True
+        was_bucket, was_proto, was_anonymity = -1, "", ""
     else:
-        before = (row.last_seen, row.proto, row.anonymity, row.country)
+        # Where the row is counted now (reducers/pool.py): most confirmations stay in
+        # their bucket, and then the counts are left alone (the hot path stays cheap).
+        was_bucket, was_proto, was_anonymity = row.last_seen // BUCKET_MS, row.proto, row.anonymity
         a = settings.ema_alpha
         row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
         if event.proto != row.proto:
@@ -86,9 +88,14 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     row.mitm = event.mitm
     if event.https:
         row.https = _SHARED.get(event.https, event.https)
-    if before != (row.last_seen, row.proto, row.anonymity, row.country):  # moved counts
-        if before is not None:
-            state.composition.remove(*before)
+    if new:
+        state.composition.add(row)
+    elif (
+        row.last_seen // BUCKET_MS != was_bucket
+        or row.proto != was_proto
+        or row.anonymity != was_anonymity
+    ):
+        state.composition.remove(was_bucket * BUCKET_MS, was_proto, was_anonymity, row.country)
         state.composition.add(row)
     if agent not in row.agents:
         row.agents = _add(row.agents, agent, settings.provenance_cap)
