@@ -19,7 +19,7 @@ up: $(STAMP)
 
 # Debian packages the integration tests use: installed when missing and we are root;
 # otherwise those tests skip, naming what to install.
-SYSTEM_PACKAGES := chromium squid tinyproxy microsocks dante-server openssl
+SYSTEM_PACKAGES := chromium squid tinyproxy microsocks dante-server openssl iproute2
 system-deps:
 	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \

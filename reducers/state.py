@@ -167,9 +167,9 @@ class State:
         self.tokens: dict[str, str] = {}
         # The pool's composition by last_seen bucket (reducers/pool.py), kept by deltas.
         self.composition = Composition()
-        # ip -> [its location or None, the ports of its rows] (reducers/geo.py), and the
+        # ip -> (its location or None, the ports of its rows) (reducers/geo.py), and the
         # addresses no Located has reached yet: what the service still has to look up.
-        self.by_ip: dict[str, list[Any]] = {}
+        self.by_ip: dict[str, tuple[Any, tuple[int, ...]]] = {}
         self.unlocated: set[str] = set()
         self.settings = Settings()
         self.last_seq = 0
