@@ -309,6 +309,12 @@ def _classify(echo: Echo, own_ip: str) -> str:
     return "anonymous" if revealing else "elite"
 
 
+# A proxy that has not let us in (TCP, and its tunnel to the judge) by then is of no use;
+# most dead candidates never answer a SYN, and this, not the whole check's timeout, is
+# what each of them costs.
+CONNECT_TIMEOUT_S = 3.0
+
+
 async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) -> Check:
     addr = f"{proto}://{ip}:{port}"
     started = time.perf_counter()
@@ -321,12 +327,15 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
     altered_certificate = False
     try:
         async with asyncio.timeout(timeout):
+            connect = min(CONNECT_TIMEOUT_S, timeout)
             if proto == "http":
-                reader, writer = await asyncio.open_connection(ip, port)
+                opening = asyncio.open_connection(ip, port)
+                reader, writer = await asyncio.wait_for(opening, connect)
                 origin_form = False
             else:
                 kind = TUNNELS.get(proto, ProxyType.HTTP)
-                sock = await Proxy(kind, ip, port).connect(target.host, target.port)
+                proxy = Proxy(kind, ip, port)
+                sock = await proxy.connect(target.host, target.port, timeout=connect)
                 reader, writer = await asyncio.open_connection(sock=sock)
                 origin_form = True
             stream: _Stream | None = None

@@ -186,9 +186,9 @@ async def bench_stats(
             progress.close()
             rates: dict[str, list[float]] = {"healthz": [], "stats": []}
             for run in range(runs):  # A B A B: the machine's drift falls on both
-                for poll in ("healthz", "stats"):
-                    r = await _fold_rate(server.url, workdir, pool_head, head, f"/{poll}", run)
-                    rates[poll if poll == "healthz" else "stats"].append(r)
+                for poll, path in (("healthz", "/healthz"), ("stats", "/v1/stats")):
+                    r = await _fold_rate(server.url, workdir, pool_head, head, path, run)
+                    rates[poll].append(r)
             async with (
                 aiohttp.ClientSession() as http,
                 _gateway(server.url, workdir, "latency") as base,
