@@ -309,10 +309,10 @@ def _classify(echo: Echo, own_ip: str) -> str:
     return "anonymous" if revealing else "elite"
 
 
-# A proxy that has not let us in (TCP, and its tunnel to the judge) by then is of no use;
-# most dead candidates never answer a SYN, and this, not the whole check's timeout, is
-# what each of them costs.
-CONNECT_TIMEOUT_S = 3.0
+# A proxy that has not let us in (TCP, and its tunnel to the judge) within this share of
+# the check's time is of no use; most dead candidates never answer a SYN, and this, not
+# the whole timeout, is what each of them costs (3 s of the default 5).
+CONNECT_SHARE = 0.6
 
 
 async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) -> Check:
@@ -327,7 +327,7 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
     altered_certificate = False
     try:
         async with asyncio.timeout(timeout):
-            connect = min(CONNECT_TIMEOUT_S, timeout)
+            connect = CONNECT_SHARE * timeout
             if proto == "http":
                 opening = asyncio.open_connection(ip, port)
                 reader, writer = await asyncio.wait_for(opening, connect)
