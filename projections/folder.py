@@ -68,9 +68,14 @@ class Checkpointer:
     """
 
     def __init__(
-        self, path: str | Path, *, every_events: int = 500_000, every_ms: int = 5_000
+        self,
+        path: str | Path,
+        *,
+        every_events: int = 500_000,
+        every_ms: int = 5_000,
+        keep_digest: bool = True,
     ) -> None:
-        self.writer = ProcessWriter(path)
+        self.writer = ProcessWriter(path, keep_digest=keep_digest)
         self.every_events = every_events
         self.every_ms = every_ms
         self._inflight: asyncio.Task[int] | None = None

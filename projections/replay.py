@@ -27,7 +27,10 @@ async def replay(
         raise StoreError(f"{path} exists: replay writes a fresh file, give another path")
     state = State()
     folder = Folder(state)
-    checkpointer = Checkpointer(path, every_events=every_events, every_ms=every_ms)
+    # The digest of a replay is computed once from its state (``digest(state)``).
+    checkpointer = Checkpointer(
+        path, every_events=every_events, every_ms=every_ms, keep_digest=False
+    )
     await checkpointer.start()
     try:
         async for batch in batches:

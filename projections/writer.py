@@ -35,7 +35,10 @@ from reducers.state import State
 __all__ = ["ProcessWriter", "end_child", "read_frame"]
 
 _FRAME = struct.Struct(">Q")
-_CHILD = "import sys; from projections.writer import serve; sys.exit(serve(sys.argv[1]))"
+_CHILD = (
+    "import sys; from projections.writer import serve; "
+    "sys.exit(serve(sys.argv[1], sys.argv[2] == 'digest'))"
+)
 _ERROR = 2**64 - 1
 MEMORY = ":memory:"
 _encode = msgspec.msgpack.Encoder().encode
@@ -45,8 +48,11 @@ _decode = msgspec.msgpack.Decoder(Checkpoint).decode
 class ProcessWriter:
     """Writes checkpoints through a child process; one write at a time."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, keep_digest: bool = True) -> None:
         self.path = str(path)
+        # A replay computes its digest once, at the end, from its own state: its writer
+        # keeps none (the rows' hashes would be work on the way for nothing).
+        self.keep_digest = keep_digest
         self.last_seq = 0
         self.digest = ""  # of the projections at last_seq, as the child computed it
         self._proc: asyncio.subprocess.Process | None = None
@@ -57,6 +63,7 @@ class ProcessWriter:
             "-c",
             _CHILD,
             self.path,
+            "digest" if self.keep_digest else "none",
             stdin=asyncio.subprocess.PIPE,
             # Its own session: a Ctrl-C meant for ppf must not kill it before the last
             # write; it ends when its input does (the parent closing it, or dying).
@@ -122,7 +129,7 @@ def read_frame(inp: BinaryIO) -> bytes | None:
     return data if len(data) == size else None
 
 
-def serve(path: str) -> int:
+def serve(path: str, digests: bool = True) -> int:
     """The child's loop (see the module docstring)."""
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     store = None
@@ -130,7 +137,8 @@ def serve(path: str) -> int:
     try:
         if path != MEMORY:
             store = Store(path)
-            keeper, meta = store.digest_keeper()
+            if digests:
+                keeper, meta = store.digest_keeper()
             last_seq = store.last_seq
     except StoreError as exc:
         text = str(exc).encode()
@@ -152,8 +160,9 @@ def serve(path: str) -> int:
                 cp = msgspec.structs.replace(_decode(data), tables=tables)
                 if store is not None:
                     store.write(cp)
-                keep_digest(keeper, cp)
-                digest = keeper.value(cp.meta_digest)
+                if digests:
+                    keep_digest(keeper, cp)
+                digest = keeper.value(cp.meta_digest) if digests else "0" * 64
                 out.write(_FRAME.pack(cp.last_seq) + bytes.fromhex(digest))
             except Exception as exc:  # reported to the parent, which stops its fold
                 text = repr(exc).encode()
