@@ -41,11 +41,12 @@ def band_edges(now: int, ttl_s: int) -> tuple[int, int]:
 
 
 def liveness(age_ms: int, ttl_s: int) -> str:
-    """alive while seen within the TTL, stale (due for recheck) up to 3 TTLs, then dead."""
-    alive_from, stale_from = band_edges(0, ttl_s)
-    if -age_ms >= alive_from:
+    """alive while seen within the TTL, stale (due for recheck) up to 3 TTLs, then dead
+    (the bands of ``band_edges``, as ages: this runs for every row a query serves)."""
+    ttl = ttl_s * 1000
+    if age_ms <= ttl:
         return "alive"
-    if -age_ms >= stale_from:
+    if age_ms <= DEAD_AFTER_TTLS * ttl:
         return "stale"
     return "dead"
 
