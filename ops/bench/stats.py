@@ -32,7 +32,7 @@ import aiohttp
 
 from events import ProxyWorked, encode, subject_for
 from events.mint import fresh_id, now_ms
-from ops.bench.gateway import _pct, _spawn_gateway
+from ops.bench.gateway import _pct, _settled, _spawn_gateway
 from ops.bench.synthetic import PROTOS, _ip
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
@@ -196,6 +196,9 @@ async def bench_stats(
                 await _wait_up(http, base)
                 while await _applied(http, base) < head:
                     await asyncio.sleep(0.5)
+                # The gateway locates the new pool first (Located for every address):
+                # measure the steady pool under the load, not that burst.
+                await _settled(base)
                 count = int(rate * seconds * 2.5)  # outlasts both windows below
                 load = _publisher(server.url, 0, count, proxies, float(rate))
                 try:
