@@ -13,7 +13,7 @@ from pathlib import Path
 
 from events import DLQ_PREFIX, DecodeError, decode
 from projections.log import Message
-from projections.store import collect
+from projections.store import collect_async
 from projections.writer import ProcessWriter
 from reducers import State, fold, skip
 
@@ -115,7 +115,7 @@ class Checkpointer:
 
     async def checkpoint(self, state: State) -> None:
         async with self._lock:
-            cp = collect(state)
+            cp = await collect_async(state)
             self._since_seq = state.last_seq
             self._since_t = time.monotonic()
             if self._inflight is not None:

@@ -79,6 +79,7 @@ class FoldService:
         # (a Condition's notify_all woke every waiting request on every batch).
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         self._waiter_ids = itertools.count()
+        self._cut = asyncio.Lock()
         self._head = (0.0, 0)
         self.dlq_sent = 0
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
@@ -99,7 +100,8 @@ class FoldService:
 
     async def checkpoint_now(self) -> tuple[int, str]:
         """Checkpoint what is applied and wait for it: the digest at ``applied_seq``."""
-        await self.checkpointer.flush(self.state)
+        async with self._cut:
+            await self.checkpointer.flush(self.state)
         return self.checkpointer.digest
 
     async def head_seq(self, max_age_s: float = 0.5) -> int:
@@ -156,10 +158,13 @@ class FoldService:
 
     async def _run(self) -> None:
         async for batch in self.log.read(self.state.last_seq + 1):
-            self.folder.apply(batch)
-            if self.tap is not None:
-                self.tap.feed(batch)
-            await self.checkpointer.maybe(self.state)
+            # The cut lock: a checkpoint encodes its rows in chunks and yields between
+            # them (queries go on), and no batch may change those rows meanwhile.
+            async with self._cut:
+                self.folder.apply(batch)
+                if self.tap is not None:
+                    self.tap.feed(batch)
+                await self.checkpointer.maybe(self.state)
             self._wake()
             await asyncio.sleep(0)  # let queries and publishes in between batches
 
@@ -167,7 +172,8 @@ class FoldService:
         """A quiet log still gets its checkpoint (and digest) within ``every_ms``."""
         while True:
             await asyncio.sleep(self.checkpointer.every_ms / 1000)
-            await self.checkpointer.maybe(self.state)
+            async with self._cut:
+                await self.checkpointer.maybe(self.state)
 
     async def _tick(self) -> None:
         """Sample the pipeline's rates; every 10 s, a metrics row for the tap."""

@@ -26,7 +26,16 @@ from events.catalogue import Settings
 from projections.digest import DigestKeeper, meta_digest
 from reducers.state import AgentRow, LeaseRow, ProxyRow, SourceRow, State
 
-__all__ = ["DDL", "TABLES", "Checkpoint", "Store", "StoreError", "collect", "keep_digest"]
+__all__ = [
+    "DDL",
+    "TABLES",
+    "Checkpoint",
+    "Store",
+    "StoreError",
+    "collect",
+    "collect_async",
+    "keep_digest",
+]
 
 SCHEMA_VERSION = "1"
 
@@ -64,9 +73,56 @@ class Checkpoint(msgspec.Struct):
     deletes: dict[str, list[tuple[Any, ...]]] = {}
     rows: int = 0
     meta_digest: str = ""  # the settings' part of the digest (projections/digest.py)
+    # Rows not encoded yet (collect_async encodes them in chunks); never sent.
+    pending: dict[str, list[Any]] = {}
 
 
-def collect(state: State) -> Checkpoint:
+_CHUNK = 5_000
+
+
+def _join(blobs: list[bytes], count: int) -> bytes:
+    """msgpack arrays encoded in chunks, joined into one array of ``count`` items: each
+    chunk's header is dropped, one for the whole is put in front."""
+    body = []
+    for blob in blobs:
+        first = blob[0]
+        body.append(blob[1:] if first & 0xF0 == 0x90 else blob[3:] if first == 0xDC else blob[5:])
+    if count < 16:
+        head = bytes([0x90 | count])
+    elif count < 1 << 16:
+        head = b"\xdc" + count.to_bytes(2, "big")
+    else:
+        head = b"\xdd" + count.to_bytes(4, "big")
+    return head + b"".join(body)
+
+
+async def collect_async(state: State) -> Checkpoint:
+    """``collect``, encoding the rows in chunks and yielding to the event loop between
+    them: queries go on while a checkpoint of a big pool is cut (a single encode of
+    50,000 rows held the loop past /v1/stats' p99). The caller keeps the fold from
+    running until it returns: the rows must not change mid-cut."""
+    import asyncio
+
+    cp = collect(state, encode=False)
+    try:
+        for name, rows in list(cp.pending.items()):
+            blobs = []
+            for start in range(0, len(rows), _CHUNK):
+                blobs.append(_encode(rows[start : start + _CHUNK]))
+                await asyncio.sleep(0)
+            cp.tables[name] = _join(blobs, len(rows)) if blobs else _encode([])
+    except BaseException:  # cancelled mid-cut: the rows are still to be written
+        state.dirty_proxies |= {(r.ip, r.port) for r in cp.pending["proxies"]}
+        state.dirty_proxies |= {tuple(k) for k in cp.deletes["proxies"]}
+        state.dirty_sources |= {r.url_id for r in cp.pending["sources"]}
+        state.dirty_sources |= {k[0] for k in cp.deletes["sources"]}
+        state.dirty_leases |= {r.target for r in cp.pending["leases"]}
+        raise
+    cp.pending = {}
+    return cp
+
+
+def collect(state: State, *, encode: bool = True) -> Checkpoint:
     """Take the changed rows out of ``state`` and clear its dirt."""
     proxies, gone_p = [], []
     for key in state.dirty_proxies:
@@ -95,16 +151,15 @@ def collect(state: State) -> Checkpoint:
             "schema": SCHEMA_VERSION,
             "meta_digest": meta,
         },
-        tables={
-            "proxies": _encode(proxies),
-            "sources": _encode(sources),
-            "leases": _encode(leases),
-            "agents": _encode(agents),
-        },
+        tables={},
+        pending={"proxies": proxies, "sources": sources, "leases": leases, "agents": agents},
         deletes={"proxies": gone_p, "sources": gone_s},
         rows=len(proxies) + len(sources) + len(leases) + len(agents) + len(gone_p) + len(gone_s),
     )
     state.clear_dirty()
+    if encode:
+        cp.tables = {name: _encode(rows) for name, rows in cp.pending.items()}
+        cp.pending = {}
     return cp
 
 

@@ -90,7 +90,7 @@ class ProcessWriter:
         """Send one checkpoint and wait until it is committed; returns its last_seq."""
         assert self._proc is not None and self._proc.stdin is not None
         stdin = self._proc.stdin
-        head = _encode(msgspec.structs.replace(cp, tables={}))
+        head = _encode(msgspec.structs.replace(cp, tables={}, pending={}))
         stdin.write(_FRAME.pack(len(head)))
         stdin.write(head)
         for name in TABLES:

@@ -94,3 +94,26 @@ async def test_the_writer_keeps_the_digest_of_each_checkpoint(tmp_path: Path, pa
         await again.start()
         assert again.digest == (seq, digest(state))
         await again.close()
+
+
+@pytest.mark.parametrize("count", [0, 5, 15, 16, 5_001, 70_000])
+async def test_a_cut_encoded_in_chunks_is_the_cut_encoded_at_once(count: int) -> None:
+    """collect_async yields between chunks but sends exactly what collect would."""
+    from projections.store import collect, collect_async
+
+    def fresh() -> State:
+        state = State()
+        Folder(state).apply(
+            [
+                message(
+                    i + 1,
+                    T0 + i,
+                    worked(f"8.{i >> 16}.{(i >> 8) & 255}.{i & 255 or 1}", i % 65535 + 1),
+                )
+                for i in range(count)
+            ]
+        )
+        return state
+
+    at_once, chunked = collect(fresh()), await collect_async(fresh())
+    assert chunked.tables == at_once.tables and chunked.rows == at_once.rows
