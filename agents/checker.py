@@ -14,7 +14,6 @@ from pathlib import Path
 
 import structlog
 
-from agents.check import check_many
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
 from agents.loop import Agent, AgentConfig, run_cycles
@@ -71,13 +70,7 @@ class Checker(Agent):
                 targets.append((ip, port, known or None))
                 leases.append(grant.lease)
         async with self._heartbeats(gw, grants):  # thousands of checks may outlast a lease
-            results = await check_many(
-                targets,
-                judge,
-                concurrency=cfg.check_concurrency,
-                timeout=cfg.check_timeout_s,
-                https=cfg.https_targets,
-            )
+            results = await self._check(targets, judge)
         failed = [r for r in results if not r.ok]
         if failed and all(r.void for r in failed):
             # Our judges are down, not their proxies: failures now would mark a healthy

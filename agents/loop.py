@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from agents.check import HTTPS_TARGETS, Check
+from agents.check import HTTPS_TARGETS, Check, Target, check_many
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
 from events import Event, Heartbeat, ProxyWorked
@@ -167,6 +167,23 @@ class Agent:
             else:
                 log.info("network_back", agent=self.name)
         return bool(why)
+
+    async def _check(
+        self,
+        targets: Sequence[Target],
+        judges: JudgePool,
+        on_result: Callable[[int, Check], None] | None = None,
+    ) -> list[Check]:
+        """Check ``targets`` as this agent's config says (concurrency, timeout, HTTPS)."""
+        cfg = self.config
+        return await check_many(
+            targets,
+            judges,
+            concurrency=cfg.check_concurrency,
+            timeout=cfg.check_timeout_s,
+            https=cfg.https_targets,
+            on_result=on_result,
+        )
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:
         """A new event from this agent, stamped with a fresh id and this machine's clock."""

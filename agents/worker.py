@@ -22,7 +22,7 @@ from urllib.parse import urljoin
 
 import structlog
 
-from agents.check import Check, check_many
+from agents.check import Check
 from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
@@ -243,14 +243,7 @@ class Worker(Agent):
         done = asyncio.Event()
         streamer = asyncio.create_task(stream(done))
         try:
-            results = await check_many(
-                targets,
-                judge,
-                concurrency=cfg.check_concurrency,
-                timeout=cfg.check_timeout_s,
-                https=cfg.https_targets,
-                on_result=heard,
-            )
+            results = await self._check(targets, judge, on_result=heard)
         finally:
             done.set()
             await streamer
