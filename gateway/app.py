@@ -7,7 +7,6 @@ never awaits inside a batch, so no handler sees a half-applied event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -38,6 +37,7 @@ from gateway.queries import SNAPSHOT, SnapshotKeeper
 from gateway.queries import routes as query_routes
 from projections.live import FoldService
 from projections.log import EventLog
+from projections.tasks import stop_tasks
 from reducers import State
 from reducers.pool import lease_live
 
@@ -209,9 +209,7 @@ async def series(request: web.Request) -> web.Response:
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(app[SERIES].run(app), name="ppf-series")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await stop_tasks([task], 5)
 
 
 routes.get("/judge")(judge)

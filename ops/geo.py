@@ -13,7 +13,6 @@ address and the data version, so any number of replicas store it once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from events import Located, uuid7
 from events.mint import now_ms
 from projections.live import FoldService
 from projections.log import LogError
+from projections.tasks import stop_tasks
 
 __all__ = ["Locator", "Place", "located_id", "lookup"]
 
@@ -83,9 +83,7 @@ class Locator:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task], 5)
 
     async def _run(self) -> None:
         """Small batches, often: a burst of 100,000 new addresses is located at about

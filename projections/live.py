@@ -8,7 +8,6 @@ original sequence: kept, never folded, never a crash.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import itertools
 import time
@@ -22,6 +21,7 @@ from projections.folder import Checkpointer, Folder, Message
 from projections.log import EventLog, LogError
 from projections.rates import PipelineStats
 from projections.store import Store
+from projections.tasks import stop_tasks
 from projections.writer import MEMORY
 from reducers import State
 
@@ -124,11 +124,8 @@ class FoldService:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        # Bounded: a task stuck in a socket call must not hold the shutdown forever.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), 10)
+        if left := await stop_tasks(self._tasks, 10):
+            log.warning("fold_tasks_left_running", count=left)
         self._tasks = []
         await self.checkpointer.flush(self.state)
         await self.checkpointer.close()
