@@ -66,18 +66,25 @@ def evicted(state: State, row: ProxyRow) -> None:
 
 def located(state: State, event: Located) -> bool:
     """Copy a location onto the rows of its address; False when no row has it."""
-    entry = state.by_ip.get(event.ip)
+    ip = event.ip
+    entry = state.by_ip.get(ip)
     if entry is None:
         return False
     place: Place = (event.country, event.asn, event.as_org, event.geo)
     place = _PLACES.setdefault(place, place)
-    state.by_ip[event.ip] = (place, entry[1])
-    state.unlocated.discard(event.ip)
-    for port in entry[1]:
-        row = state.proxies[(event.ip, port)]
-        if (row.country, row.asn, row.as_org, row.geo) != place:
-            state.composition.remove(row.last_seen, row.proto, row.anonymity, row.country)
+    was, ports = entry
+    if was is place:
+        return True  # a re-sent lookup: the rows carry it already
+    state.by_ip[ip] = (place, ports)
+    if was is None:
+        state.unlocated.discard(ip)
+    rows, composition, dirty = state.proxies, state.composition, state.dirty_proxies
+    country, asn, as_org, geo = place
+    for port in ports:
+        row = rows[(ip, port)]
+        if row.geo != geo or row.country != country or row.asn != asn or row.as_org != as_org:
+            if row.country != country:
+                composition.moved(row, country)
             row.country, row.asn, row.as_org, row.geo = place
-            state.composition.add(row)
-            state.dirty_proxies.add((event.ip, port))
+            dirty.add((ip, port))
     return True

@@ -87,6 +87,20 @@ class Composition:
             if not counts:
                 del self.buckets[bucket]
 
+    def moved(self, row: ProxyRow, country: str) -> None:
+        """``row`` is now counted under ``country`` (same bucket: its ``last_seen`` stays);
+        one bucket lookup where ``remove`` and ``add`` take two (``Located`` runs this
+        for every new address)."""
+        counts = self.buckets[row.last_seen // BUCKET_MS]
+        old = (row.proto, row.anonymity, row.country)
+        left = counts[old] - 1
+        if left:
+            counts[old] = left
+        else:
+            del counts[old]
+        new = (row.proto, row.anonymity, country)
+        counts[new] = counts.get(new, 0) + 1
+
     def bands(self, now: int, ttl_s: int) -> dict[str, dict[Key, int]]:
         """Counts by band at ``now``: {"alive": {(proto, anonymity, country): n}, ...}."""
         alive_from, stale_from = band_edges(now, ttl_s)

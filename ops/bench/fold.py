@@ -16,6 +16,7 @@ import json
 import resource
 import socket
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -30,7 +31,7 @@ from ops.progress import Progress
 from projections import Store, digest
 from projections.replay import replay
 
-__all__ = ["bench_fold", "publish_synthetic"]
+__all__ = ["bench_fold", "bench_located", "publish_synthetic"]
 
 
 def _rss_mb() -> float:
@@ -170,7 +171,6 @@ async def bench_fold(
     nats_url: str | None = None,
     baseline_budget_s: float = 20.0,
     tap_check: bool = True,
-    located: bool = False,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp:
         workdir = Path(tmp)
@@ -180,22 +180,7 @@ async def bench_fold(
             server.start()
             nats_url = server.url
         try:
-            child = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "ops.bench.fold",
-                "publish",
-                nats_url,
-                str(events),
-                str(proxies),
-                str(seed),
-                *(["located"] if located else []),
-            )
-            if await child.wait() != 0:
-                raise RuntimeError("publishing the synthetic events failed")
-            lg = await Log.connect(nats_url)
-            head = await lg.head_seq()
-            await lg.close()
+            head = await _publish(nats_url, events, proxies, seed, located=False)
             ceiling = await _ceiling_nats_py(nats_url, head)
             lean = await _firehose_raw(nats_url, head)
             rss_before = _rss_mb()
@@ -247,6 +232,69 @@ async def bench_fold(
         "sqlite_baseline_events": baseline["events"],
         "speedup_vs_sqlite": round(fold_rate / baseline["events_per_s"], 1),
         "digest": live_digest,
+    }
+
+
+async def _publish(url: str, events: int, proxies: int, seed: int, located: bool) -> int:
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "ops.bench.fold",
+        "publish",
+        url,
+        str(events),
+        str(proxies),
+        str(seed),
+        *(["located"] if located else []),
+    )
+    if await child.wait() != 0:
+        raise RuntimeError("publishing the synthetic events failed")
+    lg = await Log.connect(url)
+    head = await lg.head_seq()
+    await lg.close()
+    return head
+
+
+async def bench_located(
+    events: int = 1_000_000, proxies: int = 100_000, seed: int = 1, pairs: int = 3
+) -> dict[str, Any]:
+    """What ``Located`` adds to the fold: the same synthetic stream without and with one
+    ``Located`` per distinct proxy, in two servers, folded in turn (A B A B ...) in this
+    one process, medians compared (runs minutes apart differ by more than the cost)."""
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp:
+        workdir = Path(tmp)
+        servers = [NatsServer(workdir / name, port=free_port()) for name in ("plain", "located")]
+        try:
+            for server in servers:
+                server.start()
+            heads = [
+                await _publish(server.url, events, proxies, seed, located=i == 1)
+                for i, server in enumerate(servers)
+            ]
+            times: list[list[float]] = [[], []]
+            for run in range(pairs):
+                for i, server in enumerate(servers):
+                    t = time.perf_counter()
+                    folder = await replay(
+                        Firehose(server.url).batches(until=heads[i]),
+                        workdir / f"fold-{i}-{run}.duckdb",
+                    )
+                    times[i].append(round(time.perf_counter() - t, 2))
+                    assert folder.state.last_seq == heads[i]
+                    del folder
+        finally:
+            for server in servers:
+                server.stop()
+    plain, located = (statistics.median(t) for t in times)
+    return {
+        "events": heads[0],
+        "located_events": heads[1] - heads[0],
+        "seed": seed,
+        "fold_seconds_without_located": times[0],
+        "fold_seconds_with_located": times[1],
+        "median_without_s": plain,
+        "median_with_s": located,
+        "located_adds_pct": round((located / plain - 1) * 100, 1),
     }
 
 

@@ -26,7 +26,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bn.add_argument("--candidates", type=int, default=10_000, help="harvest: listed")
     bn.add_argument("--working-share", type=float, default=0.05, help="harvest: that work")
     bn.add_argument(
-        "--located", action="store_true", help="fold: one Located per distinct proxy too"
+        "--located",
+        action="store_true",
+        help="fold: what Located adds (the stream without and with one Located per "
+        "distinct proxy, folded in turn)",
     )
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
@@ -38,9 +41,12 @@ async def _bench(args: argparse.Namespace) -> int:
 
     match args.what:
         case "fold":
-            result = await bench_fold(
-                args.events, args.proxies, args.seed, args.nats, located=args.located
-            )
+            if args.located:
+                from ops.bench.fold import bench_located
+
+                result = await bench_located(args.events, args.proxies, args.seed)
+            else:
+                result = await bench_fold(args.events, args.proxies, args.seed, args.nats)
         case "lease":
             from ops.bench.gateway import bench_lease
 
