@@ -29,6 +29,8 @@ __all__ = ["FoldService", "Sink"]
 
 log = structlog.get_logger("ppf.fold")
 
+HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find it read
+
 
 class Sink(Protocol):
     """Where folded batches go besides the projections (the Axiom tap, ``ops/telemetry``)."""
@@ -105,12 +107,28 @@ class FoldService:
         return self.checkpointer.digest
 
     async def head_seq(self, max_age_s: float = 0.5) -> int:
+        """The stream's last sequence, as ``_watch_head`` last read it: a query must not
+        wait for a JetStream API round trip, which takes tens of ms on a server busy
+        ingesting (it was most of /v1/stats' p99). Read here when the watcher is behind
+        (not started yet, or NATS slow or away: then the caller sees the error)."""
         at, seq = self._head
         if time.monotonic() - at > max_age_s:
-            seq = await self.log.head_seq()
-            self._head = (time.monotonic(), seq)
+            seq = await self._read_head()
         # A cached head may predate what the fold has applied since: never report less.
         return max(seq, self.state.last_seq)
+
+    async def _read_head(self) -> int:
+        seq = await self.log.head_seq()
+        self._head = (time.monotonic(), seq)
+        return seq
+
+    async def _watch_head(self) -> None:
+        while True:
+            try:
+                await self._read_head()
+            except Exception as exc:  # NATS away: head_seq asks itself, and raises
+                log.debug("head_read_failed", error=repr(exc))
+            await asyncio.sleep(HEAD_EVERY_S)
 
     async def start(self) -> None:
         await self.checkpointer.start()
@@ -121,6 +139,7 @@ class FoldService:
             asyncio.create_task(self._send_dlq(), name="ppf-dlq"),
             asyncio.create_task(self._tick(), name="ppf-stats"),
             asyncio.create_task(self._idle_checkpoints(), name="ppf-checkpoint"),
+            asyncio.create_task(self._watch_head(), name="ppf-head"),
         ]
 
     async def stop(self) -> None:
