@@ -11,7 +11,7 @@ from aiohttp import web
 from events.mint import now_ms
 from events.wire import AgentMe
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
-from projections.readmodels import ProxyFilter, due_sources, liveness, percentile, source_score
+from projections.readmodels import ProxyFilter, due_sources, liveness, percentiles, source_score
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow
 from reducers.pool import lease_live
@@ -44,35 +44,61 @@ class SnapshotKeeper:
 SNAPSHOT = web.AppKey("snapshot", SnapshotKeeper)
 
 
-def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> dict[str, Any]:
-    samples = unpack_samples(v.samples)
+class ProxyOut(msgspec.Struct):
+    """One proxy as ``GET /v1/proxies`` serves it (a Struct: encoded in C, no dict a row)."""
+
+    ip: str
+    port: int
+    proto: str
+    protos: tuple[str, ...]
+    status: str
+    last_seen: int
+    first_seen: int
+    latency_ms: float
+    latency_p50_ms: int | None
+    latency_p95_ms: int | None
+    exit_ip: str
+    anonymity: str
+    mitm: bool
+    https: str
+    confirmations: int
+    agents: int
+    sources: tuple[str, ...]
+    fail_streak: int
+    country: str
+    asn: int
+    as_org: str
+
+
+def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> ProxyOut:
+    p50, p95 = percentiles(unpack_samples(v.samples), 0.5, 0.95)
     if isinstance(v, ProxyRow):
         latency, agents = v.latency_ema, len(v.agents)
     else:
         latency, agents = v.latency, v.agents
-    return {
-        "ip": v.ip,
-        "port": v.port,
-        "proto": v.proto,
-        "protos": list(v.protos),
-        "status": liveness(now - v.last_seen, ttl),
-        "last_seen": v.last_seen,
-        "first_seen": v.first_seen,
-        "latency_ms": round(latency, 1),
-        "latency_p50_ms": percentile(samples, 0.5),
-        "latency_p95_ms": percentile(samples, 0.95),
-        "exit_ip": v.exit_ip,
-        "anonymity": v.anonymity,
-        "mitm": v.mitm,
-        "https": v.https,
-        "confirmations": v.confirmations,
-        "agents": agents,
-        "sources": list(v.sources),
-        "fail_streak": v.fail_streak,
-        "country": v.country,
-        "asn": v.asn,
-        "as_org": v.as_org,
-    }
+    return ProxyOut(
+        v.ip,
+        v.port,
+        v.proto,
+        v.protos,
+        liveness(now - v.last_seen, ttl),
+        v.last_seen,
+        v.first_seen,
+        round(latency, 1),
+        p50,
+        p95,
+        v.exit_ip,
+        v.anonymity,
+        v.mitm,
+        v.https,
+        v.confirmations,
+        agents,
+        v.sources,
+        v.fail_streak,
+        v.country,
+        v.asn,
+        v.as_org,
+    )
 
 
 def _countries(raw: str | None) -> tuple[str, ...] | None:
@@ -143,7 +169,7 @@ async def one_proxy(request: web.Request) -> web.Response:
     row = state.proxies.get((ip.strip("[]"), int(port)))
     if row is None:
         raise ApiError(404, "not-found", f"no proxy {ip}:{port} in the pool")
-    body = _view_json(row, now_ms(), state.settings.proxy_ttl_s)
+    body = msgspec.structs.asdict(_view_json(row, now_ms(), state.settings.proxy_ttl_s))
     body["history"] = {
         "confirmations": row.confirmations,
         "first_seen": row.first_seen,

@@ -91,11 +91,16 @@ def proxy_status(row: ProxyRow, now: int, ttl_s: int) -> str:
 
 
 def percentile(samples: Iterable[int], q: float) -> int | None:
+    return percentiles(samples, q)[0]
+
+
+def percentiles(samples: Iterable[int], *qs: float) -> list[int | None]:
+    """The ``qs`` quantiles of ``samples`` (nearest rank), sorting them once."""
     ordered = sorted(samples)
     if not ordered:
-        return None
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
+        return [None] * len(qs)
+    last = len(ordered) - 1
+    return [ordered[min(last, max(0, round(q * last)))] for q in qs]
 
 
 @dataclass(frozen=True, slots=True)
