@@ -195,3 +195,24 @@ async def test_rejected_messages_are_logged_with_seq_and_reason(log_client: Log)
             await fold.stop()
     rejected = [x for x in logs if x["event"] == "event_rejected"]
     assert rejected and rejected[0]["seq"] == 1 and rejected[0]["reason"] == "undecodable"
+
+
+async def test_queries_read_the_stream_head_without_a_round_trip(log_client: Log) -> None:
+    """head_seq answers from the background read: a burst of asks costs no JetStream API
+    call of its own, and a newly published event shows within the read interval."""
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    try:
+        await _caught_up(fold, log_client)
+        await fold.head_seq()
+        asked = log_client.ops["stream_info"]
+        for _ in range(200):
+            await fold.head_seq()
+        # Only the watcher's reads (one every 250 ms) happened meanwhile, not 200.
+        assert log_client.ops["stream_info"] - asked <= 2
+        await log_client.publish(worked("8.8.8.8"))
+        head = await log_client.head_seq()
+        await asyncio.sleep(0.6)
+        assert await fold.head_seq() == head
+    finally:
+        await fold.stop()
