@@ -3,8 +3,10 @@
 Against one real nats-server and real ``ppf gateway`` processes (each with its own
 interpreter, as deployed), all on loopback:
 
-1. a pool of ``proxies`` distinct proxies is published once (``ProxyWorked`` each),
-   then a backlog of ``backlog`` re-confirmations;
+1. a pool of ``proxies`` distinct proxies is published once (``ProxyWorked`` each); a
+   first gateway locates them (its ``Located`` go to the log, so the gateways after it
+   have nothing to look up while they are measured); then a backlog of ``backlog``
+   re-confirmations;
 2. **fold rate**, interleaved A B A B: a fresh gateway folds the whole log from sequence 1;
    the rate is taken over the backlog part (after the pool is built). In A the bench
    asks ``/healthz`` every 100 ms (to see ``applied_seq``), in B ``/v1/stats`` every
@@ -168,8 +170,8 @@ async def bench_stats(
     seconds: float = 20.0,
     *,
     rate: int = 10_000,
-    backlog: int = 300_000,
-    runs: int = 2,
+    backlog: int = 1_000_000,
+    runs: int = 3,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-stats-") as tmp:
         workdir = Path(tmp)
@@ -180,7 +182,14 @@ async def bench_stats(
             await lg.ensure_stream()
             await lg.close()
             progress = Progress("publish", None)
-            pool_head = await _publish(server.url, 0, proxies, proxies)
+            await _publish(server.url, 0, proxies, proxies)
+            async with _gateway(server.url, workdir, "locate") as base:
+                async with aiohttp.ClientSession() as http:
+                    await _wait_up(http, base)
+                await _settled(base, timeout=1800)
+            lg = await Log.connect(server.url)
+            pool_head = await lg.head_seq()
+            await lg.close()
             progress.update(pool_head)
             head = await _publish(server.url, 0, backlog, proxies)
             progress.close()
@@ -194,11 +203,7 @@ async def bench_stats(
                 _gateway(server.url, workdir, "latency") as base,
             ):
                 await _wait_up(http, base)
-                while await _applied(http, base) < head:
-                    await asyncio.sleep(0.5)
-                # The gateway locates the new pool first (Located for every address):
-                # measure the steady pool under the load, not that burst.
-                await _settled(base)
+                await _settled(base, timeout=1800)
                 count = int(rate * seconds * 2.5)  # outlasts both windows below
                 load = _publisher(server.url, 0, count, proxies, float(rate))
                 try:

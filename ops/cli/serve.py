@@ -25,6 +25,7 @@ from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.server import ROLES, NatsServer
 from projections.live import FoldService
+from reducers import State
 
 __all__ = ["register"]
 
@@ -117,7 +118,7 @@ async def _up(args: argparse.Namespace) -> int:
             print(f"ppf up: the local agents check through {', '.join(judges)}", flush=True)
             await local_agents(stack, base, tokens, data, judges, own, args, tls_judge, keys)
         log.info("started", role="up", nats=lg.address)
-        await _serve_forever()
+        await _serve_forever(fold)
     return 0
 
 
@@ -129,7 +130,7 @@ async def _gateway(args: argparse.Namespace) -> int:
         fold = await _fold_service(stack, lg, None, dlq=False)
         await _gateway_site(stack, args, fold, lg, {}, "gateway")
         log.info("started", role="gateway", nats=lg.address)
-        await _serve_forever()
+        await _serve_forever(fold)
     return 0
 
 
@@ -137,25 +138,42 @@ async def _fold(args: argparse.Namespace) -> int:
     data = data_dir(args)
     async with AsyncExitStack() as stack:
         lg = await _log(stack, args.nats, "ppf-fold")
-        await _fold_service(stack, lg, data, dlq=True)
+        fold = await _fold_service(stack, lg, data, dlq=True)
         print(f"ppf fold: nats {lg.address}  db {data / 'ppf.duckdb'}", flush=True)
         log.info("started", role="fold", nats=lg.address)
-        await _serve_forever()
+        await _serve_forever(fold)
     return 0
 
 
-async def _serve_forever() -> None:
-    # Fewer young-generation collections: every request allocates, and with the default
-    # threshold (700) the collector's pauses set the lease p99 (measured in `ppf bench
-    # lease`: 78 ms -> 59 ms). The projections are untracked Structs (gc=False), so
-    # less frequent collection costs little memory.
-    gc.set_threshold(100_000, 50, 1000)
-    # And no full collection walks the projections: their dicts and sets (a million
-    # entries each at a million proxies) exist from the start, so freezing what exists
-    # now exempts them for good, however they grow. Before, one full collection at a
-    # million proxies held the event loop 1.06 s (/v1/stats' max in `ppf bench stats`).
+_PIN = object()
+
+
+def _freeze_projections(state: State) -> None:
+    """Keep the collector off the projections' containers (a million entries each at a
+    million proxies) for good: ``gc.freeze`` exempts what exists, but a full collection
+    first untracks a dict whose entries are all untracked (rows are gc=False Structs),
+    and the next new key tracks it again as a young object, walked whole by each young
+    collection (54 ms at a million proxies in isolation; /v1/stats saw 100-160 ms at
+    100,000 and 1.06 s at a million). So each dict holds a tracked value for a moment,
+    which tracks it, before the freeze; a tracked dict is only untracked by a full
+    collection, and a frozen one is never collected."""
     gc.collect()
+    for name in State.__slots__:
+        value = getattr(state, name, None)
+        if isinstance(value, dict):
+            value[_PIN] = []
+            del value[_PIN]
     gc.freeze()
+
+
+async def _serve_forever(fold: FoldService) -> None:
+    # Young collections every 10,000 net allocations, not 700: every request allocates,
+    # and at 700 the collector's pauses set the lease p99 (`ppf bench lease`: 78 ms ->
+    # 59 ms). Not 100,000 either: the fold's changed-row keys are young tuples, and a
+    # collection of 100,000 of them held the loop 100-160 ms at a 100,000-proxy pool
+    # (/v1/stats' max); at 10,000 the longest young collection measured 9-12 ms.
+    gc.set_threshold(10_000, 50, 1000)
+    _freeze_projections(fold.state)
     await wait_for_signal()
 
 
