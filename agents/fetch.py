@@ -53,6 +53,29 @@ def _public(addr: str) -> bool:
         return False
 
 
+def _legacy_ipv4(host: str) -> str | None:
+    """An address in a notation ``inet_aton`` (and so curl, browsers and most proxies)
+    still reads: decimal ``2130706433``, hex ``0x7f.1``, octal ``0177.0.0.1``, short
+    ``127.1``; as a dotted quad, or None when ``host`` is a name."""
+    if not host or not host[0].isdigit():
+        return None
+    try:
+        return socket.inet_ntoa(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+# Names that are never public: no upstream (Tor's exit included) should be asked for
+# them, and one on the operator's own network would resolve them there.
+_LOCAL_SUFFIXES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".localdomain")
+
+
+def _local_name(host: str) -> bool:
+    """``localhost``, a single label (``intranet``), or a name under a local suffix."""
+    name = host.rstrip(".").lower()
+    return "." not in name or name.endswith(_LOCAL_SUFFIXES)
+
+
 class _PublicOnlyResolver(AbstractResolver):
     """Refuses, at connect time, a name that resolves to any non-public address.
 
@@ -131,7 +154,16 @@ class Fetcher:
         try:
             ipaddress.ip_address(host)
         except ValueError:
-            return None  # a name
+            legacy = _legacy_ipv4(host)
+            if legacy is None:
+                # A name: resolved by our resolver, which refuses private answers; an
+                # upstream resolves it where we cannot look (never locally: that would
+                # leak every source to local DNS, and .onion names do not resolve), so
+                # what cannot be public is refused by its form.
+                if self.upstream and _local_name(host):
+                    return f"refused: {host} cannot be a public name"
+                return None
+            host = legacy
         if not _public(host) and host not in self.admitted:
             return f"refused: {host} is not a public address"
         return None

@@ -33,10 +33,12 @@ from events.catalogue import (
 
 __all__ = [
     "DLQ_PREFIX",
+    "RESERVED_AGENT_NAMES",
     "STREAM",
     "STREAM_SUBJECTS",
     "SubjectError",
     "agent_name_ok",
+    "agent_name_reserved",
     "deposit_key_id",
     "dlq_subject",
     "normalize_url",
@@ -94,8 +96,20 @@ def shard_of(ip: str, port: int) -> str:
     return f"s{digest[0]:03d}"
 
 
+# Names the service publishes as ("admin" on what operators and `ppf up` configure,
+# "fold" on lookups) and `ppf up`'s own agents: never issued to an agent, whatever its
+# role, so nothing an agent publishes can pass for the service's.
+RESERVED_AGENT_NAMES = frozenset(
+    {"admin", "fold", "gateway", "ppf", "service", "local-worker", "local-checker"}
+)
+
+
 def agent_name_ok(name: str) -> bool:
     return bool(_AGENT_NAME.match(name))
+
+
+def agent_name_reserved(name: str) -> bool:
+    return name.lower() in RESERVED_AGENT_NAMES
 
 
 def _token(value: str, what: str) -> str:

@@ -21,6 +21,7 @@ from gateway.api import openapi
 from gateway.commands import GRANTER
 from gateway.commands import routes as command_routes
 from gateway.http import (
+    AUTH_FAILURES,
     CONFIG,
     FOLD,
     LIMITER,
@@ -238,6 +239,7 @@ def make_app(
     app[LOG] = lg or fold.log
     app[CONFIG] = config
     app[LIMITER] = RateLimiter(config.rate_per_s, config.burst)
+    app[AUTH_FAILURES] = RateLimiter(config.auth_failures_per_s, config.auth_failures_burst)
     app[SNAPSHOT] = SnapshotKeeper()
     app[GRANTER] = Granter(
         fold, app[LOG], max_per_agent=config.max_leases_per_agent, recheck=config.recheck

@@ -80,6 +80,32 @@ def _check(caller: Caller, index: int, event: Event) -> FieldError | None:
     return None
 
 
+async def _foreign_release(request: web.Request, caller: Caller, event: Released) -> str:
+    """Why ``event`` may not be published by ``caller`` ("" when it may): a release
+    frees a lease, so only of a lease the caller holds, or of one that has ended on that
+    target (a late release, which the fold counts as late). Anything else would free
+    another agent's lease, or make a ledger row for a lease that never was."""
+    fold = request.app[FOLD]
+    state = fold.state
+    if event.lease not in state.lease_owner:
+        row = state.leases.get(event.target)
+        if row is not None and row.lease == event.lease and row.status != "leased":
+            return ""  # ended: late, harmless
+        # Granted a moment ago by another gateway, maybe, and not applied here yet (the
+        # granting one applied it before answering): look once more at the head.
+        await fold.wait_for(await fold.head_seq(), 2.0)
+    target = state.lease_owner.get(event.lease)
+    if target is None:
+        row = state.leases.get(event.target)
+        if row is not None and row.lease == event.lease and row.status != "leased":
+            return ""
+        return "no such lease on this target"
+    row = state.leases[target]
+    if target != event.target or row.holder != caller.name:
+        return "a lease this agent does not hold"
+    return ""
+
+
 @routes.post("/v1/events")
 async def publish_events(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed")
@@ -99,6 +125,11 @@ async def publish_events(request: web.Request) -> web.Response:
             errors.append(FieldError(index=index, field="", reason=str(exc)))
             continue
         problem = _check(caller, index, event)
+        why = ""
+        if problem is None and isinstance(event, Released):
+            why = await _foreign_release(request, caller, event)
+        if why:
+            problem = FieldError(index=index, field="lease", reason=why)
         if problem is not None:
             errors.append(problem)
         events.append(event)

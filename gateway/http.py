@@ -18,8 +18,10 @@ from projections.log import EventLog, LogError
 from projections.recheck import RecheckPolicy
 
 __all__ = [
+    "AUTH_FAILURES",
     "CONFIG",
     "FOLD",
+    "LIMITER",
     "LOG",
     "ApiError",
     "Caller",
@@ -57,6 +59,10 @@ class GatewayConfig:
     # role -> the NATS URL (with that role's user) its agents publish through; a role
     # missing here publishes through POST /v1/events.
     agent_nats: dict[str, str] = field(default_factory=dict)
+    # Failed authentications per peer address: a burst, then one per 5 s; past it the
+    # address gets 429 before its token is even looked at (no guessing at full speed).
+    auth_failures_burst: float = 20.0
+    auth_failures_per_s: float = 0.2
     # The public judge's keys, when this machine publishes one: agents get theirs with
     # GET /v1/agents/me (gateway/judge.py).
     judge_keys: JudgeKeys | None = None
@@ -124,6 +130,7 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     up, so a busy gateway (thousands of lease requests a second) logs what matters.
     """
     structlog.contextvars.clear_contextvars()
+    structlog.contextvars.bind_contextvars(peer=request.remote)
     started = time.perf_counter()
     response = await _answer(request, handler)
     ms = round((time.perf_counter() - started) * 1000, 2)
@@ -173,6 +180,8 @@ async def decode_body(request: web.Request, kind: type[T]) -> T:
         raise ApiError(400, "invalid-body", str(exc)) from None
     except msgspec.DecodeError as exc:
         raise ApiError(400, "undecodable-body", str(exc)) from None
+    except RecursionError:  # JSON nested past the decoder's depth: the client's fault
+        raise ApiError(400, "undecodable-body", "JSON nested too deep") from None
 
 
 def integer(request: web.Request, name: str, default: int | None = None) -> int | None:
@@ -206,25 +215,39 @@ class Caller:
 
 @dataclass(slots=True)
 class RateLimiter:
-    """A token bucket per caller token."""
+    """A token bucket per key (a caller's token, a peer address)."""
 
     rate: float
     burst: float
     buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    max_keys: int = 100_000  # past it, full buckets are forgotten (they hold no state)
+
+    def _tokens(self, key: str, now: float) -> float:
+        tokens, at = self.buckets.get(key, (self.burst, now))
+        return min(self.burst, tokens + (now - at) * self.rate)
 
     def take(self, key: str) -> float:
         """0 when allowed, else the seconds to wait."""
         now = time.monotonic()
-        tokens, at = self.buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        tokens = self._tokens(key, now)
         if tokens < 1.0:
             self.buckets[key] = (tokens, now)
             return (1.0 - tokens) / self.rate
+        if len(self.buckets) >= self.max_keys and key not in self.buckets:
+            self.buckets = {
+                k: v for k, v in self.buckets.items() if self._tokens(k, now) < self.burst
+            }
         self.buckets[key] = (tokens - 1.0, now)
         return 0.0
 
+    def wait(self, key: str) -> float:
+        """The seconds until ``key`` may take again (0: now), taking nothing."""
+        tokens = self._tokens(key, time.monotonic())
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
 
 LIMITER = web.AppKey("limiter", RateLimiter)
+AUTH_FAILURES = web.AppKey("auth_failures", RateLimiter)  # keyed by peer address
 
 
 def authorize(request: web.Request, *roles: str) -> Caller:
@@ -238,10 +261,21 @@ def authorize(request: web.Request, *roles: str) -> Caller:
             "a bearer token is required",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    peer = request.remote or "unknown"
+    failures = request.app[AUTH_FAILURES]
+    if (wait := failures.wait(peer)) > 0:
+        raise ApiError(
+            429,
+            "too-many-failures",
+            "too many failed authentications from this address",
+            headers={"Retry-After": str(max(1, round(wait)))},
+        )
     digest = token_sha256(token)
     state = request.app[FOLD].state
     name = state.tokens.get(digest)
     if name is None:
+        failures.take(peer)
+        log.warning("auth_failed", peer=peer, path=request.path)
         raise ApiError(401, "unauthorized", "unknown or revoked token")
     structlog.contextvars.bind_contextvars(agent=name)
     agent = state.agents[name]

@@ -11,7 +11,7 @@ from aiohttp import web
 from events.mint import now_ms
 from events.wire import AgentMe
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
-from projections.readmodels import ProxyFilter, due_sources, liveness, percentiles, source_score
+from projections.readmodels import ProxyFilter, due_sources, liveness, source_score
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow
 from reducers.pool import lease_live
@@ -71,7 +71,12 @@ class ProxyOut(msgspec.Struct):
 
 
 def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> ProxyOut:
-    p50, p95 = percentiles(unpack_samples(v.samples), 0.5, 0.95)
+    # Nearest rank, as readmodels.percentile, inline: this runs for every row served.
+    p50 = p95 = None
+    if v.samples:
+        ordered = sorted(unpack_samples(v.samples))
+        last = len(ordered) - 1
+        p50, p95 = ordered[round(0.5 * last)], ordered[round(0.95 * last)]
     if isinstance(v, ProxyRow):
         latency, agents = v.latency_ema, len(v.agents)
     else:

@@ -30,6 +30,7 @@ __all__ = ["FoldService", "Sink"]
 log = structlog.get_logger("ppf.fold")
 
 HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find it read
+DLQ_COPY_BYTES = 16_384  # of a rejected message, copied into its DLQ entry
 
 
 class Sink(Protocol):
@@ -254,7 +255,11 @@ class FoldService:
                 "Ppf-Subject": subject.decode(errors="replace"),
                 "Ppf-Reason": exc.reason,
                 "Ppf-Error": exc.detail[:500],
+                "Ppf-Size": str(len(payload)),
             }
+            # The original stays in the log at Ppf-Seq; the copy is for reading, and a
+            # megabyte of junk must not be stored twice.
+            payload = payload[:DLQ_COPY_BYTES]
             while True:
                 try:
                     # The id is derived from the original sequence: a fold that restarts

@@ -21,7 +21,6 @@ exits at end of input.
 from __future__ import annotations
 
 import asyncio
-import os
 import struct
 import sys
 from pathlib import Path
@@ -132,10 +131,6 @@ def read_frame(inp: BinaryIO) -> bytes | None:
 
 def serve(path: str, digests: bool = True) -> int:
     """The child's loop (see the module docstring)."""
-    # Background work: on a busy machine the scheduler should run the fold and its
-    # queries first (a checkpoint's burst of hashing and writing, on a two-core machine
-    # shared with NATS, showed in /v1/stats' p99). A slower write only delays the next.
-    os.nice(10)
     out, inp = sys.stdout.buffer, sys.stdin.buffer
     store = None
     keeper, meta, last_seq = DigestKeeper(), "", 0

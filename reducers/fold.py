@@ -96,7 +96,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
                 agent.outage = event.outage
         case Released():
             ledger.on_subject(state, event.target, event.kind, seq)
-            if event.kind == "source":
+            if event.kind == "source" and event.lease:  # "" would settle any lease's fetch
                 sources.settle(state, event.target, event.lease)
             if not ledger.release(state, event, ts):
                 agent.late += 1

@@ -8,6 +8,7 @@ row are tuples in insertion order, so a row's canonical encoding is deterministi
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -38,7 +39,14 @@ def latency_samples(row: ProxyRow) -> list[int]:
 
 def unpack_samples(data: bytes) -> list[int]:
     """The packed little-endian uint16 latency samples of a row, as milliseconds."""
-    return list(struct.unpack(f"<{len(data) // 2}H", data[: len(data) // 2 * 2]))
+    n = len(data) // 2
+    unpack = _UNPACK.get(n)
+    if unpack is None:
+        unpack = _UNPACK[n] = struct.Struct(f"<{n}H").unpack
+    return list(unpack(data if len(data) == 2 * n else data[: 2 * n]))
+
+
+_UNPACK: dict[int, Callable[[bytes], tuple[int, ...]]] = {}  # by sample count
 
 
 class ProxyRow(msgspec.Struct, gc=False):

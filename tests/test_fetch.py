@@ -92,8 +92,31 @@ async def test_private_addresses_are_refused_without_the_lab_flag(site: TestServ
             assert not result.ok and "refused" in result.error, (url, result.error)
         assert "not an http(s) URL" in (await f.fetch("ftp://8.8.8.8/x")).error
     # An upstream resolves names for us, but an address written in the URL is ours to refuse.
+    # And names that cannot be public are refused by their form: the upstream would
+    # resolve them on its own network. None of these reaches the upstream.
     async with Fetcher(upstream=f"socks5://127.0.0.1:{port}", timeout_s=2) as f:
-        assert "refused" in (await f.fetch("http://192.168.1.1/list.txt")).error
+        for url in (
+            "http://192.168.1.1/list.txt",
+            "http://localhost/list.txt",
+            "http://LOCALHOST./list.txt",
+            "http://intranet/list.txt",
+            "http://printer.local/list.txt",
+            "http://metadata.google.internal/list.txt",
+            "http://nas.lan/list.txt",
+            "http://a.localhost/list.txt",
+            "http://2130706433/list.txt",  # 127.0.0.1 in decimal
+            "http://0x7f000001/list.txt",  # in hex
+            "http://0177.0.0.1/list.txt",  # in octal
+            "http://127.1/list.txt",  # short form
+            "http://10.1/list.txt",
+            "http://[::ffff:169.254.169.254]/list.txt",
+        ):
+            result = await f.fetch(url)
+            assert not result.ok and "refused" in result.error, (url, result.error)
+            assert not result.upstream_down, url
+        # Public names, onion services included, are the upstream's to resolve.
+        for url in ("http://lists.example.net/x.txt", "http://expyuzz4wqqyqhjn.onion/x.txt"):
+            assert f._guard(url) is None, url
 
 
 async def test_every_redirect_hop_is_guarded(site: TestServer) -> None:

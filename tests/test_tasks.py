@@ -38,6 +38,7 @@ async def test_a_single_cancel_can_be_lost_on_this_python() -> None:
 
 
 async def test_stop_tasks_ends_a_task_that_lost_its_cancel() -> None:
+    """The cancel is sent again until the task has ended."""
     task, _ = await _lose_one_cancel()
     assert await stop_tasks([task], 2) == 0
     assert task.done()

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from events import Origin, Role, agent_name_ok
+from events import RESERVED_AGENT_NAMES, Origin, Role, agent_name_ok, agent_name_reserved
 from events.mint import enrollment
 from ops.cli.common import DEFAULT_NATS
 from ops.nats.client import Log
@@ -52,6 +52,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 async def _token(args: argparse.Namespace) -> int:
     if not agent_name_ok(args.name):
         print(f"ppf token: bad agent name {args.name!r}: 1-64 of A-Z a-z 0-9 _ -", file=sys.stderr)
+        return 2
+    if agent_name_reserved(args.name):
+        reserved = ", ".join(sorted(RESERVED_AGENT_NAMES))
+        print(
+            f"ppf token: {args.name!r} is reserved (the service's own: {reserved})", file=sys.stderr
+        )
         return 2
     lg = await Log.connect(args.nats, name="ppf-token")
     try:

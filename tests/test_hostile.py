@@ -1,0 +1,148 @@
+"""A hostile caller against the real gateway (issue 11, its first probes): what it sends
+gets a 4xx, never a 500, and guessing tokens is slowed down by address."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+
+from agents.seeds import source_added
+from events import Released
+from events.mint import fresh_id, now_ms
+from gateway.app import make_app
+from gateway.http import GatewayConfig
+from ops.cli.admin import enroll
+from ops.nats.client import Log
+from projections.live import DLQ_COPY_BYTES, FoldService
+
+
+@pytest.fixture
+async def gw(log_client: Log) -> AsyncIterator[tuple[Any, dict[str, str]]]:
+    tokens = {"w1": await enroll(log_client, "w1", "worker")}
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    assert await fold.wait_for(await log_client.head_seq(), 10)
+    config = GatewayConfig(auth_failures_burst=5, auth_failures_per_s=0.01)
+    client = TestClient(TestServer(make_app(fold, log_client, config)))
+    await client.start_server()
+    try:
+        yield client, tokens
+    finally:
+        await client.close()
+        await fold.stop()
+
+
+async def test_deeply_nested_json_is_a_400_not_a_500(gw: Any) -> None:
+    """100,000 levels of brackets overflow the decoder: the client's fault, answered so."""
+    client, tokens = gw
+    deep = b'{"events": [' + b"[" * 100_000 + b"]" * 100_000 + b"]}"
+    r = await client.post(
+        "/v1/events",
+        data=deep,
+        headers={"Authorization": f"Bearer {tokens['w1']}", "Content-Type": "application/json"},
+    )
+    assert r.status == 400
+    body = await r.json(content_type=None)
+    assert body["type"].endswith("/undecodable-body") and "deep" in body["detail"]
+
+
+async def test_failed_authentication_is_limited_per_address_and_logged_with_it(
+    gw: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Five wrong tokens, then the address gets 429 even with a right one (its guesses
+    are not even looked at); each failure's log line names the peer."""
+    client, tokens = gw
+    for i in range(5):
+        r = await client.get("/v1/agents/me", headers={"Authorization": f"Bearer guess-{i}"})
+        assert r.status == 401
+    r = await client.get("/v1/agents/me", headers={"Authorization": "Bearer guess-6"})
+    assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+    r = await client.get("/v1/agents/me", headers={"Authorization": f"Bearer {tokens['w1']}"})
+    assert r.status == 429
+    logged = [line for line in capsys.readouterr().out.splitlines() if "auth_failed" in line]
+    assert len(logged) == 5 and all("peer=127.0.0.1" in line for line in logged)
+
+
+async def test_a_megabyte_of_junk_is_not_copied_whole_into_the_dlq(log_client: Log) -> None:
+    """The DLQ entry keeps the first 16 KB and the original size; the log keeps the rest."""
+    junk = b"{" + b"x" * 1_000_000
+    await log_client.publish_raw("ppf.proxy.1-1-1-1_1", junk, msg_id="junk-1")
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    try:
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        for _ in range(100):
+            if fold.dlq_sent:
+                break
+            await asyncio.sleep(0.05)
+        sub = await log_client.js.subscribe("ppf.dlq.undecodable", ordered_consumer=True)
+        try:
+            msg = await sub.next_msg(timeout=5)
+        finally:
+            await sub.unsubscribe()
+        assert msg.data == junk[:DLQ_COPY_BYTES]
+        assert (msg.headers or {})["Ppf-Size"] == str(len(junk))
+    finally:
+        await fold.stop()
+
+
+@pytest.mark.parametrize("name", ["admin", "Admin", "fold", "local-worker"])
+def test_the_services_own_names_are_never_issued(ppf_bin: str, name: str) -> None:
+    """A worker named `admin` (or `fold`, whose name Located carries) would publish as
+    the service: refused before anything is written."""
+    out = subprocess.run(
+        [ppf_bin, "token", "issue", name, "--role", "worker", "--nats", "nats://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 2 and "reserved" in out.stderr and not out.stdout
+
+
+async def test_a_release_of_a_lease_the_caller_does_not_hold_is_refused(log_client: Log) -> None:
+    """w2 may not free w1's live lease, nor release a lease that never was (which made a
+    ledger row); w1 releases its own."""
+    tokens = {w: await enroll(log_client, w, "worker") for w in ("w1", "w2")}
+    await log_client.publish_many(source_added({"http://lists.example.net/a.txt": ""}, "manual"))
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    client = TestClient(TestServer(make_app(fold, log_client, GatewayConfig())))
+    await client.start_server()
+    try:
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        r = await client.post(
+            "/v1/leases",
+            json={"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60},
+            headers={"Authorization": f"Bearer {tokens['w1']}"},
+        )
+        [grant] = (await r.json())["leases"]
+
+        async def release(who: str, lease: str, target: str) -> Any:
+            event = Released(
+                id=fresh_id(), agent=who, at=now_ms(), lease=lease, target=target, outcome="done"
+            )
+            body = {"events": [msgspec.to_builtins(event)]}
+            auth = {"Authorization": f"Bearer {tokens[who]}"}
+            return await client.post("/v1/events", json=body, headers=auth)
+
+        head = await log_client.head_seq()
+        r = await release("w2", grant["lease"], grant["target"])
+        assert r.status == 400
+        [error] = (await r.json(content_type=None))["errors"]
+        assert error["field"] == "lease" and "does not hold" in error["reason"]
+        r = await release("w2", "0190c3a2-0000-7000-8000-000000000000", "made-up-target")
+        assert r.status == 400
+        assert await log_client.head_seq() == head  # nothing of either was published
+        assert "made-up-target" not in fold.state.leases
+        assert fold.state.leases[grant["target"]].holder == "w1"
+        r = await release("w1", grant["lease"], grant["target"])
+        assert r.status == 200, await r.text()
+    finally:
+        await client.close()
+        await fold.stop()
