@@ -57,6 +57,8 @@ class EventLog(Protocol):
 
     async def publish_many(self, events: Sequence[Event]) -> list[int]: ...
 
+    async def publish_acks(self, events: Sequence[Event]) -> list[Published]: ...
+
     async def publish_raw(
         self,
         subject: str,

@@ -20,6 +20,7 @@ from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
 from ops.nats.client import Log
 from projections.live import DLQ_COPY_BYTES, FoldService
+from tests.helpers import worked
 
 
 @pytest.fixture
@@ -143,6 +144,39 @@ async def test_a_release_of_a_lease_the_caller_does_not_hold_is_refused(log_clie
         assert fold.state.leases[grant["target"]].holder == "w1"
         r = await release("w1", grant["lease"], grant["target"])
         assert r.status == 200, await r.text()
+    finally:
+        await client.close()
+        await fold.stop()
+
+
+async def test_an_event_id_already_in_the_stream_is_reported_not_silently_dropped(
+    log_client: Log,
+) -> None:
+    """w2 re-uses an id w1's event already holds: the stream stores nothing, and the
+    answer says so (`duplicates: 1`) instead of 0; a fresh id is stored."""
+    tokens = {w: await enroll(log_client, w, "worker") for w in ("w1", "w2")}
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    client = TestClient(TestServer(make_app(fold, log_client, GatewayConfig())))
+    await client.start_server()
+    try:
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        first = worked(ip="8.8.8.8", agent="w1")
+
+        async def post(who: str, event: Any) -> Any:
+            body = {"events": [msgspec.to_builtins(event)]}
+            auth = {"Authorization": f"Bearer {tokens[who]}"}
+            r = await client.post("/v1/events", json=body, headers=auth)
+            assert r.status == 200, await r.text()
+            return await r.json()
+
+        assert (await post("w1", first))["duplicates"] == 0
+        taken = msgspec.structs.replace(worked(ip="9.9.9.9", agent="w2"), id=first.id)
+        head = await log_client.head_seq()
+        answer = await post("w2", taken)
+        assert answer["duplicates"] == 1 and await log_client.head_seq() == head
+        assert (await post("w2", worked(ip="9.9.9.9", agent="w2")))["duplicates"] == 0
+        assert await log_client.head_seq() == head + 1
     finally:
         await client.close()
         await fold.stop()

@@ -223,12 +223,22 @@ class Log:
     async def publish_many(
         self, events: Sequence[Event], *, window: int = 4000, timeout: float = 10.0
     ) -> list[int]:
-        """Pipelined publish of unguarded events; sequences in input order.
+        """Pipelined publish of unguarded events; sequences in input order."""
+        acks = await self.publish_acks(events, window=window, timeout=timeout)
+        return [a.seq for a in acks]
+
+    async def publish_acks(
+        self, events: Sequence[Event], *, window: int = 4000, timeout: float = 10.0
+    ) -> list[Published]:
+        """Pipelined publish of unguarded events; their acks in input order, each saying
+        whether the stream had that id already (``duplicate``: nothing was stored).
 
         Every future is bounded by ``wait_for``; what did not get an ack is re-sent with
         the same ``Nats-Msg-Id`` (stored once), so a failure raises instead of dropping.
+        A re-send's ack says duplicate when the first send was stored after all: the
+        first ack's answer is the one kept.
         """
-        seqs: list[int] = [0] * len(events)
+        acks: list[Published | None] = [None] * len(events)
         pending = list(range(len(events)))
         for attempt in range(1, RETRIES + 1):
             failed: list[int] = []
@@ -259,9 +269,11 @@ class Log:
                     if isinstance(res, BaseException):
                         failed.append(i)
                     else:
-                        seqs[i] = res.seq
+                        # A re-send of ours found the first send stored: not a duplicate.
+                        dup = bool(res.duplicate) and attempt == 1
+                        acks[i] = Published(seq=res.seq, duplicate=dup)
             if not failed:
-                return seqs
+                return [a for a in acks if a is not None]
             log.warning("publish_many_retried", failed=len(failed), attempt=attempt)
             pending = failed
         raise PublishError(f"{len(pending)} of {len(events)} events got no ack")
