@@ -87,21 +87,21 @@ async def _foreign_release(request: web.Request, caller: Caller, event: Released
     another agent's lease, or make a ledger row for a lease that never was."""
     fold = request.app[FOLD]
     state = fold.state
-    if event.lease not in state.lease_owner:
+
+    def ended() -> bool:
         row = state.leases.get(event.target)
-        if row is not None and row.lease == event.lease and row.status != "leased":
-            return ""  # ended: late, harmless
+        return row is not None and row.lease == event.lease and row.status != "leased"
+
+    if event.lease not in state.lease_owner:
+        if ended():
+            return ""
         # Granted a moment ago by another gateway, maybe, and not applied here yet (the
         # granting one applied it before answering): look once more at the head.
         await fold.wait_for(await fold.head_seq(), 2.0)
     target = state.lease_owner.get(event.lease)
     if target is None:
-        row = state.leases.get(event.target)
-        if row is not None and row.lease == event.lease and row.status != "leased":
-            return ""
-        return "no such lease on this target"
-    row = state.leases[target]
-    if target != event.target or row.holder != caller.name:
+        return "" if ended() else "no such lease on this target"
+    if target != event.target or state.leases[target].holder != caller.name:
         return "a lease this agent does not hold"
     return ""
 

@@ -11,7 +11,13 @@ from aiohttp import web
 from events.mint import now_ms
 from events.wire import AgentMe
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
-from projections.readmodels import ProxyFilter, due_sources, liveness, source_score
+from projections.readmodels import (
+    ProxyFilter,
+    due_sources,
+    liveness,
+    nearest_rank,
+    source_score,
+)
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow
 from reducers.pool import lease_live
@@ -71,12 +77,10 @@ class ProxyOut(msgspec.Struct):
 
 
 def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> ProxyOut:
-    # Nearest rank, as readmodels.percentile, inline: this runs for every row served.
     p50 = p95 = None
-    if v.samples:
+    if v.samples:  # sorted once for both (this runs for every row served)
         ordered = sorted(unpack_samples(v.samples))
-        last = len(ordered) - 1
-        p50, p95 = ordered[round(0.5 * last)], ordered[round(0.95 * last)]
+        p50, p95 = nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.95)
     if isinstance(v, ProxyRow):
         latency, agents = v.latency_ema, len(v.agents)
     else:

@@ -19,6 +19,7 @@ __all__ = [
     "due_score",
     "due_sources",
     "liveness",
+    "nearest_rank",
     "percentile",
     "proxy_status",
     "query_proxies",
@@ -91,16 +92,14 @@ def proxy_status(row: ProxyRow, now: int, ttl_s: int) -> str:
 
 
 def percentile(samples: Iterable[int], q: float) -> int | None:
-    return percentiles(samples, q)[0]
-
-
-def percentiles(samples: Iterable[int], *qs: float) -> list[int | None]:
-    """The ``qs`` quantiles of ``samples`` (nearest rank), sorting them once."""
     ordered = sorted(samples)
-    if not ordered:
-        return [None] * len(qs)
+    return nearest_rank(ordered, q) if ordered else None
+
+
+def nearest_rank(ordered: list[int], q: float) -> int:
+    """The ``q`` quantile of sorted, non-empty ``ordered`` (nearest rank)."""
     last = len(ordered) - 1
-    return [ordered[min(last, max(0, round(q * last)))] for q in qs]
+    return ordered[min(last, max(0, round(q * last)))]
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ gets a 4xx, never a 500, and guessing tokens is slowed down by address."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,20 +24,30 @@ from projections.live import DLQ_COPY_BYTES, FoldService
 from tests.helpers import worked
 
 
-@pytest.fixture
-async def gw(log_client: Log) -> AsyncIterator[tuple[Any, dict[str, str]]]:
-    tokens = {"w1": await enroll(log_client, "w1", "worker")}
-    fold = FoldService(log_client, db=None)
+@contextlib.asynccontextmanager
+async def _gateway(
+    lg: Log, workers: tuple[str, ...], config: GatewayConfig | None = None
+) -> AsyncIterator[tuple[Any, FoldService, dict[str, str]]]:
+    """A real gateway on a real port, its fold caught up with the log, and a token for
+    each of ``workers``."""
+    tokens = {w: await enroll(lg, w, "worker") for w in workers}
+    fold = FoldService(lg, db=None)
     await fold.start()
-    assert await fold.wait_for(await log_client.head_seq(), 10)
-    config = GatewayConfig(auth_failures_burst=5, auth_failures_per_s=0.01)
-    client = TestClient(TestServer(make_app(fold, log_client, config)))
+    client = TestClient(TestServer(make_app(fold, lg, config or GatewayConfig())))
     await client.start_server()
     try:
-        yield client, tokens
+        assert await fold.wait_for(await lg.head_seq(), 10)
+        yield client, fold, tokens
     finally:
         await client.close()
         await fold.stop()
+
+
+@pytest.fixture
+async def gw(log_client: Log) -> AsyncIterator[tuple[Any, dict[str, str]]]:
+    config = GatewayConfig(auth_failures_burst=5, auth_failures_per_s=0.01)
+    async with _gateway(log_client, ("w1",), config) as (client, _, tokens):
+        yield client, tokens
 
 
 async def test_deeply_nested_json_is_a_400_not_a_500(gw: Any) -> None:
@@ -109,14 +120,8 @@ def test_the_services_own_names_are_never_issued(ppf_bin: str, name: str) -> Non
 async def test_a_release_of_a_lease_the_caller_does_not_hold_is_refused(log_client: Log) -> None:
     """w2 may not free w1's live lease, nor release a lease that never was (which made a
     ledger row); w1 releases its own."""
-    tokens = {w: await enroll(log_client, w, "worker") for w in ("w1", "w2")}
     await log_client.publish_many(source_added({"http://lists.example.net/a.txt": ""}, "manual"))
-    fold = FoldService(log_client, db=None)
-    await fold.start()
-    client = TestClient(TestServer(make_app(fold, log_client, GatewayConfig())))
-    await client.start_server()
-    try:
-        assert await fold.wait_for(await log_client.head_seq(), 10)
+    async with _gateway(log_client, ("w1", "w2")) as (client, fold, tokens):
         r = await client.post(
             "/v1/leases",
             json={"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60},
@@ -144,9 +149,6 @@ async def test_a_release_of_a_lease_the_caller_does_not_hold_is_refused(log_clie
         assert fold.state.leases[grant["target"]].holder == "w1"
         r = await release("w1", grant["lease"], grant["target"])
         assert r.status == 200, await r.text()
-    finally:
-        await client.close()
-        await fold.stop()
 
 
 async def test_an_event_id_already_in_the_stream_is_reported_not_silently_dropped(
@@ -154,13 +156,7 @@ async def test_an_event_id_already_in_the_stream_is_reported_not_silently_droppe
 ) -> None:
     """w2 re-uses an id w1's event already holds: the stream stores nothing, and the
     answer says so (`duplicates: 1`) instead of 0; a fresh id is stored."""
-    tokens = {w: await enroll(log_client, w, "worker") for w in ("w1", "w2")}
-    fold = FoldService(log_client, db=None)
-    await fold.start()
-    client = TestClient(TestServer(make_app(fold, log_client, GatewayConfig())))
-    await client.start_server()
-    try:
-        assert await fold.wait_for(await log_client.head_seq(), 10)
+    async with _gateway(log_client, ("w1", "w2")) as (client, _, tokens):
         first = worked(ip="8.8.8.8", agent="w1")
 
         async def post(who: str, event: Any) -> Any:
@@ -177,6 +173,3 @@ async def test_an_event_id_already_in_the_stream_is_reported_not_silently_droppe
         assert answer["duplicates"] == 1 and await log_client.head_seq() == head
         assert (await post("w2", worked(ip="9.9.9.9", agent="w2")))["duplicates"] == 0
         assert await log_client.head_seq() == head + 1
-    finally:
-        await client.close()
-        await fold.stop()
