@@ -19,9 +19,9 @@ import aiohttp
 import msgspec
 import structlog
 
-from events import DecodeError, Event, decode, encode
+from events import DecodeError, Event, agent_inbox, agent_msg_id, agent_subject, decode, encode
 from events.wire import AgentMe, LeaseGrant, LeasesReply, WireError
-from ops.nats.client import AGENT_INBOX, Log, LogError, redact
+from ops.nats.client import Log, LogError, redact
 
 __all__ = ["GatewayClient", "GatewayError"]
 
@@ -217,12 +217,14 @@ class GatewayClient:
         return [], ""
 
     async def _send_nats(self, pending: list[bytes]) -> tuple[list[bytes], str]:
-        """Straight to JetStream, each event under its own id as ``Nats-Msg-Id``."""
+        """Straight to JetStream, each event on ``ppf.in.<agent>...`` under ``<agent>:<id>``."""
         assert self._nats_url is not None
         try:
             if self._log is None:
                 self._log = await Log.connect(
-                    self._nats_url, name=f"ppf-agent-{self.agent}", inbox_prefix=AGENT_INBOX
+                    self._nats_url,
+                    name=f"ppf-agent-{self.agent}",
+                    inbox_prefix=agent_inbox(self.agent),
                 )
         except LogError as exc:
             return pending, repr(exc)
@@ -234,7 +236,11 @@ class GatewayClient:
                 except DecodeError as exc:  # a damaged outbox line
                     self._set_aside(line, exc.reason)
             try:
-                await self._log.publish_many(chunk, timeout=5.0)
+                # On its own subjects, under ids scoped by its name: the only ones its
+                # NATS credentials may write, and the only ones the fold takes from it.
+                await self._log.publish_many(
+                    chunk, timeout=5.0, subject=agent_subject, msg_id=agent_msg_id
+                )
             except LogError as exc:
                 return [encode(e) for e in chunk] + pending[NATS_CHUNK:], repr(exc)
             self.sent += len(chunk)

@@ -65,6 +65,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     proxy_ttl_s: int = 14_400
     latency_samples: int = 16
     provenance_cap: int = 16
+    # Identity bound to the publisher (ARCHITECTURE.md "Changes"): from the Configured
+    # that sets it, agents publish only on ``ppf.in.<agent>.<entity>.<key>`` and the
+    # entity subjects are the service's. Off in logs written before it existed, which
+    # replay as they always did.
+    agent_subjects: bool = False
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

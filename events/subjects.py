@@ -32,13 +32,18 @@ from events.catalogue import (
 )
 
 __all__ = [
+    "AGENT_INBOX",
+    "AGENT_PREFIX",
     "DLQ_PREFIX",
     "RESERVED_AGENT_NAMES",
     "STREAM",
     "STREAM_SUBJECTS",
     "SubjectError",
+    "agent_inbox",
+    "agent_msg_id",
     "agent_name_ok",
     "agent_name_reserved",
+    "agent_subject",
     "deposit_key_id",
     "dlq_subject",
     "normalize_url",
@@ -51,6 +56,13 @@ __all__ = [
 STREAM = "PPF"
 STREAM_SUBJECTS = "ppf.>"
 DLQ_PREFIX = "ppf.dlq."
+# An agent's own subjects: ``ppf.in.<agent>.<entity>.<key>``, the entity subject with the
+# publisher's name in front, so a NATS permission can bind each agent to its own.
+AGENT_PREFIX = "ppf.in."
+# Where an agent's replies (JetStream acks) come: ``_INBOX_AGENT.<agent>.<id>``; each
+# agent may read only its own.
+AGENT_INBOX = "_INBOX_AGENT"
+_ENTITIES = ("ppf.source.", "ppf.proxy.", "ppf.deposit.")
 SHARDS = 256
 
 _AGENT_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -100,7 +112,7 @@ def shard_of(ip: str, port: int) -> str:
 # "fold" on lookups) and `ppf up`'s own agents: never issued to an agent, whatever its
 # role, so nothing an agent publishes can pass for the service's.
 RESERVED_AGENT_NAMES = frozenset(
-    {"admin", "fold", "gateway", "ppf", "service", "local-worker", "local-checker"}
+    {"admin", "fold", "gateway", "ppf", "service", "sys", "local-worker", "local-checker"}
 )
 
 
@@ -110,6 +122,25 @@ def agent_name_ok(name: str) -> bool:
 
 def agent_name_reserved(name: str) -> bool:
     return name.lower() in RESERVED_AGENT_NAMES
+
+
+def agent_subject(event: Event) -> str:
+    """The subject ``event``'s agent publishes it on itself: ``ppf.proxy.1-2-3-4_80`` from
+    agent ``w1`` -> ``ppf.in.w1.proxy.1-2-3-4_80``. Only observations have one."""
+    subject = subject_for(event)
+    if not subject.startswith(_ENTITIES):
+        raise SubjectError(f"{type(event).__name__} is published by the service only")
+    return AGENT_PREFIX + _token(event.agent, "agent") + subject[3:]
+
+
+def agent_inbox(agent: str) -> str:
+    return f"{AGENT_INBOX}.{_token(agent, 'agent')}"
+
+
+def agent_msg_id(event: Event) -> str:
+    """``Nats-Msg-Id`` of an agent's event: scoped by its agent, so one agent's id can
+    never make the stream drop another's event as a duplicate."""
+    return f"{event.agent}:{event.id}"
 
 
 def _token(value: str, what: str) -> str:

@@ -34,6 +34,7 @@ from gateway.http import (
 )
 from gateway.judge import judge
 from gateway.leases import Granter
+from gateway.natsauth import Callout, Kicker
 from gateway.queries import SNAPSHOT, SnapshotKeeper
 from gateway.queries import routes as query_routes
 from projections.live import FoldService
@@ -213,6 +214,22 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     await stop_tasks([task], 5)
 
 
+async def _nats_auth(app: web.Application) -> AsyncIterator[None]:
+    """Answer the server's questions about agents' NATS logins, and cut the connections
+    of agents whose token changes (gateway/natsauth.py)."""
+    auth = app[CONFIG].agent_nats
+    assert auth is not None
+    fold = app[FOLD]
+    callout = Callout(auth, lambda: fold.state)
+    kicker = Kicker(auth, lambda: fold.state)
+    await callout.start()
+    task = asyncio.create_task(kicker.run(), name="ppf-kicker")
+    yield
+    await stop_tasks([task], 5)
+    await kicker.close()
+    await callout.stop()
+
+
 routes.get("/judge")(judge)
 
 
@@ -246,6 +263,8 @@ def make_app(
     )
     app[SERIES] = Series(config.series_every_s)
     app.cleanup_ctx.append(_sampling)
+    if config.agent_nats is not None and config.agent_nats.enforced:
+        app.cleanup_ctx.append(_nats_auth)
     app.add_routes(routes)
     app.add_routes(query_routes)
     app.add_routes(command_routes)

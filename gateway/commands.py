@@ -20,10 +20,12 @@ from events import (
     LeaseReset,
     Released,
     SubjectError,
+    agent_msg_id,
     subject_for,
     url_id,
 )
 from events.mint import fresh_id, now_ms
+from events.roles import ROLE_KINDS, may_publish
 from events.wire import (
     EventsAccepted,
     EventsRequest,
@@ -40,20 +42,11 @@ from gateway.http import CONFIG, FOLD, LOG, ApiError, Caller, authorize, decode_
 from gateway.leases import Granter
 from reducers.pool import lease_live
 
-__all__ = ["GRANTER", "ROLE_EVENTS", "routes"]
+__all__ = ["GRANTER", "routes"]
 
 routes = web.RouteTableDef()
 GRANTER = web.AppKey("granter", Granter)
 
-# What each role may publish (least privilege); admin may publish anything.
-ROLE_EVENTS: dict[str, frozenset[str]] = {
-    "worker": frozenset(
-        {"Fetched", "Extracted", "ProxyWorked", "Deposited", "Discovered", "Released", "Heartbeat"}
-    ),
-    "checker": frozenset({"ProxyWorked", "ProxyFailed", "Released", "Heartbeat"}),
-    "seed": frozenset({"Deposited", "Released", "Heartbeat"}),
-}
-ROLE_KINDS = {"worker": "source", "checker": "recheck", "seed": "seed"}
 
 _event: msgspec.json.Decoder[Event] = msgspec.json.Decoder(AnyEvent)
 _PATH = re.compile(r"at `\$(?P<path>[^`]*)`")
@@ -65,7 +58,7 @@ def _field(message: str) -> str:
 
 
 def _check(caller: Caller, index: int, event: Event) -> FieldError | None:
-    if caller.role != "admin" and type(event).__name__ not in ROLE_EVENTS.get(caller.role, ()):
+    if not may_publish(caller.role, type(event).__name__):
         return FieldError(
             index=index, field="type", reason=f"role {caller.role} may not publish it"
         )
@@ -144,7 +137,7 @@ async def publish_events(request: web.Request) -> web.Response:
         return reply(EventsAccepted(seqs=[], duplicates=0))
     # Duplicates as the stream counted them (an id it had already, from this batch, an
     # earlier one, or another agent's event): each stored nothing, and the caller is told.
-    acks = await request.app[LOG].publish_acks(events)
+    acks = await request.app[LOG].publish_acks(events, msg_id=agent_msg_id)
     duplicates = sum(a.duplicate for a in acks)
     return reply(EventsAccepted(seqs=[a.seq for a in acks], duplicates=duplicates))
 

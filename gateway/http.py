@@ -13,6 +13,7 @@ from aiohttp import web
 from events import token_sha256
 from events.wire import FieldError, Problem, WireError
 from gateway.judge import JudgeKeys
+from gateway.natsauth import NatsAuth
 from projections.live import FoldService
 from projections.log import EventLog, LogError
 from projections.recheck import RecheckPolicy
@@ -56,9 +57,9 @@ class GatewayConfig:
     lag_bound: int = 1_000
     recheck: RecheckPolicy = field(default_factory=RecheckPolicy)
     series_every_s: float = 10.0
-    # role -> the NATS URL (with that role's user) its agents publish through; a role
-    # missing here publishes through POST /v1/events.
-    agent_nats: dict[str, str] = field(default_factory=dict)
+    # How agents reach NATS with their own credentials (gateway/natsauth.py); None: they
+    # publish through POST /v1/events.
+    agent_nats: NatsAuth | None = None
     # Failed authentications per peer address: a burst, then one per 5 s; past it the
     # address gets 429 before its token is even looked at (no guessing at full speed).
     auth_failures_burst: float = 20.0

@@ -248,16 +248,20 @@ async def leases(request: web.Request) -> web.Response:
 @routes.get("/v1/agents/me")
 async def whoami(request: web.Request) -> web.Response:
     """The agent behind a token: how `ppf agent` learns its own name, and the NATS URL
-    its role publishes through (null: publish through ``POST /v1/events``)."""
+    with its own credentials (null: publish through ``POST /v1/events``)."""
     caller = authorize(request, "worker", "checker", "seed")
-    nats = request.app[CONFIG].agent_nats.get(caller.role)
-    if nats is not None:
+    offer = request.app[CONFIG].agent_nats
+    nats = None
+    if offer is not None and caller.role != "admin":
+        # Its own credentials, minted from its current token: a new token or a
+        # revocation makes them fail (gateway/natsauth.py).
+        nats = offer.url_for(caller.name, caller.token_sha256)
         # A server listening on every address: reach it where the agent reached us.
         host = request.url.host or ""
         host = f"[{host}]" if ":" in host else host
-        for unspecified in ("@0.0.0.0:", "@[::]:"):
+        for unspecified in ("0.0.0.0:", "[::]:"):
             if unspecified in nats and host:
-                nats = nats.replace(unspecified, f"@{host}:")
+                nats = nats.replace(unspecified, f"{host}:")
     keys = request.app[CONFIG].judge_keys
     key = keys.agent_key(caller.name).hex() if keys is not None else ""
     return reply(AgentMe(name=caller.name, role=caller.role, nats=nats, judge_key=key))

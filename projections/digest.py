@@ -36,7 +36,12 @@ def _sum(encoded_rows: Iterable[bytes]) -> int:
 
 def meta_digest(state: State) -> str:
     """The settings and sweep point reducers depend on."""
-    meta = _encode({"settings": state.settings, "sweep_bucket": state.sweep_bucket})
+    settings = msgspec.structs.asdict(state.settings)
+    if not settings["agent_subjects"]:
+        # A setting added later, left out while off: a log written before it existed
+        # keeps the digest it always had.
+        del settings["agent_subjects"]
+    meta = _encode({"settings": settings, "sweep_bucket": state.sweep_bucket})
     return hashlib.sha256(meta).hexdigest()
 
 

@@ -7,7 +7,7 @@ point inward) and a test can hand them any object with these methods.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -57,7 +57,9 @@ class EventLog(Protocol):
 
     async def publish_many(self, events: Sequence[Event]) -> list[int]: ...
 
-    async def publish_acks(self, events: Sequence[Event]) -> list[Published]: ...
+    async def publish_acks(
+        self, events: Sequence[Event], *, msg_id: Callable[[Event], str] = ...
+    ) -> list[Published]: ...
 
     async def publish_raw(
         self,

@@ -17,9 +17,14 @@ def row(state: State, name: str) -> AgentRow:
 
 
 def enrolled(state: State, event: AgentEnrolled, ts: int) -> None:
+    """A new token revokes the old one; an empty one (``ppf token revoke``) revokes the
+    agent (its role stays as it was): its token stops working and the fold takes nothing
+    more from its subjects."""
     agent = row(state, event.name)
-    state.tokens.pop(agent.token_sha256, None)  # a new token revokes the old one
-    agent.role = event.role
+    state.tokens.pop(agent.token_sha256, None)
     agent.token_sha256 = event.token_sha256
+    if not event.token_sha256:
+        return  # its role is kept, for the record
+    agent.role = event.role
     state.tokens[event.token_sha256] = event.name
     agent.enrolled_at = ts

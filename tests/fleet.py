@@ -15,6 +15,7 @@ from aiohttp.test_utils import TestServer
 
 import events as ev
 from gateway.app import make_app
+from gateway.http import GatewayConfig
 from ops.cli import enroll
 from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
@@ -55,7 +56,7 @@ async def fleet(
     lg = await Log.connect(nats_server.url)
     await lg.ensure_stream()
     token = await enroll(lg, "w1", "worker")
-    settings = ev.Settings(lab=True)
+    settings = ev.Settings(lab=True, agent_subjects=True)
     await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
     urls = {path: str(lists.make_url(path)) for path in pages} | {u: u for u in unserved}
     url_ids = {key: ev.url_id(url) for key, url in urls.items()}
@@ -72,7 +73,9 @@ async def fleet(
     fold = FoldService(lg, db=None)
     await fold.start()
     assert await fold.wait_for(await lg.head_seq(), 10)
-    gateway = TestServer(make_app(fold, lg), host="127.0.0.1")
+    # The gateway decides the embedded server's logins: agents that ask get their own.
+    config = GatewayConfig(agent_nats=nats_server.agent_auth())
+    gateway = TestServer(make_app(fold, lg, config), host="127.0.0.1")
     await gateway.start_server()
     try:
         yield Fleet(lg, fold, str(gateway.make_url("")).rstrip("/"), token, url_ids, urls)

@@ -16,8 +16,10 @@ from agents.gateway_client import GatewayClient
 from gateway.app import make_app
 from gateway.commands import GRANTER
 from gateway.http import GatewayConfig
+from gateway.natsauth import NatsAuth
 from ops.cli import enroll
 from ops.nats.client import Log, fresh_id, now_ms
+from ops.nats.server import NatsServer
 from projections.live import FoldService
 from tests.helpers import worked
 
@@ -33,7 +35,9 @@ async def caught_up(fold: FoldService, lg: Log) -> None:
 
 
 @pytest.fixture
-async def gw(log_client: Log) -> AsyncIterator[tuple[Client, FoldService, dict[str, str]]]:
+async def gw(
+    log_client: Log, nats_server: NatsServer
+) -> AsyncIterator[tuple[Client, FoldService, dict[str, str]]]:
     tokens = {
         "admin": await enroll(log_client, "root", "admin"),
         "w1": await enroll(log_client, "w1", "worker"),
@@ -42,7 +46,9 @@ async def gw(log_client: Log) -> AsyncIterator[tuple[Client, FoldService, dict[s
     }
     fold = FoldService(log_client, db=None)
     await fold.start()
-    config = GatewayConfig(max_batch=50, rate_per_s=1000, burst=1000)
+    config = GatewayConfig(
+        max_batch=50, rate_per_s=1000, burst=1000, agent_nats=nats_server.agent_auth()
+    )
     client = TestClient(TestServer(make_app(fold, log_client, config)))
     await client.start_server()
     await caught_up(fold, log_client)
@@ -295,33 +301,33 @@ async def test_requests_and_refusals_are_logged_with_the_agent(gw: Any) -> None:
     assert healthy["log_level"] == "debug" and "agent" not in healthy
 
 
-async def test_agents_are_offered_their_roles_nats_user(log_client: Log) -> None:
-    """/v1/agents/me names the URL an agent publishes through: its own role's user, at
-    the address the agent reached the gateway by when the server listens everywhere."""
+async def test_agents_are_offered_their_own_nats_login(log_client: Log) -> None:
+    """/v1/agents/me names the URL an agent publishes through: its own login (minted
+    from its token), at the address the agent reached the gateway by when the server
+    listens everywhere; people get none (they have the service's)."""
     tokens = {r: await enroll(log_client, f"{r}1", r) for r in ("worker", "checker", "admin")}
     fold = FoldService(log_client, db=None)
     await fold.start()
     await caught_up(fold, log_client)
-    offers = {
-        "worker": "nats://worker:pw@0.0.0.0:4222",
-        "checker": "nats://checker:pc@10.0.0.5:4222",
-    }
-    client = TestClient(TestServer(make_app(fold, log_client, GatewayConfig(agent_nats=offers))))
+    config = GatewayConfig(agent_nats=NatsAuth(address="nats://0.0.0.0:4222"))
+    client = TestClient(TestServer(make_app(fold, log_client, config)))
     await client.start_server()
     try:
         worker = await _json(await client.get("/v1/agents/me", headers=auth(tokens["worker"])))
-        assert worker == {
-            "name": "worker1",
-            "role": "worker",
-            "nats": "nats://worker:pw@127.0.0.1:4222",
-        }
-        checker = await _json(await client.get("/v1/agents/me", headers=auth(tokens["checker"])))
-        assert checker["nats"] == "nats://checker:pc@10.0.0.5:4222"
+        assert worker == {"name": "worker1", "role": "worker", "nats": "nats://127.0.0.1:4222"}
         admin = await _json(await client.get("/v1/agents/me", headers=auth(tokens["admin"])))
-        assert admin["nats"] is None  # no NATS user for people: they have the service's
+        assert admin["nats"] is None
     finally:
         await client.close()
         await fold.stop()
+    # With the callout's key, the login is minted (tests/test_agent_identity.py uses it).
+    offer = NatsAuth(address="nats://0.0.0.0:4222", issuer_seed=b"key")
+    digest = fold.state.agents["worker1"].token_sha256
+    minted = offer.url_for("worker1", digest)
+    assert minted.startswith("nats://worker1:n") and minted.endswith("@0.0.0.0:4222")
+    assert minted == offer.url_for("worker1", digest)  # every gateway with the key agrees
+    assert minted != offer.url_for("worker1", "0" * 64)  # a new token: a new password
+    assert minted != offer.url_for("checker1", digest)
 
 
 async def test_agent_outbox_sets_aside_what_the_log_will_never_take(
@@ -345,8 +351,7 @@ async def test_agent_outbox_sets_aside_what_the_log_will_never_take(
     outbox = tmp_path / "by-nats" / "outbox.jsonl"
     outbox.parent.mkdir()
     outbox.write_bytes(b'{"type": "Fetched", "id": \n' + ev.encode(worked(agent="w1")) + b"\n")
-    url = nats_server.agent_url("worker")
-    async with GatewayClient(base, tokens["w1"], "w1", outbox, nats=url) as agent:
+    async with GatewayClient(base, tokens["w1"], "w1", outbox) as agent:
         assert agent.via == "nats" and await agent.flush()
     assert await log_client.head_seq() == head + 121
     assert outbox.with_suffix(".rejected").read_bytes().startswith(b"undecodable\t")

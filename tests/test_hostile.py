@@ -151,12 +151,11 @@ async def test_a_release_of_a_lease_the_caller_does_not_hold_is_refused(log_clie
         assert r.status == 200, await r.text()
 
 
-async def test_an_event_id_already_in_the_stream_is_reported_not_silently_dropped(
-    log_client: Log,
-) -> None:
-    """w2 re-uses an id w1's event already holds: the stream stores nothing, and the
-    answer says so (`duplicates: 1`) instead of 0; a fresh id is stored."""
-    async with _gateway(log_client, ("w1", "w2")) as (client, _, tokens):
+async def test_another_agents_event_id_drops_nothing(log_client: Log) -> None:
+    """Ids are scoped per agent (``Nats-Msg-Id`` is ``<agent>:<id>``): w2 re-using the id
+    w1's event holds is stored all the same, and a real re-send is reported as the
+    duplicate it is (`duplicates: 1`), storing nothing."""
+    async with _gateway(log_client, ("w1", "w2")) as (client, fold, tokens):
         first = worked(ip="8.8.8.8", agent="w1")
 
         async def post(who: str, event: Any) -> Any:
@@ -169,7 +168,9 @@ async def test_an_event_id_already_in_the_stream_is_reported_not_silently_droppe
         assert (await post("w1", first))["duplicates"] == 0
         taken = msgspec.structs.replace(worked(ip="9.9.9.9", agent="w2"), id=first.id)
         head = await log_client.head_seq()
-        answer = await post("w2", taken)
-        assert answer["duplicates"] == 1 and await log_client.head_seq() == head
-        assert (await post("w2", worked(ip="9.9.9.9", agent="w2")))["duplicates"] == 0
+        assert (await post("w2", taken))["duplicates"] == 0
         assert await log_client.head_seq() == head + 1
+        assert (await post("w2", taken))["duplicates"] == 1  # its own re-send
+        assert await log_client.head_seq() == head + 1
+        assert await fold.wait_for(head + 1, 5)
+        assert ("9.9.9.9", 8080) in fold.state.proxies

@@ -28,7 +28,7 @@ async def test_a_list_that_will_not_load_spends_no_attempt(
     released uncounted, so a source that is down for a while never ends `failed`."""
     gone = f"http://127.0.0.1:{free_port()}/gone.txt"  # nothing listens there
     async with fleet(nats_server, {}, unserved=[gone]) as f:
-        await _one_cycle(f, tmp_path, nats=nats_server.agent_url("worker"))
+        await _one_cycle(f, tmp_path)  # through NATS: the gateway offers w1 its login
         lease = next(r for r in f.fold.state.leases.values() if r.target == f.url_ids[gone])
         assert (lease.status, lease.attempts) == ("free", 0)
         assert "Connect" in lease.last_error or "refused" in lease.last_error.lower()

@@ -26,7 +26,7 @@ async def _until(cond: object, timeout: float) -> None:
 async def test_nats_restart_mid_batch(
     lab: ProxyLab, nats_server: NatsServer, tmp_path: Path, via: str
 ) -> None:
-    """Straight to JetStream through the worker role's NATS user, or through the gateway
+    """Straight to JetStream with its own NATS login, or through the gateway
     (``--http-only``): either way the outbox carries the batch over the restart."""
     real = [p for p in lab.proxies if p.name in ("squid", "microsocks", "dante")]
     tarpit = next(p for p in lab.proxies if p.name == "tarpit")
@@ -38,7 +38,6 @@ async def test_nats_restart_mid_batch(
             check_timeout_s=4,
             idle_s=0.5,
             lease_ttl_s=60,
-            nats=nats_server.agent_url("worker") if via == "nats" else None,
             http_only=via == "http",
         )
         worker = Worker(f.gateway, f.token, "w1", f.gateway + "/judge", tmp_path / "w1", config)

@@ -7,8 +7,15 @@ import json
 import sys
 from pathlib import Path
 
-from events import RESERVED_AGENT_NAMES, Origin, Role, agent_name_ok, agent_name_reserved
-from events.mint import enrollment
+from events import (
+    RESERVED_AGENT_NAMES,
+    AgentEnrolled,
+    Origin,
+    Role,
+    agent_name_ok,
+    agent_name_reserved,
+)
+from events.mint import enrollment, fresh_id, now_ms
 from ops.cli.common import DEFAULT_NATS
 from ops.nats.client import Log
 
@@ -32,6 +39,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     issue.add_argument("--role", required=True, choices=ROLES)
     issue.add_argument("--nats", default=DEFAULT_NATS)
     issue.set_defaults(run=_token)
+    revoke = tk_sub.add_parser(
+        "revoke", help="the agent's token stops working and its NATS connections are cut"
+    )
+    revoke.add_argument("name")
+    revoke.add_argument("--nats", default=DEFAULT_NATS)
+    revoke.set_defaults(run=_revoke)
 
     so = sub.add_parser("sources", help="add sources (admin)")
     so_sub = so.add_subparsers(dest="action", required=True)
@@ -47,6 +60,30 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         sp.add_argument("--nats", default=DEFAULT_NATS)
     for sp in (add, imp, seed):
         sp.set_defaults(run=_sources)
+
+
+async def _revoke(args: argparse.Namespace) -> int:
+    """``AgentEnrolled`` with no token: the gateway then refuses the old token, the
+    callout refuses its NATS login, and the gateways cut its open connections."""
+    if not agent_name_ok(args.name):
+        print(f"ppf token: bad agent name {args.name!r}", file=sys.stderr)
+        return 2
+    lg = await Log.connect(args.nats, name="ppf-token")
+    try:
+        # The role is kept by the fold: a revocation changes only the token.
+        event = AgentEnrolled(
+            id=fresh_id(),
+            agent="admin",
+            at=now_ms(),
+            name=args.name,
+            role="worker",
+            token_sha256="",
+        )
+        seq = (await lg.publish(event)).seq
+    finally:
+        await lg.close()
+    print(json.dumps({"revoked": args.name, "seq": seq}), flush=True)
+    return 0
 
 
 async def _token(args: argparse.Namespace) -> int:

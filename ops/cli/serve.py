@@ -18,12 +18,13 @@ from aiohttp import web
 from events import Configured, Settings
 from events.mint import fresh_id, now_ms
 from gateway.judge import JudgeKeys
+from gateway.natsauth import NatsAuth
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, listen, wait_for_signal
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
 from ops.cli.local import enroll_local_agents, local_agents
 from ops.geo import Locator
 from ops.nats.client import Log
-from ops.nats.server import ROLES, NatsServer
+from ops.nats.server import NatsServer
 from projections.live import FoldService
 from reducers import State
 
@@ -95,10 +96,10 @@ async def _up(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         server = await _nats_server(stack, args, data)
         lg = await _log(stack, server.url if server else args.nats or DEFAULT_NATS, "ppf-up")
-        await _configure_lab(lg, args.lab)
+        await _configure(lg, args.lab)
         tokens = {} if args.no_agents else await enroll_local_agents(lg)
         fold = await _fold_service(stack, lg, data, dlq=True)
-        agent_nats = {r: server.agent_url(r) for r in ROLES} if server is not None else {}
+        agent_nats = server.agent_auth() if server is not None else None
         # A judge the world reaches signs its answers, for our agents only.
         keys = JudgeKeys.load(data / "judge.key") if args.public_url else None
         base = await _gateway_site(stack, args, fold, lg, agent_nats, "up", keys)
@@ -128,7 +129,7 @@ async def _gateway(args: argparse.Namespace) -> int:
         # A replica without a data dir: its projection lives in memory; its digest is
         # kept by a checkpoint writer on an in-memory database (see projections.live).
         fold = await _fold_service(stack, lg, None, dlq=False)
-        await _gateway_site(stack, args, fold, lg, {}, "gateway")
+        await _gateway_site(stack, args, fold, lg, None, "gateway")
         log.info("started", role="gateway", nats=lg.address)
         await _serve_forever(fold)
     return 0
@@ -197,20 +198,22 @@ async def _log(stack: AsyncExitStack, url: str, name: str) -> Log:
     return lg
 
 
-async def _configure_lab(lg: Log, lab: bool) -> None:
-    """Publish ``Configured`` when the log's last settings disagree with ``--lab``."""
+async def _configure(lg: Log, lab: bool) -> None:
+    """Publish ``Configured`` when the log's last settings disagree with ``--lab``, or
+    predate per-agent subjects: from it on, agents publish only on their own subjects
+    (ARCHITECTURE.md "Changes"), and the fold refuses what they say as someone else."""
     current = await lg.last_event("ppf.config")
     settings = current.settings if isinstance(current, Configured) else Settings()
-    if settings.lab == lab:
+    if settings.lab == lab and settings.agent_subjects:
         return
     event = Configured(
         id=fresh_id(),
         agent="admin",
         at=now_ms(),
-        settings=msgspec.structs.replace(settings, lab=lab),
+        settings=msgspec.structs.replace(settings, lab=lab, agent_subjects=True),
     )
     await lg.publish(event)
-    log.info("settings_published", lab=lab)
+    log.info("settings_published", lab=lab, agent_subjects=True)
 
 
 async def _fold_service(
@@ -241,12 +244,13 @@ async def _gateway_site(
     args: argparse.Namespace,
     fold: FoldService,
     lg: Log,
-    agent_nats: dict[str, str],
+    agent_nats: NatsAuth | None,
     role: str,
     keys: JudgeKeys | None = None,
 ) -> str:
-    """The HTTP API; returns its base URL. ``agent_nats``: the embedded server's role users,
-    offered to agents with their tokens (an external NATS's users are its operator's)."""
+    """The HTTP API; returns its base URL. ``agent_nats``: the embedded server, whose
+    logins this gateway decides, so each agent gets its own (an external NATS's users are
+    its operator's: its agents publish over HTTP)."""
     from gateway.app import make_app
     from gateway.http import GatewayConfig
 

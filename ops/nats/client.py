@@ -12,7 +12,7 @@ Publishing rules measured on this machine (FIELD-NOTES.md):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from urllib.parse import urlsplit
 
 import nats
@@ -29,7 +29,6 @@ from ops.nats.stream import Firehose
 from projections.log import ConflictError, LogError, Message, Published, PublishError
 
 __all__ = [
-    "AGENT_INBOX",
     "ConflictError",
     "Log",
     "LogError",
@@ -46,8 +45,10 @@ DUPLICATE_WINDOW_S = 300.0
 RETRIES = 3
 
 
-# Where agents' replies arrive; nats.conf lets agents subscribe there and nowhere else.
-AGENT_INBOX = "_INBOX_AGENT"
+def _own_id(event: Event) -> str:
+    """The service's events go under their own ids: deterministic ones (a lookup's, a
+    lease's) then deduplicate across every gateway and fold."""
+    return event.id
 
 
 def redact(url: str) -> str:
@@ -221,17 +222,33 @@ class Log:
         raise AssertionError("unreachable")
 
     async def publish_many(
-        self, events: Sequence[Event], *, window: int = 4000, timeout: float = 10.0
+        self,
+        events: Sequence[Event],
+        *,
+        window: int = 4000,
+        timeout: float = 10.0,
+        subject: Callable[[Event], str] = subject_for,
+        msg_id: Callable[[Event], str] = _own_id,
     ) -> list[int]:
         """Pipelined publish of unguarded events; sequences in input order."""
-        acks = await self.publish_acks(events, window=window, timeout=timeout)
+        acks = await self.publish_acks(
+            events, window=window, timeout=timeout, subject=subject, msg_id=msg_id
+        )
         return [a.seq for a in acks]
 
     async def publish_acks(
-        self, events: Sequence[Event], *, window: int = 4000, timeout: float = 10.0
+        self,
+        events: Sequence[Event],
+        *,
+        window: int = 4000,
+        timeout: float = 10.0,
+        subject: Callable[[Event], str] = subject_for,
+        msg_id: Callable[[Event], str] = _own_id,
     ) -> list[Published]:
         """Pipelined publish of unguarded events; their acks in input order, each saying
         whether the stream had that id already (``duplicate``: nothing was stored).
+        ``subject`` and ``msg_id`` say where each goes and under which ``Nats-Msg-Id``:
+        an agent publishes on its own subjects, under ids scoped by its name.
 
         Every future is bounded by ``wait_for``; what did not get an ack is re-sent with
         the same ``Nats-Msg-Id`` (stored once), so a failure raises instead of dropping.
@@ -250,7 +267,7 @@ class Log:
                     ev = events[i]
                     try:
                         future = await self.js.publish_async(
-                            subject_for(ev), encode(ev), headers={"Nats-Msg-Id": ev.id}
+                            subject(ev), encode(ev), headers={"Nats-Msg-Id": msg_id(ev)}
                         )
                     except nats.errors.Error as exc:  # closed, or its buffer is full
                         raise PublishError(f"cannot publish: {exc!r}") from exc

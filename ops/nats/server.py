@@ -19,13 +19,12 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import nkeys
 import structlog
 
-from ops.nats.client import AGENT_INBOX
+from gateway.natsauth import NatsAuth
 
 __all__ = [
-    "AGENT_INBOX",
-    "ROLES",
     "NatsServer",
     "NatsServerError",
     "find_binary",
@@ -37,8 +36,9 @@ log = structlog.get_logger("ppf.natsd")
 
 CONF = Path(__file__).resolve().parents[2] / "nats.conf"
 
-# The NATS users of nats.conf besides the service's own: one per agent role.
-ROLES = ("worker", "checker", "seed")
+# The secrets of auth.json: the service's password, the system user's (the gateway's
+# kicks), and the account seed that signs the gateway's answers to the auth callout.
+_SECRETS = ("ppf", "sys", "issuer")
 
 
 class NatsServerError(RuntimeError):
@@ -108,28 +108,43 @@ class NatsServer:
         """The service's URL (fold, gateway, CLI), credentials included."""
         return self._url_for("ppf")
 
-    def agent_url(self, role: str) -> str:
-        """The URL an agent of ``role`` publishes through: its role's NATS user."""
-        if role not in ROLES:
-            raise ValueError(f"no NATS user for role {role!r}")
-        return self._url_for(role)
+    def agent_auth(self) -> NatsAuth:
+        """What the gateway needs to give each agent its own credentials."""
+        if not CONF.exists():  # the flags-only server has no users: a bare address
+            return NatsAuth(address=self.address)
+        secrets_ = self._passwords()
+        return NatsAuth(
+            address=self.address,
+            service_url=self.url,
+            issuer_seed=secrets_["issuer"].encode(),
+            sys_password=secrets_["sys"],
+        )
 
     def _url_for(self, user: str) -> str:
-        if not CONF.exists():  # the flags-only server has no users
+        if not CONF.exists():
             return self.address
         return f"nats://{user}:{self._passwords()[user]}@{self.host}:{self.port}"
 
     def _passwords(self) -> dict[str, str]:
-        """Made at the first start and kept, so restarts and agents agree on them."""
+        """Made at the first start and kept, so restarts and agents agree on them; a
+        secret an older store lacks is added to it."""
         path = self.store_dir / "auth.json"
-        if path.exists():
-            return dict(json.loads(path.read_text()))
+        made: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+        missing = [name for name in _SECRETS if name not in made]
+        if not missing:
+            return made
+        for name in missing:
+            if name == "issuer":
+                seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT)
+                made[name] = seed.decode()
+            else:  # a letter first: nats.conf would read an all-digit value as a number
+                made[name] = "p" + secrets.token_hex(16)
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        # A letter first: nats.conf would read an all-digit value as a number.
-        made = {user: "p" + secrets.token_hex(16) for user in ("ppf", *ROLES)}
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(made, f)
+        tmp.replace(path)
         return made
 
     def _command(self) -> list[str]:
@@ -144,9 +159,11 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         logfile = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115
         env = {**os.environ, "PPF_NATS_STORE": str(self.store_dir)}
-        for user, password in self._passwords().items():
-            suffix = "" if user == "ppf" else f"_{user.upper()}"
-            env[f"PPF_NATS{suffix}_PASSWORD"] = password
+        made = self._passwords()
+        env["PPF_NATS_PASSWORD"] = made["ppf"]
+        env["PPF_NATS_ISSUER"] = nkeys.from_seed(
+            bytearray(made["issuer"].encode())
+        ).public_key.decode()
         self.proc = subprocess.Popen(
             self._command(),
             stdout=logfile,
