@@ -12,6 +12,7 @@ doubles none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import msgspec
 import structlog
 
 from events import DecodeError, Event, agent_inbox, agent_msg_id, agent_subject, decode, encode
+from events.mint import fresh_id_after
 from events.wire import AgentMe, LeaseGrant, LeasesReply, WireError
 from ops.nats.client import Log, LogError, redact
 
@@ -69,6 +71,8 @@ class GatewayClient:
         self._log: Log | None = None
         self.sent = 0
         self.buffered = 0
+        self._sending = asyncio.Lock()
+        self._last_id = ""
 
     @property
     def via(self) -> str:
@@ -167,16 +171,33 @@ class GatewayClient:
         An event the log will never take (the gateway names it invalid, or it cannot be
         decoded from the outbox) is set aside in ``outbox.rejected`` with its reason,
         so it neither blocks everything after it nor is lost."""
-        await self._ask_for_nats()
-        pending = [*self._read_outbox(), *(encode(e) for e in events)]
-        send = self._send_nats if self._nats_url else self._send_http
-        left, detail = await send(pending)
-        if left:
-            self._write_outbox(left)
-            log.warning("events_buffered", count=len(left), via=self.via, detail=detail)
-            return False
-        self.outbox.unlink(missing_ok=True)
-        return True
+        async with self._sending:
+            await self._ask_for_nats()
+            outbox = self._read_outbox()
+            pending = [*outbox, *(encode(e) for e in self._stamp(events, outbox))]
+            send = self._send_nats if self._nats_url else self._send_http
+            left, detail = await send(pending)
+            if left:
+                self._write_outbox(left)
+                log.warning("events_buffered", count=len(left), via=self.via, detail=detail)
+                return False
+            self.outbox.unlink(missing_ok=True)
+            return True
+
+    def _stamp(self, events: list[Event], outbox: list[bytes]) -> list[Event]:
+        """Each event gets a fresh id after the last one sent, as it is sent: the fold
+        takes an agent's observations in id order and ignores one at or below the
+        highest it has folded (a re-send), so ids must follow the order of sending, not
+        of making (tasks make events concurrently). Sends are one at a time (the lock),
+        and the outbox, sent first, holds only older ids."""
+        if not self._last_id and outbox:
+            with contextlib.suppress(DecodeError):
+                self._last_id = decode(outbox[-1]).id
+        stamped = []
+        for event in events:
+            self._last_id = fresh_id_after(self._last_id)
+            stamped.append(msgspec.structs.replace(event, id=self._last_id))
+        return stamped
 
     async def announce(self, events: list[Event]) -> bool:
         """Send now through ``POST /v1/events``, never the outbox: for events whose

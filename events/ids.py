@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["token_sha256", "uuid7"]
+__all__ = ["token_sha256", "uuid7", "uuid7_after"]
 
 
 def token_sha256(token: str) -> str:
@@ -23,5 +23,16 @@ def uuid7(unix_ms: int, rand: bytes) -> str:
     value = (
         ((unix_ms & ((1 << 48) - 1)) << 80) | (0x7 << 76) | (rand_a << 64) | (0b10 << 62) | rand_b
     )
+    h = f"{value:032x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+def uuid7_after(candidate: str, previous: str) -> str:
+    """``candidate`` when it sorts after ``previous``, else the id just after
+    ``previous`` (its random bits plus one): ids an agent sends stay in order even
+    within one millisecond, or when its clock steps back a little."""
+    if candidate > previous:
+        return candidate
+    value = int(previous.replace("-", ""), 16) + 1
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

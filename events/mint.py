@@ -15,9 +15,9 @@ import secrets
 import time
 
 from events.catalogue import AgentEnrolled, Role
-from events.ids import token_sha256, uuid7
+from events.ids import token_sha256, uuid7, uuid7_after
 
-__all__ = ["enrollment", "fresh_id", "now_ms"]
+__all__ = ["enrollment", "fresh_id", "fresh_id_after", "now_ms"]
 
 
 def now_ms() -> int:
@@ -35,6 +35,11 @@ os.register_at_fork(after_in_child=lambda: _entropy.seed(os.urandom(32)))
 def fresh_id() -> str:
     """A new UUIDv7 event id, from this machine's clock and entropy."""
     return uuid7(now_ms(), _entropy.getrandbits(80).to_bytes(10, "big"))
+
+
+def fresh_id_after(previous: str) -> str:
+    """A new id that sorts after ``previous``: how an agent numbers what it sends."""
+    return uuid7_after(fresh_id(), previous)
 
 
 def enrollment(name: str, role: Role, *, by: str = "admin") -> tuple[str, AgentEnrolled]:

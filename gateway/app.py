@@ -223,6 +223,7 @@ async def _nats_auth(app: web.Application) -> AsyncIterator[None]:
     callout = Callout(auth, lambda: fold.state)
     kicker = Kicker(auth, lambda: fold.state)
     await callout.start()
+    await kicker.start()
     task = asyncio.create_task(kicker.run(), name="ppf-kicker")
     yield
     await stop_tasks([task], 5)

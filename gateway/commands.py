@@ -26,6 +26,7 @@ from events import (
 )
 from events.mint import fresh_id, now_ms
 from events.roles import ROLE_KINDS, may_publish
+from events.validate import problem, url_problem
 from events.wire import (
     EventsAccepted,
     EventsRequest,
@@ -57,7 +58,7 @@ def _field(message: str) -> str:
     return m.group("path").lstrip(".") if m else ""
 
 
-def _check(caller: Caller, index: int, event: Event) -> FieldError | None:
+def _check(caller: Caller, index: int, event: Event, *, lab: bool) -> FieldError | None:
     if not may_publish(caller.role, type(event).__name__):
         return FieldError(
             index=index, field="type", reason=f"role {caller.role} may not publish it"
@@ -70,6 +71,9 @@ def _check(caller: Caller, index: int, event: Event) -> FieldError | None:
         subject_for(event)
     except SubjectError as exc:
         return FieldError(index=index, field="", reason=str(exc))
+    field, why = problem(event, lab=lab)
+    if why:
+        return FieldError(index=index, field=field, reason=why)
     return None
 
 
@@ -117,7 +121,7 @@ async def publish_events(request: web.Request) -> web.Response:
         except msgspec.DecodeError as exc:  # pragma: no cover - Raw is valid JSON already
             errors.append(FieldError(index=index, field="", reason=str(exc)))
             continue
-        problem = _check(caller, index, event)
+        problem = _check(caller, index, event, lab=request.app[FOLD].state.settings.lab)
         why = ""
         if problem is None and isinstance(event, Released):
             why = await _foreign_release(request, caller, event)
@@ -217,9 +221,12 @@ async def add_sources(request: web.Request) -> web.Response:
     body = await decode_body(request, SourcesRequest)
     state = request.app[FOLD].state
     added, known, fresh = [], [], {}
+    lab = state.settings.lab
     for url in body.urls:
-        if not url.startswith(("http://", "https://")):
-            raise ApiError(400, "bad-url", f"not an http(s) URL: {url!r}")
+        # The rule the fold applies to SourceAdded (events/validate.py): refused here
+        # with its reason, never published to be refused there.
+        if why := url_problem(url, lab=lab):
+            raise ApiError(400, "bad-url", f"{url[:200]!r}: {why}")
         uid = url_id(url)
         if uid in state.sources and state.sources[uid].url:
             known.append(uid)

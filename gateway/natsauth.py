@@ -25,7 +25,7 @@ import hashlib
 import hmac
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -147,6 +147,7 @@ class Callout:
             name="ppf-callout",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
+            error_cb=_quiet("callout"),
         )
         await self._nc.subscribe(AUTH_SUBJECT, cb=self._answer)
         await self._nc.flush()
@@ -233,6 +234,8 @@ class Kicker:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.every_s)
+            if self._sys is None or not self._sys.is_connected:
+                continue  # the server is away: its connections with it; nats-py reconnects
             try:
                 self.kicked += await self.sweep()
             except (nats.errors.Error, OSError, TimeoutError) as exc:
@@ -271,13 +274,33 @@ class Kicker:
                 kicked += 1
         return kicked
 
+    async def start(self) -> None:
+        """Log in as the system user (through the callout, so after it is up). The one
+        connection reconnects by itself for the gateway's life: one that failed to
+        connect would leave its socket behind in nats-py, so none is made again."""
+        scheme, _, hostport = self.auth.address.partition("://")
+        self._sys = await nats.connect(
+            f"{scheme}://{SYS_USER}:{self.auth.sys_password}@{hostport}",
+            name="ppf-kicker",
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=_quiet("kicker"),
+        )
+
     async def _system(self) -> Client:
-        if self._sys is None or self._sys.is_closed:
-            scheme, _, hostport = self.auth.address.partition("://")
-            url = f"{scheme}://{SYS_USER}:{self.auth.sys_password}@{hostport}"
-            self._sys = await nats.connect(url, name="ppf-kicker", max_reconnect_attempts=3)
+        if self._sys is None or not self._sys.is_connected:
+            raise nats.errors.ConnectionClosedError
         return self._sys
 
     async def close(self) -> None:
         if self._sys is not None and not self._sys.is_closed:
             await self._sys.close()
+
+
+def _quiet(who: str) -> Callable[[Exception], Awaitable[None]]:
+    """nats-py's error callback: one log line, not its traceback per reconnect try."""
+
+    async def error_cb(exc: Exception) -> None:
+        log.info("nats_auth_connection", who=who, error=repr(exc))
+
+    return error_cb

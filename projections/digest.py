@@ -35,14 +35,16 @@ def _sum(encoded_rows: Iterable[bytes]) -> int:
 
 
 def meta_digest(state: State) -> str:
-    """The settings and sweep point reducers depend on."""
+    """The settings and sweep point reducers depend on, and the agents' high-water marks."""
     settings = msgspec.structs.asdict(state.settings)
     if not settings["agent_subjects"]:
         # A setting added later, left out while off: a log written before it existed
         # keeps the digest it always had.
         del settings["agent_subjects"]
-    meta = _encode({"settings": settings, "sweep_bucket": state.sweep_bucket})
-    return hashlib.sha256(meta).hexdigest()
+    parts: dict[str, Any] = {"settings": settings, "sweep_bucket": state.sweep_bucket}
+    if state.high_water:  # likewise: only logs with per-agent subjects have marks
+        parts["high_water"] = sorted(state.high_water.items())
+    return hashlib.sha256(_encode(parts)).hexdigest()
 
 
 def _combine(sums: dict[str, int], meta: str) -> str:

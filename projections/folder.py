@@ -16,7 +16,7 @@ from projections.log import Message
 from projections.store import collect_async
 from projections.writer import ProcessWriter
 from reducers import State, fold, skip
-from reducers.admission import FORBIDDEN, refusal
+from reducers.admission import refusal
 
 __all__ = ["Checkpointer", "Folder", "Message", "Rejected"]
 
@@ -52,11 +52,11 @@ class Folder:
                     self.on_reject(seq, subject, payload, exc)
                 skip(state, seq, ts)
                 continue
-            why = refusal(state, subject, event)
-            if why:  # an agent's forgery, or a service bug: kept in the DLQ, not folded
+            reason, why = refusal(state, subject, event)
+            if reason:  # a forgery, nonsense, or a service bug: kept in the DLQ, not folded
                 self.rejected += 1
                 if self.on_reject is not None:
-                    self.on_reject(seq, subject, payload, DecodeError(FORBIDDEN, why))
+                    self.on_reject(seq, subject, payload, DecodeError(reason, why))
                 skip(state, seq, ts)
                 continue
             fold(state, event, seq, ts)  # type: ignore[arg-type]

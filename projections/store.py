@@ -175,6 +175,7 @@ def collect(
             "last_seq": str(state.last_seq),
             "sweep_bucket": str(state.sweep_bucket),
             "settings": _json(state.settings).decode(),
+            "high_water": _json(state.high_water).decode(),
             "schema": SCHEMA_VERSION,
             "meta_digest": meta,
         },
@@ -312,6 +313,8 @@ class Store:
             state.sweep_bucket = int(meta.get("sweep_bucket", "0"))
             if "settings" in meta:
                 state.settings = msgspec.json.decode(meta["settings"], type=Settings)
+            if "high_water" in meta:
+                state.high_water = msgspec.json.decode(meta["high_water"], type=dict[str, str])
             dp = msgspec.msgpack.Decoder(ProxyRow)
             for (raw,) in self._con.execute("SELECT row FROM proxies").fetchall():
                 p = dp.decode(raw)

@@ -6,27 +6,41 @@ publisher is then known from the subject alone, so the fold believes an event on
 when its fields agree with where it came from: the subject its type and fields give,
 the agent it names, an enrolled agent, a type that agent's role may publish. Before
 the switch events are taken as they always were, so older logs replay to the same
-projection. Pure: the same state, subject and event give the same answer.
+projection. Then the facts themselves (events/validate.py), under the settings of that log position.
+Pure: the same state, subject and event give the same answer.
 """
 
 from __future__ import annotations
 
 from events import AGENT_PREFIX, Event, SubjectError, subject_for
 from events.roles import may_publish_on_nats
+from events.validate import problem
 from reducers.state import State
 
-__all__ = ["FORBIDDEN", "refusal"]
+__all__ = ["FORBIDDEN", "INVALID", "refusal"]
 
-FORBIDDEN = "forbidden"  # the DLQ reason of every refusal here
+FORBIDDEN = "forbidden"  # DLQ reasons: said by whom it may not be said,
+INVALID = "invalid"  # or facts that cannot be (events/validate.py)
 
 _AGENT = AGENT_PREFIX.encode()
 _SKIP = len(_AGENT)
 
 
-def refusal(state: State, subject: bytes, event: Event) -> str:
-    """Why the event may not be folded ("" when it may)."""
-    if not state.settings.agent_subjects:
-        return ""
+def refusal(state: State, subject: bytes, event: Event) -> tuple[str, str]:
+    """(DLQ reason, why) when the event may not be folded; ("", "") when it may."""
+    settings = state.settings
+    if not settings.agent_subjects:
+        return "", ""
+    why = _forbidden(state, subject, event)
+    if why:
+        return FORBIDDEN, why
+    field, why = problem(event, lab=settings.lab)
+    if why:
+        return INVALID, f"{field}: {why}"
+    return "", ""
+
+
+def _forbidden(state: State, subject: bytes, event: Event) -> str:
     try:
         expected = subject_for(event)
     except SubjectError as exc:

@@ -33,6 +33,9 @@ from reducers.state import State
 
 __all__ = ["fold", "skip"]
 
+# What agents observe and send through their outboxes: the events a re-send can repeat.
+_OBSERVATIONS = (Fetched, Extracted, ProxyWorked, ProxyFailed, Deposited, Discovered)
+
 
 def skip(state: State, seq: int, ts: int) -> None:
     """Advance past a message that is not an event (a DLQ entry, an undecodable payload)."""
@@ -51,7 +54,8 @@ def _tick(state: State, ts: int) -> None:
 
 
 def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
-    """Apply one event; False when ``seq`` was already applied."""
+    """Apply one event; False when ``seq`` was already applied, or the event is an
+    agent's re-send of one already folded (``seq`` is then passed, nothing changes)."""
     if seq <= state.last_seq:
         return False
     if ts >= state.sweep_bucket * proxies.SWEEP_MS + proxies.SWEEP_MS:
@@ -64,6 +68,17 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
         geo.located(state, event)
         state.last_seq = seq
         return True
+    if state.settings.agent_subjects and isinstance(event, _OBSERVATIONS):
+        # An agent's observations arrive in the order of their ids (its client stamps
+        # them as it sends, and its outbox re-sends in order), so one at or below the
+        # highest already folded is a re-send: ignored whatever the time since, where
+        # the stream's duplicate window forgets after minutes. Ids are the agent's own:
+        # each agent has its own mark, so nobody else's ids can shadow its events.
+        mark = state.high_water.get(event.agent, "")
+        if event.id <= mark:
+            state.last_seq = seq
+            return False
+        state.high_water[event.agent] = event.id
     agent = state.agents.get(event.agent) or agents.row(state, event.agent)
     if ts > agent.last_seen:
         agent.last_seen = ts

@@ -150,6 +150,7 @@ class State:
         "dirty_leases",
         "dirty_proxies",
         "dirty_sources",
+        "high_water",
         "holders",
         "last_seq",
         "lease_owner",
@@ -180,6 +181,9 @@ class State:
         # addresses no Located has reached yet: what the service still has to look up.
         self.by_ip: dict[str, tuple[Any, tuple[int, ...]]] = {}
         self.unlocated: set[str] = set()
+        # agent -> the highest event id of its observations folded so far: a re-send,
+        # however late, is ignored (reducers/fold.py). One id per agent, not per event.
+        self.high_water: dict[str, str] = {}
         self.settings = Settings()
         self.last_seq = 0
         self.sweep_bucket = 0

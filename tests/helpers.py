@@ -24,7 +24,8 @@ def eid() -> str:
 def worked(ip: str = "8.8.8.8", port: int = 8080, **kw: Any) -> ProxyWorked:
     fields: dict[str, Any] = {"agent": "w1", "at": 0, "proto": "http", "latency_ms": 100}
     fields.update(kw)
-    return ProxyWorked(id=eid(), ip=ip, port=port, **fields)
+    fields.setdefault("id", eid())
+    return ProxyWorked(ip=ip, port=port, **fields)
 
 
 def leased(target: str, agent: str = "w1", ttl_s: int = 60, kind: str = "source") -> Leased:

@@ -8,15 +8,18 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import msgspec
 import nats
 import nats.errors
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
+from agents.gateway_client import GatewayClient
 from events.mint import enrollment, fresh_id, now_ms
 from gateway.app import make_app
 from gateway.http import GatewayConfig
@@ -318,3 +321,114 @@ async def test_the_system_login_is_the_gateways_alone(fleet: Any, nats_server: N
         assert json.loads(reply.data)["server"]["id"]
     finally:
         await nc.close()
+
+
+async def test_concurrent_sends_of_one_agent_lose_nothing_to_its_mark(
+    fleet: Any, tmp_path: Path
+) -> None:
+    """The fold ignores an agent's observation whose id is at or below its mark (a
+    re-send), so the agent's client numbers events as it sends them: two batches sent
+    at once, made in the opposite order (older ids in the later send), all arrive."""
+    client, fold, tokens = fleet
+    base = str(client.make_url("")).rstrip("/")
+    older = [worked(agent="w1", ip=f"8.8.1.{i}") for i in range(1, 51)]
+    newer = [worked(agent="w1", ip=f"8.8.2.{i}") for i in range(1, 51)]
+    async with GatewayClient(base, tokens["w1"], "w1", tmp_path / "outbox.jsonl") as agent:
+        sent = await asyncio.gather(agent.publish(newer), agent.publish(older))
+        assert agent.via == "nats" and all(sent)
+    assert await fold.wait_for(await fold.head_seq(), 5)
+    for e in [*older, *newer]:
+        assert (e.ip, e.port) in fold.state.proxies, e.ip
+
+
+def _nonsense(agent: str) -> list[ev.Event]:
+    """What issue 11 saw served: fiction in every field a worker fills."""
+    base = {"agent": agent, "at": now_ms()}
+    return [
+        worked(agent=agent, ip="8.8.8.1", proto="../\u202e<x>"),
+        worked(agent=agent, ip="8.8.8.2", latency_ms=-5),
+        worked(agent=agent, ip="8.8.8.3", exit_ip="<script>"),
+        ev.Discovered(
+            id=fresh_id(), parent="0123456789abcdef", urls=["file:///etc/passwd"], **base
+        ),
+        ev.Discovered(
+            id=fresh_id(), parent="0123456789abcdef", urls=["gopher://x.example/"], **base
+        ),
+        ev.Discovered(
+            id=fresh_id(),
+            parent="0123456789abcdef",
+            urls=["http://169.254.169.254/latest/meta-data/"],
+            **base,
+        ),
+        ev.Discovered(
+            id=fresh_id(),
+            parent="0123456789abcdef",
+            urls=[f"http://l{i}.example/" for i in range(100)],
+            **base,
+        ),
+    ]
+
+
+async def test_nonsense_facts_are_refused_over_nats_and_over_http(
+    fleet: Any, log_client: Log
+) -> None:
+    """The same validation at both doors: over HTTP a 400 naming the field, nothing
+    published; over NATS (where the server cannot read payloads) stored, then refused by
+    the fold as `invalid` with the same reason, nothing applied."""
+    client, fold, tokens = fleet
+    bad = _nonsense("w1")
+    for event in bad:
+        r = await client.post(
+            "/v1/events",
+            json={"events": [msgspec.to_builtins(event)]},
+            headers={"Authorization": f"Bearer {tokens['w1']}"},
+        )
+        assert r.status == 400, event
+        [error] = (await r.json())["errors"]
+        assert error["field"] in ("proto", "latency_ms", "exit_ip", "urls"), error
+    w1 = await Agent.connect((await _me(client, tokens["w1"]))["nats"], "w1")
+    try:
+        seqs = [await w1.publish(ev.agent_subject(e), e) for e in _nonsense("w1")]
+    finally:
+        await w1.close()
+    assert await fold.wait_for(seqs[-1], 5)
+    assert not fold.state.proxies and not fold.state.sources
+    assert fold.folder.rejected >= len(seqs)
+    deadline = asyncio.get_running_loop().time() + 5
+    while fold.dlq_sent < len(seqs) and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.05)
+    reasons = []
+    for seq in range(seqs[0], await log_client.head_seq() + 1):
+        msg = await log_client.js.get_msg("PPF", seq)
+        if msg.subject.startswith("ppf.dlq.") and msg.headers:
+            reasons.append((msg.subject, msg.headers["Ppf-Error"].split(":")[0]))
+    assert reasons == [
+        ("ppf.dlq.invalid", f)
+        for f in ("proto", "latency_ms", "exit_ip", "urls", "urls", "urls", "urls")
+    ]
+
+
+async def test_the_admin_path_refuses_what_cannot_be_a_public_source(fleet: Any) -> None:
+    """POST /v1/sources: loopback, link-local, private in any notation, local names and
+    control characters are a 400 with the reason, outside lab mode."""
+    client, fold, tokens = fleet
+    for url in (
+        "http://127.0.0.1/list.txt",
+        "http://2130706433/list.txt",
+        "http://0x7f.1/list.txt",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://[::1]/x",
+        "http://localhost/x",
+        "http://intranet/x",
+        "http://printer.local/x",
+        "http://a.example/\x1b[31m",
+        "ftp://a.example/list.txt",
+    ):
+        r = await client.post(
+            "/v1/sources",
+            json={"urls": [url]},
+            headers={"Authorization": f"Bearer {tokens['root']}"},
+        )
+        assert r.status == 400, url
+        assert (await r.json())["type"].endswith("/bad-url")
+    assert not fold.state.sources

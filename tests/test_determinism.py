@@ -102,6 +102,13 @@ def events(draw: st.DrawFn) -> ev.Event:
 def logs(draw: st.DrawFn) -> list[tuple[int, int, bytes, bytes]]:
     """A log: events at non-decreasing server times (sometimes hours apart), some garbage."""
     items = draw(st.lists(st.one_of(events(), st.just(None)), min_size=1, max_size=60))
+    if draw(st.booleans()):
+        # Per-agent subjects switched on somewhere: agents' high-water marks then drop
+        # re-sends, and must survive checkpoints and crashes like everything else.
+        switch = ev.Configured(
+            id=_id(draw), agent="admin", at=0, settings=ev.Settings(agent_subjects=True)
+        )
+        items.insert(draw(st.integers(0, len(items))), switch)
     ts = T0
     out = []
     for seq, event in enumerate(items, start=1):
@@ -171,6 +178,7 @@ def test_memory_and_duckdb_build_identical_projections(msgs: list) -> None:  # t
     assert restored.leases == state.leases
     assert restored.agents == state.agents
     assert restored.settings == state.settings
+    assert restored.high_water == state.high_water
     assert digest(restored) == digest(state)
 
 

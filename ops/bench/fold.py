@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from events import Fetched, ProxyFailed, ProxyWorked, decode, encode, subject_for
+from events import Fetched, ProxyFailed, ProxyWorked, decode, encode
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 from ops.nats.stream import Firehose
@@ -50,7 +50,8 @@ async def publish_synthetic(
     progress = Progress("publish", n)
     sent = 0
     for ev in synthetic.events(n, proxies=proxies, seed=seed, located=located):
-        await lg.nc.publish(subject_for(ev), encode(ev), headers={"Nats-Msg-Id": ev.id})
+        subject, msg_id = synthetic.route(ev)
+        await lg.nc.publish(subject, encode(ev), headers={"Nats-Msg-Id": msg_id})
         sent += 1
         if sent % 20_000 == 0:
             await lg.nc.flush()

@@ -23,12 +23,16 @@ from events import (
     ProxyFailed,
     ProxyWorked,
     Released,
+    Role,
     Settings,
     SourceAdded,
+    agent_msg_id,
+    agent_subject,
+    subject_for,
     uuid7,
 )
 
-__all__ = ["events"]
+__all__ = ["events", "route"]
 
 PROTOS = ("http", "https", "socks4", "socks5")
 ANON = ("transparent", "anonymous", "elite")
@@ -63,13 +67,16 @@ def events(
         return uuid7(ms + counter, counter.to_bytes(10, "big"))
 
     names = [f"w{i:03d}" for i in range(agents)]
+    checkers = [f"c{i:03d}" for i in range(max(agents // 4, 1))]
     emitted = 0
-    for name in names:
+    for name in [*names, *checkers]:
+        role: Role = "worker" if name[0] == "w" else "checker"
         yield AgentEnrolled(
-            id=eid(), agent="admin", at=ms, name=name, role="worker", token_sha256="0" * 64
+            id=eid(), agent="admin", at=ms, name=name, role=role, token_sha256="0" * 64
         )
         emitted += 1
-    yield Configured(id=eid(), agent="admin", at=ms, settings=Settings())
+    # As `ppf up` runs: agents on their own subjects, which the fold checks (issue 11).
+    yield Configured(id=eid(), agent="admin", at=ms, settings=Settings(agent_subjects=True))
     emitted += 1
     urls = [f"https://lists.example.net/{i}/proxies.txt" for i in range(sources)]
     from events import url_id
@@ -155,7 +162,7 @@ def events(
                 cycle_events.append(Heartbeat(id=eid(), agent=agent, at=ms, leases=[lease]))
             if rng.random() < 0.08:
                 q = rng.randrange(proxies)
-                checker = names[rng.randrange(agents)]
+                checker = checkers[rng.randrange(len(checkers))]
                 cycle_events.append(
                     ProxyFailed(
                         id=eid(),
@@ -176,3 +183,14 @@ def events(
                 return
             yield ev
             emitted += not isinstance(ev, Located)
+
+
+_OBSERVATIONS = (Fetched, Extracted, ProxyWorked, ProxyFailed)
+
+
+def route(event: Event) -> tuple[str, str]:
+    """(subject, Nats-Msg-Id) as the fleet publishes it: an agent's observations on its
+    own subjects under its scoped id, the rest on the service's subjects."""
+    if isinstance(event, _OBSERVATIONS):
+        return agent_subject(event), agent_msg_id(event)
+    return subject_for(event), event.id
