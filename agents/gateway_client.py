@@ -20,7 +20,16 @@ import aiohttp
 import msgspec
 import structlog
 
-from events import DecodeError, Event, agent_inbox, agent_msg_id, agent_subject, decode, encode
+from events import (
+    MAX_MESSAGE,
+    DecodeError,
+    Event,
+    agent_inbox,
+    agent_msg_id,
+    agent_subject,
+    decode,
+    encode,
+)
 from events.mint import fresh_id_after
 from events.wire import AgentMe, LeaseGrant, LeasesReply, WireError
 from ops.nats.client import Log, LogError, redact
@@ -252,6 +261,9 @@ class GatewayClient:
         while pending:
             lines, chunk = pending[:NATS_CHUNK], []
             for line in lines:
+                if len(line) > MAX_MESSAGE:  # the server would close on it, forever
+                    self._set_aside(line, f"larger than the {MAX_MESSAGE} bytes allowed")
+                    continue
                 try:
                     chunk.append(decode(line))
                 except DecodeError as exc:  # a damaged outbox line

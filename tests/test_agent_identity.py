@@ -432,3 +432,37 @@ async def test_the_admin_path_refuses_what_cannot_be_a_public_source(fleet: Any)
         assert r.status == 400, url
         assert (await r.json())["type"].endswith("/bad-url")
     assert not fold.state.sources
+
+
+async def test_a_message_larger_than_any_event_is_never_stored(fleet: Any, log_client: Log) -> None:
+    """1 MB of junk on an agent's own subject is refused by the server (the login's
+    payload limit), stored nowhere, copied nowhere; the largest honest event passes."""
+    client, _, tokens = fleet
+    url = (await _me(client, tokens["w1"]))["nats"]
+    head = await log_client.head_seq()
+    junk = await Agent.connect(url, "w1")
+    try:
+        with pytest.raises(nats.errors.Error):  # refused, by the client or the server
+            await junk.js.publish(
+                "ppf.in.w1.proxy.8-8-8-8_80", b"x" * (1 << 20), headers={"Nats-Msg-Id": "j"}
+            )
+    finally:
+        await junk.close()
+    assert await log_client.head_seq() == head
+    honest = await Agent.connect(url, "w1")
+    try:
+        big = ev.Extracted(
+            id=fresh_id(),
+            agent="w1",
+            at=now_ms(),
+            url_id="0123456789abcdef",
+            count=1_000,
+            candidates=[
+                (f"8.8.{i // 250}.{i % 250 + 1}", 65535, "socks5", 0.99) for i in range(1_000)
+            ],
+            extractor="x" * 256,
+        )
+        assert len(ev.encode(big)) < ev.MAX_MESSAGE
+        assert await honest.publish(ev.agent_subject(big), big) == head + 1
+    finally:
+        await honest.close()

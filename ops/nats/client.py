@@ -23,7 +23,15 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StoreCompression, StreamConfig
 
-from events import STREAM, STREAM_SUBJECTS, Event, decode, encode, subject_for
+from events import (
+    MAX_MESSAGE,
+    STREAM,
+    STREAM_SUBJECTS,
+    Event,
+    decode,
+    encode,
+    subject_for,
+)
 from events.mint import fresh_id, now_ms
 from ops.nats.stream import Firehose
 from projections.log import ConflictError, LogError, Message, Published, PublishError
@@ -158,6 +166,11 @@ class Log:
             duplicate_window=DUPLICATE_WINDOW_S,
             allow_direct=True,
             compression=StoreCompression.S2,
+            # No event comes near it: a larger message is junk, refused before it is
+            # stored (the service's DLQ copies are cut at 16 KiB). A per-login payload
+            # limit in the callout's user JWT was measured not to apply (nats-server
+            # 2.15.1, config mode): the stream is where it holds.
+            max_msg_size=MAX_MESSAGE,
         )
         try:
             await self.js.add_stream(config)
