@@ -149,11 +149,17 @@ class Callout:
             self.auth.service_url,
             name="ppf-callout",
             max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+            # Back before the agents (0.5 s) after a server restart: a login asked
+            # while no callout listens waits out the server's auth timeout.
+            reconnect_time_wait=0.1,
             error_cb=_quiet("callout"),
         )
         await self._nc.subscribe(AUTH_SUBJECT, cb=self._answer)
         await self._nc.flush()
+
+    @property
+    def connected(self) -> bool:
+        return self._nc is not None and self._nc.is_connected
 
     async def stop(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
@@ -219,9 +225,16 @@ class Kicker:
     login goes to the callout again and is refused.
     """
 
-    def __init__(self, auth: NatsAuth, state: Callable[[], State], every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        auth: NatsAuth,
+        state: Callable[[], State],
+        callout: Callout,
+        every_s: float = 1.0,
+    ) -> None:
         self.auth = auth
         self._state = state
+        self._callout = callout
         self.every_s = every_s
         self._sys: Client | None = None
         self.kicked = 0
@@ -237,8 +250,18 @@ class Kicker:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.every_s)
+            if self._sys is None or self._sys.is_closed:
+                # Logged in again only while the callout that decides it listens: a
+                # login it cannot answer times out, and nats-py then leaves the socket.
+                if not self._callout.connected:
+                    continue
+                try:
+                    await self.start()
+                except (nats.errors.Error, OSError, TimeoutError) as exc:
+                    log.warning("nats_kicker_login_failed", error=repr(exc))
+                    continue
             if self._sys is None or not self._sys.is_connected:
-                continue  # the server is away: its connections with it; nats-py reconnects
+                continue
             try:
                 self.kicked += await self.sweep()
             except (nats.errors.Error, OSError, TimeoutError) as exc:
@@ -278,15 +301,14 @@ class Kicker:
         return kicked
 
     async def start(self) -> None:
-        """Log in as the system user (through the callout, so after it is up). The one
-        connection reconnects by itself for the gateway's life: one that failed to
-        connect would leave its socket behind in nats-py, so none is made again."""
+        """Log in as the system user (through the callout, so after it is up). No
+        reconnects of its own: after a server restart ``run`` logs in again once the
+        callout is back (ordered, so the login never waits on a callout that is away)."""
         scheme, _, hostport = self.auth.address.partition("://")
         self._sys = await nats.connect(
             f"{scheme}://{SYS_USER}:{self.auth.sys_password}@{hostport}",
             name="ppf-kicker",
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+            allow_reconnect=False,
             error_cb=_quiet("kicker"),
         )
 

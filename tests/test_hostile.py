@@ -14,7 +14,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agents.seeds import source_added
-from events import Released
+from events import MAX_MESSAGE, Released
 from events.mint import fresh_id, now_ms
 from gateway.app import make_app
 from gateway.http import GatewayConfig
@@ -81,9 +81,11 @@ async def test_failed_authentication_is_limited_per_address_and_logged_with_it(
     assert len(logged) == 5 and all("peer=127.0.0.1" in line for line in logged)
 
 
-async def test_a_megabyte_of_junk_is_not_copied_whole_into_the_dlq(log_client: Log) -> None:
-    """The DLQ entry keeps the first 16 KB and the original size; the log keeps the rest."""
-    junk = b"{" + b"x" * 1_000_000
+async def test_junk_is_not_copied_whole_into_the_dlq(log_client: Log) -> None:
+    """The largest junk the stream stores (a megabyte it refuses outright: see
+    test_agent_identity): the DLQ entry keeps the first 16 KB and the original size;
+    the log keeps the rest."""
+    junk = b"{" + b"x" * (MAX_MESSAGE - 1024)
     await log_client.publish_raw("ppf.proxy.1-1-1-1_1", junk, msg_id="junk-1")
     fold = FoldService(log_client, db=None)
     await fold.start()
@@ -174,3 +176,50 @@ async def test_another_agents_event_id_drops_nothing(log_client: Log) -> None:
         assert await log_client.head_seq() == head + 1
         assert await fold.wait_for(head + 1, 5)
         assert ("9.9.9.9", 8080) in fold.state.proxies
+
+
+async def test_slow_headers_and_connection_floods_are_cut(log_client: Log) -> None:
+    """Slowloris: connections that never finish their headers (or send nothing) are
+    closed after the header timeout; past the cap a new connection gets a 503 at once;
+    afterwards the gateway answers as before."""
+    from aiohttp import web
+
+    from gateway.guard import GuardedRunner
+    from ops.nats.server import free_port
+
+    fold = FoldService(log_client, db=None)
+    await fold.start()
+    runner = GuardedRunner(
+        make_app(fold, log_client), access_log=None, max_connections=20, header_timeout_s=1.0
+    )
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+    try:
+        for i in range(20):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            if i % 2:  # half send part of a request, half nothing at all
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: ppf\r\nX-Slow: ")
+                await writer.drain()
+            held.append((reader, writer))
+        await asyncio.sleep(0.2)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        answer = await asyncio.wait_for(reader.read(), 2)
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        writer.close()
+        assert runner.guard.refused == 1
+        # Still no headers after the timeout: each held connection is closed by the gateway.
+        for reader, _ in held:
+            assert await asyncio.wait_for(reader.read(), 4) == b""
+        assert runner.guard.timed_out == 20
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: ppf\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.read(), 4)).startswith(b"HTTP/1.1 200")
+        writer.close()
+    finally:
+        for _, writer in held:
+            writer.close()
+        await runner.cleanup()
+        await fold.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
+from gateway.guard import GuardedRunner
 from gateway.judge import JudgeKeys
 from ops.cli.common import hostport
 
@@ -43,7 +44,7 @@ async def judge_site(stack: AsyncExitStack, listen_at: str, keys: JudgeKeys) -> 
     app = web.Application()
     app[JUDGE_KEYS] = keys
     app.router.add_get("/judge", judge)
-    runner = web.AppRunner(app, access_log=None)
+    runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     await web.TCPSite(runner, host, port).start()
@@ -67,7 +68,7 @@ async def tls_judge_site(
     if keys is not None:
         app[JUDGE_KEYS] = keys
     app.router.add_get("/judge", judge)
-    runner = web.AppRunner(app, access_log=None)
+    runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     try:

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from events import Configured, Settings
 from events.mint import fresh_id, now_ms
+from gateway.guard import GuardedRunner
 from gateway.judge import JudgeKeys
 from gateway.natsauth import NatsAuth
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, listen, wait_for_signal
@@ -258,7 +259,8 @@ async def _gateway_site(
     config = GatewayConfig(
         private_queries=args.private_queries, agent_nats=agent_nats, judge_keys=keys
     )
-    runner = web.AppRunner(make_app(fold, lg, config), access_log=None)
+    # Capped connections, headers in time (gateway/guard.py): aiohttp has neither.
+    runner = GuardedRunner(make_app(fold, lg, config), access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     await web.TCPSite(runner, host, port).start()

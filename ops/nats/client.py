@@ -155,7 +155,24 @@ class Log:
         try:  # drain flushes what is pending; a server that went away gets a plain close
             await asyncio.wait_for(self.nc.drain(), 5)
         except (TimeoutError, nats.errors.Error):
-            await self.nc.close()
+            await self._close_quietly()
+        except asyncio.CancelledError:
+            # nats-py cancels its own waits when the server is gone mid-drain: a lost
+            # connection, not this task being cancelled (then it goes on up).
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            await self._close_quietly()
+
+    async def _close_quietly(self) -> None:
+        try:
+            await asyncio.wait_for(self.nc.close(), 5)
+        except (TimeoutError, nats.errors.Error):
+            log.warning("nats_close_incomplete", url=redact(self.url))
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
 
     async def ensure_stream(self) -> None:
         """Create stream PPF, or bring its settings to ours; idempotent."""
