@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from events.catalogue import (
@@ -27,7 +29,14 @@ from events.catalogue import (
 )
 from events.subjects import url_id
 
-__all__ = ["MAX_URLS", "PROTOS", "host_can_be_public", "problem", "url_problem"]
+__all__ = [
+    "MAX_URLS",
+    "PROTOS",
+    "host_can_be_public",
+    "problem",
+    "sound_report",
+    "url_problem",
+]
 
 PROTOS = frozenset({"http", "https", "socks4", "socks5"})
 MAX_URLS = 50  # URLs a Discovered may carry: a page links to more, a worker sends the best
@@ -38,9 +47,8 @@ MAX_NAME = 256  # judges, keys, extractor versions
 MAX_LATENCY_MS = 600_000
 MAX_BYTES = 1 << 30
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f\u0080-\u009f\u200b-\u200f\u2028-\u202e\u2066-\u2069]")
-_HEX16 = re.compile(r"[0-9a-f]{16}")
-_HEX64 = re.compile(r"[0-9a-f]{64}")
+_HEXDIGITS = "0123456789abcdef"
+_PROTO_REASON = f"not one of {', '.join(sorted(PROTOS))}"
 _IPV4 = re.compile(
     r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?:\.(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)){3}"
 )
@@ -50,8 +58,10 @@ _LOCAL_SUFFIXES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".
 def _text(value: str, cap: int) -> str:
     if len(value) > cap:
         return f"longer than {cap} characters"
-    if _CONTROL.search(value):
-        return "holds a control or direction character"
+    # isprintable() is False for control (Cc), format (Cf: direction overrides,
+    # zero-width) and separator characters other than the space: all in C.
+    if not value.isprintable():
+        return "holds a control, format or direction character"
     return ""
 
 
@@ -131,90 +141,147 @@ def url_problem(url: str, *, lab: bool) -> str:
     return ""
 
 
-def problem(event: Event, *, lab: bool) -> tuple[str, str]:
-    """(field, why) of the first thing wrong with ``event``; ("", "") when nothing is."""
-    match event:
-        case ProxyWorked():
-            if event.proto not in PROTOS:
-                return "proto", f"not one of {', '.join(sorted(PROTOS))}"
-            if not 0 <= event.latency_ms <= MAX_LATENCY_MS:
-                return "latency_ms", f"out of range 0-{MAX_LATENCY_MS}"
-            if event.exit_ip and not _address(event.exit_ip):
-                return "exit_ip", "not an address"
-            if event.source and not _HEX16.fullmatch(event.source):
-                return "source", "not a url_id"
-            if why := _text(event.judge, MAX_NAME):
-                return "judge", why
-            return _common(event)
-        case ProxyFailed():
-            if event.proto not in PROTOS:
-                return "proto", f"not one of {', '.join(sorted(PROTOS))}"
-            if why := _text(event.error, MAX_TEXT):
-                return "error", why
-            return _common(event)
-        case Fetched():
-            if not _HEX16.fullmatch(event.url_id):
-                return "url_id", "not a url_id"
-            if not 0 <= event.http_status <= 999:
-                return "http_status", "out of range 0-999"
-            if not 0 <= event.bytes <= MAX_BYTES:
-                return "bytes", f"out of range 0-{MAX_BYTES}"
-            if not 0 <= event.fetch_ms <= MAX_LATENCY_MS:
-                return "fetch_ms", f"out of range 0-{MAX_LATENCY_MS}"
-            if why := _text(event.error, MAX_TEXT):
-                return "error", why
-            if why := _text(event.content_hash, 128):
-                return "content_hash", why
-            return _common(event)
-        case Extracted():
-            if not _HEX16.fullmatch(event.url_id):
-                return "url_id", "not a url_id"
-            if not 0 <= event.count <= 10_000_000:
-                return "count", "out of range"
-            if len(event.candidates) > MAX_CANDIDATES:
-                return "candidates", f"more than {MAX_CANDIDATES}"
-            for ip, port, proto, confidence in event.candidates:
-                if not _address(ip) or not 0 < port <= 65535:
-                    return "candidates", f"not an address: {ip[:50]!r}:{port}"
-                if proto and proto not in PROTOS:
-                    return "candidates", f"protocol {proto[:20]!r}"
-                if not 0.0 <= confidence <= 1.0:
-                    return "candidates", "confidence out of range 0-1"
-            if why := _text(event.extractor, MAX_NAME):
-                return "extractor", why
-            if why := _text(event.content_hash, 128):
-                return "content_hash", why
-            return _common(event)
-        case Discovered():
-            if not _HEX16.fullmatch(event.parent):
-                return "parent", "not a url_id"
-            if len(event.urls) > MAX_URLS:
-                return "urls", f"more than {MAX_URLS}"
-            for url in event.urls:
-                if why := url_problem(url, lab=lab):
-                    return "urls", f"{url[:100]!r}: {why}"
-            return _common(event)
-        case SourceAdded():
-            if why := url_problem(event.url, lab=lab):
-                return "url", why
-            if event.url_id != url_id(event.url):
-                return "url_id", "not the url_id of url"
-            return _common(event)
-        case Deposited():
-            if why := _text(event.key, MAX_URL):
-                return "key", why
-            if not _HEX64.fullmatch(event.sha256):
-                return "sha256", "not a SHA-256 in hex"
-            if not 0 <= event.bytes <= MAX_BYTES:
-                return "bytes", f"out of range 0-{MAX_BYTES}"
-            return _common(event)
-    return _common(event)
+_OK = ("", "")
 
 
-def _common(event: Event) -> tuple[str, str]:
-    lease = getattr(event, "lease", "")
+def _hex(value: str, length: int) -> bool:
+    """Lower-case hex of exactly ``length`` digits (``strip`` with a set runs in C)."""
+    return len(value) == length and not value.strip(_HEXDIGITS)
+
+
+def _proxy_worked(e: ProxyWorked, lab: bool) -> tuple[str, str]:
+    if e.proto not in PROTOS:
+        return "proto", _PROTO_REASON
+    if not 0 <= e.latency_ms <= MAX_LATENCY_MS:
+        return "latency_ms", f"out of range 0-{MAX_LATENCY_MS}"
+    # An exit that is the proxy itself needs no second look: the proxy's address is
+    # checked where the proxy is admitted (reducers/proxies.py).
+    if e.exit_ip and e.exit_ip != e.ip and not _address(e.exit_ip):
+        return "exit_ip", "not an address"
+    if e.source and not _hex(e.source, 16):
+        return "source", "not a url_id"
+    if e.judge and (why := _text(e.judge, MAX_NAME)):
+        return "judge", why
+    return _envelope(e.id, e.lease)
+
+
+def _proxy_failed(e: ProxyFailed, lab: bool) -> tuple[str, str]:
+    if e.proto not in PROTOS:
+        return "proto", _PROTO_REASON
+    if e.error and (why := _text(e.error, MAX_TEXT)):
+        return "error", why
+    return _envelope(e.id, e.lease)
+
+
+def _fetched(e: Fetched, lab: bool) -> tuple[str, str]:
+    if not _hex(e.url_id, 16):
+        return "url_id", "not a url_id"
+    if not 0 <= e.http_status <= 999:
+        return "http_status", "out of range 0-999"
+    if not 0 <= e.bytes <= MAX_BYTES:
+        return "bytes", f"out of range 0-{MAX_BYTES}"
+    if not 0 <= e.fetch_ms <= MAX_LATENCY_MS:
+        return "fetch_ms", f"out of range 0-{MAX_LATENCY_MS}"
+    if e.error and (why := _text(e.error, MAX_TEXT)):
+        return "error", why
+    if why := _text(e.content_hash, 128):
+        return "content_hash", why
+    return _envelope(e.id, e.lease)
+
+
+def _extracted(e: Extracted, lab: bool) -> tuple[str, str]:
+    if not _hex(e.url_id, 16):
+        return "url_id", "not a url_id"
+    if not 0 <= e.count <= 10_000_000:
+        return "count", "out of range"
+    if len(e.candidates) > MAX_CANDIDATES:
+        return "candidates", f"more than {MAX_CANDIDATES}"
+    for ip, port, proto, confidence in e.candidates:
+        if not _address(ip) or not 0 < port <= 65535:
+            return "candidates", f"not an address: {ip[:50]!r}:{port}"
+        if proto and proto not in PROTOS:
+            return "candidates", f"protocol {proto[:20]!r}"
+        if not 0.0 <= confidence <= 1.0:
+            return "candidates", "confidence out of range 0-1"
+    if why := _text(e.extractor, MAX_NAME):
+        return "extractor", why
+    if why := _text(e.content_hash, 128):
+        return "content_hash", why
+    return _envelope(e.id, e.lease)
+
+
+def _discovered(e: Discovered, lab: bool) -> tuple[str, str]:
+    if not _hex(e.parent, 16):
+        return "parent", "not a url_id"
+    if len(e.urls) > MAX_URLS:
+        return "urls", f"more than {MAX_URLS}"
+    for url in e.urls:
+        if why := url_problem(url, lab=lab):
+            return "urls", f"{url[:100]!r}: {why}"
+    return _envelope(e.id, "")
+
+
+def _source_added(e: SourceAdded, lab: bool) -> tuple[str, str]:
+    if why := url_problem(e.url, lab=lab):
+        return "url", why
+    if e.url_id != url_id(e.url):
+        return "url_id", "not the url_id of url"
+    return _envelope(e.id, "")
+
+
+def _deposited(e: Deposited, lab: bool) -> tuple[str, str]:
+    if why := _text(e.key, MAX_URL):
+        return "key", why
+    if not _hex(e.sha256, 64):
+        return "sha256", "not a SHA-256 in hex"
+    if not 0 <= e.bytes <= MAX_BYTES:
+        return "bytes", f"out of range 0-{MAX_BYTES}"
+    return _envelope(e.id, e.lease)
+
+
+def _envelope(event_id: str, lease: str) -> tuple[str, str]:
     if lease and (why := _text(lease, 64)):
         return "lease", why
-    if why := _text(event.id, 64):
+    if why := _text(event_id, 64):
         return "id", why
-    return "", ""
+    return _OK
+
+
+_CHECKS: dict[type, Callable[[Any, bool], tuple[str, str]]] = {
+    ProxyWorked: _proxy_worked,
+    ProxyFailed: _proxy_failed,
+    Fetched: _fetched,
+    Extracted: _extracted,
+    Discovered: _discovered,
+    SourceAdded: _source_added,
+    Deposited: _deposited,
+}
+
+
+def sound_report(e: ProxyWorked) -> bool:
+    """True only when ``problem`` finds nothing in this ``ProxyWorked``: the same rules,
+    in one call, for the two thirds of the log these are (False: ask ``problem`` why).
+    A test holds the two to the same answers."""
+    exit_ip = e.exit_ip
+    source = e.source
+    judge = e.judge
+    lease = e.lease
+    return (
+        e.proto in PROTOS
+        and 0 <= e.latency_ms <= MAX_LATENCY_MS
+        and (not exit_ip or exit_ip == e.ip or _address(exit_ip))
+        and (not source or (len(source) == 16 and not source.strip(_HEXDIGITS)))
+        and (not judge or (len(judge) <= MAX_NAME and judge.isprintable()))
+        and (not lease or (len(lease) <= 64 and lease.isprintable()))
+        and len(e.id) <= 64
+        and e.id.isprintable()
+    )
+
+
+def problem(event: Event, *, lab: bool) -> tuple[str, str]:
+    """(field, why) of the first thing wrong with ``event``; ("", "") when nothing is.
+    A table by type, not a chain of isinstance: the fold asks it of every event."""
+    check = _CHECKS.get(type(event))
+    if check is None:
+        return _envelope(event.id, "")
+    return check(event, lab)

@@ -12,9 +12,24 @@ Pure: the same state, subject and event give the same answer.
 
 from __future__ import annotations
 
-from events import AGENT_PREFIX, Event, SubjectError, subject_for
-from events.roles import may_publish_on_nats
-from events.validate import problem
+from collections.abc import Callable
+from typing import Any
+
+from events import (
+    AGENT_PREFIX,
+    Discovered,
+    Event,
+    Extracted,
+    Fetched,
+    Located,
+    ProxyFailed,
+    ProxyWorked,
+    SourceAdded,
+    SubjectError,
+    subject_for,
+)
+from events.roles import ROLE_NATS_EVENTS, may_publish_on_nats
+from events.validate import problem, sound_report
 from reducers.state import State
 
 __all__ = ["FORBIDDEN", "INVALID", "refusal"]
@@ -22,45 +37,121 @@ __all__ = ["FORBIDDEN", "INVALID", "refusal"]
 FORBIDDEN = "forbidden"  # DLQ reasons: said by whom it may not be said,
 INVALID = "invalid"  # or facts that cannot be (events/validate.py)
 
-_AGENT = AGENT_PREFIX.encode()
-_SKIP = len(_AGENT)
+_SKIP = len(AGENT_PREFIX)
+
+
+_OK = ("", "")
+_PREFIX = AGENT_PREFIX.encode()
 
 
 def refusal(state: State, subject: bytes, event: Event) -> tuple[str, str]:
     """(DLQ reason, why) when the event may not be folded; ("", "") when it may."""
     settings = state.settings
     if not settings.agent_subjects:
-        return "", ""
+        return _OK
+    if type(event) is ProxyWorked and _plainly_admitted(state, subject, event):
+        return _OK
     why = _forbidden(state, subject, event)
     if why:
         return FORBIDDEN, why
     field, why = problem(event, lab=settings.lab)
     if why:
         return INVALID, f"{field}: {why}"
-    return "", ""
+    return _OK
+
+
+def _plainly_admitted(state: State, subject: bytes, event: ProxyWorked) -> bool:
+    """The usual case, decided in one call: an enrolled worker or checker reporting a
+    proxy on its own subject for it, with sound facts. False says nothing: the full
+    checks below then find the reason, or admit it after all."""
+    if not subject.startswith(_PREFIX):
+        return False
+    said = subject.decode()
+    end = said.find(".", _SKIP)
+    publisher = said[_SKIP:end]
+    agent = state.agents.get(publisher)
+    return (
+        agent is not None
+        and event.agent == publisher
+        and agent.role in _REPORTERS
+        and bool(agent.token_sha256)
+        and said[end + 1 :] == f"proxy.{event.ip.replace('.', '-')}_{event.port}"
+        and sound_report(event)
+    )
+
+
+def _proxy(e: Any) -> str:
+    return f"proxy.{e.ip.replace('.', '-')}_{e.port}"
+
+
+def _source(e: Any) -> str:
+    return f"source.{e.url_id}"
+
+
+# The subject of the common events without the leading "ppf.", built without the
+# token checks of subject_for (a regex per event): here the subject is compared, not
+# made, and only a subject NATS accepted can be equal to it. Field nonsense that would
+# have failed those checks is refused by validation right after.
+_TAILS: dict[type, Callable[[Any], str]] = {
+    ProxyWorked: _proxy,
+    ProxyFailed: _proxy,
+    Fetched: _source,
+    Extracted: _source,
+    SourceAdded: _source,
+    Discovered: lambda e: "source." + e.parent,
+    Located: lambda e: "geo." + e.ip.replace(".", "-"),
+}
+_NATS_ROLES: dict[type, frozenset[str]] = {}
+_REPORTERS = frozenset(r for r, kinds in ROLE_NATS_EVENTS.items() if "ProxyWorked" in kinds)
+
+
+def _roles(kind: type) -> frozenset[str]:
+    """The roles that may publish ``kind`` on their own subjects (cached per type)."""
+    roles = _NATS_ROLES.get(kind)
+    if roles is None:
+        roles = frozenset(r for r in ROLE_NATS_EVENTS if may_publish_on_nats(r, kind.__name__))
+        _NATS_ROLES[kind] = roles
+    return roles
+
+
+def _expected(event: Event) -> str:
+    """The whole subject of ``event`` (the service's form), for comparing and for
+    telling; a SubjectError when its fields cannot make one."""
+    tail = _TAILS.get(type(event))
+    return "ppf." + str(tail(event)) if tail is not None else subject_for(event)
 
 
 def _forbidden(state: State, subject: bytes, event: Event) -> str:
     try:
-        expected = subject_for(event)
-    except SubjectError as exc:
-        return str(exc)
-    if not subject.startswith(_AGENT):
+        said = subject.decode()
+    except UnicodeDecodeError:
+        return "the subject is not text"
+    if not said.startswith(AGENT_PREFIX):
         # The service's own subjects: only the service user may write them (nats.conf),
         # what it publishes for a caller it checked first; the key must still be right.
-        if subject != expected.encode():
-            return f"{type(event).__name__} belongs on {expected}, not {subject.decode()}"
+        try:
+            expected = _expected(event)
+        except SubjectError as exc:
+            return str(exc)
+        if said != expected:
+            return f"{type(event).__name__} belongs on {expected}, not {said}"
         return ""
-    end = subject.find(b".", _SKIP)
-    publisher = subject[_SKIP:end].decode() if end > 0 else ""
+    end = said.find(".", _SKIP)
+    publisher = said[_SKIP:end] if end > 0 else ""
     if event.agent != publisher:
         return f"agent {event.agent!r} in an event published by {publisher!r}"
     agent = state.agents.get(publisher)
     if agent is None or not agent.token_sha256:
         return f"{publisher!r} is not an enrolled agent"
-    kind = type(event).__name__
-    if not may_publish_on_nats(agent.role, kind):
-        return f"role {agent.role or 'none'} may not publish {kind} on its own subjects"
-    if subject[end:] != expected[3:].encode():
-        return f"{kind} belongs on {AGENT_PREFIX}{publisher}{expected[3:]}"
+    kind = type(event)
+    if agent.role not in _roles(kind):
+        return f"role {agent.role or 'none'} may not publish {kind.__name__} on its own subjects"
+    tail = _TAILS.get(kind)
+    if tail is None or said[end + 1 :] != tail(event):
+        try:
+            expected = _expected(event)
+        except SubjectError as exc:
+            return str(exc)
+        if said[end:] != expected[3:]:
+            return f"{kind.__name__} belongs on {AGENT_PREFIX}{publisher}{expected[3:]}"
     return ""

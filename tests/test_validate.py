@@ -1,0 +1,73 @@
+"""Facts checked in one place (events/validate.py): what a field may hold, beyond its type."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events.validate import host_can_be_public, problem, sound_report, url_problem
+from tests.helpers import worked
+
+
+@pytest.mark.parametrize(
+    ("host", "public"),
+    [
+        ("8.8.8.8", True),
+        ("0x08080808", True),
+        ("lists.example.net", True),
+        ("2001:4860:4860::8888", True),
+        ("127.0.0.1", False),
+        ("2130706433", False),
+        ("0x7f.1", False),
+        ("0177.0.0.1", False),
+        ("127.1", False),
+        ("10.1", False),
+        ("169.254.169.254", False),
+        ("100.64.0.1", False),
+        ("[::1]", False),
+        ("localhost", False),
+        ("intranet", False),
+        ("printer.local", False),
+        ("db.internal", False),
+        ("nas.lan", False),
+    ],
+)
+def test_hosts_that_cannot_be_public_in_any_notation(host: str, public: bool) -> None:
+    assert host_can_be_public(host) is public
+
+
+def test_urls_only_http_and_https_without_control_characters() -> None:
+    assert url_problem("https://lists.example.net/p.txt", lab=False) == ""
+    assert "scheme" in url_problem("file:///etc/passwd", lab=False)
+    assert "scheme" in url_problem("javascript:alert(1)", lab=False)
+    assert "control" in url_problem("http://a.example/\u202ex", lab=False)
+    assert "cannot be public" in url_problem("http://127.0.0.1:8080/", lab=False)
+    assert url_problem("http://127.0.0.1:8080/", lab=True) == ""  # the lab's own pages
+    assert "longer" in url_problem("http://a.example/" + "x" * 3000, lab=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    proto=st.sampled_from(["http", "socks5", "ftp", "", "../\u202e<x>"]),
+    latency=st.integers(-5, 700_000),
+    exit_ip=st.sampled_from(["", "8.8.8.8", "1.2.3.4", "<script>", "::1", "999.1.1.1"]),
+    source=st.sampled_from(["", "0123456789abcdef", "0123456789ABCDEF", "xyz", "0" * 17]),
+    judge=st.sampled_from(["", "http://j.example/judge", "a\nb", "j" * 300]),
+    lease=st.sampled_from(["", "l1", "l\x00", "x" * 65]),
+)
+def test_the_fast_check_of_reports_says_what_the_full_one_says(
+    proto: str, latency: int, exit_ip: str, source: str, judge: str, lease: str
+) -> None:
+    """events/validate.py keeps a one-call check for ProxyWorked, the bulk of the log;
+    it must never admit what the full check refuses, nor refuse what it admits."""
+    e = worked(
+        ip="8.8.8.8",
+        proto=proto,
+        latency_ms=latency,
+        exit_ip=exit_ip,
+        source=source,
+        judge=judge,
+        lease=lease,
+    )
+    assert sound_report(e) == (problem(e, lab=False) == ("", ""))
