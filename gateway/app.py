@@ -221,7 +221,7 @@ async def _nats_auth(app: web.Application) -> AsyncIterator[None]:
     assert auth is not None
     fold = app[FOLD]
     callout = Callout(auth, lambda: fold.state)
-    kicker = Kicker(auth, lambda: fold.state, callout)
+    kicker = Kicker(auth, lambda: fold.state)
     await callout.start()
     await kicker.start()
     task = asyncio.create_task(kicker.run(), name="ppf-kicker")

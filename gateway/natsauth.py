@@ -14,7 +14,8 @@ Why a callout rather than decentralized JWT auth with an account signing key: th
 registry of who may connect is already the log's (``AgentEnrolled``), folded in every
 gateway; a callout asks it live, so revoking is one event, with no account JWT to
 re-sign and push and no resolver to run beside the embedded server. Measured on this
-machine: a connect through the callout takes one extra round trip to the gateway.
+machine (50 connects each, same process as the gateway): 1.74 ms median through the
+callout against 0.78 ms for the service's own login; agents connect once and stay.
 """
 
 from __future__ import annotations
@@ -110,10 +111,6 @@ def grant(auth: NatsAuth, state: State, user: str, password: str) -> dict[str, A
     Only the server can publish the request this answers (no agent may publish on
     ``$SYS.>``), so the request itself is taken as the server's.
     """
-    if user == SYS_USER:
-        if auth.sys_password and hmac.compare_digest(password, auth.sys_password):
-            return {"account": "SYS", "name": SYS_USER, "pub": {}, "sub": {}, "payload": -1}
-        return "bad credentials"
     agent = state.agents.get(user)
     if agent is None or agent.role not in AGENT_ROLES:
         return "not an enrolled agent"
@@ -225,16 +222,9 @@ class Kicker:
     login goes to the callout again and is refused.
     """
 
-    def __init__(
-        self,
-        auth: NatsAuth,
-        state: Callable[[], State],
-        callout: Callout,
-        every_s: float = 1.0,
-    ) -> None:
+    def __init__(self, auth: NatsAuth, state: Callable[[], State], every_s: float = 1.0) -> None:
         self.auth = auth
         self._state = state
-        self._callout = callout
         self.every_s = every_s
         self._sys: Client | None = None
         self.kicked = 0
@@ -250,18 +240,8 @@ class Kicker:
     async def run(self) -> None:
         while True:
             await asyncio.sleep(self.every_s)
-            if self._sys is None or self._sys.is_closed:
-                # Logged in again only while the callout that decides it listens: a
-                # login it cannot answer times out, and nats-py then leaves the socket.
-                if not self._callout.connected:
-                    continue
-                try:
-                    await self.start()
-                except (nats.errors.Error, OSError, TimeoutError) as exc:
-                    log.warning("nats_kicker_login_failed", error=repr(exc))
-                    continue
             if self._sys is None or not self._sys.is_connected:
-                continue
+                continue  # the server is away, its connections with it; nats-py reconnects
             try:
                 self.kicked += await self.sweep()
             except (nats.errors.Error, OSError, TimeoutError) as exc:
@@ -301,14 +281,14 @@ class Kicker:
         return kicked
 
     async def start(self) -> None:
-        """Log in as the system user (through the callout, so after it is up). No
-        reconnects of its own: after a server restart ``run`` logs in again once the
-        callout is back (ordered, so the login never waits on a callout that is away)."""
+        """Log in as the system user (written in nats.conf, not put to the callout), once;
+        nats-py reconnects it for the gateway's life."""
         scheme, _, hostport = self.auth.address.partition("://")
         self._sys = await nats.connect(
             f"{scheme}://{SYS_USER}:{self.auth.sys_password}@{hostport}",
             name="ppf-kicker",
-            allow_reconnect=False,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
             error_cb=_quiet("kicker"),
         )
 

@@ -310,7 +310,7 @@ async def test_revoking_a_token_cuts_the_agent_off(
 
 
 async def test_the_system_login_is_the_gateways_alone(fleet: Any, nats_server: NatsServer) -> None:
-    """The callout hands the system account (kicks) only to the sys password."""
+    """The system account (the gateway's kicks) opens only to the sys password."""
     hostport = nats_server.address.removeprefix("nats://")
     said = await _refused_login(f"nats://sys:guess@{hostport}")
     assert "authorization" in said.lower()

@@ -34,10 +34,13 @@ from tests.helpers import worked
     ],
 )
 def test_hosts_that_cannot_be_public_in_any_notation(host: str, public: bool) -> None:
+    """Private, loopback, link-local and shared ranges in decimal, hex, octal and short
+    forms, and names that are never public; names themselves are not resolved."""
     assert host_can_be_public(host) is public
 
 
 def test_urls_only_http_and_https_without_control_characters() -> None:
+    """Sources are http(s) URLs with a host that can be public (unless lab mode)."""
     assert url_problem("https://lists.example.net/p.txt", lab=False) == ""
     assert "scheme" in url_problem("file:///etc/passwd", lab=False)
     assert "scheme" in url_problem("javascript:alert(1)", lab=False)

@@ -161,6 +161,7 @@ class NatsServer:
         env = {**os.environ, "PPF_NATS_STORE": str(self.store_dir)}
         made = self._passwords()
         env["PPF_NATS_PASSWORD"] = made["ppf"]
+        env["PPF_NATS_SYS_PASSWORD"] = made["sys"]
         env["PPF_NATS_ISSUER"] = nkeys.from_seed(
             bytearray(made["issuer"].encode())
         ).public_key.decode()
