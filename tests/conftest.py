@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shutil
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -66,3 +67,11 @@ def ppf_bin() -> str:
     if found is None:
         pytest.skip("the ppf command is not installed: pip install -e . (make test does)")
     return found
+
+
+@pytest.fixture(autouse=True)
+def _collect_garbage_after_each_test() -> Iterator[None]:
+    """A socket left open is reported when the garbage collector finds it, which can be
+    tests later; collecting after each test pins the report on the test that left it."""
+    yield
+    gc.collect()

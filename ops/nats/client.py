@@ -154,7 +154,7 @@ class Log:
             return
         try:  # drain flushes what is pending; a server that went away gets a plain close
             await asyncio.wait_for(self.nc.drain(), 5)
-        except (TimeoutError, nats.errors.Error):
+        except (TimeoutError, OSError, nats.errors.Error):
             await self._close_quietly()
         except asyncio.CancelledError:
             # nats-py cancels its own waits when the server is gone mid-drain: a lost
@@ -167,8 +167,8 @@ class Log:
     async def _close_quietly(self) -> None:
         try:
             await asyncio.wait_for(self.nc.close(), 5)
-        except (TimeoutError, nats.errors.Error):
-            log.warning("nats_close_incomplete", url=redact(self.url))
+        except (TimeoutError, OSError, nats.errors.Error) as exc:  # its socket is gone
+            log.warning("nats_close_incomplete", url=redact(self.url), error=repr(exc))
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
