@@ -146,9 +146,11 @@ class Callout:
             self.auth.service_url,
             name="ppf-callout",
             max_reconnect_attempts=-1,
-            # Back before the agents (0.5 s) after a server restart: a login asked
-            # while no callout listens waits out the server's auth timeout.
-            reconnect_time_wait=0.1,
+            # Back before the agents (1 s) after a server restart: a login asked
+            # while no callout listens waits out the server's auth timeout. Not
+            # faster: every try at a server still starting may cost a socket that
+            # nats-py does not close (seen as ResourceWarnings in the restart test).
+            reconnect_time_wait=0.5,
             error_cb=_quiet("callout"),
         )
         await self._nc.subscribe(AUTH_SUBJECT, cb=self._answer)

@@ -132,7 +132,9 @@ class Log:
                     name=name,
                     connect_timeout=timeout,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.5,
+                    # Agents (their own inbox) wait longer than the service between
+                    # tries, so the gateway's callout is back before they ask it.
+                    reconnect_time_wait=1.0 if inbox_prefix else 0.5,
                     allow_reconnect=True,
                     pending_size=64 * 1024 * 1024,
                     error_cb=error_cb,
