@@ -149,6 +149,7 @@ async def stats(request: web.Request) -> web.Response:
             ],
             "agent_activity": _activity(state, now),
             "rejected": fold.folder.rejected,
+            "resent": fold.folder.resent,  # agents' re-sends met and ignored
             "dlq_sent": fold.dlq_sent,
             "grants": {"granted": granter.granted, "lost": granter.lost},
             "nats_ops": dict(request.app[LOG].ops),

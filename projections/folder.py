@@ -33,6 +33,7 @@ class Folder:
         self.on_reject = on_reject
         self.applied = 0
         self.rejected = 0
+        self.resent = 0
         self.last_ts = 0
 
     def apply(self, batch: Iterable[Message]) -> int:
@@ -59,8 +60,10 @@ class Folder:
                     self.on_reject(seq, subject, payload, DecodeError(reason, why))
                 skip(state, seq, ts)
                 continue
-            fold(state, event, seq, ts)  # type: ignore[arg-type]
-            applied += 1
+            if fold(state, event, seq, ts):  # type: ignore[arg-type]
+                applied += 1
+            else:  # an agent's re-send of what is folded already: counted, not applied
+                self.resent += 1
         if applied:
             self.last_ts = ts
         self.applied += applied

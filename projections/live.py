@@ -218,6 +218,7 @@ class FoldService:
             "sources": len(self.state.sources),
             "agents": len(self.state.agents),
             "rejected": self.folder.rejected,
+            "resent": self.folder.resent,
         }
         for kind, rate in self.stats.rates()["1m"].items():
             row[f"rate_1m.{kind}"] = rate
