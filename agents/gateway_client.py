@@ -261,7 +261,7 @@ class GatewayClient:
         while pending:
             lines, chunk = pending[:NATS_CHUNK], []
             for line in lines:
-                if len(line) > MAX_MESSAGE:  # the server would close on it, forever
+                if len(line) > MAX_MESSAGE:  # the stream refuses it: retried, it never goes
                     self._set_aside(line, f"larger than the {MAX_MESSAGE} bytes allowed")
                     continue
                 try:
