@@ -24,6 +24,8 @@ from aiohttp.resolver import ThreadedResolver
 from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
 from yarl import URL
 
+from events.validate import legacy_ipv4, local_name
+
 __all__ = ["FetchResult", "Fetcher"]
 
 MAX_BYTES = 8 * 1024 * 1024
@@ -51,29 +53,6 @@ def _public(addr: str) -> bool:
         return ipaddress.ip_address(addr).is_global
     except ValueError:
         return False
-
-
-def _legacy_ipv4(host: str) -> str | None:
-    """An address in a notation ``inet_aton`` (and so curl, browsers and most proxies)
-    still reads: decimal ``2130706433``, hex ``0x7f.1``, octal ``0177.0.0.1``, short
-    ``127.1``; as a dotted quad, or None when ``host`` is a name."""
-    if not host or not host[0].isdigit():
-        return None
-    try:
-        return socket.inet_ntoa(socket.inet_aton(host))
-    except OSError:
-        return None
-
-
-# Names that are never public: no upstream (Tor's exit included) should be asked for
-# them, and one on the operator's own network would resolve them there.
-_LOCAL_SUFFIXES = (".localhost", ".local", ".internal", ".lan", ".home.arpa", ".localdomain")
-
-
-def _local_name(host: str) -> bool:
-    """``localhost``, a single label (``intranet``), or a name under a local suffix."""
-    name = host.rstrip(".").lower()
-    return "." not in name or name.endswith(_LOCAL_SUFFIXES)
 
 
 class _PublicOnlyResolver(AbstractResolver):
@@ -154,13 +133,13 @@ class Fetcher:
         try:
             ipaddress.ip_address(host)
         except ValueError:
-            legacy = _legacy_ipv4(host)
+            legacy = legacy_ipv4(host)  # the rule sources are held to (events/validate)
             if legacy is None:
                 # A name: resolved by our resolver, which refuses private answers; an
                 # upstream resolves it where we cannot look (never locally: that would
                 # leak every source to local DNS, and .onion names do not resolve), so
                 # what cannot be public is refused by its form.
-                if self.upstream and _local_name(host):
+                if self.upstream and local_name(host):
                     return f"refused: {host} cannot be a public name"
                 return None
             host = legacy

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from events.catalogue import (
@@ -39,6 +41,7 @@ __all__ = [
     "RESERVED_AGENT_NAMES",
     "STREAM",
     "STREAM_SUBJECTS",
+    "SUBJECT_TAILS",
     "SubjectError",
     "agent_inbox",
     "agent_msg_id",
@@ -126,6 +129,39 @@ def agent_name_ok(name: str) -> bool:
 
 def agent_name_reserved(name: str) -> bool:
     return name.lower() in RESERVED_AGENT_NAMES
+
+
+def _proxy(e: Any) -> str:
+    return f"proxy.{e.ip.replace('.', '-')}_{e.port}"
+
+
+def _lease(e: Any) -> str:
+    return f"lease.{e.kind}.{e.target}"
+
+
+def _source(e: Any) -> str:
+    return f"source.{e.url_id}"
+
+
+# subject_for's subjects without the leading "ppf." and without its token checks (a
+# regex per event), for the common types: what the fold compares a message's subject
+# with (reducers/admission.py). Only a subject NATS accepted can be equal to one, and
+# field nonsense those checks would have caught is refused by validation after.
+SUBJECT_TAILS: dict[type, Callable[[Any], str]] = {
+    ProxyWorked: _proxy,
+    ProxyFailed: _proxy,
+    Fetched: _source,
+    Extracted: _source,
+    SourceAdded: _source,
+    Discovered: lambda e: "source." + e.parent,
+    Located: lambda e: "geo." + e.ip.replace(".", "-"),
+    Leased: _lease,
+    Released: _lease,
+    LeaseReset: _lease,
+    Heartbeat: lambda e: "agent." + e.agent,
+    AgentEnrolled: lambda e: "agent." + e.name,
+    Configured: lambda e: "config",
+}
 
 
 def agent_subject(event: Event) -> str:

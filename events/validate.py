@@ -33,6 +33,8 @@ __all__ = [
     "MAX_URLS",
     "PROTOS",
     "host_can_be_public",
+    "legacy_ipv4",
+    "local_name",
     "problem",
     "sound_report",
     "url_problem",
@@ -77,15 +79,20 @@ def _address(value: str) -> bool:
     return True
 
 
-def _legacy_ipv4(host: str) -> str | None:
+def legacy_ipv4(host: str) -> str | None:
     """``host`` as a dotted quad when it is an address in any notation ``inet_aton``
-    reads (decimal ``2130706433``, hex ``0x7f.1``, octal ``0177.0.0.1``, short ``127.1``),
-    else None. Written out: the core imports no socket module."""
+    (and so curl, browsers and most proxies) reads: decimal ``2130706433``, hex
+    ``0x7f.1``, octal ``0177.0.0.1``, short ``127.1``; None when it is a name. Written
+    out: the core imports no socket module."""
+    if not host or not host[0].isdigit():
+        return None
     parts = host.split(".")
     if not 1 <= len(parts) <= 4 or not all(parts):
         return None
     values = []
     for part in parts:
+        if not (part.isascii() and part.isalnum()):  # no signs, spaces or "_" int() takes
+            return None
         try:
             if part.lower().startswith("0x"):
                 values.append(int(part[2:] or "0", 16))
@@ -111,7 +118,7 @@ def host_can_be_public(host: str) -> bool:
     host = host.strip("[]").rstrip(".").lower()
     if not host:
         return False
-    literal = _legacy_ipv4(host) if host[0].isdigit() else None
+    literal = legacy_ipv4(host)
     if literal is None and ":" in host:
         literal = host
     if literal is not None:
@@ -119,7 +126,14 @@ def host_can_be_public(host: str) -> bool:
             return ipaddress.ip_address(literal).is_global
         except ValueError:
             return False
-    return "." in host and not host.endswith(_LOCAL_SUFFIXES)
+    return not local_name(host)
+
+
+def local_name(host: str) -> bool:
+    """``localhost``, a single label (``intranet``), or a name under a local suffix:
+    never public, whatever a resolver would say."""
+    name = host.rstrip(".").lower()
+    return "." not in name or name.endswith(_LOCAL_SUFFIXES)
 
 
 def url_problem(url: str, *, lab: bool) -> str:

@@ -77,8 +77,11 @@ class NatsAuth:
     def url_for(self, name: str, token_sha256: str) -> str:
         if not self.enforced:
             return self.address
+        return self.login_url(name, self.password(name, token_sha256))
+
+    def login_url(self, user: str, password: str) -> str:
         scheme, _, hostport = self.address.partition("://")
-        return f"{scheme}://{quote(name)}:{self.password(name, token_sha256)}@{hostport}"
+        return f"{scheme}://{quote(user)}:{password}@{hostport}"
 
 
 def _b64(raw: bytes) -> str:
@@ -155,10 +158,6 @@ class Callout:
         )
         await self._nc.subscribe(AUTH_SUBJECT, cb=self._answer)
         await self._nc.flush()
-
-    @property
-    def connected(self) -> bool:
-        return self._nc is not None and self._nc.is_connected
 
     async def stop(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
@@ -285,9 +284,8 @@ class Kicker:
     async def start(self) -> None:
         """Log in as the system user (written in nats.conf, not put to the callout), once;
         nats-py reconnects it for the gateway's life."""
-        scheme, _, hostport = self.auth.address.partition("://")
         self._sys = await nats.connect(
-            f"{scheme}://{SYS_USER}:{self.auth.sys_password}@{hostport}",
+            self.auth.login_url(SYS_USER, self.auth.sys_password),
             name="ppf-kicker",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

@@ -6,8 +6,8 @@ publisher is then known from the subject alone, so the fold believes an event on
 when its fields agree with where it came from: the subject its type and fields give,
 the agent it names, an enrolled agent, a type that agent's role may publish. Before
 the switch events are taken as they always were, so older logs replay to the same
-projection. Then the facts themselves (events/validate.py), under the settings of that log position.
-Pure: the same state, subject and event give the same answer.
+projection. Then the facts themselves (events/validate.py), under the settings of
+that log position. Pure: the same state, subject and event give the same answer.
 """
 
 from __future__ import annotations
@@ -17,21 +17,10 @@ from typing import Any, get_args
 
 from events import (
     AGENT_PREFIX,
-    AgentEnrolled,
+    SUBJECT_TAILS,
     AnyEvent,
-    Configured,
-    Discovered,
     Event,
-    Extracted,
-    Fetched,
-    Heartbeat,
-    Leased,
-    LeaseReset,
-    Located,
-    ProxyFailed,
     ProxyWorked,
-    Released,
-    SourceAdded,
     SubjectError,
     subject_for,
 )
@@ -56,7 +45,7 @@ def refusal(state: State, subject: bytes, event: Event) -> tuple[str, str]:
     if not settings.agent_subjects:
         return _OK
     kind = type(event)
-    tail = _TAILS.get(kind)
+    tail = SUBJECT_TAILS.get(kind)
     if tail is not None and _plainly_admitted(state, subject, event, kind, tail):
         return _OK
     why = _forbidden(state, subject, event)
@@ -95,37 +84,6 @@ def _plainly_admitted(
     return not problem(event, lab=state.settings.lab)[1]
 
 
-def _proxy(e: Any) -> str:
-    return f"proxy.{e.ip.replace('.', '-')}_{e.port}"
-
-
-def _lease(e: Any) -> str:
-    return f"lease.{e.kind}.{e.target}"
-
-
-def _source(e: Any) -> str:
-    return f"source.{e.url_id}"
-
-
-# The subject of the common events without the leading "ppf.", built without the
-# token checks of subject_for (a regex per event): here the subject is compared, not
-# made, and only a subject NATS accepted can be equal to it. Field nonsense that would
-# have failed those checks is refused by validation right after.
-_TAILS: dict[type, Callable[[Any], str]] = {
-    ProxyWorked: _proxy,
-    ProxyFailed: _proxy,
-    Fetched: _source,
-    Extracted: _source,
-    SourceAdded: _source,
-    Discovered: lambda e: "source." + e.parent,
-    Located: lambda e: "geo." + e.ip.replace(".", "-"),
-    Leased: _lease,
-    Released: _lease,
-    LeaseReset: _lease,
-    Heartbeat: lambda e: "agent." + e.agent,
-    AgentEnrolled: lambda e: "agent." + e.name,
-    Configured: lambda e: "config",
-}
 # Event type -> the roles that may publish it on their own subjects.
 _NATS_ROLES: dict[type, frozenset[str]] = {
     kind: frozenset(r for r in ROLE_NATS_EVENTS if may_publish_on_nats(r, kind.__name__))
@@ -137,7 +95,7 @@ _NOBODY: frozenset[str] = frozenset()
 def _expected(event: Event) -> str:
     """The whole subject of ``event`` (the service's form), for comparing and for
     telling; a SubjectError when its fields cannot make one."""
-    tail = _TAILS.get(type(event))
+    tail = SUBJECT_TAILS.get(type(event))
     return "ppf." + str(tail(event)) if tail is not None else subject_for(event)
 
 
@@ -166,7 +124,7 @@ def _forbidden(state: State, subject: bytes, event: Event) -> str:
     kind = type(event)
     if agent.role not in _NATS_ROLES.get(kind, _NOBODY):
         return f"role {agent.role or 'none'} may not publish {kind.__name__} on its own subjects"
-    tail = _TAILS.get(kind)
+    tail = SUBJECT_TAILS.get(kind)
     if tail is None or said[end + 1 :] != tail(event):
         try:
             expected = _expected(event)

@@ -7,7 +7,7 @@ import events as ev
 from events.ids import uuid7, uuid7_after
 from projections import Folder, digest
 from reducers import State
-from tests.helpers import worked
+from tests.helpers import message, worked
 
 T0 = 1_800_000_000_000
 MIN = 60_000
@@ -20,10 +20,6 @@ def _id(ms: int, n: int) -> str:
 def _on_own(seq: int, ts: int, event: ev.Event) -> tuple[int, int, bytes, bytes]:
     """As the agent publishes it itself: on ``ppf.in.<agent>...``."""
     return (seq, ts, ev.agent_subject(event).encode(), ev.encode(event))
-
-
-def _service(seq: int, ts: int, event: ev.Event) -> tuple[int, int, bytes, bytes]:
-    return (seq, ts, ev.subject_for(event).encode(), ev.encode(event))
 
 
 def _preamble(switched: bool) -> list[ev.Event]:
@@ -56,8 +52,8 @@ def _log(switched: bool, resend: bool) -> list[tuple[int, int, bytes, bytes]]:
         ev.Fetched(id=_id(T0, 9), agent="w1", at=0, url_id="0123456789abcdef", lease="l", ok=True)
     )
     later = worked(agent="w2", ip="9.9.9.9", id=_id(T0 + 30 * MIN, 1))
-    msgs = [_service(seq, T0 - 1, e) for seq, e in enumerate(_preamble(switched), start=1)]
-    own = _on_own if switched else _service
+    msgs = [message(seq, T0 - 1, e) for seq, e in enumerate(_preamble(switched), start=1)]
+    own = _on_own if switched else message
     for e in batch:
         msgs.append(own(len(msgs) + 1, T0 + 10, e))
     if resend:
@@ -100,7 +96,7 @@ def test_before_the_switch_a_late_resend_is_folded_as_it_always_was() -> None:
 def test_one_agents_ids_never_shadow_anothers() -> None:
     """w1's mark is far ahead; w2's event with a lower id is still folded, and w2's own
     older re-send is not."""
-    msgs = [_service(seq, T0 - 1, e) for seq, e in enumerate(_preamble(True), start=1)]
+    msgs = [message(seq, T0 - 1, e) for seq, e in enumerate(_preamble(True), start=1)]
     ahead = worked(agent="w1", ip="8.8.8.8", id=_id(T0 + 60 * MIN, 1))
     behind = worked(agent="w2", ip="9.9.9.9", id=_id(T0, 1))
     for e in (ahead, behind, behind):
@@ -134,7 +130,7 @@ def test_marks_grow_with_agents_not_events() -> None:
         for a in range(1_000):
             seq += 1
             e = worked(agent=f"a{a}", ip="8.8.8.8", id=_id(T0 + round_, a))
-            msgs.append(_service(seq, T0 + round_, e))
+            msgs.append(message(seq, T0 + round_, e))
         folder.apply(msgs)
     assert len(state.high_water) == 1_000
     assert state.high_water["a7"] == _id(T0 + 19, 7)

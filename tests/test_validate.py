@@ -6,7 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.validate import host_can_be_public, problem, sound_report, url_problem
+from events.validate import (
+    host_can_be_public,
+    legacy_ipv4,
+    problem,
+    sound_report,
+    url_problem,
+)
 from tests.helpers import worked
 
 
@@ -37,6 +43,16 @@ def test_hosts_that_cannot_be_public_in_any_notation(host: str, public: bool) ->
     """Private, loopback, link-local and shared ranges in decimal, hex, octal and short
     forms, and names that are never public; names themselves are not resolved."""
     assert host_can_be_public(host) is public
+
+
+def test_legacy_notations_are_read_as_inet_aton_reads_them() -> None:
+    """The fetch guard and the sources' rule share this reading: what inet_aton takes
+    is an address, anything else (signs, underscores, five parts) a name."""
+    assert legacy_ipv4("0x7f.1") == "127.0.0.1"
+    assert legacy_ipv4("2130706433") == "127.0.0.1"
+    assert legacy_ipv4("0177.0.0.01") == "127.0.0.1"
+    for name in ("1_0.0.0.1", "+1.2.3.4", "1.2.3.4.5", "1..2", "256.1.1.1", "example.com"):
+        assert legacy_ipv4(name) is None, name
 
 
 def test_urls_only_http_and_https_without_control_characters() -> None:

@@ -59,6 +59,13 @@ def _own_id(event: Event) -> str:
     return event.id
 
 
+def _cancelled_by_caller() -> bool:
+    """Whether a CancelledError met here is this task's own cancellation (to go on up),
+    rather than nats-py cancelling its own waits because the server went away."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 def redact(url: str) -> str:
     """``url`` without passwords: what logs and terminals may show."""
     out = []
@@ -161,8 +168,7 @@ class Log:
         except asyncio.CancelledError:
             # nats-py cancels its own waits when the server is gone mid-drain: a lost
             # connection, not this task being cancelled (then it goes on up).
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if _cancelled_by_caller():
                 raise
             await self._close_quietly()
 
@@ -172,8 +178,7 @@ class Log:
         except (TimeoutError, OSError, nats.errors.Error) as exc:  # its socket is gone
             log.warning("nats_close_incomplete", url=redact(self.url), error=repr(exc))
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
+            if _cancelled_by_caller():
                 raise
 
     async def ensure_stream(self) -> None:
@@ -306,8 +311,7 @@ class Log:
                     except asyncio.CancelledError:
                         # nats-py cancels its own flush when the server goes away: that
                         # is a lost connection, not this task being cancelled.
-                        task = asyncio.current_task()
-                        if task is not None and task.cancelling():
+                        if _cancelled_by_caller():
                             raise
                         raise PublishError("the connection went away mid-publish") from None
                     futures.append(future)
