@@ -13,6 +13,7 @@ import msgspec
 
 __all__ = [
     "EVENT_TYPES",
+    "OBSERVATIONS",
     "AgentEnrolled",
     "Anonymity",
     "AnyEvent",
@@ -70,6 +71,21 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # entity subjects are the service's. Off in logs written before it existed, which
     # replay as they always did.
     agent_subjects: bool = False
+    # Workers earn trust (reducers/trust.py): from the Configured that sets ``trust``, a
+    # proxy is served only once an agent trusted now has confirmed it. ``trusted_agents``
+    # are the operator's own (``ppf up``'s, and those ``ppf token trust`` marks); their
+    # checks are the spot-checks that let any other agent earn trust or lose it.
+    trust: bool = False
+    trusted_agents: tuple[str, ...] = ()
+    spot_window_s: int = 1_800  # a check this soon after a report tests the report
+    spot_share: float = 0.25  # of an untested agent's reports, checked at once
+    trust_after: int = 10  # spot-checks before trust is earned or lost
+    trust_margin: float = 0.2  # failing this much more often than the baseline loses it
+    # Per agent, for every agent but the trusted ones (0: no limit); past them its
+    # events go to the DLQ as ``quota``.
+    quota_events_per_min: int = 3_000
+    quota_proxies_per_hour: int = 20_000
+    quota_sources_per_hour: int = 2_000
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -256,4 +272,15 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     AgentEnrolled,
     Configured,
     Located,
+)
+
+# What agents observe and send through their outboxes: the events a re-send can repeat
+# and a quota counts.
+OBSERVATIONS: tuple[type[Event], ...] = (
+    Fetched,
+    Extracted,
+    ProxyWorked,
+    ProxyFailed,
+    Deposited,
+    Discovered,
 )

@@ -28,9 +28,10 @@ from events.wire import LeaseGrant, RecheckPayload, SeedPayload, SourcePayload
 from projections.live import FoldService
 from projections.log import ConflictError, EventLog
 from projections.readmodels import due_score, due_sources
-from projections.recheck import RecheckPolicy, due_in_shard, shards
+from projections.recheck import RecheckPolicy, due_in_shard, shards, spot_checks
 from reducers import LeaseRow, ProxyRow, State
 from reducers.pool import lease_live
+from reducers.state import ProxyKey
 
 __all__ = ["SHARDS", "Granter", "live_holdings"]
 
@@ -82,6 +83,7 @@ class Granter:
         self.recheck = recheck or RecheckPolicy()
         self.shards_refresh_s = 5.0
         self._shard_rows: dict[str, list[ProxyRow]] = {}
+        self._spot: set[ProxyKey] = set()  # spot-checks to take first (projections/recheck)
         self._shards_at = -1e9
 
     def due_sources(self, now: int) -> list[tuple[float, str]]:
@@ -151,7 +153,7 @@ class Granter:
             payload = SeedPayload(cursor=row.cursor, end=row.end)
         else:
             rows = self._shards().get(target, [])
-            due = due_in_shard(rows, now_ms(), self.recheck_batch, self.recheck)
+            due = due_in_shard(rows, now_ms(), self.recheck_batch, self.recheck, self._spot)
             payload = RecheckPayload(shard=target, proxies=[(p.ip, p.port, p.proto) for p in due])
         return msgspec.structs.asdict(payload)
 
@@ -159,13 +161,14 @@ class Granter:
         return [
             shard
             for shard, rows in self._shards().items()
-            if due_in_shard(rows, now, 1, self.recheck)
+            if due_in_shard(rows, now, 1, self.recheck, self._spot)
         ]
 
     def _shards(self) -> dict[str, list[ProxyRow]]:
         """Proxies by shard, recomputed at most every ``shards_refresh_s``."""
         if time.monotonic() - self._shards_at > self.shards_refresh_s:
             self._shard_rows = shards(self.fold.state)
+            self._spot = spot_checks(self.fold.state)
             self._shards_at = time.monotonic()
         return self._shard_rows
 

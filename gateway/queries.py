@@ -14,12 +14,12 @@ from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, ope
 from projections.readmodels import (
     ProxyFilter,
     due_sources,
-    liveness,
     nearest_rank,
     source_score,
+    status_at,
 )
 from projections.snapshot import ProxySnapshot, ProxyView, build
-from reducers import ProxyRow
+from reducers import ProxyRow, trust
 from reducers.pool import lease_live
 from reducers.state import latency_samples, unpack_samples
 
@@ -76,7 +76,7 @@ class ProxyOut(msgspec.Struct):
     as_org: str
 
 
-def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> ProxyOut:
+def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int, confirmed: bool = True) -> ProxyOut:
     p50 = p95 = None
     if v.samples:  # sorted once for both (this runs for every row served)
         ordered = sorted(unpack_samples(v.samples))
@@ -84,13 +84,13 @@ def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int) -> ProxyOut:
     if isinstance(v, ProxyRow):
         latency, agents = v.latency_ema, len(v.agents)
     else:
-        latency, agents = v.latency, v.agents
+        latency, agents, confirmed = v.latency, v.agents, v.confirmed
     return ProxyOut(
         v.ip,
         v.port,
         v.proto,
         v.protos,
-        liveness(now - v.last_seen, ttl),
+        status_at(v.last_seen, now, ttl, confirmed),
         v.last_seen,
         v.first_seen,
         round(latency, 1),
@@ -139,7 +139,7 @@ def _filter(request: web.Request) -> ProxyFilter:
         asn=integer(request, "asn"),
         anonymity=request.query.get("anonymity") or None,
         max_latency_ms=float(latency) if latency is not None else None,
-        status=choice(request, "status", ("alive", "stale", "dead", "all"), "alive"),
+        status=choice(request, "status", ("alive", "unconfirmed", "stale", "dead", "all"), "alive"),
         fresh_s=integer(request, "fresh_s"),
         mitm=None if mitm == "any" else mitm == "true",
         https=None if https is None else https == "true",
@@ -178,7 +178,8 @@ async def one_proxy(request: web.Request) -> web.Response:
     row = state.proxies.get((ip.strip("[]"), int(port)))
     if row is None:
         raise ApiError(404, "not-found", f"no proxy {ip}:{port} in the pool")
-    body = msgspec.structs.asdict(_view_json(row, now_ms(), state.settings.proxy_ttl_s))
+    confirmed = trust.vouched(state)(row.agents)
+    body = msgspec.structs.asdict(_view_json(row, now_ms(), state.settings.proxy_ttl_s, confirmed))
     body["history"] = {
         "confirmations": row.confirmations,
         "first_seen": row.first_seen,
@@ -276,6 +277,7 @@ async def agents(request: web.Request) -> web.Response:
     for a in sorted(state.agents.values(), key=lambda a: a.name):
         item = msgspec.structs.asdict(a)
         del item["token_sha256"]
+        item["trust"] = trust.level(state, a)  # and its spot-check record, in the row
         held = state.holders.get(a.name, set())
         item["active_leases"] = sum(1 for t in held if lease_live(state.leases[t], now))
         items.append(item)

@@ -17,6 +17,7 @@ from typing import Any
 
 import msgspec
 
+from events.catalogue import Settings
 from reducers.state import State
 
 __all__ = ["TABLES", "DigestKeeper", "digest", "digests", "meta_digest", "row_hash"]
@@ -37,14 +38,33 @@ def _sum(encoded_rows: Iterable[bytes]) -> int:
 def meta_digest(state: State) -> str:
     """The settings and sweep point reducers depend on, and the agents' high-water marks."""
     settings = msgspec.structs.asdict(state.settings)
-    if not settings["agent_subjects"]:
-        # A setting added later, left out while off: a log written before it existed
-        # keeps the digest it always had.
-        del settings["agent_subjects"]
+    for name in _LATER:
+        if settings[name] == _DEFAULTS[name]:
+            # A setting added later, left out while at its default: a log written
+            # before it existed keeps the digest it always had.
+            del settings[name]
     parts: dict[str, Any] = {"settings": settings, "sweep_bucket": state.sweep_bucket}
     if state.high_water:  # likewise: only logs with per-agent subjects have marks
         parts["high_water"] = sorted(state.high_water.items())
+    if state.settings.trust:  # and only logs with trust have a baseline
+        parts["trust_base"] = state.trust_base
     return hashlib.sha256(_encode(parts)).hexdigest()
+
+
+# Settings added after the first logs were written (in the order they came).
+_LATER = (
+    "agent_subjects",
+    "trust",
+    "trusted_agents",
+    "spot_window_s",
+    "spot_share",
+    "trust_after",
+    "trust_margin",
+    "quota_events_per_min",
+    "quota_proxies_per_hour",
+    "quota_sources_per_hour",
+)
+_DEFAULTS = msgspec.structs.asdict(Settings())
 
 
 def _combine(sums: dict[str, int], meta: str) -> str:

@@ -53,7 +53,7 @@ class Folder:
                     self.on_reject(seq, subject, payload, exc)
                 skip(state, seq, ts)
                 continue
-            reason, why = refusal(state, subject, event)
+            reason, why = refusal(state, subject, event, ts)
             if reason:  # a forgery, nonsense, or a service bug: kept in the DLQ, not folded
                 self.rejected += 1
                 if self.on_reject is not None:

@@ -6,9 +6,10 @@ clock, a test passes any time it likes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from reducers import trust
 from reducers.pool import liveness
 from reducers.state import ProxyRow, SourceRow, State
 
@@ -24,6 +25,7 @@ __all__ = [
     "proxy_status",
     "query_proxies",
     "source_score",
+    "status_at",
 ]
 
 NEVER_FETCHED_BASE = 1_000_000.0
@@ -87,8 +89,15 @@ def due_sources(
     return scored[:limit] if limit else scored
 
 
-def proxy_status(row: ProxyRow, now: int, ttl_s: int) -> str:
-    return liveness(now - row.last_seen, ttl_s)
+def proxy_status(row: ProxyRow, now: int, ttl_s: int, confirmed: bool = True) -> str:
+    return status_at(row.last_seen, now, ttl_s, confirmed)
+
+
+def status_at(last_seen: int, now: int, ttl_s: int, confirmed: bool) -> str:
+    """alive, stale or dead by its age; within the TTL but not confirmed by an agent
+    trusted now (reducers/trust.py), unconfirmed: not served until a check says so."""
+    band = liveness(now - last_seen, ttl_s)
+    return "unconfirmed" if band == "alive" and not confirmed else band
 
 
 def percentile(samples: Iterable[int], q: float) -> int | None:
@@ -110,13 +119,15 @@ class ProxyFilter:
     as_org: str | None = None
     anonymity: str | None = None
     max_latency_ms: float | None = None
-    status: str = "alive"  # alive, stale, dead, all
+    status: str = "alive"  # alive, unconfirmed, stale, dead, all
     fresh_s: int | None = None
     mitm: bool | None = None
     https: bool | None = None  # True: tunnelled to a real HTTPS target; False: not (yet)
 
 
-def _matches(row: ProxyRow, f: ProxyFilter, now: int, ttl_s: int) -> bool:
+def _matches(
+    row: ProxyRow, f: ProxyFilter, now: int, ttl_s: int, vouched: Callable[[tuple[str, ...]], bool]
+) -> bool:
     if f.proto is not None and f.proto not in row.protos:
         return False
     if f.anonymity is not None and row.anonymity != f.anonymity:
@@ -135,7 +146,7 @@ def _matches(row: ProxyRow, f: ProxyFilter, now: int, ttl_s: int) -> bool:
         return False
     if f.fresh_s is not None and now - row.last_seen > f.fresh_s * 1000:
         return False
-    return f.status == "all" or proxy_status(row, now, ttl_s) == f.status
+    return f.status == "all" or proxy_status(row, now, ttl_s, vouched(row.agents)) == f.status
 
 
 def query_proxies(
@@ -148,7 +159,10 @@ def query_proxies(
     limit: int = 100,
 ) -> list[ProxyRow]:
     ttl = state.settings.proxy_ttl_s if ttl_s is None else ttl_s
-    rows: Iterator[ProxyRow] = (row for row in state.proxies.values() if _matches(row, f, now, ttl))
+    vouched = trust.vouched(state)
+    rows: Iterator[ProxyRow] = (
+        row for row in state.proxies.values() if _matches(row, f, now, ttl, vouched)
+    )
     if sort == "last_seen":
         ordered = sorted(rows, key=lambda r: (-r.last_seen, r.ip, r.port))
     else:

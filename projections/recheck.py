@@ -9,12 +9,21 @@ one network's outage does not fill a checker's whole batch.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass
 
 from events import shard_of
-from reducers import ProxyRow, State
+from reducers import ProxyRow, State, trust
+from reducers.state import ProxyKey
 
-__all__ = ["RecheckPolicy", "due_in_shard", "interval_s", "network", "shards"]
+__all__ = [
+    "RecheckPolicy",
+    "due_in_shard",
+    "interval_s",
+    "network",
+    "shards",
+    "spot_checks",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +33,9 @@ class RecheckPolicy:
     settled_s: int = 3_600
     veteran_s: int = 7_200  # alive for more than a day
     fresh_confirmations: int = 3
+
+
+_URGENT = 1 << 50  # overdue (ms) beyond any routine recheck's
 
 
 def interval_s(row: ProxyRow, p: RecheckPolicy = RecheckPolicy()) -> int:
@@ -37,11 +49,30 @@ def interval_s(row: ProxyRow, p: RecheckPolicy = RecheckPolicy()) -> int:
 
 
 def shards(state: State) -> dict[str, list[ProxyRow]]:
-    """Every known proxy under its recheck shard (a stable hash of ip:port)."""
+    """Every known proxy worth a check under its recheck shard (a stable hash of
+    ip:port); not those only discredited agents reported (reducers/trust.py)."""
     out: dict[str, list[ProxyRow]] = {}
+    trusting = state.settings.trust
     for row in state.proxies.values():
+        if trusting and trust.hopeless(state, row):
+            continue
         out.setdefault(shard_of(row.ip, row.port), []).append(row)
     return out
+
+
+def spot_checks(state: State) -> set[ProxyKey]:
+    """Unconfirmed proxies in the sample of spot-checks: checked at once, ahead of every
+    routine recheck, so an untested agent's reports are tested while they are fresh and
+    the agent earns trust (or loses it) within minutes. The rest of what it reported
+    waits for its turn (or for the agent's trust)."""
+    if not state.settings.trust:
+        return set()
+    vouched, share = trust.vouched(state), state.settings.spot_share
+    return {
+        key
+        for key, row in state.proxies.items()
+        if not vouched(row.agents) and trust.sampled(key, share) and not trust.hopeless(state, row)
+    }
 
 
 def network(row: ProxyRow) -> str:
@@ -58,12 +89,20 @@ def network(row: ProxyRow) -> str:
 
 
 def due_in_shard(
-    rows: list[ProxyRow], now: int, limit: int, p: RecheckPolicy = RecheckPolicy()
+    rows: list[ProxyRow],
+    now: int,
+    limit: int,
+    p: RecheckPolicy = RecheckPolicy(),
+    urgent: Container[ProxyKey] = (),
 ) -> list[ProxyRow]:
-    """Due proxies, most overdue first, interleaved across networks, at most ``limit``."""
+    """Due proxies, most overdue first, interleaved across networks, at most ``limit``;
+    ``urgent`` ones (spot-checks not taken yet) first of all."""
     due = []
     for row in rows:
         last = max(row.last_seen, row.last_failed)
+        if urgent and row.last_failed < row.last_seen and (row.ip, row.port) in urgent:
+            due.append((_URGENT + now - last, row))
+            continue
         overdue = now - last - interval_s(row, p) * 1000
         if overdue >= 0:
             due.append((overdue, row))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from projections.readmodels import ProxyFilter
-from reducers import State
+from reducers import State, trust
 from reducers.pool import band_edges
 
 __all__ = ["ProxySnapshot", "ProxyView", "build"]
@@ -40,6 +40,7 @@ class ProxyView(NamedTuple):
     sources: tuple[str, ...]
     samples: bytes
     line: str  # "proto://ip:port\n"
+    confirmed: bool  # an agent trusted now confirmed it (reducers/trust.py)
 
 
 Index = dict[object, tuple[ProxyView, ...]]
@@ -82,9 +83,13 @@ class ProxySnapshot:
         alive_from, stale_from = band_edges(now, self.ttl_s)
         oldest, newest = {
             "alive": (alive_from, None),
+            "unconfirmed": (alive_from, None),
             "stale": (stale_from, alive_from - 1),
             "dead": (None, stale_from - 1),
         }.get(f.status, (None, None))
+        # Alive is served only once an agent trusted now confirmed it; the rest of the
+        # band is "unconfirmed", waiting for a spot-check.
+        confirmed = {"alive": True, "unconfirmed": False}.get(f.status)
         fresh = now - f.fresh_s * 1000 if f.fresh_s is not None else None
         taken = 0
         for v in rows:
@@ -92,6 +97,8 @@ class ProxySnapshot:
             if (oldest is not None and seen < oldest) or (newest is not None and seen > newest):
                 continue
             if fresh is not None and seen < fresh:
+                continue
+            if confirmed is not None and v.confirmed != confirmed:
                 continue
             if f.proto is not None and f.proto not in v.protos:
                 continue
@@ -134,6 +141,7 @@ def _index(views: tuple[ProxyView, ...], key: str) -> Index:
 
 
 def build(state: State) -> ProxySnapshot:
+    vouched = trust.vouched(state)
     views = [
         ProxyView(
             r.latency_ema,
@@ -156,6 +164,7 @@ def build(state: State) -> ProxySnapshot:
             r.sources,
             r.samples,
             f"{r.proto}://{r.ip}:{r.port}\n",
+            vouched(r.agents),
         )
         for r in state.proxies.values()
     ]

@@ -176,6 +176,7 @@ def collect(
             "sweep_bucket": str(state.sweep_bucket),
             "settings": _json(state.settings).decode(),
             "high_water": _json(state.high_water).decode(),
+            "trust_base": _json(state.trust_base).decode(),
             "schema": SCHEMA_VERSION,
             "meta_digest": meta,
         },
@@ -315,6 +316,8 @@ class Store:
                 state.settings = msgspec.json.decode(meta["settings"], type=Settings)
             if "high_water" in meta:
                 state.high_water = msgspec.json.decode(meta["high_water"], type=dict[str, str])
+            if "trust_base" in meta:
+                state.trust_base = msgspec.json.decode(meta["trust_base"], type=list[int])
             dp = msgspec.msgpack.Decoder(ProxyRow)
             for (raw,) in self._con.execute("SELECT row FROM proxies").fetchall():
                 p = dp.decode(raw)

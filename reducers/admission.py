@@ -17,6 +17,7 @@ from typing import Any, get_args
 
 from events import (
     AGENT_PREFIX,
+    OBSERVATIONS,
     SUBJECT_TAILS,
     AnyEvent,
     Event,
@@ -26,6 +27,7 @@ from events import (
 )
 from events.roles import ROLE_NATS_EVENTS, may_publish_on_nats
 from events.validate import problem, sound_report
+from reducers import trust
 from reducers.state import State
 
 __all__ = ["FORBIDDEN", "INVALID", "refusal"]
@@ -39,22 +41,29 @@ _SKIP = len(AGENT_PREFIX)
 _OK = ("", "")
 
 
-def refusal(state: State, subject: bytes, event: Event) -> tuple[str, str]:
-    """(DLQ reason, why) when the event may not be folded; ("", "") when it may."""
+def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, str]:
+    """(DLQ reason, why) when the event at log time ``ts`` may not be folded; ("", "")
+    when it may."""
     settings = state.settings
     if not settings.agent_subjects:
         return _OK
     kind = type(event)
     tail = SUBJECT_TAILS.get(kind)
-    if tail is not None and _plainly_admitted(state, subject, event, kind, tail):
-        return _OK
-    why = _forbidden(state, subject, event)
-    if why:
-        return FORBIDDEN, why
-    field, why = problem(event, lab=settings.lab)
-    if why:
-        return INVALID, f"{field}: {why}"
+    if tail is None or not _plainly_admitted(state, subject, event, kind, tail):
+        why = _forbidden(state, subject, event)
+        if why:
+            return FORBIDDEN, why
+        field, why = problem(event, lab=settings.lab)
+        if why:
+            return INVALID, f"{field}: {why}"
+    if settings.trust and kind in _OBSERVED:
+        why = trust.over_quota(state, event, ts)
+        if why:
+            return trust.QUOTA, why
     return _OK
+
+
+_OBSERVED = frozenset(OBSERVATIONS)
 
 
 def _plainly_admitted(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import assert_never
 
 from events.catalogue import (
+    OBSERVATIONS,
     AgentEnrolled,
     AnyEvent,
     Configured,
@@ -28,13 +29,12 @@ from events.catalogue import (
     SeedPlanned,
     SourceAdded,
 )
-from reducers import agents, geo, ledger, proxies, sources
+from reducers import agents, geo, ledger, proxies, sources, trust
 from reducers.state import State
 
 __all__ = ["fold", "skip"]
 
-# What agents observe and send through their outboxes: the events a re-send can repeat.
-_OBSERVATIONS = (Fetched, Extracted, ProxyWorked, ProxyFailed, Deposited, Discovered)
+_OBSERVATIONS = OBSERVATIONS
 
 
 def skip(state: State, seq: int, ts: int) -> None:
@@ -82,6 +82,8 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     agent = state.agents.get(event.agent) or agents.row(state, event.agent)
     if ts > agent.last_seen:
         agent.last_seen = ts
+    if state.settings.trust and isinstance(event, _OBSERVATIONS):
+        trust.count(state, agent, event, ts)
     counts = agent.counts
     tag = type(event).__name__
     counts[tag] = counts.get(tag, 0) + 1
@@ -97,7 +99,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
         case ProxyFailed():
-            if not proxies.failed(state, event, ts):
+            if not proxies.failed(state, event, ts, agent.name):
                 agent.rejected += 1
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
@@ -137,10 +139,13 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
             ledger.plan(state, event)
         case AgentEnrolled():
             agents.enrolled(state, event, ts)
+            if state.settings.trust:  # a revoked agent vouches for nothing more
+                trust.reindex(state)
         case Configured():
             lab_ends = state.settings.lab and not event.settings.lab
             state.settings = event.settings
             state.settings_dirty = True
+            trust.reindex(state)
             if lab_ends:
                 proxies.purge_lab(state)
         case DepositFolded() | DepositRejected():

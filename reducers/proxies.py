@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyWorked
-from reducers import geo
+from reducers import geo, trust
 from reducers.pool import BUCKET_MS, band_edges
 from reducers.state import MAX_SAMPLE_MS, ProxyKey, ProxyRow, State
 
@@ -64,6 +64,8 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
         new = True
         was_bucket, was_proto, was_anonymity = -1, "", ""
     else:
+        if settings.trust and agent in state.judges:
+            trust.checked(state, row, ts, True)
         # Where the row is counted now (reducers/pool.py): most confirmations stay in
         # their bucket, and then the counts are left alone (the hot path stays cheap).
         was_bucket, was_proto, was_anonymity = row.last_seen // BUCKET_MS, row.proto, row.anonymity
@@ -98,7 +100,10 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
         state.composition.remove(was_bucket * BUCKET_MS, was_proto, was_anonymity, row.country)
         state.composition.add(row)
     if agent not in row.agents:
-        row.agents = _add(row.agents, agent, settings.provenance_cap)
+        if len(row.agents) < settings.provenance_cap:
+            row.agents = (*row.agents, agent)
+        elif agent in state.trusted:
+            row.agents = trust.make_room(state, row.agents, agent)
     if source not in row.sources:
         row.sources = _add(row.sources, source, settings.provenance_cap)
     state.dirty_proxies.add(key)
@@ -120,12 +125,14 @@ def _evict(state: State, keys: list[ProxyKey]) -> None:
         state.dirty_proxies.add(key)
 
 
-def failed(state: State, event: ProxyFailed, ts: int) -> bool:
+def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
     """Record a failed recheck of a known proxy; False when the proxy is unknown."""
     key: ProxyKey = (event.ip, event.port)
     row = state.proxies.get(key)
     if row is None:
         return False
+    if state.settings.trust and agent in state.judges:
+        trust.checked(state, row, ts, False)
     row.fail_streak += 1
     if ts > row.last_failed:
         row.last_failed = ts

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from events.catalogue import Settings
-from reducers import geo
+from reducers import geo, trust
 from reducers.pool import Composition
 
 __all__ = [
@@ -134,6 +134,17 @@ class AgentRow(msgspec.Struct, gc=False):
     rejected: int = 0
     outage: str = ""  # its own network is down (Heartbeat.outage), "" when it is not
     outage_since: int = 0
+    # Earned trust (reducers/trust.py): "" untested, "earned", "fallen"; the spot-checks
+    # of its reports by the operator's own agents, and how many of them failed.
+    standing: str = ""
+    spot_checks: int = 0
+    spot_failed: int = 0
+    # Quota windows: the minute and hour (of log time) being counted, and the counts.
+    quota_minute: int = 0
+    quota_events: int = 0
+    quota_hour: int = 0
+    quota_proxies: int = 0
+    quota_sources: int = 0
 
 
 class State:
@@ -152,6 +163,7 @@ class State:
         "dirty_sources",
         "high_water",
         "holders",
+        "judges",
         "last_seq",
         "lease_owner",
         "leases",
@@ -161,6 +173,8 @@ class State:
         "sources",
         "sweep_bucket",
         "tokens",
+        "trust_base",
+        "trusted",
         "unlocated",
     )
 
@@ -184,6 +198,13 @@ class State:
         # agent -> the highest event id of its observations folded so far: a re-send,
         # however late, is ignored (reducers/fold.py). One id per agent, not per event.
         self.high_water: dict[str, str] = {}
+        # Trust (reducers/trust.py): whose confirmations put a proxy in the served pool
+        # (the operator's agents and those that earned it), whose checks are spot-checks
+        # (the operator's), both derived; and the baseline those checks set: [checks of
+        # proxies a trusted agent had just confirmed, how many failed], persisted in meta.
+        self.trusted: frozenset[str] = frozenset()
+        self.judges: frozenset[str] = frozenset()
+        self.trust_base = [0, 0]
         self.settings = Settings()
         self.last_seq = 0
         self.sweep_bucket = 0
@@ -201,6 +222,7 @@ class State:
                 self.lease_owner[row.lease] = row.target
                 self.holders.setdefault(row.holder, set()).add(row.target)
         self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
+        trust.reindex(self)
         self.composition = Composition()
         self.by_ip = {}
         self.unlocated = set()

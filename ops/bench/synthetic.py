@@ -75,8 +75,18 @@ def events(
             id=eid(), agent="admin", at=ms, name=name, role=role, token_sha256="0" * 64
         )
         emitted += 1
-    # As `ppf up` runs: agents on their own subjects, which the fold checks (issue 11).
-    yield Configured(id=eid(), agent="admin", at=ms, settings=Settings(agent_subjects=True))
+    # As `ppf up` runs: agents on their own subjects, which the fold checks (issue 11),
+    # and trust: the checkers and half the workers the operator's, the other half
+    # earning it. No quotas: the bench sends a fleet's day in a minute.
+    settings = Settings(
+        agent_subjects=True,
+        trust=True,
+        trusted_agents=(*checkers, *names[: agents // 2]),
+        quota_events_per_min=0,
+        quota_proxies_per_hour=0,
+        quota_sources_per_hour=0,
+    )
+    yield Configured(id=eid(), agent="admin", at=ms, settings=settings)
     emitted += 1
     urls = [f"https://lists.example.net/{i}/proxies.txt" for i in range(sources)]
     from events import url_id

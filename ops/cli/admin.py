@@ -5,13 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+
+import msgspec
 
 from events import (
     RESERVED_AGENT_NAMES,
     AgentEnrolled,
+    Configured,
     Origin,
     Role,
+    Settings,
     agent_name_ok,
     agent_name_reserved,
 )
@@ -19,7 +24,7 @@ from events.mint import enrollment, fresh_id, now_ms
 from ops.cli.common import DEFAULT_NATS
 from ops.nats.client import Log
 
-__all__ = ["enroll", "register"]
+__all__ = ["enroll", "reconfigure", "register"]
 
 ROLES = ["worker", "checker", "seed", "admin"]
 
@@ -45,6 +50,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     revoke.add_argument("name")
     revoke.add_argument("--nats", default=DEFAULT_NATS)
     revoke.set_defaults(run=_revoke)
+    trust = tk_sub.add_parser(
+        "trust",
+        help="count the agent as the operator's own: its reports are served unchecked, "
+        "and a checker's checks spot-check other agents",
+    )
+    untrust = tk_sub.add_parser(
+        "untrust", help="the agent earns trust again by spot-checks, as any other agent"
+    )
+    for sp, on in ((trust, True), (untrust, False)):
+        sp.add_argument("name")
+        sp.add_argument("--nats", default=DEFAULT_NATS)
+        sp.set_defaults(run=_trust, on=on)
 
     so = sub.add_parser("sources", help="add sources (admin)")
     so_sub = so.add_subparsers(dest="action", required=True)
@@ -83,6 +100,42 @@ async def _revoke(args: argparse.Namespace) -> int:
     finally:
         await lg.close()
     print(json.dumps({"revoked": args.name, "seq": seq}), flush=True)
+    return 0
+
+
+async def reconfigure(lg: Log, change: Callable[[Settings], Settings]) -> Settings | None:
+    """Publish ``Configured`` with ``change`` applied to the log's last settings (the
+    defaults when there are none); None when that changes nothing."""
+    current = await lg.last_event("ppf.config")
+    settings = current.settings if isinstance(current, Configured) else Settings()
+    changed = change(settings)
+    if changed == settings:
+        return None
+    await lg.publish(Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=changed))
+    return changed
+
+
+async def _trust(args: argparse.Namespace) -> int:
+    """The operator's trusted agents are a setting (``trusted_agents``), so the fold
+    applies a change at one point of the log and a replay applies it at the same."""
+    if not agent_name_ok(args.name):
+        print(f"ppf token: bad agent name {args.name!r}", file=sys.stderr)
+        return 2
+
+    def change(s: Settings) -> Settings:
+        names = [n for n in s.trusted_agents if n != args.name]
+        if args.on:
+            names.append(args.name)
+        return msgspec.structs.replace(s, trusted_agents=tuple(names))
+
+    lg = await Log.connect(args.nats, name="ppf-token")
+    try:
+        await lg.ensure_stream()
+        settings = await reconfigure(lg, change)
+    finally:
+        await lg.close()
+    key = "trusted" if args.on else "untrusted"
+    print(json.dumps({key: args.name, "changed": settings is not None}), flush=True)
     return 0
 
 

@@ -15,14 +15,14 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from events import Configured, Settings
-from events.mint import fresh_id, now_ms
+from events import Settings
 from gateway.guard import GuardedRunner
 from gateway.judge import JudgeKeys
 from gateway.natsauth import NatsAuth
+from ops.cli.admin import reconfigure
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, listen, wait_for_signal
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
-from ops.cli.local import enroll_local_agents, local_agents
+from ops.cli.local import LOCAL_AGENTS, enroll_local_agents, local_agents
 from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.server import NatsServer
@@ -200,21 +200,21 @@ async def _log(stack: AsyncExitStack, url: str, name: str) -> Log:
 
 
 async def _configure(lg: Log, lab: bool) -> None:
-    """Publish ``Configured`` when the log's last settings disagree with ``--lab``, or
-    predate per-agent subjects: from it on, agents publish only on their own subjects
-    (ARCHITECTURE.md "Changes"), and the fold refuses what they say as someone else."""
-    current = await lg.last_event("ppf.config")
-    settings = current.settings if isinstance(current, Configured) else Settings()
-    if settings.lab == lab and settings.agent_subjects:
-        return
-    event = Configured(
-        id=fresh_id(),
-        agent="admin",
-        at=now_ms(),
-        settings=msgspec.structs.replace(settings, lab=lab, agent_subjects=True),
-    )
-    await lg.publish(event)
-    log.info("settings_published", lab=lab, agent_subjects=True)
+    """Publish ``Configured`` when the log's last settings disagree with ``--lab`` or
+    predate what ``ppf up`` runs with: per-agent subjects (ARCHITECTURE.md "Changes"),
+    from which the fold refuses what an agent says as someone else; and trust, with
+    the local agents as the operator's own (reducers/trust.py), from which any other
+    agent's reports are served once checked or once it has earned trust."""
+    local = tuple(name for name, _ in LOCAL_AGENTS)
+
+    def change(s: Settings) -> Settings:
+        trusted = (*s.trusted_agents, *(n for n in local if n not in s.trusted_agents))
+        return msgspec.structs.replace(
+            s, lab=lab, agent_subjects=True, trust=True, trusted_agents=trusted
+        )
+
+    if await reconfigure(lg, change) is not None:
+        log.info("settings_published", lab=lab, agent_subjects=True, trust=True)
 
 
 async def _fold_service(

@@ -1,0 +1,258 @@
+"""Workers earn trust (reducers/trust.py), on pure state through the fold's own door.
+
+Every message goes through ``Folder`` as the live fold and replay take it, on the
+subject its publisher could write: an agent's observations on ``ppf.in.<agent>.>``, the
+operator's settings and enrolments on the service's subjects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+import events as ev
+from events import agent_subject, subject_for
+from projections.digest import digest
+from projections.folder import Folder
+from projections.readmodels import ProxyFilter, query_proxies
+from projections.recheck import due_in_shard, shards, spot_checks
+from projections.snapshot import build
+from projections.store import Store, collect
+from reducers import State, trust
+from tests.helpers import eid, worked
+
+T0 = 1_800_000_000_000
+OPERATOR = ("w-own", "c-own")  # the operator's worker and checker
+
+
+def settings(**kw: Any) -> ev.Settings:
+    base = ev.Settings(agent_subjects=True, trust=True, trusted_agents=OPERATOR)
+    return msgspec.structs.replace(base, **kw)
+
+
+class Fleet:
+    """A log folded message by message; refusals kept as (reason, why)."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.refused: list[tuple[str, str]] = []
+        self.folder = Folder(State(), on_reject=self._refused)
+        self.state = self.folder.state
+        self.seq = 0
+        self.messages: list[tuple[int, int, bytes, bytes]] = []
+        self.service(ev.Configured(id=eid(), agent="admin", at=0, settings=settings(**kw)))
+        for name, role in (("w-own", "worker"), ("c-own", "checker")):
+            self.enrol(name, role)
+
+    def _refused(self, seq: int, subject: bytes, payload: bytes, exc: ev.DecodeError) -> None:
+        self.refused.append((str(exc.reason), str(exc)))
+
+    def _put(self, subject: str, event: ev.Event, at_s: float) -> None:
+        self.seq += 1
+        msg = (self.seq, T0 + int(at_s * 1000), subject.encode(), ev.encode(event))
+        self.messages.append(msg)
+        self.folder.apply([msg])
+
+    def service(self, event: ev.Event, at_s: float = 0) -> None:
+        self._put(subject_for(event), event, at_s)
+
+    def enrol(self, name: str, role: ev.Role, token: str = "t") -> None:
+        sha = ev.token_sha256(token) if token else ""
+        event = ev.AgentEnrolled(
+            id=eid(), agent="admin", at=0, name=name, role=role, token_sha256=sha
+        )
+        self.service(event)
+
+    def says(self, event: ev.Event, at_s: float = 0) -> None:
+        self._put(agent_subject(event), event, at_s)
+
+    def report(self, agent: str, ip: str, at_s: float = 0, port: int = 8080) -> None:
+        self.says(worked(ip, port, agent=agent), at_s)
+
+    def check(self, ip: str, ok: bool, at_s: float, port: int = 8080) -> None:
+        if ok:
+            self.says(worked(ip, port, agent="c-own"), at_s)
+        else:
+            failed = ev.ProxyFailed(
+                id=eid(), agent="c-own", at=0, ip=ip, port=port, proto="http", error="timeout"
+            )
+            self.says(failed, at_s)
+
+    def served(self, at_s: float) -> set[str]:
+        rows = query_proxies(self.state, T0 + int(at_s * 1000), ProxyFilter(), limit=0)
+        return {r.ip for r in rows}
+
+    def level(self, name: str) -> str:
+        return trust.level(self.state, self.state.agents[name])
+
+
+def ip(i: int) -> str:
+    return f"45.{60 + i // 250}.{i % 250}.{1 + i % 7}"
+
+
+def test_an_untrusted_report_waits_for_a_trusted_check_and_a_second_name_does_not_count() -> None:
+    f = Fleet()
+    f.enrol("mallory", "worker")
+    f.enrol("mallory2", "worker")
+    f.report("w-own", ip(1))
+    f.report("mallory", ip(2))
+    f.report("mallory2", ip(2), at_s=1)
+    assert f.served(2) == {ip(1)}
+    view = {v.ip: v for v in build(f.state).select(ProxyFilter(status="unconfirmed"), T0)}
+    assert set(view) == {ip(2)}
+    f.check(ip(2), True, at_s=60)
+    assert f.served(61) == {ip(1), ip(2)}
+    assert f.state.agents["mallory"].spot_checks == 1  # and both names were tested by it
+    assert f.state.agents["mallory2"].spot_checks == 1
+
+
+def test_a_fabricating_worker_falls_and_its_proxies_leave_the_pool_and_the_checkers_list() -> None:
+    f = Fleet()
+    f.enrol("mallory", "worker")
+    honest = [ip(i) for i in range(20)]
+    fake = [ip(1000 + i) for i in range(400)]
+    for i, addr in enumerate(honest):
+        f.report("w-own", addr, at_s=i)
+    for i, addr in enumerate(fake):
+        f.report("mallory", addr, at_s=30 + i * 0.1)
+    # The checkers take the sample first: all of it is what the gateway hands out now.
+    urgent = spot_checks(f.state)
+    assert urgent and urgent <= {(a, 8080) for a in fake}
+    assert len(urgent) < len(fake) // 2  # a sample, not everything a liar says
+    rows = [r for rs in shards(f.state).values() for r in rs]
+    first = due_in_shard(rows, T0 + 100_000, 10, urgent=urgent)
+    assert {(r.ip, r.port) for r in first} <= urgent  # ahead of every routine recheck
+    for n, (addr, _) in enumerate(sorted(urgent)[:12]):
+        f.check(addr, False, at_s=120 + n)
+    assert f.level("mallory") == "fallen"
+    assert f.served(200) == set(honest)
+    assert not spot_checks(f.state)  # no more checks spent on its word
+    listed = {r.ip for rs in shards(f.state).values() for r in rs}
+    assert listed == set(honest)
+
+
+def test_an_honest_worker_earns_trust_and_its_unchecked_reports_are_then_served() -> None:
+    f = Fleet(trust_after=5)
+    f.enrol("alice", "worker")
+    found = [ip(i) for i in range(30)]
+    for i, addr in enumerate(found):
+        f.report("alice", addr, at_s=i)
+    assert f.served(40) == set()
+    for n, addr in enumerate(found[:4]):
+        f.check(addr, True, at_s=60 + n)
+    assert f.level("alice") == "untested"
+    assert f.served(70) == set(found[:4])
+    f.check(found[4], True, at_s=70)
+    assert f.level("alice") == "earned"
+    assert f.served(80) == set(found)  # the rest, unchecked, on its word now
+
+
+def test_churn_does_not_count_against_a_worker() -> None:
+    """Half of what the operator's own worker reports is dead by the next check: a
+    worker whose reports fail as often has shown nothing wrong."""
+    f = Fleet(trust_after=10)
+    f.enrol("bob", "worker")
+    for i in range(200):
+        f.report("w-own", ip(i), at_s=i)
+        f.check(ip(i), i % 2 == 0, at_s=i + 60)
+    assert f.state.trust_base[0] == 200
+    for i in range(20):
+        f.report("bob", ip(500 + i), at_s=400 + i)
+        f.check(ip(500 + i), i % 2 == 0, at_s=460 + i)
+    assert f.level("bob") == "earned"
+
+
+def test_a_check_long_after_the_report_is_not_a_spot_check() -> None:
+    f = Fleet(spot_window_s=600)
+    f.enrol("carol", "worker")
+    f.report("carol", ip(1))
+    f.check(ip(1), False, at_s=601)
+    assert f.state.agents["carol"].spot_checks == 0
+    f.report("carol", ip(1), at_s=700)
+    f.check(ip(1), False, at_s=710)
+    f.check(ip(1), False, at_s=720)  # the same report is tested once
+    assert (f.state.agents["carol"].spot_checks, f.state.agents["carol"].spot_failed) == (1, 1)
+
+
+def test_revoking_an_earned_agent_takes_its_unconfirmed_reports_out() -> None:
+    f = Fleet(trust_after=2)
+    f.enrol("dave", "worker")
+    for i in range(5):
+        f.report("dave", ip(i), at_s=i)
+    f.check(ip(0), True, at_s=10)
+    f.check(ip(1), True, at_s=11)
+    assert f.served(20) == {ip(i) for i in range(5)}
+    f.enrol("dave", "worker", token="")  # ppf token revoke
+    assert f.level("dave") == "revoked"
+    assert f.served(30) == {ip(0), ip(1)}  # what the operator's checker confirmed stays
+
+
+def test_the_operator_trusts_and_untrusts_by_settings() -> None:
+    f = Fleet()
+    f.enrol("erin", "worker")
+    f.report("erin", ip(1))
+    assert f.served(1) == set()
+    f.service(ev.Configured(id=eid(), agent="admin", at=0, settings=settings(
+        trusted_agents=(*OPERATOR, "erin"))))  # fmt: skip
+    assert (f.level("erin"), f.served(2)) == ("trusted", {ip(1)})
+    f.service(ev.Configured(id=eid(), agent="admin", at=0, settings=settings()))
+    assert (f.level("erin"), f.served(3)) == ("untested", set())
+
+
+def test_a_crowd_of_fresh_names_cannot_keep_a_proxy_unconfirmable() -> None:
+    f = Fleet(provenance_cap=4)
+    for i in range(6):
+        f.enrol(f"sybil{i}", "worker")
+        f.report(f"sybil{i}", ip(1), at_s=i)
+    assert len(f.state.proxies[(ip(1), 8080)].agents) == 4
+    f.check(ip(1), True, at_s=20)
+    assert "c-own" in f.state.proxies[(ip(1), 8080)].agents
+    assert f.served(21) == {ip(1)}
+
+
+def test_quotas_refuse_to_the_dlq_and_spare_the_operators_agents() -> None:
+    f = Fleet(quota_events_per_min=5, quota_proxies_per_hour=8, quota_sources_per_hour=3)
+    f.enrol("frank", "worker")
+    for i in range(7):
+        f.report("frank", ip(i), at_s=i)  # one minute: 5 pass
+    assert len(f.refused) == 2 and {r for r, _ in f.refused} == {"quota"}
+    assert "events this minute" in f.refused[0][1]
+    for i in range(7, 12):
+        f.report("frank", ip(i), at_s=70 + i)  # a new minute: 3 more new proxies pass
+    assert len(f.state.proxies) == 8
+    assert "new proxies this hour" in f.refused[-1][1]
+    f.report("frank", ip(0), at_s=90)  # a known one is not new
+    assert len(f.refused) == 4
+    urls = [f"http://list{i}.example.com/p.txt" for i in range(4)]
+    f.says(ev.Discovered(id=eid(), agent="frank", at=0, parent="0" * 16, urls=urls), 200)
+    assert "sources this hour" in f.refused[-1][1]
+    for i in range(20):
+        f.report("w-own", ip(100 + i), at_s=300)
+    assert len(f.refused) == 5  # the operator's worker has no quota
+    f.report("frank", ip(50), at_s=3_700)  # the next hour
+    assert len(f.refused) == 5
+
+
+def test_the_same_log_gives_the_same_trust_after_a_restart(tmp_path: Any) -> None:
+    f = Fleet(trust_after=3)
+    f.enrol("gina", "worker")
+    f.enrol("hank", "worker")
+    for i in range(6):
+        f.report("gina", ip(i), at_s=i)
+        f.report("hank", ip(100 + i), at_s=i)
+        f.report("w-own", ip(200 + i), at_s=i)
+    for i in range(3):
+        f.check(ip(i), True, at_s=30 + i)
+        f.check(ip(100 + i), False, at_s=30 + i)
+        f.check(ip(200 + i), i != 0, at_s=30 + i)
+    assert (f.level("gina"), f.level("hank")) == ("earned", "fallen")
+    store = Store(tmp_path / "p.duckdb")
+    store.write(collect(f.state))
+    restored = store.restore()
+    store.close()
+    assert digest(restored) == digest(f.state)
+    assert (restored.trusted, restored.judges) == (f.state.trusted, f.state.judges)
+    assert restored.trust_base == f.state.trust_base == [3, 1]
+    again = State()
+    Folder(again).apply(f.messages)
+    assert digest(again) == digest(f.state)
