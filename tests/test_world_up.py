@@ -11,8 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
+import events as ev
+from events.mint import fresh_id_after
 from ops.geo import lookup
 from ops.lab.world import LINK_HOST, World, unavailable
 from ops.nats.server import free_port
@@ -37,16 +40,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         yield w
 
 
-@pytest.mark.timeout(240)
-async def test_ppf_up_outside_the_lab_serves_the_worlds_real_proxies(
-    world: World, ppf_bin: str, tmp_path: Path
-) -> None:
-    """Every real proxy confirmed with its protocol, anonymity, exit, HTTPS capability and
-    country;
-    the portal, the garbage speaker and the dead never; the interceptors only when asked
-    for."""
+def _up_in(world: World, ppf_bin: str, tmp_path: Path) -> Up:
+    """`ppf up` beside the box, no lab mode, with the world's public judges and its own
+    judge on the link address, where the world's proxies reach it."""
     judge_port, tls_port = free_port(), free_port()
-    up = Up(
+    return Up(
         ppf_bin,
         tmp_path / "data",
         "--no-seed",
@@ -56,6 +54,17 @@ async def test_ppf_up_outside_the_lab_serves_the_worlds_real_proxies(
         *("--judge-tls-listen", f"{LINK_HOST}:{tls_port}"),
         *("--https-target", world.https_url),
     )
+
+
+@pytest.mark.timeout(240)
+async def test_ppf_up_outside_the_lab_serves_the_worlds_real_proxies(
+    world: World, ppf_bin: str, tmp_path: Path
+) -> None:
+    """Every real proxy confirmed with its protocol, anonymity, exit, HTTPS capability and
+    country;
+    the portal, the garbage speaker and the dead never; the interceptors only when asked
+    for."""
+    up = _up_in(world, ppf_bin, tmp_path)
     await asyncio.to_thread(up.start)
     try:
         added = await asyncio.create_subprocess_exec(
@@ -88,3 +97,95 @@ async def test_ppf_up_outside_the_lab_serves_the_worlds_real_proxies(
         assert set(only_mitm) == {k for k, p in real.items() if p.mitm}
     finally:
         assert await asyncio.to_thread(up.stop) == 0
+
+
+async def _as_agent(ppf_bin: str, up: Up, name: str) -> nats.NATS:
+    """Enrol ``name`` as an operator hands out a worker token, and connect to NATS with
+    the login the gateway mints for it: what an untrusted machine in the fleet holds."""
+    issue = await asyncio.create_subprocess_exec(
+        ppf_bin, "token", "issue", name, "--role", "worker", "--nats", up.nats,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await asyncio.wait_for(issue.communicate(), 60)
+    token = out.decode().strip()
+    request = urllib.request.Request(
+        up.base + "/v1/agents/me", headers={"Authorization": f"Bearer {token}"}
+    )
+    me = await asyncio.to_thread(lambda: json.load(urllib.request.urlopen(request, timeout=5)))
+    return await nats.connect(
+        me["nats"], inbox_prefix=ev.agent_inbox(name), allow_reconnect=False, connect_timeout=5
+    )
+
+
+@pytest.mark.timeout(300)
+async def test_a_worker_reporting_ten_thousand_fabricated_proxies_gets_none_served(
+    world: World, ppf_bin: str, tmp_path: Path
+) -> None:
+    """Mallory, a worker with its own token and NATS login, reports 10,000 proxies that
+    do not exist (ports nobody listens on, at the world's own addresses) while ppf's own
+    agents harvest the world's real ones: none of Mallory's is served, its trust falls
+    on the spot-checks of ppf's checker, and the real proxies are served as ever."""
+    up = _up_in(world, ppf_bin, tmp_path)
+    await asyncio.to_thread(up.start)
+    nc = None
+    try:
+        nc = await _as_agent(ppf_bin, up, "mallory")
+        js = nc.jetstream(timeout=5)
+        addrs = sorted({p.addr for p in world.proxies})
+        fake = [(addrs[i % len(addrs)], 20_000 + i // len(addrs)) for i in range(10_000)]
+        acks = []
+        last = ""  # ids rise, as an agent's client stamps them: else a re-send to the fold
+        for i, (ip, port) in enumerate(fake):
+            last = fresh_id_after(last)
+            event = ev.ProxyWorked(
+                id=last, agent="mallory", at=0, ip=ip, port=port, proto="http",
+                latency_ms=1, anonymity="elite", exit_ip=ip,
+            )  # fmt: skip
+            acks.append(
+                js.publish(
+                    ev.agent_subject(event),
+                    ev.encode(event),
+                    headers={"Nats-Msg-Id": ev.agent_msg_id(event)},
+                )
+            )
+            if len(acks) == 200 or i == len(fake) - 1:
+                await asyncio.gather(*acks)  # every one stored: folded or refused, not lost
+                acks = []
+        added = await asyncio.create_subprocess_exec(
+            ppf_bin, "sources", "add", world.page_url, "--nats", up.nats,
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        assert await asyncio.wait_for(added.wait(), 60) == 0
+        real = {f"{p.addr}:{p.port}" for p in world.proxies}
+        fakes = {f"{ip}:{port}" for ip, port in fake}
+        deadline = time.monotonic() + 200
+        mallory: dict[str, Any] = {}
+        pool: dict[str, dict[str, Any]] = {}
+        while time.monotonic() < deadline and (
+            mallory.get("trust") != "fallen" or set(pool) != real
+        ):
+            agents = await asyncio.to_thread(_json, up.base + "/v1/agents")
+            mallory = next(a for a in agents["agents"] if a["name"] == "mallory")
+            pool = await asyncio.to_thread(_pool_alive, up.base)
+            assert not set(pool) & fakes, "a fabricated proxy was served"
+            await asyncio.sleep(1)
+        assert mallory["trust"] == "fallen", mallory
+        assert mallory["spot_failed"] >= 10 > mallory["spot_checks"] - mallory["spot_failed"]
+        assert set(pool) == real  # the honest harvest, whole
+        waiting = await asyncio.to_thread(
+            _json, up.base + "/v1/proxies?limit=0&status=unconfirmed&mitm=any"
+        )
+        seen = {f"{p['ip']}:{p['port']}" for p in waiting["proxies"]}
+        assert seen and seen <= fakes  # kept for the record, never served
+        stats = await asyncio.to_thread(_json, up.base + "/v1/stats")
+        assert stats["applied_seq"] >= 10_000
+    finally:
+        if nc is not None:
+            await nc.close()
+        assert await asyncio.to_thread(up.stop) == 0
+
+
+def _pool_alive(base: str) -> dict[str, dict[str, Any]]:
+    return {
+        f"{p['ip']}:{p['port']}": p for p in _json(base + "/v1/proxies?limit=0&mitm=any")["proxies"]
+    }
