@@ -91,6 +91,9 @@ def ip(i: int) -> str:
 
 
 def test_an_untrusted_report_waits_for_a_trusted_check_and_a_second_name_does_not_count() -> None:
+    """An untested worker's report is unconfirmed, not served, however many untested names
+    repeat it; one check by the operator's checker serves it and tests every name that made
+    it."""
     f = Fleet()
     f.enrol("mallory", "worker")
     f.enrol("mallory2", "worker")
@@ -107,6 +110,9 @@ def test_an_untrusted_report_waits_for_a_trusted_check_and_a_second_name_does_no
 
 
 def test_a_fabricating_worker_falls_and_its_proxies_leave_the_pool_and_the_checkers_list() -> None:
+    """A worker whose sampled reports fail the operator's checks falls: none of its
+    fabrications is served, no more checks are spent on them, and the honest pool is
+    untouched."""
     f = Fleet()
     f.enrol("mallory", "worker")
     honest = [ip(i) for i in range(20)]
@@ -132,6 +138,8 @@ def test_a_fabricating_worker_falls_and_its_proxies_leave_the_pool_and_the_check
 
 
 def test_an_honest_worker_earns_trust_and_its_unchecked_reports_are_then_served() -> None:
+    """Reports that hold up earn trust after ``trust_after`` spot-checks; from then the
+    worker's unchecked reports are served too."""
     f = Fleet(trust_after=5)
     f.enrol("alice", "worker")
     found = [ip(i) for i in range(30)]
@@ -163,6 +171,8 @@ def test_churn_does_not_count_against_a_worker() -> None:
 
 
 def test_a_check_long_after_the_report_is_not_a_spot_check() -> None:
+    """A check later than ``spot_window_s`` after the report says nothing about the reporter
+    (the proxy may have died since), and one report is tested once."""
     f = Fleet(spot_window_s=600)
     f.enrol("carol", "worker")
     f.report("carol", ip(1))
@@ -175,6 +185,8 @@ def test_a_check_long_after_the_report_is_not_a_spot_check() -> None:
 
 
 def test_revoking_an_earned_agent_takes_its_unconfirmed_reports_out() -> None:
+    """A revoked agent vouches for nothing: what only it confirmed leaves the served pool; what
+    the operator's checker confirmed stays."""
     f = Fleet(trust_after=2)
     f.enrol("dave", "worker")
     for i in range(5):
@@ -188,6 +200,8 @@ def test_revoking_an_earned_agent_takes_its_unconfirmed_reports_out() -> None:
 
 
 def test_the_operator_trusts_and_untrusts_by_settings() -> None:
+    """``trusted_agents`` in ``Configured`` makes an agent the operator's, and taking it out
+    puts it back to earning trust, at that point of the log."""
     f = Fleet()
     f.enrol("erin", "worker")
     f.report("erin", ip(1))
@@ -200,6 +214,7 @@ def test_the_operator_trusts_and_untrusts_by_settings() -> None:
 
 
 def test_a_crowd_of_fresh_names_cannot_keep_a_proxy_unconfirmable() -> None:
+    """Sybils filling a proxy's capped provenance cannot keep the operator's checker out of it."""
     f = Fleet(provenance_cap=4)
     for i in range(6):
         f.enrol(f"sybil{i}", "worker")
@@ -211,6 +226,9 @@ def test_a_crowd_of_fresh_names_cannot_keep_a_proxy_unconfirmable() -> None:
 
 
 def test_quotas_refuse_to_the_dlq_and_spare_the_operators_agents() -> None:
+    """Past a quota (events a minute, new proxies or proposed sources an hour) the fold refuses
+    to the DLQ as ``quota`` with the count; known proxies are not new; the operator's agents
+    have none; a new window starts afresh."""
     f = Fleet(quota_events_per_min=5, quota_proxies_per_hour=8, quota_sources_per_hour=3)
     f.enrol("frank", "worker")
     for i in range(7):
@@ -234,6 +252,8 @@ def test_quotas_refuse_to_the_dlq_and_spare_the_operators_agents() -> None:
 
 
 def test_the_same_log_gives_the_same_trust_after_a_restart(tmp_path: Any) -> None:
+    """Standings, the baseline and who is trusted come back the same from a checkpoint, and a
+    replay of the same log gives the same digest."""
     f = Fleet(trust_after=3)
     f.enrol("gina", "worker")
     f.enrol("hank", "worker")
