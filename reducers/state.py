@@ -167,6 +167,7 @@ class State:
         "last_seq",
         "lease_owner",
         "leases",
+        "operators",
         "proxies",
         "settings",
         "settings_dirty",
@@ -204,6 +205,7 @@ class State:
         # proxies a trusted agent had just confirmed, how many failed], persisted in meta.
         self.trusted: frozenset[str] = frozenset()
         self.judges: frozenset[str] = frozenset()
+        self.operators: frozenset[str] = frozenset()  # settings.trusted_agents, as a set
         self.trust_base = [0, 0]
         self.settings = Settings()
         self.last_seq = 0

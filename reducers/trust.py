@@ -73,9 +73,10 @@ def reindex(state: State) -> None:
     standing changed (and on restore)."""
     s = state.settings
     if not s.trust:
-        state.trusted = state.judges = frozenset()
+        state.trusted = state.judges = state.operators = frozenset()
         return
     agents = state.agents
+    state.operators = frozenset(s.trusted_agents)  # quotas spare them, revoked or not
     operators = {n for n in s.trusted_agents if n not in agents or not _revoked(agents[n])}
     state.judges = frozenset(n for n in operators if n in agents and agents[n].role == "checker")
     earned = {n for n, a in agents.items() if a.standing == EARNED and not _revoked(a)}
@@ -136,7 +137,8 @@ def checked(state: State, row: ProxyRow, ts: int, worked: bool) -> None:
         return  # checked since the latest report already, or too late to say about it
     if not row.agents:
         return
-    if any(a in state.judges or a in state.settings.trusted_agents for a in row.agents):
+    operators = state.operators
+    if any(a in operators for a in row.agents):
         base = state.trust_base
         base[0] += 1
         base[1] += not worked
@@ -190,11 +192,13 @@ def make_room(state: State, agents: tuple[str, ...], agent: str) -> tuple[str, .
 def over_quota(state: State, event: Event, ts: int) -> str:
     """Why ``event`` is past its agent's quota ("" when it is not); the operator's agents
     have none."""
-    s = state.settings
     name = event.agent
-    a = state.agents.get(name)
-    if a is None or name in s.trusted_agents:
+    if name in state.operators:
         return ""
+    a = state.agents.get(name)
+    if a is None:
+        return ""
+    s = state.settings
     per_min = s.quota_events_per_min
     if per_min and a.quota_minute == ts // 60_000 and a.quota_events >= per_min:
         return f"{name} sent {a.quota_events} events this minute (quota {per_min})"
@@ -221,7 +225,7 @@ def over_quota(state: State, event: Event, ts: int) -> str:
 
 def count(state: State, a: AgentRow, event: Event, ts: int) -> None:
     """Count an observation ``a`` made against its quotas (before it is applied)."""
-    if a.name in state.settings.trusted_agents:
+    if a.name in state.operators:
         return
     minute = ts // 60_000
     if a.quota_minute != minute:

@@ -77,14 +77,15 @@ def events(
         emitted += 1
     # As `ppf up` runs: agents on their own subjects, which the fold checks (issue 11),
     # and trust: the checkers and half the workers the operator's, the other half
-    # earning it. No quotas: the bench sends a fleet's day in a minute.
+    # earning it. Quotas counted and checked, but too high to refuse anything: the
+    # bench sends a fleet's day in a minute.
     settings = Settings(
         agent_subjects=True,
         trust=True,
         trusted_agents=(*checkers, *names[: agents // 2]),
-        quota_events_per_min=0,
-        quota_proxies_per_hour=0,
-        quota_sources_per_hour=0,
+        quota_events_per_min=1 << 40,
+        quota_proxies_per_hour=1 << 40,
+        quota_sources_per_hour=1 << 40,
     )
     yield Configured(id=eid(), agent="admin", at=ms, settings=settings)
     emitted += 1
