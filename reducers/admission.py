@@ -56,7 +56,7 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
         field, why = problem(event, lab=settings.lab)
         if why:
             return INVALID, f"{field}: {why}"
-    if settings.trust and kind in _OBSERVED:
+    if settings.trust and event.agent not in state.operators and kind in _OBSERVED:
         why = trust.over_quota(state, event, ts)
         if why:
             return trust.QUOTA, why

@@ -82,7 +82,11 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     agent = state.agents.get(event.agent) or agents.row(state, event.agent)
     if ts > agent.last_seen:
         agent.last_seen = ts
-    if state.settings.trust and isinstance(event, _OBSERVATIONS):
+    if (
+        state.settings.trust
+        and agent.name not in state.operators  # the operator's agents have no quotas
+        and isinstance(event, _OBSERVATIONS)
+    ):
         trust.count(state, agent, event, ts)
     counts = agent.counts
     tag = type(event).__name__

@@ -190,11 +190,9 @@ def make_room(state: State, agents: tuple[str, ...], agent: str) -> tuple[str, .
 
 
 def over_quota(state: State, event: Event, ts: int) -> str:
-    """Why ``event`` is past its agent's quota ("" when it is not); the operator's agents
-    have none."""
+    """Why ``event`` is past its agent's quota ("" when it is not). The caller asks only
+    of agents other than the operator's: those have none."""
     name = event.agent
-    if name in state.operators:
-        return ""
     a = state.agents.get(name)
     if a is None:
         return ""
@@ -224,9 +222,8 @@ def over_quota(state: State, event: Event, ts: int) -> str:
 
 
 def count(state: State, a: AgentRow, event: Event, ts: int) -> None:
-    """Count an observation ``a`` made against its quotas (before it is applied)."""
-    if a.name in state.operators:
-        return
+    """Count an observation ``a`` (not one of the operator's agents) made against its
+    quotas, before it is applied."""
     minute = ts // 60_000
     if a.quota_minute != minute:
         a.quota_minute, a.quota_events = minute, 0
