@@ -34,8 +34,6 @@ from reducers.state import State
 
 __all__ = ["fold", "skip"]
 
-_OBSERVATIONS = OBSERVATIONS
-
 
 def skip(state: State, seq: int, ts: int) -> None:
     """Advance past a message that is not an event (a DLQ entry, an undecodable payload)."""
@@ -68,7 +66,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
         geo.located(state, event)
         state.last_seq = seq
         return True
-    if state.settings.agent_subjects and isinstance(event, _OBSERVATIONS):
+    if state.settings.agent_subjects and isinstance(event, OBSERVATIONS):
         # An agent's observations arrive in the order of their ids (its client stamps
         # them as it sends, and its outbox re-sends in order), so one at or below the
         # highest already folded is a re-send: ignored whatever the time since, where
@@ -85,7 +83,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     if (
         state.settings.trust
         and agent.name not in state.operators  # the operator's agents have no quotas
-        and isinstance(event, _OBSERVATIONS)
+        and isinstance(event, OBSERVATIONS)
     ):
         trust.count(state, agent, event, ts)
     counts = agent.counts
