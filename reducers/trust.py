@@ -161,10 +161,11 @@ def checked(state: State, row: ProxyRow, ts: int, worked: bool) -> None:
 def _judge(state: State, a: AgentRow) -> bool:
     """Settle ``a``'s standing after a spot-check; True when it changed."""
     s = state.settings
-    if a.spot_checks >= 8 * s.trust_after:
+    after = max(s.trust_after, 1)  # a setting of 0 means "at the first spot-check"
+    if a.spot_checks >= 8 * after:
         a.spot_checks //= 2
         a.spot_failed //= 2
-    if a.standing == FALLEN or a.spot_checks < s.trust_after:
+    if a.standing == FALLEN or a.spot_checks < after:
         return False
     share = a.spot_failed / a.spot_checks
     base = baseline(state)

@@ -276,3 +276,13 @@ def test_the_same_log_gives_the_same_trust_after_a_restart(tmp_path: Any) -> Non
     again = State()
     Folder(again).apply(f.messages)
     assert digest(again) == digest(f.state)
+
+
+def test_a_trust_after_of_zero_judges_at_the_first_spot_check() -> None:
+    """``trust_after: 0`` is a setting an operator may publish: it judges at once, and
+    never divides by an empty record."""
+    f = Fleet(trust_after=0)
+    f.enrol("ivan", "worker")
+    f.report("ivan", ip(1))
+    f.check(ip(1), False, at_s=10)
+    assert f.level("ivan") == "fallen"
