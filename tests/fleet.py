@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
 from gateway.app import make_app
@@ -21,7 +21,7 @@ from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
 from projections.live import FoldService
 
-__all__ = ["Fleet", "fleet"]
+__all__ = ["Fleet", "fleet", "serving"]
 
 
 @dataclass
@@ -84,3 +84,21 @@ async def fleet(
         await lists.close()
         await fold.stop()
         await lg.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    lg: Log, config: GatewayConfig | None = None
+) -> AsyncIterator[tuple[TestClient[web.Request, web.Application], FoldService]]:
+    """The real gateway app on a port, as a test client, over a fold caught up with the
+    log; both stopped after, also when the test fails."""
+    fold = FoldService(lg, db=None)
+    await fold.start()
+    client = TestClient(TestServer(make_app(fold, lg, config or GatewayConfig())))
+    try:
+        await client.start_server()
+        assert await fold.wait_for(await lg.head_seq(), 10)
+        yield client, fold
+    finally:
+        await client.close()
+        await fold.stop()

@@ -16,17 +16,17 @@ import msgspec
 import nats
 import nats.errors
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 
 import events as ev
 from agents.gateway_client import GatewayClient
 from events.mint import enrollment, fresh_id, now_ms
-from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
 from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from projections.live import FoldService
+from tests.fleet import serving
 from tests.helpers import worked
 
 
@@ -49,17 +49,8 @@ async def _fleet(
         "c1": await enroll(lg, "c1", "checker"),
         "root": await enroll(lg, "root", "admin"),
     }
-    fold = FoldService(lg, db=None)
-    await fold.start()
-    config = GatewayConfig(agent_nats=server.agent_auth())
-    client = TestClient(TestServer(make_app(fold, lg, config)))
-    await client.start_server()
-    try:
-        assert await fold.wait_for(await lg.head_seq(), 10)
+    async with serving(lg, GatewayConfig(agent_nats=server.agent_auth())) as (client, fold):
         yield client, fold, tokens
-    finally:
-        await client.close()
-        await fold.stop()
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from ops.cli import enroll
 from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
 from projections.live import FoldService
+from tests.fleet import serving
 from tests.helpers import worked
 
 Client = TestClient  # type: ignore[type-arg]
@@ -44,19 +45,11 @@ async def gw(
         "w2": await enroll(log_client, "w2", "worker"),
         "c1": await enroll(log_client, "c1", "checker"),
     }
-    fold = FoldService(log_client, db=None)
-    await fold.start()
     config = GatewayConfig(
         max_batch=50, rate_per_s=1000, burst=1000, agent_nats=nats_server.agent_auth()
     )
-    client = TestClient(TestServer(make_app(fold, log_client, config)))
-    await client.start_server()
-    await caught_up(fold, log_client)
-    try:
+    async with serving(log_client, config) as (client, fold):
         yield client, fold, tokens
-    finally:
-        await client.close()
-        await fold.stop()
 
 
 async def _json(resp: Any) -> Any:
@@ -234,41 +227,22 @@ async def test_judge_echoes_the_caller(gw: Any) -> None:
 async def test_rate_limit_answers_429(log_client: Log) -> None:
     """A token over its rate gets 429 with Retry-After."""
     token = await enroll(log_client, "w1", "worker")
-    fold = FoldService(log_client, db=None)
-    await fold.start()
-    await caught_up(fold, log_client)
-    client = TestClient(
-        TestServer(make_app(fold, log_client, GatewayConfig(rate_per_s=1, burst=3)))
-    )
-    await client.start_server()
-    try:
+    async with serving(log_client, GatewayConfig(rate_per_s=1, burst=3)) as (client, _):
         codes = []
         for _ in range(5):
             r = await client.post("/v1/events", json={"events": []}, headers=auth(token))
             codes.append(r.status)
         assert codes[:3] == [200, 200, 200] and codes[-1] == 429
         assert "Retry-After" in r.headers
-    finally:
-        await client.close()
-        await fold.stop()
 
 
 async def test_private_queries_need_a_token(log_client: Log) -> None:
     """With private queries, reads need a token."""
     token = await enroll(log_client, "w1", "worker")
-    fold = FoldService(log_client, db=None)
-    await fold.start()
-    await caught_up(fold, log_client)
-    app = make_app(fold, log_client, GatewayConfig(private_queries=True))
-    client = TestClient(TestServer(app))
-    await client.start_server()
-    try:
+    async with serving(log_client, GatewayConfig(private_queries=True)) as (client, _):
         assert (await client.get("/v1/proxies")).status == 401
         assert (await client.get("/v1/proxies", headers=auth(token))).status == 200
         assert (await client.get("/healthz")).status == 200
-    finally:
-        await client.close()
-        await fold.stop()
 
 
 async def test_openapi_is_served_and_committed(gw: Any) -> None:
@@ -306,20 +280,12 @@ async def test_agents_are_offered_their_own_nats_login(log_client: Log) -> None:
     from its token), at the address the agent reached the gateway by when the server
     listens everywhere; people get none (they have the service's)."""
     tokens = {r: await enroll(log_client, f"{r}1", r) for r in ("worker", "checker", "admin")}
-    fold = FoldService(log_client, db=None)
-    await fold.start()
-    await caught_up(fold, log_client)
     config = GatewayConfig(agent_nats=NatsAuth(address="nats://0.0.0.0:4222"))
-    client = TestClient(TestServer(make_app(fold, log_client, config)))
-    await client.start_server()
-    try:
+    async with serving(log_client, config) as (client, fold):
         worker = await _json(await client.get("/v1/agents/me", headers=auth(tokens["worker"])))
         assert worker == {"name": "worker1", "role": "worker", "nats": "nats://127.0.0.1:4222"}
         admin = await _json(await client.get("/v1/agents/me", headers=auth(tokens["admin"])))
         assert admin["nats"] is None
-    finally:
-        await client.close()
-        await fold.stop()
     # With the callout's key, the login is minted (tests/test_agent_identity.py uses it).
     offer = NatsAuth(address="nats://0.0.0.0:4222", issuer_seed=b"key")
     digest = fold.state.agents["worker1"].token_sha256

@@ -11,7 +11,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from agents.seeds import source_added
 from events import MAX_MESSAGE, Released
@@ -21,6 +20,7 @@ from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
 from ops.nats.client import Log
 from projections.live import DLQ_COPY_BYTES, FoldService
+from tests.fleet import serving
 from tests.helpers import worked
 
 
@@ -31,16 +31,8 @@ async def _gateway(
     """A real gateway on a real port, its fold caught up with the log, and a token for
     each of ``workers``."""
     tokens = {w: await enroll(lg, w, "worker") for w in workers}
-    fold = FoldService(lg, db=None)
-    await fold.start()
-    client = TestClient(TestServer(make_app(fold, lg, config or GatewayConfig())))
-    await client.start_server()
-    try:
-        assert await fold.wait_for(await lg.head_seq(), 10)
+    async with serving(lg, config) as (client, fold):
         yield client, fold, tokens
-    finally:
-        await client.close()
-        await fold.stop()
 
 
 @pytest.fixture
