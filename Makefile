@@ -10,7 +10,10 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): pyproject.toml setup.py agents/_scan.c | $(BIN)/python
+# The C extensions' built files are removed first: an editable reinstall keeps a built
+# module it finds in the tree, however old.
+$(STAMP): pyproject.toml setup.py agents/_scan.c reducers/_admit.c | $(BIN)/python
+	rm -f agents/_scan.*.so reducers/_admit.*.so
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 

@@ -1,11 +1,17 @@
-"""The one thing pyproject.toml does not say: the optional C extension.
+"""The one thing pyproject.toml does not say: the optional C extensions.
 
-``agents/_scan.c`` scans dense proxy lists. ``optional=True``: without a C compiler
-the install still succeeds, and ``agents.extract`` applies the same rules as a regex,
-slower (``ppf bench extract`` reports which ran). Declared here rather than in
+``agents/_scan.c`` scans dense proxy lists; ``reducers/_admit.c`` answers the fold's
+admission question for proxy reports. ``optional=True``: without a C compiler the
+install still succeeds, and each falls back to its Python twin, slower (``ppf bench
+extract`` and ``ppf bench fold`` report which ran). Declared here rather than in
 pyproject.toml, where setuptools still calls ext-modules experimental.
 """
 
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("agents._scan", ["agents/_scan.c"], optional=True)])
+setup(
+    ext_modules=[
+        Extension("agents._scan", ["agents/_scan.c"], optional=True),
+        Extension("reducers._admit", ["reducers/_admit.c"], optional=True),
+    ]
+)

@@ -87,9 +87,15 @@ def claim(state: State, event: Leased, seq: int, ts: int) -> bool:
 
 
 def touch(state: State, lease: str, agent: str, ts: int) -> bool:
-    """An event naming a lease its holder still holds extends it; False when lost."""
-    row = _live(state, lease, ts)
-    if row is None or row.holder != agent:
+    """An event naming a lease its holder still holds extends it; False when lost.
+    ``_live`` written out: every report of a leased fetch lands here."""
+    target = state.lease_owner.get(lease)
+    if target is None:
+        return False
+    row = state.leases[target]
+    if row.status == "leased" and ts > row.expires_at:
+        _expire(state, row, ts)
+    if row.status != "leased" or row.lease != lease or row.holder != agent:
         return False
     row.expires_at = ts + row.ttl_s * 1000
     state.dirty_leases.add(row.target)

@@ -169,6 +169,7 @@ class State:
         "leases",
         "operators",
         "proxies",
+        "quotas",
         "settings",
         "settings_dirty",
         "sources",
@@ -206,6 +207,9 @@ class State:
         self.trusted: frozenset[str] = frozenset()
         self.judges: frozenset[str] = frozenset()
         self.operators: frozenset[str] = frozenset()  # settings.trusted_agents, as a set
+        # What reducers/_admit.c needs of the quotas: None while trust is off, else (the
+        # operator's agents, quota_events_per_min, quota_proxies_per_hour).
+        self.quotas: tuple[frozenset[str], int, int] | None = None
         self.trust_base = [0, 0]
         self.settings = Settings()
         self.last_seq = 0

@@ -30,6 +30,7 @@ from ops.nats.stream import Firehose
 from ops.progress import Progress
 from projections import Store, digest
 from projections.replay import replay
+from reducers.admission import native_admission
 
 __all__ = ["bench_fold", "bench_located", "publish_synthetic"]
 
@@ -224,6 +225,8 @@ async def bench_fold(
         "peak_rss_mb": round(rss_fold),
         "rss_before_fold_mb": round(rss_before),
         "restore_digest_equal": restore_ok,
+        # reducers/_admit.c, or the Python twin where no C compiler built it
+        "native_admission": native_admission(),
         "fold_with_dead_axiom_tap_per_s": round(tapped[0]) if tapped else None,
         "fold_tap_off_again_per_s": round(tapped[1]) if tapped else None,
         "dead_tap_vs_tap_off": round(2 * tapped[0] / (fold_rate + tapped[1]), 3)
