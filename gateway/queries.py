@@ -90,7 +90,7 @@ def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int, confirmed: bool = Tr
         v.port,
         v.proto,
         v.protos,
-        status_at(v.last_seen, now, ttl, confirmed),
+        status_at(v.last_seen, now, ttl, confirmed, v.fail_streak > 0),
         v.last_seen,
         v.first_seen,
         round(latency, 1),
@@ -139,7 +139,9 @@ def _filter(request: web.Request) -> ProxyFilter:
         asn=integer(request, "asn"),
         anonymity=request.query.get("anonymity") or None,
         max_latency_ms=float(latency) if latency is not None else None,
-        status=choice(request, "status", ("alive", "unconfirmed", "stale", "dead", "all"), "alive"),
+        status=choice(
+            request, "status", ("alive", "suspect", "unconfirmed", "stale", "dead", "all"), "alive"
+        ),
         fresh_s=integer(request, "fresh_s"),
         mitm=None if mitm == "any" else mitm == "true",
         https=None if https is None else https == "true",

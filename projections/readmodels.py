@@ -90,14 +90,19 @@ def due_sources(
 
 
 def proxy_status(row: ProxyRow, now: int, ttl_s: int, confirmed: bool = True) -> str:
-    return status_at(row.last_seen, now, ttl_s, confirmed)
+    return status_at(row.last_seen, now, ttl_s, confirmed, row.fail_streak > 0)
 
 
-def status_at(last_seen: int, now: int, ttl_s: int, confirmed: bool) -> str:
-    """alive, stale or dead by its age; within the TTL but not confirmed by an agent
-    trusted now (reducers/trust.py), unconfirmed: not served until a check says so."""
+def status_at(last_seen: int, now: int, ttl_s: int, confirmed: bool, failed: bool = False) -> str:
+    """alive, stale or dead by its age. Within the TTL: suspect when its latest check
+    failed (it comes back with its next success); unconfirmed when no agent trusted now
+    (reducers/trust.py) confirmed it. Only alive is served by default."""
     band = liveness(now - last_seen, ttl_s)
-    return "unconfirmed" if band == "alive" and not confirmed else band
+    if band != "alive":
+        return band
+    if failed:
+        return "suspect"
+    return "alive" if confirmed else "unconfirmed"
 
 
 def percentile(samples: Iterable[int], q: float) -> int | None:
@@ -119,7 +124,7 @@ class ProxyFilter:
     as_org: str | None = None
     anonymity: str | None = None
     max_latency_ms: float | None = None
-    status: str = "alive"  # alive, unconfirmed, stale, dead, all
+    status: str = "alive"  # alive, suspect, unconfirmed, stale, dead, all
     fresh_s: int | None = None
     mitm: bool | None = None
     https: bool | None = None  # True: tunnelled to a real HTTPS target; False: not (yet)

@@ -83,12 +83,14 @@ class ProxySnapshot:
         alive_from, stale_from = band_edges(now, self.ttl_s)
         oldest, newest = {
             "alive": (alive_from, None),
+            "suspect": (alive_from, None),
             "unconfirmed": (alive_from, None),
             "stale": (stale_from, alive_from - 1),
             "dead": (None, stale_from - 1),
         }.get(f.status, (None, None))
-        # Alive is served only once an agent trusted now confirmed it; the rest of the
-        # band is "unconfirmed", waiting for a spot-check.
+        # Within the TTL (readmodels.status_at): suspect when its latest check failed;
+        # else alive once an agent trusted now confirmed it, unconfirmed until then.
+        failing = {"alive": False, "unconfirmed": False, "suspect": True}.get(f.status)
         confirmed = {"alive": True, "unconfirmed": False}.get(f.status)
         fresh = now - f.fresh_s * 1000 if f.fresh_s is not None else None
         taken = 0
@@ -97,6 +99,8 @@ class ProxySnapshot:
             if (oldest is not None and seen < oldest) or (newest is not None and seen > newest):
                 continue
             if fresh is not None and seen < fresh:
+                continue
+            if failing is not None and (v.fail_streak > 0) != failing:
                 continue
             if confirmed is not None and v.confirmed != confirmed:
                 continue

@@ -126,13 +126,19 @@ def _evict(state: State, keys: list[ProxyKey]) -> None:
 
 
 def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
-    """Record a failed recheck of a known proxy; False when the proxy is unknown."""
+    """Record a failed recheck of a known proxy; False when the proxy is unknown. The
+    proxy is then suspect until its next success (readmodels.status_at)."""
     key: ProxyKey = (event.ip, event.port)
     row = state.proxies.get(key)
     if row is None:
         return False
-    if state.settings.trust and agent in state.judges:
-        trust.checked(state, row, ts, False)
+    if state.settings.trust:
+        if agent in state.judges:
+            trust.checked(state, row, ts, False)
+        if agent not in state.trusted:
+            # A failure makes a proxy suspect (out of the served pool until its next
+            # success): the word of an agent nobody vouches for must not empty the pool.
+            return True
     row.fail_streak += 1
     if ts > row.last_failed:
         row.last_failed = ts

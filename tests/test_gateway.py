@@ -115,6 +115,47 @@ async def test_same_event_twice_is_one_observation(gw: Any, log_client: Log) -> 
     assert fold.state.proxies[("9.9.9.9", 8080)].confirmations == 1
 
 
+async def _served(client: Client, query: str = "") -> dict[str, str]:
+    """ip -> status of what GET /v1/proxies serves (the snapshot may be a second old)."""
+    body = await _json(await client.get("/v1/proxies?limit=0" + query))
+    return {p["ip"]: p["status"] for p in body["proxies"]}
+
+
+async def _until(client: Client, query: str, want: dict[str, str]) -> dict[str, str]:
+    deadline = asyncio.get_running_loop().time() + 5
+    while (got := await _served(client, query)) != want:
+        if asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.1)
+    return got
+
+
+async def test_a_proxy_whose_latest_check_failed_is_not_served_until_it_works(gw: Any) -> None:
+    """Over HTTP: a checker's failed check takes the proxy out of GET /v1/proxies (it is
+    listed by ?status=suspect, with that status), and its next success brings it back."""
+    client, _, tokens = gw
+    for ip in ("9.9.9.9", "8.8.4.4"):
+        event = msgspec.to_builtins(worked(ip, agent="w1"))
+        r = await client.post("/v1/events", json={"events": [event]}, headers=auth(tokens["w1"]))
+        assert r.status == 200
+    both = {"9.9.9.9": "alive", "8.8.4.4": "alive"}
+    assert await _until(client, "", both) == both
+    failed = ev.ProxyFailed(
+        id=fresh_id(), agent="c1", at=0, ip="9.9.9.9", port=8080, proto="http", error="timeout"
+    )
+    r = await client.post(
+        "/v1/events", json={"events": [msgspec.to_builtins(failed)]}, headers=auth(tokens["c1"])
+    )
+    assert r.status == 200
+    assert await _until(client, "", {"8.8.4.4": "alive"}) == {"8.8.4.4": "alive"}
+    assert await _served(client, "&status=suspect") == {"9.9.9.9": "suspect"}
+    back = msgspec.to_builtins(worked("9.9.9.9", agent="c1"))
+    r = await client.post("/v1/events", json={"events": [back]}, headers=auth(tokens["c1"]))
+    assert r.status == 200
+    assert await _until(client, "", both) == both
+    assert await _served(client, "&status=suspect") == {}
+
+
 async def test_leases_are_granted_once_extended_and_released(gw: Any, log_client: Log) -> None:
     """A lease is granted once, extended by heartbeats, and freed by its release."""
     client, fold, tokens = gw

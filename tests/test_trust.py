@@ -9,92 +9,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 import events as ev
-from events import agent_subject, subject_for
 from projections.digest import digest
 from projections.folder import Folder
-from projections.readmodels import ProxyFilter, query_proxies
+from projections.readmodels import ProxyFilter
 from projections.recheck import due_in_shard, shards, spot_checks
 from projections.snapshot import build
 from projections.store import Store, collect
-from reducers import State, trust
-from tests.helpers import eid, worked
-
-T0 = 1_800_000_000_000
-OPERATOR = ("w-own", "c-own")  # the operator's worker and checker
-
-
-def settings(**kw: Any) -> ev.Settings:
-    base = ev.Settings(agent_subjects=True, trust=True, trusted_agents=OPERATOR)
-    return msgspec.structs.replace(base, **kw)
-
-
-class Fleet:
-    """A log folded message by message; refusals kept as (reason, why)."""
-
-    def __init__(self, **kw: Any) -> None:
-        self.refused: list[tuple[str, str]] = []
-        self.folder = Folder(State(), on_reject=self._refused)
-        self.state = self.folder.state
-        self.seq = 0
-        self.messages: list[tuple[int, int, bytes, bytes]] = []
-        self.service(ev.Configured(id=eid(), agent="admin", at=0, settings=settings(**kw)))
-        for name, role in (("w-own", "worker"), ("c-own", "checker")):
-            self.enrol(name, role)
-
-    def _refused(self, seq: int, subject: bytes, payload: bytes, exc: ev.DecodeError) -> None:
-        self.refused.append((str(exc.reason), str(exc)))
-
-    def _put(self, subject: str, event: ev.Event, at_s: float) -> None:
-        self.seq += 1
-        msg = (self.seq, T0 + int(at_s * 1000), subject.encode(), ev.encode(event))
-        self.messages.append(msg)
-        self.folder.apply([msg])
-
-    def service(self, event: ev.Event, at_s: float = 0) -> None:
-        self._put(subject_for(event), event, at_s)
-
-    def enrol(self, name: str, role: ev.Role, token: str = "t") -> None:
-        sha = ev.token_sha256(token) if token else ""
-        event = ev.AgentEnrolled(
-            id=eid(), agent="admin", at=0, name=name, role=role, token_sha256=sha
-        )
-        self.service(event)
-
-    def says(self, event: ev.Event, at_s: float = 0) -> None:
-        self._put(agent_subject(event), event, at_s)
-
-    def report(self, agent: str, ip: str, at_s: float = 0, port: int = 8080) -> None:
-        self.says(worked(ip, port, agent=agent), at_s)
-
-    def check(self, ip: str, ok: bool, at_s: float, port: int = 8080) -> None:
-        if ok:
-            self.says(worked(ip, port, agent="c-own"), at_s)
-        else:
-            failed = ev.ProxyFailed(
-                id=eid(), agent="c-own", at=0, ip=ip, port=port, proto="http", error="timeout"
-            )
-            self.says(failed, at_s)
-
-    def served(self, at_s: float) -> set[str]:
-        rows = query_proxies(self.state, T0 + int(at_s * 1000), ProxyFilter(), limit=0)
-        return {r.ip for r in rows}
-
-    def level(self, name: str) -> str:
-        return trust.level(self.state, self.state.agents[name])
-
-
-def ip(i: int) -> str:
-    return f"45.{60 + i // 250}.{i % 250}.{1 + i % 7}"
+from reducers import State
+from tests.folded import OPERATOR, T0, FoldedLog, ip, settings
+from tests.helpers import eid
 
 
 def test_an_untrusted_report_waits_for_a_trusted_check_and_a_second_name_does_not_count() -> None:
     """An untested worker's report is unconfirmed, not served, however many untested names
     repeat it; one check by the operator's checker serves it and tests every name that made
     it."""
-    f = Fleet()
+    f = FoldedLog()
     f.enrol("mallory", "worker")
     f.enrol("mallory2", "worker")
     f.report("w-own", ip(1))
@@ -113,7 +44,7 @@ def test_a_fabricating_worker_falls_and_its_proxies_leave_the_pool_and_the_check
     """A worker whose sampled reports fail the operator's checks falls: none of its
     fabrications is served, no more checks are spent on them, and the honest pool is
     untouched."""
-    f = Fleet()
+    f = FoldedLog()
     f.enrol("mallory", "worker")
     honest = [ip(i) for i in range(20)]
     fake = [ip(1000 + i) for i in range(400)]
@@ -140,7 +71,7 @@ def test_a_fabricating_worker_falls_and_its_proxies_leave_the_pool_and_the_check
 def test_an_honest_worker_earns_trust_and_its_unchecked_reports_are_then_served() -> None:
     """Reports that hold up earn trust after ``trust_after`` spot-checks; from then the
     worker's unchecked reports are served too."""
-    f = Fleet(trust_after=5)
+    f = FoldedLog(trust_after=5)
     f.enrol("alice", "worker")
     found = [ip(i) for i in range(30)]
     for i, addr in enumerate(found):
@@ -158,7 +89,7 @@ def test_an_honest_worker_earns_trust_and_its_unchecked_reports_are_then_served(
 def test_churn_does_not_count_against_a_worker() -> None:
     """Half of what the operator's own worker reports is dead by the next check: a
     worker whose reports fail as often has shown nothing wrong."""
-    f = Fleet(trust_after=10)
+    f = FoldedLog(trust_after=10)
     f.enrol("bob", "worker")
     for i in range(200):
         f.report("w-own", ip(i), at_s=i)
@@ -173,7 +104,7 @@ def test_churn_does_not_count_against_a_worker() -> None:
 def test_a_check_long_after_the_report_is_not_a_spot_check() -> None:
     """A check later than ``spot_window_s`` after the report says nothing about the reporter
     (the proxy may have died since), and one report is tested once."""
-    f = Fleet(spot_window_s=600)
+    f = FoldedLog(spot_window_s=600)
     f.enrol("carol", "worker")
     f.report("carol", ip(1))
     f.check(ip(1), False, at_s=601)
@@ -187,7 +118,7 @@ def test_a_check_long_after_the_report_is_not_a_spot_check() -> None:
 def test_revoking_an_earned_agent_takes_its_unconfirmed_reports_out() -> None:
     """A revoked agent vouches for nothing: what only it confirmed leaves the served pool; what
     the operator's checker confirmed stays."""
-    f = Fleet(trust_after=2)
+    f = FoldedLog(trust_after=2)
     f.enrol("dave", "worker")
     for i in range(5):
         f.report("dave", ip(i), at_s=i)
@@ -202,7 +133,7 @@ def test_revoking_an_earned_agent_takes_its_unconfirmed_reports_out() -> None:
 def test_the_operator_trusts_and_untrusts_by_settings() -> None:
     """``trusted_agents`` in ``Configured`` makes an agent the operator's, and taking it out
     puts it back to earning trust, at that point of the log."""
-    f = Fleet()
+    f = FoldedLog()
     f.enrol("erin", "worker")
     f.report("erin", ip(1))
     assert f.served(1) == set()
@@ -215,7 +146,7 @@ def test_the_operator_trusts_and_untrusts_by_settings() -> None:
 
 def test_a_crowd_of_fresh_names_cannot_keep_a_proxy_unconfirmable() -> None:
     """Sybils filling a proxy's capped provenance cannot keep the operator's checker out of it."""
-    f = Fleet(provenance_cap=4)
+    f = FoldedLog(provenance_cap=4)
     for i in range(6):
         f.enrol(f"sybil{i}", "worker")
         f.report(f"sybil{i}", ip(1), at_s=i)
@@ -229,7 +160,7 @@ def test_quotas_refuse_to_the_dlq_and_spare_the_operators_agents() -> None:
     """Past a quota (events a minute, new proxies or proposed sources an hour) the fold refuses
     to the DLQ as ``quota`` with the count; known proxies are not new; the operator's agents
     have none; a new window starts afresh."""
-    f = Fleet(quota_events_per_min=5, quota_proxies_per_hour=8, quota_sources_per_hour=3)
+    f = FoldedLog(quota_events_per_min=5, quota_proxies_per_hour=8, quota_sources_per_hour=3)
     f.enrol("frank", "worker")
     for i in range(7):
         f.report("frank", ip(i), at_s=i)  # one minute: 5 pass
@@ -254,7 +185,7 @@ def test_quotas_refuse_to_the_dlq_and_spare_the_operators_agents() -> None:
 def test_the_same_log_gives_the_same_trust_after_a_restart(tmp_path: Any) -> None:
     """Standings, the baseline and who is trusted come back the same from a checkpoint, and a
     replay of the same log gives the same digest."""
-    f = Fleet(trust_after=3)
+    f = FoldedLog(trust_after=3)
     f.enrol("gina", "worker")
     f.enrol("hank", "worker")
     for i in range(6):
@@ -281,7 +212,7 @@ def test_the_same_log_gives_the_same_trust_after_a_restart(tmp_path: Any) -> Non
 def test_a_trust_after_of_zero_judges_at_the_first_spot_check() -> None:
     """``trust_after: 0`` is a setting an operator may publish: it judges at once, and
     never divides by an empty record."""
-    f = Fleet(trust_after=0)
+    f = FoldedLog(trust_after=0)
     f.enrol("ivan", "worker")
     f.report("ivan", ip(1))
     f.check(ip(1), False, at_s=10)
