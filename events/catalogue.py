@@ -33,8 +33,10 @@ __all__ = [
     "Origin",
     "Outcome",
     "ProxyFailed",
+    "ProxyReported",
     "ProxyWorked",
     "Released",
+    "Reported",
     "Role",
     "SeedPlanned",
     "Settings",
@@ -44,11 +46,12 @@ __all__ = [
 
 LeaseKind = Literal["source", "recheck", "seed"]
 Outcome = Literal["done", "failed", "abandoned"]
+Reported = Literal["worked", "failed"]
 Origin = Literal["seed", "discovered", "manual"]
 Anonymity = Literal["transparent", "anonymous", "elite", ""]
 # Whether a proxy tunnelled to a real HTTPS target: "yes", "no", or "" (not tried).
 Tried = Literal["yes", "no", ""]
-Role = Literal["worker", "checker", "seed", "admin", "gateway", "fold"]
+Role = Literal["worker", "checker", "seed", "consumer", "admin", "gateway", "fold"]
 
 SCHEMA_VERSION = 1
 
@@ -86,6 +89,9 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     quota_events_per_min: int = 3_000
     quota_proxies_per_hour: int = 20_000
     quota_sources_per_hour: int = 2_000
+    # Failed reports per consumer per hour that take a proxy out of alive (ProxyReported):
+    # one token cannot empty the pool.
+    report_budget_per_hour: int = 100
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -181,6 +187,15 @@ class ProxyFailed(Event, frozen=True, kw_only=True, tag="ProxyFailed"):
     lease: str = ""
 
 
+class ProxyReported(Event, frozen=True, kw_only=True, tag="ProxyReported"):
+    """A consumer's word on a proxy it was served (POST /v1/proxies/{ip}:{port}/report)."""
+
+    ip: str
+    port: int
+    outcome: Reported
+    detail: str = ""
+
+
 class Deposited(Event, frozen=True, kw_only=True, tag="Deposited"):
     lease: str = ""
     key: str
@@ -244,6 +259,7 @@ AnyEvent = (
     | Extracted
     | ProxyWorked
     | ProxyFailed
+    | ProxyReported
     | Deposited
     | DepositFolded
     | DepositRejected
@@ -264,6 +280,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Extracted,
     ProxyWorked,
     ProxyFailed,
+    ProxyReported,
     Deposited,
     DepositFolded,
     DepositRejected,

@@ -15,12 +15,15 @@ ROLE_EVENTS: dict[str, frozenset[str]] = {
     ),
     "checker": frozenset({"ProxyWorked", "ProxyFailed", "Released", "Heartbeat"}),
     "seed": frozenset({"Deposited", "Released", "Heartbeat"}),
+    # Reads the pool and reports on what it was served, over HTTP only: nothing else.
+    "consumer": frozenset({"ProxyReported"}),
 }
 
 # On its own subjects an agent publishes observations only: a lease transition and its
-# own heartbeat go through the gateway, which checks them against the ledger first.
+# own heartbeat go through the gateway, which checks them against the ledger first, and
+# a consumer's report goes through the gateway's report endpoint (it has no NATS login).
 ROLE_NATS_EVENTS: dict[str, frozenset[str]] = {
-    role: types - {"Released", "Heartbeat"} for role, types in ROLE_EVENTS.items()
+    role: types - {"Released", "Heartbeat", "ProxyReported"} for role, types in ROLE_EVENTS.items()
 }
 
 ROLE_KINDS = {"worker": "source", "checker": "recheck", "seed": "seed"}

@@ -27,6 +27,7 @@ from events.catalogue import (
     LeaseReset,
     Located,
     ProxyFailed,
+    ProxyReported,
     ProxyWorked,
     Released,
     SeedPlanned,
@@ -150,6 +151,7 @@ def _source(e: Any) -> str:
 SUBJECT_TAILS: dict[type, Callable[[Any], str]] = {
     ProxyWorked: _proxy,
     ProxyFailed: _proxy,
+    ProxyReported: _proxy,
     Fetched: _source,
     Extracted: _source,
     SourceAdded: _source,
@@ -195,7 +197,7 @@ def dlq_subject(reason: str) -> str:
 
 def subject_for(event: Event) -> str:
     match event:
-        case ProxyWorked() | ProxyFailed():
+        case ProxyWorked() | ProxyFailed() | ProxyReported():
             return "ppf.proxy." + _token(proxy_token(event.ip, event.port), "proxy")
         case SourceAdded() | Fetched() | Extracted():
             return "ppf.source." + _token(event.url_id, "url_id")

@@ -24,6 +24,7 @@ from events.catalogue import (
     Extracted,
     Fetched,
     ProxyFailed,
+    ProxyReported,
     ProxyWorked,
     SourceAdded,
 )
@@ -187,6 +188,12 @@ def _proxy_failed(e: ProxyFailed, lab: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
+def _proxy_reported(e: ProxyReported, lab: bool) -> tuple[str, str]:
+    if e.detail and (why := _text(e.detail, MAX_TEXT)):
+        return "detail", why
+    return _envelope(e.id, "")
+
+
 def _fetched(e: Fetched, lab: bool) -> tuple[str, str]:
     if not _hex(e.url_id, 16):
         return "url_id", "not a url_id"
@@ -264,6 +271,7 @@ def _envelope(event_id: str, lease: str) -> tuple[str, str]:
 _CHECKS: dict[type, Callable[[Any, bool], tuple[str, str]]] = {
     ProxyWorked: _proxy_worked,
     ProxyFailed: _proxy_failed,
+    ProxyReported: _proxy_reported,
     Fetched: _fetched,
     Extracted: _extracted,
     Discovered: _discovered,

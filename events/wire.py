@@ -27,6 +27,8 @@ __all__ = [
     "RecheckPayload",
     "ReleaseReply",
     "ReleaseRequest",
+    "ReportReply",
+    "ReportRequest",
     "SeedPayload",
     "SourcePayload",
     "SourcesAdded",
@@ -98,6 +100,23 @@ class ReleaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     outcome: Literal["done", "failed", "abandoned"] = "done"
     counted: bool = True
     error: str = ""
+
+
+class ReportRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """POST /v1/proxies/{ip}:{port}/report: a consumer's word on a proxy it was served."""
+
+    outcome: Literal["worked", "failed"]
+    detail: str = ""
+
+
+class ReportReply(msgspec.Struct, kw_only=True):
+    ip: str
+    port: int
+    outcome: str
+    seq: int
+    status: str  # the proxy's status once the report was applied
+    # Failed reports of this consumer that can still act this hour (of log time).
+    budget_left: int
 
 
 class ReleaseReply(msgspec.Struct, kw_only=True):

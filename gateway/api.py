@@ -21,6 +21,8 @@ from events.wire import (
     Problem,
     ReleaseReply,
     ReleaseRequest,
+    ReportReply,
+    ReportRequest,
     SourcesAdded,
     SourcesRequest,
 )
@@ -58,6 +60,8 @@ def openapi() -> dict[str, Any]:
         HeartbeatReply,
         ReleaseRequest,
         ReleaseReply,
+        ReportRequest,
+        ReportReply,
         EventsRequest,
         EventsAccepted,
         SourcesRequest,
@@ -79,7 +83,7 @@ def openapi() -> dict[str, Any]:
         _query("as_org", {"type": "string"}),
         _query("anonymity", {"type": "string"}),
         _query("max_latency_ms", {"type": "integer", "minimum": 0}),
-        _query("status", {"enum": ["alive", "stale", "dead", "all"]}),
+        _query("status", {"enum": ["alive", "suspect", "unconfirmed", "stale", "dead", "all"]}),
         _query("fresh_s", {"type": "integer", "minimum": 0}),
         _query("mitm", {"enum": ["false", "true", "any"]}),
         _query("https", {"enum": ["true", "false"]}),
@@ -152,6 +156,20 @@ def openapi() -> dict[str, Any]:
                     {"name": "addr", "in": "path", "required": True, "schema": {"type": "string"}}
                 ],
                 "responses": {"200": _reply(None), **_problems(400, 404)},
+            }
+        },
+        "/v1/proxies/{addr}/report": {
+            "post": {
+                "summary": "a consumer's word on a proxy it was served (consumer)",
+                "security": _AUTH,
+                "parameters": [
+                    {"name": "addr", "in": "path", "required": True, "schema": {"type": "string"}}
+                ],
+                "requestBody": _body("ReportRequest"),
+                "responses": {
+                    "200": _reply("ReportReply"),
+                    **_problems(400, 401, 403, 404, 429, 503),
+                },
             }
         },
         "/v1/sources": {

@@ -18,6 +18,7 @@ from events import (
     Event,
     Heartbeat,
     LeaseReset,
+    ProxyReported,
     Released,
     SubjectError,
     agent_msg_id,
@@ -36,11 +37,15 @@ from events.wire import (
     LeasesReply,
     ReleaseReply,
     ReleaseRequest,
+    ReportReply,
+    ReportRequest,
     SourcesAdded,
     SourcesRequest,
 )
 from gateway.http import CONFIG, FOLD, LOG, ApiError, Caller, authorize, decode_body, reply
 from gateway.leases import Granter
+from projections.readmodels import proxy_status
+from reducers import trust
 from reducers.pool import lease_live
 
 __all__ = ["GRANTER", "routes"]
@@ -213,6 +218,68 @@ async def release(request: web.Request) -> web.Response:
     # No wait for the fold here: the release is in the log, which decides; the next
     # lease request reads the projection, which will have applied it or will soon.
     return reply(ReleaseReply(lease=lease, target=target, outcome=body.outcome, seq=published.seq))
+
+
+@routes.post("/v1/proxies/{addr}/report")
+async def report_proxy(request: web.Request) -> web.Response:
+    """A consumer's word on a proxy it was served: ``failed`` takes it out of alive at
+    once and to the front of the rechecks, within the consumer's hourly budget (429 past
+    it); ``worked`` is recorded and revives nothing (reducers/proxies.reported)."""
+    caller = authorize(request, "consumer")
+    ip, _, port = request.match_info["addr"].rpartition(":")
+    if not ip or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ApiError(400, "bad-parameter", "address: ip:port", parameter="addr")
+    ip = ip.strip("[]")
+    body = await decode_body(request, ReportRequest)
+    state = request.app[FOLD].state
+    key = (ip, int(port))
+    if key not in state.proxies:
+        raise ApiError(404, "not-found", f"no proxy {ip}:{port} in the pool")
+    event = ProxyReported(
+        id=fresh_id(),
+        agent=caller.name,
+        at=now_ms(),
+        ip=ip,
+        port=int(port),
+        outcome=body.outcome,
+        detail=body.detail,
+    )
+    field, why = problem(event, lab=state.settings.lab)
+    if why:
+        raise ApiError(400, "bad-parameter", f"{field}: {why}", parameter=field)
+    budget = state.settings.report_budget_per_hour
+    me = state.agents.get(caller.name)
+    hour = now_ms() // 3_600_000
+    used = me.reports_acted if me is not None and me.report_hour == hour else 0
+    if body.outcome == "failed" and used >= budget:
+        wait_s = max(1, ((hour + 1) * 3_600_000 - now_ms()) // 1000)
+        raise ApiError(
+            429,
+            "report-budget",
+            f"{caller.name} used its {budget} failed reports this hour",
+            headers={"Retry-After": str(wait_s)},
+        )
+    published = await request.app[LOG].publish(event)
+    await _applied(request, published.seq)
+    row = state.proxies.get(key)
+    ttl = state.settings.proxy_ttl_s
+    status = (
+        "evicted"
+        if row is None
+        else proxy_status(row, now_ms(), ttl, trust.vouched(state)(row.agents))
+    )
+    me = state.agents.get(caller.name)
+    left = budget - (me.reports_acted if me is not None and me.report_hour == hour else 0)
+    return reply(
+        ReportReply(
+            ip=ip,
+            port=int(port),
+            outcome=body.outcome,
+            seq=published.seq,
+            status=status,
+            budget_left=max(0, left),
+        )
+    )
 
 
 @routes.post("/v1/sources")

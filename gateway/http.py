@@ -296,4 +296,4 @@ def authorize(request: web.Request, *roles: str) -> Caller:
 def open_query(request: web.Request) -> None:
     """Queries are open unless the gateway was told to keep them private."""
     if request.app[CONFIG].private_queries:
-        authorize(request, "worker", "checker", "seed")
+        authorize(request, "worker", "checker", "seed", "consumer")

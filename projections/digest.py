@@ -63,6 +63,7 @@ _LATER = (
     "quota_events_per_min",
     "quota_proxies_per_hour",
     "quota_sources_per_hour",
+    "report_budget_per_hour",
 )
 _DEFAULTS = msgspec.structs.asdict(Settings())
 

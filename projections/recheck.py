@@ -96,10 +96,14 @@ def due_in_shard(
     urgent: Container[ProxyKey] = (),
 ) -> list[ProxyRow]:
     """Due proxies, most overdue first, interleaved across networks, at most ``limit``;
-    ``urgent`` ones (spot-checks not taken yet) first of all."""
+    first of all those a consumer reported failed since their last check, and the
+    ``urgent`` ones (spot-checks not taken yet)."""
     due = []
     for row in rows:
         last = max(row.last_seen, row.last_failed)
+        if row.reported_at > last:  # a consumer says it failed, and no check since
+            due.append((_URGENT + now - row.reported_at, row))
+            continue
         if urgent and row.last_failed < row.last_seen and (row.ip, row.port) in urgent:
             due.append((_URGENT + now - last, row))
             continue

@@ -24,6 +24,7 @@ from events.catalogue import (
     LeaseReset,
     Located,
     ProxyFailed,
+    ProxyReported,
     ProxyWorked,
     Released,
     SeedPlanned,
@@ -109,6 +110,9 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
                 agent.rejected += 1
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
+        case ProxyReported():
+            if not proxies.reported(state, event, ts, agent):
+                agent.rejected += 1  # unknown, not failed, suspect already, or over budget
         case Leased():
             if not ledger.claim(state, event, seq, ts):
                 agent.lost += 1

@@ -8,12 +8,12 @@ left dead for good.
 from __future__ import annotations
 
 from events.address import proxy_address_ok
-from events.catalogue import ProxyFailed, ProxyWorked
+from events.catalogue import ProxyFailed, ProxyReported, ProxyWorked
 from reducers import geo, trust
 from reducers.pool import BUCKET_MS, band_edges
-from reducers.state import MAX_SAMPLE_MS, ProxyKey, ProxyRow, State
+from reducers.state import MAX_SAMPLE_MS, AgentRow, ProxyKey, ProxyRow, State
 
-__all__ = ["SWEEP_MS", "failed", "purge_lab", "sweep", "worked"]
+__all__ = ["SWEEP_MS", "failed", "purge_lab", "reported", "sweep", "worked"]
 
 # Eviction runs when the log's time enters a new bucket of this size: a point every
 # replica and every replay meets at the same message.
@@ -142,6 +142,30 @@ def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
     row.fail_streak += 1
     if ts > row.last_failed:
         row.last_failed = ts
+    state.dirty_proxies.add(key)
+    return True
+
+
+def reported(state: State, event: ProxyReported, ts: int, consumer: AgentRow) -> bool:
+    """A consumer's word on a proxy it was served; True when it changed the proxy.
+
+    ``failed`` makes a proxy it finds alive suspect at once (as a failed check does) and
+    puts it ahead of the routine rechecks (``reported_at``), within the consumer's budget
+    of ``report_budget_per_hour``: one token cannot empty the pool. ``worked`` changes
+    nothing: a report never revives a proxy, only a check does. A proxy that is suspect
+    already is left as it is (its fail streak, which spaces rechecks, is the checkers')."""
+    key: ProxyKey = (event.ip, event.port)
+    row = state.proxies.get(key)
+    if row is None or event.outcome != "failed" or row.fail_streak > 0:
+        return False
+    hour = ts // 3_600_000
+    if consumer.report_hour != hour:
+        consumer.report_hour, consumer.reports_acted = hour, 0
+    if consumer.reports_acted >= state.settings.report_budget_per_hour:
+        return False
+    consumer.reports_acted += 1
+    row.fail_streak = 1
+    row.reported_at = ts
     state.dirty_proxies.add(key)
     return True
 

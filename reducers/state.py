@@ -73,6 +73,9 @@ class ProxyRow(msgspec.Struct, gc=False):
     https: str = ""  # yes, no, "" (never tried): a check that did not try leaves it
     as_org: str = ""
     geo: str = ""  # the version of the data country and as_org came from
+    # Log time of the latest consumer report that it failed (ProxyReported) that took it
+    # out of alive: checked ahead of routine rechecks until a check comes after it.
+    reported_at: int = 0
 
 
 class SourceRow(msgspec.Struct, gc=False):
@@ -145,6 +148,9 @@ class AgentRow(msgspec.Struct, gc=False):
     quota_hour: int = 0
     quota_proxies: int = 0
     quota_sources: int = 0
+    # A consumer's failed reports that acted, in the hour (of log time) being counted.
+    report_hour: int = 0
+    reports_acted: int = 0
 
 
 class State:

@@ -36,6 +36,7 @@ SAMPLES: list[ev.Event] = [
     ),
     worked(),
     ev.ProxyFailed(id=eid(), agent="c1", at=1, ip="8.8.8.8", port=80, proto="http"),
+    ev.ProxyReported(id=eid(), agent="shop", at=1, ip="8.8.8.8", port=80, outcome="failed"),
     ev.Deposited(id=eid(), agent="s1", at=1, key="plan-r1-0", sha256="0" * 64, bytes=3, cursor=9),
     ev.DepositFolded(id=eid(), agent="fold", at=1, key="plan-r1-0"),
     ev.DepositRejected(id=eid(), agent="fold", at=1, key="plan-r1-0", reason="digest"),

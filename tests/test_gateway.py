@@ -156,6 +156,54 @@ async def test_a_proxy_whose_latest_check_failed_is_not_served_until_it_works(gw
     assert await _served(client, "&status=suspect") == {}
 
 
+async def test_a_consumer_reads_and_reports_and_nothing_else(gw: Any, log_client: Log) -> None:
+    """A consumer token: its failed report takes a proxy out of GET /v1/proxies at once,
+    its worked report revives nothing, its budget is answered with 429 past the end, and
+    it may publish no event and lease nothing."""
+    client, fold, tokens = gw
+    shop = await enroll(log_client, "shop", "consumer")
+    settings = ev.Settings(report_budget_per_hour=1)
+    await log_client.publish(ev.Configured(id=fresh_id(), agent="admin", at=0, settings=settings))
+    for ip in ("9.9.9.9", "8.8.4.4"):
+        event = msgspec.to_builtins(worked(ip, agent="w1"))
+        r = await client.post("/v1/events", json={"events": [event]}, headers=auth(tokens["w1"]))
+        assert r.status == 200
+    await caught_up(fold, log_client)
+    both = {"9.9.9.9": "alive", "8.8.4.4": "alive"}
+    assert await _until(client, "", both) == both
+
+    report = "/v1/proxies/9.9.9.9:8080/report"
+    r = await client.post(report, json={"outcome": "failed"}, headers=auth(tokens["w1"]))
+    assert r.status == 403  # a worker is not a consumer
+    r = await client.post(
+        report, json={"outcome": "failed", "detail": "timeout"}, headers=auth(shop)
+    )
+    body = await _json(r)
+    assert r.status == 200, body
+    assert (body["status"], body["budget_left"]) == ("suspect", 0)
+    assert await _until(client, "", {"8.8.4.4": "alive"}) == {"8.8.4.4": "alive"}
+    r = await client.post(report, json={"outcome": "worked"}, headers=auth(shop))
+    assert r.status == 200 and (await _json(r))["status"] == "suspect"  # revives nothing
+    other = "/v1/proxies/8.8.4.4:8080/report"
+    r = await client.post(other, json={"outcome": "failed"}, headers=auth(shop))
+    assert r.status == 429 and r.headers["Retry-After"].isdigit()
+    assert await _served(client) == {"8.8.4.4": "alive"}
+
+    for path, payload, status in (
+        ("/v1/proxies/1.2.3.4:8080/report", {"outcome": "failed"}, 404),
+        (report, {"outcome": "gone"}, 400),
+        (report, {"outcome": "failed", "detail": "\u202e"}, 400),
+        ("/v1/proxies/9.9.9.9/report", {"outcome": "failed"}, 400),
+    ):
+        r = await client.post(path, json=payload, headers=auth(shop))
+        assert r.status == status, (path, payload, await r.text())
+    raw = {"events": [msgspec.to_builtins(worked("7.7.7.7", agent="shop"))]}
+    assert (await client.post("/v1/events", json=raw, headers=auth(shop))).status == 403
+    lease = {"agent": "shop", "kind": "recheck"}
+    assert (await client.post("/v1/leases", json=lease, headers=auth(shop))).status == 403
+    assert (await client.get("/v1/agents/me", headers=auth(shop))).status == 403
+
+
 async def test_leases_are_granted_once_extended_and_released(gw: Any, log_client: Log) -> None:
     """A lease is granted once, extended by heartbeats, and freed by its release."""
     client, fold, tokens = gw
