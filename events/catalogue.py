@@ -92,6 +92,18 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # Failed reports per consumer per hour that take a proxy out of alive (ProxyReported):
     # one token cannot empty the pool.
     report_budget_per_hour: int = 100
+    # Rechecks (projections/recheck.py): a proxy whose latest check failed comes back
+    # after failing_s, doubling with each further failure up to dead_s (dead ones
+    # rarely); fresh (few confirmations) and flapping ones every fresh_s; settled ones
+    # every settled_s, and those alive for over a day every veteran_s. The budget caps
+    # the checks a gateway hands out an hour (0: no cap); the intervals stay as they are,
+    # the most overdue go first.
+    recheck_failing_s: int = 300
+    recheck_fresh_s: int = 900
+    recheck_settled_s: int = 3_600
+    recheck_veteran_s: int = 7_200
+    recheck_dead_s: int = 21_600
+    recheck_budget_per_hour: int = 0
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

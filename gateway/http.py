@@ -55,7 +55,9 @@ class GatewayConfig:
     burst: float = 4_000.0
     max_leases_per_agent: int = 64
     lag_bound: int = 1_000
-    recheck: RecheckPolicy = field(default_factory=RecheckPolicy)
+    # None: the intervals the log's settings give (Configured recheck_*); a policy here
+    # overrides them (tests that need everything due now).
+    recheck: RecheckPolicy | None = None
     series_every_s: float = 10.0
     # How agents reach NATS with their own credentials (gateway/natsauth.py); None: they
     # publish through POST /v1/events.

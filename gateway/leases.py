@@ -53,6 +53,37 @@ def live_holdings(state: State, agent: str, now: int) -> int:
     return sum(1 for t in held if lease_live(state.leases[t], now))
 
 
+class CheckBudget:
+    """The operator's check budget (``recheck_budget_per_hour``), as a bucket that holds
+    an hour's checks and refills evenly: what this gateway hands out to checkers. With
+    several gateways each has the whole budget (a fleet-wide one would be a ledger
+    entry: not built)."""
+
+    def __init__(self) -> None:
+        self._level: float | None = None  # checks that may go out now; None: full
+        self._at = 0.0
+
+    def available(self, per_hour: int, now_s: float) -> float:
+        if not per_hour:
+            return float("inf")
+        level = per_hour if self._level is None else self._level
+        level = min(per_hour, level + (now_s - self._at) * per_hour / 3_600)
+        self._level, self._at = level, now_s
+        return level
+
+    def take(self, want: int, per_hour: int, now_s: float) -> int:
+        """Up to ``want`` checks (all of them while there is no budget)."""
+        if not per_hour:
+            return want
+        got = max(0, min(want, int(self.available(per_hour, now_s))))
+        self._level = (self._level or 0.0) - got
+        return got
+
+    def give_back(self, unused: int, per_hour: int) -> None:
+        if per_hour and unused > 0 and self._level is not None:
+            self._level = min(per_hour, self._level + unused)
+
+
 class Granter:
     """Picks targets and claims them for agents; one per gateway process."""
 
@@ -80,11 +111,17 @@ class Granter:
         self.granted = 0
         self.lost = 0
         self.recheck_batch = 500
-        self.recheck = recheck or RecheckPolicy()
+        self._recheck = recheck
+        self.budget = CheckBudget()
         self.shards_refresh_s = 5.0
         self._shard_rows: dict[str, list[ProxyRow]] = {}
         self._spot: set[ProxyKey] = set()  # spot-checks to take first (projections/recheck)
         self._shards_at = -1e9
+
+    @property
+    def recheck(self) -> RecheckPolicy:
+        """The intervals: the log's settings, unless this gateway was given its own."""
+        return self._recheck or RecheckPolicy.of(self.fold.state.settings)
 
     def due_sources(self, now: int) -> list[tuple[float, str]]:
         """Due sources by score, ranked at most every ``due_refresh_s``.
@@ -153,11 +190,17 @@ class Granter:
             payload = SeedPayload(cursor=row.cursor, end=row.end)
         else:
             rows = self._shards().get(target, [])
-            due = due_in_shard(rows, now_ms(), self.recheck_batch, self.recheck, self._spot)
+            per_hour = state.settings.recheck_budget_per_hour
+            room = self.budget.take(self.recheck_batch, per_hour, time.monotonic())
+            due = due_in_shard(rows, now_ms(), room, self.recheck, self._spot) if room else []
+            self.budget.give_back(room - len(due), per_hour)
             payload = RecheckPayload(shard=target, proxies=[(p.ip, p.port, p.proto) for p in due])
         return msgspec.structs.asdict(payload)
 
     def _due_shards(self, now: int) -> list[str]:
+        per_hour = self.fold.state.settings.recheck_budget_per_hour
+        if per_hour and self.budget.available(per_hour, time.monotonic()) < 1:
+            return []  # the hour's checks are handed out: no shard is work until it refills
         return [
             shard
             for shard, rows in self._shards().items()

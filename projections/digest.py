@@ -64,6 +64,12 @@ _LATER = (
     "quota_proxies_per_hour",
     "quota_sources_per_hour",
     "report_budget_per_hour",
+    "recheck_failing_s",
+    "recheck_fresh_s",
+    "recheck_settled_s",
+    "recheck_veteran_s",
+    "recheck_dead_s",
+    "recheck_budget_per_hour",
 )
 _DEFAULTS = msgspec.structs.asdict(Settings())
 

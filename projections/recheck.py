@@ -1,7 +1,9 @@
 """Which known proxies are due for a recheck, by shard: the checkers' work list.
 
-Graduated intervals (a read model: pure, ``now`` passed in): a proxy that is failing
-is rechecked soon, a new one (few confirmations) often, a long-lived one seldom.
+Graduated intervals (a read model: pure, ``now`` passed in), settings in ``Configured``:
+a proxy whose latest check failed is rechecked soon, and less often as the failures go
+on (dead ones rarely); a new one (few confirmations) and a flapping one often; a
+long-lived stable one seldom.
 Within a shard, proxies are interleaved across networks (AS organisation, else /16) so
 one network's outage does not fill a checker's whole batch.
 """
@@ -12,13 +14,14 @@ from collections import deque
 from collections.abc import Container
 from dataclasses import dataclass
 
-from events import shard_of
+from events import Settings, shard_of
 from reducers import ProxyRow, State, trust
 from reducers.state import ProxyKey
 
 __all__ = [
     "RecheckPolicy",
     "due_in_shard",
+    "flapping",
     "interval_s",
     "network",
     "shards",
@@ -29,23 +32,42 @@ __all__ = [
 @dataclass(frozen=True, slots=True)
 class RecheckPolicy:
     failing_s: int = 300  # a proxy whose last check failed
-    fresh_s: int = 900  # fewer than ``fresh_confirmations`` confirmations
+    fresh_s: int = 900  # fewer than ``fresh_confirmations`` confirmations, or flapping
     settled_s: int = 3_600
     veteran_s: int = 7_200  # alive for more than a day
+    dead_s: int = 21_600  # the longest a failing proxy waits (failing_s doubles to it)
     fresh_confirmations: int = 3
+
+    @classmethod
+    def of(cls, s: Settings) -> RecheckPolicy:
+        """The policy the log's settings give (``Configured``)."""
+        return cls(
+            failing_s=s.recheck_failing_s,
+            fresh_s=s.recheck_fresh_s,
+            settled_s=s.recheck_settled_s,
+            veteran_s=s.recheck_veteran_s,
+            dead_s=s.recheck_dead_s,
+        )
 
 
 _URGENT = 1 << 50  # overdue (ms) beyond any routine recheck's
+_DAY_MS = 86_400_000
 
 
 def interval_s(row: ProxyRow, p: RecheckPolicy = RecheckPolicy()) -> int:
     if row.fail_streak > 0:
-        return p.failing_s
-    if row.confirmations < p.fresh_confirmations:
+        # Soon after a failure, then doubling: one that keeps failing is dead, mostly.
+        return min(p.failing_s << min(row.fail_streak - 1, 20), max(p.dead_s, p.failing_s))
+    if row.confirmations < p.fresh_confirmations or flapping(row):
         return p.fresh_s
-    if row.last_seen - row.first_seen > 86_400_000:
+    if row.last_seen - row.first_seen > _DAY_MS:
         return p.veteran_s
     return p.settled_s
+
+
+def flapping(row: ProxyRow) -> bool:
+    """Came back after failing at least twice, and about once a day of its life or more."""
+    return row.flaps >= 2 and row.flaps * _DAY_MS >= row.last_seen - row.first_seen
 
 
 def shards(state: State) -> dict[str, list[ProxyRow]]:

@@ -78,7 +78,9 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
             row.last_seen = ts
         new = False
     row.confirmations += 1
-    row.fail_streak = 0
+    if row.fail_streak:
+        row.flaps += 1  # back after failing
+        row.fail_streak = 0
     keep = 2 * settings.latency_samples
     sample = (latency if latency < MAX_SAMPLE_MS else MAX_SAMPLE_MS).to_bytes(2, "little")
     row.samples = (row.samples + sample)[-keep:] if keep else b""

@@ -76,6 +76,9 @@ class ProxyRow(msgspec.Struct, gc=False):
     # Log time of the latest consumer report that it failed (ProxyReported) that took it
     # out of alive: checked ahead of routine rechecks until a check comes after it.
     reported_at: int = 0
+    # Times it came back after failing (projections/recheck.py: flapping proxies are
+    # rechecked often).
+    flaps: int = 0
 
 
 class SourceRow(msgspec.Struct, gc=False):

@@ -45,7 +45,7 @@ def _row(**kw: object) -> ProxyRow:
 def test_graduated_intervals_and_asn_spread() -> None:
     """Rechecks follow graduated intervals and interleave networks."""
     policy = RecheckPolicy(failing_s=60, fresh_s=600, settled_s=3600, veteran_s=7200)
-    failing = _row(ip="1.1.1.1", fail_streak=2, confirmations=9)
+    failing = _row(ip="1.1.1.1", fail_streak=1, confirmations=9)
     fresh = _row(ip="1.1.1.2", confirmations=1)
     settled = _row(ip="1.1.1.3", confirmations=9)
     veteran = _row(ip="1.1.1.4", confirmations=9, first_seen=NOW - 2 * 86_400_000)

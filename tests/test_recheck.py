@@ -1,0 +1,111 @@
+"""Recheck intervals that follow what each proxy has shown, and the operator's budget."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import events as ev
+from gateway.leases import CheckBudget
+from ops.cli import enroll
+from ops.nats.client import Log, fresh_id
+from projections.recheck import RecheckPolicy, due_in_shard, flapping, interval_s
+from reducers.state import ProxyRow
+from tests.fleet import serving
+from tests.helpers import worked
+
+NOW = 1_800_000_000_000
+DAY = 86_400_000
+
+
+def _row(**kw: Any) -> ProxyRow:
+    base: dict[str, Any] = {
+        "ip": "8.8.8.8",
+        "port": 80,
+        "proto": "http",
+        "protos": ("http",),
+        "first_seen": NOW - 7 * DAY,
+        "last_seen": NOW,
+        "confirmations": 50,
+    }
+    return ProxyRow(**(base | kw))
+
+
+def test_failing_proxies_come_back_soon_then_ever_more_rarely() -> None:
+    """After one failure, failing_s; each further failure doubles it, up to dead_s."""
+    p = RecheckPolicy(failing_s=300, dead_s=3_600)
+    got = [interval_s(_row(fail_streak=n), p) for n in (1, 2, 3, 4, 5, 50, 10**6)]
+    assert got == [300, 600, 1_200, 2_400, 3_600, 3_600, 3_600]
+
+
+def test_fresh_and_flapping_often_stable_veterans_seldom() -> None:
+    """A proxy that came back after failing about once a day or more is flapping, and is
+    rechecked as often as a fresh one; one that flapped long ago and held since is not."""
+    p = RecheckPolicy(fresh_s=900, settled_s=3_600, veteran_s=7_200)
+    assert interval_s(_row(confirmations=1, first_seen=NOW), p) == 900
+    flappy = _row(flaps=9)  # nine returns in seven days
+    assert flapping(flappy) and interval_s(flappy, p) == 900
+    once = _row(flaps=1)
+    assert not flapping(once) and interval_s(once, p) == 7_200
+    settled_long_since = _row(flaps=3, first_seen=NOW - 30 * DAY)
+    assert not flapping(settled_long_since) and interval_s(settled_long_since, p) == 7_200
+    assert interval_s(_row(first_seen=NOW - DAY // 2), p) == 3_600
+
+
+def test_the_intervals_are_the_logs_settings() -> None:
+    """RecheckPolicy.of reads the Configured settings, so every gateway schedules alike."""
+    s = ev.Settings(
+        recheck_failing_s=60,
+        recheck_fresh_s=120,
+        recheck_settled_s=240,
+        recheck_veteran_s=480,
+        recheck_dead_s=600,
+    )
+    p = RecheckPolicy.of(s)
+    assert (p.failing_s, p.fresh_s, p.settled_s, p.veteran_s, p.dead_s) == (60, 120, 240, 480, 600)
+    rows = [_row(ip="1.1.1.1", fail_streak=1), _row(ip="1.1.1.2", first_seen=NOW)]
+    assert {r.ip for r in due_in_shard(rows, NOW + 61_000, 10, p)} == {"1.1.1.1"}
+
+
+def test_the_budget_holds_an_hours_checks_and_refills_evenly() -> None:
+    """3,600 an hour: all at once at first, then one a second; unused ones given back."""
+    b = CheckBudget()
+    assert b.take(500, 3_600, now_s=0.0) == 500
+    assert b.take(5_000, 3_600, now_s=0.0) == 3_100
+    assert b.take(10, 3_600, now_s=0.0) == 0
+    assert b.take(10, 3_600, now_s=5.0) == 5
+    b.give_back(3, 3_600)
+    assert b.take(10, 3_600, now_s=5.0) == 3
+    assert b.take(10**6, 3_600, now_s=10**6) == 3_600  # never more than an hour's worth
+    assert CheckBudget().take(7, 0, now_s=0.0) == 7  # no budget: no cap
+
+
+async def test_a_gateway_hands_out_no_more_checks_than_the_budget(log_client: Log) -> None:
+    """With recheck_budget_per_hour 5 and 40 proxies due, the checkers' leases carry 5
+    proxies in all, and then no shard is work until the budget refills."""
+    token = await enroll(log_client, "c1", "checker")
+    settings = ev.Settings(recheck_fresh_s=0, recheck_budget_per_hour=5)
+    await log_client.publish(ev.Configured(id=fresh_id(), agent="admin", at=0, settings=settings))
+    for i in range(40):
+        await log_client.publish(worked(f"45.60.{i}.1", agent="w-any"))
+    async with serving(log_client) as (client, fold):
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        assert fold.state.settings.recheck_budget_per_hour == 5 and len(fold.state.proxies) == 40
+        headers = {"Authorization": f"Bearer {token}"}
+        body = {"agent": "c1", "kind": "recheck", "count": 64}
+        r = await client.post("/v1/leases", json=body, headers=headers)
+        assert r.status == 200, await r.text()
+        leases = (await r.json())["leases"]
+        handed = sum(len(g["payload"]["proxies"]) for g in leases)
+        assert handed == 5, leases
+        r = await client.post("/v1/leases", json=body, headers=headers)
+        assert (await r.json())["leases"] == []
+
+
+@pytest.mark.parametrize("streak", [0, 1])
+def test_a_report_of_failure_waits_for_no_interval(streak: int) -> None:
+    """A consumer's failed report (reported_at after the last check) is due at once,
+    whatever the interval."""
+    row = _row(fail_streak=streak, reported_at=NOW + 1_000)
+    assert due_in_shard([row], NOW + 2_000, 10, RecheckPolicy()) == [row]
