@@ -147,6 +147,9 @@ async def stats(request: web.Request) -> web.Response:
                 for a in state.agents.values()
                 if a.outage
             ],
+            # Networks where many proxies failed at once while the checkers' own way out
+            # held: real deaths, applied, shown as that network's outage.
+            "network_outages": granter.network_outages(now),
             "agent_activity": _activity(state, now),
             "rejected": fold.folder.rejected,
             "resent": fold.folder.resent,  # agents' re-sends met and ignored

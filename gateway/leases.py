@@ -28,7 +28,13 @@ from events.wire import LeaseGrant, RecheckPayload, SeedPayload, SourcePayload
 from projections.live import FoldService
 from projections.log import ConflictError, EventLog
 from projections.readmodels import due_score, due_sources
-from projections.recheck import RecheckPolicy, due_in_shard, shards, spot_checks
+from projections.recheck import (
+    RecheckPolicy,
+    due_in_shard,
+    network_outages,
+    shards,
+    spot_checks,
+)
 from reducers import LeaseRow, ProxyRow, State
 from reducers.pool import lease_live
 from reducers.state import ProxyKey
@@ -117,6 +123,8 @@ class Granter:
         self._shard_rows: dict[str, list[ProxyRow]] = {}
         self._spot: set[ProxyKey] = set()  # spot-checks to take first (projections/recheck)
         self._shards_at = -1e9
+        self._outages: list[dict[str, object]] = []
+        self._outages_at = -1e9
 
     @property
     def recheck(self) -> RecheckPolicy:
@@ -141,6 +149,14 @@ class Granter:
         if self._due_at is None or time.monotonic() - self._due_at > max_age_s:
             self.due_sources(now)
         return len(self._due)
+
+    def network_outages(self, now: int, max_age_s: float = 10.0) -> list[dict[str, object]]:
+        """``projections.recheck.network_outages``, computed at most every ``max_age_s``:
+        ``/v1/stats`` shows it without a pool scan per call."""
+        if time.monotonic() - self._outages_at > max_age_s:
+            self._outages = network_outages(self.fold.state, now)
+            self._outages_at = time.monotonic()
+        return self._outages
 
     def _still_due(
         self, pairs: Iterable[tuple[float, str]], now: int

@@ -24,6 +24,7 @@ __all__ = [
     "flapping",
     "interval_s",
     "network",
+    "network_outages",
     "shards",
     "spot_checks",
 ]
@@ -145,3 +146,25 @@ def due_in_shard(
                 break
         queues = [q for q in queues if q]
     return out
+
+
+def network_outages(
+    state: State, now: int, *, window_s: int = 900, min_failing: int = 5, share: float = 0.5
+) -> list[dict[str, object]]:
+    """Networks (as ``network`` groups them) where at least ``min_failing`` proxies and
+    ``share`` of those known failed their latest check within ``window_s``: a mass death
+    the checkers' own connectivity does not explain (they void a cycle when it does), so
+    it is applied, and shown as an outage of that network rather than as many deaths.
+    Most failing first."""
+    since = now - window_s * 1000
+    known: dict[str, int] = {}
+    failing: dict[str, int] = {}
+    for row in state.proxies.values():
+        net = network(row)
+        known[net] = known.get(net, 0) + 1
+        if row.fail_streak > 0 and row.last_failed >= since:
+            failing[net] = failing.get(net, 0) + 1
+    flagged = sorted(
+        (-n, net) for net, n in failing.items() if n >= min_failing and n >= share * known[net]
+    )
+    return [{"network": net, "failing": -n, "known": known[net]} for n, net in flagged]
