@@ -158,6 +158,12 @@ def openapi() -> dict[str, Any]:
                 "responses": {"200": _reply(None), **_problems(400, 404)},
             }
         },
+        "/v1/outages": {
+            "get": {
+                "summary": "networks where many proxies failed at once (computed every 30 s)",
+                "responses": {"200": _reply(None)},
+            }
+        },
         "/v1/proxies/{addr}/report": {
             "post": {
                 "summary": "a consumer's word on a proxy it was served (consumer)",

@@ -147,9 +147,6 @@ async def stats(request: web.Request) -> web.Response:
                 for a in state.agents.values()
                 if a.outage
             ],
-            # Networks where many proxies failed at once while the checkers' own way out
-            # held: real deaths, applied, shown as that network's outage.
-            "network_outages": granter.network_outages(now),
             "agent_activity": _activity(state, now),
             "rejected": fold.folder.rejected,
             "resent": fold.folder.resent,  # agents' re-sends met and ignored
@@ -202,6 +199,16 @@ class Series:
 
 
 SERIES = web.AppKey("series", Series)
+
+
+@routes.get("/v1/outages")
+async def outages(request: web.Request) -> web.Response:
+    """Networks where many proxies failed at once while the checkers' own way out held:
+    real deaths, applied, shown as that network's outage (projections/recheck.py). A
+    pool scan, so computed at most every 30 s, and kept out of /v1/stats, which must
+    cost nothing."""
+    open_query(request)
+    return reply({"networks": request.app[GRANTER].network_outages(now_ms(), max_age_s=30.0)})
 
 
 @routes.get("/v1/stats/series")

@@ -113,7 +113,7 @@ def test_a_report_of_failure_waits_for_no_interval(streak: int) -> None:
 
 async def test_a_mass_death_in_one_network_is_shown_as_its_outage(log_client: Log) -> None:
     """Six proxies of one network fail their checks at once, two elsewhere fail too:
-    /v1/stats names that network's outage (the deaths applied: none is served), and not
+    /v1/outages names that network's outage (the deaths applied: none is served), and not
     the other, where two failures are only two deaths."""
     one_net = [f"45.60.{i}.1" for i in range(6)]
     elsewhere = [f"77.{i}.0.1" for i in range(4)]
@@ -126,7 +126,7 @@ async def test_a_mass_death_in_one_network_is_shown_as_its_outage(log_client: Lo
         await log_client.publish(failed)
     async with serving(log_client) as (client, fold):
         assert await fold.wait_for(await log_client.head_seq(), 10)
-        stats = await (await client.get("/v1/stats")).json()
-        assert stats["network_outages"] == [{"network": "net:45.60", "failing": 6, "known": 6}]
+        outages = await (await client.get("/v1/outages")).json()
+        assert outages["networks"] == [{"network": "net:45.60", "failing": 6, "known": 6}]
         served = await (await client.get("/v1/proxies?limit=0")).json()
         assert {p["ip"] for p in served["proxies"]} == set(elsewhere[2:])
