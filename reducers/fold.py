@@ -110,9 +110,6 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
                 agent.rejected += 1
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
-        case ProxyReported():
-            if not proxies.reported(state, event, ts, agent):
-                agent.rejected += 1  # unknown, not failed, suspect already, or over budget
         case Leased():
             if not ledger.claim(state, event, seq, ts):
                 agent.lost += 1
@@ -158,6 +155,9 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
             trust.reindex(state)
             if lab_ends:
                 proxies.purge_lab(state)
+        case ProxyReported():
+            if not proxies.reported(state, event, ts, agent):
+                agent.rejected += 1  # unknown, not failed, suspect already, or over budget
         case DepositFolded() | DepositRejected():
             pass  # recorded per agent above; deposits get their own projection later
         case _:
