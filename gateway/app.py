@@ -70,17 +70,23 @@ def pool_composition(state: State, now: int) -> dict[str, Any]:
     """Alive proxies by protocol and anonymity, and the band counts, from the counts the
     fold keeps (``reducers/pool.py``): a few hundred buckets, whatever the pool's size."""
     bands = state.composition.bands(now, state.settings.proxy_ttl_s)
+    # Within the TTL, a proxy whose latest check failed is suspect, not alive.
+    suspect = state.failing.bands(now, state.settings.proxy_ttl_s)["alive"]
+    alive = {key: n - suspect.get(key, 0) for key, n in bands["alive"].items()}
     by_proto: dict[str, int] = {}
     by_anonymity: dict[str, int] = {}
     by_country: dict[str, int] = {}
-    for (proto, anonymity, country), n in bands["alive"].items():
+    for (proto, anonymity, country), n in alive.items():
+        if not n:
+            continue
         by_proto[proto] = by_proto.get(proto, 0) + n
         key = anonymity or "unknown"
         by_anonymity[key] = by_anonymity.get(key, 0) + n
         where = country or "unknown"
         by_country[where] = by_country.get(where, 0) + n
     return {
-        "alive": sum(bands["alive"].values()),
+        "alive": sum(alive.values()),
+        "suspect": sum(suspect.values()),
         "stale": sum(bands["stale"].values()),
         "known": len(state.proxies),
         "by_proto": dict(sorted(by_proto.items())),

@@ -85,6 +85,8 @@ def located(state: State, event: Located) -> bool:
         if row.geo != geo or row.country != country or row.asn != asn or row.as_org != as_org:
             if row.country != country:
                 composition.moved(row, country)
+                if row.fail_streak:
+                    state.failing.moved(row, country)
             row.country, row.asn, row.as_org, row.geo = place
             dirty.add((ip, port))
     return True

@@ -69,6 +69,8 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
         # Where the row is counted now (reducers/pool.py): most confirmations stay in
         # their bucket, and then the counts are left alone (the hot path stays cheap).
         was_bucket, was_proto, was_anonymity = row.last_seen // BUCKET_MS, row.proto, row.anonymity
+        if row.fail_streak:  # suspect no more: out of the failing counts, as it was counted
+            state.failing.remove(row.last_seen, was_proto, was_anonymity, row.country)
         a = settings.ema_alpha
         row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
         if event.proto != row.proto:
@@ -123,6 +125,8 @@ def _evict(state: State, keys: list[ProxyKey]) -> None:
     for key in keys:
         row = state.proxies.pop(key)
         state.composition.remove(row.last_seen, row.proto, row.anonymity, row.country)
+        if row.fail_streak:
+            state.failing.remove(row.last_seen, row.proto, row.anonymity, row.country)
         geo.evicted(state, row)
         state.dirty_proxies.add(key)
 
@@ -141,6 +145,8 @@ def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
             # A failure makes a proxy suspect (out of the served pool until its next
             # success): the word of an agent nobody vouches for must not empty the pool.
             return True
+    if not row.fail_streak:
+        state.failing.add(row)
     row.fail_streak += 1
     if ts > row.last_failed:
         row.last_failed = ts
@@ -166,6 +172,7 @@ def reported(state: State, event: ProxyReported, ts: int, consumer: AgentRow) ->
     if consumer.reports_acted >= state.settings.report_budget_per_hour:
         return False
     consumer.reports_acted += 1
+    state.failing.add(row)
     row.fail_streak = 1
     row.reported_at = ts
     state.dirty_proxies.add(key)

@@ -170,6 +170,7 @@ class State:
         "dirty_leases",
         "dirty_proxies",
         "dirty_sources",
+        "failing",
         "high_water",
         "holders",
         "judges",
@@ -200,8 +201,11 @@ class State:
         self.lease_owner: dict[str, str] = {}
         self.holders: dict[str, set[str]] = {}
         self.tokens: dict[str, str] = {}
-        # The pool's composition by last_seen bucket (reducers/pool.py), kept by deltas.
+        # The pool's composition by last_seen bucket (reducers/pool.py), kept by deltas;
+        # and the same counts of the rows whose latest check failed (suspect while seen
+        # within the TTL), so /v1/stats counts what /v1/proxies serves.
         self.composition = Composition()
+        self.failing = Composition()
         # ip -> (its location or None, the ports of its rows) (reducers/geo.py), and the
         # addresses no Located has reached yet: what the service still has to look up.
         self.by_ip: dict[str, tuple[Any, tuple[int, ...]]] = {}
@@ -239,10 +243,13 @@ class State:
         self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
         trust.reindex(self)
         self.composition = Composition()
+        self.failing = Composition()
         self.by_ip = {}
         self.unlocated = set()
         for proxy in self.proxies.values():
             self.composition.add(proxy)
+            if proxy.fail_streak:
+                self.failing.add(proxy)
             geo.admitted(self, proxy)
 
     def clear_dirty(self) -> None:
