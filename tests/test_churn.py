@@ -1,0 +1,73 @@
+"""The churn lab's schedule (ops/lab/churn.py): seeded, the profiles' shapes, scaling."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+
+import pytest
+
+import events as ev
+from ops.lab.churn import DEATHS, plan, scaled
+
+
+def test_the_same_seed_gives_the_same_schedule() -> None:
+    """Plans are values: the same profile and seed give equal plans, another seed not."""
+    assert plan("steady", 50, seed=7) == plan("steady", 50, seed=7)
+    assert plan("steady", 50, seed=7) != plan("steady", 50, seed=8)
+    assert plan("steady", 50, seed=7).downs != plan("flappy", 50, seed=7).downs
+
+
+@pytest.mark.parametrize(("profile", "up_s", "down_s"), [("steady", 600, 300), ("flappy", 60, 30)])
+def test_up_and_down_times_have_the_profiles_means(profile: str, up_s: int, down_s: int) -> None:
+    """Down times (those ending before the run does) and the up times between them
+    average the profile's means, within a quarter; every proxy starts up."""
+    p = plan(profile, 200, seed=3, duration_s=3_600)
+    downs = [
+        (d.end_ms - d.start_ms) / 1000 for ds in p.downs for d in ds if d.end_ms < p.duration_ms
+    ]
+    ups = [(b.start_ms - a.end_ms) / 1000 for ds in p.downs for a, b in itertools.pairwise(ds)]
+    assert abs(statistics.mean(downs) / down_s - 1) < 0.25, statistics.mean(downs)
+    assert abs(statistics.mean(ups) / up_s - 1) < 0.25, statistics.mean(ups)
+    assert p.up_count(0) == 200
+    assert all(p.rtt_ms[i] in range(100, 401) for i in range(200))
+    assert set(p.servers) == {"microsocks", "tinyproxy"}
+
+
+def test_every_way_of_dying_is_in_the_schedule() -> None:
+    """Refusing, silent and tarpit deaths each make up a good share."""
+    p = plan("flappy", 200, seed=1, duration_s=1_800)
+    hows = [d.how for ds in p.downs for d in ds]
+    assert {how: hows.count(how) / len(hows) > 0.25 for how in DEATHS} == dict.fromkeys(
+        DEATHS, True
+    )
+
+
+def test_outage_kills_half_at_once_and_they_stay_down() -> None:
+    """At the midpoint a seeded half dies, every one of them down to the end."""
+    p = plan("outage", 200, seed=5, duration_s=3_600)
+    mid = p.duration_ms // 2
+    dead = [i for i in range(200) if not any(p.up(i, t) for t in range(mid, p.duration_ms, 60_000))]
+    assert len(dead) >= 100
+    assert p.up_count(mid - 1) - p.up_count(mid) >= 60  # most of the half were up before
+    assert p.up_count(mid) <= 100
+
+
+def test_bad_plans_are_refused() -> None:
+    """An unknown profile or an empty run is a clear error."""
+    with pytest.raises(ValueError, match="profile"):
+        plan("chaotic")
+    with pytest.raises(ValueError, match="positive"):
+        plan("steady", proxies=0)
+
+
+def test_ppf_runs_on_the_labs_clock() -> None:
+    """Durations divided by the speed, rates per hour multiplied; speed 1 to 10 only."""
+    s = scaled(ev.Settings(), 10)
+    assert (s.proxy_ttl_s, s.recheck_failing_s, s.spot_window_s) == (1_440, 30, 180)
+    assert (s.report_budget_per_hour, s.quota_events_per_min) == (1_000, 30_000)
+    assert s.ema_alpha == ev.Settings().ema_alpha
+    assert scaled(ev.Settings(), 1) == ev.Settings()
+    for speed in (0.5, 11):
+        with pytest.raises(ValueError, match="speed"):
+            scaled(ev.Settings(), speed)
