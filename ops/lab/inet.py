@@ -33,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ops.lab.churnbox import Churn
 from ops.lab.testbed import ProxyLab, self_signed
 
 __all__ = ["azenv_text", "httpbin_json"]
@@ -210,6 +211,7 @@ async def serve(config: dict[str, Any]) -> None:
     servers: list[asyncio.base_events.Server] = []
     runners: list[web.AppRunner] = []
     served = []
+    churn: Churn | None = None
     try:
         for proxy in lab.proxies:
             spec = config["proxies"].get(proxy.name)
@@ -249,13 +251,20 @@ async def serve(config: dict[str, Any]) -> None:
         app, ctx = _https_target(root)
         target = config["https_target"]
         await _site(app, target["addr"], target["port"], runners, ctx)
-        (root / "ready.json").write_text(json.dumps({"proxies": served, "pid": os.getpid()}))
+        t0 = 0.0
+        if "churn" in config:  # the churn lab (issue 12): its proxies, then its clock
+            churn = Churn(config["churn"], root, _relay, _tarpit)
+            t0 = await churn.start()
+        ready = {"proxies": served, "pid": os.getpid(), "churn_t0": t0}
+        (root / "ready.json").write_text(json.dumps(ready))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
     finally:
+        if churn is not None:
+            await churn.stop()
         for server in servers:
             server.close()
         for runner in runners:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ops.lab.churn import Plan
 from ops.lab.testbed import missing
 
 __all__ = ["LINK_HOST", "World", "WorldProxy", "unavailable"]
@@ -123,6 +124,13 @@ class World:
     garbage: tuple[str, int] = ("45.68.5.2", 8080)
     page_url: str = ""
     https_url: str = "https://45.68.9.1/generate_204"
+    # The churn lab (issue 12, ops/lab/churn.py): its proxies at 45.68.96.0/20, played
+    # at ``speed`` simulated seconds a second from ``churn_t0`` (wall clock), listed on
+    # ``churn_page_url``.
+    churn: Plan | None = None
+    speed: float = 1.0
+    churn_t0: float = 0.0
+    churn_page_url: str = "http://45.68.4.1/churn.txt"
     _proc: subprocess.Popen[bytes] | None = None
     _up: bool = False
 
@@ -160,9 +168,25 @@ class World:
                 tail = (self.root / "inet.log").read_text(errors="replace")[-2000:]
                 raise RuntimeError(f"the box's internet did not start:\n{tail}")
             time.sleep(0.05)
-        served = json.loads(ready.read_text())["proxies"]
-        self.proxies = [WorldProxy(**p) for p in served]
+        answer = json.loads(ready.read_text())
+        self.proxies = [WorldProxy(**p) for p in answer["proxies"]]
+        self.churn_t0 = answer["churn_t0"]
         return self
+
+    def churn_addresses(self) -> list[tuple[str, int]]:
+        """The churn lab's proxies, in the plan's order."""
+        if self.churn is None:
+            return []
+        return [
+            (_spread(96, i), 1080 if server == "microsocks" else 8080)
+            for i, server in enumerate(self.churn.servers)
+        ]
+
+    def churn_up(self, i: int, at: float | None = None) -> bool:
+        """The lab's truth: whether churn proxy ``i`` works at wall time ``at`` (now)."""
+        assert self.churn is not None
+        now = time.time() if at is None else at
+        return self.churn.up(i, int((now - self.churn_t0) * self.speed * 1000))
 
     def _network(self) -> None:
         name, link = self.name, self.link
@@ -195,6 +219,7 @@ class World:
         owned += ["45.68.3.1", "45.68.3.2", "45.68.4.1", "45.68.9.1"]
         owned += [self.portal[0], self.garbage[0]]
         owned += [a for a, _ in self.refusing + self.tarpits + self.extra]
+        owned += [a for a, _ in self.churn_addresses()]
         return owned
 
     def _config(self) -> dict[str, Any]:
@@ -212,7 +237,7 @@ class World:
         listed += [f"{e['addr']}:{e['port']}" for e in extra]
         listed += [f"{a}:{p}" for a, p in self.refusing + self.silent + self.tarpits]
         listed += [f"{self.portal[0]}:{self.portal[1]}", f"{self.garbage[0]}:{self.garbage[1]}"]
-        return {
+        config: dict[str, Any] = {
             "root": str(self.root),
             "exits": exits,
             "proxies": proxies,
@@ -231,6 +256,26 @@ class World:
                 "files": {"/proxies.txt": "\n".join(listed)},
             },
         }
+        if self.churn is not None:
+            churned = self.churn_addresses()
+            config["churn"] = {
+                "speed": self.speed,
+                "proxies": [
+                    {
+                        "addr": addr,
+                        "port": port,
+                        "server": self.churn.servers[i],
+                        "rtt_ms": self.churn.rtt_ms[i],
+                        "downs": [(d.start_ms, d.end_ms, d.how) for d in self.churn.downs[i]],
+                    }
+                    for i, (addr, port) in enumerate(churned)
+                ],
+            }
+            lines = [
+                f"{'socks5' if port == 1080 else 'http'}://{addr}:{port}" for addr, port in churned
+            ]
+            config["pages"]["files"]["/churn.txt"] = "\n".join(lines)
+        return config
 
     def stop(self) -> None:
         if not self._up:
