@@ -31,6 +31,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="fold: what Located adds (the stream without and with one Located per "
         "distinct proxy, folded in turn)",
     )
+    bn.add_argument("--profile", default="steady", help="pool: steady, flappy or outage")
+    bn.add_argument("--speed", type=float, default=10.0, help="pool: simulated s a second")
+    bn.add_argument("--duration", type=int, default=3_600, help="pool: simulated seconds")
+    bn.add_argument("--budget", type=int, default=0, help="pool: rechecks an hour (0: none)")
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     bn.set_defaults(run=_bench)
@@ -67,6 +71,18 @@ async def _bench(args: argparse.Namespace) -> int:
             from ops.bench.harvest import bench_harvest
 
             result = await bench_harvest(args.candidates, args.working_share)
+        case "pool":
+            from ops.bench.pool import bench_pool
+
+            proxies = args.proxies if args.proxies != 100_000 else 200  # (fold's default)
+            result = await bench_pool(
+                args.profile,
+                proxies,
+                args.seed,
+                args.speed,
+                args.duration,
+                recheck_budget_per_hour=args.budget,
+            )
         case "check":
             from ops.bench.check import bench_check
 

@@ -16,7 +16,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from ops.lab.churn import MAX_SPEED, PROFILES
 
     lab = sub.add_parser("lab", help="labs in the world in a box (root)")
-    kinds = lab.add_subparsers(dest="lab", required=True)
+    kinds = lab.add_subparsers(dest="lab_kind", required=True)
     churn = kinds.add_parser(
         "churn",
         help="proxies that die and come back on a seeded schedule",

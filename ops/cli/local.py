@@ -55,6 +55,9 @@ async def local_agents(
     def key(name: str) -> str:
         return keys.agent_key(name).hex() if keys is not None else ""
 
+    wait = getattr(args, "agents_idle", None)
+    idle = {} if wait is None else {"idle_s": wait}
+
     worker = Worker(
         base,
         tokens["local-worker"],
@@ -68,6 +71,7 @@ async def local_agents(
             https_targets=https,
             require_judge=False,
             judge_key=key("local-worker"),
+            **idle,
         ),
     )
     checker = Checker(
@@ -82,6 +86,7 @@ async def local_agents(
             https_targets=https,
             require_judge=False,
             judge_key=key("local-checker"),
+            **idle,
         ),
     )
     stop = asyncio.Event()

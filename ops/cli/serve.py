@@ -67,6 +67,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(repeatable; default: a built-in list, none in a lab)",
     )
     up.add_argument(
+        "--agents-idle",
+        type=float,
+        default=None,
+        metavar="S",
+        help="how long the local agents wait when there is no work (default: the worker "
+        "5 s, the checker 30 s; a lab on a fast clock wants less)",
+    )
+    up.add_argument(
         "--public-url",
         default=None,
         metavar="URL",

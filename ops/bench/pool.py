@@ -1,0 +1,222 @@
+"""``ppf bench pool``: is what ``/v1/proxies`` serves as alive working when it is served?
+
+The churn lab (``ops/lab/churn.py``) stands in the world in a box: ``--proxies`` real
+proxies dying and coming back on the profile's seeded schedule, ``--speed`` times fast.
+``ppf up`` runs beside it with its defaults (no lab mode), its TTLs and intervals put on
+the lab's clock through ``Configured`` (``churn.scaled``), and the source page listing
+every proxy added. A **consumer** then does what a user does: every few seconds it takes
+the whole pool (``GET /v1/proxies?limit=0``) and tries everything it was served through
+a public judge of the box; it never reports back (reports are tested apart: a measure
+that fed itself could only flatter). Figures, in simulated time where they are times:
+
+- served precision: of the proxies served, the share that worked when tried;
+- recall: of the proxies up (the lab's truth), the share the pool served;
+- detection latency: from a death to the proxy gone from ``alive``, median and p90;
+- revival latency: from a return to the proxy served again, median and p90;
+- check cost: the checker's checks per proxy per simulated hour.
+
+The first tenth of the run is left out of the figures (the pool fills then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agents.check import Judge, check
+from ops.bench.harvest import _answers, _get, _spawn
+from ops.lab.churn import plan, scaled
+from ops.lab.world import LINK_HOST, World
+from ops.nats.client import Log
+from ops.nats.server import free_port, with_credentials
+
+__all__ = ["bench_pool"]
+
+
+async def bench_pool(
+    profile: str = "steady",
+    proxies: int = 200,
+    seed: int = 1,
+    speed: float = 10.0,
+    duration_s: int = 3_600,
+    poll_s: float = 3.0,
+    recheck_budget_per_hour: int = 0,
+) -> dict[str, Any]:
+    schedule = plan(profile, proxies, seed, duration_s)
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-pool-") as tmp:
+        root = Path(tmp)
+        with World(root / "world", churn=schedule, speed=speed, dead_each=1) as world:
+            http, judge_port, tls, nats = free_port(), free_port(), free_port(), free_port()
+            cmd = [sys.executable, "-m", "ops.cli", "up", "--data", str(root / "data")]
+            cmd += ["--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}"]
+            cmd += ["--no-seed", "--https-target", world.https_url]
+            cmd += ["--public-url", f"http://{LINK_HOST}:{judge_port}/judge"]
+            cmd += ["--judge-listen", f"{LINK_HOST}:{judge_port}"]
+            cmd += ["--judge-tls-listen", f"{LINK_HOST}:{tls}"]
+            cmd += ["--judge", world.judges["httpbin"], "--judge", world.judges["azenv"]]
+            # The agents' own waits on the lab's clock too (30 s of the checker's is five
+            # simulated minutes at speed 10).
+            cmd += ["--agents-idle", str(round(30 / speed, 2))]
+            base = f"http://127.0.0.1:{http}"
+            log = root / "up.log"
+            proc = await asyncio.to_thread(_spawn, cmd, log)
+            try:
+                await _start(proc, base, log, root, nats, world, speed, recheck_budget_per_hour)
+                consumer = Consumer(base, world, await Judge.discover(world.judges["httpbin"]))
+                figures = await consumer.run(poll_s)
+            finally:
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(10)
+    sim_hours = duration_s / 3_600
+    checks = figures.pop("checks")
+    return {
+        "profile": profile,
+        "proxies": proxies,
+        "seed": seed,
+        "speed": speed,
+        "simulated_s": duration_s,
+        "recheck_budget_per_hour": recheck_budget_per_hour,
+        **figures,
+        # The checkers' rechecks; the local worker's fetches of the page check every
+        # listed proxy again on top (its source interval, scaled too).
+        "checks_per_proxy_per_sim_hour": round(checks / proxies / sim_hours, 1),
+    }
+
+
+async def _start(
+    proc: subprocess.Popen[bytes],
+    base: str,
+    log: Path,
+    root: Path,
+    nats: int,
+    world: World,
+    speed: float,
+    budget: int,
+) -> None:
+    from ops.cli.admin import reconfigure
+
+    started = time.monotonic()
+    while not _answers(base):
+        if proc.poll() is not None or time.monotonic() - started > 60:
+            raise RuntimeError(f"ppf up did not start:\n{log.read_text()[-2000:]}")
+        await asyncio.sleep(0.2)
+    url = with_credentials(f"nats://127.0.0.1:{nats}", root / "data" / "nats")
+    lg = await Log.connect(url, name="ppf-bench-pool")
+    try:
+        # ppf on the lab's clock, `ppf up`'s own settings kept (trust, its agents).
+        def change(s: Any) -> Any:
+            import msgspec
+
+            s = scaled(s, speed)
+            per_hour = round(budget * speed) if budget else 0
+            return msgspec.structs.replace(s, recheck_budget_per_hour=per_hour)
+
+        if await reconfigure(lg, change) is None:
+            raise RuntimeError("could not configure ppf for the lab's clock")
+    finally:
+        await lg.close()
+    add = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ops.cli", "sources", "add", world.churn_page_url, "--nats", url,
+        stdout=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    if await add.wait() != 0:
+        raise RuntimeError("ppf sources add failed")
+
+
+class Consumer:
+    """A user of the pool: takes it all, tries all of it, keeps score against the lab."""
+
+    def __init__(self, base: str, world: World, judge: Judge, concurrency: int = 200) -> None:
+        self.base, self.world, self.judge = base, world, judge
+        self.index = {addr: i for i, addr in enumerate(world.churn_addresses())}
+        self.gate = asyncio.Semaphore(concurrency)
+        self.tried = self.worked = 0
+        self.recall: list[float] = []
+        # per proxy: (wall time of the poll, served?) for the latencies
+        self.seen: list[list[tuple[float, bool]]] = [[] for _ in self.index]
+
+    async def _try(self, ip: str, port: int) -> bool:
+        async with self.gate:
+            result = await check(ip, port, None, self.judge, timeout=5.0)
+            return result.ok
+
+    async def run(self, poll_s: float) -> dict[str, Any]:
+        world = self.world
+        assert world.churn is not None
+        end = world.churn_t0 + world.churn.duration_ms / 1000 / world.speed
+        warm = world.churn_t0 + (end - world.churn_t0) / 10
+        while (now := time.time()) < end:
+            body = await asyncio.to_thread(_get, self.base + "/v1/proxies?limit=0")
+            served = {(p["ip"], p["port"]) for p in body["proxies"]} & set(self.index)
+            for addr, i in self.index.items():
+                self.seen[i].append((now, addr in served))
+            if now >= warm:
+                up = {addr for addr, i in self.index.items() if world.churn_up(i, now)}
+                if up:
+                    self.recall.append(len(served & up) / len(up))
+                results = await asyncio.gather(*(self._try(ip, port) for ip, port in served))
+                self.tried += len(results)
+                self.worked += sum(results)
+            await asyncio.sleep(max(0.0, poll_s - (time.time() - now)))
+        stats = await asyncio.to_thread(_get, self.base + "/v1/agents")
+        return self._figures(warm, stats)
+
+    def _latencies(self, warm: float) -> tuple[list[float], list[float]]:
+        """Simulated seconds from each death to the first poll that no longer served
+        the proxy, and from each return to the first that served it again."""
+        world = self.world
+        assert world.churn is not None
+        detect, revive = [], []
+        for i, downs in enumerate(world.churn.downs):
+            polls = self.seen[i]
+            for d in downs:
+                died = world.churn_t0 + d.start_ms / 1000 / world.speed
+                back = world.churn_t0 + d.end_ms / 1000 / world.speed
+                if died >= warm:
+                    gone = next((t for t, s in polls if died <= t < back and not s), None)
+                    if gone is not None:
+                        detect.append((gone - died) * world.speed)
+                if back >= warm and d.end_ms < world.churn.duration_ms:
+                    again = next((t for t, s in polls if t >= back and s), None)
+                    if again is not None:
+                        revive.append((again - back) * world.speed)
+        return detect, revive
+
+    def _figures(self, warm: float, agents: Any) -> dict[str, Any]:
+        detect, revive = self._latencies(warm)
+        checks = 0
+        for a in agents.get("agents", []):
+            if a.get("role") == "checker":
+                events = a.get("counts", {})
+                checks += events.get("ProxyWorked", 0) + events.get("ProxyFailed", 0)
+        return {
+            "served_tried": self.tried,
+            "served_precision": round(self.worked / self.tried, 3) if self.tried else None,
+            "recall": round(statistics.mean(self.recall), 3) if self.recall else None,
+            "detection_s_median": _q(detect, 0.5),
+            "detection_s_p90": _q(detect, 0.9),
+            "deaths_detected": len(detect),
+            "revival_s_median": _q(revive, 0.5),
+            "revival_s_p90": _q(revive, 0.9),
+            "returns_seen": len(revive),
+            "checks": checks,
+        }
+
+
+def _q(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))], 1)
