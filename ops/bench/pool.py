@@ -49,7 +49,10 @@ async def bench_pool(
     duration_s: int = 3_600,
     poll_s: float = 3.0,
     recheck_budget_per_hour: int = 0,
+    interval_s: int = 0,
 ) -> dict[str, Any]:
+    """``interval_s`` (simulated, 0: ppf's defaults): every routine recheck interval set
+    to it, a failing proxy's to half of it, a dead one's at most ten times it."""
     schedule = plan(profile, proxies, seed, duration_s)
     with tempfile.TemporaryDirectory(prefix="ppf-bench-pool-") as tmp:
         root = Path(tmp)
@@ -69,7 +72,9 @@ async def bench_pool(
             log = root / "up.log"
             proc = await asyncio.to_thread(_spawn, cmd, log)
             try:
-                await _start(proc, base, log, root, nats, world, speed, recheck_budget_per_hour)
+                await _start(
+                    proc, base, log, root, nats, world, speed, recheck_budget_per_hour, interval_s
+                )
                 consumer = Consumer(base, world, await Judge.discover(world.judges["httpbin"]))
                 figures = await consumer.run(poll_s)
             finally:
@@ -88,6 +93,7 @@ async def bench_pool(
         "speed": speed,
         "simulated_s": duration_s,
         "recheck_budget_per_hour": recheck_budget_per_hour,
+        "recheck_interval_s": interval_s or "defaults",
         **figures,
         # The checkers' rechecks; the local worker's fetches of the page check every
         # listed proxy again on top (its source interval, scaled too).
@@ -104,6 +110,7 @@ async def _start(
     world: World,
     speed: float,
     budget: int,
+    interval_s: int,
 ) -> None:
     from ops.cli.admin import reconfigure
 
@@ -119,6 +126,15 @@ async def _start(
         def change(s: Any) -> Any:
             import msgspec
 
+            if interval_s:
+                s = msgspec.structs.replace(
+                    s,
+                    recheck_failing_s=max(1, interval_s // 2),
+                    recheck_fresh_s=interval_s,
+                    recheck_settled_s=interval_s,
+                    recheck_veteran_s=interval_s,
+                    recheck_dead_s=10 * interval_s,
+                )
             s = scaled(s, speed)
             per_hour = round(budget * speed) if budget else 0
             return msgspec.structs.replace(s, recheck_budget_per_hour=per_hour)

@@ -35,6 +35,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bn.add_argument("--speed", type=float, default=10.0, help="pool: simulated s a second")
     bn.add_argument("--duration", type=int, default=3_600, help="pool: simulated seconds")
     bn.add_argument("--budget", type=int, default=0, help="pool: rechecks an hour (0: none)")
+    bn.add_argument(
+        "--interval", type=int, default=0, help="pool: recheck interval, simulated s (0: defaults)"
+    )
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     bn.set_defaults(run=_bench)
@@ -82,6 +85,7 @@ async def _bench(args: argparse.Namespace) -> int:
                 args.speed,
                 args.duration,
                 recheck_budget_per_hour=args.budget,
+                interval_s=args.interval,
             )
         case "check":
             from ops.bench.check import bench_check
