@@ -107,6 +107,7 @@ class Churn:
         self._relay, self._tarpit = relay, tarpit
         self.t0 = 0.0
         self.applied = 0  # schedule steps played
+        self.failed = 0  # of them, steps that raised (in the box's inet.log)
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> float:
@@ -134,7 +135,11 @@ class Churn:
             wait = self.t0 + offset - time.time()
             if wait > 0:
                 await asyncio.sleep(wait)
-            await (self._die if down else self._revive)(self.players[i], how)
+            try:
+                await (self._die if down else self._revive)(self.players[i], how)
+            except Exception as exc:  # one proxy's failed step must not stop the play
+                print(f"churn: proxy {i} {how} {'down' if down else 'up'}: {exc!r}", flush=True)
+                self.failed += 1
             self.applied += 1
 
     async def _die(self, p: _Player, how: str) -> None:
