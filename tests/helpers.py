@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from pathlib import Path
 from typing import Any
 
 from events import (
@@ -49,3 +51,11 @@ def released(lease: Leased, outcome: str = "done", counted: bool = True) -> Rele
 def message(seq: int, ts: int, event: Event) -> tuple[int, int, bytes, bytes]:
     """A raw log message as the firehose hands it out."""
     return (seq, ts, subject_for(event).encode(), encode(event))
+
+
+def process_gone(pid: str) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie waiting for its parent)."""
+    path = Path(f"/proc/{pid}/stat")
+    with contextlib.suppress(OSError):
+        return " Z " in path.read_text()
+    return True

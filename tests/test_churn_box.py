@@ -4,13 +4,8 @@ the way the plan says, and come back; nothing left behind."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import signal
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -18,6 +13,7 @@ import pytest
 from agents.check import Judge, check
 from ops.lab.churn import Down, Plan
 from ops.lab.world import World, boxes, unavailable
+from tests.helpers import process_gone
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
@@ -86,28 +82,4 @@ def test_the_churn_box_leaves_nothing_behind(tmp_path: Path) -> None:
     world.stop()
     assert set(boxes()) == before - {world.name}
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
-
-
-def _zombie(pid: str) -> bool:
-    with contextlib.suppress(OSError):
-        return " Z " in Path(f"/proc/{pid}/stat").read_text()
-    return True
-
-
-def test_ppf_lab_churn_stands_the_lab_up_and_takes_it_down(tmp_path: Path) -> None:
-    """The command prints where the page is, the page lists every proxy, and SIGTERM
-    removes the box."""
-    before = set(boxes())
-    cmd = [sys.executable, "-m", "ops.cli", "lab", "churn", "--proxies", "4", "--speed", "10"]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
-        try:
-            assert proc.stdout is not None
-            where = json.loads(proc.stdout.readline())
-            assert where["proxies"] == 4 and set(boxes()) - before
-            with urllib.request.urlopen(where["page"], timeout=5) as page:
-                assert len(page.read().decode().split()) == 4
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            assert proc.wait(30) == 0
-    assert set(boxes()) == before
+        assert process_gone(pid), pid

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from ops.lab.world import World, boxes, unavailable
+from tests.helpers import process_gone
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
@@ -26,10 +26,4 @@ def test_the_box_leaves_nothing_behind(tmp_path: Path) -> None:
     links = subprocess.run(["ip", "link"], capture_output=True, text=True, check=True).stdout
     assert f"{w.name}h" not in links
     for pid in pids:
-        assert not Path(f"/proc/{pid}").exists() or _zombie(pid), pid
-
-
-def _zombie(pid: str) -> bool:
-    with contextlib.suppress(OSError):
-        return " Z " in Path(f"/proc/{pid}/stat").read_text()
-    return True
+        assert process_gone(pid), pid

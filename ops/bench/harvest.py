@@ -17,30 +17,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from ops.lab.world import LINK_HOST, World
-from ops.nats.server import free_port, with_credentials
+from ops.bench.upbox import answers, get_json, up_beside
+from ops.lab.world import World
+from ops.nats.server import with_credentials
 
 __all__ = ["bench_harvest"]
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.load(r)
-
-
 def _served(base: str) -> int:
     with contextlib.suppress(OSError, ValueError):
-        return len(_get(base + "/v1/proxies?limit=0&mitm=any")["proxies"])
+        return len(get_json(base + "/v1/proxies?limit=0&mitm=any")["proxies"])
     return 0
 
 
@@ -50,28 +43,11 @@ async def bench_harvest(candidates: int = 10_000, working_share: float = 0.05) -
     with tempfile.TemporaryDirectory(prefix="ppf-bench-harvest-") as tmp:
         root = Path(tmp)
         with World(root / "world", dead_each=dead_each, extra_working=working - 7) as world:
-            http, judge, tls = free_port(), free_port(), free_port()
-            nats = free_port()
-            cmd = [sys.executable, "-m", "ops.cli", "up", "--data", str(root / "data")]
-            cmd += ["--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}"]
-            cmd += ["--no-seed", "--https-target", world.https_url]
-            cmd += ["--public-url", f"http://{LINK_HOST}:{judge}/judge"]
-            cmd += ["--judge-listen", f"{LINK_HOST}:{judge}"]
-            cmd += ["--judge-tls-listen", f"{LINK_HOST}:{tls}"]
-            cmd += ["--judge", world.judges["httpbin"], "--judge", world.judges["azenv"]]
-            base = f"http://127.0.0.1:{http}"
-            log = root / "up.log"
             started = time.monotonic()
-            proc = await asyncio.to_thread(_spawn, cmd, log)
-            try:
-                return await _measure(proc, base, root, world, nats, started, candidates, log)
-            finally:
-                os.killpg(proc.pid, signal.SIGINT)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+            with up_beside(world, root) as up:
+                return await _measure(
+                    up.proc, up.base, root, world, up.nats_port, started, candidates, up.log
+                )
 
 
 async def _measure(
@@ -84,7 +60,7 @@ async def _measure(
     candidates: int,
     log: Path,
 ) -> dict[str, Any]:
-    while _served(base) == 0 and not _answers(base):
+    while _served(base) == 0 and not answers(base):
         if proc.poll() is not None or time.monotonic() - started > 60:
             raise RuntimeError(f"ppf up did not start:\n{log.read_text()[-2000:]}")
         await asyncio.sleep(0.1)
@@ -123,17 +99,6 @@ async def _measure(
         "candidates_settled_per_s": round(checked / settle_s, 1),
         "defaults": {"check_concurrency": 500, "check_timeout_s": 5.0, "max_proxies": 20_000},
     }
-
-
-def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
-
-
-def _answers(base: str) -> bool:
-    with contextlib.suppress(OSError, ValueError):
-        return bool(_get(base + "/healthz")["ok"])
-    return False
 
 
 def _cycle_done(log: Path) -> tuple[int, float] | None:

@@ -21,10 +21,7 @@ The first tenth of the run is left out of the figures (the pool fills then).
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from agents.check import Judge, check
-from ops.bench.harvest import _answers, _get, _spawn
+from ops.bench.upbox import UpBeside, answers, get_json, up_beside
 from ops.lab.churn import plan, scaled
-from ops.lab.world import LINK_HOST, World
+from ops.lab.world import World
 from ops.nats.client import Log
-from ops.nats.server import free_port, with_credentials
+from ops.nats.server import with_credentials
 
 __all__ = ["bench_pool"]
 
@@ -54,36 +51,18 @@ async def bench_pool(
     """``interval_s`` (simulated, 0: ppf's defaults): every routine recheck interval set
     to it, a failing proxy's to half of it, a dead one's at most ten times it."""
     schedule = plan(profile, proxies, seed, duration_s)
+    # The agents' own waits on the lab's clock too (30 s of the checker's is five
+    # simulated minutes at speed 10).
+    idle = ("--agents-idle", str(round(30 / speed, 2)))
     with tempfile.TemporaryDirectory(prefix="ppf-bench-pool-") as tmp:
         root = Path(tmp)
-        with World(root / "world", churn=schedule, speed=speed, dead_each=1) as world:
-            http, judge_port, tls, nats = free_port(), free_port(), free_port(), free_port()
-            cmd = [sys.executable, "-m", "ops.cli", "up", "--data", str(root / "data")]
-            cmd += ["--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}"]
-            cmd += ["--no-seed", "--https-target", world.https_url]
-            cmd += ["--public-url", f"http://{LINK_HOST}:{judge_port}/judge"]
-            cmd += ["--judge-listen", f"{LINK_HOST}:{judge_port}"]
-            cmd += ["--judge-tls-listen", f"{LINK_HOST}:{tls}"]
-            cmd += ["--judge", world.judges["httpbin"], "--judge", world.judges["azenv"]]
-            # The agents' own waits on the lab's clock too (30 s of the checker's is five
-            # simulated minutes at speed 10).
-            cmd += ["--agents-idle", str(round(30 / speed, 2))]
-            base = f"http://127.0.0.1:{http}"
-            log = root / "up.log"
-            proc = await asyncio.to_thread(_spawn, cmd, log)
-            try:
-                await _start(
-                    proc, base, log, root, nats, world, speed, recheck_budget_per_hour, interval_s
-                )
-                consumer = Consumer(base, world, await Judge.discover(world.judges["httpbin"]))
-                figures = await consumer.run(poll_s)
-            finally:
-                os.killpg(proc.pid, signal.SIGINT)
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(10)
+        with (
+            World(root / "world", churn=schedule, speed=speed, dead_each=1) as world,
+            up_beside(world, root, *idle) as up,
+        ):
+            await _start(up, world, speed, recheck_budget_per_hour, interval_s)
+            consumer = Consumer(up.base, world, await Judge.discover(world.judges["httpbin"]))
+            figures = await consumer.run(poll_s)
     sim_hours = duration_s / 3_600
     checks = figures.pop("checks")
     return {
@@ -101,25 +80,15 @@ async def bench_pool(
     }
 
 
-async def _start(
-    proc: subprocess.Popen[bytes],
-    base: str,
-    log: Path,
-    root: Path,
-    nats: int,
-    world: World,
-    speed: float,
-    budget: int,
-    interval_s: int,
-) -> None:
+async def _start(up: UpBeside, world: World, speed: float, budget: int, interval_s: int) -> None:
     from ops.cli.admin import reconfigure
 
     started = time.monotonic()
-    while not _answers(base):
-        if proc.poll() is not None or time.monotonic() - started > 60:
-            raise RuntimeError(f"ppf up did not start:\n{log.read_text()[-2000:]}")
+    while not answers(up.base):
+        if up.proc.poll() is not None or time.monotonic() - started > 60:
+            raise RuntimeError(f"ppf up did not start:\n{up.log.read_text()[-2000:]}")
         await asyncio.sleep(0.2)
-    url = with_credentials(f"nats://127.0.0.1:{nats}", root / "data" / "nats")
+    url = with_credentials(f"nats://127.0.0.1:{up.nats_port}", up.data / "nats")
     lg = await Log.connect(url, name="ppf-bench-pool")
     try:
         # ppf on the lab's clock, `ppf up`'s own settings kept (trust, its agents).
@@ -174,7 +143,7 @@ class Consumer:
         end = world.churn_t0 + world.churn.duration_ms / 1000 / world.speed
         warm = world.churn_t0 + (end - world.churn_t0) / 10
         while (now := time.time()) < end:
-            body = await asyncio.to_thread(_get, self.base + "/v1/proxies?limit=0")
+            body = await asyncio.to_thread(get_json, self.base + "/v1/proxies?limit=0")
             served = {(p["ip"], p["port"]) for p in body["proxies"]} & set(self.index)
             for addr, i in self.index.items():
                 self.seen[i].append((now, addr in served))
@@ -186,7 +155,7 @@ class Consumer:
                 self.tried += len(results)
                 self.worked += sum(results)
             await asyncio.sleep(max(0.0, poll_s - (time.time() - now)))
-        stats = await asyncio.to_thread(_get, self.base + "/v1/agents")
+        stats = await asyncio.to_thread(get_json, self.base + "/v1/agents")
         return self._figures(warm, stats)
 
     def _latencies(self, warm: float) -> tuple[list[float], list[float]]:
