@@ -4,8 +4,12 @@ the way the plan says, and come back; nothing left behind."""
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 import subprocess
+import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -83,3 +87,21 @@ def test_the_churn_box_leaves_nothing_behind(tmp_path: Path) -> None:
     assert set(boxes()) == before - {world.name}
     for pid in pids:
         assert process_gone(pid), pid
+
+
+def test_ppf_lab_churn_stands_the_lab_up_and_takes_it_down(tmp_path: Path) -> None:
+    """The command prints where the page is, the page lists every proxy, and SIGTERM
+    removes the box."""
+    before = set(boxes())
+    cmd = [sys.executable, "-m", "ops.cli", "lab", "churn", "--proxies", "4", "--speed", "10"]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            where = json.loads(proc.stdout.readline())
+            assert where["proxies"] == 4 and set(boxes()) - before
+            with urllib.request.urlopen(where["page"], timeout=5) as page:
+                assert len(page.read().decode().split()) == 4
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+    assert set(boxes()) == before
