@@ -17,16 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.upbox import answers, get_json, up_beside
+from ops.bench.upbox import UpBeside, get_json, up_beside
 from ops.lab.world import World
-from ops.nats.server import with_credentials
 
 __all__ = ["bench_harvest"]
 
@@ -45,49 +42,29 @@ async def bench_harvest(candidates: int = 10_000, working_share: float = 0.05) -
         with World(root / "world", dead_each=dead_each, extra_working=working - 7) as world:
             started = time.monotonic()
             with up_beside(world, root) as up:
-                return await _measure(
-                    up.proc, up.base, root, world, up.nats_port, started, candidates, up.log
-                )
+                return await _measure(up, world, started, candidates)
 
 
-async def _measure(
-    proc: subprocess.Popen[bytes],
-    base: str,
-    root: Path,
-    world: World,
-    nats: int,
-    started: float,
-    candidates: int,
-    log: Path,
-) -> dict[str, Any]:
-    while _served(base) == 0 and not answers(base):
-        if proc.poll() is not None or time.monotonic() - started > 60:
-            raise RuntimeError(f"ppf up did not start:\n{log.read_text()[-2000:]}")
-        await asyncio.sleep(0.1)
-    url = with_credentials(f"nats://127.0.0.1:{nats}", root / "data" / "nats")
-    add = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ops.cli", "sources", "add", world.page_url, "--nats", url,
-        stdout=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    if await add.wait() != 0:
-        raise RuntimeError("ppf sources add failed")
+async def _measure(up: UpBeside, world: World, started: float, candidates: int) -> dict[str, Any]:
+    await up.started()
+    await up.add_source(world.page_url)
     added = time.monotonic()
     first_100 = None
     deadline = added + 600
     while time.monotonic() < deadline:
-        served = await asyncio.to_thread(_served, base)
+        served = await asyncio.to_thread(_served, up.base)
         if first_100 is None and served >= 100:
             first_100 = time.monotonic() - started
-        cycle = _cycle_done(log)
+        cycle = _cycle_done(up.log)
         if cycle is not None and first_100 is not None:
             break
         await asyncio.sleep(0.5)
-    cycle = _cycle_done(log)
+    cycle = _cycle_done(up.log)
     if cycle is None:
-        raise RuntimeError(f"the worker did not finish its cycle:\n{log.read_text()[-2000:]}")
+        raise RuntimeError(f"the worker did not finish its cycle:\n{up.log.read_text()[-2000:]}")
     checked, ended = cycle
     settle_s = ended - added
-    served = await asyncio.to_thread(_served, base)
+    served = await asyncio.to_thread(_served, up.base)
     return {
         "candidates_listed": candidates,
         "working_in_the_box": len(world.proxies) + len(world.extra),

@@ -22,18 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from agents.check import Judge, check
-from ops.bench.upbox import UpBeside, answers, get_json, up_beside
+from ops.bench.upbox import UpBeside, get_json, up_beside
 from ops.lab.churn import plan, scaled
 from ops.lab.world import World
 from ops.nats.client import Log
-from ops.nats.server import with_credentials
 
 __all__ = ["bench_pool"]
 
@@ -83,13 +81,8 @@ async def bench_pool(
 async def _start(up: UpBeside, world: World, speed: float, budget: int, interval_s: int) -> None:
     from ops.cli.admin import reconfigure
 
-    started = time.monotonic()
-    while not answers(up.base):
-        if up.proc.poll() is not None or time.monotonic() - started > 60:
-            raise RuntimeError(f"ppf up did not start:\n{up.log.read_text()[-2000:]}")
-        await asyncio.sleep(0.2)
-    url = with_credentials(f"nats://127.0.0.1:{up.nats_port}", up.data / "nats")
-    lg = await Log.connect(url, name="ppf-bench-pool")
+    await up.started()
+    lg = await Log.connect(up.nats_url, name="ppf-bench-pool")
     try:
         # ppf on the lab's clock, `ppf up`'s own settings kept (trust, its agents).
         def change(s: Any) -> Any:
@@ -112,12 +105,7 @@ async def _start(up: UpBeside, world: World, speed: float, budget: int, interval
             raise RuntimeError("could not configure ppf for the lab's clock")
     finally:
         await lg.close()
-    add = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ops.cli", "sources", "add", world.churn_page_url, "--nats", url,
-        stdout=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
-    if await add.wait() != 0:
-        raise RuntimeError("ppf sources add failed")
+    await up.add_source(world.churn_page_url)
 
 
 class Consumer:

@@ -4,12 +4,14 @@ judges and HTTPS endpoint named; stopped with Ctrl-C's signal, killed if it hang
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.lab.world import LINK_HOST, World
-from ops.nats.server import free_port
+from ops.nats.server import free_port, with_credentials
 
 __all__ = ["UpBeside", "answers", "get_json", "up_beside"]
 
@@ -29,6 +31,28 @@ class UpBeside:
     nats_port: int
     data: Path
     log: Path
+
+    @property
+    def nats_url(self) -> str:
+        """The embedded server's URL, with the service's credentials."""
+        return with_credentials(f"nats://127.0.0.1:{self.nats_port}", self.data / "nats")
+
+    async def started(self, timeout_s: float = 60.0) -> None:
+        """Until its gateway answers; an error with the log's tail when it does not."""
+        began = time.monotonic()
+        while not answers(self.base):
+            if self.proc.poll() is not None or time.monotonic() - began > timeout_s:
+                raise RuntimeError(f"ppf up did not start:\n{self.log.read_text()[-2000:]}")
+            await asyncio.sleep(0.1)
+
+    async def add_source(self, url: str) -> None:
+        """``ppf sources add URL``, as an operator would."""
+        add = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ops.cli", "sources", "add", url, "--nats", self.nats_url,
+            stdout=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        if await add.wait() != 0:
+            raise RuntimeError("ppf sources add failed")
 
 
 def get_json(url: str) -> Any:
