@@ -47,6 +47,7 @@ from gateway.leases import Granter
 from projections.readmodels import proxy_status
 from reducers import trust
 from reducers.pool import lease_live
+from reducers.proxies import reports_left
 
 __all__ = ["GRANTER", "routes"]
 
@@ -247,12 +248,10 @@ async def report_proxy(request: web.Request) -> web.Response:
     field, why = problem(event, lab=state.settings.lab)
     if why:
         raise ApiError(400, "bad-parameter", f"{field}: {why}", parameter=field)
-    budget = state.settings.report_budget_per_hour
-    me = state.agents.get(caller.name)
-    hour = now_ms() // 3_600_000
-    used = me.reports_acted if me is not None and me.report_hour == hour else 0
-    if body.outcome == "failed" and used >= budget:
-        wait_s = max(1, ((hour + 1) * 3_600_000 - now_ms()) // 1000)
+    now = now_ms()
+    if body.outcome == "failed" and not reports_left(state, state.agents.get(caller.name), now):
+        budget = state.settings.report_budget_per_hour
+        wait_s = max(1, ((now // 3_600_000 + 1) * 3_600_000 - now) // 1000)
         raise ApiError(
             429,
             "report-budget",
@@ -268,8 +267,7 @@ async def report_proxy(request: web.Request) -> web.Response:
         if row is None
         else proxy_status(row, now_ms(), ttl, trust.vouched(state)(row.agents))
     )
-    me = state.agents.get(caller.name)
-    left = budget - (me.reports_acted if me is not None and me.report_hour == hour else 0)
+    left = reports_left(state, state.agents.get(caller.name), now)
     return reply(
         ReportReply(
             ip=ip,
@@ -277,7 +275,7 @@ async def report_proxy(request: web.Request) -> web.Response:
             outcome=body.outcome,
             seq=published.seq,
             status=status,
-            budget_left=max(0, left),
+            budget_left=left,
         )
     )
 

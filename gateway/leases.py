@@ -150,9 +150,9 @@ class Granter:
             self.due_sources(now)
         return len(self._due)
 
-    def network_outages(self, now: int, max_age_s: float = 10.0) -> list[dict[str, object]]:
-        """``projections.recheck.network_outages``, computed at most every ``max_age_s``:
-        ``/v1/stats`` shows it without a pool scan per call."""
+    def network_outages(self, now: int, max_age_s: float = 30.0) -> list[dict[str, object]]:
+        """``projections.recheck.network_outages``, computed at most every ``max_age_s``
+        (a pool scan): ``GET /v1/outages`` serves it."""
         if time.monotonic() - self._outages_at > max_age_s:
             self._outages = network_outages(self.fold.state, now)
             self._outages_at = time.monotonic()

@@ -13,7 +13,7 @@ from reducers import geo, trust
 from reducers.pool import BUCKET_MS, band_edges
 from reducers.state import MAX_SAMPLE_MS, AgentRow, ProxyKey, ProxyRow, State
 
-__all__ = ["SWEEP_MS", "failed", "purge_lab", "reported", "sweep", "worked"]
+__all__ = ["SWEEP_MS", "failed", "purge_lab", "reported", "reports_left", "sweep", "worked"]
 
 # Eviction runs when the log's time enters a new bucket of this size: a point every
 # replica and every replay meets at the same message.
@@ -166,17 +166,24 @@ def reported(state: State, event: ProxyReported, ts: int, consumer: AgentRow) ->
     row = state.proxies.get(key)
     if row is None or event.outcome != "failed" or row.fail_streak > 0:
         return False
+    if not reports_left(state, consumer, ts):
+        return False
     hour = ts // 3_600_000
     if consumer.report_hour != hour:
         consumer.report_hour, consumer.reports_acted = hour, 0
-    if consumer.reports_acted >= state.settings.report_budget_per_hour:
-        return False
     consumer.reports_acted += 1
     state.failing.add(row)
     row.fail_streak = 1
     row.reported_at = ts
     state.dirty_proxies.add(key)
     return True
+
+
+def reports_left(state: State, consumer: AgentRow | None, ts: int) -> int:
+    """Failed reports ``consumer`` may still make act in the hour (of log time) of ``ts``."""
+    hour = ts // 3_600_000
+    used = consumer.reports_acted if consumer is not None and consumer.report_hour == hour else 0
+    return max(0, state.settings.report_budget_per_hour - used)
 
 
 def sweep(state: State, ts: int) -> int:
