@@ -38,6 +38,7 @@ __all__ = [
     "Released",
     "Reported",
     "Role",
+    "SeedKind",
     "SeedPlanned",
     "Settings",
     "SourceAdded",
@@ -48,6 +49,7 @@ LeaseKind = Literal["source", "recheck", "seed"]
 Outcome = Literal["done", "failed", "abandoned"]
 Reported = Literal["worked", "failed"]
 Origin = Literal["seed", "discovered", "manual"]
+SeedKind = Literal["proxies", "sources"]
 Anonymity = Literal["transparent", "anonymous", "elite", ""]
 # Whether a proxy tunnelled to a real HTTPS target: "yes", "no", or "" (not tried).
 Tried = Literal["yes", "no", ""]
@@ -235,9 +237,14 @@ class Discovered(Event, frozen=True, kw_only=True, tag="Discovered"):
 
 
 class SeedPlanned(Event, frozen=True, kw_only=True, tag="SeedPlanned"):
+    """A bulk import cut into ranges of its input's items (lines); every plan of the same
+    input carries all its ranges so far, so the last one tells what is covered."""
+
     plan: str
-    input: str
-    ranges: list[tuple[str, int, int]]
+    input: str  # the deposit key of the input (``input/<sha256>``)
+    ranges: list[tuple[str, int, int]]  # [range, first item, last item]
+    kind: SeedKind = "proxies"
+    priority: int = 0  # larger goes first, never more than half of the work in flight
 
 
 class AgentEnrolled(Event, frozen=True, kw_only=True, tag="AgentEnrolled"):

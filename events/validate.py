@@ -28,6 +28,7 @@ from events.catalogue import (
     ProxyWorked,
     SourceAdded,
 )
+from events.keys import parse_key
 from events.subjects import url_id
 
 __all__ = [
@@ -255,6 +256,13 @@ def _deposited(e: Deposited, lab: bool) -> tuple[str, str]:
         return "key", why
     if not _hex(e.sha256, 64):
         return "sha256", "not a SHA-256 in hex"
+    parts = parse_key(e.key)
+    if parts is None:
+        return "key", "not <plan>/<range>/<cursor>, page/<sha256> or input/<sha256>"
+    if parts.sha256 and parts.sha256 != e.sha256:
+        return "sha256", "not the digest its content key names"
+    if e.items < 0 or (e.cursor is not None and e.cursor < 0):
+        return "items" if e.items < 0 else "cursor", "negative"
     if not 0 <= e.bytes <= MAX_BYTES:
         return "bytes", f"out of range 0-{MAX_BYTES}"
     return _envelope(e.id, e.lease)

@@ -16,6 +16,7 @@ import msgspec
 
 __all__ = [
     "AgentMe",
+    "DepositReply",
     "EventsAccepted",
     "EventsRequest",
     "FieldError",
@@ -29,6 +30,8 @@ __all__ = [
     "ReleaseRequest",
     "ReportReply",
     "ReportRequest",
+    "SeedBatch",
+    "SeedFound",
     "SeedPayload",
     "SourcePayload",
     "SourcesAdded",
@@ -66,8 +69,50 @@ class RecheckPayload(msgspec.Struct, kw_only=True):
 
 
 class SeedPayload(msgspec.Struct, kw_only=True):
+    """A seed range: its items from the resume cursor to its end (lines of the plan's
+    input, ``items[0]`` is item ``cursor``), and where its batches go."""
+
     cursor: int
     end: int
+    plan: str = ""
+    range: str = ""
+    kind: str = "proxies"
+    items: list[str] = []
+
+
+class SeedFound(msgspec.Struct, array_like=True):
+    """One working proxy of a seed batch: what a ``ProxyWorked`` says of it."""
+
+    ip: str
+    port: int
+    proto: str
+    latency_ms: int = 0
+    exit_ip: str = ""
+    anonymity: str = ""
+    mitm: bool = False
+    judge: str = ""
+    https: str = ""
+
+
+class SeedBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a seed node deposits for items ``start`` .. ``next - 1`` of its range: the
+    proxies that worked (kind proxies) or the URLs that are proxy lists (kind sources).
+    Every other item was tried and is settled by the batch, so none is tried twice."""
+
+    start: int
+    next: int
+    worked: list[SeedFound] = []
+    sources: list[str] = []
+    refused: int = 0  # items not tried: excluded, private or reserved, not an address
+
+
+class DepositReply(msgspec.Struct, kw_only=True):
+    """PUT /v1/deposits/{key}: stored, verified, and announced by ``Deposited`` at ``seq``."""
+
+    key: str
+    sha256: str
+    bytes: int
+    seq: int
 
 
 class LeaseGrant(msgspec.Struct, kw_only=True):
@@ -85,6 +130,9 @@ class LeaseGrant(msgspec.Struct, kw_only=True):
 
     def recheck(self) -> RecheckPayload:
         return msgspec.convert(self.payload, RecheckPayload)
+
+    def seed(self) -> SeedPayload:
+        return msgspec.convert(self.payload, SeedPayload)
 
 
 class LeasesReply(msgspec.Struct, kw_only=True):

@@ -22,7 +22,7 @@ from reducers.state import State
 
 __all__ = ["TABLES", "DigestKeeper", "digest", "digests", "meta_digest", "row_hash"]
 
-TABLES = ("proxies", "sources", "leases", "agents")
+TABLES = ("proxies", "sources", "leases", "agents", "deposits")
 _MOD = 1 << 128
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -86,6 +86,7 @@ def digests(state: State) -> dict[str, str]:
         "proxies": state.proxies,
         "sources": state.sources,
         "leases": state.leases,
+        "deposits": state.deposits,
         "agents": state.agents,
     }
     out = {name: f"{_sum(_encode(r) for r in rows.values()):032x}" for name, rows in tables.items()}

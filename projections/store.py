@@ -24,7 +24,7 @@ import msgspec
 
 from events.catalogue import Settings
 from projections.digest import DigestKeeper, meta_digest
-from reducers.state import AgentRow, LeaseRow, ProxyKey, ProxyRow, SourceRow, State
+from reducers.state import AgentRow, DepositRow, LeaseRow, ProxyKey, ProxyRow, SourceRow, State
 
 __all__ = [
     "DDL",
@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS sources (
 CREATE TABLE IF NOT EXISTS leases (
     target VARCHAR PRIMARY KEY, kind VARCHAR, status VARCHAR, row BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS agents (name VARCHAR PRIMARY KEY, row BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS deposits (
+    key VARCHAR PRIMARY KEY, status VARCHAR, row BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);
 """
 
@@ -135,6 +137,7 @@ async def collect_async(state: State) -> Checkpoint:
         state.dirty_sources |= {r.url_id for r in cp.pending["sources"]}
         state.dirty_sources |= {k[0] for k in cp.deletes["sources"]}
         state.dirty_leases |= {r.target for r in cp.pending["leases"]}
+        state.dirty_deposits |= {r.key for r in cp.pending["deposits"]}
         raise
     cp.pending = {}
     return cp
@@ -166,6 +169,7 @@ def collect(
         else:
             sources.append(src)
     leases = [state.leases[t] for t in state.dirty_leases]
+    deposits = [state.deposits[k] for k in state.dirty_deposits]
     agents = list(state.agents.values())
     meta = meta_digest(state)
     cp = Checkpoint(
@@ -181,9 +185,21 @@ def collect(
             "meta_digest": meta,
         },
         tables={},
-        pending={"proxies": found, "sources": sources, "leases": leases, "agents": agents},
+        pending={
+            "proxies": found,
+            "sources": sources,
+            "leases": leases,
+            "agents": agents,
+            "deposits": deposits,
+        },
         deletes={"proxies": list(gone_p), "sources": gone_s},
-        rows=len(found) + len(sources) + len(leases) + len(agents) + len(gone_p) + len(gone_s),
+        rows=len(found)
+        + len(sources)
+        + len(leases)
+        + len(agents)
+        + len(deposits)
+        + len(gone_p)
+        + len(gone_s),
     )
     state.clear_dirty()
     if encode:
@@ -215,6 +231,11 @@ class _AgentCols(msgspec.Struct):
     name: str
 
 
+class _DepositCols(msgspec.Struct):
+    key: str
+    status: str
+
+
 # Each table blob is decoded twice, both in C: once into its plain columns (a view that
 # skips every other field), once into each row's own bytes (msgspec.Raw), which are
 # stored as they are, with no decode and re-encode of whole rows.
@@ -223,6 +244,7 @@ _COLUMNS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "sources": msgspec.msgpack.Decoder(list[_SourceCols]),
     "leases": msgspec.msgpack.Decoder(list[_LeaseCols]),
     "agents": msgspec.msgpack.Decoder(list[_AgentCols]),
+    "deposits": msgspec.msgpack.Decoder(list[_DepositCols]),
 }
 _raw_rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 
@@ -249,8 +271,14 @@ def keep_digest(keeper: DigestKeeper, cp: Checkpoint) -> None:
             keeper.delete(table, _key(table, tuple(key)))
 
 
-TABLES = ("proxies", "sources", "leases", "agents")
-_KEYS = {"proxies": ["ip", "port"], "sources": ["url_id"], "leases": ["target"], "agents": ["name"]}
+TABLES = ("proxies", "sources", "leases", "agents", "deposits")
+_KEYS = {
+    "proxies": ["ip", "port"],
+    "sources": ["url_id"],
+    "leases": ["target"],
+    "agents": ["name"],
+    "deposits": ["key"],
+}
 
 
 class Store:
@@ -330,6 +358,10 @@ class Store:
             for (raw,) in self._con.execute("SELECT row FROM leases").fetchall():
                 r = dl.decode(raw)
                 state.leases[r.target] = r
+            dd = msgspec.msgpack.Decoder(DepositRow)
+            for (raw,) in self._con.execute("SELECT row FROM deposits").fetchall():
+                d = dd.decode(raw)
+                state.deposits[d.key] = d
             da = msgspec.msgpack.Decoder(AgentRow)
             for (raw,) in self._con.execute("SELECT row FROM agents").fetchall():
                 a = da.decode(raw)

@@ -30,7 +30,8 @@ from events.catalogue import (
     SeedPlanned,
     SourceAdded,
 )
-from reducers import agents, geo, ledger, proxies, sources, trust
+from events.keys import DERIVED_PREFIX
+from reducers import agents, deposits, geo, ledger, proxies, sources, trust
 from reducers.state import State
 
 __all__ = ["fold", "skip"]
@@ -80,12 +81,16 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
         # highest already folded is a re-send: ignored whatever the time since, where
         # the stream's duplicate window forgets after minutes. Ids are the agent's own:
         # each agent has its own mark, so nobody else's ids can shadow its events.
+        # Events the fold derived from a deposit (events/keys.py) carry the depositing
+        # agent but not its numbering, and are kept once by their fixed ids instead.
         high_water = state.high_water
         name = event.agent
-        if event.id <= high_water.get(name, ""):
-            state.last_seq = seq
-            return False
-        high_water[name] = event.id
+        eid = event.id
+        if eid[:4] != DERIVED_PREFIX:
+            if eid <= high_water.get(name, ""):
+                state.last_seq = seq
+                return False
+            high_water[name] = eid
     agent = state.agents.get(event.agent) or agents.row(state, event.agent)
     if ts > agent.last_seen:
         agent.last_seen = ts
@@ -137,8 +142,8 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
         case Discovered():
             sources.discover(state, event, ts)
         case Deposited():
-            if event.lease and not ledger.deposit(state, event, ts):
-                agent.late += 1
+            if deposits.deposited(state, event, seq, ts):
+                agent.rejected += 1
         case LeaseReset():
             ledger.on_subject(state, event.target, event.kind, seq)
             ledger.reset(state, event)
@@ -158,8 +163,10 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
         case ProxyReported():
             if not proxies.reported(state, event, ts, agent):
                 agent.rejected += 1  # unknown, not failed, suspect already, or over budget
-        case DepositFolded() | DepositRejected():
-            pass  # recorded per agent above; deposits get their own projection later
+        case DepositFolded():
+            deposits.folded(state, event)
+        case DepositRejected():
+            deposits.rejected(state, event)
         case _:
             assert_never(event)
     state.last_seq = seq

@@ -9,10 +9,10 @@ that message's timestamp, so every replica and replay sees it at the same point.
 
 from __future__ import annotations
 
-from events.catalogue import Deposited, Heartbeat, Leased, LeaseReset, Released, SeedPlanned
+from events.catalogue import Heartbeat, Leased, LeaseReset, Released, SeedPlanned
 from reducers.state import LeaseRow, State
 
-__all__ = ["claim", "deposit", "heartbeat", "on_subject", "plan", "release", "reset", "touch"]
+__all__ = ["advance", "claim", "heartbeat", "on_subject", "plan", "release", "reset", "touch"]
 
 
 def _row(state: State, target: str, kind: str) -> LeaseRow:
@@ -130,25 +130,21 @@ def reset(state: State, event: LeaseReset) -> None:
 
 
 def plan(state: State, event: SeedPlanned) -> None:
-    """Create one seed target per planned range, its cursor at the range's start."""
+    """Create one seed target per planned range, its cursor at the range's start; a
+    range planned before keeps its cursor, and takes the plan's priority now."""
     for name, start, end in event.ranges:
         target = f"{event.plan}-{name}"
         row = state.leases.get(target)
         if row is None:
             row = _row(state, target, "seed")
             row.cursor = start
+            row.start = start
         row.end = end
+        row.priority = event.priority
         state.dirty_leases.add(target)
 
 
-def deposit(state: State, event: Deposited, ts: int) -> bool:
-    """A deposit extends its lease and, on a seed range, moves the resume cursor."""
-    held = touch(state, event.lease, event.agent, ts)
-    if event.cursor is None:
-        return held
-    target = state.lease_owner.get(event.lease)
-    row = state.leases.get(target) if target is not None else None
-    if row is not None and row.kind == "seed":
-        row.cursor = max(row.cursor, min(event.cursor, row.end + 1))
-        state.dirty_leases.add(row.target)
-    return held
+def advance(state: State, row: LeaseRow, cursor: int) -> None:
+    """A seed range's resume cursor: ``max(cursor, min(deposited, end + 1))``."""
+    row.cursor = max(row.cursor, min(cursor, row.end + 1))
+    state.dirty_leases.add(row.target)

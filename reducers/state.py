@@ -20,6 +20,7 @@ from reducers.pool import Composition
 __all__ = [
     "MAX_SAMPLE_MS",
     "AgentRow",
+    "DepositRow",
     "LeaseRow",
     "ProxyKey",
     "ProxyRow",
@@ -123,9 +124,31 @@ class LeaseRow(msgspec.Struct, gc=False):
     end: int = 0
     last_error: str = ""
     lost: int = 0
+    start: int = 0  # a seed range's first item
+    priority: int = 0  # a seed range's plan's priority (SeedPlanned.priority)
     # Stream sequence of the last message on this target's lease subject: what a
     # gateway sets as Nats-Expected-Last-Subject-Sequence when it claims the target.
     subject_seq: int = 0
+
+
+class DepositRow(msgspec.Struct, gc=False):
+    """A deposit the log announced (``Deposited``) and what the fold made of it."""
+
+    key: str
+    sha256: str
+    bytes: int = 0
+    items: int = 0
+    agent: str = ""
+    lease: str = ""
+    target: str = ""  # a seed batch's range ("" for pages and inputs)
+    start: int = 0  # a seed batch's first item and the one after its last
+    next: int = 0
+    seq: int = 0  # of the Deposited that announced it (the latest, when announced again)
+    at: int = 0
+    status: str = "pending"  # pending, folded, poisoned
+    attempts: int = 0  # failed reads so far (DepositRejected), across announcements
+    tried: int = 0  # ``attempts`` when last announced: each gets its own budget
+    reason: str = ""
 
 
 class AgentRow(msgspec.Struct, gc=False):
@@ -167,6 +190,8 @@ class State:
         "agents",
         "by_ip",
         "composition",
+        "deposits",
+        "dirty_deposits",
         "dirty_leases",
         "dirty_proxies",
         "dirty_sources",
@@ -178,6 +203,7 @@ class State:
         "lease_owner",
         "leases",
         "operators",
+        "pending_deposits",
         "proxies",
         "quotas",
         "settings",
@@ -195,6 +221,10 @@ class State:
         self.sources: dict[str, SourceRow] = {}
         self.leases: dict[str, LeaseRow] = {}
         self.agents: dict[str, AgentRow] = {}
+        self.deposits: dict[str, DepositRow] = {}
+        # Derived: keys announced and neither folded nor poisoned yet, what the deposit
+        # ingest reads (never a listing of the bucket).
+        self.pending_deposits: set[str] = set()
         # Derived indexes (never persisted, rebuilt by reindex): current lease id -> its
         # target; agent -> targets it holds (live or not yet seen to expire); token
         # SHA-256 -> agent name.
@@ -230,6 +260,7 @@ class State:
         self.dirty_proxies: set[ProxyKey] = set()
         self.dirty_sources: set[str] = set()
         self.dirty_leases: set[str] = set()
+        self.dirty_deposits: set[str] = set()
         self.settings_dirty = False
 
     def reindex(self) -> None:
@@ -241,6 +272,7 @@ class State:
                 self.lease_owner[row.lease] = row.target
                 self.holders.setdefault(row.holder, set()).add(row.target)
         self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
+        self.pending_deposits = {k for k, d in self.deposits.items() if d.status == "pending"}
         trust.reindex(self)
         self.composition = Composition()
         self.failing = Composition()
@@ -256,4 +288,5 @@ class State:
         self.dirty_proxies = set()
         self.dirty_sources = set()
         self.dirty_leases = set()
+        self.dirty_deposits = set()
         self.settings_dirty = False

@@ -243,30 +243,77 @@ def test_release_by_a_non_holder_is_late() -> None:
     assert log.state.agents["w2"].late == 1
 
 
+def _seed_deposit(lease: ev.Leased, start: int, cursor: int, agent: str = "s1") -> ev.Deposited:
+    return ev.Deposited(
+        id=eid(),
+        agent=agent,
+        at=0,
+        lease=lease.lease,
+        key=f"p/r0/{start}",
+        sha256="0" * 64,
+        bytes=1,
+        items=cursor - start,
+        cursor=cursor,
+    )
+
+
 def test_seed_cursor_only_moves_forward_within_the_range() -> None:
-    """A seed range's cursor only moves forward, within the range."""
+    """A seed range's cursor moves forward by batches that start where it stands, and
+    never past the range's end; a batch that would cover items again moves nothing."""
     log = Log()
     log(ev.SeedPlanned(id=eid(), agent="admin", at=0, plan="p", input="k", ranges=[("r0", 0, 99)]))
     lease = leased("p-r0", "s1", kind="seed")
     log(lease)
-
-    def deposit(cursor: int) -> ev.Deposited:
-        return ev.Deposited(
-            id=eid(),
-            agent="s1",
-            at=0,
-            lease=lease.lease,
-            key=f"p-r0-{cursor}",
-            sha256="0" * 64,
-            bytes=1,
-            cursor=cursor,
-        )
-
-    log(deposit(40))
-    log(deposit(20))
+    log(_seed_deposit(lease, 0, 40))
+    log(_seed_deposit(lease, 20, 60))  # items 20-39 again: refused
     assert log.state.leases["p-r0"].cursor == 40
-    log(deposit(500))
+    assert log.state.agents["s1"].rejected == 1
+    assert "p/r0/20" not in log.state.deposits
+    log(_seed_deposit(lease, 40, 500))
     assert log.state.leases["p-r0"].cursor == 100
+    assert log.state.pending_deposits == {"p/r0/0", "p/r0/40"}
+
+
+def test_a_seed_batch_from_a_lost_lease_or_another_range_is_refused() -> None:
+    """Only the holder of a range's live lease may deposit its batches: a batch from a
+    lease that expired, or from an agent naming a range it does not hold, is refused."""
+    log = Log()
+    log(ev.SeedPlanned(id=eid(), agent="admin", at=0, plan="p", input="k", ranges=[("r0", 0, 99)]))
+    lease = leased("p-r0", "s1", kind="seed")  # ttl 60 s at t=0
+    log(lease)
+    other = leased("x-r1", "s2", kind="seed")
+    log(other)
+    log(_seed_deposit(other, 0, 10, agent="s2"))  # s2's lease is not of p/r0
+    log(_seed_deposit(lease, 0, 10), at_s=120)  # s1's lease expired at 60 s
+    assert log.state.leases["p-r0"].cursor == 0
+    assert log.state.deposits == {}
+    assert log.state.agents["s1"].rejected == 1 and log.state.agents["s2"].rejected == 1
+
+
+def test_a_deposit_is_poisoned_after_five_rejected_reads_and_a_new_announcement_retries() -> None:
+    """Five DepositRejected poison a deposit (a repeated attempt counts once); folding
+    it changes nothing after; a content key announced again gets a new budget."""
+    log = Log()
+    sha = "a" * 64
+    key = f"page/{sha}"
+    page = ev.Deposited(id=eid(), agent="w1", at=0, key=key, sha256=sha, bytes=10)
+    log(page)
+    for attempt in (1, 2, 2, 3, 4):
+        log(ev.DepositRejected(id=eid(), agent="fold", at=0, key=key, attempt=attempt))
+    assert log.state.deposits[key].status == "pending"
+    log(ev.DepositRejected(id=eid(), agent="fold", at=0, key=key, attempt=5, reason="missing"))
+    row = log.state.deposits[key]
+    assert (row.status, row.attempts, row.reason) == ("poisoned", 5, "missing")
+    assert key not in log.state.pending_deposits
+    log(ev.DepositFolded(id=eid(), agent="fold", at=0, key=key))
+    assert log.state.deposits[key].status == "poisoned"
+    log(ev.Deposited(id=eid(), agent="w2", at=0, key=key, sha256=sha, bytes=10))
+    assert key in log.state.pending_deposits
+    log(ev.DepositRejected(id=eid(), agent="fold", at=0, key=key, attempt=6))
+    log(ev.DepositFolded(id=eid(), agent="fold", at=0, key=key))
+    assert log.state.deposits[key].status == "folded"
+    log(ev.Deposited(id=eid(), agent="w3", at=0, key=key, sha256=sha, bytes=10))
+    assert log.state.deposits[key].status == "folded"  # announced again: nothing changes
 
 
 # -- sources ------------------------------------------------------------------------
