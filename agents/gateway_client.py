@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from events import (
     encode,
 )
 from events.mint import fresh_id_after
-from events.wire import AgentMe, LeaseGrant, LeasesReply, WireError
+from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, WireError
 from ops.nats.client import Log, LogError, redact
 
 __all__ = ["GatewayClient", "GatewayError"]
@@ -155,6 +156,27 @@ class GatewayClient:
             return msgspec.convert(data, LeasesReply).leases
         except msgspec.ValidationError as exc:
             raise GatewayError(status, f"lease: {exc}") from None
+
+    async def deposit(self, key: str, data: bytes) -> tuple[int, str]:
+        """Store ``data`` under ``key`` through the gateway: (200, its SHA-256 as stored)
+        or (status, why). The caller announces it after, with ``Deposited``."""
+        assert self._http is not None
+        digest = hashlib.sha256(data).hexdigest()
+        try:
+            async with self._http.put(
+                f"{self.base}/v1/deposits/{key}",
+                data=data,
+                headers={"X-Content-SHA256": digest, "Content-Type": "application/octet-stream"},
+            ) as r:
+                status, raw = r.status, await r.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return 0, repr(exc)
+        if status != 200:
+            return status, raw[:300].decode("utf-8", "replace")
+        stored = msgspec.json.decode(raw, type=DepositReply)
+        if stored.sha256 != digest:  # stored, but not what we sent: never announce it
+            return 502, f"stored {stored.sha256}, sent {digest}"
+        return 200, digest
 
     async def heartbeat(self, lease: str) -> bool:
         status, _ = await self._post(f"/v1/leases/{lease}/heartbeat", None)

@@ -20,6 +20,7 @@ __all__ = [
     "derived_id",
     "input_key",
     "is_derived",
+    "items_of",
     "page_key",
     "parse_key",
     "plan_id",
@@ -88,3 +89,10 @@ def derived_id(key_id: str, n: int) -> str:
 
 def is_derived(event_id: str) -> bool:
     return event_id.startswith(DERIVED_PREFIX)
+
+
+def items_of(data: bytes) -> list[str]:
+    """The items of a seed input: its lines, stripped, without blanks and ``#`` comments.
+    The planner and the gateway cut ranges over this same list."""
+    lines = (line.strip() for line in data.decode("utf-8", "replace").splitlines())
+    return [line for line in lines if line and not line.startswith("#")]

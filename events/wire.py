@@ -107,12 +107,12 @@ class SeedBatch(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class DepositReply(msgspec.Struct, kw_only=True):
-    """PUT /v1/deposits/{key}: stored, verified, and announced by ``Deposited`` at ``seq``."""
+    """PUT /v1/deposits/{key}: stored and verified; the agent announces it next with
+    ``Deposited`` (its own event, in its own numbering)."""
 
     key: str
     sha256: str
     bytes: int
-    seq: int
 
 
 class LeaseGrant(msgspec.Struct, kw_only=True):

@@ -20,6 +20,8 @@ from events.mint import now_ms
 from gateway.api import openapi
 from gateway.commands import GRANTER
 from gateway.commands import routes as command_routes
+from gateway.deposits import Inputs
+from gateway.deposits import routes as deposit_routes
 from gateway.http import (
     AUTH_FAILURES,
     CONFIG,
@@ -127,6 +129,7 @@ async def stats(request: web.Request) -> web.Response:
     digest_seq, digest = fold.digest()
     active = sum(1 for a in state.agents.values() if now - a.last_seen <= 300_000)
     tap = fold.tap.stats if fold.tap is not None else None
+    store = request.app[CONFIG].deposits
     return reply(
         {
             "applied_seq": fold.applied_seq,
@@ -159,6 +162,9 @@ async def stats(request: web.Request) -> web.Response:
             "dlq_sent": fold.dlq_sent,
             "grants": {"granted": granter.granted, "lost": granter.lost},
             "nats_ops": dict(request.app[LOG].ops),
+            # The deposit store's operations by outcome (put.ok, get.missing, ...).
+            "deposit_ops": dict(store.ops) if store is not None else {},
+            "seed": granter.seed_status(now),
             "tap": None
             if tap is None
             else {
@@ -277,7 +283,11 @@ def make_app(
     app[AUTH_FAILURES] = RateLimiter(config.auth_failures_per_s, config.auth_failures_burst)
     app[SNAPSHOT] = SnapshotKeeper()
     app[GRANTER] = Granter(
-        fold, app[LOG], max_per_agent=config.max_leases_per_agent, recheck=config.recheck
+        fold,
+        app[LOG],
+        max_per_agent=config.max_leases_per_agent,
+        recheck=config.recheck,
+        inputs=Inputs(config.deposits),
     )
     app[SERIES] = Series(config.series_every_s)
     app.cleanup_ctx.append(_sampling)
@@ -286,4 +296,5 @@ def make_app(
     app.add_routes(routes)
     app.add_routes(query_routes)
     app.add_routes(command_routes)
+    app.add_routes(deposit_routes)
     return app

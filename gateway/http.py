@@ -15,7 +15,7 @@ from events.wire import FieldError, Problem, WireError
 from gateway.judge import JudgeKeys
 from gateway.natsauth import NatsAuth
 from projections.live import FoldService
-from projections.log import EventLog, LogError
+from projections.log import DepositStore, EventLog, LogError
 from projections.recheck import RecheckPolicy
 
 __all__ = [
@@ -69,6 +69,9 @@ class GatewayConfig:
     # The public judge's keys, when this machine publishes one: agents get theirs with
     # GET /v1/agents/me (gateway/judge.py).
     judge_keys: JudgeKeys | None = None
+    # The deposit bucket (ops/nats/objects.py): seed batches and pages are stored through
+    # this gateway (gateway/deposits.py); None: it takes none.
+    deposits: DepositStore | None = None
 
 
 FOLD = web.AppKey("fold", FoldService)

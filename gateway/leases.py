@@ -25,8 +25,9 @@ import structlog
 from events import Leased, LeaseKind
 from events.mint import fresh_id, now_ms
 from events.wire import LeaseGrant, RecheckPayload, SeedPayload, SourcePayload
+from gateway.deposits import Inputs
 from projections.live import FoldService
-from projections.log import ConflictError, EventLog
+from projections.log import ConflictError, DepositError, EventLog
 from projections.readmodels import due_score, due_sources
 from projections.recheck import (
     RecheckPolicy,
@@ -35,11 +36,20 @@ from projections.recheck import (
     shards,
     spot_checks,
 )
+from projections.seeding import seed_status
 from reducers import LeaseRow, ProxyRow, State
 from reducers.pool import lease_live
 from reducers.state import ProxyKey
 
 __all__ = ["SHARDS", "Granter", "live_holdings"]
+
+
+def _range_order(target: str) -> tuple[str, int]:
+    """``p1a2b-r500`` -> (``p1a2b``, 500): a plan's ranges in the order of their items."""
+    plan, _, rng = target.partition("-")
+    digits = rng.lstrip("r")
+    return plan, int(digits) if digits.isdigit() else 0
+
 
 log = structlog.get_logger("ppf.leases")
 
@@ -102,8 +112,10 @@ class Granter:
         wait_s: float = 2.0,
         due_refresh_s: float = 0.5,
         recheck: RecheckPolicy | None = None,
+        inputs: Inputs | None = None,
     ) -> None:
         self.fold = fold
+        self.inputs = inputs or Inputs(None)
         self.log = lg
         self.max_per_agent = max_per_agent
         self.wait_s = wait_s
@@ -125,6 +137,9 @@ class Granter:
         self._shards_at = -1e9
         self._outages: list[dict[str, object]] = []
         self._outages_at = -1e9
+        self.unreadable_inputs: dict[str, str] = {}  # seed input key -> why, for status
+        self._seed: dict[str, Any] = {}
+        self._seed_at = -1e9
 
     @property
     def recheck(self) -> RecheckPolicy:
@@ -158,6 +173,15 @@ class Granter:
             self._outages_at = time.monotonic()
         return self._outages
 
+    def seed_status(self, now: int, max_age_s: float = 5.0) -> dict[str, Any]:
+        """``projections.seeding.seed_status``, computed at most every ``max_age_s`` (a
+        scan of the seed ranges and deposits), with the inputs this gateway could not read."""
+        if time.monotonic() - self._seed_at > max_age_s:
+            self._seed = seed_status(self.fold.state, now)
+            self._seed["unreadable_inputs"] = dict(self.unreadable_inputs)
+            self._seed_at = time.monotonic()
+        return self._seed
+
     def _still_due(
         self, pairs: Iterable[tuple[float, str]], now: int
     ) -> Iterator[tuple[str, float]]:
@@ -183,12 +207,54 @@ class Granter:
                 key=lambda p: (leases[p[0]].leased_at if p[0] in leases else 0, p[0]),
             )
         else:
-            pairs = sorted(
-                (row.target, 0.0)
-                for row in leases.values()
-                if row.kind == "seed" and row.cursor <= row.end
-            )
+            return self._seed_candidates(now)
         return ((t, s) for t, s in pairs if t not in self._claiming and _free(leases.get(t), now))
+
+    def _seed_candidates(self, now: int) -> Iterator[tuple[str, float]]:
+        """Free seed ranges, priorities taking turns: while a lower priority has ranges
+        waiting, a higher one holds at most half of the ranges in flight (its share and
+        everything below it), so a big urgent plan never starves the rest. Ranges of
+        one priority go in order, so a plan is worked from its start."""
+        waiting: dict[int, list[str]] = {}
+        flying: dict[int, int] = {}
+        for row in self.fold.state.leases.values():
+            if row.kind != "seed" or row.cursor > row.end or row.status == "failed":
+                continue
+            if lease_live(row, now) or row.target in self._claiming:
+                flying[row.priority] = flying.get(row.priority, 0) + 1
+            else:
+                waiting.setdefault(row.priority, []).append(row.target)
+        for queue in waiting.values():
+            queue.sort(key=_range_order)
+            queue.reverse()  # popped from the end
+        while waiting:
+            levels = sorted(waiting, reverse=True)
+            for i, level in enumerate(levels):
+                below = sum(n for p, n in flying.items() if p < level)
+                if i == len(levels) - 1 or flying.get(level, 0) + 1 <= below:
+                    break
+            queue = waiting[level]
+            target = queue.pop()
+            if not queue:
+                del waiting[level]
+            flying[level] = flying.get(level, 0) + 1
+            yield target, float(level)
+
+    async def _readable(self, picked: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """The picked ranges whose plan's input this gateway can read (kept after the
+        first read): a range whose input is missing or corrupt is not leased, and said."""
+        leases = self.fold.state.leases
+        out = []
+        for target, score in picked:
+            key = leases[target].input
+            try:
+                await self.inputs.items(key)
+            except DepositError as exc:
+                log.warning("seed_input_unreadable", target=target, input=key, error=str(exc))
+                self.unreadable_inputs[key] = exc.reason
+                continue
+            out.append((target, score))
+        return out
 
     def _payload(self, kind: str, target: str, score: float) -> dict[str, Any]:
         state = self.fold.state
@@ -203,7 +269,16 @@ class Granter:
                 priority=round(score, 4),
             )
         elif kind == "seed" and row is not None:
-            payload = SeedPayload(cursor=row.cursor, end=row.end)
+            items = self.inputs.cached(row.input) or []
+            plan, _, rng = target.partition("-")
+            payload = SeedPayload(
+                cursor=row.cursor,
+                end=row.end,
+                plan=plan,
+                range=rng,
+                kind=row.input_kind or "proxies",
+                items=items[row.cursor : row.end + 1],
+            )
         else:
             rows = self._shards().get(target, [])
             per_hour = state.settings.recheck_budget_per_hour
@@ -237,6 +312,8 @@ class Granter:
         picked = list(islice(self._candidates(kind, now), max(0, min(count, room))))
         if not picked:
             return []
+        if kind == "seed":
+            picked = await self._readable(picked)
         state = self.fold.state
         claims = []
         for target, score in picked:

@@ -15,6 +15,8 @@ from events import Event
 
 __all__ = [
     "ConflictError",
+    "DepositError",
+    "DepositStore",
     "EventLog",
     "LogError",
     "Message",
@@ -73,3 +75,31 @@ class EventLog(Protocol):
     def read(self, start_seq: int, until: int | None = None) -> AsyncIterator[list[Message]]:
         """Batches of messages in stream order from ``start_seq``, forever or to ``until``."""
         ...
+
+
+class DepositError(LogError):
+    """A deposit that cannot be read as the log recorded it: ``reason`` says how
+    (missing, digest, too-large, store)."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+class DepositStore(Protocol):
+    """The deposit bucket (``ppf-deposits``), by key only: nothing here lists it.
+    ``ops``: operations by kind and outcome (``put.ok``, ``get.missing``, ...)."""
+
+    ops: dict[str, int]
+
+    async def put(self, key: str, data: bytes) -> str:
+        """Store ``data`` under ``key``; returns its SHA-256 (hex), verified against what
+        the store recorded. DepositError when it was not stored whole."""
+        ...
+
+    async def get(self, key: str, sha256: str) -> bytes:
+        """The deposit under ``key``, only when its content has digest ``sha256``:
+        DepositError (missing, digest) otherwise."""
+        ...
+
+    async def delete(self, key: str) -> bool: ...

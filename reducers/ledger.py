@@ -141,6 +141,8 @@ def plan(state: State, event: SeedPlanned) -> None:
             row.start = start
         row.end = end
         row.priority = event.priority
+        row.input = event.input
+        row.input_kind = event.kind
         state.dirty_leases.add(target)
 
 

@@ -126,6 +126,8 @@ class LeaseRow(msgspec.Struct, gc=False):
     lost: int = 0
     start: int = 0  # a seed range's first item
     priority: int = 0  # a seed range's plan's priority (SeedPlanned.priority)
+    input: str = ""  # a seed range's plan's input (its deposit key)
+    input_kind: str = ""  # what its items are: proxies, sources
     # Stream sequence of the last message on this target's lease subject: what a
     # gateway sets as Nats-Expected-Last-Subject-Sequence when it claims the target.
     subject_seq: int = 0

@@ -151,7 +151,7 @@ async def test_gateway_serves_the_projections(
     assert set(stats["rates"]) == {"1m", "5m", "15m"} and "fold" in stats["rates"]["1m"]
     assert stats["queues"]["due_sources"] == 1 and stats["queues"]["stale_proxies"] == 0
     assert stats["lag"] == 0 and stats["lag_s"] == 0
-    assert {"publish", "direct_get", "object_get", "object_put"} <= set(stats["nats_ops"])
+    assert {"publish", "direct_get"} <= set(stats["nats_ops"]) and stats["deposit_ops"] == {}
     activity = {a["name"]: a for a in stats["agent_activity"]}
     assert activity["w1"]["events"] == {"ProxyWorked": 2}
     assert stats["tap"] is None

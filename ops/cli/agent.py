@@ -61,6 +61,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ag.add_argument("--data", default="./data/agents", help="outbox directory")
     ag.add_argument("--batch", type=int, default=5, help="sources leased a cycle")
     ag.add_argument("--check-timeout", type=float, default=5.0)
+    ag.add_argument("--seed-batch", type=int, default=200, help="seed: items a deposit")
+    ag.add_argument(
+        "--per-net", type=float, default=20.0, help="seed: checks a second into one /24"
+    )
+    ag.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="seed: never check these addresses (repeatable; private ones never are)",
+    )
+    ag.add_argument(
+        "--lease-ttl", type=int, default=900, help="seed: seconds a range is held unheard"
+    )
     ag.set_defaults(run=_agent)
 
     ck = sub.add_parser("check", help="check proxies through a judge, one result a line")
@@ -162,11 +176,9 @@ async def _check(args: argparse.Namespace) -> int:
 async def _agent(args: argparse.Namespace) -> int:
     from agents.checker import Checker, CheckerConfig
     from agents.gateway_client import GatewayClient, GatewayError
+    from agents.seednode import SeedConfig, SeedNode
     from agents.worker import Worker, WorkerConfig
 
-    if args.role == "seed":
-        print("ppf agent seed: the seed node is not built yet", file=sys.stderr)
-        return 2
     data = Path(args.data)
     try:
         # Only to learn the agent's name: it publishes nothing, so it asks for no NATS.
@@ -183,8 +195,25 @@ async def _agent(args: argparse.Namespace) -> int:
     judges = list(args.judge) or [gateway_judge, *BUILTIN_JUDGES]
     own = (gateway_judge,) if not args.judge else ()
     https = tuple(args.https_target) or (() if args.lab else HTTPS_TARGETS)
-    agent: Worker | Checker
-    if args.role == "worker":
+    agent: Worker | Checker | SeedNode
+    if args.role == "seed":
+        seeding = SeedConfig(
+            lab=args.lab,
+            upstream=args.upstream,
+            batch=args.seed_batch,
+            per_net_per_s=args.per_net,
+            exclude=tuple(args.exclude),
+            check_timeout_s=args.check_timeout,
+            nats=args.nats,
+            http_only=args.http_only,
+            tls_judge=args.tls_judge,
+            own_judges=own,
+            https_targets=https,
+            judge_key=me.judge_key,
+            lease_ttl_s=args.lease_ttl,
+        )
+        agent = SeedNode(args.gateway, args.token, me.name, judges, data / me.name, seeding)
+    elif args.role == "worker":
         config = WorkerConfig(
             lab=args.lab,
             upstream=args.upstream,

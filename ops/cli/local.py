@@ -1,4 +1,5 @@
-"""The agents `ppf up` runs itself: a worker and a checker, enrolled afresh at each start."""
+"""The agents `ppf up` runs itself: a worker, a checker and a seed node, enrolled afresh
+at each start."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ log = structlog.get_logger("ppf")
 LOCAL_AGENTS: tuple[tuple[str, Role], ...] = (
     ("local-worker", "worker"),
     ("local-checker", "checker"),
+    ("local-seed", "seed"),
 )
 
 
@@ -46,6 +48,7 @@ async def local_agents(
 ) -> None:
     from agents.check import HTTPS_TARGETS
     from agents.checker import Checker, CheckerConfig
+    from agents.seednode import SeedConfig, SeedNode
     from agents.worker import Worker, WorkerConfig
 
     lab = args.lab
@@ -89,8 +92,25 @@ async def local_agents(
             **idle,
         ),
     )
+    seed = SeedNode(
+        base,
+        tokens["local-seed"],
+        "local-seed",
+        judges,
+        data / "agents" / "local-seed",
+        SeedConfig(
+            lab=lab,
+            tls_judge=tls_judge,
+            own_judges=own,
+            https_targets=https,
+            require_judge=False,
+            judge_key=key("local-seed"),
+            lease_ttl_s=900,
+            **idle,
+        ),
+    )
     stop = asyncio.Event()
-    task = asyncio.gather(worker.run(stop), checker.run(stop))
+    task = asyncio.gather(worker.run(stop), checker.run(stop), seed.run(stop))
 
     async def _stop() -> None:
         stop.set()

@@ -240,6 +240,12 @@ async def _fold_service(
     fold = FoldService(lg, db=db, dlq=dlq, tap=tap)
     await fold.start()
     stack.push_async_callback(fold.stop)
+    if data is not None:  # the fold that persists reads the deposits into the log
+        from projections.ingest import DepositIngest
+
+        ingest = DepositIngest(fold, lg.deposits, sweep_s=_sweep_s())
+        await ingest.start()
+        stack.push_async_callback(ingest.stop)
     # Every replica locates what its projection has not located: the ids are
     # deterministic, so the log keeps one Located per address whoever publishes it.
     locator = Locator(fold)
@@ -265,7 +271,10 @@ async def _gateway_site(
 
     host, port = hostport(args.listen, 8080)
     config = GatewayConfig(
-        private_queries=args.private_queries, agent_nats=agent_nats, judge_keys=keys
+        private_queries=args.private_queries,
+        agent_nats=agent_nats,
+        judge_keys=keys,
+        deposits=lg.deposits,
     )
     # Capped connections, headers in time (gateway/guard.py): aiohttp has neither.
     runner = GuardedRunner(make_app(fold, lg, config), access_log=None)
@@ -274,6 +283,14 @@ async def _gateway_site(
     await web.TCPSite(runner, host, port).start()
     print(f"ppf {role}: gateway http://{host}:{port}  nats {lg.address}", flush=True)
     return f"http://{host}:{port}"
+
+
+def _sweep_s() -> float:
+    """How often the ingest tries a failed deposit again: 60 s, or ``PPF_INGEST_SWEEP_S``
+    (tests and benchmarks shorten it)."""
+    import os
+
+    return float(os.environ.get("PPF_INGEST_SWEEP_S", "60"))
 
 
 async def _seed_sources(lg: Log) -> None:

@@ -33,6 +33,7 @@ from events import (
     subject_for,
 )
 from events.mint import fresh_id, now_ms
+from ops.nats.objects import DepositBucket
 from ops.nats.stream import Firehose
 from projections.log import ConflictError, LogError, Message, Published, PublishError
 
@@ -104,11 +105,9 @@ class Log:
         self.url = url
         self.address = redact(url)  # for logs: no password
         self._closing: list[bool] = []
-        # NATS operations by kind, for /v1/stats.
-        # Object-store keys count deposits once agents make them (the seed node, to come).
-        self.ops: dict[str, int] = dict.fromkeys(
-            ("publish", "direct_get", "stream_info", "object_get", "object_put"), 0
-        )
+        # NATS operations by kind, for /v1/stats; the deposit store counts its own.
+        self.ops: dict[str, int] = dict.fromkeys(("publish", "direct_get", "stream_info"), 0)
+        self.deposits = DepositBucket(js)
 
     @classmethod
     async def connect(

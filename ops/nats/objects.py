@@ -1,0 +1,97 @@
+"""The deposit store on a JetStream Object Store bucket, ``ppf-deposits``
+(ARCHITECTURE.md §3): raw pages, seed inputs and seed batches under keys minted from
+the ledger (events/keys.py), read and deleted by key, never listed.
+
+nats-py's object store checks a read against the digest the *writer* put in the
+object's metadata; that writer may be anyone who could write the bucket, so every
+read here is checked again against the digest the log recorded (``Deposited``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import StorageType
+from nats.js.object_store import ObjectStore
+
+from projections.log import DepositError
+
+__all__ = ["BUCKET", "DepositBucket"]
+
+BUCKET = "ppf-deposits"
+MAX_DEPOSIT = 64 * 1024 * 1024  # a seed input of a few million lines; pages are capped lower
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+class DepositBucket:
+    """Implements ``projections.log.DepositStore``; the bucket is made on first use."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self._js = js
+        self._store: ObjectStore | None = None
+        self.ops: dict[str, int] = {}
+
+    def _count(self, op: str, outcome: str) -> None:
+        name = f"{op}.{outcome}"
+        self.ops[name] = self.ops.get(name, 0) + 1
+
+    async def _bucket(self) -> ObjectStore:
+        if self._store is None:
+            try:
+                self._store = await self._js.object_store(BUCKET)
+            except nats.js.errors.BucketNotFoundError:
+                self._store = await self._js.create_object_store(
+                    BUCKET, storage=StorageType.FILE, description="ppf deposits"
+                )
+        return self._store
+
+    async def put(self, key: str, data: bytes) -> str:
+        if len(data) > MAX_DEPOSIT:
+            self._count("put", "too-large")
+            raise DepositError("too-large", f"{len(data)} bytes > {MAX_DEPOSIT}")
+        digest = _sha256(data)
+        try:
+            info = await (await self._bucket()).put(key, data)
+        except (nats.errors.Error, OSError) as exc:
+            self._count("put", "store")
+            raise DepositError("store", repr(exc)) from exc
+        stored = base64.urlsafe_b64decode((info.digest or "").removeprefix("SHA-256=")).hex()
+        if stored != digest or info.size != len(data):
+            self._count("put", "digest")
+            raise DepositError("digest", f"stored {stored[:12]}, sent {digest[:12]}")
+        self._count("put", "ok")
+        return digest
+
+    async def get(self, key: str, sha256: str) -> bytes:
+        try:
+            result = await (await self._bucket()).get(key)
+        except nats.js.errors.ObjectNotFoundError as exc:
+            self._count("get", "missing")
+            raise DepositError("missing", key) from exc
+        except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as exc:
+            self._count("get", "digest")
+            raise DepositError("digest", f"{key}: {type(exc).__name__}") from exc
+        except (nats.errors.Error, OSError) as exc:
+            self._count("get", "store")
+            raise DepositError("store", repr(exc)) from exc
+        data = result.data or b""
+        if _sha256(data) != sha256:
+            self._count("get", "digest")
+            raise DepositError("digest", f"{key} is not the content the log recorded")
+        self._count("get", "ok")
+        return data
+
+    async def delete(self, key: str) -> bool:
+        try:
+            await (await self._bucket()).delete(key)
+        except nats.js.errors.ObjectNotFoundError:
+            self._count("delete", "missing")
+            return False
+        self._count("delete", "ok")
+        return True

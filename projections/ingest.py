@@ -1,0 +1,195 @@
+"""The deposit ingest: reads announced deposits by key and folds them into the log.
+
+Driven only by what the projection knows: a ``Deposited`` puts its key in
+``state.pending_deposits`` and the ingest reads it at once; a key whose read failed is
+tried again on the slow sweep (``sweep_s``), never sooner. Nothing here lists the
+bucket. Each read is checked against the digest the log recorded, and its outcome goes
+back into the log: the events derived from it (``ProxyWorked`` for a seed batch's
+working proxies, ``SourceAdded`` for its proxy lists, naming the agent that deposited
+them, so trust, quotas and validation apply as to its own reports) and then
+``DepositFolded``; or ``DepositRejected`` with the attempt's number, counted from the
+log, so a restart cannot reset the budget (reducers/deposits.py poisons at five).
+
+Every id is fixed by the deposit's key, so several gateways ingesting the same deposit
+put one copy of each event in the log (the stream's duplicate window), and folding a
+deposit twice changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+import structlog
+
+from events import (
+    DepositFolded,
+    DepositRejected,
+    Event,
+    ProxyWorked,
+    SourceAdded,
+    deposit_key_id,
+    normalize_url,
+    url_id,
+)
+from events.keys import derived_id, parse_key
+from events.wire import SeedBatch
+from projections.live import FoldService
+from projections.log import DepositError, DepositStore
+from reducers.state import DepositRow
+
+__all__ = ["DepositIngest", "derive"]
+
+log = structlog.get_logger("ppf.ingest")
+
+SERVICE = "fold"  # the agent name on the service's own records of deposits
+_batch = msgspec.json.Decoder(SeedBatch)
+
+
+class MalformedDeposit(ValueError):
+    """Content that is not what its key promises."""
+
+
+def derive(row: DepositRow, data: bytes) -> list[Event]:
+    """The events a deposit's content says, with ids fixed by its key. Pure."""
+    parts = parse_key(row.key)
+    if parts is None or parts.form != "seed":
+        return []  # pages and inputs are kept for reparse and planning: nothing to say
+    try:
+        batch = _batch.decode(data)
+    except msgspec.DecodeError as exc:
+        raise MalformedDeposit(f"not a seed batch: {exc}") from exc
+    if (batch.start, batch.next) != (row.start, row.next):
+        raise MalformedDeposit(
+            f"covers {batch.start}-{batch.next}, announced {row.start}-{row.next}"
+        )
+    kid = deposit_key_id(row.key)
+    out: list[Event] = []
+    for i, p in enumerate(batch.worked):
+        out.append(
+            ProxyWorked(
+                id=derived_id(kid, i),
+                agent=row.agent,
+                at=row.at,
+                ip=p.ip,
+                port=p.port,
+                proto=p.proto,
+                latency_ms=p.latency_ms,
+                exit_ip=p.exit_ip,
+                anonymity=p.anonymity,  # type: ignore[arg-type]
+                mitm=p.mitm,
+                judge=p.judge,
+                https=p.https,  # type: ignore[arg-type]
+            )
+        )
+    base = len(batch.worked)
+    for i, url in enumerate(batch.sources):
+        out.append(
+            SourceAdded(
+                id=derived_id(kid, base + i),
+                agent=row.agent,
+                at=row.at,
+                url=normalize_url(url),
+                url_id=url_id(url),
+                origin="seed",
+            )
+        )
+    return out
+
+
+class DepositIngest:
+    """One per fold that persists (``ppf up``, ``ppf fold``)."""
+
+    def __init__(
+        self,
+        fold: FoldService,
+        store: DepositStore,
+        *,
+        poll_s: float = 0.25,
+        sweep_s: float = 60.0,
+    ) -> None:
+        self.fold = fold
+        self.store = store
+        self.poll_s = poll_s
+        self.sweep_s = sweep_s
+        self._failed: dict[str, float] = {}  # key -> when its last read failed
+        self._task: asyncio.Task[None] | None = None
+        self.folded = 0
+        self.rejected = 0
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ppf-ingest")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _due(self, now: float) -> list[str]:
+        """Pending keys never tried here, and failed ones whose sweep has come."""
+        failed = self._failed
+        return sorted(
+            k
+            for k in self.fold.state.pending_deposits
+            if k not in failed or now - failed[k] >= self.sweep_s
+        )
+
+    async def _run(self) -> None:
+        while True:
+            for key in self._due(time.monotonic()):
+                try:
+                    await self.ingest(key)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # NATS away: the sweep tries again
+                    log.warning("ingest_failed", key=key, error=repr(exc))
+                    self._failed[key] = time.monotonic()
+            await asyncio.sleep(self.poll_s)
+
+    async def ingest(self, key: str) -> bool:
+        """Read, check and fold one pending deposit; True when folded."""
+        state = self.fold.state
+        row = state.deposits.get(key)
+        if row is None or row.status != "pending":
+            self._failed.pop(key, None)
+            return False
+        attempt = row.attempts + 1
+        kid = deposit_key_id(key)
+        try:
+            data = await self.store.get(key, row.sha256)
+            derived = derive(row, data)
+        except (DepositError, MalformedDeposit) as exc:
+            reason = exc.reason if isinstance(exc, DepositError) else "malformed"
+            event: Event = DepositRejected(
+                id=f"rejected:{kid}:{attempt}",
+                agent=SERVICE,
+                at=row.at,
+                key=key,
+                attempt=attempt,
+                reason=f"{reason}: {exc}"[:500],
+            )
+            published = await self.fold.log.publish(event)
+            await self.fold.wait_for(published.seq, 10)
+            self._failed[key] = time.monotonic()
+            self.rejected += 1
+            log.warning("deposit_rejected", key=key, attempt=attempt, reason=reason)
+            return False
+        if derived:
+            await self.fold.log.publish_many(derived)
+        done = DepositFolded(
+            id=f"folded:{kid}",
+            agent=SERVICE,
+            at=row.at,
+            key=key,
+            attempt=attempt,
+            reason=f"{len(derived)} events",
+        )
+        published = await self.fold.log.publish(done)
+        await self.fold.wait_for(published.seq, 10)
+        self._failed.pop(key, None)
+        self.folded += 1
+        return True

@@ -1,0 +1,318 @@
+"""Seed nodes and deposits: a dump planned into ranges, worked by seed nodes against real
+proxies, batches stored through the gateway and folded by key (ARCHITECTURE.md §1, §5).
+
+Real parts: nats-server with its object store, the gateway app on a port, the fold
+with its DuckDB file and the deposit ingest, the proxy lab on loopback (lab mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+from aiohttp.test_utils import TestServer
+
+import events as ev
+from agents.gateway_client import GatewayClient
+from agents.seednode import SeedConfig, SeedNode
+from events.keys import page_key, seed_key
+from gateway.app import make_app
+from gateway.http import GatewayConfig
+from gateway.leases import Granter
+from ops.cli import enroll
+from ops.cli.seed import plan, uncovered
+from ops.lab.testbed import ProxyLab
+from ops.nats.client import Log, fresh_id, now_ms
+from ops.nats.server import NatsServer
+from projections.ingest import DepositIngest
+from projections.live import FoldService
+from reducers import LeaseRow, State
+from reducers.deposits import ATTEMPTS
+
+
+@dataclass
+class _Box:
+    log: Log
+    fold: FoldService
+    ingest: DepositIngest
+    gateway: str
+    tokens: dict[str, str]
+
+
+@contextlib.asynccontextmanager
+async def _box(nats: NatsServer, tmp: Path, agents: dict[str, str]) -> AsyncIterator[_Box]:
+    lg = await Log.connect(nats.url)
+    await lg.ensure_stream()
+    tokens = {name: await enroll(lg, name, role) for name, role in agents.items()}  # type: ignore[arg-type]
+    settings = ev.Settings(lab=True, agent_subjects=True)
+    await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
+    fold = FoldService(lg, db=tmp / "ppf.duckdb")
+    await fold.start()
+    ingest = DepositIngest(fold, lg.deposits, poll_s=0.05, sweep_s=0.3)
+    await ingest.start()
+    config = GatewayConfig(agent_nats=nats.agent_auth(), deposits=lg.deposits)
+    server = TestServer(make_app(fold, lg, config), host="127.0.0.1")
+    await server.start_server()
+    try:
+        assert await fold.wait_for(await lg.head_seq(), 10)
+        yield _Box(lg, fold, ingest, str(server.make_url("")).rstrip("/"), tokens)
+    finally:
+        await server.close()
+        await ingest.stop()
+        await fold.stop()
+        await lg.close()
+
+
+def _refusing_ports(count: int) -> list[int]:
+    """Loopback ports nobody listens on (bound, then closed): connections are refused."""
+    socks = []
+    for _ in range(count):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _node(box: _Box, name: str, tmp: Path, **kw: object) -> SeedNode:
+    config = SeedConfig(lab=True, idle_s=0.2, check_timeout_s=3, https_targets=(), **kw)  # type: ignore[arg-type]
+    return SeedNode(box.gateway, box.tokens[name], name, box.gateway + "/judge", tmp / name, config)
+
+
+async def _until(cond: object, timeout: float) -> bool:
+    for _ in range(int(timeout * 10)):
+        if cond():  # type: ignore[operator]
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
+def _covered_once(state: State, plan_name: str) -> list[str]:
+    """What is wrong with the plan's folded batches as a partition of each range."""
+    wrong = []
+    for row in state.leases.values():
+        if not row.target.startswith(plan_name + "-"):
+            continue
+        batches = sorted(
+            (d.start, d.next, d.status) for d in state.deposits.values() if d.target == row.target
+        )
+        at = row.start
+        for start, nxt, status in batches:
+            if start != at or status != "folded":
+                wrong.append(f"{row.target}: batch {start}-{nxt} {status}, expected at {at}")
+            at = nxt
+        if at != row.end + 1:
+            wrong.append(f"{row.target}: covered to {at}, ends at {row.end}")
+    return wrong
+
+
+def test_uncovered_items_are_what_no_range_covers() -> None:
+    """Planning again plans only what no earlier range covers."""
+    assert uncovered(10, []) == [(0, 9)]
+    assert uncovered(10, [("r0", 0, 3), ("r6", 6, 7)]) == [(4, 5), (8, 9)]
+    assert uncovered(10, [("r0", 0, 9)]) == []
+    assert uncovered(12, [("r0", 0, 9)]) == [(10, 11)]
+
+
+def test_priorities_take_turns() -> None:
+    """Two plans at priorities 1 and 5 with ranges waiting: the lower keeps getting
+    leases while the higher runs (at most half of what is in flight is the higher's)."""
+    state = State()
+    for plan_name, priority in (("phi", 5), ("plo", 1)):
+        for i in range(6):
+            target = f"{plan_name}-r{i * 10}"
+            state.leases[target] = LeaseRow(
+                target=target, kind="seed", start=i * 10, cursor=i * 10, end=i * 10 + 9,
+                priority=priority,
+            )  # fmt: skip
+    granter = Granter(SimpleNamespace(state=state), None)  # type: ignore[arg-type]
+    picked = [t for t, _ in list(granter._seed_candidates(now_ms()))[:8]]
+    assert [t.split("-")[0] for t in picked] == ["plo", "phi"] * 4
+    assert picked[:4] == ["plo-r0", "phi-r0", "plo-r10", "phi-r10"]  # each plan in order
+    # With the low plan's ranges all in flight, the high one takes every free slot.
+    for i in range(6):
+        row = state.leases[f"plo-r{i * 10}"]
+        row.status, row.expires_at = "leased", now_ms() + 60_000
+    picked = [t for t, _ in granter._seed_candidates(now_ms())]
+    assert picked == [f"phi-r{i * 10}" for i in range(6)]
+
+
+async def test_seed_nodes_work_a_dump_once_and_resume_a_dead_nodes_range(
+    lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A dump of real proxies among refusing addresses, planned into ranges, worked by
+    two seed nodes; one dies mid-range (its task killed, no release): the other finishes
+    that range from its cursor once the lease expires. Every item is settled by exactly
+    one folded batch, and every real proxy is in the pool, the refusing ones not."""
+    real = [p for p in lab.proxies if p.name in ("squid", "microsocks")]
+    refusing = _refusing_ports(150)
+    lines = [f"127.0.0.1:{port}" for port in refusing]
+    for i, p in enumerate(real):
+        lines.insert(37 + 50 * i, f"{p.proto}://127.0.0.1:{p.port}")
+    dump = ("\n".join(lines) + "\n").encode()
+    async with _box(nats_server, tmp_path, {"s1": "seed", "s2": "seed"}) as box:
+        planned, new = await plan(box.log, dump, "proxies", 40, 0)
+        assert planned is not None and new == 4
+        again, more = await plan(box.log, dump, "proxies", 40, 0)
+        assert (again, more) == (None, 0)  # the same input again plans nothing
+        # s1 takes a range, deposits one batch of 10, and dies (no release).
+        s1 = _node(box, "s1", tmp_path, batch=10, lease_ttl_s=10)
+        dying = asyncio.create_task(s1.run(asyncio.Event()))
+        assert await _until(lambda: s1.batches >= 1, 30)
+        dying.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await dying
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        held = [r for r in box.fold.state.leases.values() if r.holder == "s1"]
+        assert len(held) == 1 and held[0].cursor > held[0].start
+        orphan, cursor = held[0].target, held[0].cursor
+        s2 = _node(box, "s2", tmp_path, batch=15)
+        stop = asyncio.Event()
+        working = asyncio.create_task(s2.run(stop))
+        state = box.fold.state
+        try:
+            done = await _until(
+                lambda: (
+                    all(r.cursor > r.end for r in state.leases.values() if r.kind == "seed")
+                    and not state.pending_deposits
+                ),
+                90,
+            )
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, 30)
+        assert done, box.fold.state.leases
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        assert _covered_once(state, planned.plan) == []
+        resumed = [d for d in state.deposits.values() if d.target == orphan and d.agent == "s2"]
+        assert min(d.start for d in resumed) == cursor  # from the cursor, not the start
+        assert state.leases[orphan].attempts == 0  # the expiry counted, the done reset it
+        for p in real:
+            assert ("127.0.0.1", p.port) in state.proxies, p.name
+        assert not any(("127.0.0.1", port) in state.proxies for port in refusing)
+        assert sum(d.items for d in state.deposits.values() if d.target) == len(lines)
+
+
+async def test_a_deposit_lost_behind_the_folds_back_is_poisoned_across_a_restart(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A page announced but not in the store (deleted behind the fold's back) is read
+    five times, each recorded as DepositRejected, then poisoned; the fold and the ingest
+    restart between attempts and the count goes on from the log."""
+    async with _box(nats_server, tmp_path, {}) as box:
+        data = b"1.2.3.4:80\n"
+        sha = hashlib.sha256(data).hexdigest()
+        key = page_key(sha)
+        await box.log.deposits.put(key, data)
+        await box.log.deposits.delete(key)
+        await box.ingest.stop()  # the first two attempts here, the rest after a restart
+        box.ingest.sweep_s = 0.2
+        await box.log.publish(
+            ev.Deposited(
+                id=fresh_id(), agent="admin", at=now_ms(), key=key, sha256=sha, bytes=len(data)
+            )
+        )
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        for _ in range(2):
+            assert not await box.ingest.ingest(key)
+        assert box.fold.state.deposits[key].attempts == 2
+    async with _box(nats_server, tmp_path, {}) as box:
+        row = box.fold.state.deposits[key]
+        assert await _until(lambda: row.status == "poisoned", 20), row
+        assert row.attempts == ATTEMPTS and row.reason.startswith("missing")
+        assert box.ingest.rejected == ATTEMPTS - 2
+        await asyncio.sleep(1)  # sweeps go on: a poisoned deposit is read no more
+        assert box.ingest.rejected == ATTEMPTS - 2
+        gets = box.log.deposits.ops
+        assert gets.get("get.missing") == ATTEMPTS - 2 and "get.ok" not in gets
+
+
+async def test_junk_under_another_range_or_a_pages_key_is_refused_and_the_honest_deposit_folded(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """An enrolled agent tries to store junk under a range it does not hold and under a
+    page's key before the page; the gateway refuses both, and a Deposited it publishes
+    for the other range is refused by the fold. The honest batch and page are folded."""
+    agents = {"honest": "seed", "rogue": "seed", "w1": "worker"}
+    async with _box(nats_server, tmp_path, agents) as box:
+        dump = b"8.8.8.8:3128\n9.9.9.9:8080\n"
+        planned, _ = await plan(box.log, dump, "proxies", 1, 0)
+        assert planned is not None
+        gw_honest = GatewayClient(box.gateway, box.tokens["honest"], "honest", tmp_path / "h.jsonl")
+        gw_rogue = GatewayClient(box.gateway, box.tokens["rogue"], "rogue", tmp_path / "r.jsonl")
+        gw_worker = GatewayClient(box.gateway, box.tokens["w1"], "w1", tmp_path / "w.jsonl")
+        async with gw_honest, gw_rogue, gw_worker:
+            (grant,) = await gw_honest.lease("seed", 1, 60)
+            rng = grant.seed()
+            key = seed_key(rng.plan, rng.range, rng.cursor)
+            junk = b'{"start": 0, "next": 1, "worked": [["1.1.1.1", 80, "http"]]}'
+            status, _ = await gw_rogue.deposit(key, junk)
+            assert status == 403
+            forged = ev.Deposited(
+                id=fresh_id(), agent="rogue", at=now_ms(), lease=grant.lease, key=key,
+                sha256=hashlib.sha256(junk).hexdigest(), bytes=len(junk), items=1, cursor=1,
+            )  # fmt: skip
+            assert await gw_rogue.publish([forged])
+            honest = ev.wire.SeedBatch(start=rng.cursor, next=rng.cursor + 1)
+            body = msgspec.json.encode(honest)
+            status, sha = await gw_honest.deposit(key, body)
+            assert status == 200
+            announce = ev.Deposited(
+                id=fresh_id(), agent="honest", at=now_ms(), lease=grant.lease, key=key,
+                sha256=sha, bytes=len(body), items=1, cursor=rng.cursor + 1,
+            )  # fmt: skip
+            assert await gw_honest.publish([announce])
+            page = b"<pre>5.6.7.8:1080</pre>"
+            pkey = page_key(hashlib.sha256(page).hexdigest())
+            status, _ = await gw_rogue.deposit(pkey, b"junk")
+            assert status == 403
+            status, psha = await gw_worker.deposit(pkey, page)
+            assert status == 200
+            await gw_worker.publish(
+                [ev.Deposited(id=fresh_id(), agent="w1", at=now_ms(), key=pkey, sha256=psha,
+                              bytes=len(page))]
+            )  # fmt: skip
+        state = box.fold.state
+        assert await _until(
+            lambda: key in state.deposits and pkey in state.deposits and not state.pending_deposits,
+            20,
+        )
+        assert state.deposits[key].agent == "honest" and state.deposits[key].status == "folded"
+        assert state.deposits[pkey].status == "folded"
+        assert state.agents["rogue"].rejected == 1
+        assert state.leases[grant.target].cursor == rng.cursor + 1
+        assert ("1.1.1.1", 80) not in state.proxies
+
+
+@pytest.mark.parametrize("agents", [{}])
+async def test_seed_status_in_stats(
+    nats_server: NatsServer, tmp_path: Path, agents: dict[str, str]
+) -> None:
+    """/v1/stats says how each plan stands: items, ranges by status, priority."""
+    import aiohttp
+
+    async with _box(nats_server, tmp_path, agents) as box:
+        planned, _ = await plan(box.log, b"8.8.8.8:1\n8.8.8.8:2\n8.8.8.8:3\n", "proxies", 2, 3)
+        assert planned is not None
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        async with aiohttp.ClientSession() as http, http.get(box.gateway + "/v1/stats") as r:
+            seed = (await r.json())["seed"]
+        assert seed["plans"][planned.plan] == {
+            "input": planned.input,
+            "kind": "proxies",
+            "priority": 3,
+            "items": 3,
+            "reached": 0,
+            "ranges": {"waiting": 2, "working": 0, "done": 0, "failed": 0},
+        }
+        assert seed["deposits"]["pending"] + seed["deposits"]["folded"] == 1  # the input
