@@ -178,6 +178,31 @@ def openapi() -> dict[str, Any]:
                 },
             }
         },
+        "/v1/deposits/{key}": {
+            "put": {
+                "summary": "store a seed batch (<plan>/<range>/<cursor>, the caller's range at "
+                "its cursor) or a raw page (page/<sha256 of the body>); announce it after "
+                "with Deposited (worker, seed)",
+                "security": _AUTH,
+                "parameters": [
+                    {"name": "key", "in": "path", "required": True, "schema": {"type": "string"}},
+                    {
+                        "name": "X-Content-SHA256",
+                        "in": "header",
+                        "required": False,
+                        "schema": {"type": "string"},
+                    },
+                ],
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+                },
+                "responses": {
+                    "200": _reply("DepositReply"),
+                    **_problems(400, 401, 403, 404, 409, 413, 503),
+                },
+            }
+        },
         "/v1/sources": {
             "get": {
                 "summary": "sources with scores",
