@@ -10,6 +10,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -195,6 +196,16 @@ async def _agent(args: argparse.Namespace) -> int:
     judges = list(args.judge) or [gateway_judge, *BUILTIN_JUDGES]
     own = (gateway_judge,) if not args.judge else ()
     https = tuple(args.https_target) or (() if args.lab else HTTPS_TARGETS)
+    # What every role is told alike (agents/loop.py AgentConfig).
+    common: dict[str, Any] = {
+        "check_timeout_s": args.check_timeout,
+        "nats": args.nats,
+        "http_only": args.http_only,
+        "tls_judge": args.tls_judge,
+        "own_judges": own,
+        "https_targets": https,
+        "judge_key": me.judge_key,
+    }
     agent: Worker | Checker | SeedNode
     if args.role == "seed":
         seeding = SeedConfig(
@@ -203,14 +214,8 @@ async def _agent(args: argparse.Namespace) -> int:
             batch=args.seed_batch,
             per_net_per_s=args.per_net,
             exclude=tuple(args.exclude),
-            check_timeout_s=args.check_timeout,
-            nats=args.nats,
-            http_only=args.http_only,
-            tls_judge=args.tls_judge,
-            own_judges=own,
-            https_targets=https,
-            judge_key=me.judge_key,
             lease_ttl_s=args.lease_ttl,
+            **common,
         )
         agent = SeedNode(args.gateway, args.token, me.name, judges, data / me.name, seeding)
     elif args.role == "worker":
@@ -218,25 +223,11 @@ async def _agent(args: argparse.Namespace) -> int:
             lab=args.lab,
             upstream=args.upstream,
             batch=args.batch,
-            check_timeout_s=args.check_timeout,
-            nats=args.nats,
-            http_only=args.http_only,
-            tls_judge=args.tls_judge,
-            own_judges=own,
-            https_targets=https,
-            judge_key=me.judge_key,
+            **common,
         )
         agent = Worker(args.gateway, args.token, me.name, judges, data / me.name, config)
     else:
-        checks = CheckerConfig(
-            check_timeout_s=args.check_timeout,
-            nats=args.nats,
-            http_only=args.http_only,
-            tls_judge=args.tls_judge,
-            own_judges=own,
-            https_targets=https,
-            judge_key=me.judge_key,
-        )
+        checks = CheckerConfig(**common)
         agent = Checker(args.gateway, args.token, me.name, judges, data / me.name, checks)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -59,55 +60,41 @@ async def local_agents(
         return keys.agent_key(name).hex() if keys is not None else ""
 
     wait = getattr(args, "agents_idle", None)
-    idle = {} if wait is None else {"idle_s": wait}
+    # What the three are told alike; each its own judge key.
+    common: dict[str, Any] = {
+        "tls_judge": tls_judge,
+        "own_judges": own,
+        "https_targets": https,
+        "require_judge": False,
+        **({} if wait is None else {"idle_s": wait}),
+    }
+
+    def home(name: str) -> Path:
+        return data / "agents" / name
 
     worker = Worker(
         base,
         tokens["local-worker"],
         "local-worker",
         judges,
-        data / "agents" / "local-worker",
-        WorkerConfig(
-            lab=lab,
-            tls_judge=tls_judge,
-            own_judges=own,
-            https_targets=https,
-            require_judge=False,
-            judge_key=key("local-worker"),
-            **idle,
-        ),
+        home("local-worker"),
+        WorkerConfig(lab=lab, judge_key=key("local-worker"), **common),
     )
     checker = Checker(
         base,
         tokens["local-checker"],
         "local-checker",
         judges,
-        data / "agents" / "local-checker",
-        CheckerConfig(
-            tls_judge=tls_judge,
-            own_judges=own,
-            https_targets=https,
-            require_judge=False,
-            judge_key=key("local-checker"),
-            **idle,
-        ),
+        home("local-checker"),
+        CheckerConfig(judge_key=key("local-checker"), **common),
     )
     seed = SeedNode(
         base,
         tokens["local-seed"],
         "local-seed",
         judges,
-        data / "agents" / "local-seed",
-        SeedConfig(
-            lab=lab,
-            tls_judge=tls_judge,
-            own_judges=own,
-            https_targets=https,
-            require_judge=False,
-            judge_key=key("local-seed"),
-            lease_ttl_s=900,
-            **idle,
-        ),
+        home("local-seed"),
+        SeedConfig(lab=lab, judge_key=key("local-seed"), lease_ttl_s=900, **common),
     )
     stop = asyncio.Event()
     task = asyncio.gather(worker.run(stop), checker.run(stop), seed.run(stop))
