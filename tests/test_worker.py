@@ -92,6 +92,6 @@ async def test_worker_turns_a_list_into_verified_proxies(
     # user, and no password reached the log.
     lines = [json.loads(x) for x in up.logfile.read_text().splitlines() if x.startswith("{")]
     via = {x["agent"]: x["via"] for x in lines if x.get("event") == "agent_events_via"}
-    assert via == {"local-worker": "nats", "local-checker": "nats"}
+    assert via == {"local-worker": "nats", "local-checker": "nats", "local-seed": "nats"}
     passwords = json.loads((tmp_path / "data" / "nats" / "auth.json").read_text())
     assert not any(pw in up.logfile.read_text() for pw in passwords.values())

@@ -37,7 +37,7 @@ def _inside(ns: str, url: str) -> Any:
 def test_ppf_up_without_a_way_out_warns_once_and_blames_no_source(
     ppf_bin: str, tmp_path: Path
 ) -> None:
-    """No route but loopback: both local agents report the outage (log, /v1/stats); the
+    """No route but loopback: every local agent reports the outage (log, /v1/stats); the
     built-in sources are never fetched, so none has an error."""
     ns = f"ppfo{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
@@ -54,13 +54,17 @@ def test_ppf_up_without_a_way_out_warns_once_and_blames_no_source(
             )
         started = time.monotonic()
         outages: list[dict[str, Any]] = []
-        while time.monotonic() - started < 60 and len(outages) < 2:
+        while time.monotonic() - started < 60 and len(outages) < 3:
             time.sleep(1)
             try:
                 outages = _inside(ns, "http://127.0.0.1:8080/v1/stats")["outages"]
             except (subprocess.CalledProcessError, json.JSONDecodeError):
                 continue
-        assert {o["agent"] for o in outages} == {"local-worker", "local-checker"}, log.read_text()
+        assert {o["agent"] for o in outages} == {
+            "local-worker",
+            "local-checker",
+            "local-seed",
+        }, log.read_text()
         assert all("no judge answers" in o["outage"] for o in outages)
         time.sleep(5)  # a few idle cycles more: still nothing blamed, nothing said twice
         sources = _inside(ns, "http://127.0.0.1:8080/v1/sources?limit=0")["sources"]
@@ -70,6 +74,7 @@ def test_ppf_up_without_a_way_out_warns_once_and_blames_no_source(
         warnings = [x for x in lines if x.get("level") == "warning"]
         assert sorted(x["agent"] for x in warnings if x["event"] == "network_down") == [
             "local-checker",
+            "local-seed",
             "local-worker",
         ]
         assert [x["event"] for x in warnings if x["event"] != "network_down"] == []
