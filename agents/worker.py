@@ -4,7 +4,10 @@ One cycle: lease ``batch`` sources; fetch each (skipping extraction when the con
 hash equals the lease's ``last_hash``); extract; deduplicate across the batch; cap at
 ``max_proxies``; check them all through the judge; publish ``Fetched``, ``Extracted``,
 ``ProxyWorked`` (working ones only) and ``Discovered`` (links of pages that yielded
-proxies); release. A heartbeat task keeps the leases of a long cycle alive.
+proxies); deposit each changed page it extracted from (up to ``deposit_pages_max``
+bytes, under its own SHA-256, so ``ppf reparse`` can run a better extractor over it
+later) and announce it with ``Deposited``; release. A heartbeat task keeps the leases
+of a long cycle alive.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
 from agents.loop import Agent, AgentConfig, run_cycles
-from events import Discovered, Event, Extracted, Fetched
+from events import Deposited, Discovered, Event, Extracted, Fetched
+from events.keys import page_key
 from events.wire import LeaseGrant, SourcePayload
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -66,6 +70,9 @@ class WorkerConfig(AgentConfig):
     idle_s: float = 5.0  # sources come due all the time: look again soon
     lab: bool = False
     upstream: str | None = None
+    # Raw pages kept for reparse: the changed pages extracted from, up to this size
+    # (0: none). Pages are content-addressed, so a page seen twice is stored once.
+    deposit_pages_max: int = 1024 * 1024
 
 
 class Worker(Agent):
@@ -86,6 +93,9 @@ class Worker(Agent):
         # lease payload carries only the log's last hash, so validators live here.
         self._validators: OrderedDict[str, tuple[str, str, str]] = OrderedDict()
         self.not_modified = 0
+        self.pages_deposited = 0
+        self.pages_not_deposited = 0
+        self._deposits_off = ""  # why this gateway takes no pages (said once)
 
     async def _fetch(self, fetcher: Fetcher, payload: SourcePayload) -> FetchResult:
         """Conditional when this worker holds the validators of the copy the log last
@@ -104,6 +114,38 @@ class Worker(Agent):
             while len(self._validators) > MAX_VALIDATORS:
                 self._validators.popitem(last=False)
         return result
+
+    async def _deposit_pages(
+        self, gw: GatewayClient, pages: dict[str, bytes], deposit: dict[str, tuple[str, str, int]]
+    ) -> list[Event]:
+        """Store the changed pages of this batch; a ``Deposited`` for each one stored.
+        A page not stored is said (a warning each), never announced."""
+        cap = self.config.deposit_pages_max
+        todo = [
+            (uid, sha, lease, items)
+            for uid, (sha, lease, items) in deposit.items()
+            if 0 < len(pages[uid]) <= cap and not self._deposits_off
+        ]
+        stored = await asyncio.gather(*(gw.deposit(page_key(t[1]), pages[t[0]]) for t in todo))
+        out: list[Event] = []
+        for (uid, sha, lease, items), (status, said) in zip(todo, stored, strict=True):
+            if status == 200:
+                self.pages_deposited += 1
+                key = page_key(sha)
+                size = len(pages[uid])
+                out.append(
+                    self._ev(Deposited, key=key, sha256=sha, bytes=size, items=items, lease=lease)
+                )
+                continue
+            self.pages_not_deposited += 1
+            if status == 503 and "no-deposit-store" in said:
+                self._deposits_off = said  # asked no more: said once, here
+                log.warning("gateway_keeps_no_pages", agent=self.name, why=said[:200])
+                continue
+            log.warning(
+                "page_not_deposited", agent=self.name, url_id=uid, status=status, why=said[:200]
+            )
+        return out
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         """Work until ``stop`` is set (or ``cycles`` cycles that had work are done)."""
@@ -142,6 +184,7 @@ class Worker(Agent):
         events: list[Event] = []
         pages: dict[str, bytes] = {}
         urls: dict[str, str] = {}
+        deposit: dict[str, tuple[str, str, int]] = {}  # url_id -> (sha256, lease, items)
         # One check per address across the batch: (ip, port) -> [proto, prefer, url_id,
         # lease]. A protocol written with the address (a scheme, a JSON field) is checked
         # as given; one from a hint or a word on the line is only tried first.
@@ -203,6 +246,7 @@ class Worker(Agent):
             )
             pages[uid] = result.body
             urls[uid] = payload.url
+            deposit[uid] = (result.content_hash, lease, len(candidates))
             extracted += len(candidates)
             for c in candidates:
                 explicit = c.proto if c.confidence >= 1.0 else None
@@ -251,6 +295,7 @@ class Worker(Agent):
             links = _links(pages[uid], urls[uid])
             if links:
                 events.append(self._ev(Discovered, parent=uid, urls=links))
+        events.extend(await self._deposit_pages(gw, pages, deposit))
         await gw.publish(events)
         for lease, (outcome, error, counted) in outcomes.items():
             await gw.release(lease, outcome, error, counted=counted)

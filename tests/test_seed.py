@@ -316,3 +316,63 @@ async def test_seed_status_in_stats(
             "ranges": {"waiting": 2, "working": 0, "done": 0, "failed": 0},
         }
         assert seed["deposits"]["pending"] + seed["deposits"]["folded"] == 1  # the input
+
+
+async def test_reparse_extracts_again_from_a_deposited_page_fetching_nothing(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A page a worker deposited, from which an older extractor found nothing: reparse
+    reads it by key (its source answers nobody), publishes the current extractor's
+    Extracted for its source and plans the candidates the pool does not know; a second
+    run adds nothing."""
+    from agents.extract import EXTRACTOR
+    from ops.cli.reparse import reparse
+
+    async with _box(nats_server, tmp_path, {"w1": "worker"}) as box:
+        url = "http://203.0.113.9:8080/list.txt"  # TEST-NET: nothing answers there
+        uid = ev.url_id(url)
+        added = ev.SourceAdded(id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=uid)
+        await box.log.publish(added)
+        page = b"<pre>1.2.3.4:8080\nsocks5://5.6.7.8:1080\n8.8.8.8:3128</pre>"
+        sha = hashlib.sha256(page).hexdigest()
+        gw = GatewayClient(box.gateway, box.tokens["w1"], "w1", tmp_path / "w.jsonl")
+        async with gw:
+            status, _ = await gw.deposit(page_key(sha), page)
+            assert status == 200
+            known = ev.ProxyWorked(
+                id=fresh_id(), agent="w1", at=now_ms(), ip="8.8.8.8", port=3128, proto="http",
+                latency_ms=100, exit_ip="8.8.8.8",
+            )  # fmt: skip
+            old = ev.Extracted(
+                id=fresh_id(), agent="w1", at=now_ms(), url_id=uid, content_hash=sha, count=0,
+                extractor="older/0",
+            )  # fmt: skip
+            deposited = ev.Deposited(
+                id=fresh_id(), agent="w1", at=now_ms(), key=page_key(sha), sha256=sha,
+                bytes=len(page), items=0,
+            )  # fmt: skip
+            assert await gw.publish([known, old, deposited])
+        state = box.fold.state
+        assert await _until(
+            lambda: getattr(state.deposits.get(page_key(sha)), "status", "") == "folded", 20
+        )
+        assert ("8.8.8.8", 3128) in state.proxies and state.sources[uid].cur_candidates == 0
+        done = await reparse(box.log, 1, size=10, lab=True)
+        assert (done.pages, done.extracted, done.candidates, done.new) == (1, 1, 3, 2)
+        assert done.unreadable == {} and done.unsourced == 0
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        assert state.sources[uid].cur_candidates == 3  # the reparse's Extracted was folded
+        last = await box.log.last_event(f"ppf.source.{uid}")
+        assert isinstance(last, ev.Extracted) and last.extractor == EXTRACTOR
+        assert last.agent == "reparse" and last.count == 3
+        planned = state.leases[f"{done.plan}-r0"]
+        assert (planned.kind, planned.start, planned.end) == ("seed", 0, 1)
+        seeds = sorted(t for t, r in state.leases.items() if r.kind == "seed")
+        again = await reparse(box.log, 1, size=10, lab=True)
+        assert again.plan == done.plan and again.new == 2
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        assert sorted(t for t, r in state.leases.items() if r.kind == "seed") == seeds
+        assert state.sources[uid].cur_candidates == 3
+        # Pages deposited before --since are left alone.
+        later = await reparse(box.log, state.deposits[page_key(sha)].seq + 1, lab=True)
+        assert (later.pages, later.extracted) == (0, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -85,6 +86,20 @@ async def test_worker_turns_a_list_into_verified_proxies(
         assert served == {port for port, p in real.items() if not p.mitm}
         sources = await asyncio.to_thread(_json, up.base + "/v1/sources")
         assert sources["sources"][0]["proxies_added"] == len(real)
+        # The worker kept the page: reparse finds it by key and extracts it again, and
+        # plans what the pool does not know (the fakes) for seed nodes.
+        reparsed: dict[str, Any] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and reparsed.get("pages") != 1:
+            out = await asyncio.to_thread(
+                subprocess.run,
+                [ppf_bin, "reparse", "--lab", "--nats", up.nats],
+                capture_output=True, check=True, timeout=60,
+            )  # fmt: skip
+            reparsed = json.loads(out.stdout)
+        assert (reparsed["pages"], reparsed["extracted"]) == (1, 1), reparsed
+        assert reparsed["candidates"] == len(lines)
+        assert reparsed["new"] == len(lab.proxies) - len(real) and reparsed["plan"]
     finally:
         assert await asyncio.to_thread(up.stop) == 0
         await server.close()

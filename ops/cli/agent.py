@@ -62,6 +62,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ag.add_argument("--data", default="./data/agents", help="outbox directory")
     ag.add_argument("--batch", type=int, default=5, help="sources leased a cycle")
     ag.add_argument("--check-timeout", type=float, default=5.0)
+    ag.add_argument(
+        "--deposit-pages-max",
+        type=int,
+        default=1024 * 1024,
+        help="worker: keep changed pages up to this many bytes for ppf reparse (0: none)",
+    )
     ag.add_argument("--seed-batch", type=int, default=200, help="seed: items a deposit")
     ag.add_argument(
         "--per-net", type=float, default=20.0, help="seed: checks a second into one /24"
@@ -223,6 +229,7 @@ async def _agent(args: argparse.Namespace) -> int:
             lab=args.lab,
             upstream=args.upstream,
             batch=args.batch,
+            deposit_pages_max=args.deposit_pages_max,
             **common,
         )
         agent = Worker(args.gateway, args.token, me.name, judges, data / me.name, config)
