@@ -231,6 +231,14 @@ async def series(request: web.Request) -> web.Response:
     )
 
 
+async def _guarding(app: web.Application) -> AsyncIterator[None]:
+    guard = app[CONFIG].disk_guard
+    assert guard is not None
+    await guard.start()
+    yield
+    await guard.stop()
+
+
 async def _sampling(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(app[SERIES].run(app), name="ppf-series")
     yield
@@ -288,9 +296,12 @@ def make_app(
         max_per_agent=config.max_leases_per_agent,
         recheck=config.recheck,
         inputs=Inputs(config.deposits),
+        guard=config.disk_guard,
     )
     app[SERIES] = Series(config.series_every_s)
     app.cleanup_ctx.append(_sampling)
+    if config.disk_guard is not None:
+        app.cleanup_ctx.append(_guarding)
     if config.agent_nats is not None and config.agent_nats.enforced:
         app.cleanup_ctx.append(_nats_auth)
     app.add_routes(routes)

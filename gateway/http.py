@@ -12,6 +12,7 @@ from aiohttp import web
 
 from events import token_sha256
 from events.wire import FieldError, Problem, WireError
+from gateway.diskguard import DiskGuard
 from gateway.judge import JudgeKeys
 from gateway.natsauth import NatsAuth
 from projections.live import FoldService
@@ -72,6 +73,9 @@ class GatewayConfig:
     # The deposit bucket (ops/nats/objects.py): seed batches and pages are stored through
     # this gateway (gateway/deposits.py); None: it takes none.
     deposits: DepositStore | None = None
+    # Pauses seed leases while the store holds too much of its disk (gateway/diskguard.py);
+    # None: no guard (the store's disk is not this machine's to weigh).
+    disk_guard: DiskGuard | None = None
 
 
 FOLD = web.AppKey("fold", FoldService)

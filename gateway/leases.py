@@ -26,6 +26,7 @@ from events import Leased, LeaseKind
 from events.mint import fresh_id, now_ms
 from events.wire import LeaseGrant, RecheckPayload, SeedPayload, SourcePayload
 from gateway.deposits import Inputs
+from gateway.diskguard import DiskGuard
 from projections.live import FoldService
 from projections.log import ConflictError, DepositError, EventLog
 from projections.readmodels import due_score, due_sources
@@ -113,8 +114,10 @@ class Granter:
         due_refresh_s: float = 0.5,
         recheck: RecheckPolicy | None = None,
         inputs: Inputs | None = None,
+        guard: DiskGuard | None = None,
     ) -> None:
         self.fold = fold
+        self.guard = guard
         self.inputs = inputs or Inputs(None)
         self.log = lg
         self.max_per_agent = max_per_agent
@@ -180,6 +183,10 @@ class Granter:
             self._seed = seed_status(self.fold.state, now)
             self._seed["unreadable_inputs"] = dict(self.unreadable_inputs)
             self._seed_at = time.monotonic()
+        guard = self.guard
+        # Fresh at every call: an operator waits on this to see imports resume.
+        self._seed["paused"] = guard.reason if guard is not None else ""
+        self._seed["disk"] = guard.status() if guard is not None else {"guard": "off"}
         return self._seed
 
     def _still_due(
@@ -308,6 +315,8 @@ class Granter:
 
     async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[LeaseGrant]:
         now = now_ms()
+        if kind == "seed" and self.guard is not None and self.guard.reason:
+            return []  # the disk budget: bulk imports wait (the reason is in /v1/stats)
         room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
         picked = list(islice(self._candidates(kind, now), max(0, min(count, room))))
         if not picked:

@@ -11,6 +11,7 @@ from aiohttp.test_utils import TestServer
 import events as ev
 from gateway.app import make_app
 from gateway.http import GatewayConfig
+from ops.cli.seed import plan
 from ops.nats.client import Log, fresh_id, now_ms
 from projections.live import FoldService
 from tests.browser import Browser, chromium_path
@@ -21,7 +22,8 @@ from tests.helpers import worked
 async def test_dashboard_shows_the_projection_and_follows_it(
     log_client: Log, tmp_path: Path
 ) -> None:
-    """The dashboard page shows the pool in Chromium and follows new events."""
+    """The dashboard page shows the pool and the bulk imports in Chromium and follows new
+    events."""
     if chromium_path() is None:
         pytest.skip("chromium not found: apt-get install chromium (make test does, as root)")
     for i in range(3):
@@ -34,6 +36,8 @@ async def test_dashboard_shows_the_projection_and_follows_it(
     await log_client.publish_many(
         [worked(f"8.8.8.{i}", proto="socks5" if i % 2 else "http", agent="w1") for i in range(1, 6)]
     )
+    planned, _ = await plan(log_client, b"8.8.8.8:1\n8.8.8.8:2\n8.8.8.8:3\n", "proxies", 2, 1)
+    assert planned is not None
     fold = FoldService(log_client, db=None)
     await fold.start()
     assert await fold.wait_for(await log_client.head_seq(), 10)
@@ -52,6 +56,9 @@ async def test_dashboard_shows_the_projection_and_follows_it(
             await browser.wait_text(alive, "8")
             agents = await browser.text("#agents tbody")
             assert agents is not None and "w2" in agents
+            seed = await browser.text("#seed tbody")
+            assert seed is not None and f"{planned.plan} (proxies, priority 1)" in seed
+            assert "0 / 3" in seed and "0 / 0 / 2 / 0" in seed, seed
             shot = tmp_path / "dashboard.png"
             await browser.screenshot(shot)
             assert shot.stat().st_size > 10_000

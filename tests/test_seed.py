@@ -10,11 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import msgspec
 import pytest
@@ -25,13 +29,14 @@ from agents.gateway_client import GatewayClient
 from agents.seednode import SeedConfig, SeedNode
 from events.keys import page_key, seed_key
 from gateway.app import make_app
+from gateway.diskguard import DiskGuard
 from gateway.http import GatewayConfig
 from gateway.leases import Granter
 from ops.cli import enroll
 from ops.cli.seed import plan, uncovered
 from ops.lab.testbed import ProxyLab
 from ops.nats.client import Log, fresh_id, now_ms
-from ops.nats.server import NatsServer
+from ops.nats.server import NatsServer, free_port
 from projections.ingest import DepositIngest
 from projections.live import FoldService
 from reducers import LeaseRow, State
@@ -48,7 +53,9 @@ class _Box:
 
 
 @contextlib.asynccontextmanager
-async def _box(nats: NatsServer, tmp: Path, agents: dict[str, str]) -> AsyncIterator[_Box]:
+async def _box(
+    nats: NatsServer, tmp: Path, agents: dict[str, str], disk_share: float | None = None
+) -> AsyncIterator[_Box]:
     lg = await Log.connect(nats.url)
     await lg.ensure_stream()
     tokens = {name: await enroll(lg, name, role) for name, role in agents.items()}  # type: ignore[arg-type]
@@ -58,7 +65,10 @@ async def _box(nats: NatsServer, tmp: Path, agents: dict[str, str]) -> AsyncIter
     await fold.start()
     ingest = DepositIngest(fold, lg.deposits, poll_s=0.05, sweep_s=0.3)
     await ingest.start()
-    config = GatewayConfig(agent_nats=nats.agent_auth(), deposits=lg.deposits)
+    guard = None
+    if disk_share is not None:
+        guard = DiskGuard(lg.stored_bytes, nats.store_dir, disk_share, every_s=0.1)
+    config = GatewayConfig(agent_nats=nats.agent_auth(), deposits=lg.deposits, disk_guard=guard)
     server = TestServer(make_app(fold, lg, config), host="127.0.0.1")
     await server.start_server()
     try:
@@ -376,3 +386,89 @@ async def test_reparse_extracts_again_from_a_deposited_page_fetching_nothing(
         # Pages deposited before --since are left alone.
         later = await reparse(box.log, state.deposits[page_key(sha)].seq + 1, lab=True)
         assert (later.pages, later.extracted) == (0, 0)
+
+
+async def test_the_ingest_never_lists_the_store_counted_by_the_server() -> None:
+    """``ppf bench ingest``, small: no list of the bucket over idle sweeps or while
+    deposits and retries go on, and reads equal deposits plus retries, as the server's
+    API advisories tell it; the bench's own list at the end is seen (the count works)."""
+    from ops.bench.ingest import bench_ingest
+
+    got = await bench_ingest(sweeps=20, sweep_s=0.05, deposits=12, missing=2)
+    assert got["idle"]["lists"] == 0 and got["idle"]["reads"] == 0, got
+    assert got["busy"]["lists"] == 0, got
+    assert got["busy"]["reads"] == got["expected_reads"] == 12 + 2 * ATTEMPTS, got
+    assert got["statuses"] == {"folded": 12, "poisoned": 2}
+    assert got["canary_lists_seen"] == 1
+
+
+@contextlib.contextmanager
+def _small_disk(path: Path, mb: int) -> Iterator[Path]:
+    """A tmpfs of ``mb`` MB at ``path``: a disk a test can fill."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small disk (tmpfs) needs root; CI runs as root")
+    path.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mb}m", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+async def test_bulk_imports_pause_while_the_store_holds_too_much_of_its_disk(
+    tmp_path: Path, ppf_bin: str
+) -> None:
+    """The NATS store on a 48 MB disk, the budget a quarter of it: a 14 MB deposit
+    pauses seed leases and planning, with the reason in /v1/stats; deleting it resumes
+    them. Sources and rechecks are not held back."""
+    import aiohttp
+
+    with _small_disk(tmp_path / "disk", 48) as disk:
+        server = NatsServer(disk / "nats", port=free_port())
+        server.start()
+        try:
+            async with _box(server, tmp_path, {"s1": "seed"}, disk_share=0.25) as box:
+                planned, _ = await plan(box.log, b"8.8.8.8:1\n8.8.8.8:2\n", "proxies", 1, 0)
+                assert planned is not None
+                big = os.urandom(14 * 1024 * 1024)
+                key = page_key(hashlib.sha256(big).hexdigest())
+                await box.log.deposits.put(key, big)
+
+                async def stats() -> dict[str, Any]:
+                    async with (
+                        aiohttp.ClientSession() as http,
+                        http.get(box.gateway + "/v1/stats") as r,
+                    ):
+                        return dict((await r.json())["seed"])
+
+                async def paused() -> bool:
+                    return bool((await stats())["paused"])
+
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline and not await paused():
+                    await asyncio.sleep(0.1)
+                seed = await stats()
+                assert seed["paused"].startswith("the deposit store holds"), seed
+                assert seed["disk"]["deposit_bytes"] >= len(big)
+                gw = GatewayClient(box.gateway, box.tokens["s1"], "s1", tmp_path / "s.jsonl")
+                async with gw:
+                    assert await gw.lease("seed", 1, 60) == []
+                    dump = tmp_path / "more.txt"
+                    dump.write_text("9.9.9.9:1\n")
+                    refused = await asyncio.to_thread(
+                        subprocess.run,
+                        [ppf_bin, "seed", "plan", str(dump), "--nats", server.url,
+                         "--gateway", box.gateway],
+                        capture_output=True, text=True, timeout=60,
+                    )  # fmt: skip
+                    assert refused.returncode == 3, refused.stderr
+                    assert "paused: the deposit store holds" in refused.stderr
+                    await box.log.deposits.delete(key)
+                    deadline = time.monotonic() + 10
+                    while time.monotonic() < deadline and await paused():
+                        await asyncio.sleep(0.1)
+                    assert not await paused()
+                    (grant,) = await gw.lease("seed", 1, 60)
+                    assert grant.target.startswith(planned.plan)
+        finally:
+            server.stop()

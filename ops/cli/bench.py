@@ -7,7 +7,7 @@ import sys
 
 __all__ = ["register"]
 
-WHAT = ["fold", "lease", "query", "stats", "extract", "check", "harvest", "pool"]
+WHAT = ["fold", "lease", "query", "stats", "extract", "check", "harvest", "pool", "ingest"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -38,6 +38,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bn.add_argument(
         "--interval", type=int, default=0, help="pool: recheck interval, simulated s (0: defaults)"
     )
+    bn.add_argument("--sweeps", type=int, default=50, help="ingest: idle sweep periods")
+    bn.add_argument("--sweep-s", type=float, default=0.1, help="ingest: the sweep period")
+    bn.add_argument("--deposits", type=int, default=200, help="ingest: pages deposited")
+    bn.add_argument("--missing", type=int, default=10, help="ingest: announced, never stored")
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     bn.set_defaults(run=_bench)
@@ -87,6 +91,10 @@ async def _bench(args: argparse.Namespace) -> int:
                 recheck_budget_per_hour=args.budget,
                 interval_s=args.interval,
             )
+        case "ingest":
+            from ops.bench.ingest import bench_ingest
+
+            result = await bench_ingest(args.sweeps, args.sweep_s, args.deposits, args.missing)
         case "check":
             from ops.bench.check import bench_check
 

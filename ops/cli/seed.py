@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pl.add_argument("--size", type=int, default=DEFAULT_SIZE, help="items a range")
     pl.add_argument("--priority", type=int, default=0, help="larger goes first (taking turns)")
     pl.add_argument("--nats", default=DEFAULT_NATS)
+    pl.add_argument(
+        "--gateway", default="http://127.0.0.1:8080", help="asked whether imports are paused"
+    )
     pl.set_defaults(run=_plan)
     st = sd_sub.add_parser("status", help="ranges, items reached, nodes, failures")
     st.add_argument("--gateway", default="http://127.0.0.1:8080")
@@ -44,6 +47,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     px.add_argument("--size", type=int, default=DEFAULT_SIZE)
     px.add_argument("--priority", type=int, default=0)
     px.add_argument("--nats", default=DEFAULT_NATS)
+    px.add_argument(
+        "--gateway", default="http://127.0.0.1:8080", help="asked whether imports are paused"
+    )
     px.set_defaults(run=_plan, kind="proxies")
 
 
@@ -110,6 +116,20 @@ async def _read(source: str) -> bytes:
     return Path(source).read_bytes()
 
 
+async def _paused(gateway: str) -> str:
+    """Why the gateway's disk budget guard pauses imports ("" when it does not). A
+    gateway that cannot be asked is said, and planning goes on: the guard also holds
+    seed leases back, so nothing is worked past the budget either way."""
+    url = gateway.rstrip("/") + "/v1/stats"
+    try:
+        async with aiohttp.ClientSession() as http, http.get(url) as r:
+            r.raise_for_status()
+            return str((await r.json()).get("seed", {}).get("paused", ""))
+    except (OSError, aiohttp.ClientError, ValueError) as exc:
+        print(f"ppf seed plan: the disk guard was not asked ({url}: {exc!r})", file=sys.stderr)
+        return ""
+
+
 async def _plan(args: argparse.Namespace) -> int:
     if args.size < 1:
         print("ppf seed plan: --size must be at least 1", file=sys.stderr)
@@ -122,6 +142,10 @@ async def _plan(args: argparse.Namespace) -> int:
     if not items_of(data):
         print(f"ppf seed plan: {args.input} has no items", file=sys.stderr)
         return 2
+    paused = await _paused(args.gateway)
+    if paused:
+        print(f"ppf seed plan: bulk imports are paused: {paused}", file=sys.stderr)
+        return 3
     lg = await Log.connect(args.nats, name="ppf-seed")
     try:
         await lg.ensure_stream()
@@ -166,4 +190,6 @@ async def _status(args: argparse.Namespace) -> int:
         print(f"  poisoned {p['key']} ({p['agent']}): {p['reason']}")
     for key, why in seed.get("unreadable_inputs", {}).items():
         print(f"  input {key} unreadable: {why}")
+    if seed.get("paused"):
+        print(f"paused: {seed['paused']}")
     return 0

@@ -86,12 +86,33 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=listen,
         help="the judge's own listener (HOST:PORT) for --public-url; the API stays private",
     )
+    up.add_argument(
+        "--disk-share",
+        type=_share,
+        default=0.8,
+        help="bulk imports (seed leases, planning) pause while the deposit store or the "
+        "log holds more than this share of the store's disk",
+    )
     up.set_defaults(run=_up)
 
     gw = sub.add_parser("gateway", help="the HTTP gateway alone")
     gw.add_argument("--nats", default=DEFAULT_NATS)
     gw.add_argument("--listen", default="127.0.0.1:8080", type=listen)
     gw.add_argument("--private-queries", action="store_true", help="queries need a token")
+    gw.add_argument(
+        "--disk-share",
+        type=_share,
+        default=0.8,
+        help="bulk imports (seed leases, planning) pause while the deposit store or the "
+        "log holds more than this share of the store's disk",
+    )
+    gw.add_argument(
+        "--store-disk",
+        default=None,
+        metavar="DIR",
+        help="a directory on the disk the NATS store is on, weighed for --disk-share "
+        "(default: no guard; the store is another machine's)",
+    )
     gw.set_defaults(run=_gateway)
 
     fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
@@ -111,7 +132,8 @@ async def _up(args: argparse.Namespace) -> int:
         agent_nats = server.agent_auth() if server is not None else None
         # A judge the world reaches signs its answers, for our agents only.
         keys = JudgeKeys.load(data / "judge.key") if args.public_url else None
-        base = await _gateway_site(stack, args, fold, lg, agent_nats, "up", keys)
+        store = data / "nats" if server is not None else None  # an outside NATS: not ours
+        base = await _gateway_site(stack, args, fold, lg, agent_nats, "up", keys, store)
         tls_judge = None
         if args.judge_tls_listen != "off":
             certs = data / "tls"
@@ -138,7 +160,8 @@ async def _gateway(args: argparse.Namespace) -> int:
         # A replica without a data dir: its projection lives in memory; its digest is
         # kept by a checkpoint writer on an in-memory database (see projections.live).
         fold = await _fold_service(stack, lg, None, dlq=False)
-        await _gateway_site(stack, args, fold, lg, None, "gateway")
+        store = Path(args.store_disk) if args.store_disk else None
+        await _gateway_site(stack, args, fold, lg, None, "gateway", store=store)
         log.info("started", role="gateway", nats=lg.address)
         await _serve_forever(fold)
     return 0
@@ -243,7 +266,7 @@ async def _fold_service(
     if data is not None:  # the fold that persists reads the deposits into the log
         from projections.ingest import DepositIngest
 
-        ingest = DepositIngest(fold, lg.deposits, sweep_s=_sweep_s())
+        ingest = DepositIngest(fold, lg.deposits, sweep_s=_env_s("PPF_INGEST_SWEEP_S", 60))
         await ingest.start()
         stack.push_async_callback(ingest.stop)
     # Every replica locates what its projection has not located: the ids are
@@ -262,11 +285,14 @@ async def _gateway_site(
     agent_nats: NatsAuth | None,
     role: str,
     keys: JudgeKeys | None = None,
+    store: Path | None = None,
 ) -> str:
     """The HTTP API; returns its base URL. ``agent_nats``: the embedded server, whose
-    logins this gateway decides, so each agent gets its own (an external NATS's users are
-    its operator's: its agents publish over HTTP)."""
+        logins this gateway decides, so each agent gets its own (an external NATS's users are
+        its operator's: its agents publish over HTTP). ``store``: a directory on the disk the
+    NATS store is on, for the disk budget guard (None: no guard)."""
     from gateway.app import make_app
+    from gateway.diskguard import DiskGuard
     from gateway.http import GatewayConfig
 
     host, port = hostport(args.listen, 8080)
@@ -275,6 +301,9 @@ async def _gateway_site(
         agent_nats=agent_nats,
         judge_keys=keys,
         deposits=lg.deposits,
+        disk_guard=None
+        if store is None
+        else DiskGuard(lg.stored_bytes, store, args.disk_share, _env_s("PPF_DISK_GUARD_S", 10)),
     )
     # Capped connections, headers in time (gateway/guard.py): aiohttp has neither.
     runner = GuardedRunner(make_app(fold, lg, config), access_log=None)
@@ -285,12 +314,20 @@ async def _gateway_site(
     return f"http://{host}:{port}"
 
 
-def _sweep_s() -> float:
-    """How often the ingest tries a failed deposit again: 60 s, or ``PPF_INGEST_SWEEP_S``
-    (tests and benchmarks shorten it)."""
+def _share(text: str) -> float:
+    share = float(text)
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"a share of the disk is in (0, 1], not {text}")
+    return share
+
+
+def _env_s(name: str, default: float) -> float:
+    """A period from the environment: tests and benchmarks shorten the ingest's sweep
+    (``PPF_INGEST_SWEEP_S``, 60 s) and the disk guard's weighing (``PPF_DISK_GUARD_S``,
+    10 s)."""
     import os
 
-    return float(os.environ.get("PPF_INGEST_SWEEP_S", "60"))
+    return float(os.environ.get(name, default))
 
 
 async def _seed_sources(lg: Log) -> None:

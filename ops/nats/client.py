@@ -207,6 +207,13 @@ class Log:
         info = await self.js.stream_info(STREAM)
         return int(info.state.last_seq)
 
+    async def stored_bytes(self) -> tuple[int, int]:
+        """(bytes the log's stream holds, bytes the deposit bucket holds): what the disk
+        budget guard weighs (gateway/diskguard.py)."""
+        self.ops["stream_info"] += 1
+        info = await self.js.stream_info(STREAM)
+        return int(info.state.bytes), await self.deposits.size()
+
     async def last_event(self, subject: str) -> Event | None:
         """The last event on ``subject`` (direct get), or None when there is none."""
         self.ops["direct_get"] += 1

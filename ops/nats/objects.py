@@ -87,6 +87,16 @@ class DepositBucket:
         self._count("get", "ok")
         return data
 
+    async def size(self) -> int:
+        """Bytes the bucket's stream holds (stream info: not a list)."""
+        try:
+            status = await (await self._bucket()).status()
+        except (nats.errors.Error, OSError):
+            self._count("size", "store")
+            raise
+        self._count("size", "ok")
+        return int(status.stream_info.state.bytes)
+
     async def delete(self, key: str) -> bool:
         try:
             await (await self._bucket()).delete(key)
