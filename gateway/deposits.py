@@ -59,10 +59,6 @@ async def put_deposit(request: web.Request) -> web.Response:
             raise ApiError(403, "not-this-page", "a page's key is the SHA-256 of its content")
         if len(data) > MAX_PAGE:
             raise ApiError(413, "too-large", f"pages are kept up to {MAX_PAGE} bytes")
-        kept = request.app[FOLD].state.deposits.get(key)
-        if kept is not None and kept.status == "folded" and kept.sha256 == digest:
-            # Fetched again: stored and read back as recorded already, kept once.
-            return reply(DepositReply(key=key, sha256=digest, bytes=len(data)))
     else:
         state = request.app[FOLD].state
         target = range_target(parts.plan, parts.range)

@@ -10,6 +10,9 @@ them, so trust, quotas and validation apply as to its own reports) and then
 ``DepositFolded``; or ``DepositRejected`` with the attempt's number, counted from the
 log, so a restart cannot reset the budget (reducers/deposits.py poisons at five).
 
+Retention (projections/retention.py) runs on the same sweep: deposits past their age or
+the store's budget are deleted by key, oldest first, from the projection's own records.
+
 Every id is fixed by the deposit's key, so several gateways ingesting the same deposit
 put one copy of each event in the log (the stream's duplicate window), and folding a
 deposit twice changes nothing.
@@ -19,7 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import msgspec
 import structlog
@@ -35,17 +41,30 @@ from events import (
     url_id,
 )
 from events.keys import derived_id, parse_key
+from events.mint import now_ms
 from events.wire import SeedBatch
 from projections.live import FoldService
 from projections.log import DepositError, DepositStore
+from projections.retention import expired
 from reducers.state import DepositRow
 
-__all__ = ["DepositIngest", "derive"]
+__all__ = ["DepositIngest", "Retention", "derive"]
 
 log = structlog.get_logger("ppf.ingest")
 
 SERVICE = "fold"  # the agent name on the service's own records of deposits
 _batch = msgspec.json.Decoder(SeedBatch)
+
+
+def _read_mark(path: Path | None) -> int:
+    if path is None or not path.exists():
+        return 0
+    try:
+        return int(json.loads(path.read_text())["deleted_through_seq"])
+    except (ValueError, KeyError, TypeError) as exc:
+        # Unreadable: start over. Deleting again what is gone costs a lookup each.
+        log.warning("retention_mark_unreadable", path=str(path), error=repr(exc))
+        return 0
 
 
 class MalformedDeposit(ValueError):
@@ -99,6 +118,17 @@ def derive(row: DepositRow, data: bytes) -> list[Event]:
     return out
 
 
+@dataclass(frozen=True)
+class Retention:
+    """How long and how much the deposit store keeps (projections/retention.py);
+    ``mark``: the file that remembers the seq of the last deposit deleted."""
+
+    max_age_s: float = 30 * 86_400.0
+    max_bytes: int = 20 * 1024**3
+    mark: Path | None = None
+    per_pass: int = 1_000  # deletes a sweep: a first pass over a big store is spread out
+
+
 class DepositIngest:
     """One per fold that persists (``ppf up``, ``ppf fold``)."""
 
@@ -109,15 +139,20 @@ class DepositIngest:
         *,
         poll_s: float = 0.25,
         sweep_s: float = 60.0,
+        retention: Retention | None = None,
     ) -> None:
         self.fold = fold
         self.store = store
         self.poll_s = poll_s
         self.sweep_s = sweep_s
+        self.retention = retention
         self._failed: dict[str, float] = {}  # key -> when its last read failed
         self._task: asyncio.Task[None] | None = None
         self.folded = 0
         self.rejected = 0
+        self.deleted = 0  # by retention, this process
+        self.deleted_through = _read_mark(retention.mark) if retention else 0
+        self._retained_at = -1e9
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="ppf-ingest")
@@ -138,8 +173,42 @@ class DepositIngest:
             if k not in failed or now - failed[k] >= self.sweep_s
         )
 
+    async def retain(self) -> int:
+        """Delete, by key, the deposits past retention; how many were deleted."""
+        ret = self.retention
+        if ret is None:
+            return 0
+        cutoff = now_ms() - int(ret.max_age_s * 1000)
+        rows = expired(
+            self.fold.state.deposits.values(),
+            after_seq=self.deleted_through,
+            cutoff_ms=cutoff,
+            max_bytes=ret.max_bytes,
+        )
+        done = 0
+        for key, seq in [(r.key, r.seq) for r in rows[: ret.per_pass]]:
+            row = self.fold.state.deposits.get(key)
+            if row is not None and row.seq == seq:  # not announced again meanwhile
+                await self.store.delete(key)  # gone already (a restart): counted, fine
+            self.deleted_through = seq
+            done += 1
+        if done:
+            self.deleted += done
+            log.info("deposits_retired", deleted=done, through_seq=self.deleted_through)
+            if ret.mark is not None:
+                ret.mark.write_text(json.dumps({"deleted_through_seq": self.deleted_through}))
+        return done
+
     async def _run(self) -> None:
         while True:
+            if time.monotonic() - self._retained_at >= self.sweep_s:
+                self._retained_at = time.monotonic()
+                try:
+                    await self.retain()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # NATS away: the next sweep goes on from the mark
+                    log.warning("retention_failed", error=repr(exc))
             for key in self._due(time.monotonic()):
                 try:
                     await self.ingest(key)

@@ -42,7 +42,12 @@ def deposited(state: State, event: Deposited, seq: int, ts: int) -> str:
         ledger.advance(state, rng, event.cursor)
     row = state.deposits.get(event.key)
     if row is not None and row.status == "folded" and row.sha256 == event.sha256:
-        return ""  # announced again: folded already, nothing changes
+        # Announced again (stored again): folded already, so nothing is read again, but
+        # it is fresh: retention (projections/retention.py) counts its age from here.
+        row.seq = seq
+        row.at = ts
+        state.dirty_deposits.add(event.key)
+        return ""
     if row is None:
         row = DepositRow(key=event.key, sha256=event.sha256)
         state.deposits[event.key] = row

@@ -472,3 +472,101 @@ async def test_bulk_imports_pause_while_the_store_holds_too_much_of_its_disk(
                     assert grant.target.startswith(planned.plan)
         finally:
             server.stop()
+
+
+def test_retention_deletes_the_oldest_settled_deposits_as_a_prefix() -> None:
+    """Past age or budget the oldest go first; a pending deposit stops the prefix; seed
+    inputs are never retention's; what was deleted (up to a seq) is not counted again."""
+    from projections.retention import expired
+    from reducers.state import DepositRow
+
+    def row(key: str, seq: int, at: int, size: int, status: str = "folded") -> DepositRow:
+        return DepositRow(key=key, sha256="", bytes=size, seq=seq, at=at, status=status)
+
+    rows = [
+        row("input/a", 1, 0, 500),
+        row("page/b", 2, 10, 100),
+        row("p1/r0/0", 3, 20, 100, "poisoned"),
+        row("page/c", 4, 30, 100),
+        row("page/d", 5, 40, 100, "pending"),
+        row("page/e", 6, 50, 100),
+    ]
+    keys = lambda got: [r.key for r in got]  # noqa: E731
+    # By age: announced before 35 (b, p1, c); d is pending, so e waits behind it.
+    assert keys(expired(rows, after_seq=0, cutoff_ms=35, max_bytes=10**9)) == [
+        "page/b", "p1/r0/0", "page/c",
+    ]  # fmt: skip
+    # By budget: 500 bytes kept (inputs aside) over 300: the oldest until within it.
+    assert keys(expired(rows, after_seq=0, cutoff_ms=0, max_bytes=300)) == ["page/b", "p1/r0/0"]
+    # After seq 3 is gone already: the budget counts what is left.
+    assert keys(expired(rows, after_seq=3, cutoff_ms=0, max_bytes=250)) == ["page/c"]
+    assert keys(expired(rows, after_seq=0, cutoff_ms=0, max_bytes=10**9)) == []
+
+
+async def test_retention_deletes_old_deposits_by_key_once_and_keeps_a_page_stored_again(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Three pages, room for two: the oldest is deleted from the store, by key; a
+    restarted ingest (its mark in the data dir) deletes nothing again; the page stored
+    and announced again is kept, and reparse counts a deleted page as gone."""
+    from ops.cli.reparse import reparse
+    from projections.ingest import DepositIngest, Retention
+
+    mark = tmp_path / "deposits-retained.json"
+    async with _box(nats_server, tmp_path, {"w1": "worker"}) as box:
+        await box.ingest.stop()
+        pages = [f"<pre>203.0.113.{i}:8080</pre>".encode() * 20 for i in range(3)]
+        keys = [page_key(hashlib.sha256(p).hexdigest()) for p in pages]
+        budget = Retention(max_bytes=2 * len(pages[0]), mark=mark)
+        ingest = DepositIngest(
+            box.fold, box.log.deposits, poll_s=0.05, sweep_s=0.2, retention=budget
+        )
+        gw = GatewayClient(box.gateway, box.tokens["w1"], "w1", tmp_path / "w.jsonl")
+        state = box.fold.state
+
+        async def deposit(page: bytes, key: str) -> None:
+            status, sha = await gw.deposit(key, page)
+            assert status == 200
+            announce = ev.Deposited(
+                id=fresh_id(), agent="w1", at=now_ms(), key=key, sha256=sha, bytes=len(page)
+            )
+            served = ev.Extracted(
+                id=fresh_id(), agent="w1", at=now_ms(), url_id=ev.url_id("http://a.example/"),
+                content_hash=sha, count=1,
+            )  # fmt: skip
+            assert await gw.publish([served, announce])
+
+        async with gw:
+            for page, key in zip(pages, keys, strict=True):
+                await deposit(page, key)
+            await ingest.start()
+            folded = lambda: all(state.deposits[k].status == "folded" for k in keys)  # noqa: E731
+            assert await _until(lambda: all(k in state.deposits for k in keys) and folded(), 20)
+            assert await _until(lambda: ingest.deleted == 1, 10)
+            await ingest.stop()
+            assert ingest.deleted_through == state.deposits[keys[0]].seq
+            with pytest.raises(ev_deposit_error()):
+                await box.log.deposits.get(keys[0], state.deposits[keys[0]].sha256)
+            for key in keys[1:]:
+                await box.log.deposits.get(key, state.deposits[key].sha256)
+            deletes = box.log.deposits.ops.get("delete.ok", 0)
+            again = DepositIngest(box.fold, box.log.deposits, retention=budget)
+            assert again.deleted_through == ingest.deleted_through  # from the mark
+            assert await again.retain() == 0
+            assert box.log.deposits.ops.get("delete.ok", 0) == deletes
+            gone = await reparse(box.log, 1)
+            assert gone.gone == 1 and gone.unreadable == {}
+            # Fetched again: stored and announced again, it is the newest and is kept;
+            # the budget now takes the next oldest.
+            await deposit(pages[0], keys[0])
+            assert await _until(lambda: state.deposits[keys[0]].seq > again.deleted_through, 10)
+            assert await again.retain() == 1
+            await box.log.deposits.get(keys[0], state.deposits[keys[0]].sha256)
+            with pytest.raises(ev_deposit_error()):
+                await box.log.deposits.get(keys[1], state.deposits[keys[1]].sha256)
+
+
+def ev_deposit_error() -> type[Exception]:
+    from projections.log import DepositError
+
+    return DepositError

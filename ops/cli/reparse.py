@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 @dataclass
 class Reparsed:
     pages: int = 0  # deposited raw pages since the seq asked
+    gone: int = 0  # deleted by retention
     unreadable: dict[str, str] = field(default_factory=dict)  # key -> why
     unsourced: int = 0  # pages no Extracted names (announced, never extracted from)
     extracted: int = 0  # Extracted events published
@@ -59,6 +60,7 @@ class Reparsed:
         return {
             "extractor": EXTRACTOR,
             "pages": self.pages,
+            "gone": self.gone,
             "unreadable": self.unreadable,
             "unsourced": self.unsourced,
             "extracted": self.extracted,
@@ -108,8 +110,11 @@ async def reparse(
             continue
         try:
             data = await lg.deposits.get(key, row.sha256)
-        except DepositError as exc:  # retention took it, or it was lost: said, not fatal
-            out.unreadable[key] = str(exc)
+        except DepositError as exc:
+            if exc.reason == "missing":
+                out.gone += 1  # retention deleted it (projections/retention.py)
+            else:  # not what the log recorded, or the store failed: said, and exit 1
+                out.unreadable[key] = f"{exc.reason}: {exc}"
             continue
         hint = None
         for uid in sorted(sources):

@@ -87,6 +87,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the judge's own listener (HOST:PORT) for --public-url; the API stays private",
     )
     up.add_argument(
+        "--deposit-max-age-days",
+        type=float,
+        default=30.0,
+        help="deposits (raw pages, seed batches) are deleted this long after their last deposit",
+    )
+    up.add_argument(
+        "--deposit-max-gb",
+        type=float,
+        default=20.0,
+        help="the deposits kept in all; past it the oldest are deleted first",
+    )
+    up.add_argument(
         "--disk-share",
         type=_share,
         default=0.8,
@@ -118,6 +130,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
     fo.add_argument("--nats", default=DEFAULT_NATS)
     fo.add_argument("--data", default=None, help="default: $PPF_DATA or ./data")
+    fo.add_argument(
+        "--deposit-max-age-days",
+        type=float,
+        default=30.0,
+        help="deposits (raw pages, seed batches) are deleted this long after their last deposit",
+    )
+    fo.add_argument(
+        "--deposit-max-gb",
+        type=float,
+        default=20.0,
+        help="the deposits kept in all; past it the oldest are deleted first",
+    )
     fo.set_defaults(run=_fold)
 
 
@@ -128,7 +152,7 @@ async def _up(args: argparse.Namespace) -> int:
         lg = await _log(stack, server.url if server else args.nats or DEFAULT_NATS, "ppf-up")
         await _configure(lg, args.lab)
         tokens = {} if args.no_agents else await enroll_local_agents(lg)
-        fold = await _fold_service(stack, lg, data, dlq=True)
+        fold = await _fold_service(stack, lg, data, dlq=True, args=args)
         agent_nats = server.agent_auth() if server is not None else None
         # A judge the world reaches signs its answers, for our agents only.
         keys = JudgeKeys.load(data / "judge.key") if args.public_url else None
@@ -171,7 +195,7 @@ async def _fold(args: argparse.Namespace) -> int:
     data = data_dir(args)
     async with AsyncExitStack() as stack:
         lg = await _log(stack, args.nats, "ppf-fold")
-        fold = await _fold_service(stack, lg, data, dlq=True)
+        fold = await _fold_service(stack, lg, data, dlq=True, args=args)
         print(f"ppf fold: nats {lg.address}  db {data / 'ppf.duckdb'}", flush=True)
         log.info("started", role="fold", nats=lg.address)
         await _serve_forever(fold)
@@ -249,7 +273,12 @@ async def _configure(lg: Log, lab: bool) -> None:
 
 
 async def _fold_service(
-    stack: AsyncExitStack, lg: Log, data: Path | None, *, dlq: bool
+    stack: AsyncExitStack,
+    lg: Log,
+    data: Path | None,
+    *,
+    dlq: bool,
+    args: argparse.Namespace | None = None,
 ) -> FoldService:
     from ops.telemetry.tap import Tap, TapConfig
 
@@ -264,9 +293,18 @@ async def _fold_service(
     await fold.start()
     stack.push_async_callback(fold.stop)
     if data is not None:  # the fold that persists reads the deposits into the log
-        from projections.ingest import DepositIngest
+        from projections.ingest import DepositIngest, Retention
 
-        ingest = DepositIngest(fold, lg.deposits, sweep_s=_env_s("PPF_INGEST_SWEEP_S", 60))
+        retention = None
+        if args is not None:
+            retention = Retention(
+                max_age_s=args.deposit_max_age_days * 86_400,
+                max_bytes=int(args.deposit_max_gb * 1024**3),
+                mark=data / "deposits-retained.json",
+            )
+        ingest = DepositIngest(
+            fold, lg.deposits, sweep_s=_env_s("PPF_INGEST_SWEEP_S", 60), retention=retention
+        )
         await ingest.start()
         stack.push_async_callback(ingest.stop)
     # Every replica locates what its projection has not located: the ids are
