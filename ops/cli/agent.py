@@ -49,6 +49,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="a judge (repeatable); default: the gateway's /judge and the built-in public list",
     )
     ag.add_argument(
+        "--own-judge",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a judge of this fleet (repeatable), e.g. ppf up's --public-url: not held to "
+        "the politeness budget of public judges (5 requests a second each)",
+    )
+    ag.add_argument(
         "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
     )
     ag.add_argument(
@@ -199,8 +207,9 @@ async def _agent(args: argparse.Namespace) -> int:
     from agents.judgepool import BUILTIN_JUDGES
 
     gateway_judge = args.gateway.rstrip("/") + "/judge"
-    judges = list(args.judge) or [gateway_judge, *BUILTIN_JUDGES]
-    own = (gateway_judge,) if not args.judge else ()
+    given = [*args.judge, *args.own_judge]
+    judges = given or [gateway_judge, *BUILTIN_JUDGES]
+    own = tuple(args.own_judge) if given else (gateway_judge,)
     https = tuple(args.https_target) or (() if args.lab else HTTPS_TARGETS)
     # What every role is told alike (agents/loop.py AgentConfig).
     common: dict[str, Any] = {
