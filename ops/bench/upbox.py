@@ -31,6 +31,7 @@ class UpBeside:
     nats_port: int
     data: Path
     log: Path
+    judge_url: str  # its judge, where the world reaches it (--public-url)
 
     @property
     def nats_url(self) -> str:
@@ -82,7 +83,8 @@ def up_beside(world: World, root: Path, *extra: str) -> Iterator[UpBeside]:
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
     try:
-        yield UpBeside(proc, f"http://127.0.0.1:{http}", nats, data, log)
+        judge_url = f"http://{LINK_HOST}:{judge}/judge"
+        yield UpBeside(proc, f"http://127.0.0.1:{http}", nats, data, log, judge_url)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

@@ -7,7 +7,7 @@ import sys
 
 __all__ = ["register"]
 
-WHAT = ["fold", "lease", "query", "stats", "extract", "check", "harvest", "pool", "ingest"]
+WHAT = ["fold", "lease", "query", "stats", "extract", "check", "harvest", "pool", "ingest", "seed"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bn.add_argument("--sweep-s", type=float, default=0.1, help="ingest: the sweep period")
     bn.add_argument("--deposits", type=int, default=200, help="ingest: pages deposited")
     bn.add_argument("--missing", type=int, default=10, help="ingest: announced, never stored")
+    bn.add_argument("--lines", type=int, default=200_000, help="seed: lines of the dump")
+    bn.add_argument("--nodes", type=int, default=3, help="seed: seed node processes")
+    bn.add_argument("--working", type=int, default=300, help="seed: working relays in the world")
     bn.add_argument("--nats", default=None)
     bn.add_argument("--json", action="store_true")
     bn.set_defaults(run=_bench)
@@ -95,6 +98,10 @@ async def _bench(args: argparse.Namespace) -> int:
             from ops.bench.ingest import bench_ingest
 
             result = await bench_ingest(args.sweeps, args.sweep_s, args.deposits, args.missing)
+        case "seed":
+            from ops.bench.seed import bench_seed
+
+            result = await bench_seed(args.lines, args.nodes, args.working)
         case "check":
             from ops.bench.check import bench_check
 
