@@ -56,15 +56,16 @@ SERVICE = "fold"  # the agent name on the service's own records of deposits
 _batch = msgspec.json.Decoder(SeedBatch)
 
 
-def _read_mark(path: Path | None) -> int:
+def _read_mark(path: Path | None) -> dict[str, float]:
     if path is None or not path.exists():
-        return 0
+        return {}
     try:
-        return int(json.loads(path.read_text())["deleted_through_seq"])
-    except (ValueError, KeyError, TypeError) as exc:
+        mark = json.loads(path.read_text())
+        return {k: float(mark[k]) for k in ("deleted_through_seq", "reconciled_at") if k in mark}
+    except (ValueError, TypeError, AttributeError) as exc:
         # Unreadable: start over. Deleting again what is gone costs a lookup each.
         log.warning("retention_mark_unreadable", path=str(path), error=repr(exc))
-        return 0
+        return {}
 
 
 class MalformedDeposit(ValueError):
@@ -127,6 +128,9 @@ class Retention:
     max_bytes: int = 20 * 1024**3
     mark: Path | None = None
     per_pass: int = 1_000  # deletes a sweep: a first pass over a big store is spread out
+    # The reconcile: one list of the bucket against the projection at most this often
+    # (None: never, the default; ``--reconcile-deposits`` sets a day).
+    reconcile_every_s: float | None = None
 
 
 class DepositIngest:
@@ -151,7 +155,10 @@ class DepositIngest:
         self.folded = 0
         self.rejected = 0
         self.deleted = 0  # by retention, this process
-        self.deleted_through = _read_mark(retention.mark) if retention else 0
+        mark = _read_mark(retention.mark if retention else None)
+        self.deleted_through = int(mark.get("deleted_through_seq", 0))
+        self.reconciled_at = float(mark.get("reconciled_at", 0.0))  # unix s
+        self.reconciled: dict[str, object] = {}  # what the last reconcile found
         self._retained_at = -1e9
 
     async def start(self) -> None:
@@ -195,9 +202,50 @@ class DepositIngest:
         if done:
             self.deleted += done
             log.info("deposits_retired", deleted=done, through_seq=self.deleted_through)
-            if ret.mark is not None:
-                ret.mark.write_text(json.dumps({"deleted_through_seq": self.deleted_through}))
+            self._save_mark()
         return done
+
+    def _save_mark(self) -> None:
+        if self.retention is not None and self.retention.mark is not None:
+            mark = {
+                "deleted_through_seq": self.deleted_through,
+                "reconciled_at": self.reconciled_at,
+            }
+            self.retention.mark.write_text(json.dumps(mark))
+
+    async def reconcile(self, *, force: bool = False) -> dict[str, object] | None:
+        """The one pass that lists the bucket, at most every ``reconcile_every_s`` (None
+        when not due): keys stored but never announced (an agent that died between its
+        put and its ``Deposited``), and keys folded and kept that the store lacks.
+        Reported (log, ``reconciled``), never acted on: either may be a put in flight."""
+        ret = self.retention
+        every = ret.reconcile_every_s if ret is not None else None
+        if every is None and not force:
+            return None
+        if not force and every is not None and time.time() - self.reconciled_at < every:
+            return None
+        stored = await self.store.keys()
+        deposits = self.fold.state.deposits
+        orphans = sorted(stored - set(deposits))
+        missing = sorted(
+            k
+            for k, row in deposits.items()
+            if row.status == "folded"
+            and k not in stored
+            and (k.startswith("input/") or row.seq > self.deleted_through)
+        )
+        self.reconciled_at = time.time()
+        self.reconciled = {
+            "at": self.reconciled_at,
+            "stored": len(stored),
+            "orphans": len(orphans),
+            "missing": len(missing),
+            "orphan_keys": orphans[:20],
+            "missing_keys": missing[:20],
+        }
+        self._save_mark()
+        log.info("deposits_reconciled", **self.reconciled)
+        return self.reconciled
 
     async def _run(self) -> None:
         while True:
@@ -205,6 +253,7 @@ class DepositIngest:
                 self._retained_at = time.monotonic()
                 try:
                     await self.retain()
+                    await self.reconcile()
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # NATS away: the next sweep goes on from the mark

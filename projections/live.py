@@ -18,7 +18,7 @@ import structlog
 
 from events import DecodeError, dlq_subject
 from projections.folder import Checkpointer, Folder, Message
-from projections.log import EventLog, LogError
+from projections.log import DepositStore, EventLog, LogError
 from projections.rates import PipelineStats
 from projections.store import Store
 from projections.tasks import stop_tasks
@@ -61,8 +61,10 @@ class FoldService:
         every_events: int = 500_000,
         every_ms: int = 5_000,
         tap: Sink | None = None,
+        deposits: DepositStore | None = None,
     ) -> None:
         self.log = log_client
+        self.deposits = deposits  # its operations go into the tap's metrics row
         self.state = State()
         if db is not None:
             store = Store(db)  # restore here; the checkpoint writer owns the file after
@@ -224,6 +226,9 @@ class FoldService:
             row[f"rate_1m.{kind}"] = rate
         for op, n in self.log.ops.items():
             row[f"nats.{op}"] = n
+        if self.deposits is not None:  # puts, gets, lists, deletes, by outcome
+            for op, n in self.deposits.ops.items():
+                row[f"deposit.{op}"] = n
         if self.tap is not None:
             row["tap.dropped"] = self.tap.stats.dropped + self.tap.stats.failed
         return row

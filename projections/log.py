@@ -87,7 +87,8 @@ class DepositError(LogError):
 
 
 class DepositStore(Protocol):
-    """The deposit bucket (``ppf-deposits``), by key only: nothing here lists it.
+    """The deposit bucket (``ppf-deposits``), by key: only ``keys``, the daily reconcile's
+    one pass behind a flag, lists it.
     ``ops``: operations by kind and outcome (``put.ok``, ``get.missing``, ...)."""
 
     ops: dict[str, int]
@@ -103,3 +104,7 @@ class DepositStore(Protocol):
         ...
 
     async def delete(self, key: str) -> bool: ...
+
+    async def keys(self) -> set[str]:
+        """Every key: a list of the bucket, for the daily reconcile only."""
+        ...

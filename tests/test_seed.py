@@ -570,3 +570,38 @@ def ev_deposit_error() -> type[Exception]:
     from projections.log import DepositError
 
     return DepositError
+
+
+async def test_the_daily_reconcile_lists_once_a_day_and_reports_orphans_and_losses(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Behind its flag: one list of the bucket a day (the day kept across a restart),
+    reporting a key stored but never announced and one folded that the store lost."""
+    from projections.ingest import DepositIngest, Retention
+
+    async with _box(nats_server, tmp_path, {}) as box:
+        orphan, lost = b"<pre>203.0.113.1:80</pre>", b"<pre>203.0.113.2:80</pre>"
+        okey = page_key(hashlib.sha256(orphan).hexdigest())
+        lkey = page_key(hashlib.sha256(lost).hexdigest())
+        await box.log.deposits.put(okey, orphan)
+        await box.log.deposits.put(lkey, lost)
+        await box.log.publish(
+            ev.Deposited(
+                id=fresh_id(), agent="admin", at=now_ms(), key=lkey,
+                sha256=hashlib.sha256(lost).hexdigest(), bytes=len(lost),
+            )
+        )  # fmt: skip
+        state = box.fold.state
+        assert await _until(lambda: getattr(state.deposits.get(lkey), "status", "") == "folded", 10)
+        await box.log.deposits.delete(lkey)
+        daily = Retention(mark=tmp_path / "mark.json", reconcile_every_s=86_400)
+        ingest = DepositIngest(box.fold, box.log.deposits, retention=daily)
+        found = await ingest.reconcile()
+        assert found is not None
+        assert (found["orphan_keys"], found["missing_keys"]) == ([okey], [lkey])
+        assert await ingest.reconcile() is None  # not due again today
+        again = DepositIngest(box.fold, box.log.deposits, retention=daily)
+        assert await again.reconcile() is None  # nor after a restart
+        assert box.log.deposits.ops.get("list.ok") == 1
+        off = DepositIngest(box.fold, box.log.deposits, retention=Retention())
+        assert await off.reconcile() is None  # without the flag: never

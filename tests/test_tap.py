@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -151,3 +152,17 @@ def test_tap_is_off_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AXIOM_URL", "http://127.0.0.1:9")
     config = TapConfig.from_env()
     assert config is not None and config.dataset == "ppf" and config.url == "http://127.0.0.1:9"
+
+
+async def test_the_metrics_row_counts_deposit_store_operations(log_client: Log) -> None:
+    """The tap's metrics row carries the deposit store's operations by outcome."""
+    from projections.log import DepositError
+
+    data = b"1.2.3.4:80\n"
+    key = "page/" + hashlib.sha256(data).hexdigest()
+    await log_client.deposits.put(key, data)
+    with pytest.raises(DepositError):
+        await log_client.deposits.get(key, hashlib.sha256(b"not it").hexdigest())
+    fold = FoldService(log_client, db=None, deposits=log_client.deposits)
+    row = await fold.metrics()
+    assert row["deposit.put.ok"] == 1 and row["deposit.get.digest"] == 1

@@ -93,6 +93,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="deposits (raw pages, seed batches) are deleted this long after their last deposit",
     )
     up.add_argument(
+        "--reconcile-deposits",
+        action="store_true",
+        help="once a day, list the deposit store against the log (counted, reported)",
+    )
+    up.add_argument(
         "--deposit-max-gb",
         type=float,
         default=20.0,
@@ -135,6 +140,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=float,
         default=30.0,
         help="deposits (raw pages, seed batches) are deleted this long after their last deposit",
+    )
+    fo.add_argument(
+        "--reconcile-deposits",
+        action="store_true",
+        help="once a day, list the deposit store against the log (counted, reported)",
     )
     fo.add_argument(
         "--deposit-max-gb",
@@ -289,7 +299,7 @@ async def _fold_service(
         db = data / "ppf.duckdb"
         config = TapConfig.from_env()
         tap = Tap(config) if config is not None else None
-    fold = FoldService(lg, db=db, dlq=dlq, tap=tap)
+    fold = FoldService(lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits)
     await fold.start()
     stack.push_async_callback(fold.stop)
     if data is not None:  # the fold that persists reads the deposits into the log
@@ -301,6 +311,7 @@ async def _fold_service(
                 max_age_s=args.deposit_max_age_days * 86_400,
                 max_bytes=int(args.deposit_max_gb * 1024**3),
                 mark=data / "deposits-retained.json",
+                reconcile_every_s=86_400.0 if args.reconcile_deposits else None,
             )
         ingest = DepositIngest(
             fold, lg.deposits, sweep_s=_env_s("PPF_INGEST_SWEEP_S", 60), retention=retention

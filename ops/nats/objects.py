@@ -97,6 +97,19 @@ class DepositBucket:
         self._count("size", "ok")
         return int(status.stream_info.state.bytes)
 
+    async def keys(self) -> set[str]:
+        """Every key in the bucket: a LIST, which only the daily reconcile makes (behind
+        a flag, counted here as ``list``); nothing in steady state calls it."""
+        try:
+            infos = await (await self._bucket()).list(ignore_deletes=True)
+        except nats.js.errors.NotFoundError:
+            infos = []  # an empty bucket
+        except (nats.errors.Error, OSError) as exc:
+            self._count("list", "store")
+            raise DepositError("store", repr(exc)) from exc
+        self._count("list", "ok")
+        return {info.name for info in infos}
+
     async def delete(self, key: str) -> bool:
         try:
             await (await self._bucket()).delete(key)

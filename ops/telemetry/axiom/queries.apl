@@ -33,6 +33,12 @@
 // -- NATS operations by kind --
 ['ppf'] | where type == "metrics" | summarize publishes = max(['nats.publish']), direct_gets = max(['nats.direct_get']), stream_info = max(['nats.stream_info']) by bin_auto(_time)
 
+// -- deposit store operations by outcome (puts, gets, deletes; lists must stay at zero) --
+['ppf'] | where type == "metrics" | summarize puts = max(['deposit.put.ok']), gets = max(['deposit.get.ok']), missing = max(['deposit.get.missing']), digest = max(['deposit.get.digest']), deletes = max(['deposit.delete.ok']), lists = max(['deposit.list.ok']) by bin_auto(_time)
+
+// -- seed plans: deposits announced, folded and rejected --
+['ppf'] | where type in ("Deposited", "DepositFolded", "DepositRejected") | summarize count() by type, bin_auto(_time)
+
 // -- tap health: rows the tap could not deliver --
 ['ppf'] | where type == "metrics" | summarize dropped = max(['tap.dropped']) by bin_auto(_time)
 
