@@ -605,3 +605,79 @@ async def test_the_daily_reconcile_lists_once_a_day_and_reports_orphans_and_loss
         assert box.log.deposits.ops.get("list.ok") == 1
         off = DepositIngest(box.fold, box.log.deposits, retention=Retention())
         assert await off.reconcile() is None  # without the flag: never
+
+
+async def test_two_gateways_ingesting_one_deposit_put_one_copy_of_each_event_in_the_log(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Two folds with their ingests (two gateways) read the same seed batch at once:
+    the log holds one ProxyWorked per working proxy and one DepositFolded."""
+    async with _box(nats_server, tmp_path, {"honest": "seed"}) as box:
+        await box.ingest.stop()  # both ingests below, by hand, at the same moment
+        other = FoldService(box.log, db=None)
+        await other.start()
+        try:
+            planned, _ = await plan(box.log, b"8.8.8.8:3128\n9.9.9.9:1080\n", "proxies", 2, 0)
+            assert planned is not None
+            gw = GatewayClient(box.gateway, box.tokens["honest"], "honest", tmp_path / "h.jsonl")
+            async with gw:
+                (grant,) = await gw.lease("seed", 1, 60)
+                rng = grant.seed()
+                found = [
+                    ev.wire.SeedFound("8.8.8.8", 3128, "http", 120, "8.8.8.8", "elite"),
+                    ev.wire.SeedFound("9.9.9.9", 1080, "socks5", 90, "9.9.9.9", "elite"),
+                ]
+                body = msgspec.json.encode(ev.wire.SeedBatch(start=0, next=2, worked=found))
+                key = seed_key(rng.plan, rng.range, 0)
+                status, sha = await gw.deposit(key, body)
+                assert status == 200
+                announce = ev.Deposited(
+                    id=fresh_id(), agent="honest", at=now_ms(), lease=grant.lease, key=key,
+                    sha256=sha, bytes=len(body), items=2, cursor=2,
+                )  # fmt: skip
+                assert await gw.publish([announce])
+            head = await box.log.head_seq()
+            assert await box.fold.wait_for(head, 10) and await other.wait_for(head, 10)
+            one = DepositIngest(box.fold, box.log.deposits)
+            two = DepositIngest(other, box.log.deposits)
+            assert await asyncio.gather(one.ingest(key), two.ingest(key)) == [True, True]
+            head = await box.log.head_seq()
+            assert await box.fold.wait_for(head, 10)
+            said: list[ev.Event] = []
+            async for batch in box.log.read(1, until=head):
+                said += [ev.decode(payload) for _, _, _, payload in batch]
+            derived = [e for e in said if e.id.startswith("dep:")]
+            assert sorted((e.ip, e.agent) for e in derived if isinstance(e, ev.ProxyWorked)) == [
+                ("8.8.8.8", "honest"), ("9.9.9.9", "honest"),
+            ]  # fmt: skip
+            assert len(derived) == 2
+            assert sum(isinstance(e, ev.DepositFolded) for e in said) == 1
+            assert box.fold.state.deposits[key].status == "folded"
+            assert {("8.8.8.8", 3128), ("9.9.9.9", 1080)} <= set(box.fold.state.proxies)
+        finally:
+            await other.stop()
+
+
+async def test_a_lower_priority_plan_keeps_getting_leases_while_a_higher_one_runs(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Plans at priorities 1 and 5 through the gateway's real leases: as ranges are
+    taken and held, the higher plan never holds more than half of those in flight, and
+    the lower one gets its share from the start."""
+    async with _box(nats_server, tmp_path, {"s1": "seed"}) as box:
+        low, _ = await plan(
+            box.log, b"8.8.8.1:1\n8.8.8.1:2\n8.8.8.1:3\n8.8.8.1:4\n", "proxies", 1, 1
+        )
+        high, _ = await plan(
+            box.log, b"8.8.8.5:1\n8.8.8.5:2\n8.8.8.5:3\n8.8.8.5:4\n", "proxies", 1, 5
+        )
+        assert low is not None and high is not None
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        gw = GatewayClient(box.gateway, box.tokens["s1"], "s1", tmp_path / "s.jsonl")
+        held: list[str] = []
+        async with gw:
+            for _ in range(6):
+                (grant,) = await gw.lease("seed", 1, 60)
+                held.append(grant.seed().plan)
+                assert held.count(high.plan) <= (len(held) + 1) // 2, held
+        assert held.count(low.plan) == 3 and held.count(high.plan) == 3, held
