@@ -1,0 +1,256 @@
+"""The start functions ``ppf up``, ``ppf gateway`` and ``ppf fold`` are composed of
+(ops/cli/serve.py): each starts one part and pushes its cleanup onto the command's
+``AsyncExitStack``. Also the options of the deposit store and the disk they share.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+from contextlib import AsyncExitStack
+from pathlib import Path
+
+import msgspec
+import structlog
+from aiohttp import web
+
+from events import Settings
+from gateway.guard import GuardedRunner
+from gateway.judge import JudgeKeys
+from gateway.natsauth import NatsAuth
+from ops.cli.admin import reconfigure
+from ops.cli.common import hostport, wait_for_signal
+from ops.cli.local import LOCAL_AGENTS
+from ops.geo import Locator
+from ops.nats.client import Log
+from ops.nats.server import NatsServer
+from projections.live import FoldService
+from reducers import State
+
+__all__ = [
+    "configure",
+    "fold_service",
+    "gateway_site",
+    "nats_server",
+    "open_log",
+    "seed_sources",
+    "serve_forever",
+    "store_options",
+]
+
+log = structlog.get_logger("ppf")
+
+
+def store_options(parser: argparse.ArgumentParser, *, deposits: bool, disk: bool) -> None:
+    """Retention of deposits (where a fold ingests them) and the disk budget guard
+    (where a gateway grants seed leases)."""
+    if deposits:
+        parser.add_argument(
+            "--deposit-max-age-days",
+            type=float,
+            default=30.0,
+            help="deposits (raw pages, seed batches) are deleted this long after their "
+            "last deposit",
+        )
+        parser.add_argument(
+            "--deposit-max-gb",
+            type=float,
+            default=20.0,
+            help="the deposits kept in all; past it the oldest are deleted first",
+        )
+        parser.add_argument(
+            "--reconcile-deposits",
+            action="store_true",
+            help="once a day, list the deposit store against the log (counted, reported)",
+        )
+    if disk:
+        parser.add_argument(
+            "--disk-share",
+            type=_share,
+            default=0.8,
+            help="bulk imports (seed leases, planning) pause while the deposit store or the "
+            "log holds more than this share of the store's disk",
+        )
+    if disk and not deposits:  # ppf gateway: the store may be another machine's
+        parser.add_argument(
+            "--store-disk",
+            default=None,
+            metavar="DIR",
+            help="a directory on the disk the NATS store is on, weighed for --disk-share "
+            "(default: no guard)",
+        )
+
+
+_PIN = object()
+
+
+def _freeze_projections(state: State) -> None:
+    """Keep the collector off the projections' containers (a million entries each at a
+    million proxies) for good: ``gc.freeze`` exempts what exists, but a full collection
+    first untracks a dict whose entries are all untracked (rows are gc=False Structs),
+    and the next new key tracks it again as a young object, walked whole by each young
+    collection (54 ms at a million proxies in isolation; /v1/stats saw 100-160 ms at
+    100,000 and 1.06 s at a million). So each dict holds a tracked value for a moment,
+    which tracks it, before the freeze; a tracked dict is only untracked by a full
+    collection, and a frozen one is never collected."""
+    gc.collect()
+    for name in State.__slots__:
+        value = getattr(state, name, None)
+        if isinstance(value, dict):
+            value[_PIN] = []
+            del value[_PIN]
+    gc.freeze()
+
+
+async def serve_forever(fold: FoldService) -> None:
+    # Young collections every 10,000 net allocations, not 700: every request allocates,
+    # and at 700 the collector's pauses set the lease p99 (`ppf bench lease`: 78 ms ->
+    # 59 ms). Not 100,000 either: the fold's changed-row keys are young tuples, and a
+    # collection of 100,000 of them held the loop 100-160 ms at a 100,000-proxy pool
+    # (/v1/stats' max); at 10,000 the longest young collection measured 9-12 ms.
+    gc.set_threshold(10_000, 50, 1000)
+    _freeze_projections(fold.state)
+    await wait_for_signal()
+
+
+async def nats_server(
+    stack: AsyncExitStack, args: argparse.Namespace, data: Path
+) -> NatsServer | None:
+    """The embedded server, unless ``--nats`` names one."""
+    if args.nats is not None:
+        return None
+    host, port = hostport(args.nats_listen, 4222)
+    server = NatsServer(data / "nats", host, port)
+    await server.astart()
+    stack.push_async_callback(server.astop)
+    return server
+
+
+async def open_log(stack: AsyncExitStack, url: str, name: str) -> Log:
+    lg = await Log.connect(url, name=name)
+    stack.push_async_callback(lg.close)
+    await lg.ensure_stream()
+    return lg
+
+
+async def configure(lg: Log, lab: bool) -> None:
+    """Publish ``Configured`` when the log's last settings disagree with ``--lab`` or
+    predate what ``ppf up`` runs with: per-agent subjects (ARCHITECTURE.md "Changes"),
+    from which the fold refuses what an agent says as someone else; and trust, with
+    the local agents as the operator's own (reducers/trust.py), from which any other
+    agent's reports are served once checked or once it has earned trust."""
+    local = tuple(name for name, _ in LOCAL_AGENTS)
+
+    def change(s: Settings) -> Settings:
+        trusted = (*s.trusted_agents, *(n for n in local if n not in s.trusted_agents))
+        return msgspec.structs.replace(
+            s, lab=lab, agent_subjects=True, trust=True, trusted_agents=trusted
+        )
+
+    if await reconfigure(lg, change) is not None:
+        log.info("settings_published", lab=lab, agent_subjects=True, trust=True)
+
+
+async def fold_service(
+    stack: AsyncExitStack,
+    lg: Log,
+    data: Path | None,
+    *,
+    dlq: bool,
+    args: argparse.Namespace | None = None,
+) -> FoldService:
+    from ops.telemetry.tap import Tap, TapConfig
+
+    db: Path | None = None
+    tap = None
+    if data is not None:
+        data.mkdir(parents=True, exist_ok=True)
+        db = data / "ppf.duckdb"
+        config = TapConfig.from_env()
+        tap = Tap(config) if config is not None else None
+    fold = FoldService(lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits)
+    await fold.start()
+    stack.push_async_callback(fold.stop)
+    if data is not None:  # the fold that persists reads the deposits into the log
+        from projections.ingest import DepositIngest, Retention
+
+        retention = None
+        if args is not None:
+            retention = Retention(
+                max_age_s=args.deposit_max_age_days * 86_400,
+                max_bytes=int(args.deposit_max_gb * 1024**3),
+                mark=data / "deposits-retained.json",
+                reconcile_every_s=86_400.0 if args.reconcile_deposits else None,
+            )
+        ingest = DepositIngest(
+            fold, lg.deposits, sweep_s=_env_s("PPF_INGEST_SWEEP_S", 60), retention=retention
+        )
+        await ingest.start()
+        stack.push_async_callback(ingest.stop)
+    # Every replica locates what its projection has not located: the ids are
+    # deterministic, so the log keeps one Located per address whoever publishes it.
+    locator = Locator(fold)
+    await locator.start()
+    stack.push_async_callback(locator.stop)
+    return fold
+
+
+async def gateway_site(
+    stack: AsyncExitStack,
+    args: argparse.Namespace,
+    fold: FoldService,
+    lg: Log,
+    agent_nats: NatsAuth | None,
+    role: str,
+    keys: JudgeKeys | None = None,
+    store: Path | None = None,
+) -> str:
+    """The HTTP API; returns its base URL. ``agent_nats``: the embedded server, whose
+        logins this gateway decides, so each agent gets its own (an external NATS's users are
+        its operator's: its agents publish over HTTP). ``store``: a directory on the disk the
+    NATS store is on, for the disk budget guard (None: no guard)."""
+    from gateway.app import make_app
+    from gateway.diskguard import DiskGuard
+    from gateway.http import GatewayConfig
+
+    host, port = hostport(args.listen, 8080)
+    config = GatewayConfig(
+        private_queries=args.private_queries,
+        agent_nats=agent_nats,
+        judge_keys=keys,
+        deposits=lg.deposits,
+        disk_guard=None
+        if store is None
+        else DiskGuard(lg.stored_bytes, store, args.disk_share, _env_s("PPF_DISK_GUARD_S", 10)),
+    )
+    # Capped connections, headers in time (gateway/guard.py): aiohttp has neither.
+    runner = GuardedRunner(make_app(fold, lg, config), access_log=None)
+    await runner.setup()
+    stack.push_async_callback(runner.cleanup)
+    await web.TCPSite(runner, host, port).start()
+    print(f"ppf {role}: gateway http://{host}:{port}  nats {lg.address}", flush=True)
+    return f"http://{host}:{port}"
+
+
+def _share(text: str) -> float:
+    share = float(text)
+    if not 0 < share <= 1:
+        raise argparse.ArgumentTypeError(f"a share of the disk is in (0, 1], not {text}")
+    return share
+
+
+def _env_s(name: str, default: float) -> float:
+    """A period from the environment: tests and benchmarks shorten the ingest's sweep
+    (``PPF_INGEST_SWEEP_S``, 60 s) and the disk guard's weighing (``PPF_DISK_GUARD_S``,
+    10 s)."""
+    return float(os.environ.get(name, default))
+
+
+async def seed_sources(lg: Log) -> None:
+    """A first start has work to do, for the local agents or remote ones: the built-in
+    public lists (`ppf sources seed`). A lab starts empty."""
+    from agents.seeds import SEEDS, source_added
+
+    await lg.publish_many(source_added(dict(SEEDS), "seed"))
+    log.info("sources_seeded", count=len(SEEDS))
