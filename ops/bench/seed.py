@@ -153,6 +153,10 @@ async def seed_world(
         "settled_per_s_per_node": round(p.get("reached", 0) / seconds / nodes, 1),
         "plan": p,
         "by_node": {name: n["items"] for name, n in seed.get("nodes", {}).items()},
+        # Per node over the whole run (the killed one's share is what it did before).
+        "per_node_per_s": {
+            name: round(n["items"] / seconds, 1) for name, n in seed.get("nodes", {}).items()
+        },
         "deposits": seed.get("deposits", {}),
         "victim": victim,
         "victim_range_after": finished,
