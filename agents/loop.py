@@ -75,6 +75,7 @@ class AgentConfig:
     require_judge: bool = True
     judge_key: str = ""  # hex: this agent's key for ppf's public judge (GET /v1/agents/me)
     https_targets: tuple[str, ...] = HTTPS_TARGETS  # () tries none
+    publish_every_s: float = 1.0  # results go out as checks end, this often
 
 
 class Agent:
@@ -133,6 +134,30 @@ class Agent:
             yield
         finally:
             keeper.cancel()
+
+    @contextlib.asynccontextmanager
+    async def _streaming(self, gw: GatewayClient) -> AsyncIterator[list[Event]]:
+        """A list whose events go out every ``publish_every_s`` while the block runs,
+        and the rest at its end: a long batch of checks (thousands of dead candidates,
+        each a timeout) reports its first results within a second, not at its end."""
+        pending: list[Event] = []
+        done = asyncio.Event()
+
+        async def stream() -> None:
+            while not done.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), self.config.publish_every_s)
+                if pending:
+                    batch = pending[:]
+                    del pending[:]
+                    await gw.publish(batch)
+
+        streamer = asyncio.create_task(stream())
+        try:
+            yield pending
+        finally:
+            done.set()
+            await streamer
 
     @contextlib.asynccontextmanager
     async def _judges(self) -> AsyncIterator[JudgePool]:

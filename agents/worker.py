@@ -13,7 +13,6 @@ of a long cycle alive.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import re
 from collections import OrderedDict
@@ -65,7 +64,6 @@ class WorkerConfig(AgentConfig):
     # Addresses checked a cycle: bounds the memory a batch of dense lists can take (they
     # held millions) while letting a big list be checked whole.
     max_proxies: int = 20_000
-    publish_every_s: float = 1.0  # confirmations go out as checks end, this often
     fetch_timeout_s: float = 30.0
     idle_s: float = 5.0  # sources come due all the time: look again soon
     lab: bool = False
@@ -260,37 +258,21 @@ class Worker(Agent):
                 if explicit is None and entry[1] is None:
                     entry[1] = c.proto
         targets = [(ip, port, proto, prefer) for (ip, port), (proto, prefer, _, _) in found.items()]
-        # What the fetches found goes out first; confirmations follow as checks end, so a
-        # long batch (thousands of dead candidates, each a timeout) serves its first
-        # working proxies within seconds, not at its end.
+        # What the fetches found goes out first; confirmations follow as checks end.
         await gw.publish(events)
         events = []
         productive: set[str] = set()
+        async with self._streaming(gw) as confirmed:
 
-        def heard(index: int, check: Check) -> None:
-            if check.ok and check.proto is not None:
-                ip, port = targets[index][:2]
-                uid, lease = found[(ip, port)][2:]
-                productive.add(uid)
-                events.append(self._worked(ip, port, check, lease, source=uid))
-                self.confirmed += 1
+            def heard(index: int, check: Check) -> None:
+                if check.ok and check.proto is not None:
+                    ip, port = targets[index][:2]
+                    uid, lease = found[(ip, port)][2:]
+                    productive.add(uid)
+                    confirmed.append(self._worked(ip, port, check, lease, source=uid))
+                    self.confirmed += 1
 
-        async def stream(done: asyncio.Event) -> None:
-            while not done.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), cfg.publish_every_s)
-                if events:
-                    batch = events[:]
-                    del events[:]
-                    await gw.publish(batch)
-
-        done = asyncio.Event()
-        streamer = asyncio.create_task(stream(done))
-        try:
             results = await self._check(targets, judge, on_result=heard)
-        finally:
-            done.set()
-            await streamer
         for uid in sorted(productive):
             links = _links(pages[uid], urls[uid])
             if links:
