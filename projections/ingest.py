@@ -21,7 +21,6 @@ deposit twice changes nothing.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from events.wire import SeedBatch
 from projections.live import FoldService
 from projections.log import DepositError, DepositStore
 from projections.retention import expired
+from projections.tasks import stop_tasks
 from reducers.state import DepositRow
 
 __all__ = ["DepositIngest", "Retention", "derive"]
@@ -165,10 +165,9 @@ class DepositIngest:
         self._task = asyncio.create_task(self._run(), name="ppf-ingest")
 
     async def stop(self) -> None:
+        # Its step is a NATS request: a bare cancel can be lost on 3.11 (projections/tasks.py).
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_tasks([self._task], 10)
             self._task = None
 
     def _due(self, now: float) -> list[str]:
