@@ -212,16 +212,14 @@ class DepositIngest:
             }
             self.retention.mark.write_text(json.dumps(mark))
 
-    async def reconcile(self, *, force: bool = False) -> dict[str, object] | None:
+    async def reconcile(self) -> dict[str, object] | None:
         """The one pass that lists the bucket, at most every ``reconcile_every_s`` (None
         when not due): keys stored but never announced (an agent that died between its
         put and its ``Deposited``), and keys folded and kept that the store lacks.
         Reported (log, ``reconciled``), never acted on: either may be a put in flight."""
         ret = self.retention
         every = ret.reconcile_every_s if ret is not None else None
-        if every is None and not force:
-            return None
-        if not force and every is not None and time.time() - self.reconciled_at < every:
+        if every is None or time.time() - self.reconciled_at < every:
             return None
         stored = await self.store.keys()
         deposits = self.fold.state.deposits
