@@ -10,8 +10,9 @@ them, so trust, quotas and validation apply as to its own reports) and then
 ``DepositFolded``; or ``DepositRejected`` with the attempt's number, counted from the
 log, so a restart cannot reset the budget (reducers/deposits.py poisons at five).
 
-Retention (projections/retention.py) runs on the same sweep: deposits past their age or
-the store's budget are deleted by key, oldest first, from the projection's own records.
+Retention (projections/retention.py) runs in the same loop, hourly: deposits past their
+age or the store's budget are deleted by key, oldest first, from the projection's own
+records.
 
 Every id is fixed by the deposit's key, so several gateways ingesting the same deposit
 put one copy of each event in the log (the stream's duplicate window), and folding a
@@ -127,7 +128,10 @@ class Retention:
     max_age_s: float = 30 * 86_400.0
     max_bytes: int = 20 * 1024**3
     mark: Path | None = None
-    per_pass: int = 1_000  # deletes a sweep: a first pass over a big store is spread out
+    per_pass: int = 1_000  # deletes a pass: a first pass over a big store is spread out
+    # A pass scans every deposit row (the rows stay in the projection: no event says a
+    # deposit is gone), so it runs this often, not at every sweep.
+    every_s: float = 3_600.0
     # The reconcile: one list of the bucket against the projection at most this often
     # (None: never, the default; ``--reconcile-deposits`` sets a day).
     reconcile_every_s: float | None = None
@@ -246,7 +250,8 @@ class DepositIngest:
 
     async def _run(self) -> None:
         while True:
-            if time.monotonic() - self._retained_at >= self.sweep_s:
+            every = self.retention.every_s if self.retention is not None else self.sweep_s
+            if time.monotonic() - self._retained_at >= every:
                 self._retained_at = time.monotonic()
                 try:
                     await self.retain()

@@ -235,7 +235,7 @@ async def test_retention_deletes_old_deposits_by_key_once_and_keeps_a_page_store
         await box.ingest.stop()
         pages = [f"<pre>203.0.113.{i}:8080</pre>".encode() * 20 for i in range(3)]
         keys = [page_key(hashlib.sha256(p).hexdigest()) for p in pages]
-        budget = Retention(max_bytes=2 * len(pages[0]), mark=mark)
+        budget = Retention(max_bytes=2 * len(pages[0]), mark=mark, every_s=0.2)
         ingest = DepositIngest(
             box.fold, box.log.deposits, poll_s=0.05, sweep_s=0.2, retention=budget
         )
