@@ -18,7 +18,7 @@ import structlog
 from agents.check import Check
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
-from agents.loop import Agent, AgentConfig, run_cycles
+from agents.loop import Agent, AgentConfig
 from events import ProxyFailed
 from events.wire import LeaseGrant
 
@@ -55,14 +55,7 @@ class Checker(Agent):
         self.voided = 0  # cycles thrown away because the judge did not answer
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
-        async with self._gateway_client() as gw, self._judges() as judge:
-            self.cycles += await run_cycles(
-                self.name,
-                lambda: self.cycle(gw, judge),
-                stop,
-                idle_s=self.config.idle_s,
-                cycles=cycles,
-            )
+        await self._run(stop, cycles, self.cycle)
 
     async def cycle(self, gw: GatewayClient, judge: JudgePool) -> int:
         cfg = self.config

@@ -79,7 +79,8 @@ class AgentConfig:
 
 
 class Agent:
-    """An agent's identity and its way to the gateway; subclasses define ``run``."""
+    """An agent's identity and its way to the gateway; subclasses define ``run``, most
+    of them as ``_run`` over their own ``cycle``."""
 
     def __init__(
         self,
@@ -100,6 +101,23 @@ class Agent:
         self.cycles = 0
         self._client: GatewayClient | None = None
         self._down = False  # our own network is down (see _outage)
+
+    async def _run(
+        self,
+        stop: asyncio.Event,
+        cycles: int | None,
+        step: Callable[[GatewayClient, JudgePool], Awaitable[int]],
+    ) -> None:
+        """``step(gateway, judges)`` cycle after cycle until ``stop`` is set (or
+        ``cycles`` cycles that had work are done), waiting ``idle_s`` after one without."""
+        async with self._gateway_client() as gw, self._judges() as judge:
+            self.cycles += await run_cycles(
+                self.name,
+                lambda: step(gw, judge),
+                stop,
+                idle_s=self.config.idle_s,
+                cycles=cycles,
+            )
 
     @property
     def via(self) -> str:

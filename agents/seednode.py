@@ -29,7 +29,7 @@ from agents.extract import extract
 from agents.fetch import Fetcher
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
-from agents.loop import Agent, AgentConfig, run_cycles
+from agents.loop import Agent, AgentConfig
 from events import Deposited
 from events.keys import seed_key
 from events.wire import LeaseGrant, SeedBatch, SeedFound, SeedPayload
@@ -95,14 +95,7 @@ class SeedNode(Agent):
         self.ranges_done = 0
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
-        async with self._gateway_client() as gw, self._judges() as judge:
-            self.cycles += await run_cycles(
-                self.name,
-                lambda: self.cycle(gw, judge),
-                stop,
-                idle_s=self.config.idle_s,
-                cycles=cycles,
-            )
+        await self._run(stop, cycles, self.cycle)
 
     async def cycle(self, gw: GatewayClient, judge: JudgePool) -> int:
         await gw.flush()

@@ -29,7 +29,7 @@ from agents.extract import EXTRACTOR, extract
 from agents.fetch import Fetcher, FetchResult
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
-from agents.loop import Agent, AgentConfig, run_cycles
+from agents.loop import Agent, AgentConfig
 from events import Deposited, Discovered, Event, Extracted, Fetched
 from events.keys import page_key
 from events.wire import LeaseGrant, SourcePayload
@@ -147,22 +147,11 @@ class Worker(Agent):
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         """Work until ``stop`` is set (or ``cycles`` cycles that had work are done)."""
-        async with (
-            self._gateway_client() as gw,
-            Fetcher(
-                upstream=self.config.upstream,
-                lab=self.config.lab,
-                timeout_s=self.config.fetch_timeout_s,
-            ) as fetcher,
-            self._judges() as judge,
-        ):
-            self.cycles += await run_cycles(
-                self.name,
-                lambda: self.cycle(gw, fetcher, judge),
-                stop,
-                idle_s=self.config.idle_s,
-                cycles=cycles,
-            )
+        cfg = self.config
+        async with Fetcher(
+            upstream=cfg.upstream, lab=cfg.lab, timeout_s=cfg.fetch_timeout_s
+        ) as fetcher:
+            await self._run(stop, cycles, lambda gw, judge: self.cycle(gw, fetcher, judge))
 
     async def cycle(self, gw: GatewayClient, fetcher: Fetcher, judge: JudgePool) -> int:
         cfg = self.config

@@ -23,6 +23,7 @@ from ops.nats.client import fresh_id, now_ms
 from ops.nats.server import NatsServer
 from projections.ingest import DepositIngest
 from projections.live import FoldService
+from projections.log import DepositError
 from reducers.deposits import ATTEMPTS
 from tests.seedbox import deposit_box, until
 
@@ -263,7 +264,7 @@ async def test_retention_deletes_old_deposits_by_key_once_and_keeps_a_page_store
             assert await until(lambda: ingest.deleted == 1, 10)
             await ingest.stop()
             assert ingest.deleted_through == state.deposits[keys[0]].seq
-            with pytest.raises(ev_deposit_error()):
+            with pytest.raises(DepositError):
                 await box.log.deposits.get(keys[0], state.deposits[keys[0]].sha256)
             for key in keys[1:]:
                 await box.log.deposits.get(key, state.deposits[key].sha256)
@@ -280,14 +281,8 @@ async def test_retention_deletes_old_deposits_by_key_once_and_keeps_a_page_store
             assert await until(lambda: state.deposits[keys[0]].seq > again.deleted_through, 10)
             assert await again.retain() == 1
             await box.log.deposits.get(keys[0], state.deposits[keys[0]].sha256)
-            with pytest.raises(ev_deposit_error()):
+            with pytest.raises(DepositError):
                 await box.log.deposits.get(keys[1], state.deposits[keys[1]].sha256)
-
-
-def ev_deposit_error() -> type[Exception]:
-    from projections.log import DepositError
-
-    return DepositError
 
 
 async def test_the_daily_reconcile_lists_once_a_day_and_reports_orphans_and_losses(

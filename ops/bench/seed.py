@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -168,8 +169,6 @@ async def seed_world(
 async def bench_seed(
     lines: int = 200_000, nodes: int = 3, extra_working: int = 300
 ) -> dict[str, Any]:
-    import tempfile
-
     with tempfile.TemporaryDirectory(prefix="ppf-bench-seed-") as tmp:
         root = Path(tmp)
         with World(root / "world", extra_working=extra_working) as world:

@@ -24,6 +24,7 @@ from events import Extracted, decode
 from events.keys import plan_id
 from events.mint import now_ms
 from ops.cli.common import DEFAULT_NATS
+from ops.cli.seed import plan
 from ops.nats.client import Log
 from projections.folder import Folder
 from projections.log import DepositError
@@ -80,8 +81,6 @@ async def reparse(
 ) -> Reparsed:
     """Fold the log to its head, then extract again from each page deposited since
     ``since``; see the module's docstring."""
-    from ops.cli.seed import plan
-
     head = await lg.head_seq()
     state = State()
     folder = Folder(state)
