@@ -1,9 +1,10 @@
 """The one thing pyproject.toml does not say: the optional C extensions.
 
 ``agents/_scan.c`` scans dense proxy lists; ``reducers/_admit.c`` answers the fold's
-admission question for proxy reports. ``optional=True``: without a C compiler the
-install still succeeds, and each falls back to its Python twin, slower (``ppf bench
-extract`` and ``ppf bench fold`` report which ran). Declared here rather than in
+admission question for proxy reports; ``ops/nats/_frames.c`` parses the stream reader's
+data frames. ``optional=True``: without a C compiler the install still succeeds, and
+each falls back to its Python twin, slower (``ppf bench extract`` and ``ppf bench fold``
+report which ran). Declared here rather than in
 pyproject.toml, where setuptools still calls ext-modules experimental.
 """
 
@@ -13,5 +14,6 @@ setup(
     ext_modules=[
         Extension("agents._scan", ["agents/_scan.c"], optional=True),
         Extension("reducers._admit", ["reducers/_admit.c"], optional=True),
+        Extension("ops.nats._frames", ["ops/nats/_frames.c"], optional=True),
     ]
 )

@@ -8,6 +8,7 @@ import pytest
 from nats.js.api import StorageType, StoreCompression
 
 import events as ev
+from ops.nats import stream
 from ops.nats.client import ConflictError, Log, fresh_id
 from ops.nats.server import NatsServer
 from ops.nats.stream import Firehose
@@ -65,8 +66,16 @@ async def test_last_event_by_direct_get(log_client: Log) -> None:
     assert await log_client.last_event("ppf.config") == config
 
 
-async def test_firehose_reads_in_order_from_a_sequence(log_client: Log) -> None:
-    """The stream reader hands out messages in order from a sequence."""
+@pytest.mark.parametrize("frames", ["native", "python"])
+async def test_firehose_reads_in_order_from_a_sequence(
+    log_client: Log, frames: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream reader hands out messages in order from a sequence, with the frame
+    parser in C (ops/nats/_frames.c) and with its Python twin."""
+    if frames == "python":
+        monkeypatch.setattr(stream, "_scan", stream._scan_py)
+    elif not stream.native_frames():
+        pytest.skip("ops/nats/_frames.c was not built: install gcc and reinstall")
     batch = [worked(f"8.8.{i // 250}.{i % 250 + 1}") for i in range(3000)]
     await log_client.publish_many(batch)
     got = []

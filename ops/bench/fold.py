@@ -26,7 +26,7 @@ from typing import Any
 from events import Fetched, ProxyFailed, ProxyWorked, decode, encode
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
-from ops.nats.stream import Firehose
+from ops.nats.stream import Firehose, native_frames
 from ops.progress import Progress
 from projections import Store, digest
 from projections.replay import replay
@@ -227,6 +227,8 @@ async def bench_fold(
         "restore_digest_equal": restore_ok,
         # reducers/_admit.c, or the Python twin where no C compiler built it
         "native_admission": native_admission(),
+        # ops/nats/_frames.c, or the stream reader's Python twin
+        "native_frames": native_frames(),
         "fold_with_dead_axiom_tap_per_s": round(tapped[0]) if tapped else None,
         "fold_tap_off_again_per_s": round(tapped[1]) if tapped else None,
         "dead_tap_vs_tap_off": round(2 * tapped[0] / (fold_rate + tapped[1]), 3)

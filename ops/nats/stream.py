@@ -27,19 +27,69 @@ import structlog
 from events import STREAM
 from projections.log import Message
 
-__all__ = ["Firehose", "FirehoseError", "Message"]
+__all__ = ["Firehose", "FirehoseError", "Message", "native_frames"]
 
 log = structlog.get_logger("ppf.firehose")
 
 
 _CRLF = b"\r\n"
 _READ = 1 << 20
-# The common frame, matched in one C call: a data message with headers on sid 1 and a
-# v1 ack reply. Anything else (statuses, API replies, PING, other reply forms) takes
-# the general path below.
+# The common frame: a data message with headers on sid 1 and a v1 ack reply. Runs of it
+# are parsed by _frames.scan (ops/nats/_frames.c) or its twin _scan_py; anything else
+# (statuses, API replies, PING, other reply forms) takes the general path below.
 _DATA = re.compile(
-    rb"HMSG ([^ ]+) 1 \$JS\.ACK\.[^. ]+\.[^. ]+\.\d+\.(\d+)\.(\d+)\.(\d+)\.\d+ (\d+) (\d+)\r\n"
+    rb"HMSG ([^ \r\n]+) 1 \$JS\.ACK\.[^. \r\n]+\.[^. \r\n]+\."
+    rb"\d+\.(\d+)\.(\d+)\.(\d+)\.\d+ (\d+) (\d+)\r\n"
 )
+_MORE, _GAP, _UNTIL = 0, 1, 2  # why a run of common frames stopped
+
+
+def _scan_py(
+    data: bytes, pos: int, expect: int, until: int, batch: list[Message]
+) -> tuple[int, int, int]:
+    """Append the run of complete common frames at ``pos`` to ``batch``.
+
+    Returns (pos, expect, status): where the run stopped, the consumer sequence
+    expected next, and why (_MORE: another kind of frame or an incomplete one; _GAP: a
+    consumer sequence other than ``expect``; _UNTIL: a stream sequence past ``until``,
+    when it is not 0). The contract of ops/nats/_frames.c, which the tests compare.
+    """
+    end = len(data)
+    fast = _DATA.match
+    while pos < end:
+        m = fast(data, pos)
+        if m is None:
+            return pos, expect, _MORE
+        subject, sseq_b, cseq_b, ts_b, hlen_b, total_b = m.groups()
+        start = m.end()
+        total = int(total_b)
+        hlen = int(hlen_b)
+        if hlen > total or start + total + 2 > end:
+            return pos, expect, _MORE
+        cseq = int(cseq_b)
+        if cseq != expect:
+            return pos, expect, _GAP
+        sseq = int(sseq_b)
+        if until and sseq > until:
+            return pos, expect, _UNTIL
+        batch.append((sseq, int(ts_b) // 1_000_000, subject, data[start + hlen : start + total]))
+        expect = cseq + 1
+        pos = start + total + 2
+    return pos, expect, _MORE
+
+
+try:
+    from ops.nats._frames import (  # type: ignore[import-not-found, unused-ignore]
+        scan as _frames_scan,
+    )
+except ImportError:  # no C compiler at install time: the twin, slower
+    _frames_scan = None
+_scan = _frames_scan or _scan_py
+
+
+def native_frames() -> bool:
+    """Whether ops/nats/_frames.c was built here (``ppf bench fold`` reports it)."""
+    return _frames_scan is not None
 
 
 class FirehoseError(RuntimeError):
@@ -151,35 +201,18 @@ class Firehose:
             pos = 0
             end = len(data)
             out: list[bytes] = []
-            fast = _DATA.match
             while pos < end:
-                m = fast(data, pos)
-                if m is not None:
-                    subject, sseq_b, cseq_b, ts_b, hlen_b, total_b = m.groups()
-                    start = m.end()
-                    total = int(total_b)
-                    if start + total + 2 > end:
-                        break
-                    cseq = int(cseq_b)
-                    if cseq != expect_cseq:
-                        raise _Gap(f"consumer seq {cseq}, expected {expect_cseq}")
-                    sseq = int(sseq_b)
-                    if until is not None and sseq > until:
-                        if batch:
-                            yield batch
-                        return
-                    expect_cseq = cseq + 1
-                    self.next_seq = sseq + 1
-                    batch.append(
-                        (
-                            sseq,
-                            int(ts_b) // 1_000_000,
-                            subject,
-                            data[start + int(hlen_b) : start + total],
-                        )
-                    )
-                    pos = start + total + 2
-                    continue
+                pos, expect_cseq, status = _scan(data, pos, expect_cseq, until or 0, batch)
+                if batch:
+                    self.next_seq = batch[-1][0] + 1
+                if status == _GAP:
+                    raise _Gap(f"consumer seq expected {expect_cseq} at {data[pos : pos + 80]!r}")
+                if status == _UNTIL:
+                    if batch:
+                        yield batch
+                    return
+                if pos >= end:
+                    break
                 eol = data.find(_CRLF, pos)
                 if eol < 0:
                     break
