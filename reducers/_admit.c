@@ -9,8 +9,9 @@
  * The contract is admission._plainly_admitted, its Python twin, answer for answer
  * (tests/test_admission.py runs both over generated events and compares), for the types
  * that make up the log: ProxyWorked, ProxyFailed, Leased, Released, Fetched, Extracted,
- * Heartbeat. False is never a refusal: the caller then asks the full checks, which find
- * the reason or admit the event. So this pass may also answer False where it does not
+ * Heartbeat, and Located (one per address: a tenth of the messages while a pool grows).
+ * False is never a refusal: the caller then asks the full checks, which find the reason
+ * or admit the event. So this pass may also answer False where it does not
  * decide (text that is not ASCII, an IPv6 address), and only there may it differ.
  *
  *   admit(subject, event, state, ts) -> 0, 1 or 2
@@ -37,6 +38,7 @@ enum {
     KIND_FETCHED = 4,
     KIND_EXTRACTED = 5,
     KIND_HEARTBEAT = 6,
+    KIND_LOCATED = 7, /* the service's record of a lookup: ppf.geo.<ip>, one per address */
 };
 
 /* Fields are read straight from the slot their member descriptor names (msgspec Structs
@@ -320,6 +322,9 @@ static int tail_ok(Cursor *c, PyObject *e, int kind) {
     case KIND_HEARTBEAT:
         ok = eat(c, "agent.", 6) && eat_attr(c, e, s_agent, 0);
         break;
+    case KIND_LOCATED:
+        ok = eat(c, "geo.", 4) && eat_attr(c, e, s_ip, 1);
+        break;
     default:
         return 0;
     }
@@ -462,6 +467,7 @@ static int facts_ok(PyObject *e, int kind) {
         break;
     case KIND_LEASE:
     case KIND_HEARTBEAT:
+    case KIND_LOCATED:
         /* validate._envelope(id, ""): their lease field is not an envelope's */
         return text_ok(e, s_id, 64);
     default:
@@ -491,7 +497,8 @@ static long long int_attr(PyObject *obj, Field *name, int *ok) {
 /* 1 when no quota can refuse this observation at ts (trust.over_quota would say ""
  * without looking further); 2 when trust.over_quota must be asked. */
 static int quota_clear(PyObject *e, int kind, PyObject *agents, PyObject *quotas, long long ts) {
-    if (quotas == Py_None || kind == KIND_LEASE || kind == KIND_HEARTBEAT) return 1;
+    if (quotas == Py_None || kind == KIND_LEASE || kind == KIND_HEARTBEAT || kind == KIND_LOCATED)
+        return 1;
     if (!PyTuple_Check(quotas) || PyTuple_GET_SIZE(quotas) != 3) return 2;
     PyObject *name = getf(e, s_agent);
     if (name == NULL) {

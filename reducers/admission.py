@@ -25,6 +25,7 @@ from events import (
     Fetched,
     Heartbeat,
     Leased,
+    Located,
     ProxyFailed,
     ProxyWorked,
     Released,
@@ -122,6 +123,7 @@ NATIVE_CODES: dict[type, int] = {
     Fetched: 4,
     Extracted: 5,
     Heartbeat: 6,
+    Located: 7,
 }
 
 

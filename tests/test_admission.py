@@ -21,6 +21,7 @@ from events import (
     Fetched,
     Heartbeat,
     Leased,
+    Located,
     ProxyFailed,
     ProxyWorked,
     Released,
@@ -104,7 +105,7 @@ INTS = [0, 1, 80, 999, 1000, 65535, 65536, -1, 600_000, 600_001, 1 << 30, (1 << 
 FIELDS = [
     "id", "agent", "ip", "port", "proto", "latency_ms", "exit_ip", "source", "judge",
     "lease", "error", "target", "url_id", "http_status", "bytes", "fetch_ms",
-    "content_hash", "count", "extractor", "candidates",
+    "content_hash", "count", "extractor", "candidates", "as_org",
 ]  # fmt: skip
 
 
@@ -120,7 +121,8 @@ def _event(rng: random.Random) -> Any:
     base = {"id": v("id", ids, TEXT), "agent": v("agent", AGENTS[:5], AGENTS), "at": 1}
     ip = v("ip", IPS[:3], IPS)
     hexes, names = HEX[:2], TEXT[:4]
-    kind = rng.choice(["worked", "failed", "leased", "released", "fetched", "extracted", "beat"])
+    kinds = ["worked", "failed", "leased", "released", "fetched", "extracted", "beat", "located"]
+    kind = rng.choice(kinds)
     if kind == "worked":
         return ProxyWorked(
             **base,
@@ -179,6 +181,8 @@ def _event(rng: random.Random) -> Any:
             content_hash=v("content_hash", names, TEXT),
             lease=v("lease", names, TEXT),
         )
+    if kind == "located":
+        return Located(**base, ip=ip, country="NL", as_org=v("as_org", names, TEXT), geo="1")
     return Heartbeat(**base)
 
 
