@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from projections import Checkpointer, Folder, Store, StoreError, digest
+from projections.log import Message
 from reducers import State
 from tests.helpers import message, worked
 
@@ -35,6 +37,33 @@ async def test_checkpointer_commits_through_the_child(tmp_path: Path) -> None:
     again = Checkpointer(db)
     assert await again.start() == 100
     await again.close()
+
+
+async def test_a_replay_written_once_equals_one_checkpointed_on_the_way(tmp_path: Path) -> None:
+    """A replay writes its file once, at the end, unless asked for checkpoints on the way;
+    both files restore to the digest of the folded state, evictions included."""
+    from projections.replay import replay
+    from reducers.proxies import SWEEP_MS
+
+    later = T0 + 3 * State().settings.proxy_ttl_s * 1000 + SWEEP_MS + 1
+    msgs = [message(seq, T0 + seq, worked(f"8.8.{seq % 5}.{seq % 7 + 1}")) for seq in range(1, 90)]
+    msgs += [message(90 + i, later + i, worked(f"9.9.9.{i + 1}")) for i in range(10)]
+
+    async def batches() -> AsyncIterator[list[Message]]:
+        for start in range(0, len(msgs), 9):
+            yield msgs[start : start + 9]
+
+    digests = []
+    for name, every in (("once", None), ("on-the-way", 10)):
+        folder = await replay(batches(), tmp_path / f"{name}.duckdb", every_events=every)
+        store = Store(tmp_path / f"{name}.duckdb")
+        restored = store.restore()
+        store.close()
+        assert restored.last_seq == 99
+        assert len(restored.proxies) == 10  # the first 89 reports' proxies were evicted
+        assert digest(restored) == digest(folder.state)
+        digests.append(digest(restored))
+    assert digests[0] == digests[1]
 
 
 async def test_writer_that_cannot_open_its_file_fails_loudly(tmp_path: Path) -> None:
