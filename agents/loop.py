@@ -19,7 +19,7 @@ from events import Event, Heartbeat, ProxyWorked
 from events.mint import fresh_id, now_ms
 from events.wire import DEFAULT_LEASE_TTL_S, LeaseGrant
 
-__all__ = ["Agent", "AgentConfig", "run_cycles"]
+__all__ = ["Agent", "AgentConfig", "Results", "run_cycles"]
 
 log = structlog.get_logger("ppf.agent")
 
@@ -75,7 +75,46 @@ class AgentConfig:
     require_judge: bool = True
     judge_key: str = ""  # hex: this agent's key for ppf's public judge (GET /v1/agents/me)
     https_targets: tuple[str, ...] = HTTPS_TARGETS  # () tries none
-    publish_every_s: float = 1.0  # results go out as checks end, this often
+    # Results go out as checks end, gathered this long into one publish (a publish a
+    # second held every death back half a second: 5 simulated seconds in the churn lab).
+    publish_gather_s: float = 0.05
+
+
+class Results:
+    """Events that go out as they come (``Agent._streaming``): ``append`` one, and a
+    publish takes what gathered within ``gather_s``; ``flush`` publishes what waits now
+    (before a lease is released, so the gateway sees its results first)."""
+
+    def __init__(self, gw: GatewayClient, gather_s: float) -> None:
+        self.gw = gw
+        self.gather_s = gather_s
+        self.pending: list[Event] = []
+        self.ready = asyncio.Event()
+        self.done = asyncio.Event()
+        self._lock = asyncio.Lock()  # publishes in the order their events came
+
+    def append(self, event: Event) -> None:
+        self.pending.append(event)
+        self.ready.set()
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    async def flush(self) -> None:
+        async with self._lock:
+            if self.pending:
+                batch = self.pending[:]
+                del self.pending[:]
+                await self.gw.publish(batch)
+
+    async def stream(self) -> None:
+        while not self.done.is_set():
+            await self.ready.wait()
+            if not self.done.is_set():
+                await asyncio.sleep(self.gather_s)
+            self.ready.clear()
+            await self.flush()
+        await self.flush()
 
 
 class Agent:
@@ -144,7 +183,7 @@ class Agent:
         async def beat() -> None:
             while True:
                 await asyncio.sleep(self.config.lease_ttl_s / 3)
-                for grant in grants:
+                for grant in list(grants):  # the caller may drop one it gave back
                     await gw.heartbeat(grant.lease)
 
         keeper = asyncio.create_task(beat())
@@ -154,27 +193,18 @@ class Agent:
             keeper.cancel()
 
     @contextlib.asynccontextmanager
-    async def _streaming(self, gw: GatewayClient) -> AsyncIterator[list[Event]]:
-        """A list whose events go out every ``publish_every_s`` while the block runs,
-        and the rest at its end: a long batch of checks (thousands of dead candidates,
-        each a timeout) reports its first results within a second, not at its end."""
-        pending: list[Event] = []
-        done = asyncio.Event()
-
-        async def stream() -> None:
-            while not done.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(done.wait(), self.config.publish_every_s)
-                if pending:
-                    batch = pending[:]
-                    del pending[:]
-                    await gw.publish(batch)
-
-        streamer = asyncio.create_task(stream())
+    async def _streaming(self, gw: GatewayClient) -> AsyncIterator[Results]:
+        """Results that go out as they come while the block runs, and the rest at its
+        end: a long batch of checks (thousands of dead candidates, each a timeout)
+        reports its first results at once, not at its end, and a death is known to the
+        pool within a publish of its check's end."""
+        results = Results(gw, self.config.publish_gather_s)
+        streamer = asyncio.create_task(results.stream())
         try:
-            yield pending
+            yield results
         finally:
-            done.set()
+            results.done.set()
+            results.ready.set()
             await streamer
 
     @contextlib.asynccontextmanager

@@ -50,8 +50,11 @@ async def bench_pool(
     to it, a failing proxy's to half of it, a dead one's at most ten times it."""
     schedule = plan(profile, proxies, seed, duration_s)
     # The agents' own waits on the lab's clock too (30 s of the checker's is five
-    # simulated minutes at speed 10).
-    idle = ("--agents-idle", str(round(30 / speed, 2)))
+    # simulated minutes at speed 10), and no longer than a tenth of the shortest recheck
+    # interval asked, as ppf's own 30 s are of its 300 s (a checker with nothing due
+    # asks again after its idle wait).
+    failing_s = max(1, interval_s // 2) if interval_s else 300
+    idle = ("--agents-idle", str(round(min(30, failing_s / 10) / speed, 2)))
     with tempfile.TemporaryDirectory(prefix="ppf-bench-pool-") as tmp:
         root = Path(tmp)
         with (
