@@ -2,7 +2,7 @@
 
 Graduated intervals (a read model: pure, ``now`` passed in), settings in ``Configured``:
 a proxy whose latest check failed is rechecked soon, and less often as the failures go
-on (dead ones rarely); a new one (few confirmations) and a flapping one often; a
+on (dead ones rarely, flapping ones no less often than fresh ones); a new one (few confirmations) and a flapping one often; a
 long-lived stable one seldom.
 Within a shard, proxies are interleaved across networks (AS organisation, else /16) so
 one network's outage does not fill a checker's whole batch.
@@ -58,7 +58,10 @@ _DAY_MS = 86_400_000
 def interval_s(row: ProxyRow, p: RecheckPolicy = RecheckPolicy()) -> int:
     if row.fail_streak > 0:
         # Soon after a failure, then doubling: one that keeps failing is dead, mostly.
-        return min(p.failing_s << min(row.fail_streak - 1, 20), max(p.dead_s, p.failing_s))
+        # One that has come back before is likely to again: it is asked no less often
+        # than a fresh one (its return is then seen within that, not hours later).
+        longest = p.fresh_s if flapping(row) else p.dead_s
+        return min(p.failing_s << min(row.fail_streak - 1, 20), max(longest, p.failing_s))
     if row.confirmations < p.fresh_confirmations or flapping(row):
         return p.fresh_s
     if row.last_seen - row.first_seen > _DAY_MS:

@@ -39,6 +39,17 @@ def test_failing_proxies_come_back_soon_then_ever_more_rarely() -> None:
     assert got == [300, 600, 1_200, 2_400, 3_600, 3_600, 3_600]
 
 
+def test_a_failing_flapper_is_asked_as_often_as_a_fresh_proxy() -> None:
+    """A proxy that has come back after failing, about daily or more, and fails again
+    is likely to come back again: its failing interval doubles only up to fresh_s, not
+    to dead_s, so its return is seen soon; one that never came back goes on doubling."""
+    p = RecheckPolicy(failing_s=300, fresh_s=900, dead_s=21_600)
+    flappy = [interval_s(_row(flaps=9, fail_streak=n), p) for n in (1, 2, 3, 4, 30)]
+    assert flappy == [300, 600, 900, 900, 900]
+    dead = [interval_s(_row(flaps=0, fail_streak=n), p) for n in (1, 2, 3, 4, 30)]
+    assert dead == [300, 600, 1_200, 2_400, 21_600]
+
+
 def test_fresh_and_flapping_often_stable_veterans_seldom() -> None:
     """A proxy that came back after failing about once a day or more is flapping, and is
     rechecked as often as a fresh one; one that flapped long ago and held since is not."""
