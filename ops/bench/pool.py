@@ -118,14 +118,20 @@ class Consumer:
         self.base, self.world, self.judge = base, world, judge
         self.index = {addr: i for i, addr in enumerate(world.churn_addresses())}
         self.gate = asyncio.Semaphore(concurrency)
-        self.tried = self.worked = 0
+        self.tried = self.worked = self.failed_while_up = 0
         self.recall: list[float] = []
         # per proxy: (wall time of the poll, served?) for the latencies
         self.seen: list[list[tuple[float, bool]]] = [[] for _ in self.index]
 
     async def _try(self, ip: str, port: int) -> bool:
         async with self.gate:
+            start = time.time()
             result = await check(ip, port, None, self.judge, timeout=5.0)
+            i = self.index[(ip, port)]
+            if not result.ok and self.world.churn_up(i, start) and self.world.churn_up(i):
+                # Up by the lab's truth all along: a loss the pool's liveness cannot see
+                # (the consumer's own check, a slow proxy), told apart from a dead one.
+                self.failed_while_up += 1
             return result.ok
 
     async def run(self, poll_s: float) -> dict[str, Any]:
@@ -180,6 +186,7 @@ class Consumer:
         return {
             "served_tried": self.tried,
             "served_precision": round(self.worked / self.tried, 3) if self.tried else None,
+            "served_failed_while_up": self.failed_while_up,
             "recall": round(statistics.mean(self.recall), 3) if self.recall else None,
             "detection_s_median": _q(detect, 0.5),
             "detection_s_p90": _q(detect, 0.9),
