@@ -38,6 +38,9 @@ class CheckerConfig(AgentConfig):
     # whatever the intervals asked (BENCHMARKS.md, issue 12).
     batch: int = 500
     max_shards: int = 64  # the gateway's leases per agent
+    # Lease requests at most this often: shards going back one by one must not each
+    # cost the gateway a look over the pool for due ones.
+    lease_gap_s: float = 0.2
 
 
 class Checker(Agent):
@@ -79,10 +82,17 @@ class Checker(Agent):
         rounds: set[asyncio.Task[None]] = set()
         stopping = asyncio.create_task(stop.wait())
         done = 0
+        loop = asyncio.get_running_loop()
+        last_ask = -cfg.lease_gap_s
         try:
             while not stop.is_set():
                 leased = 0
+                self._freed.clear()  # before leasing: a shard going back meanwhile wakes us
                 if self._in_flight < cfg.batch and self._holding < cfg.max_shards:
+                    gap = last_ask + cfg.lease_gap_s - loop.time()
+                    if gap > 0:
+                        await asyncio.sleep(gap)
+                    last_ask = loop.time()
                     try:
                         leased = await self._begin(gw, judge, rounds)
                     except Exception as exc:  # a failed lease is waited out, never the end
@@ -93,7 +103,6 @@ class Checker(Agent):
                         break
                     continue  # more may be due now
                 # Wait for room (a shard released), for the stop, or idle_s for work.
-                self._freed.clear()
                 freed = asyncio.create_task(self._freed.wait())
                 await asyncio.wait(
                     {stopping, freed}, timeout=cfg.idle_s, return_when=asyncio.FIRST_COMPLETED
@@ -178,6 +187,10 @@ class Checker(Agent):
 
         try:
             async with self._heartbeats(gw, held), self._streaming(gw) as out:
+                for g in range(len(grants)):
+                    if not left[g]:  # nothing due in it after all (the budget, a race)
+                        settled[g] = True
+                        releases.append(asyncio.create_task(give_back(g, out)))
 
                 def heard(i: int, r: Check) -> None:
                     nonlocal working

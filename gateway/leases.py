@@ -33,6 +33,7 @@ from projections.readmodels import due_score, due_sources
 from projections.recheck import (
     RecheckPolicy,
     due_in_shard,
+    has_due,
     network_outages,
     shards,
     spot_checks,
@@ -302,7 +303,7 @@ class Granter:
         return [
             shard
             for shard, rows in self._shards().items()
-            if due_in_shard(rows, now, 1, self.recheck, self._spot)
+            if has_due(rows, now, self.recheck, self._spot)
         ]
 
     def _shards(self) -> dict[str, list[ProxyRow]]:

@@ -2,8 +2,8 @@
 
 Graduated intervals (a read model: pure, ``now`` passed in), settings in ``Configured``:
 a proxy whose latest check failed is rechecked soon, and less often as the failures go
-on (dead ones rarely, flapping ones no less often than fresh ones); a new one (few confirmations) and a flapping one often; a
-long-lived stable one seldom.
+on (dead ones rarely; flapping ones no less often than fresh ones); a new one (few
+confirmations) and a flapping one often; a long-lived stable one seldom.
 Within a shard, proxies are interleaved across networks (AS organisation, else /16) so
 one network's outage does not fill a checker's whole batch.
 """
@@ -22,6 +22,7 @@ __all__ = [
     "RecheckPolicy",
     "due_in_shard",
     "flapping",
+    "has_due",
     "interval_s",
     "network",
     "network_outages",
@@ -149,6 +150,26 @@ def due_in_shard(
                 break
         queues = [q for q in queues if q]
     return out
+
+
+def has_due(
+    rows: list[ProxyRow],
+    now: int,
+    p: RecheckPolicy = RecheckPolicy(),
+    urgent: Container[ProxyKey] = (),
+) -> bool:
+    """Whether ``due_in_shard`` would give at least one row: the same rules, stopping at
+    the first due row (a recheck lease asks it of every shard; at a million proxies a
+    full ``due_in_shard`` for each held the gateway's loop for seconds)."""
+    for row in rows:
+        last = max(row.last_seen, row.last_failed)
+        if row.reported_at > last:
+            return True
+        if urgent and row.last_failed < row.last_seen and (row.ip, row.port) in urgent:
+            return True
+        if now - last - interval_s(row, p) * 1000 >= 0:
+            return True
+    return False
 
 
 def network_outages(

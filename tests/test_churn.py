@@ -71,3 +71,49 @@ def test_ppf_runs_on_the_labs_clock() -> None:
     for speed in (0.5, 11):
         with pytest.raises(ValueError, match="speed"):
             scaled(ev.Settings(), speed)
+
+
+def test_the_consumer_scores_an_outage_from_what_it_saw() -> None:
+    """The outage figures of ``ppf bench pool`` (pure arithmetic over the consumer's
+    polls): the killed half leaves ``alive`` 40 s after the mass death, one killed
+    proxy is never dropped, precision is back when three polls in a row reach 0.95,
+    and a proxy that stayed up but was not served for 30 s shows as the longest gap."""
+    from types import SimpleNamespace
+
+    from ops.bench.pool import Consumer
+
+    schedule = plan("outage", 20, seed=5, duration_s=600)
+    world = SimpleNamespace(churn=schedule, speed=1.0, churn_t0=0.0)
+    at = 300.0
+    killed = [i for i in range(20) if schedule.up(i, 299_999) and not schedule.up(i, 599_000)]
+    killed = [i for i in killed if any(d.start_ms == 300_000 for d in schedule.downs[i])]
+    others = [i for i in range(20) if schedule.up(i, 300_000)]
+    assert len(killed) >= 3 and others
+    stubborn, gap = killed[0], others[0]
+    next_death = min(
+        [d.start_ms / 1000 for d in schedule.downs[gap] if d.start_ms > 300_000] or [600.0]
+    )
+    assert next_death > 350
+    consumer = Consumer.__new__(Consumer)
+    consumer.world = world  # type: ignore[assignment]
+    times = [float(t) for t in range(0, 600, 10)]
+    consumer.seen = [
+        [
+            (
+                t,
+                (t < at + 40 or i == stubborn)
+                if i in killed
+                else not (i == gap and at + 10 <= t <= at + 40),
+            )
+            for t in times
+        ]
+        for i in range(20)
+    ]
+    # precision by poll: 0.5 until 360 s, then 1.0
+    consumer.polls = [(t, 10, 5 if t < 360 else 10) for t in times]
+    got = consumer._outage()
+    assert got["outage_killed"] == len(killed)
+    assert got["outage_gone_s_median"] == 40.0
+    assert got["outage_never_gone"] == 1
+    assert got["outage_precision_095_after_s"] == 80.0  # the polls at 360, 370, 380
+    assert got["outage_others_longest_unserved_s"] == 30.0

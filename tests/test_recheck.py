@@ -10,7 +10,7 @@ import events as ev
 from gateway.leases import CheckBudget
 from ops.cli import enroll
 from ops.nats.client import Log, fresh_id
-from projections.recheck import RecheckPolicy, due_in_shard, flapping, interval_s
+from projections.recheck import RecheckPolicy, due_in_shard, flapping, has_due, interval_s
 from reducers.state import ProxyRow
 from tests.fleet import serving
 from tests.helpers import worked
@@ -77,6 +77,35 @@ def test_the_intervals_are_the_logs_settings() -> None:
     assert (p.failing_s, p.fresh_s, p.settled_s, p.veteran_s, p.dead_s) == (60, 120, 240, 480, 600)
     rows = [_row(ip="1.1.1.1", fail_streak=1), _row(ip="1.1.1.2", first_seen=NOW)]
     assert {r.ip for r in due_in_shard(rows, NOW + 61_000, 10, p)} == {"1.1.1.1"}
+
+
+def test_has_due_answers_as_due_in_shard_does() -> None:
+    """The gateway asks ``has_due`` of every shard at each recheck lease: it must say
+    yes exactly where ``due_in_shard`` would give a row (failing, fresh, settled and
+    veteran rows, reported ones, urgent spot-checks, at many moments)."""
+    import random
+
+    rng = random.Random(3)
+    p = RecheckPolicy(failing_s=60, fresh_s=120, settled_s=240, veteran_s=480, dead_s=960)
+    for _ in range(2_000):
+        rows = []
+        for i in range(rng.randrange(0, 4)):
+            seen = NOW - rng.randrange(0, 1_000_000)
+            rows.append(
+                _row(
+                    ip=f"8.8.{i}.{rng.randrange(1, 9)}",
+                    last_seen=seen,
+                    first_seen=seen - rng.choice([0, DAY // 2, 2 * DAY]),
+                    last_failed=rng.choice([0, seen - 1, seen + rng.randrange(1, 500_000)]),
+                    fail_streak=rng.choice([0, 0, 1, 3]),
+                    confirmations=rng.choice([1, 5]),
+                    flaps=rng.choice([0, 3]),
+                    reported_at=rng.choice([0, 0, NOW - rng.randrange(0, 900_000)]),
+                )
+            )
+        urgent = {(r.ip, r.port) for r in rows if rng.random() < 0.2}
+        now = NOW + rng.randrange(0, 600_000)
+        assert has_due(rows, now, p, urgent) == bool(due_in_shard(rows, now, 1, p, urgent))
 
 
 def test_the_budget_holds_an_hours_checks_and_refills_evenly() -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from agents.check import Judge, check
 from ops.bench.upbox import UpBeside, get_json, up_beside
-from ops.lab.churn import plan, scaled
+from ops.lab.churn import PROFILES, plan, scaled
 from ops.lab.world import World
 from ops.nats.client import Log
 
@@ -122,6 +122,7 @@ class Consumer:
         self.recall: list[float] = []
         # per proxy: (wall time of the poll, served?) for the latencies
         self.seen: list[list[tuple[float, bool]]] = [[] for _ in self.index]
+        self.polls: list[tuple[float, int, int]] = []  # (wall time, tried, worked) a poll
 
     async def _try(self, ip: str, port: int) -> bool:
         async with self.gate:
@@ -151,6 +152,7 @@ class Consumer:
                 results = await asyncio.gather(*(self._try(ip, port) for ip, port in served))
                 self.tried += len(results)
                 self.worked += sum(results)
+                self.polls.append((now, len(results), sum(results)))
             await asyncio.sleep(max(0.0, poll_s - (time.time() - now)))
         stats = await asyncio.to_thread(get_json, self.base + "/v1/agents")
         return self._figures(warm, stats)
@@ -195,6 +197,72 @@ class Consumer:
             "revival_s_p90": _q(revive, 0.9),
             "returns_seen": len(revive),
             "checks": checks,
+            **self._outage(),
+        }
+
+    def _outage(self) -> dict[str, Any]:
+        """For a profile with a mass death (``outage``), in simulated seconds from it:
+        how long the dead half took to leave ``alive`` (median, p90, and how many never
+        did), when the served precision (over three polls) was back at 0.95, and the
+        longest a proxy up at that moment was not served before its own next death."""
+        world = self.world
+        assert world.churn is not None
+        share = PROFILES[world.churn.profile].mass_death_at
+        if share is None:
+            return {}
+        speed, t0 = world.speed, world.churn_t0
+        mass_ms = int(world.churn.duration_ms * share)
+        at = t0 + mass_ms / 1000 / speed
+        plan = world.churn
+        # The half the mass death took (up until it), and the rest up at that moment,
+        # each until its own next death.
+        died = {
+            i
+            for i, downs in enumerate(plan.downs)
+            if plan.up(i, mass_ms - 1)
+            and any(d.start_ms <= mass_ms and d.end_ms >= plan.duration_ms for d in downs)
+        }
+        stays = {
+            i: t0
+            + min([d.start_ms for d in downs if d.start_ms > mass_ms] or [plan.duration_ms])
+            / 1000
+            / speed
+            for i, downs in enumerate(plan.downs)
+            if i not in died and plan.up(i, mass_ms)
+        }
+        gone, never = [], 0
+        for i in died:
+            served_then = [s for t, s in self.seen[i] if t >= at]
+            left = next((t for t, s in self.seen[i] if t >= at and not s), None)
+            if left is None:
+                never += bool(served_then)
+            else:
+                gone.append((left - at) * speed)
+        back = None
+        after = [p for p in self.polls if p[0] >= at]
+        for k in range(len(after) - 2):
+            window = after[k : k + 3]
+            tried = sum(p[1] for p in window)
+            if tried and sum(p[2] for p in window) / tried >= 0.95:
+                back = round((window[-1][0] - at) * speed, 1)
+                break
+        longest = 0.0
+        for i, until in stays.items():
+            start = None
+            for t, s in self.seen[i]:
+                if at <= t < until and not s:
+                    start = t if start is None else start
+                    longest = max(longest, (t - start) * speed)
+                else:
+                    start = None
+        return {
+            "outage_killed": len(died),
+            "outage_others_up": len(stays),
+            "outage_gone_s_median": _q(gone, 0.5),
+            "outage_gone_s_p90": _q(gone, 0.9),
+            "outage_never_gone": never,
+            "outage_precision_095_after_s": back,
+            "outage_others_longest_unserved_s": round(longest, 1),
         }
 
 
