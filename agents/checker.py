@@ -162,9 +162,10 @@ class Checker(Agent):
         owner: list[int],
     ) -> None:
         """Check one round's proxies; each shard goes back when its own checks end."""
-        left = [0] * len(grants)
+        left = [0] * len(grants)  # by shard: its proxies not checked yet
         for g in owner:
             left[g] += 1
+        size = left[:]
         void = [0] * len(grants)  # failures a judge explains, by shard
         settled = [False] * len(grants)
         releases: list[asyncio.Task[None]] = []
@@ -175,7 +176,7 @@ class Checker(Agent):
             # Its results first, so the gateway never sees the shard free and its
             # proxies not yet checked.
             await out.flush()
-            if void[g] and void[g] == owner.count(g):
+            if void[g] and void[g] == size[g]:
                 # Our judges failed it, not its proxies: nothing was said, and the shard
                 # goes back uncounted.
                 await gw.release(grants[g].lease, "abandoned", "judge unreachable", counted=False)

@@ -97,9 +97,6 @@ class Results:
         self.pending.append(event)
         self.ready.set()
 
-    def __len__(self) -> int:
-        return len(self.pending)
-
     async def flush(self) -> None:
         async with self._lock:
             if self.pending:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -19,7 +20,7 @@ from projections.readmodels import (
     status_at,
 )
 from projections.snapshot import ProxySnapshot, ProxyView, build
-from reducers import ProxyRow, trust
+from reducers import ProxyRow, State, trust
 from reducers.pool import lease_live
 from reducers.state import latency_samples, unpack_samples
 
@@ -29,21 +30,42 @@ routes = web.RouteTableDef()
 
 
 class SnapshotKeeper:
-    """Holds the current proxy snapshot; rebuilds it when the fold moved and it is stale."""
+    """Holds the current proxy snapshot; rebuilds it when the fold moved and it is stale.
 
-    def __init__(self, max_age_s: float = 1.0) -> None:
-        self.max_age_s = max_age_s
+    Stale means older than ``1 / share`` times its own build took (within ``min_age_s``
+    and ``max_age_s``), so rebuilding holds the event loop at most ``share`` of the
+    time: a small pool's snapshot follows the fold within a tenth of a second (a death
+    served a second longer cost the churn lab's precision), a million proxies' (seconds
+    to build) is not rebuilt every second while the fold moves.
+    """
+
+    def __init__(
+        self,
+        *,
+        share: float = 0.1,
+        min_age_s: float = 0.1,
+        max_age_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.share, self.min_age_s, self.max_age_s = share, min_age_s, max_age_s
+        self.clock = clock
         self.current: ProxySnapshot | None = None
         self._built = 0.0
+        self._age_s = min_age_s  # how long the current one stays fresh
 
     def get(self, request: web.Request) -> ProxySnapshot:
-        state = request.app[FOLD].state
+        return self.snapshot(request.app[FOLD].state)
+
+    def snapshot(self, state: State) -> ProxySnapshot:
         snap = self.current
-        fresh = time.monotonic() - self._built < self.max_age_s
+        fresh = self.clock() - self._built < self._age_s
         if snap is None or (snap.seq != state.last_seq and not fresh):
+            start = self.clock()
             snap = build(state)
             self.current = snap  # one assignment: readers see the old or the new one
-            self._built = time.monotonic()
+            self._built = self.clock()
+            took = self._built - start
+            self._age_s = min(self.max_age_s, max(self.min_age_s, took / self.share))
         return snap
 
 
