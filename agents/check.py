@@ -448,6 +448,7 @@ async def check_many(
     timeout: float = 10.0,
     https: Sequence[str] = (),
     on_result: Callable[[int, Check], None] | None = None,
+    timeouts: Sequence[float] = (),
 ) -> list[Check]:
     """Check all, at most ``concurrency`` at once; results in input order. A target is
     (ip, port, proto) or (ip, port, proto, prefer): see ``check``. With a pool, each check
@@ -455,17 +456,21 @@ async def check_many(
     directly is ``void``. With ``https`` targets, a proxy that works is also tried once
     through a tunnel to one of them (in turn), and the check says ``https`` yes or no.
     ``on_result(index, check)`` hears of each check as it ends (a worker publishes the
-    working ones at once instead of at the end of a long batch)."""
+    working ones at once instead of at the end of a long batch). ``timeouts``, when
+    given, is each target's own timeout, in order (a recheck fits it to the proxy)."""
     gate = asyncio.Semaphore(concurrency)
     turn = itertools.count()
 
     async def one(index: int, target: Target) -> Check:
-        result = await _one(*target)
+        own = timeouts[index] if timeouts else timeout
+        result = await _one(own, *target)
         if on_result is not None:
             on_result(index, result)
         return result
 
-    async def _one(ip: str, port: int, proto: str | None, prefer: str | None = None) -> Check:
+    async def _one(
+        timeout: float, ip: str, port: int, proto: str | None, prefer: str | None = None
+    ) -> Check:
         async with gate:
             if isinstance(judge, Judge):
                 result = await check(ip, port, proto, judge, timeout, prefer=prefer)

@@ -24,7 +24,7 @@ from agents.loop import Agent, AgentConfig, Results
 from events import ProxyFailed
 from events.wire import LeaseGrant
 
-__all__ = ["Checker", "CheckerConfig"]
+__all__ = ["Checker", "CheckerConfig", "fitted_timeout"]
 
 log = structlog.get_logger("ppf.checker")
 
@@ -41,6 +41,21 @@ class CheckerConfig(AgentConfig):
     # Lease requests at most this often: shards going back one by one must not each
     # cost the gateway a look over the pool for due ones.
     lease_gap_s: float = 0.2
+    # A recheck waits for a known proxy this many times what its checks have taken (the
+    # pool's latency EMA), at least fit_floor_s, at most check_timeout_s; 0: always the
+    # check timeout. A dead proxy's check is most of the time it is served dead: a 5 s
+    # timeout for a proxy that answers in 0.5 s kept it in the pool 5 s longer.
+    fit_timeout: float = 3.0
+    fit_floor_s: float = 2.0
+
+
+def fitted_timeout(latency_ms: int, cfg: CheckerConfig) -> float:
+    """How long a recheck waits for a proxy whose checks have taken ``latency_ms`` (the
+    pool's EMA; 0: unknown, the whole check timeout)."""
+    if not cfg.fit_timeout or latency_ms <= 0:
+        return cfg.check_timeout_s
+    fitted = max(cfg.fit_floor_s, cfg.fit_timeout * latency_ms / 1000)
+    return min(cfg.check_timeout_s, fitted)
 
 
 class Checker(Agent):
@@ -126,6 +141,7 @@ class Checker(Agent):
             return 0
         grants: list[LeaseGrant] = []
         targets: list[tuple[str, int, str | None]] = []
+        timeouts: list[float] = []
         owner: list[int] = []  # targets[i] is grants[owner[i]]'s
         room = cfg.batch - self._in_flight
         while len(targets) < room and self._holding + len(grants) < cfg.max_shards:
@@ -134,15 +150,21 @@ class Checker(Agent):
             if not more:
                 break
             for grant in more:
-                for ip, port, known in grant.recheck().proxies:
+                payload = grant.recheck()
+                latencies = payload.latency_ms
+                if len(latencies) != len(payload.proxies):  # an older gateway: none sent
+                    latencies = [0] * len(payload.proxies)
+                for (ip, port, known), latency in zip(payload.proxies, latencies, strict=True):
                     targets.append((ip, port, known or None))
+                    timeouts.append(fitted_timeout(latency, cfg))
                     owner.append(len(grants))
                 grants.append(grant)
         if not grants:
             return 0
         self._holding += len(grants)
         self._in_flight += len(targets)
-        task = asyncio.create_task(self._logged(self._round(gw, judge, grants, targets, owner)))
+        round_ = self._round(gw, judge, grants, targets, timeouts, owner)
+        task = asyncio.create_task(self._logged(round_))
         rounds.add(task)
         task.add_done_callback(rounds.discard)
         return len(grants)
@@ -159,6 +181,7 @@ class Checker(Agent):
         judge: JudgePool,
         grants: list[LeaseGrant],
         targets: list[tuple[str, int, str | None]],
+        timeouts: list[float],
         owner: list[int],
     ) -> None:
         """Check one round's proxies; each shard goes back when its own checks end."""
@@ -215,7 +238,7 @@ class Checker(Agent):
                         settled[g] = True
                         releases.append(asyncio.create_task(give_back(g, out)))
 
-                results = await self._check(targets, judge, on_result=heard)
+                results = await self._check(targets, judge, on_result=heard, timeouts=timeouts)
                 await asyncio.gather(*releases)
         finally:
             for g, grant in enumerate(grants):  # not settled: failed or cancelled mid-way

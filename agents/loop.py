@@ -243,8 +243,10 @@ class Agent:
         targets: Sequence[Target],
         judges: JudgePool,
         on_result: Callable[[int, Check], None] | None = None,
+        timeouts: Sequence[float] = (),
     ) -> list[Check]:
-        """Check ``targets`` as this agent's config says (concurrency, timeout, HTTPS)."""
+        """Check ``targets`` as this agent's config says (concurrency, timeout, HTTPS);
+        ``timeouts``: each target's own, where the caller fits them."""
         cfg = self.config
         return await check_many(
             targets,
@@ -253,6 +255,7 @@ class Agent:
             timeout=cfg.check_timeout_s,
             https=cfg.https_targets,
             on_result=on_result,
+            timeouts=timeouts,
         )
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:

@@ -62,10 +62,13 @@ class SourcePayload(msgspec.Struct, kw_only=True):
 
 
 class RecheckPayload(msgspec.Struct, kw_only=True):
-    """A recheck shard's due proxies: ``[ip, port, proto]`` each."""
+    """A recheck shard's due proxies: ``[ip, port, proto]`` each, and what each took to
+    check as the pool knows it (its latency EMA, ms; 0 unknown), in the same order
+    (``[]`` from a gateway before it was sent)."""
 
     shard: str
     proxies: list[tuple[str, int, str]] = []
+    latency_ms: list[int] = []
 
 
 class SeedPayload(msgspec.Struct, kw_only=True):

@@ -293,7 +293,11 @@ class Granter:
             room = self.budget.take(self.recheck_batch, per_hour, time.monotonic())
             due = due_in_shard(rows, now_ms(), room, self.recheck, self._spot) if room else []
             self.budget.give_back(room - len(due), per_hour)
-            payload = RecheckPayload(shard=target, proxies=[(p.ip, p.port, p.proto) for p in due])
+            payload = RecheckPayload(
+                shard=target,
+                proxies=[(p.ip, p.port, p.proto) for p in due],
+                latency_ms=[round(p.latency_ema) for p in due],
+            )
         return msgspec.structs.asdict(payload)
 
     def _due_shards(self, now: int) -> list[str]:

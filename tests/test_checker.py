@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 import events as ev
-from agents.checker import Checker, CheckerConfig
+from agents.checker import Checker, CheckerConfig, fitted_timeout
+from agents.gateway_client import GatewayClient
 from gateway.app import judge as judge_handler
 from gateway.app import make_app
 from gateway.http import GatewayConfig
@@ -65,6 +66,38 @@ def test_without_asns_rechecks_spread_across_slash16_networks() -> None:
     rows += [_row(ip="6.6.0.1", last_seen=NOW + 1000), _row(ip="7.7.0.1", last_seen=NOW + 2000)]
     picked = [r.ip for r in due_in_shard(rows, NOW + 10**9, 3, RecheckPolicy())]
     assert picked == ["5.5.0.1", "6.6.0.1", "7.7.0.1"]
+
+
+def test_a_recheck_waits_for_a_proxy_as_its_own_checks_say() -> None:
+    """Three times the proxy's latency EMA, within the floor and the check timeout; the
+    whole timeout where the latency is unknown or the fit is off."""
+    cfg = CheckerConfig(check_timeout_s=5.0, fit_timeout=3.0, fit_floor_s=2.0)
+    assert fitted_timeout(300, cfg) == 2.0  # a fast proxy: the floor
+    assert fitted_timeout(1_000, cfg) == 3.0
+    assert fitted_timeout(4_000, cfg) == 5.0  # a slow one: never past the check timeout
+    assert fitted_timeout(0, cfg) == 5.0  # unknown
+    assert fitted_timeout(1_000, dataclasses.replace(cfg, fit_timeout=0)) == 5.0
+
+
+async def test_a_recheck_lease_carries_each_proxys_latency(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    """The gateway sends, with each due proxy, its latency EMA in the same order: what
+    the checker fits its timeout to."""
+    known = [p for p in lab.proxies if p.name in ("squid", "microsocks")]
+    async with _rechecks(log_client, known) as r:
+        gw = GatewayClient(r.gateway, r.token, "c1", tmp_path / "outbox.jsonl", http_only=True)
+        async with gw:
+            grants = await gw.lease("recheck", 256, 60)
+        payloads = [g.recheck() for g in grants]
+        got = {
+            (ip, port): latency
+            for p in payloads
+            for (ip, port, _), latency in zip(p.proxies, p.latency_ms, strict=True)
+        }
+        rows = r.fold.state.proxies
+        assert got == {key: round(rows[key].latency_ema) for key in got}
+        assert len(got) == 2 and all(v > 0 for v in got.values())
 
 
 @dataclass
@@ -172,7 +205,9 @@ async def test_heartbeats_keep_a_recheck_longer_than_its_lease(
     tarpit = next(p for p in lab.proxies if p.name == "tarpit")
     tarpit_as_http = dataclasses.replace(tarpit, proto="http")  # known as an HTTP proxy
     async with _rechecks(log_client, [tarpit_as_http]) as r:
-        config = CheckerConfig(shards=256, check_timeout_s=14, lease_ttl_s=10, idle_s=0.1)
+        config = CheckerConfig(
+            shards=256, check_timeout_s=14, lease_ttl_s=10, idle_s=0.1, fit_timeout=0
+        )
         checker = Checker(r.gateway, r.token, "c1", r.gateway + "/judge", tmp_path / "c1", config)
         await asyncio.wait_for(checker.run(asyncio.Event(), cycles=1), 60)
         assert await r.fold.wait_for(await log_client.head_seq(), 10)
