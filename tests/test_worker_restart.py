@@ -32,13 +32,16 @@ async def test_nats_restart_mid_batch(
     tarpit = next(p for p in lab.proxies if p.name == "tarpit")
     page = "\n".join(f"127.0.0.1:{p.port}" for p in [*real, tarpit]) + "\n"
     async with fleet(nats_server, {"/l.txt": page}) as f:
-        # The tarpit makes the check phase last its timeout: the window for the restart.
+        # The tarpit makes the check phase last its timeout, and the confirmations wait
+        # 5 s to go out (they go within 50 ms by default, before a restart could land):
+        # the window for the restart, with observations in hand.
         config = WorkerConfig(
             lab=True,
             check_timeout_s=4,
             idle_s=0.5,
             lease_ttl_s=60,
             http_only=via == "http",
+            publish_gather_s=5.0,
         )
         worker = Worker(f.gateway, f.token, "w1", f.gateway + "/judge", tmp_path / "w1", config)
         stop = asyncio.Event()
