@@ -127,15 +127,8 @@ def due_in_shard(
     ``urgent`` ones (spot-checks not taken yet)."""
     due = []
     for row in rows:
-        last = max(row.last_seen, row.last_failed)
-        if row.reported_at > last:  # a consumer says it failed, and no check since
-            due.append((_URGENT + now - row.reported_at, row))
-            continue
-        if urgent and row.last_failed < row.last_seen and (row.ip, row.port) in urgent:
-            due.append((_URGENT + now - last, row))
-            continue
-        overdue = now - last - interval_s(row, p) * 1000
-        if overdue >= 0:
+        overdue = _overdue(row, now, p, urgent)
+        if overdue is not None:
             due.append((overdue, row))
     due.sort(key=lambda pair: (-pair[0], pair[1].ip, pair[1].port))
     by_network: dict[str, deque[ProxyRow]] = {}
@@ -158,18 +151,23 @@ def has_due(
     p: RecheckPolicy = RecheckPolicy(),
     urgent: Container[ProxyKey] = (),
 ) -> bool:
-    """Whether ``due_in_shard`` would give at least one row: the same rules, stopping at
+    """Whether ``due_in_shard`` would give at least one row: the same rule, stopping at
     the first due row (a recheck lease asks it of every shard; at a million proxies a
     full ``due_in_shard`` for each held the gateway's loop for seconds)."""
-    for row in rows:
-        last = max(row.last_seen, row.last_failed)
-        if row.reported_at > last:
-            return True
-        if urgent and row.last_failed < row.last_seen and (row.ip, row.port) in urgent:
-            return True
-        if now - last - interval_s(row, p) * 1000 >= 0:
-            return True
-    return False
+    return any(_overdue(row, now, p, urgent) is not None for row in rows)
+
+
+def _overdue(row: ProxyRow, now: int, p: RecheckPolicy, urgent: Container[ProxyKey]) -> int | None:
+    """How overdue ``row`` is (ms; the urgent ahead of every routine one), None when not
+    due: first those a consumer reported failed since their last check, then the
+    ``urgent`` ones (spot-checks not taken yet), then by interval."""
+    last = max(row.last_seen, row.last_failed)
+    if row.reported_at > last:  # a consumer says it failed, and no check since
+        return _URGENT + now - row.reported_at
+    if urgent and row.last_failed < row.last_seen and (row.ip, row.port) in urgent:
+        return _URGENT + now - last
+    overdue = now - last - interval_s(row, p) * 1000
+    return overdue if overdue >= 0 else None
 
 
 def network_outages(
