@@ -120,7 +120,10 @@ async def seed_world(
             seed: dict[str, Any] = {}
             while time.monotonic() < deadline:
                 seed = (await asyncio.to_thread(get_json, up.base + "/v1/stats"))["seed"]
-                if seed["plans"][plan]["reached"] == lines and seed["deposits"]["pending"] == 0:
+                # The seed status is recomputed every few seconds: a plan imported just
+                # now may not be in it yet.
+                reached = seed["plans"].get(plan, {}).get("reached")
+                if reached == lines and seed["deposits"]["pending"] == 0:
                     break
                 await asyncio.sleep(1)
             seconds = time.monotonic() - began
