@@ -73,19 +73,26 @@ def live_holdings(state: State, agent: str, now: int) -> int:
 
 class CheckBudget:
     """The operator's check budget (``recheck_budget_per_hour``), as a bucket that holds
-    an hour's checks and refills evenly: what this gateway hands out to checkers. With
-    several gateways each has the whole budget (a fleet-wide one would be a ledger
-    entry: not built)."""
+    five minutes' checks (at least one) and refills evenly: what this gateway hands out
+    to checkers. (It held an hour's: a gateway just started could hand out twice the
+    hour's budget in its first hour.) With several gateways each has the whole budget (a
+    fleet-wide one would be a ledger entry: not built)."""
+
+    BURST_S = 300
 
     def __init__(self) -> None:
         self._level: float | None = None  # checks that may go out now; None: full
         self._at = 0.0
 
+    def _cap(self, per_hour: int) -> float:
+        return max(1.0, per_hour * self.BURST_S / 3_600)
+
     def available(self, per_hour: int, now_s: float) -> float:
         if not per_hour:
             return float("inf")
-        level = per_hour if self._level is None else self._level
-        level = min(per_hour, level + (now_s - self._at) * per_hour / 3_600)
+        cap = self._cap(per_hour)
+        level = cap if self._level is None else self._level
+        level = min(cap, level + (now_s - self._at) * per_hour / 3_600)
         self._level, self._at = level, now_s
         return level
 
@@ -99,7 +106,7 @@ class CheckBudget:
 
     def give_back(self, unused: int, per_hour: int) -> None:
         if per_hour and unused > 0 and self._level is not None:
-            self._level = min(per_hour, self._level + unused)
+            self._level = min(self._cap(per_hour), self._level + unused)
 
 
 class Granter:
@@ -303,7 +310,7 @@ class Granter:
     def _due_shards(self, now: int) -> list[str]:
         per_hour = self.fold.state.settings.recheck_budget_per_hour
         if per_hour and self.budget.available(per_hour, time.monotonic()) < 1:
-            return []  # the hour's checks are handed out: no shard is work until it refills
+            return []  # the budget's checks are handed out: no shard is work until it refills
         return [
             shard
             for shard, rows in self._shards().items()

@@ -108,30 +108,35 @@ def test_has_due_answers_as_due_in_shard_does() -> None:
         assert has_due(rows, now, p, urgent) == bool(due_in_shard(rows, now, 1, p, urgent))
 
 
-def test_the_budget_holds_an_hours_checks_and_refills_evenly() -> None:
-    """3,600 an hour: all at once at first, then one a second; unused ones given back."""
+def test_the_budget_holds_five_minutes_checks_and_refills_evenly() -> None:
+    """3,600 an hour: five minutes' (300) at once at first, then one a second; unused
+    ones given back; never more in hand than five minutes' worth, nor fewer than one."""
     b = CheckBudget()
-    assert b.take(500, 3_600, now_s=0.0) == 500
-    assert b.take(5_000, 3_600, now_s=0.0) == 3_100
+    assert b.take(200, 3_600, now_s=0.0) == 200
+    assert b.take(5_000, 3_600, now_s=0.0) == 100
     assert b.take(10, 3_600, now_s=0.0) == 0
     assert b.take(10, 3_600, now_s=5.0) == 5
     b.give_back(3, 3_600)
     assert b.take(10, 3_600, now_s=5.0) == 3
-    assert b.take(10**6, 3_600, now_s=10**6) == 3_600  # never more than an hour's worth
+    assert b.take(10**6, 3_600, now_s=10**6) == 300
     assert CheckBudget().take(7, 0, now_s=0.0) == 7  # no budget: no cap
+    small = CheckBudget()  # 2 an hour: one in hand, the next after 30 minutes
+    assert small.take(5, 2, now_s=0.0) == 1
+    assert small.take(5, 2, now_s=1_000.0) == 0
+    assert small.take(5, 2, now_s=1_801.0) == 1
 
 
 async def test_a_gateway_hands_out_no_more_checks_than_the_budget(log_client: Log) -> None:
-    """With recheck_budget_per_hour 5 and 40 proxies due, the checkers' leases carry 5
-    proxies in all, and then no shard is work until the budget refills."""
+    """With recheck_budget_per_hour 60 (five in hand) and 40 proxies due, the checkers'
+    leases carry 5 proxies in all, and then no shard is work until the budget refills."""
     token = await enroll(log_client, "c1", "checker")
-    settings = ev.Settings(recheck_fresh_s=0, recheck_budget_per_hour=5)
+    settings = ev.Settings(recheck_fresh_s=0, recheck_budget_per_hour=60)
     await log_client.publish(ev.Configured(id=fresh_id(), agent="admin", at=0, settings=settings))
     for i in range(40):
         await log_client.publish(worked(f"45.60.{i}.1", agent="w-any"))
     async with serving(log_client) as (client, fold):
         assert await fold.wait_for(await log_client.head_seq(), 10)
-        assert fold.state.settings.recheck_budget_per_hour == 5 and len(fold.state.proxies) == 40
+        assert fold.state.settings.recheck_budget_per_hour == 60 and len(fold.state.proxies) == 40
         headers = {"Authorization": f"Bearer {token}"}
         body = {"agent": "c1", "kind": "recheck", "count": 64}
         r = await client.post("/v1/leases", json=body, headers=headers)

@@ -45,23 +45,28 @@ async def bench_pool(
     poll_s: float = 3.0,
     recheck_budget_per_hour: int = 0,
     interval_s: int = 0,
+    failing_s: int = 0,
 ) -> dict[str, Any]:
     """``interval_s`` (simulated, 0: ppf's defaults): every routine recheck interval set
-    to it, a failing proxy's to half of it, a dead one's at most ten times it."""
+    to it, a failing proxy's to ``failing_s`` (0: half of it), a dead one's at most ten
+    times the longer of the two. (Where only precision counts, as in ``flappy``'s bar, a
+    failing proxy is worth fewer checks than a live one: its checks buy recall.)"""
     schedule = plan(profile, proxies, seed, duration_s)
+    if interval_s and not failing_s:
+        failing_s = max(1, interval_s // 2)
     # The agents' own waits on the lab's clock too (30 s of the checker's is five
     # simulated minutes at speed 10), and no longer than a tenth of the shortest recheck
     # interval asked, as ppf's own 30 s are of its 300 s (a checker with nothing due
     # asks again after its idle wait).
-    failing_s = max(1, interval_s // 2) if interval_s else 300
-    idle = ("--agents-idle", str(round(min(30, failing_s / 10) / speed, 2)))
+    shortest = min(interval_s, failing_s) if interval_s else 300
+    idle = ("--agents-idle", str(round(min(30, shortest / 10) / speed, 2)))
     with tempfile.TemporaryDirectory(prefix="ppf-bench-pool-") as tmp:
         root = Path(tmp)
         with (
             World(root / "world", churn=schedule, speed=speed, dead_each=1) as world,
             up_beside(world, root, *idle) as up,
         ):
-            await _start(up, world, speed, recheck_budget_per_hour, interval_s)
+            await _start(up, world, speed, recheck_budget_per_hour, interval_s, failing_s)
             consumer = Consumer(up.base, world, await Judge.discover(world.judges["httpbin"]))
             figures = await consumer.run(poll_s)
     sim_hours = duration_s / 3_600
@@ -74,6 +79,7 @@ async def bench_pool(
         "simulated_s": duration_s,
         "recheck_budget_per_hour": recheck_budget_per_hour,
         "recheck_interval_s": interval_s or "defaults",
+        "recheck_failing_s": failing_s or "defaults",
         **figures,
         # The checkers' rechecks; the local worker's fetches of the page check every
         # listed proxy again on top (its source interval, scaled too).
@@ -81,7 +87,9 @@ async def bench_pool(
     }
 
 
-async def _start(up: UpBeside, world: World, speed: float, budget: int, interval_s: int) -> None:
+async def _start(
+    up: UpBeside, world: World, speed: float, budget: int, interval_s: int, failing_s: int
+) -> None:
     from ops.cli.admin import reconfigure
 
     await up.started()
@@ -94,11 +102,11 @@ async def _start(up: UpBeside, world: World, speed: float, budget: int, interval
             if interval_s:
                 s = msgspec.structs.replace(
                     s,
-                    recheck_failing_s=max(1, interval_s // 2),
+                    recheck_failing_s=failing_s,
                     recheck_fresh_s=interval_s,
                     recheck_settled_s=interval_s,
                     recheck_veteran_s=interval_s,
-                    recheck_dead_s=10 * interval_s,
+                    recheck_dead_s=10 * max(interval_s, failing_s),
                 )
             s = scaled(s, speed)
             per_hour = round(budget * speed) if budget else 0

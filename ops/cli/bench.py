@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bn.add_argument(
         "--interval", type=int, default=0, help="pool: recheck interval, simulated s (0: defaults)"
     )
+    bn.add_argument(
+        "--failing",
+        type=int,
+        default=0,
+        help="pool: a failing proxy's recheck interval, simulated s (0: half of --interval)",
+    )
     bn.add_argument("--sweeps", type=int, default=50, help="ingest: idle sweep periods")
     bn.add_argument("--sweep-s", type=float, default=0.1, help="ingest: the sweep period")
     bn.add_argument("--deposits", type=int, default=200, help="ingest: pages deposited")
@@ -93,6 +99,7 @@ async def _bench(args: argparse.Namespace) -> int:
                 args.duration,
                 recheck_budget_per_hour=args.budget,
                 interval_s=args.interval,
+                failing_s=args.failing,
             )
         case "ingest":
             from ops.bench.ingest import bench_ingest
