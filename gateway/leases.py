@@ -33,6 +33,7 @@ from projections.readmodels import due_score, due_sources
 from projections.recheck import (
     RecheckPolicy,
     due_in_shard,
+    for_another_vantage,
     has_due,
     network_outages,
     shards,
@@ -184,6 +185,19 @@ class Granter:
             self._outages_at = time.monotonic()
         return self._outages
 
+    def _left_to_others(self, agent: str, now: int) -> set[str]:
+        """Networks in an outage only ``agent`` has seen, while another checker has been
+        active in the last two minutes: their failing proxies wait for that one (a second
+        vantage). With no other checker, nothing waits."""
+        since = now - 120_000
+        others = any(
+            a.role == "checker" and a.name != agent and a.last_seen >= since
+            for a in self.fold.state.agents.values()
+        )
+        if not others:
+            return set()
+        return {str(o["network"]) for o in self.network_outages(now) if not o["confirmed"]}
+
     def seed_status(self, now: int, max_age_s: float = 5.0) -> dict[str, Any]:
         """``projections.seeding.seed_status``, computed at most every ``max_age_s`` (a
         scan of the seed ranges and deposits), with the inputs this gateway could not read."""
@@ -271,7 +285,7 @@ class Granter:
             out.append((target, score))
         return out
 
-    def _payload(self, kind: str, target: str, score: float) -> dict[str, Any]:
+    def _payload(self, kind: str, target: str, score: float, agent: str) -> dict[str, Any]:
         state = self.fold.state
         payload: SourcePayload | SeedPayload | RecheckPayload
         row = state.leases.get(target)
@@ -296,6 +310,8 @@ class Granter:
             )
         else:
             rows = self._shards().get(target, [])
+            if aside := self._left_to_others(agent, now_ms()):
+                rows = [r for r in rows if not for_another_vantage(r, agent, aside)]
             per_hour = state.settings.recheck_budget_per_hour
             room = self.budget.take(self.recheck_batch, per_hour, time.monotonic())
             due = due_in_shard(rows, now_ms(), room, self.recheck, self._spot) if room else []
@@ -376,7 +392,7 @@ class Granter:
                     kind=kind,
                     target=ev.target,
                     expires_at=row.expires_at,
-                    payload=self._payload(kind, ev.target, score),
+                    payload=self._payload(kind, ev.target, score, agent),
                 )
             )
         self.granted += len(grants)

@@ -22,6 +22,7 @@ __all__ = [
     "RecheckPolicy",
     "due_in_shard",
     "flapping",
+    "for_another_vantage",
     "has_due",
     "interval_s",
     "network",
@@ -177,16 +178,36 @@ def network_outages(
     ``share`` of those known failed their latest check within ``window_s``: a mass death
     the checkers' own connectivity does not explain (they void a cycle when it does), so
     it is applied, and shown as an outage of that network rather than as many deaths.
-    Most failing first."""
+    ``vantages``: the agents whose checks saw them fail; ``confirmed`` once two did (until
+    then, ``for_another_vantage`` leaves their next checks to another checker). Most
+    failing first."""
     since = now - window_s * 1000
     known: dict[str, int] = {}
     failing: dict[str, int] = {}
+    seen_by: dict[str, set[str]] = {}
     for row in state.proxies.values():
         net = network(row)
         known[net] = known.get(net, 0) + 1
         if row.fail_streak > 0 and row.last_failed >= since:
             failing[net] = failing.get(net, 0) + 1
+            seen_by.setdefault(net, set()).update(row.failed_by)
     flagged = sorted(
         (-n, net) for net, n in failing.items() if n >= min_failing and n >= share * known[net]
     )
-    return [{"network": net, "failing": -n, "known": known[net]} for n, net in flagged]
+    return [
+        {
+            "network": net,
+            "failing": -n,
+            "known": known[net],
+            "vantages": sorted(seen_by[net]),
+            "confirmed": len(seen_by[net]) >= 2,
+        }
+        for n, net in flagged
+    ]
+
+
+def for_another_vantage(row: ProxyRow, agent: str, unconfirmed: Container[str]) -> bool:
+    """Whether ``agent`` should leave this proxy's next check to another checker: it
+    failed only ``agent``'s checks, in a network whose outage no second vantage has
+    confirmed (our own way there may be what failed: a route, a filter on our exit)."""
+    return row.fail_streak > 0 and row.failed_by == (agent,) and network(row) in unconfirmed

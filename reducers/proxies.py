@@ -18,6 +18,7 @@ __all__ = ["SWEEP_MS", "failed", "purge_lab", "reported", "reports_left", "sweep
 # Eviction runs when the log's time enters a new bucket of this size: a point every
 # replica and every replay meets at the same message.
 SWEEP_MS = 600_000
+_VANTAGES = 4  # agents kept in a failing proxy's failed_by
 
 
 def _add(items: tuple[str, ...], item: str, cap: int) -> tuple[str, ...]:
@@ -83,6 +84,7 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if row.fail_streak:
         row.flaps += 1  # back after failing
         row.fail_streak = 0
+        row.failed_by = ()
     keep = 2 * settings.latency_samples
     sample = (latency if latency < MAX_SAMPLE_MS else MAX_SAMPLE_MS).to_bytes(2, "little")
     row.samples = (row.samples + sample)[-keep:] if keep else b""
@@ -150,6 +152,7 @@ def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
     row.fail_streak += 1
     if ts > row.last_failed:
         row.last_failed = ts
+    row.failed_by = _add(row.failed_by, agent, _VANTAGES)
     state.dirty_proxies.add(key)
     return True
 

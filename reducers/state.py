@@ -80,6 +80,10 @@ class ProxyRow(msgspec.Struct, gc=False):
     # Times it came back after failing (projections/recheck.py: flapping proxies are
     # rechecked often).
     flaps: int = 0
+    # The agents whose checks failed it since its last success (at most four): how many
+    # vantages saw it die (projections/recheck.py: a network's outage seen from one
+    # checker only is confirmed by another where one exists).
+    failed_by: tuple[str, ...] = ()
 
 
 class SourceRow(msgspec.Struct, gc=False):

@@ -10,7 +10,14 @@ import events as ev
 from gateway.leases import CheckBudget
 from ops.cli import enroll
 from ops.nats.client import Log, fresh_id
-from projections.recheck import RecheckPolicy, due_in_shard, flapping, has_due, interval_s
+from projections.recheck import (
+    RecheckPolicy,
+    due_in_shard,
+    flapping,
+    for_another_vantage,
+    has_due,
+    interval_s,
+)
 from reducers.state import ProxyRow
 from tests.fleet import serving
 from tests.helpers import worked
@@ -172,6 +179,104 @@ async def test_a_mass_death_in_one_network_is_shown_as_its_outage(log_client: Lo
     async with serving(log_client) as (client, fold):
         assert await fold.wait_for(await log_client.head_seq(), 10)
         outages = await (await client.get("/v1/outages")).json()
-        assert outages["networks"] == [{"network": "net:45.60", "failing": 6, "known": 6}]
+        assert outages["networks"] == [
+            {
+                "network": "net:45.60",
+                "failing": 6,
+                "known": 6,
+                "vantages": ["c1"],
+                "confirmed": False,
+            }
+        ]
         served = await (await client.get("/v1/proxies?limit=0")).json()
         assert {p["ip"] for p in served["proxies"]} == set(elsewhere[2:])
+
+
+def test_a_network_outage_is_confirmed_by_a_second_vantage() -> None:
+    """A proxy keeps the agents whose checks failed it until it works again; a network's
+    outage seen by one checker is unconfirmed, and that checker leaves its failing
+    proxies there to another; once a second checker saw them fail it is confirmed."""
+    from projections.folder import Folder
+    from reducers import State
+    from tests.helpers import message
+
+    state = State()
+    folder = Folder(state)
+    seq = 0
+
+    def fold(event: ev.Event) -> None:
+        nonlocal seq
+        seq += 1
+        assert folder.apply([message(seq, NOW + seq, event)]) == 1
+
+    ips = [f"45.60.{i}.1" for i in range(6)]
+    for ip in ips:
+        fold(worked(ip, agent="w-any"))
+
+    def fail(ip: str, agent: str) -> None:
+        fold(ev.ProxyFailed(id=fresh_id(), agent=agent, at=0, ip=ip, port=8080, proto="http"))
+
+    for ip in ips:
+        fail(ip, "c1")
+    fail(ips[0], "c1")  # twice from one vantage is still one
+    from projections.recheck import network_outages
+
+    [outage] = network_outages(state, NOW + seq)
+    assert (outage["vantages"], outage["confirmed"]) == (["c1"], False)
+    row = state.proxies[(ips[0], 8080)]
+    assert row.failed_by == ("c1",)
+    assert for_another_vantage(row, "c1", {"net:45.60"})
+    assert not for_another_vantage(row, "c2", {"net:45.60"})
+    assert not for_another_vantage(row, "c1", set())  # no outage there: c1 checks it
+    for ip in ips:
+        fail(ip, "c2")
+    [outage] = network_outages(state, NOW + seq)
+    assert (outage["vantages"], outage["confirmed"]) == (["c1", "c2"], True)
+    assert not for_another_vantage(row, "c1", {"net:45.60"})
+    fold(worked(ips[0], agent="c1"))  # back: its failures are history
+    assert state.proxies[(ips[0], 8080)].failed_by == ()
+
+
+@pytest.mark.parametrize("second", [True, False])
+async def test_a_checker_leaves_an_outage_only_it_saw_to_another(
+    log_client: Log, second: bool
+) -> None:
+    """c1's checks failed six proxies of one network; while c2 is active, c1's recheck
+    leases leave them out (and still carry the rest) and c2's carry them. With no other
+    checker active, c1 checks them again itself: nothing waits for a vantage that is
+    not there."""
+    settings = ev.Settings(recheck_fresh_s=0, recheck_failing_s=0)
+    await log_client.publish(ev.Configured(id=fresh_id(), agent="admin", at=0, settings=settings))
+    tokens = {name: await enroll(log_client, name, "checker") for name in ("c1", "c2")}
+    one_net = [f"45.60.{i}.1" for i in range(6)]
+    elsewhere = [f"77.{i}.0.1" for i in range(4)]
+    for ip in one_net + elsewhere:
+        await log_client.publish(worked(ip, agent="w-any"))
+    for ip in one_net:
+        failed = ev.ProxyFailed(
+            id=fresh_id(), agent="c1", at=0, ip=ip, port=8080, proto="http", error="timeout"
+        )
+        await log_client.publish(failed)
+    if second:
+        await log_client.publish(ev.Heartbeat(id=fresh_id(), agent="c2", at=0, leases=[]))
+
+    async def rechecked(name: str) -> set[str]:
+        headers = {"Authorization": f"Bearer {tokens[name]}"}
+        body = {"agent": name, "kind": "recheck", "count": 64}
+        r = await client.post("/v1/leases", json=body, headers=headers)
+        assert r.status == 200, await r.text()
+        leases = (await r.json())["leases"]
+        for g in leases:  # back at once, so the other may lease the same shards
+            url = f"/v1/leases/{g['lease']}/release"
+            release = {"outcome": "done", "counted": False}
+            assert (await client.post(url, json=release, headers=headers)).status == 200
+        return {p[0] for g in leases for p in g["payload"]["proxies"]}
+
+    async with serving(log_client) as (client, fold):
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        if not second:
+            assert await rechecked("c1") == set(one_net + elsewhere)
+            return
+        assert await rechecked("c1") == set(elsewhere)
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+        assert await rechecked("c2") == set(one_net + elsewhere)
