@@ -132,10 +132,13 @@ class Consumer:
         self.seen: list[list[tuple[float, bool]]] = [[] for _ in self.index]
         self.polls: list[tuple[float, int, int]] = []  # (wall time, tried, worked) a poll
 
-    async def _try(self, ip: str, port: int) -> bool:
+    async def _try(self, ip: str, port: int, proto: str) -> bool:
         async with self.gate:
             start = time.time()
-            result = await check(ip, port, None, self.judge, timeout=5.0)
+            # As served: a user takes the protocol the pool names (guessing it, as a
+            # check of an unknown address does, tried up to four in turn and made each
+            # try last several round trips longer than a user's).
+            result = await check(ip, port, proto or None, self.judge, timeout=5.0)
             i = self.index[(ip, port)]
             if not result.ok and self.world.churn_up(i, start) and self.world.churn_up(i):
                 # Up by the lab's truth all along: a loss the pool's liveness cannot see
@@ -150,14 +153,17 @@ class Consumer:
         warm = world.churn_t0 + (end - world.churn_t0) / 10
         while (now := time.time()) < end:
             body = await asyncio.to_thread(get_json, self.base + "/v1/proxies?limit=0")
-            served = {(p["ip"], p["port"]) for p in body["proxies"]} & set(self.index)
+            protos = {(p["ip"], p["port"]): p["proto"] for p in body["proxies"]}
+            served = set(protos) & set(self.index)
             for addr, i in self.index.items():
                 self.seen[i].append((now, addr in served))
             if now >= warm:
                 up = {addr for addr, i in self.index.items() if world.churn_up(i, now)}
                 if up:
                     self.recall.append(len(served & up) / len(up))
-                results = await asyncio.gather(*(self._try(ip, port) for ip, port in served))
+                results = await asyncio.gather(
+                    *(self._try(ip, port, protos[ip, port]) for ip, port in served)
+                )
                 self.tried += len(results)
                 self.worked += sum(results)
                 self.polls.append((now, len(results), sum(results)))
