@@ -25,8 +25,10 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -146,6 +148,7 @@ class World:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o777)  # the proxies drop root for their own users
         atexit.register(self.stop)
+        _exit_on_sigterm()
         self._up = True
         self._network()
         config = self._config()
@@ -297,6 +300,22 @@ class World:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _exit_on_sigterm() -> None:
+    """SIGTERM (a service manager, ``kill``, a CI runner's timeout) ends the process by
+    its default action, which runs no ``atexit`` and no ``finally``: the box would stay
+    until the next start. Where nothing else handles it, it becomes ``SystemExit``, so the
+    context managers and ``atexit`` stop the box. (An asyncio program's own handler,
+    such as ``ppf up``'s, is left alone.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
 
 
 def destroy(name: str) -> None:
