@@ -218,7 +218,10 @@ class Consumer:
         """For a profile with a mass death (``outage``), in simulated seconds from it:
         how long the dead half took to leave ``alive`` (median, p90, and how many never
         did), when the served precision (over three polls) was back at 0.95, and the
-        longest a proxy up at that moment was not served before its own next death."""
+        longest a proxy up and served (``alive``) at that moment was then not served
+        before its own next death. (One up but not in the pool then, such as a proxy
+        that was down when its page was first checked, was not taken out of ``alive``
+        by the outage: it is counted apart, ``outage_others_not_served_then``.)"""
         world = self.world
         assert world.churn is not None
         share = PROFILES[world.churn.profile].mass_death_at
@@ -244,6 +247,9 @@ class Consumer:
             for i, downs in enumerate(plan.downs)
             if i not in died and plan.up(i, mass_ms)
         }
+        absent = {i for i in stays if not _served_before(self.seen[i], at)}
+        for i in absent:
+            del stays[i]
         gone, never = [], 0
         for i in died:
             served_then = [s for t, s in self.seen[i] if t >= at]
@@ -271,13 +277,20 @@ class Consumer:
                     start = None
         return {
             "outage_killed": len(died),
-            "outage_others_up": len(stays),
+            "outage_others_up": len(stays) + len(absent),
+            "outage_others_not_served_then": len(absent),
             "outage_gone_s_median": _q(gone, 0.5),
             "outage_gone_s_p90": _q(gone, 0.9),
             "outage_never_gone": never,
             "outage_precision_095_after_s": back,
             "outage_others_longest_unserved_s": round(longest, 1),
         }
+
+
+def _served_before(polls: list[tuple[float, bool]], at: float) -> bool:
+    """Whether the last poll before ``at`` served the proxy."""
+    before = [s for t, s in polls if t < at]
+    return bool(before) and before[-1]
 
 
 def _q(values: list[float], q: float) -> float | None:
