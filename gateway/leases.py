@@ -285,7 +285,11 @@ class Granter:
             out.append((target, score))
         return out
 
-    def _payload(self, kind: str, target: str, score: float, agent: str) -> dict[str, Any]:
+    def _payload(
+        self, kind: str, target: str, score: float, agent: str, aside: set[str]
+    ) -> dict[str, Any]:
+        """What the holder of ``target`` works on; ``aside``: networks whose failing
+        proxies ``agent`` leaves to another checker (``_left_to_others``)."""
         state = self.fold.state
         payload: SourcePayload | SeedPayload | RecheckPayload
         row = state.leases.get(target)
@@ -310,7 +314,7 @@ class Granter:
             )
         else:
             rows = self._shards().get(target, [])
-            if aside := self._left_to_others(agent, now_ms()):
+            if aside:
                 rows = [r for r in rows if not for_another_vantage(r, agent, aside)]
             per_hour = state.settings.recheck_budget_per_hour
             room = self.budget.take(self.recheck_batch, per_hour, time.monotonic())
@@ -380,6 +384,8 @@ class Granter:
             for ev, _, _ in claims:
                 self._claiming.discard(ev.target)
         grants = []
+        # Once a grant, not once a shard: it looks over the agents and the outages.
+        aside = self._left_to_others(agent, now_ms()) if kind == "recheck" and acked else set()
         for ev, seq, score in acked:
             row = state.leases.get(ev.target)
             if row is None or row.lease != ev.lease or row.epoch != seq:
@@ -392,7 +398,7 @@ class Granter:
                     kind=kind,
                     target=ev.target,
                     expires_at=row.expires_at,
-                    payload=self._payload(kind, ev.target, score, agent),
+                    payload=self._payload(kind, ev.target, score, agent, aside),
                 )
             )
         self.granted += len(grants)
