@@ -9,37 +9,40 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
 
 from agents.check import Judge, check, check_many
 from gateway.app import judge as judge_handler
+from gateway.guard import listen
 from ops.lab.testbed import ProxyLab, self_signed
+from ops.nats.server import free_port
 
 
-async def _judge_server(tls: ssl.SSLContext | None = None) -> TestServer:
+@contextlib.asynccontextmanager
+async def _judge_server(tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """The judge's URL on a free port, listening as ppf's judge does (gateway/guard.py)."""
     app = web.Application()
     app.router.add_get("/judge", judge_handler)
-    server = TestServer(app, host="127.0.0.1", scheme="https" if tls else "http")
-    await server.start_server(ssl=tls)
-    return server
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    try:
+        await listen(runner, "127.0.0.1", port, tls)
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/judge"
+    finally:
+        await runner.cleanup()
 
 
 @contextlib.asynccontextmanager
 async def _judge(tmp_path: Path, *, tls: bool) -> AsyncIterator[Judge]:
     """The judge alone, or with its TLS twin (tunnels then carry TLS to it)."""
-    plain = await _judge_server()
-    servers = [plain]
-    tls_url = None
-    if tls:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(*self_signed(tmp_path, "judge"))
-        servers.append(await _judge_server(ctx))
-        tls_url = str(servers[1].make_url("/judge"))
-    try:
-        yield await Judge.discover(str(plain.make_url("/judge")), tls_url=tls_url)
-    finally:
-        for server in servers:
-            await server.close()
+    async with contextlib.AsyncExitStack() as stack:
+        plain = await stack.enter_async_context(_judge_server())
+        tls_url = None
+        if tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(*self_signed(tmp_path, "judge"))
+            tls_url = await stack.enter_async_context(_judge_server(ctx))
+        yield await Judge.discover(plain, tls_url=tls_url)
 
 
 @pytest.fixture(params=["plain", "tls"])
@@ -133,9 +136,10 @@ async def test_five_thousand_at_once(lab: ProxyLab, tmp_path: Path) -> None:
             results = await check_many(targets, judge, concurrency=5_000, timeout=30)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    failed = [(i, r.error) for i, r in enumerate(results) if not r.ok]
+    assert not failed, failed[:5]
     exits = {p.port: p.exit_ip for p in working}
     assert [r.exit_ip for r in results] == [exits[port] for _, port, _ in targets]
-    assert all(r.ok for r in results)
 
 
 async def test_ppf_check_command(lab: ProxyLab, judge: Judge, ppf_bin: str) -> None:

@@ -26,17 +26,18 @@ _JUDGE = """
 import asyncio, ssl, sys
 from aiohttp import web
 from gateway.app import judge
+from gateway.guard import listen
 
 async def main():
     app = web.Application()
     app.router.add_get("/judge", judge)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", int(sys.argv[1])).start()
+    await listen(runner, "127.0.0.1", int(sys.argv[1]))
     if len(sys.argv) > 2:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(sys.argv[3], sys.argv[4])
-        await web.TCPSite(runner, "127.0.0.1", int(sys.argv[2]), ssl_context=ctx).start()
+        await listen(runner, "127.0.0.1", int(sys.argv[2]), ctx)
     await asyncio.Event().wait()
 
 asyncio.run(main())

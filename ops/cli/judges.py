@@ -10,7 +10,7 @@ from pathlib import Path
 import structlog
 from aiohttp import web
 
-from gateway.guard import GuardedRunner
+from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeKeys
 from ops.cli.common import hostport
 
@@ -47,7 +47,7 @@ async def judge_site(stack: AsyncExitStack, listen_at: str, keys: JudgeKeys) -> 
     runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
-    await web.TCPSite(runner, host, port).start()
+    await listen(runner, host, port)
     print(f"ppf up: judge http://{host}:{port}/judge", flush=True)
 
 
@@ -72,7 +72,7 @@ async def tls_judge_site(
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
     try:
-        await web.TCPSite(runner, host, port, ssl_context=ctx).start()
+        await listen(runner, host, port, ctx)
     except OSError as exc:
         log.warning("no_tls_judge", listen=listen_at, error=repr(exc))
         return None

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import msgspec
 import structlog
-from aiohttp import web
 
 from events import Settings
-from gateway.guard import GuardedRunner
+from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeKeys
 from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
@@ -228,7 +227,7 @@ async def gateway_site(
     runner = GuardedRunner(make_app(fold, lg, config), access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
-    await web.TCPSite(runner, host, port).start()
+    await listen(runner, host, port)
     print(f"ppf {role}: gateway http://{host}:{port}  nats {lg.address}", flush=True)
     return f"http://{host}:{port}"
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gateway.guard import listen
 from ops.lab.churnbox import Churn
 from ops.lab.testbed import ProxyLab, self_signed
 
@@ -187,7 +188,7 @@ async def _site(
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     runners.append(runner)
-    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
+    await listen(runner, host, port, ssl_context)
 
 
 def _https_target(root: Path) -> tuple[web.Application, ssl.SSLContext]:
