@@ -59,9 +59,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 async def _bench(args: argparse.Namespace) -> int:
     from ops.bench.fold import bench_fold, print_fold
+    from ops.collector import for_folding
 
     match args.what:
         case "fold":
+            for_folding()  # measured as ppf folds (ops/collector.py)
             if args.located:
                 from ops.bench.fold import bench_located
 

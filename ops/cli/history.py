@@ -39,10 +39,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _replay(args: argparse.Namespace) -> int:
+    from ops.collector import for_folding
     from ops.progress import Progress
     from projections import digest
     from projections.replay import replay
 
+    for_folding()
     expected = None
     lg = await Log.connect(args.nats)
     try:

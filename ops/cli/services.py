@@ -21,6 +21,7 @@ from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
 from ops.cli.common import hostport, wait_for_signal
 from ops.cli.local import LOCAL_AGENTS
+from ops.collector import for_folding
 from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.server import NatsServer
@@ -103,12 +104,6 @@ def _freeze_projections(state: State) -> None:
 
 
 async def serve_forever(fold: FoldService) -> None:
-    # Young collections every 10,000 net allocations, not 700: every request allocates,
-    # and at 700 the collector's pauses set the lease p99 (`ppf bench lease`: 78 ms ->
-    # 59 ms). Not 100,000 either: the fold's changed-row keys are young tuples, and a
-    # collection of 100,000 of them held the loop 100-160 ms at a 100,000-proxy pool
-    # (/v1/stats' max); at 10,000 the longest young collection measured 9-12 ms.
-    gc.set_threshold(10_000, 50, 1000)
     _freeze_projections(fold.state)
     await wait_for_signal()
 
@@ -161,6 +156,7 @@ async def fold_service(
 ) -> FoldService:
     from ops.telemetry.tap import Tap, TapConfig
 
+    for_folding()  # from its restore and catch-up on (ops/collector.py)
     db: Path | None = None
     tap = None
     if data is not None:

@@ -1,0 +1,31 @@
+"""The garbage collector's settings for the processes that fold the log.
+
+CPython starts a young collection every 700 net allocations of tracked objects, a
+setting for small programs. A fold keeps tuples alive across a batch (changed-row keys,
+address entries, the batch's own messages), so at 700 each young collection walks
+thousands of them and a share of them is promoted and walked again; the projections
+themselves are untracked (rows are ``gc=False`` Structs), so collecting less often costs
+little memory. Every process that folds (``ppf up``, ``ppf gateway``, ``ppf fold``,
+``ppf replay``) and the benchmarks of the fold run with these settings.
+"""
+
+from __future__ import annotations
+
+import gc
+
+__all__ = ["for_folding"]
+
+# Young collections every 10,000 net allocations, not 700: every request allocates, and
+# at 700 the collector's pauses set the lease p99 (`ppf bench lease`: 78 ms -> 59 ms);
+# a replay of 1,000,000 events folds 7-10 % faster, and the 100,000 `Located` of
+# `ppf bench fold --located` cost half as much (BENCHMARKS.md, issue 10). Not 100,000
+# either: the fold's changed-row keys are young tuples, and a collection of 100,000 of
+# them held the loop 100-160 ms at a 100,000-proxy pool (/v1/stats' max); at 10,000 the
+# longest young collection measured 9-12 ms.
+THRESHOLDS = (10_000, 50, 1000)
+
+
+def for_folding() -> None:
+    """Set the collector for a process that folds (process-wide, so callers at its edge
+    call it: the commands that serve or replay, and the fold's benchmarks)."""
+    gc.set_threshold(*THRESHOLDS)
