@@ -134,6 +134,7 @@ class Granter:
         self.due_refresh_s = due_refresh_s
         self._claiming: set[str] = set()  # targets this gateway has a claim in flight for
         self._due: list[tuple[float, str]] = []
+        self._due_from = 0
         # None: never ranked. (A sentinel time such as -1.0 looked fresh on a machine
         # whose monotonic clock, its uptime, was younger than ``due_refresh_s``: a CI
         # machine booted minutes before the test granted nothing.)
@@ -167,6 +168,7 @@ class Granter:
         """
         if self._due_at is None or time.monotonic() - self._due_at > self.due_refresh_s:
             self._due = [(score, row.url_id) for score, row in due_sources(self.fold.state, now, 0)]
+            self._due_from = 0  # where _due_free starts: past the settled head
             self._due_at = time.monotonic()
         return self._due
 
@@ -211,15 +213,33 @@ class Granter:
         self._seed["disk"] = guard.status() if guard is not None else {"guard": "off"}
         return self._seed
 
-    def _still_due(
-        self, pairs: Iterable[tuple[float, str]], now: int
-    ) -> Iterator[tuple[str, float]]:
-        sources = self.fold.state.sources
-        for _, uid in pairs:
+    def _due_free(self, now: int) -> Iterator[tuple[str, float]]:
+        """Ranked sources that are free and still due, best first, lazily.
+
+        Each is scored again as it is taken, so a source fetched since the ranking is
+        not leased again; one held or being claimed is passed over before it is scored
+        (50 agents leasing at once hold about as many, and scoring each of them on
+        every grant was a tenth of the gateway's time in ``ppf bench lease``). A run of
+        settled sources at the ranking's head is dropped from it: each stays settled
+        until the next ranking, and every grant would walk them again.
+        """
+        ranking = self.due_sources(now)
+        state = self.fold.state
+        sources, leases, claiming = state.sources, state.leases, self._claiming
+        head = True  # everything before this entry is settled
+        for i in range(self._due_from, len(ranking)):
+            uid = ranking[i][1]
+            if uid in claiming or not _free(leases.get(uid), now):
+                head = False
+                continue
             row = sources.get(uid)
             score = due_score(row, now) if row is not None else None
-            if score is not None:
-                yield uid, score
+            if score is None:
+                if head:
+                    self._due_from = i + 1
+                continue
+            head = False
+            yield uid, score
 
     def _candidates(self, kind: LeaseKind, now: int) -> Iterator[tuple[str, float]]:
         """Free targets in priority order, lazily: a grant takes the first few only."""
@@ -227,8 +247,8 @@ class Granter:
         leases = state.leases
         pairs: Iterable[tuple[str, float]]
         if kind == "source":
-            pairs = self._still_due(self.due_sources(now), now)
-        elif kind == "recheck":
+            return self._due_free(now)
+        if kind == "recheck":
             # Only shards with proxies due now (an empty shard is no work: leasing it
             # would have checkers spin), longest since last leased first.
             pairs = sorted(
