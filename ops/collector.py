@@ -17,12 +17,12 @@ __all__ = ["for_folding"]
 
 # Young collections every 10,000 net allocations, not 700: every request allocates, and
 # at 700 the collector's pauses set the lease p99 (`ppf bench lease`: 78 ms -> 59 ms);
-# a replay of 1,000,000 events takes ~6 % less time, and the 100,000 `Located` of
-# `ppf bench fold --located` added 4.6 % (and -2.0 % in another run) where they added
-# 6.9 % at the default (BENCHMARKS.md, issue 10). Not 100,000 either: the fold's
-# changed-row keys are young tuples, and a collection of 100,000 of them held the loop
-# 100-160 ms at a 100,000-proxy pool (/v1/stats' max); at 10,000 the longest young
-# collection measured 9-12 ms.
+# a replay of 1,000,000 events takes ~6 % less time, and in memory the 100,000
+# `Located` of `ppf bench fold --located` cost +4.7 % where they cost +7.4-8.9 % at the
+# default (BENCHMARKS.md, issue 10). Not 100,000 either: the fold's changed-row keys are
+# young tuples, and a collection of 100,000 of them held the loop 100-160 ms at a
+# 100,000-proxy pool (/v1/stats' max); at 10,000 the longest young collection measured
+# 9-12 ms.
 THRESHOLDS = (10_000, 50, 1000)
 
 
