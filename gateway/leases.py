@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
@@ -243,21 +243,18 @@ class Granter:
 
     def _candidates(self, kind: LeaseKind, now: int) -> Iterator[tuple[str, float]]:
         """Free targets in priority order, lazily: a grant takes the first few only."""
-        state = self.fold.state
-        leases = state.leases
-        pairs: Iterable[tuple[str, float]]
         if kind == "source":
             return self._due_free(now)
-        if kind == "recheck":
-            # Only shards with proxies due now (an empty shard is no work: leasing it
-            # would have checkers spin), longest since last leased first.
-            pairs = sorted(
-                ((t, 0.0) for t in self._due_shards(now)),
-                key=lambda p: (leases[p[0]].leased_at if p[0] in leases else 0, p[0]),
-            )
-        else:
+        if kind == "seed":
             return self._seed_candidates(now)
-        return ((t, s) for t, s in pairs if t not in self._claiming and _free(leases.get(t), now))
+        # Only shards with proxies due now (an empty shard is no work: leasing it would
+        # have checkers spin), longest since last leased first.
+        leases = self.fold.state.leases
+        shards = sorted(
+            self._due_shards(now),
+            key=lambda t: (leases[t].leased_at if t in leases else 0, t),
+        )
+        return ((t, 0.0) for t in shards if t not in self._claiming and _free(leases.get(t), now))
 
     def _seed_candidates(self, now: int) -> Iterator[tuple[str, float]]:
         """Free seed ranges, priorities taking turns: while a lower priority has ranges
