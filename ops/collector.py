@@ -1,12 +1,11 @@
 """The garbage collector's settings for the processes that fold the log.
 
 CPython starts a young collection every 700 net allocations of tracked objects, a
-setting for small programs. A fold keeps tuples alive across a batch (changed-row keys,
-address entries, the batch's own messages), so at 700 each young collection walks
-thousands of them and a share of them is promoted and walked again; the projections
-themselves are untracked (rows are ``gc=False`` Structs), so collecting less often costs
-little memory. Every process that folds (``ppf up``, ``ppf gateway``, ``ppf fold``,
-``ppf replay``) and the benchmarks of the fold run with these settings.
+setting for small programs: folding 1,000,000 events from memory ran it 1,606 times,
+at the settings below 120. The projections themselves are untracked (rows are
+``gc=False`` Structs), so collecting less often costs little memory. Every process
+that folds (``ppf up``, ``ppf gateway``, ``ppf fold``, ``ppf replay``) and the
+benchmarks of the fold run with these settings.
 """
 
 from __future__ import annotations
