@@ -325,6 +325,28 @@ def test_bench_fold_runs_and_reports(ppf_bin: str) -> None:
         assert out[key] > 0
 
 
+@pytest.mark.timeout(240)
+def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
+    """`ppf bench fold --located` folds both streams whole by both methods and compares
+    them: the second stream holds one Located per distinct proxy."""
+    res = subprocess.run(
+        [ppf_bin, "bench", "fold", "--located", "--events", "15000", "--proxies", "300"]
+        + ["--pairs", "1", "--interleaved", "2", "--json"],
+        capture_output=True,
+        timeout=220,
+        env={**os.environ},
+    )
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    out = json.loads(res.stdout)
+    assert out["events"] == 15000  # 10,000 of them add the sources, before any proxy
+    assert 0 < out["located_events"] <= 300
+    for method, runs in (("interleaved", 2), ("in_turn", 1)):
+        for side in ("without", "with"):
+            walls = out[f"{method}_seconds_{side}_located"]
+            assert len(walls) == runs and all(w > 0 for w in walls)
+        assert isinstance(out[f"{method}_located_adds_pct"], float)
+
+
 def test_sources_seed_and_import(ppf_bin: str, tmp_path: Path, nats_server: Any) -> None:
     """`ppf sources seed` adds the built-in lists with hints; import skips comments."""
     from agents.seeds import SEEDS

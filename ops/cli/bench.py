@@ -31,7 +31,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="fold: what Located adds (the stream without and with one Located per "
         "distinct proxy, folded in turn)",
     )
-    bn.add_argument("--pairs", type=int, default=3, help="fold --located: runs of each stream")
+    bn.add_argument(
+        "--pairs", type=int, default=3, help="fold --located: runs of each stream in turn"
+    )
+    bn.add_argument(
+        "--interleaved",
+        type=int,
+        default=3,
+        help="fold --located: runs folding both streams side by side, a batch of each in turn",
+    )
     bn.add_argument("--profile", default="steady", help="pool: steady, flappy or outage")
     bn.add_argument("--speed", type=float, default=10.0, help="pool: simulated s a second")
     bn.add_argument("--duration", type=int, default=3_600, help="pool: simulated seconds")
@@ -67,7 +75,9 @@ async def _bench(args: argparse.Namespace) -> int:
             if args.located:
                 from ops.bench.fold import bench_located
 
-                result = await bench_located(args.events, args.proxies, args.seed, args.pairs)
+                result = await bench_located(
+                    args.events, args.proxies, args.seed, args.pairs, args.interleaved
+                )
             else:
                 result = await bench_fold(args.events, args.proxies, args.seed, args.nats)
         case "lease":
