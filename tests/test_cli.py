@@ -330,8 +330,21 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
     """`ppf bench fold --located` folds both streams whole by both methods and compares
     them: the second stream holds one Located per distinct proxy."""
     res = subprocess.run(
-        [ppf_bin, "bench", "fold", "--located", "--events", "15000", "--proxies", "300"]
-        + ["--pairs", "1", "--interleaved", "2", "--json"],
+        [
+            ppf_bin,
+            "bench",
+            "fold",
+            "--located",
+            "--events",
+            "15000",
+            "--proxies",
+            "300",
+            "--pairs",
+            "1",
+            "--interleaved",
+            "2",
+            "--json",
+        ],
         capture_output=True,
         timeout=220,
         env={**os.environ},
