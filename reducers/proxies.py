@@ -13,7 +13,16 @@ from reducers import geo, trust
 from reducers.pool import BUCKET_MS, band_edges
 from reducers.state import MAX_SAMPLE_MS, AgentRow, ProxyKey, ProxyRow, State
 
-__all__ = ["SWEEP_MS", "failed", "purge_lab", "reported", "reports_left", "sweep", "worked"]
+__all__ = [
+    "SHARED",
+    "SWEEP_MS",
+    "failed",
+    "purge_lab",
+    "reported",
+    "reports_left",
+    "sweep",
+    "worked",
+]
 
 # Eviction runs when the log's time enters a new bucket of this size: a point every
 # replica and every replay meets at the same message.
@@ -29,7 +38,7 @@ def _add(items: tuple[str, ...], item: str, cap: int) -> tuple[str, ...]:
 
 # One str object per common value, not one per row: msgspec decodes a fresh string for
 # every field of every event, and a million rows would keep a million copies of "http".
-_SHARED = {
+SHARED = {
     s: s
     for s in ("http", "https", "socks4", "socks5", "transparent", "anonymous", "elite", "yes", "no")
 }
@@ -50,7 +59,7 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if row is None:
         if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
             return None
-        proto = _SHARED.get(event.proto, event.proto)
+        proto = SHARED.get(event.proto, event.proto)
         row = ProxyRow(
             ip=event.ip,
             port=event.port,
@@ -75,7 +84,7 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
         a = settings.ema_alpha
         row.latency_ema = a * latency + (1.0 - a) * row.latency_ema
         if event.proto != row.proto:
-            row.proto = _SHARED.get(event.proto, event.proto)
+            row.proto = SHARED.get(event.proto, event.proto)
             row.protos = _add(row.protos, row.proto, 8)
         if ts > row.last_seen:
             row.last_seen = ts
@@ -92,10 +101,10 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if exit_ip and exit_ip != row.exit_ip:
         row.exit_ip = row.ip if exit_ip == row.ip else exit_ip
     if event.anonymity and event.anonymity != row.anonymity:
-        row.anonymity = _SHARED.get(event.anonymity, event.anonymity)
+        row.anonymity = SHARED.get(event.anonymity, event.anonymity)
     row.mitm = event.mitm
     if event.https:
-        row.https = _SHARED.get(event.https, event.https)
+        row.https = SHARED.get(event.https, event.https)
     if new:
         state.composition.add(row)
     elif (

@@ -1,0 +1,594 @@
+/* The fold of a known proxy confirmed again, as one C call.
+ *
+ * Why C: two thirds of the log are ProxyWorked, and most of them confirm a proxy the
+ * pool knows already. In Python that confirmation walks reducers/fold.py, proxies.worked,
+ * sources.credit, ledger.touch and trust.count: about 5 us an event, more than half of
+ * the fold's time (`ppf bench fold`, BENCHMARKS.md issue 9). Here it is one pass.
+ *
+ *   reconfirm(state, event, seq, ts) -> bool
+ *
+ * The contract is reducers/fold.py's fold() for a ProxyWorked, answer for answer: True
+ * when this call applied the event exactly as fold() would have; False when it changed
+ * nothing at all, and fold() must apply it (tests/test_reconfirm.py folds generated
+ * logs both ways and compares every projection). It answers False, before it touches
+ * anything, wherever the event is not the everyday re-confirmation: an unknown proxy
+ * (admission of an address, geo), a sweep due, a re-send or a derived id, an unknown
+ * agent, a proxy whose latest check failed, another protocol, a spot-check of trust
+ * that counts, provenance full for a trusted agent, a lease that expired on the way,
+ * or any value of an unexpected type. So its rules are a subset of fold()'s, never
+ * rules of their own.
+ *
+ * configure(spec) is called once by reducers/fold.py with the types and constants it
+ * reads; every field is read and written in the slot its member descriptor names (rows
+ * are gc=False Structs, the state a __slots__ class), so no Python code runs inside.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <string.h>
+#include <structmember.h>
+
+enum { E_ID, E_AGENT, E_IP, E_PORT, E_PROTO, E_LATENCY, E_EXIT_IP, E_ANON, E_MITM, E_HTTPS,
+       E_SOURCE, E_LEASE, E_N };
+static const char *e_names[E_N] = {"id",      "agent",     "ip",   "port",  "proto",  "latency_ms",
+                                   "exit_ip", "anonymity", "mitm", "https", "source", "lease"};
+enum { S_LAST_SEQ, S_SWEEP, S_SETTINGS, S_HIGH_WATER, S_AGENTS, S_OPERATORS, S_JUDGES, S_TRUSTED,
+       S_PROXIES, S_SOURCES, S_COMPOSITION, S_DIRTY_PROXIES, S_DIRTY_SOURCES, S_LEASE_OWNER,
+       S_LEASES, S_DIRTY_LEASES, S_N };
+static const char *s_names[S_N] = {
+    "last_seq", "sweep_bucket", "settings", "high_water",  "agents",        "operators",
+    "judges",   "trusted",      "proxies",  "sources",     "composition",   "dirty_proxies",
+    "dirty_sources", "lease_owner", "leases", "dirty_leases"};
+enum { T_SUBJECTS, T_TRUST, T_ALPHA, T_SAMPLES, T_CAP, T_SPOT, T_N };
+static const char *t_names[T_N] = {"agent_subjects",  "trust",          "ema_alpha",
+                                   "latency_samples", "provenance_cap", "spot_window_s"};
+enum { A_NAME, A_LAST_SEEN, A_COUNTS, A_LATE, A_QMIN, A_QEVENTS, A_QHOUR, A_QPROXIES, A_QSOURCES,
+       A_N };
+static const char *a_names[A_N] = {"name",         "last_seen",    "counts",
+                                   "late",         "quota_minute", "quota_events",
+                                   "quota_hour",   "quota_proxies", "quota_sources"};
+enum { P_IP, P_PROTO, P_LAST_SEEN, P_LAST_FAILED, P_FAIL, P_EMA, P_CONF, P_SAMPLES, P_EXIT_IP,
+       P_ANON, P_MITM, P_HTTPS, P_AGENTS, P_SOURCES, P_COUNTRY, P_N };
+static const char *p_names[P_N] = {"ip",      "proto",     "last_seen", "last_failed",
+                                   "fail_streak", "latency_ema", "confirmations", "samples",
+                                   "exit_ip", "anonymity", "mitm",      "https",
+                                   "agents",  "sources",   "country"};
+enum { R_URL_ID, R_CUR_LEASE, R_CUR_WORKING, R_N };
+static const char *r_names[R_N] = {"url_id", "cur_lease", "cur_working"};
+enum { L_STATUS, L_LEASE, L_HOLDER, L_EXPIRES, L_TTL, L_TARGET, L_N };
+static const char *l_names[L_N] = {"status", "lease", "holder", "expires_at", "ttl_s", "target"};
+
+static Py_ssize_t e_off[E_N], s_off[S_N], t_off[T_N], a_off[A_N], p_off[P_N], r_off[R_N],
+    l_off[L_N], c_buckets;
+static PyTypeObject *t_event, *t_state, *t_settings, *t_agent, *t_proxy, *t_source, *t_lease,
+    *t_comp;
+static PyObject *shared, *derived, *tag, *leased, *empty;
+static long long sweep_ms, bucket_ms;
+static int ready = 0;
+
+#define GET(obj, off) (*(PyObject **)((char *)(obj) + (off)))
+
+/* Store a new reference in a slot, dropping the old one. */
+static void put(PyObject *obj, Py_ssize_t off, PyObject *value) {
+    PyObject **p = (PyObject **)((char *)obj + off);
+    PyObject *old = *p;
+    *p = value;
+    Py_XDECREF(old);
+}
+
+/* An int slot (not a bool) as a C long long; 0 when it is anything else. */
+static int ll(PyObject *v, long long *out) {
+    if (v == NULL || !PyLong_CheckExact(v)) return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+    return !overflow && !(*out == -1 && PyErr_Occurred());
+}
+
+static int put_ll(PyObject *obj, Py_ssize_t off, long long value) {
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL) return 0;
+    put(obj, off, v);
+    return 1;
+}
+
+static int is_str(PyObject *v) { return v != NULL && PyUnicode_CheckExact(v); }
+
+/* a == b for two str, -1 on error (none expected: both are exact str). */
+static int same(PyObject *a, PyObject *b) { return PyObject_RichCompareBool(a, b, Py_EQ); }
+
+/* proxies._SHARED.get(s, s), a new reference. */
+static PyObject *shared_str(PyObject *s) {
+    PyObject *v = PyDict_GetItemWithError(shared, s);
+    v = v ? v : s;
+    Py_INCREF(v);
+    return v;
+}
+
+/* (*items, item) */
+static PyObject *appended(PyObject *items, PyObject *item) {
+    Py_ssize_t n = PyTuple_GET_SIZE(items);
+    PyObject *t = PyTuple_New(n + 1);
+    if (t == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(items, i);
+        Py_INCREF(x);
+        PyTuple_SET_ITEM(t, i, x);
+    }
+    Py_INCREF(item);
+    PyTuple_SET_ITEM(t, n, item);
+    return t;
+}
+
+/* Composition.add for (bucket, key): counts[key] = counts.get(key, 0) + 1. */
+static int comp_add(PyObject *buckets, long long bucket, PyObject *key) {
+    PyObject *b = PyLong_FromLongLong(bucket);
+    if (b == NULL) return 0;
+    PyObject *counts = PyDict_GetItemWithError(buckets, b);
+    if (counts == NULL) {
+        if (PyErr_Occurred() || (counts = PyDict_New()) == NULL) goto fail;
+        int r = PyDict_SetItem(buckets, b, counts);
+        Py_DECREF(counts); /* the bucket dict holds it */
+        if (r < 0) goto fail;
+    }
+    long long n = 0;
+    PyObject *was = PyDict_GetItemWithError(counts, key);
+    if (was != NULL && !ll(was, &n)) goto fail;
+    if (was == NULL && PyErr_Occurred()) goto fail;
+    PyObject *v = PyLong_FromLongLong(n + 1);
+    if (v == NULL) goto fail;
+    int r = PyDict_SetItem(counts, key, v);
+    Py_DECREF(v);
+    Py_DECREF(b);
+    return r == 0;
+fail:
+    Py_DECREF(b);
+    return 0;
+}
+
+/* Composition.remove; the caller checked that the count exists. */
+static int comp_remove(PyObject *buckets, long long bucket, PyObject *key) {
+    PyObject *b = PyLong_FromLongLong(bucket);
+    if (b == NULL) return 0;
+    PyObject *counts = PyDict_GetItemWithError(buckets, b);
+    long long n = 0;
+    PyObject *was = counts ? PyDict_GetItemWithError(counts, key) : NULL;
+    int ok = was != NULL && ll(was, &n);
+    if (ok) {
+        if (n - 1) {
+            PyObject *v = PyLong_FromLongLong(n - 1);
+            ok = v != NULL && PyDict_SetItem(counts, key, v) == 0;
+            Py_XDECREF(v);
+        } else {
+            ok = PyDict_DelItem(counts, key) == 0;
+            if (ok && PyDict_GET_SIZE(counts) == 0) ok = PyDict_DelItem(buckets, b) == 0;
+        }
+    }
+    Py_DECREF(b);
+    return ok;
+}
+
+/* f"{ip}:{port}" (sources.credit), built directly where the address is ASCII (it is
+ * after admission; PyUnicode_FromFormat, the general way, was a tenth of this call). */
+static PyObject *address(PyObject *ip, PyObject *port) {
+    long long p;
+    if (!PyUnicode_IS_ASCII(ip) || !ll(port, &p) || p < 0) return PyUnicode_FromFormat("%U:%S", ip, port);
+    char digits[24];
+    int nd = 0;
+    do {
+        digits[nd++] = (char)('0' + p % 10);
+        p /= 10;
+    } while (p);
+    Py_ssize_t n = PyUnicode_GET_LENGTH(ip);
+    PyObject *s = PyUnicode_New(n + 1 + nd, 127);
+    if (s == NULL) return NULL;
+    Py_UCS1 *out = PyUnicode_1BYTE_DATA(s);
+    memcpy(out, PyUnicode_1BYTE_DATA(ip), (size_t)n);
+    out[n] = ':';
+    for (int i = 0; i < nd; i++) out[n + 1 + i] = (Py_UCS1)digits[nd - 1 - i];
+    return s;
+}
+
+static long long floordiv(long long a, long long b) {
+    long long q = a / b;
+    return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
+}
+
+static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "reconfirm(state, event, seq, ts)");
+        return NULL;
+    }
+    PyObject *state = args[0], *e = args[1];
+    PyObject *key = NULL;
+    long long seq, ts, last_seq, sweep;
+    if (!ready || Py_TYPE(e) != t_event || Py_TYPE(state) != t_state) goto no;
+    if (!ll(args[2], &seq) || !ll(args[3], &ts) || ts < 0) goto no;
+    if (!ll(GET(state, s_off[S_LAST_SEQ]), &last_seq) || seq <= last_seq) goto no;
+    if (!ll(GET(state, s_off[S_SWEEP]), &sweep) || ts >= sweep * sweep_ms + sweep_ms) goto no;
+
+    /* ---- What fold() would do, read and checked; nothing is changed before "apply". ---- */
+    PyObject *settings = GET(state, s_off[S_SETTINGS]);
+    if (settings == NULL || Py_TYPE(settings) != t_settings) goto no;
+    PyObject *alpha_o = GET(settings, t_off[T_ALPHA]);
+    long long samples_n, cap, spot_s;
+    if (alpha_o == NULL || !PyFloat_CheckExact(alpha_o)) goto no;
+    if (!ll(GET(settings, t_off[T_SAMPLES]), &samples_n) || samples_n < 0) goto no;
+    if (!ll(GET(settings, t_off[T_CAP]), &cap) || !ll(GET(settings, t_off[T_SPOT]), &spot_s)) goto no;
+    PyObject *subjects_o = GET(settings, t_off[T_SUBJECTS]), *trust_o = GET(settings, t_off[T_TRUST]);
+    if (subjects_o == NULL || !PyBool_Check(subjects_o) || trust_o == NULL || !PyBool_Check(trust_o))
+        goto no;
+    int subjects = subjects_o == Py_True, trust = trust_o == Py_True;
+    double alpha = PyFloat_AS_DOUBLE(alpha_o);
+
+    PyObject *eid = GET(e, e_off[E_ID]), *name = GET(e, e_off[E_AGENT]);
+    PyObject *ip = GET(e, e_off[E_IP]), *port = GET(e, e_off[E_PORT]);
+    PyObject *proto = GET(e, e_off[E_PROTO]), *exit_ip = GET(e, e_off[E_EXIT_IP]);
+    PyObject *anon = GET(e, e_off[E_ANON]), *mitm = GET(e, e_off[E_MITM]);
+    PyObject *https = GET(e, e_off[E_HTTPS]), *source = GET(e, e_off[E_SOURCE]);
+    PyObject *lease = GET(e, e_off[E_LEASE]);
+    long long latency;
+    if (!is_str(eid) || !is_str(name) || !is_str(ip) || !is_str(proto) || !is_str(exit_ip) ||
+        !is_str(anon) || !is_str(https) || !is_str(source) || !is_str(lease) || mitm == NULL ||
+        !PyBool_Check(mitm) || !PyLong_CheckExact(port) || !ll(GET(e, e_off[E_LATENCY]), &latency))
+        goto no;
+    if (latency < 0) latency = 0;
+
+    PyObject *high_water = GET(state, s_off[S_HIGH_WATER]);
+    if (subjects) {
+        if (high_water == NULL || !PyDict_CheckExact(high_water)) goto no;
+        int derived_id = PyUnicode_Tailmatch(eid, derived, 0, PyUnicode_GET_LENGTH(derived), -1);
+        if (derived_id != 0) goto no; /* 1: kept once by its fixed id instead; -1: error */
+        PyObject *mark = PyDict_GetItemWithError(high_water, name);
+        if (mark == NULL && PyErr_Occurred()) goto no;
+        if (PyUnicode_Compare(eid, mark ? mark : empty) <= 0) goto no; /* a re-send */
+        if (PyErr_Occurred()) goto no;
+    }
+    PyObject *agents = GET(state, s_off[S_AGENTS]);
+    PyObject *agent = agents && PyDict_CheckExact(agents) ? PyDict_GetItemWithError(agents, name) : NULL;
+    if (agent == NULL || Py_TYPE(agent) != t_agent) goto no;
+    PyObject *aname = GET(agent, a_off[A_NAME]), *counts = GET(agent, a_off[A_COUNTS]);
+    long long a_seen, a_late;
+    if (!is_str(aname) || counts == NULL || !PyDict_CheckExact(counts)) goto no;
+    if (!ll(GET(agent, a_off[A_LAST_SEEN]), &a_seen) || !ll(GET(agent, a_off[A_LATE]), &a_late)) goto no;
+    long long tag_n = 0;
+    PyObject *tag_was = PyDict_GetItemWithError(counts, tag);
+    if ((tag_was == NULL && PyErr_Occurred()) || (tag_was != NULL && !ll(tag_was, &tag_n))) goto no;
+
+    int counted = 0, judge = 0;
+    long long q_min = 0, q_events = 0, q_hour = 0;
+    if (trust) {
+        PyObject *operators = GET(state, s_off[S_OPERATORS]), *judges = GET(state, s_off[S_JUDGES]);
+        if (operators == NULL || !PyFrozenSet_CheckExact(operators) || judges == NULL ||
+            !PyFrozenSet_CheckExact(judges))
+            goto no;
+        int op = PySet_Contains(operators, aname);
+        judge = PySet_Contains(judges, aname);
+        if (op < 0 || judge < 0) goto no;
+        counted = !op;
+        if (counted && (!ll(GET(agent, a_off[A_QMIN]), &q_min) ||
+                        !ll(GET(agent, a_off[A_QEVENTS]), &q_events) ||
+                        !ll(GET(agent, a_off[A_QHOUR]), &q_hour)))
+            goto no;
+    }
+
+    PyObject *proxies = GET(state, s_off[S_PROXIES]);
+    if (proxies == NULL || !PyDict_CheckExact(proxies)) goto no;
+    if ((key = PyTuple_Pack(2, ip, port)) == NULL) goto no;
+    PyObject *row = PyDict_GetItemWithError(proxies, key);
+    if (row == NULL || Py_TYPE(row) != t_proxy) goto no; /* a new proxy: fold() admits it */
+    long long fail, seen, failed_at, conf;
+    if (!ll(GET(row, p_off[P_FAIL]), &fail) || fail != 0) goto no; /* suspect: fold() revives it */
+    if (!ll(GET(row, p_off[P_LAST_SEEN]), &seen) || seen < 0) goto no;
+    if (!ll(GET(row, p_off[P_LAST_FAILED]), &failed_at) || !ll(GET(row, p_off[P_CONF]), &conf)) goto no;
+    PyObject *r_proto = GET(row, p_off[P_PROTO]), *r_ip = GET(row, p_off[P_IP]);
+    PyObject *r_exit = GET(row, p_off[P_EXIT_IP]), *r_anon = GET(row, p_off[P_ANON]);
+    PyObject *r_country = GET(row, p_off[P_COUNTRY]), *r_ema = GET(row, p_off[P_EMA]);
+    PyObject *r_samples = GET(row, p_off[P_SAMPLES]), *r_agents = GET(row, p_off[P_AGENTS]);
+    PyObject *r_sources = GET(row, p_off[P_SOURCES]);
+    if (!is_str(r_proto) || !is_str(r_ip) || !is_str(r_exit) || !is_str(r_anon) ||
+        !is_str(r_country) || r_ema == NULL || !PyFloat_CheckExact(r_ema) || r_samples == NULL ||
+        !PyBytes_CheckExact(r_samples) || r_agents == NULL || !PyTuple_CheckExact(r_agents) ||
+        r_sources == NULL || !PyTuple_CheckExact(r_sources))
+        goto no;
+    if (same(proto, r_proto) != 1) goto no; /* another protocol: fold() records it */
+    if (judge && r_agents != NULL && PyTuple_GET_SIZE(r_agents) &&
+        !(seen <= failed_at || ts - seen > spot_s * 1000))
+        goto no; /* a check that counts for trust (trust.checked): fold() weighs it */
+    int has_agent = PySequence_Contains(r_agents, aname);
+    if (has_agent < 0) goto no;
+    int add_agent = !has_agent && PyTuple_GET_SIZE(r_agents) < cap;
+    if (!has_agent && !add_agent) {
+        PyObject *trusted = GET(state, s_off[S_TRUSTED]);
+        if (trusted == NULL || !PyFrozenSet_CheckExact(trusted)) goto no;
+        int t = PySet_Contains(trusted, aname);
+        if (t != 0) goto no; /* room made for a trusted agent (trust.make_room) */
+    }
+
+    PyObject *sources = GET(state, s_off[S_SOURCES]);
+    if (sources == NULL || !PyDict_CheckExact(sources)) goto no;
+    PyObject *src = NULL;
+    if (PyUnicode_GET_LENGTH(source)) {
+        src = PyDict_GetItemWithError(sources, source);
+        if (src == NULL && PyErr_Occurred()) goto no;
+        if (src != NULL && Py_TYPE(src) != t_source) goto no;
+    }
+    PyObject *credited = src ? GET(src, r_off[R_URL_ID]) : source; /* the projection's copy */
+    if (!is_str(credited)) goto no;
+    int has_source = PySequence_Contains(r_sources, credited);
+    if (has_source < 0) goto no;
+    int add_source = !has_source && PyUnicode_GET_LENGTH(credited) && PyTuple_GET_SIZE(r_sources) < cap;
+    PyObject *cur_lease = NULL, *cur_working = NULL;
+    int work = 0;
+    if (src != NULL) {
+        cur_lease = GET(src, r_off[R_CUR_LEASE]);
+        cur_working = GET(src, r_off[R_CUR_WORKING]);
+        if (!is_str(cur_lease) || cur_working == NULL || !PyTuple_CheckExact(cur_working)) goto no;
+        if (PyUnicode_GET_LENGTH(cur_lease)) {
+            work = same(lease, cur_lease);
+            if (work < 0) goto no;
+        }
+    }
+
+    PyObject *lrow = NULL;
+    int touched = 0;
+    long long ttl = 0;
+    if (PyUnicode_GET_LENGTH(lease)) {
+        PyObject *owner = GET(state, s_off[S_LEASE_OWNER]), *leases = GET(state, s_off[S_LEASES]);
+        if (owner == NULL || !PyDict_CheckExact(owner) || leases == NULL || !PyDict_CheckExact(leases))
+            goto no;
+        PyObject *target = PyDict_GetItemWithError(owner, lease);
+        if (target == NULL && PyErr_Occurred()) goto no;
+        if (target != NULL) {
+            lrow = PyDict_GetItemWithError(leases, target);
+            if (lrow == NULL || Py_TYPE(lrow) != t_lease) goto no;
+            PyObject *status = GET(lrow, l_off[L_STATUS]), *l_lease = GET(lrow, l_off[L_LEASE]);
+            PyObject *holder = GET(lrow, l_off[L_HOLDER]);
+            long long expires;
+            if (!is_str(status) || !is_str(l_lease) || !is_str(holder) ||
+                !ll(GET(lrow, l_off[L_EXPIRES]), &expires) || !ll(GET(lrow, l_off[L_TTL]), &ttl) ||
+                !is_str(GET(lrow, l_off[L_TARGET])))
+                goto no;
+            int live = same(status, leased);
+            if (live < 0 || (live && ts > expires)) goto no; /* expired on the way: ledger._expire */
+            int mine = live ? same(l_lease, lease) : 0;
+            int held = mine == 1 ? same(holder, name) : 0;
+            if (mine < 0 || held < 0) goto no;
+            touched = held;
+        }
+    }
+
+    PyObject *comp = GET(state, s_off[S_COMPOSITION]);
+    PyObject *buckets = comp && Py_TYPE(comp) == t_comp ? GET(comp, c_buckets) : NULL;
+    if (buckets == NULL || !PyDict_CheckExact(buckets)) goto no;
+    long long was_bucket = floordiv(seen, bucket_ms);
+    long long now_seen = ts > seen ? ts : seen;
+    int anon_set = 0;
+    if (PyUnicode_GET_LENGTH(anon)) {
+        anon_set = !same(anon, r_anon);
+        if (PyErr_Occurred()) goto no;
+    }
+    int moved = floordiv(now_seen, bucket_ms) != was_bucket || anon_set;
+    if (moved) { /* the count it leaves must be there, as Composition.remove assumes */
+        PyObject *b = PyLong_FromLongLong(was_bucket);
+        if (b == NULL) goto no;
+        PyObject *cnt = PyDict_GetItemWithError(buckets, b);
+        Py_DECREF(b);
+        if (cnt == NULL || !PyDict_CheckExact(cnt)) goto no;
+        PyObject *old_key = PyTuple_Pack(3, r_proto, r_anon, r_country);
+        if (old_key == NULL) goto no;
+        PyObject *n = PyDict_GetItemWithError(cnt, old_key);
+        Py_DECREF(old_key);
+        long long nn;
+        if (n == NULL || !ll(n, &nn)) goto no;
+    }
+    PyObject *dirty_p = GET(state, s_off[S_DIRTY_PROXIES]), *dirty_s = GET(state, s_off[S_DIRTY_SOURCES]);
+    PyObject *dirty_l = GET(state, s_off[S_DIRTY_LEASES]);
+    if (dirty_p == NULL || !PySet_CheckExact(dirty_p) || dirty_s == NULL || !PySet_CheckExact(dirty_s) ||
+        dirty_l == NULL || !PySet_CheckExact(dirty_l))
+        goto no;
+
+    /* ---- Apply, in fold()'s order. Only memory can fail from here on. ---- */
+    /* fold(): the agent's high-water mark, last_seen, quotas (trust.count), counts */
+    if (subjects && PyDict_SetItem(high_water, name, eid) < 0) goto fail;
+    if (ts > a_seen && !put_ll(agent, a_off[A_LAST_SEEN], ts)) goto fail;
+    if (counted) {
+        long long minute = ts / 60000, hour = ts / 3600000;
+        if (q_min != minute) {
+            if (!put_ll(agent, a_off[A_QMIN], minute)) goto fail;
+            q_events = 0;
+        }
+        if (!put_ll(agent, a_off[A_QEVENTS], q_events + 1)) goto fail;
+        if (q_hour != hour) {
+            if (!put_ll(agent, a_off[A_QHOUR], hour) || !put_ll(agent, a_off[A_QPROXIES], 0) ||
+                !put_ll(agent, a_off[A_QSOURCES], 0))
+                goto fail;
+        }
+        /* quota_proxies counts new proxies only: this one is known */
+    }
+    PyObject *n_tag = PyLong_FromLongLong(tag_n + 1);
+    if (n_tag == NULL) goto fail;
+    int r = PyDict_SetItem(counts, tag, n_tag);
+    Py_DECREF(n_tag);
+    if (r < 0) goto fail;
+
+    /* proxies.worked(), a known row */
+    PyObject *ema = PyFloat_FromDouble(alpha * (double)latency + (1.0 - alpha) * PyFloat_AS_DOUBLE(r_ema));
+    if (ema == NULL) goto fail;
+    put(row, p_off[P_EMA], ema);
+    if (ts > seen && !put_ll(row, p_off[P_LAST_SEEN], ts)) goto fail;
+    if (!put_ll(row, p_off[P_CONF], conf + 1)) goto fail;
+    {
+        Py_ssize_t keep = (Py_ssize_t)(2 * samples_n), had = PyBytes_GET_SIZE(r_samples);
+        unsigned int sample = latency < 65535 ? (unsigned int)latency : 65535u;
+        PyObject *packed;
+        if (keep) {
+            Py_ssize_t total = had + 2, from = total > keep ? total - keep : 0;
+            packed = PyBytes_FromStringAndSize(NULL, total - from);
+            if (packed == NULL) goto fail;
+            char *out = PyBytes_AS_STRING(packed);
+            const char *in = PyBytes_AS_STRING(r_samples);
+            char tail[2] = {(char)(sample & 0xff), (char)(sample >> 8)};
+            for (Py_ssize_t i = from; i < total; i++) *out++ = i < had ? in[i] : tail[i - had];
+        } else {
+            packed = PyBytes_FromStringAndSize("", 0);
+            if (packed == NULL) goto fail;
+        }
+        put(row, p_off[P_SAMPLES], packed);
+    }
+    if (PyUnicode_GET_LENGTH(exit_ip) && !same(exit_ip, r_exit)) {
+        PyObject *v = same(exit_ip, r_ip) ? r_ip : exit_ip;
+        Py_INCREF(v);
+        put(row, p_off[P_EXIT_IP], v);
+    }
+    Py_INCREF(r_anon); /* was_anonymity, for the composition's move */
+    PyObject *was_anon = r_anon;
+    if (anon_set) put(row, p_off[P_ANON], shared_str(anon));
+    Py_INCREF(mitm);
+    put(row, p_off[P_MITM], mitm);
+    if (PyUnicode_GET_LENGTH(https)) put(row, p_off[P_HTTPS], shared_str(https));
+    if (moved) {
+        PyObject *old_key = PyTuple_Pack(3, r_proto, was_anon, r_country);
+        PyObject *new_key = PyTuple_Pack(3, r_proto, GET(row, p_off[P_ANON]), r_country);
+        int ok = old_key && new_key && comp_remove(buckets, was_bucket, old_key) &&
+                 comp_add(buckets, floordiv(now_seen, bucket_ms), new_key);
+        Py_XDECREF(old_key);
+        Py_XDECREF(new_key);
+        if (!ok) {
+            Py_DECREF(was_anon);
+            goto fail;
+        }
+    }
+    Py_DECREF(was_anon);
+    if (add_agent) {
+        PyObject *t = appended(r_agents, aname);
+        if (t == NULL) goto fail;
+        put(row, p_off[P_AGENTS], t);
+    }
+    if (add_source) {
+        PyObject *t = appended(r_sources, credited);
+        if (t == NULL) goto fail;
+        put(row, p_off[P_SOURCES], t);
+    }
+    if (PySet_Add(dirty_p, key) < 0) goto fail;
+
+    /* fold(): sources.credit, ledger.touch */
+    if (src != NULL) {
+        if (work == 1) {
+            PyObject *addr = address(ip, port);
+            if (addr == NULL) goto fail;
+            int has = PySequence_Contains(cur_working, addr);
+            if (has == 0) {
+                PyObject *t = appended(cur_working, addr);
+                if (t == NULL) {
+                    Py_DECREF(addr);
+                    goto fail;
+                }
+                put(src, r_off[R_CUR_WORKING], t);
+            }
+            Py_DECREF(addr);
+            if (has < 0) goto fail;
+        }
+        if (PySet_Add(dirty_s, credited) < 0) goto fail;
+    }
+    if (PyUnicode_GET_LENGTH(lease)) {
+        if (touched) {
+            if (!put_ll(lrow, l_off[L_EXPIRES], ts + ttl * 1000)) goto fail;
+            if (PySet_Add(dirty_l, GET(lrow, l_off[L_TARGET])) < 0) goto fail;
+        } else if (!put_ll(agent, a_off[A_LATE], a_late + 1)) {
+            goto fail;
+        }
+    }
+    if (!put_ll(state, s_off[S_LAST_SEQ], seq)) goto fail;
+    Py_DECREF(key);
+    Py_RETURN_TRUE;
+
+no:
+    Py_XDECREF(key);
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_RETURN_FALSE;
+fail:
+    Py_XDECREF(key);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "reconfirm: half applied");
+    return NULL;
+}
+
+/* The offsets of ``names`` in ``type``: each must be a plain object slot. */
+static int offsets(PyObject *type, const char **names, Py_ssize_t *out, int n) {
+    for (int i = 0; i < n; i++) {
+        PyObject *d = PyObject_GetAttrString(type, names[i]);
+        if (d == NULL) return 0;
+        int plain = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                    (((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX ||
+                     ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT);
+        if (plain) out[i] = ((PyMemberDescrObject *)d)->d_member->offset;
+        Py_DECREF(d);
+        if (!plain) {
+            PyErr_Format(PyExc_TypeError, "%R.%s is not a plain slot", type, names[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyTypeObject *type_of(PyObject *spec, const char *k) {
+    PyObject *t = PyDict_GetItemString(spec, k);
+    if (t == NULL || !PyType_Check(t)) {
+        PyErr_Format(PyExc_TypeError, "configure: %s must be a type", k);
+        return NULL;
+    }
+    Py_INCREF(t);
+    return (PyTypeObject *)t;
+}
+
+static PyObject *configure(PyObject *self, PyObject *spec) {
+    (void)self;
+    ready = 0;
+    if (!PyDict_Check(spec)) {
+        PyErr_SetString(PyExc_TypeError, "configure(spec: dict)");
+        return NULL;
+    }
+    if (!(t_event = type_of(spec, "event")) || !(t_state = type_of(spec, "state")) ||
+        !(t_settings = type_of(spec, "settings")) || !(t_agent = type_of(spec, "agent")) ||
+        !(t_proxy = type_of(spec, "proxy")) || !(t_source = type_of(spec, "source")) ||
+        !(t_lease = type_of(spec, "lease")) || !(t_comp = type_of(spec, "composition")))
+        return NULL;
+    if (!offsets((PyObject *)t_event, e_names, e_off, E_N) ||
+        !offsets((PyObject *)t_state, s_names, s_off, S_N) ||
+        !offsets((PyObject *)t_settings, t_names, t_off, T_N) ||
+        !offsets((PyObject *)t_agent, a_names, a_off, A_N) ||
+        !offsets((PyObject *)t_proxy, p_names, p_off, P_N) ||
+        !offsets((PyObject *)t_source, r_names, r_off, R_N) ||
+        !offsets((PyObject *)t_lease, l_names, l_off, L_N))
+        return NULL;
+    const char *b[1] = {"buckets"};
+    if (!offsets((PyObject *)t_comp, b, &c_buckets, 1)) return NULL;
+    shared = PyDict_GetItemString(spec, "shared");
+    derived = PyDict_GetItemString(spec, "derived");
+    tag = PyDict_GetItemString(spec, "tag");
+    leased = PyDict_GetItemString(spec, "leased");
+    PyObject *sw = PyDict_GetItemString(spec, "sweep_ms"), *bu = PyDict_GetItemString(spec, "bucket_ms");
+    if (!shared || !PyDict_CheckExact(shared) || !is_str(derived) || !is_str(tag) || !is_str(leased) ||
+        !ll(sw, &sweep_ms) || !ll(bu, &bucket_ms) || sweep_ms <= 0 || bucket_ms <= 0) {
+        PyErr_SetString(PyExc_TypeError, "configure: shared, derived, tag, leased, sweep_ms, bucket_ms");
+        return NULL;
+    }
+    Py_INCREF(shared);
+    Py_INCREF(derived);
+    Py_INCREF(tag);
+    Py_INCREF(leased);
+    if (empty == NULL && (empty = PyUnicode_FromString("")) == NULL) return NULL;
+    ready = 1;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"reconfirm", (PyCFunction)(void (*)(void))reconfirm, METH_FASTCALL,
+     "fold() of a ProxyWorked confirming a known proxy: True when applied, False when "
+     "nothing changed and fold() must apply it."},
+    {"configure", configure, METH_O, "The types and constants reconfirm reads."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_reconfirm", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__reconfirm(void) { return PyModule_Create(&module); }

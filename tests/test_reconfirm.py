@@ -1,0 +1,240 @@
+"""reducers/_reconfirm.c folds a known proxy confirmed again exactly as fold() does, and
+leaves everything else to fold(): generated logs, folded with and without it, build the
+same projections, derived state and dirty sets included."""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from events import (
+    AgentEnrolled,
+    Configured,
+    Event,
+    Heartbeat,
+    Leased,
+    ProxyFailed,
+    ProxyWorked,
+    Released,
+    Settings,
+    SourceAdded,
+    url_id,
+)
+from projections import digest
+from reducers import State, fold
+
+_fold_module = sys.modules["reducers.fold"]
+native = pytest.mark.skipif(
+    not _fold_module.native_reconfirm(), reason="reducers/_reconfirm.c was not built (needs gcc)"
+)
+
+T0 = 1_800_000_000_000
+AGENTS = ["w0", "w1", "w2", "c0", "c1"]  # c0 is the operator's checker: a judge under trust
+URLS = [f"https://lists.example/{i}.txt" for i in range(3)]
+
+
+def _log(seed: int, n: int) -> Iterator[tuple[Event, int]]:
+    """``n`` events over a small world (6 proxies, 5 agents, 3 sources), each with the
+    log time it is folded at: every branch of a confirmation is met many times."""
+    rng = random.Random(seed)
+    ids = 0
+
+    def eid(back: bool = False) -> str:
+        nonlocal ids
+        if back and ids > 5 and rng.random() < 0.5:
+            return f"00000000-0000-7000-8000-{rng.randrange(1, ids):012d}"  # a re-send
+        ids += 1
+        prefix = "dep:" if rng.random() < 0.03 else ""  # derived from a deposit
+        return f"{prefix}00000000-0000-7000-8000-{ids:012d}"
+
+    ts = T0
+    for name in AGENTS:
+        role = "checker" if name[0] == "c" else "worker"
+        yield (
+            AgentEnrolled(
+                id=eid(), agent="admin", at=0, name=name, role=role, token_sha256="0" * 64
+            ),
+            ts,
+        )
+    for url in URLS:
+        yield SourceAdded(id=eid(), agent="admin", at=0, url=url, url_id=url_id(url)), ts
+    leases: list[Leased] = []
+    for _ in range(n):
+        ts += rng.choice([0, 1, 500, 20_000, 40_000, 400_000, 2 * 3_600_000])
+        roll = rng.random()
+        agent = rng.choice([*AGENTS, "stranger"])  # a stranger was never enrolled
+        if roll < 0.04:
+            yield (
+                Configured(
+                    id=eid(),
+                    agent="admin",
+                    at=0,
+                    settings=Settings(
+                        agent_subjects=rng.random() < 0.7,
+                        trust=rng.random() < 0.7,
+                        trusted_agents=("c0", "w0") if rng.random() < 0.8 else ("c0",),
+                        provenance_cap=rng.choice([1, 2, 16]),
+                        latency_samples=rng.choice([0, 1, 16]),
+                        spot_window_s=rng.choice([0, 60, 1_800]),
+                        ema_alpha=rng.choice([0.3, 0.5]),
+                    ),
+                ),
+                ts,
+            )
+        elif roll < 0.12:
+            target = url_id(rng.choice(URLS))
+            lease_id = eid()
+            lease = Leased(
+                id=lease_id,
+                agent=agent,
+                at=0,
+                lease=lease_id,
+                kind="source",
+                target=target,
+                ttl_s=rng.choice([1, 60, 600]),
+            )
+            leases.append(lease)
+            yield lease, ts
+        elif roll < 0.16 and leases:
+            lease = rng.choice(leases)
+            yield (
+                Released(
+                    id=eid(),
+                    agent=lease.agent,
+                    at=0,
+                    lease=lease.lease,
+                    target=lease.target,
+                    outcome=rng.choice(["done", "failed"]),
+                ),
+                ts,
+            )
+        elif roll < 0.19 and leases:
+            yield Heartbeat(id=eid(), agent=agent, at=0, leases=[rng.choice(leases).lease]), ts
+        elif roll < 0.32:
+            p = rng.randrange(6)
+            yield (
+                ProxyFailed(
+                    id=eid(True),
+                    agent=rng.choice(["c0", "c1", "w1"]),
+                    at=0,
+                    ip=f"8.8.{p // 3}.{p % 3 + 1}",
+                    port=8080,
+                    proto="http",
+                    error="timeout",
+                ),
+                ts,
+            )
+        else:
+            p = rng.randrange(6)
+            ip = f"8.8.{p // 3}.{p % 3 + 1}"
+            yield (
+                ProxyWorked(
+                    id=eid(True),
+                    agent=agent,
+                    at=0,
+                    ip=ip,
+                    port=8080,
+                    proto=rng.choice(["http", "http", "http", "socks5"]),
+                    latency_ms=rng.choice([-5, 0, 120, 70_000]),
+                    exit_ip=rng.choice(["", ip, "9.9.9.9"]),
+                    anonymity=rng.choice(["", "elite", "anonymous"]),  # type: ignore[arg-type]
+                    mitm=rng.random() < 0.1,
+                    https=rng.choice(["", "yes", "no"]),  # type: ignore[arg-type]
+                    source=rng.choice(["", url_id(rng.choice(URLS)), "0123456789abcdef"]),
+                    lease=rng.choice([leases[-1].lease, "nobody-holds-this"])
+                    if leases and rng.random() < 0.7
+                    else "",
+                ),
+                ts,
+            )
+
+
+def _everything(state: State) -> tuple[Any, ...]:
+    """All a fold leaves behind: the digest (rows and meta) and the derived state."""
+    return (
+        digest(state),
+        state.last_seq,
+        state.sweep_bucket,
+        {b: dict(c) for b, c in state.composition.buckets.items()},
+        {b: dict(c) for b, c in state.failing.buckets.items()},
+        dict(state.by_ip),
+        sorted(state.unlocated),
+        sorted(state.dirty_proxies),
+        sorted(state.dirty_sources),
+        sorted(state.dirty_leases),
+        dict(state.high_water),
+        {
+            name: (dict(a.counts), a.late, a.rejected, a.last_seen)
+            for name, a in state.agents.items()
+        },
+        list(state.trust_base),
+    )
+
+
+def _folded(events: list[tuple[Event, int]], with_c: bool) -> tuple[tuple[Any, ...], list[bool]]:
+    state = State()
+    answers = []
+    saved = _fold_module._RECONFIRM
+    _fold_module._RECONFIRM = saved if with_c else None
+    try:
+        for seq, (event, ts) in enumerate(events, 1):
+            answers.append(fold(state, event, seq, ts))
+    finally:
+        _fold_module._RECONFIRM = saved
+    return _everything(state), answers
+
+
+@native
+@settings(max_examples=120, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400))
+def test_the_c_fold_of_a_confirmation_equals_folds(seed: int, n: int) -> None:
+    """Any log folded with reducers/_reconfirm.c builds what fold() alone builds, answer
+    for answer (the seed reproduces a failure)."""
+    events = list(_log(seed, n))
+    assert _folded(events, with_c=True) == _folded(events, with_c=False)
+
+
+@native
+def test_the_c_fold_takes_most_confirmations_and_leaves_the_rest() -> None:
+    """The generated logs reach both sides: confirmations the C folds and ones it leaves
+    to fold() (so the equality above compares the C's work, not fold()'s twice)."""
+    taken = left = 0
+    for seed in range(20):
+        state = State()
+        for seq, (event, ts) in enumerate(_log(seed, 300), 1):
+            if isinstance(event, ProxyWorked) and _fold_module._RECONFIRM(state, event, seq, ts):
+                taken += 1
+            else:
+                fold(state, event, seq, ts)
+                left += isinstance(event, ProxyWorked)
+    assert taken > 1000 and left > 500, (taken, left)
+
+
+@native
+def test_the_c_fold_changes_nothing_when_it_declines() -> None:
+    """Where the C answers False (here: an unknown proxy, a sequence already applied),
+    the state is untouched, so fold() applies the event once."""
+    state = State()
+    events = list(_log(7, 50))
+    for seq, (event, ts) in enumerate(events, 1):
+        fold(state, event, seq, ts)
+    before = _everything(state)
+    fresh = ProxyWorked(
+        id="ffffffff-0000-7000-8000-000000000000",
+        agent="w1",
+        at=0,
+        ip="8.8.9.9",
+        port=1080,
+        proto="http",
+        latency_ms=10,
+    )
+    assert _fold_module._RECONFIRM(state, fresh, state.last_seq + 1, events[-1][1]) is False
+    known = next(e for e, _ in reversed(events) if isinstance(e, ProxyWorked))
+    assert _fold_module._RECONFIRM(state, known, state.last_seq, events[-1][1]) is False
+    assert _everything(state) == before
