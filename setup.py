@@ -1,8 +1,8 @@
 """The one thing pyproject.toml does not say: the optional C extensions.
 
 ``agents/_scan.c`` scans dense proxy lists; ``reducers/_admit.c`` answers the fold's
-admission question for proxy reports; ``reducers/_reconfirm.c`` folds a known proxy
-confirmed again; ``ops/nats/_frames.c`` parses the stream reader's data frames.
+admission question for proxy reports; ``reducers/_fastfold.c`` folds a known proxy
+confirmed again and a location; ``ops/nats/_frames.c`` parses the stream reader's data frames.
 ``optional=True``: without a C compiler the install still succeeds, and each falls back
 to its Python twin, slower (``ppf bench extract`` and ``ppf bench fold`` report which
 ran). Declared here rather than in pyproject.toml, where setuptools still calls
@@ -18,8 +18,8 @@ setup(
         # The latency EMA must round as Python's does: no fused multiply-add (aarch64
         # would contract a * x + b * y into one, and the projection's digest would move).
         Extension(
-            "reducers._reconfirm",
-            ["reducers/_reconfirm.c"],
+            "reducers._fastfold",
+            ["reducers/_fastfold.c"],
             optional=True,
             extra_compile_args=["-ffp-contract=off"],
         ),

@@ -6,7 +6,8 @@ below ``state.last_seq`` was applied already (a redelivery) and changes nothing.
 
 from __future__ import annotations
 
-from typing import assert_never
+from collections.abc import Callable
+from typing import Any, assert_never
 
 from events.catalogue import (
     OBSERVATIONS,
@@ -36,18 +37,21 @@ from reducers import agents, deposits, geo, ledger, proxies, sources, trust
 from reducers.pool import BUCKET_MS, Composition
 from reducers.state import AgentRow, LeaseRow, ProxyRow, SourceRow, State
 
-__all__ = ["fold", "native_reconfirm", "skip"]
+__all__ = ["fold", "native_fastfold", "skip"]
 
 _OBSERVED = frozenset(OBSERVATIONS)
 
-# A known proxy confirmed again, most of the log, is folded by reducers/_reconfirm.c in
-# one call (in Python it was more than half of the fold's time); it answers False, having
-# changed nothing, for anything but that everyday case, and fold() below applies it.
+# The fold's two everyday events, a known proxy confirmed again (most of the log) and a
+# location (one per address), are folded by reducers/_fastfold.c in one call each (in
+# Python the first was more than half of the fold's time); it answers False, having
+# changed nothing, for anything but those everyday cases, and fold() below applies them.
+_FAST: dict[type, Callable[[State, Any, int, int], bool]] | None
 try:
-    from reducers import _reconfirm  # type: ignore[attr-defined, unused-ignore]
+    from reducers import _fastfold  # type: ignore[attr-defined, unused-ignore]
 
-    _reconfirm.configure(
+    _fastfold.configure(
         {
+            "located": Located,
             "event": ProxyWorked,
             "state": State,
             "settings": Settings,
@@ -56,6 +60,7 @@ try:
             "source": SourceRow,
             "lease": LeaseRow,
             "composition": Composition,
+            "places": geo.PLACES,
             "shared": proxies.SHARED,
             "derived": DERIVED_PREFIX,
             "tag": ProxyWorked.__name__,
@@ -64,14 +69,14 @@ try:
             "bucket_ms": BUCKET_MS,
         }
     )
-    _RECONFIRM = _reconfirm.reconfirm
+    _FAST = {ProxyWorked: _fastfold.reconfirm, Located: _fastfold.locate}
 except ImportError:  # no C compiler at install time: fold() does it all, slower
-    _RECONFIRM = None
+    _FAST = None
 
 
-def native_reconfirm() -> bool:
-    """Whether reducers/_reconfirm.c was built here (``ppf bench fold`` reports it)."""
-    return _RECONFIRM is not None
+def native_fastfold() -> bool:
+    """Whether reducers/_fastfold.c was built here (``ppf bench fold`` reports it)."""
+    return _FAST is not None
 
 
 def skip(state: State, seq: int, ts: int) -> None:
@@ -93,8 +98,10 @@ def _tick(state: State, ts: int) -> None:
 def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     """Apply one event; False when ``seq`` was already applied, or the event is an
     agent's re-send of one already folded (``seq`` is then passed, nothing changes)."""
-    if type(event) is ProxyWorked and _RECONFIRM is not None and _RECONFIRM(state, event, seq, ts):
-        return True
+    if _FAST is not None:
+        fast = _FAST.get(type(event))
+        if fast is not None and fast(state, event, seq, ts):
+            return True
     if seq <= state.last_seq:
         return False
     if ts >= state.sweep_bucket * proxies.SWEEP_MS + proxies.SWEEP_MS:

@@ -21,19 +21,19 @@ from events.catalogue import Located
 if TYPE_CHECKING:
     from reducers.state import ProxyRow, State
 
-__all__ = ["admitted", "evicted", "located"]
+__all__ = ["PLACES", "admitted", "evicted", "located"]
 
 Place = tuple[str, int, str, str]  # country, asn, as_org, data version
 
 # One tuple per distinct place, shared by every row there (a few thousand, not a million).
-_PLACES: dict[Place, Place] = {}
+PLACES: dict[Place, Place] = {}
 
 
 def _place(row: ProxyRow) -> Place | None:
     if not row.geo:
         return None
     place = (row.country, row.asn, row.as_org, row.geo)
-    return _PLACES.setdefault(place, place)
+    return PLACES.setdefault(place, place)
 
 
 def admitted(state: State, row: ProxyRow) -> None:
@@ -71,7 +71,7 @@ def located(state: State, event: Located) -> bool:
     if entry is None:
         return False
     place: Place = (event.country, event.asn, event.as_org, event.geo)
-    place = _PLACES.setdefault(place, place)
+    place = PLACES.setdefault(place, place)
     was, ports = entry
     if was is place:
         return True  # a re-sent lookup: the rows carry it already

@@ -1,6 +1,6 @@
-"""reducers/_reconfirm.c folds a known proxy confirmed again exactly as fold() does, and
-leaves everything else to fold(): generated logs, folded with and without it, build the
-same projections, derived state and dirty sets included."""
+"""reducers/_fastfold.c folds a known proxy confirmed again and a location exactly as
+fold() does, and leaves everything else to fold(): generated logs, folded with and
+without it, build the same projections, derived state and dirty sets included."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from events import (
     Event,
     Heartbeat,
     Leased,
+    Located,
     ProxyFailed,
     ProxyWorked,
     Released,
@@ -31,7 +32,7 @@ from reducers import State, fold
 
 _fold_module = sys.modules["reducers.fold"]
 native = pytest.mark.skipif(
-    not _fold_module.native_reconfirm(), reason="reducers/_reconfirm.c was not built (needs gcc)"
+    not _fold_module.native_fastfold(), reason="reducers/_fastfold.c was not built (needs gcc)"
 )
 
 T0 = 1_800_000_000_000
@@ -116,7 +117,22 @@ def _log(seed: int, n: int) -> Iterator[tuple[Event, int]]:
             )
         elif roll < 0.19 and leases:
             yield Heartbeat(id=eid(), agent=agent, at=0, leases=[rng.choice(leases).lease]), ts
-        elif roll < 0.32:
+        elif roll < 0.25:
+            p = rng.randrange(7)  # the seventh address never has a row
+            yield (
+                Located(
+                    id=eid(),
+                    agent="fold",
+                    at=0,
+                    ip=f"8.8.{p // 3}.{p % 3 + 1}",
+                    country=rng.choice(["DE", "FR"]),
+                    asn=rng.choice([0, 3320]),
+                    as_org=rng.choice(["", "DTAG"]),
+                    geo=rng.choice(["v1", "v2"]),
+                ),
+                ts,
+            )
+        elif roll < 0.36:
             p = rng.randrange(6)
             yield (
                 ProxyFailed(
@@ -139,7 +155,7 @@ def _log(seed: int, n: int) -> Iterator[tuple[Event, int]]:
                     agent=agent,
                     at=0,
                     ip=ip,
-                    port=8080,
+                    port=rng.choice([8080, 8080, 3128]),  # two rows on one address
                     proto=rng.choice(["http", "http", "http", "socks5"]),
                     latency_ms=rng.choice([-5, 0, 120, 70_000]),
                     exit_ip=rng.choice(["", ip, "9.9.9.9"]),
@@ -179,41 +195,51 @@ def _everything(state: State) -> tuple[Any, ...]:
 
 def _folded(events: list[tuple[Event, int]], with_c: bool) -> tuple[tuple[Any, ...], list[bool]]:
     state = State()
-    answers = []
-    saved = _fold_module._RECONFIRM
-    _fold_module._RECONFIRM = saved if with_c else None
+    answers: list[Any] = []
+    saved = _fold_module._FAST
+    _fold_module._FAST = saved if with_c else None
     try:
         for seq, (event, ts) in enumerate(events, 1):
             answers.append(fold(state, event, seq, ts))
+            if seq % 7 == 0:  # as a checkpoint does: what each one would write
+                answers.append(_everything(state))
+                state.clear_dirty()
     finally:
-        _fold_module._RECONFIRM = saved
+        _fold_module._FAST = saved
     return _everything(state), answers
 
 
 @native
 @settings(max_examples=120, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 400))
-def test_the_c_fold_of_a_confirmation_equals_folds(seed: int, n: int) -> None:
-    """Any log folded with reducers/_reconfirm.c builds what fold() alone builds, answer
+def test_the_c_fold_equals_folds(seed: int, n: int) -> None:
+    """Any log folded with reducers/_fastfold.c builds what fold() alone builds, answer
     for answer (the seed reproduces a failure)."""
     events = list(_log(seed, n))
     assert _folded(events, with_c=True) == _folded(events, with_c=False)
 
 
 @native
-def test_the_c_fold_takes_most_confirmations_and_leaves_the_rest() -> None:
-    """The generated logs reach both sides: confirmations the C folds and ones it leaves
-    to fold() (so the equality above compares the C's work, not fold()'s twice)."""
-    taken = left = 0
+def test_the_c_fold_takes_most_of_its_events_and_leaves_the_rest() -> None:
+    """The generated logs reach both sides: confirmations and locations the C folds and
+    ones it leaves to fold() (so the equality above compares the C's work, not fold()'s
+    twice)."""
+    fast = _fold_module._FAST
+    assert fast is not None
+    taken = {ProxyWorked: 0, Located: 0}
+    left = {ProxyWorked: 0, Located: 0}
     for seed in range(20):
         state = State()
         for seq, (event, ts) in enumerate(_log(seed, 300), 1):
-            if isinstance(event, ProxyWorked) and _fold_module._RECONFIRM(state, event, seq, ts):
-                taken += 1
+            kind = type(event)
+            if kind in taken and fast[kind](state, event, seq, ts):
+                taken[kind] += 1
             else:
                 fold(state, event, seq, ts)
-                left += isinstance(event, ProxyWorked)
-    assert taken > 1000 and left > 500, (taken, left)
+                if kind in left:
+                    left[kind] += 1
+    assert taken[ProxyWorked] > 500 and left[ProxyWorked] > 500, (taken, left)
+    assert taken[Located] > 200 and left[Located] > 0, (taken, left)  # left: a sweep due
 
 
 @native
@@ -234,7 +260,12 @@ def test_the_c_fold_changes_nothing_when_it_declines() -> None:
         proto="http",
         latency_ms=10,
     )
-    assert _fold_module._RECONFIRM(state, fresh, state.last_seq + 1, events[-1][1]) is False
+    fast = _fold_module._FAST
+    assert fast is not None
+    assert fast[ProxyWorked](state, fresh, state.last_seq + 1, events[-1][1]) is False
     known = next(e for e, _ in reversed(events) if isinstance(e, ProxyWorked))
-    assert _fold_module._RECONFIRM(state, known, state.last_seq, events[-1][1]) is False
+    assert fast[ProxyWorked](state, known, state.last_seq, events[-1][1]) is False
+    where = Located(id="ffffffff-0000-7000-8000-000000000001", agent="fold", at=0,
+                    ip=known.ip, country="SE", geo="v3")  # fmt: skip
+    assert fast[Located](state, where, state.last_seq, events[-1][1]) is False
     assert _everything(state) == before
