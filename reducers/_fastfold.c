@@ -13,7 +13,7 @@
  * logs both ways and compares every projection). It answers False, before it touches
  * anything, wherever the event is not the everyday re-confirmation: an unknown proxy
  * (admission of an address, geo), a sweep due, a re-send or a derived id, an unknown
- * agent, a proxy whose latest check failed, another protocol, a spot-check of trust
+ * agent, another protocol, a spot-check of trust
  * that counts, provenance full for a trusted agent, a lease that expired on the way,
  * or any value of an unexpected type. So its rules are a subset of fold()'s, never
  * rules of their own.
@@ -55,12 +55,13 @@ static const char *a_names[A_N] = {"name",         "last_seen",    "counts",
                                    "late",         "quota_minute", "quota_events",
                                    "quota_hour",   "quota_proxies", "quota_sources"};
 enum { P_IP, P_PROTO, P_LAST_SEEN, P_LAST_FAILED, P_FAIL, P_EMA, P_CONF, P_SAMPLES, P_EXIT_IP,
-       P_ANON, P_MITM, P_HTTPS, P_AGENTS, P_SOURCES, P_COUNTRY, P_ASN, P_AS_ORG, P_GEO, P_N };
+       P_ANON, P_MITM, P_HTTPS, P_AGENTS, P_SOURCES, P_COUNTRY, P_ASN, P_AS_ORG, P_GEO, P_FLAPS,
+       P_FAILED_BY, P_N };
 static const char *p_names[P_N] = {"ip",      "proto",     "last_seen", "last_failed",
                                    "fail_streak", "latency_ema", "confirmations", "samples",
                                    "exit_ip", "anonymity", "mitm",      "https",
                                    "agents",  "sources",   "country",   "asn",
-                                   "as_org",  "geo"};
+                                   "as_org",  "geo",       "flaps",     "failed_by"};
 enum { R_URL_ID, R_CUR_LEASE, R_CUR_WORKING, R_N };
 static const char *r_names[R_N] = {"url_id", "cur_lease", "cur_working"};
 enum { L_STATUS, L_LEASE, L_HOLDER, L_EXPIRES, L_TTL, L_TARGET, L_N };
@@ -70,7 +71,7 @@ static Py_ssize_t g_off[G_N], e_off[E_N], s_off[S_N], t_off[T_N], a_off[A_N], p_
     l_off[L_N], c_buckets;
 static PyTypeObject *t_located, *t_event, *t_state, *t_settings, *t_agent, *t_proxy, *t_source, *t_lease,
     *t_comp;
-static PyObject *places, *shared, *derived, *tag, *leased, *empty;
+static PyObject *places, *shared, *derived, *tag, *leased, *empty, *empty_tuple;
 static long long sweep_ms, bucket_ms;
 static int ready = 0;
 
@@ -286,7 +287,9 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *row = PyDict_GetItemWithError(proxies, key);
     if (row == NULL || Py_TYPE(row) != t_proxy) goto no; /* a new proxy: fold() admits it */
     long long fail, seen, failed_at, conf;
-    if (!ll(GET(row, p_off[P_FAIL]), &fail) || fail != 0) goto no; /* suspect: fold() revives it */
+    long long flaps = 0;
+    if (!ll(GET(row, p_off[P_FAIL]), &fail) || fail < 0) goto no;
+    if (fail && !ll(GET(row, p_off[P_FLAPS]), &flaps)) goto no; /* suspect: revived below */
     if (!ll(GET(row, p_off[P_LAST_SEEN]), &seen) || seen < 0) goto no;
     if (!ll(GET(row, p_off[P_LAST_FAILED]), &failed_at) || !ll(GET(row, p_off[P_CONF]), &conf)) goto no;
     PyObject *r_proto = GET(row, p_off[P_PROTO]), *r_ip = GET(row, p_off[P_IP]);
@@ -390,6 +393,23 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         long long nn;
         if (n == NULL || !ll(n, &nn)) goto no;
     }
+    PyObject *failing = NULL;
+    if (fail) { /* a suspect back: its count in state.failing must be there to leave */
+        PyObject *fc = GET(state, s_off[S_FAILING]);
+        failing = fc && Py_TYPE(fc) == t_comp ? GET(fc, c_buckets) : NULL;
+        if (failing == NULL || !PyDict_CheckExact(failing)) goto no;
+        PyObject *b = PyLong_FromLongLong(was_bucket);
+        if (b == NULL) goto no;
+        PyObject *cnt = PyDict_GetItemWithError(failing, b);
+        Py_DECREF(b);
+        if (cnt == NULL || !PyDict_CheckExact(cnt)) goto no;
+        PyObject *fkey = PyTuple_Pack(3, r_proto, r_anon, r_country);
+        if (fkey == NULL) goto no;
+        PyObject *n = PyDict_GetItemWithError(cnt, fkey);
+        Py_DECREF(fkey);
+        long long nn;
+        if (n == NULL || !ll(n, &nn)) goto no;
+    }
     PyObject *dirty_p = GET(state, s_off[S_DIRTY_PROXIES]), *dirty_s = GET(state, s_off[S_DIRTY_SOURCES]);
     PyObject *dirty_l = GET(state, s_off[S_DIRTY_LEASES]);
     if (dirty_p == NULL || !PySet_CheckExact(dirty_p) || dirty_s == NULL || !PySet_CheckExact(dirty_s) ||
@@ -421,11 +441,22 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (r < 0) goto fail;
 
     /* proxies.worked(), a known row */
+    if (fail) { /* suspect no more: out of the failing counts, as it was counted */
+        PyObject *fkey = PyTuple_Pack(3, r_proto, r_anon, r_country);
+        int ok = fkey != NULL && comp_remove(failing, was_bucket, fkey);
+        Py_XDECREF(fkey);
+        if (!ok) goto fail;
+    }
     PyObject *ema = PyFloat_FromDouble(alpha * (double)latency + (1.0 - alpha) * PyFloat_AS_DOUBLE(r_ema));
     if (ema == NULL) goto fail;
     put(row, p_off[P_EMA], ema);
     if (ts > seen && !put_ll(row, p_off[P_LAST_SEEN], ts)) goto fail;
     if (!put_ll(row, p_off[P_CONF], conf + 1)) goto fail;
+    if (fail) { /* back after failing */
+        Py_INCREF(empty_tuple);
+        if (!put_ll(row, p_off[P_FLAPS], flaps + 1) || !put_ll(row, p_off[P_FAIL], 0)) goto fail;
+        put(row, p_off[P_FAILED_BY], empty_tuple);
+    }
     {
         Py_ssize_t keep = (Py_ssize_t)(2 * samples_n), had = PyBytes_GET_SIZE(r_samples);
         unsigned int sample = latency < 65535 ? (unsigned int)latency : 65535u;
@@ -762,6 +793,7 @@ static PyObject *configure(PyObject *self, PyObject *spec) {
     Py_INCREF(tag);
     Py_INCREF(leased);
     if (empty == NULL && (empty = PyUnicode_FromString("")) == NULL) return NULL;
+    if (empty_tuple == NULL && (empty_tuple = PyTuple_New(0)) == NULL) return NULL;
     ready = 1;
     Py_RETURN_NONE;
 }
