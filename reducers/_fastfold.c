@@ -30,6 +30,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <arpa/inet.h>
 #include <string.h>
 #include <structmember.h>
 
@@ -46,9 +47,9 @@ static const char *s_names[S_N] = {
     "dirty_sources", "lease_owner", "leases", "dirty_leases", "by_ip", "unlocated", "failing"};
 enum { G_IP, G_COUNTRY, G_ASN, G_AS_ORG, G_GEO, G_N };
 static const char *g_names[G_N] = {"ip", "country", "asn", "as_org", "geo"};
-enum { T_SUBJECTS, T_TRUST, T_ALPHA, T_SAMPLES, T_CAP, T_SPOT, T_N };
-static const char *t_names[T_N] = {"agent_subjects",  "trust",          "ema_alpha",
-                                   "latency_samples", "provenance_cap", "spot_window_s"};
+enum { T_SUBJECTS, T_TRUST, T_ALPHA, T_SAMPLES, T_CAP, T_SPOT, T_LAB, T_N };
+static const char *t_names[T_N] = {"agent_subjects", "trust",          "ema_alpha",    "latency_samples",
+                                   "provenance_cap", "spot_window_s", "lab"};
 enum { A_NAME, A_LAST_SEEN, A_COUNTS, A_LATE, A_QMIN, A_QEVENTS, A_QHOUR, A_QPROXIES, A_QSOURCES,
        A_N };
 static const char *a_names[A_N] = {"name",         "last_seen",    "counts",
@@ -62,8 +63,8 @@ static const char *p_names[P_N] = {"ip",      "proto",     "last_seen", "last_fa
                                    "exit_ip", "anonymity", "mitm",      "https",
                                    "agents",  "sources",   "country",   "asn",
                                    "as_org",  "geo",       "flaps",     "failed_by"};
-enum { R_URL_ID, R_CUR_LEASE, R_CUR_WORKING, R_N };
-static const char *r_names[R_N] = {"url_id", "cur_lease", "cur_working"};
+enum { R_URL_ID, R_CUR_LEASE, R_CUR_WORKING, R_ADDED, R_N };
+static const char *r_names[R_N] = {"url_id", "cur_lease", "cur_working", "proxies_added"};
 enum { L_STATUS, L_LEASE, L_HOLDER, L_EXPIRES, L_TTL, L_TARGET, L_N };
 static const char *l_names[L_N] = {"status", "lease", "holder", "expires_at", "ttl_s", "target"};
 
@@ -71,7 +72,12 @@ static Py_ssize_t g_off[G_N], e_off[E_N], s_off[S_N], t_off[T_N], a_off[A_N], p_
     l_off[L_N], c_buckets;
 static PyTypeObject *t_located, *t_event, *t_state, *t_settings, *t_agent, *t_proxy, *t_source, *t_lease,
     *t_comp;
-static PyObject *places, *shared, *derived, *tag, *leased, *empty, *empty_tuple;
+static PyObject *places, *shared, *derived, *tag, *leased, *empty, *empty_tuple, *row_kwnames;
+/* events/address.py's ranges, as (network, mask) pairs: none may hold a public proxy,
+ * and a lab admits these of them. */
+#define MAX_RANGES 32
+static unsigned int blocked[MAX_RANGES][2], lab_ranges[MAX_RANGES][2];
+static int n_blocked, n_lab;
 static long long sweep_ms, bucket_ms;
 static int ready = 0;
 
@@ -202,6 +208,27 @@ static long long floordiv(long long a, long long b) {
     return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
 }
 
+static int within(unsigned int (*ranges)[2], int n, unsigned int v) {
+    for (int i = 0; i < n; i++)
+        if ((v & ranges[i][1]) == ranges[i][0]) return 1;
+    return 0;
+}
+
+/* events.address.proxy_address_ok for a dotted quad: 1 when it may be a public proxy
+ * (or a lab's), 0 when not, -1 where only the Python decides (not an ASCII dotted quad:
+ * IPv6, or text inet_pton would read differently from Python's). */
+static int address_ok(PyObject *ip, long long port, int lab) {
+    if (!(0 < port && port <= 65535)) return 0;
+    if (!PyUnicode_IS_ASCII(ip) || PyUnicode_GET_LENGTH(ip) > 15) return -1;
+    const char *text = (const char *)PyUnicode_1BYTE_DATA(ip);
+    if ((Py_ssize_t)strlen(text) != PyUnicode_GET_LENGTH(ip)) return -1; /* a NUL inside */
+    struct in_addr a;
+    if (inet_pton(AF_INET, text, &a) != 1) return -1;
+    unsigned int v = ntohl(a.s_addr);
+    if (!within(blocked, n_blocked, v)) return 1;
+    return lab && within(lab_ranges, n_lab, v);
+}
+
 static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
     if (nargs != 4) {
@@ -209,7 +236,7 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         return NULL;
     }
     PyObject *state = args[0], *e = args[1];
-    PyObject *key = NULL;
+    PyObject *key = NULL, *made = NULL; /* made: the row of a new proxy, not yet in the pool */
     long long seq, ts, last_seq, sweep;
     if (!ready || Py_TYPE(e) != t_event || Py_TYPE(state) != t_state) goto no;
     if (!ll(args[2], &seq) || !ll(args[3], &ts) || ts < 0) goto no;
@@ -227,6 +254,8 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     PyObject *subjects_o = GET(settings, t_off[T_SUBJECTS]), *trust_o = GET(settings, t_off[T_TRUST]);
     if (subjects_o == NULL || !PyBool_Check(subjects_o) || trust_o == NULL || !PyBool_Check(trust_o))
         goto no;
+    PyObject *lab_o = GET(settings, t_off[T_LAB]);
+    if (lab_o == NULL || !PyBool_Check(lab_o)) goto no;
     int subjects = subjects_o == Py_True, trust = trust_o == Py_True;
     double alpha = PyFloat_AS_DOUBLE(alpha_o);
 
@@ -265,7 +294,7 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if ((tag_was == NULL && PyErr_Occurred()) || (tag_was != NULL && !ll(tag_was, &tag_n))) goto no;
 
     int counted = 0, judge = 0;
-    long long q_min = 0, q_events = 0, q_hour = 0;
+    long long q_min = 0, q_events = 0, q_hour = 0, q_proxies = 0;
     if (trust) {
         PyObject *operators = GET(state, s_off[S_OPERATORS]), *judges = GET(state, s_off[S_JUDGES]);
         if (operators == NULL || !PyFrozenSet_CheckExact(operators) || judges == NULL ||
@@ -277,7 +306,8 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         counted = !op;
         if (counted && (!ll(GET(agent, a_off[A_QMIN]), &q_min) ||
                         !ll(GET(agent, a_off[A_QEVENTS]), &q_events) ||
-                        !ll(GET(agent, a_off[A_QHOUR]), &q_hour)))
+                        !ll(GET(agent, a_off[A_QHOUR]), &q_hour) ||
+                        !ll(GET(agent, a_off[A_QPROXIES]), &q_proxies)))
             goto no;
     }
 
@@ -285,7 +315,42 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (proxies == NULL || !PyDict_CheckExact(proxies)) goto no;
     if ((key = PyTuple_Pack(2, ip, port)) == NULL) goto no;
     PyObject *row = PyDict_GetItemWithError(proxies, key);
-    if (row == NULL || Py_TYPE(row) != t_proxy) goto no; /* a new proxy: fold() admits it */
+    if (row == NULL && PyErr_Occurred()) goto no;
+    int fresh = row == NULL;
+    PyObject *by_ip = NULL, *ip_entry = NULL, *ip_place = Py_None, *ip_ports = NULL, *unlocated = NULL;
+    if (fresh) { /* proxies.worked's new row, built here and put in the pool below */
+        long long p;
+        if (!ll(port, &p) || address_ok(ip, p, lab_o == Py_True) != 1) goto no; /* rejected: fold() */
+        by_ip = GET(state, s_off[S_BY_IP]);
+        unlocated = GET(state, s_off[S_UNLOCATED]);
+        if (by_ip == NULL || !PyDict_CheckExact(by_ip) || unlocated == NULL || !PySet_CheckExact(unlocated))
+            goto no;
+        ip_entry = PyDict_GetItemWithError(by_ip, ip); /* geo.admitted: other rows of its address */
+        if (ip_entry == NULL && PyErr_Occurred()) goto no;
+        if (ip_entry != NULL) {
+            if (!PyTuple_CheckExact(ip_entry) || PyTuple_GET_SIZE(ip_entry) != 2) goto no;
+            ip_place = PyTuple_GET_ITEM(ip_entry, 0);
+            ip_ports = PyTuple_GET_ITEM(ip_entry, 1);
+            if (!PyTuple_CheckExact(ip_ports)) goto no;
+            if (ip_place != Py_None &&
+                (!PyTuple_CheckExact(ip_place) || PyTuple_GET_SIZE(ip_place) != 4))
+                goto no;
+        }
+        PyObject *proto_s = shared_str(proto), *protos = PyTuple_Pack(1, proto_s);
+        PyObject *at = PyLong_FromLongLong(ts), *ema0 = PyFloat_FromDouble((double)latency);
+        if (proto_s && protos && at && ema0) {
+            PyObject *argv[7] = {ip, port, proto_s, protos, at, at, ema0};
+            made = PyObject_Vectorcall((PyObject *)t_proxy, argv, 0, row_kwnames);
+        }
+        Py_XDECREF(proto_s);
+        Py_XDECREF(protos);
+        Py_XDECREF(at);
+        Py_XDECREF(ema0);
+        if (made == NULL || Py_TYPE(made) != t_proxy) goto no;
+        row = made;
+    } else if (Py_TYPE(row) != t_proxy) {
+        goto no;
+    }
     long long fail, seen, failed_at, conf;
     long long flaps = 0;
     if (!ll(GET(row, p_off[P_FAIL]), &fail) || fail < 0) goto no;
@@ -331,6 +396,8 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int add_source = !has_source && PyUnicode_GET_LENGTH(credited) && PyTuple_GET_SIZE(r_sources) < cap;
     PyObject *cur_lease = NULL, *cur_working = NULL;
     int work = 0;
+    long long added = 0;
+    if (src != NULL && fresh && !ll(GET(src, r_off[R_ADDED]), &added)) goto no;
     if (src != NULL) {
         cur_lease = GET(src, r_off[R_CUR_LEASE]);
         cur_working = GET(src, r_off[R_CUR_WORKING]);
@@ -379,7 +446,7 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         anon_set = !same(anon, r_anon);
         if (PyErr_Occurred()) goto no;
     }
-    int moved = floordiv(now_seen, bucket_ms) != was_bucket || anon_set;
+    int moved = !fresh && (floordiv(now_seen, bucket_ms) != was_bucket || anon_set);
     if (moved) { /* the count it leaves must be there, as Composition.remove assumes */
         PyObject *b = PyLong_FromLongLong(was_bucket);
         if (b == NULL) goto no;
@@ -432,7 +499,7 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
                 !put_ll(agent, a_off[A_QSOURCES], 0))
                 goto fail;
         }
-        /* quota_proxies counts new proxies only: this one is known */
+        if (fresh && !put_ll(agent, a_off[A_QPROXIES], (q_hour != hour ? 0 : q_proxies) + 1)) goto fail;
     }
     PyObject *n_tag = PyLong_FromLongLong(tag_n + 1);
     if (n_tag == NULL) goto fail;
@@ -440,16 +507,37 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_DECREF(n_tag);
     if (r < 0) goto fail;
 
-    /* proxies.worked(), a known row */
+    /* proxies.worked() */
+    if (fresh) { /* into the pool, and filed under its address (geo.admitted) */
+        if (PyDict_SetItem(proxies, key, made) < 0) goto fail;
+        PyObject *ports = ip_ports ? appended(ip_ports, port) : PyTuple_Pack(1, port);
+        PyObject *entry = ports ? PyTuple_Pack(2, ip_place, ports) : NULL;
+        Py_XDECREF(ports);
+        int r2 = entry ? PyDict_SetItem(by_ip, ip, entry) : -1;
+        Py_XDECREF(entry);
+        if (r2 < 0) goto fail;
+        if (ip_entry == NULL) {
+            if (PySet_Add(unlocated, ip) < 0) goto fail;
+        } else if (ip_place != Py_None) { /* the address is located: the row takes it */
+            for (int i = 0; i < 4; i++) Py_INCREF(PyTuple_GET_ITEM(ip_place, i));
+            put(made, p_off[P_COUNTRY], PyTuple_GET_ITEM(ip_place, 0));
+            put(made, p_off[P_ASN], PyTuple_GET_ITEM(ip_place, 1));
+            put(made, p_off[P_AS_ORG], PyTuple_GET_ITEM(ip_place, 2));
+            put(made, p_off[P_GEO], PyTuple_GET_ITEM(ip_place, 3));
+            r_country = GET(made, p_off[P_COUNTRY]);
+        }
+    }
     if (fail) { /* suspect no more: out of the failing counts, as it was counted */
         PyObject *fkey = PyTuple_Pack(3, r_proto, r_anon, r_country);
         int ok = fkey != NULL && comp_remove(failing, was_bucket, fkey);
         Py_XDECREF(fkey);
         if (!ok) goto fail;
     }
-    PyObject *ema = PyFloat_FromDouble(alpha * (double)latency + (1.0 - alpha) * PyFloat_AS_DOUBLE(r_ema));
-    if (ema == NULL) goto fail;
-    put(row, p_off[P_EMA], ema);
+    if (!fresh) { /* a new row starts at its first latency, no average yet */
+        PyObject *ema = PyFloat_FromDouble(alpha * (double)latency + (1.0 - alpha) * PyFloat_AS_DOUBLE(r_ema));
+        if (ema == NULL) goto fail;
+        put(row, p_off[P_EMA], ema);
+    }
     if (ts > seen && !put_ll(row, p_off[P_LAST_SEEN], ts)) goto fail;
     if (!put_ll(row, p_off[P_CONF], conf + 1)) goto fail;
     if (fail) { /* back after failing */
@@ -499,6 +587,12 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
     }
     Py_DECREF(was_anon);
+    if (fresh) {
+        PyObject *new_key = PyTuple_Pack(3, r_proto, GET(row, p_off[P_ANON]), r_country);
+        int ok = new_key && comp_add(buckets, floordiv(now_seen, bucket_ms), new_key);
+        Py_XDECREF(new_key);
+        if (!ok) goto fail;
+    }
     if (add_agent) {
         PyObject *t = appended(r_agents, aname);
         if (t == NULL) goto fail;
@@ -512,6 +606,7 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (PySet_Add(dirty_p, key) < 0) goto fail;
 
     /* fold(): sources.credit, ledger.touch */
+    if (src != NULL && fresh && !put_ll(src, r_off[R_ADDED], added + 1)) goto fail;
     if (src != NULL) {
         if (work == 1) {
             PyObject *addr = address(ip, port);
@@ -540,14 +635,17 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     if (!put_ll(state, s_off[S_LAST_SEQ], seq)) goto fail;
     Py_DECREF(key);
+    Py_XDECREF(made); /* the pool holds it */
     Py_RETURN_TRUE;
 
 no:
     Py_XDECREF(key);
+    Py_XDECREF(made);
     if (PyErr_Occurred()) PyErr_Clear();
     Py_RETURN_FALSE;
 fail:
     Py_XDECREF(key);
+    Py_XDECREF(made);
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "reconfirm: half applied");
     return NULL;
 }
@@ -743,6 +841,25 @@ static int offsets(PyObject *type, const char **names, Py_ssize_t *out, int n) {
     return 1;
 }
 
+/* A tuple of (network, mask) int pairs. */
+static int ranges(PyObject *t, unsigned int (*out)[2], int *n) {
+    if (t == NULL || !PyTuple_Check(t) || PyTuple_GET_SIZE(t) > MAX_RANGES) {
+        PyErr_SetString(PyExc_TypeError, "configure: ranges must be a tuple of (network, mask)");
+        return 0;
+    }
+    *n = (int)PyTuple_GET_SIZE(t);
+    for (int i = 0; i < *n; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(t, i);
+        if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) return 0;
+        unsigned long net = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(pair, 0));
+        unsigned long mask = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(pair, 1));
+        if (PyErr_Occurred()) return 0;
+        out[i][0] = (unsigned int)net;
+        out[i][1] = (unsigned int)mask;
+    }
+    return 1;
+}
+
 static PyTypeObject *type_of(PyObject *spec, const char *k) {
     PyObject *t = PyDict_GetItemString(spec, k);
     if (t == NULL || !PyType_Check(t)) {
@@ -794,6 +911,13 @@ static PyObject *configure(PyObject *self, PyObject *spec) {
     Py_INCREF(leased);
     if (empty == NULL && (empty = PyUnicode_FromString("")) == NULL) return NULL;
     if (empty_tuple == NULL && (empty_tuple = PyTuple_New(0)) == NULL) return NULL;
+    if (row_kwnames == NULL &&
+        (row_kwnames = Py_BuildValue("(sssssss)", "ip", "port", "proto", "protos", "first_seen",
+                                     "last_seen", "latency_ema")) == NULL)
+        return NULL;
+    if (!ranges(PyDict_GetItemString(spec, "blocked"), blocked, &n_blocked) ||
+        !ranges(PyDict_GetItemString(spec, "lab_ranges"), lab_ranges, &n_lab))
+        return NULL;
     ready = 1;
     Py_RETURN_NONE;
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, assert_never
 
+from events.address import LAB_V4_MASKS, NOT_PUBLIC_V4_MASKS
 from events.catalogue import (
     OBSERVATIONS,
     AgentEnrolled,
@@ -41,10 +42,10 @@ __all__ = ["fold", "native_fastfold", "skip"]
 
 _OBSERVED = frozenset(OBSERVATIONS)
 
-# The fold's two everyday events, a known proxy confirmed again (most of the log) and a
-# location (one per address), are folded by reducers/_fastfold.c in one call each (in
-# Python the first was more than half of the fold's time); it answers False, having
-# changed nothing, for anything but those everyday cases, and fold() below applies them.
+# The fold's two everyday events, a proxy confirmed (most of the log) and a location (one
+# per address), are folded by reducers/_fastfold.c in one call each (in Python the first
+# was more than half of the fold's time); it answers False, having changed nothing, for
+# anything but those everyday cases, and fold() below applies them.
 _FAST: dict[type, Callable[[State, Any, int, int], bool]] | None
 try:
     from reducers import _fastfold  # type: ignore[attr-defined, unused-ignore]
@@ -61,6 +62,8 @@ try:
             "lease": LeaseRow,
             "composition": Composition,
             "places": geo.PLACES,
+            "blocked": NOT_PUBLIC_V4_MASKS,
+            "lab_ranges": LAB_V4_MASKS,
             "shared": proxies.SHARED,
             "derived": DERIVED_PREFIX,
             "tag": ProxyWorked.__name__,
