@@ -208,6 +208,119 @@ static long long floordiv(long long a, long long b) {
     return (a % b != 0 && (a < 0) != (b < 0)) ? q - 1 : q;
 }
 
+/* What fold() does for every observation before its own reducer: the agent's high-water
+ * mark (a re-send is fold()'s), its last_seen, its quotas (trust.count), its counts. */
+typedef struct {
+    PyObject *high_water, *eid, *name, *tag, *agent, *aname, *counts;
+    int subjects, counted, judge;
+    long long a_seen, a_late, tag_n, q_min, q_events, q_hour, q_proxies;
+} Prelude;
+
+static int prelude(Prelude *p, PyObject *state, PyObject *eid, PyObject *name, PyObject *tag,
+                   int subjects, int trust) {
+    p->eid = eid, p->name = name, p->tag = tag, p->subjects = subjects;
+    p->counted = p->judge = 0;
+    p->q_min = p->q_events = p->q_hour = p->q_proxies = p->tag_n = 0;
+    p->high_water = GET(state, s_off[S_HIGH_WATER]);
+    if (subjects) {
+        if (p->high_water == NULL || !PyDict_CheckExact(p->high_water)) return 0;
+        int derived_id = PyUnicode_Tailmatch(eid, derived, 0, PyUnicode_GET_LENGTH(derived), -1);
+        if (derived_id != 0) return 0; /* 1: kept once by its fixed id instead; -1: error */
+        PyObject *mark = PyDict_GetItemWithError(p->high_water, name);
+        if (mark == NULL && PyErr_Occurred()) return 0;
+        if (PyUnicode_Compare(eid, mark ? mark : empty) <= 0) return 0; /* a re-send */
+        if (PyErr_Occurred()) return 0;
+    }
+    PyObject *agents = GET(state, s_off[S_AGENTS]);
+    p->agent = agents && PyDict_CheckExact(agents) ? PyDict_GetItemWithError(agents, name) : NULL;
+    if (p->agent == NULL || Py_TYPE(p->agent) != t_agent) return 0;
+    p->aname = GET(p->agent, a_off[A_NAME]);
+    p->counts = GET(p->agent, a_off[A_COUNTS]);
+    if (!is_str(p->aname) || p->counts == NULL || !PyDict_CheckExact(p->counts)) return 0;
+    if (!ll(GET(p->agent, a_off[A_LAST_SEEN]), &p->a_seen) || !ll(GET(p->agent, a_off[A_LATE]), &p->a_late))
+        return 0;
+    PyObject *tag_was = PyDict_GetItemWithError(p->counts, tag);
+    if ((tag_was == NULL && PyErr_Occurred()) || (tag_was != NULL && !ll(tag_was, &p->tag_n))) return 0;
+    if (trust) {
+        PyObject *operators = GET(state, s_off[S_OPERATORS]), *judges = GET(state, s_off[S_JUDGES]);
+        if (operators == NULL || !PyFrozenSet_CheckExact(operators) || judges == NULL ||
+            !PyFrozenSet_CheckExact(judges))
+            return 0;
+        int op = PySet_Contains(operators, p->aname);
+        p->judge = PySet_Contains(judges, p->aname);
+        if (op < 0 || p->judge < 0) return 0;
+        p->counted = !op;
+        if (p->counted && (!ll(GET(p->agent, a_off[A_QMIN]), &p->q_min) ||
+                           !ll(GET(p->agent, a_off[A_QEVENTS]), &p->q_events) ||
+                           !ll(GET(p->agent, a_off[A_QHOUR]), &p->q_hour) ||
+                           !ll(GET(p->agent, a_off[A_QPROXIES]), &p->q_proxies)))
+            return 0;
+    }
+    return 1;
+}
+
+static int prelude_apply(Prelude *p, long long ts) {
+    PyObject *agent = p->agent;
+    if (p->subjects && PyDict_SetItem(p->high_water, p->name, p->eid) < 0) return 0;
+    if (ts > p->a_seen && !put_ll(agent, a_off[A_LAST_SEEN], ts)) return 0;
+    if (p->counted) {
+        long long minute = ts / 60000, hour = ts / 3600000;
+        long long events = p->q_min != minute ? 0 : p->q_events;
+        if (p->q_min != minute && !put_ll(agent, a_off[A_QMIN], minute)) return 0;
+        if (!put_ll(agent, a_off[A_QEVENTS], events + 1)) return 0;
+        if (p->q_hour != hour &&
+            (!put_ll(agent, a_off[A_QHOUR], hour) || !put_ll(agent, a_off[A_QPROXIES], 0) ||
+             !put_ll(agent, a_off[A_QSOURCES], 0)))
+            return 0;
+    }
+    PyObject *n_tag = PyLong_FromLongLong(p->tag_n + 1);
+    if (n_tag == NULL) return 0;
+    int r = PyDict_SetItem(p->counts, p->tag, n_tag);
+    Py_DECREF(n_tag);
+    return r == 0;
+}
+
+/* ledger.touch of the lease an event names (none: ""), checked, then applied. */
+typedef struct {
+    PyObject *lease, *lrow, *dirty;
+    int touched;
+    long long ttl;
+} Touch;
+
+static int touch_check(Touch *t, PyObject *state, PyObject *lease, PyObject *name, long long ts) {
+    t->lease = lease, t->lrow = NULL, t->touched = 0, t->ttl = 0;
+    t->dirty = GET(state, s_off[S_DIRTY_LEASES]);
+    if (!PyUnicode_GET_LENGTH(lease)) return 1;
+    if (t->dirty == NULL || !PySet_CheckExact(t->dirty)) return 0;
+    PyObject *owner = GET(state, s_off[S_LEASE_OWNER]), *leases = GET(state, s_off[S_LEASES]);
+    if (owner == NULL || !PyDict_CheckExact(owner) || leases == NULL || !PyDict_CheckExact(leases)) return 0;
+    PyObject *target = PyDict_GetItemWithError(owner, lease);
+    if (target == NULL) return !PyErr_Occurred(); /* no lease of that id: a late event */
+    PyObject *lrow = t->lrow = PyDict_GetItemWithError(leases, target);
+    if (lrow == NULL || Py_TYPE(lrow) != t_lease) return 0;
+    PyObject *status = GET(lrow, l_off[L_STATUS]), *l_lease = GET(lrow, l_off[L_LEASE]);
+    PyObject *holder = GET(lrow, l_off[L_HOLDER]);
+    long long expires;
+    if (!is_str(status) || !is_str(l_lease) || !is_str(holder) ||
+        !ll(GET(lrow, l_off[L_EXPIRES]), &expires) || !ll(GET(lrow, l_off[L_TTL]), &t->ttl) ||
+        !is_str(GET(lrow, l_off[L_TARGET])))
+        return 0;
+    int live = same(status, leased);
+    if (live < 0 || (live && ts > expires)) return 0; /* expired on the way: ledger._expire */
+    int mine = live ? same(l_lease, lease) : 0;
+    int held = mine == 1 ? same(holder, name) : 0;
+    if (mine < 0 || held < 0) return 0;
+    t->touched = held;
+    return 1;
+}
+
+static int touch_apply(Touch *t, Prelude *p, long long ts) {
+    if (!PyUnicode_GET_LENGTH(t->lease)) return 1;
+    if (!t->touched) return put_ll(p->agent, a_off[A_LATE], p->a_late + 1); /* a lost lease */
+    if (!put_ll(t->lrow, l_off[L_EXPIRES], ts + t->ttl * 1000)) return 0;
+    return PySet_Add(t->dirty, GET(t->lrow, l_off[L_TARGET])) == 0;
+}
+
 static int within(unsigned int (*ranges)[2], int n, unsigned int v) {
     for (int i = 0; i < n; i++)
         if ((v & ranges[i][1]) == ranges[i][0]) return 1;
@@ -272,45 +385,11 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         goto no;
     if (latency < 0) latency = 0;
 
-    PyObject *high_water = GET(state, s_off[S_HIGH_WATER]);
-    if (subjects) {
-        if (high_water == NULL || !PyDict_CheckExact(high_water)) goto no;
-        int derived_id = PyUnicode_Tailmatch(eid, derived, 0, PyUnicode_GET_LENGTH(derived), -1);
-        if (derived_id != 0) goto no; /* 1: kept once by its fixed id instead; -1: error */
-        PyObject *mark = PyDict_GetItemWithError(high_water, name);
-        if (mark == NULL && PyErr_Occurred()) goto no;
-        if (PyUnicode_Compare(eid, mark ? mark : empty) <= 0) goto no; /* a re-send */
-        if (PyErr_Occurred()) goto no;
-    }
-    PyObject *agents = GET(state, s_off[S_AGENTS]);
-    PyObject *agent = agents && PyDict_CheckExact(agents) ? PyDict_GetItemWithError(agents, name) : NULL;
-    if (agent == NULL || Py_TYPE(agent) != t_agent) goto no;
-    PyObject *aname = GET(agent, a_off[A_NAME]), *counts = GET(agent, a_off[A_COUNTS]);
-    long long a_seen, a_late;
-    if (!is_str(aname) || counts == NULL || !PyDict_CheckExact(counts)) goto no;
-    if (!ll(GET(agent, a_off[A_LAST_SEEN]), &a_seen) || !ll(GET(agent, a_off[A_LATE]), &a_late)) goto no;
-    long long tag_n = 0;
-    PyObject *tag_was = PyDict_GetItemWithError(counts, tag);
-    if ((tag_was == NULL && PyErr_Occurred()) || (tag_was != NULL && !ll(tag_was, &tag_n))) goto no;
-
-    int counted = 0, judge = 0;
-    long long q_min = 0, q_events = 0, q_hour = 0, q_proxies = 0;
-    if (trust) {
-        PyObject *operators = GET(state, s_off[S_OPERATORS]), *judges = GET(state, s_off[S_JUDGES]);
-        if (operators == NULL || !PyFrozenSet_CheckExact(operators) || judges == NULL ||
-            !PyFrozenSet_CheckExact(judges))
-            goto no;
-        int op = PySet_Contains(operators, aname);
-        judge = PySet_Contains(judges, aname);
-        if (op < 0 || judge < 0) goto no;
-        counted = !op;
-        if (counted && (!ll(GET(agent, a_off[A_QMIN]), &q_min) ||
-                        !ll(GET(agent, a_off[A_QEVENTS]), &q_events) ||
-                        !ll(GET(agent, a_off[A_QHOUR]), &q_hour) ||
-                        !ll(GET(agent, a_off[A_QPROXIES]), &q_proxies)))
-            goto no;
-    }
-
+    Prelude pre;
+    if (!prelude(&pre, state, eid, name, tag, subjects, trust)) goto no;
+    PyObject *agent = pre.agent, *aname = pre.aname;
+    int judge = pre.judge, counted = pre.counted;
+    long long q_hour = pre.q_hour, q_proxies = pre.q_proxies;
     PyObject *proxies = GET(state, s_off[S_PROXIES]);
     if (proxies == NULL || !PyDict_CheckExact(proxies)) goto no;
     if ((key = PyTuple_Pack(2, ip, port)) == NULL) goto no;
@@ -408,34 +487,8 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
     }
 
-    PyObject *lrow = NULL;
-    int touched = 0;
-    long long ttl = 0;
-    if (PyUnicode_GET_LENGTH(lease)) {
-        PyObject *owner = GET(state, s_off[S_LEASE_OWNER]), *leases = GET(state, s_off[S_LEASES]);
-        if (owner == NULL || !PyDict_CheckExact(owner) || leases == NULL || !PyDict_CheckExact(leases))
-            goto no;
-        PyObject *target = PyDict_GetItemWithError(owner, lease);
-        if (target == NULL && PyErr_Occurred()) goto no;
-        if (target != NULL) {
-            lrow = PyDict_GetItemWithError(leases, target);
-            if (lrow == NULL || Py_TYPE(lrow) != t_lease) goto no;
-            PyObject *status = GET(lrow, l_off[L_STATUS]), *l_lease = GET(lrow, l_off[L_LEASE]);
-            PyObject *holder = GET(lrow, l_off[L_HOLDER]);
-            long long expires;
-            if (!is_str(status) || !is_str(l_lease) || !is_str(holder) ||
-                !ll(GET(lrow, l_off[L_EXPIRES]), &expires) || !ll(GET(lrow, l_off[L_TTL]), &ttl) ||
-                !is_str(GET(lrow, l_off[L_TARGET])))
-                goto no;
-            int live = same(status, leased);
-            if (live < 0 || (live && ts > expires)) goto no; /* expired on the way: ledger._expire */
-            int mine = live ? same(l_lease, lease) : 0;
-            int held = mine == 1 ? same(holder, name) : 0;
-            if (mine < 0 || held < 0) goto no;
-            touched = held;
-        }
-    }
-
+    Touch touch;
+    if (!touch_check(&touch, state, lease, name, ts)) goto no;
     PyObject *comp = GET(state, s_off[S_COMPOSITION]);
     PyObject *buckets = comp && Py_TYPE(comp) == t_comp ? GET(comp, c_buckets) : NULL;
     if (buckets == NULL || !PyDict_CheckExact(buckets)) goto no;
@@ -478,35 +531,13 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (n == NULL || !ll(n, &nn)) goto no;
     }
     PyObject *dirty_p = GET(state, s_off[S_DIRTY_PROXIES]), *dirty_s = GET(state, s_off[S_DIRTY_SOURCES]);
-    PyObject *dirty_l = GET(state, s_off[S_DIRTY_LEASES]);
-    if (dirty_p == NULL || !PySet_CheckExact(dirty_p) || dirty_s == NULL || !PySet_CheckExact(dirty_s) ||
-        dirty_l == NULL || !PySet_CheckExact(dirty_l))
+    if (dirty_p == NULL || !PySet_CheckExact(dirty_p) || dirty_s == NULL || !PySet_CheckExact(dirty_s))
         goto no;
 
     /* ---- Apply, in fold()'s order. Only memory can fail from here on. ---- */
-    /* fold(): the agent's high-water mark, last_seen, quotas (trust.count), counts */
-    if (subjects && PyDict_SetItem(high_water, name, eid) < 0) goto fail;
-    if (ts > a_seen && !put_ll(agent, a_off[A_LAST_SEEN], ts)) goto fail;
-    if (counted) {
-        long long minute = ts / 60000, hour = ts / 3600000;
-        if (q_min != minute) {
-            if (!put_ll(agent, a_off[A_QMIN], minute)) goto fail;
-            q_events = 0;
-        }
-        if (!put_ll(agent, a_off[A_QEVENTS], q_events + 1)) goto fail;
-        if (q_hour != hour) {
-            if (!put_ll(agent, a_off[A_QHOUR], hour) || !put_ll(agent, a_off[A_QPROXIES], 0) ||
-                !put_ll(agent, a_off[A_QSOURCES], 0))
-                goto fail;
-        }
-        if (fresh && !put_ll(agent, a_off[A_QPROXIES], (q_hour != hour ? 0 : q_proxies) + 1)) goto fail;
-    }
-    PyObject *n_tag = PyLong_FromLongLong(tag_n + 1);
-    if (n_tag == NULL) goto fail;
-    int r = PyDict_SetItem(counts, tag, n_tag);
-    Py_DECREF(n_tag);
-    if (r < 0) goto fail;
-
+    if (!prelude_apply(&pre, ts)) goto fail;
+    if (counted && fresh && !put_ll(agent, a_off[A_QPROXIES], (q_hour != ts / 3600000 ? 0 : q_proxies) + 1))
+        goto fail; /* trust.count: a new proxy */
     /* proxies.worked() */
     if (fresh) { /* into the pool, and filed under its address (geo.admitted) */
         if (PyDict_SetItem(proxies, key, made) < 0) goto fail;
@@ -625,14 +656,7 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         }
         if (PySet_Add(dirty_s, credited) < 0) goto fail;
     }
-    if (PyUnicode_GET_LENGTH(lease)) {
-        if (touched) {
-            if (!put_ll(lrow, l_off[L_EXPIRES], ts + ttl * 1000)) goto fail;
-            if (PySet_Add(dirty_l, GET(lrow, l_off[L_TARGET])) < 0) goto fail;
-        } else if (!put_ll(agent, a_off[A_LATE], a_late + 1)) {
-            goto fail;
-        }
-    }
+    if (!touch_apply(&touch, &pre, ts)) goto fail;
     if (!put_ll(state, s_off[S_LAST_SEQ], seq)) goto fail;
     Py_DECREF(key);
     Py_XDECREF(made); /* the pool holds it */
