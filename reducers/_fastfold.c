@@ -1,4 +1,4 @@
-/* The fold's two everyday events in C: a known proxy confirmed again, and a location.
+/* The fold's everyday events in C: a proxy confirmed, a failed recheck, a location.
  *
  * Why C: two thirds of the log are ProxyWorked, and most of them confirm a proxy the
  * pool knows already. In Python that confirmation walks reducers/fold.py, proxies.worked,
@@ -17,6 +17,11 @@
  * that counts, provenance full for a trusted agent, a lease that expired on the way,
  * or any value of an unexpected type. So its rules are a subset of fold()'s, never
  * rules of their own.
+ *
+ *   refail(state, event, seq, ts) -> bool
+ *
+ * is fold() of a ProxyFailed of a known proxy (proxies.failed), with the same contract;
+ * a spot-check of an untested agent's report (trust.checked) it leaves to fold().
  *
  *   locate(state, event, seq, ts) -> bool
  *
@@ -40,11 +45,13 @@ static const char *e_names[E_N] = {"id",      "agent",     "ip",   "port",  "pro
                                    "exit_ip", "anonymity", "mitm", "https", "source", "lease"};
 enum { S_LAST_SEQ, S_SWEEP, S_SETTINGS, S_HIGH_WATER, S_AGENTS, S_OPERATORS, S_JUDGES, S_TRUSTED,
        S_PROXIES, S_SOURCES, S_COMPOSITION, S_DIRTY_PROXIES, S_DIRTY_SOURCES, S_LEASE_OWNER,
-       S_LEASES, S_DIRTY_LEASES, S_BY_IP, S_UNLOCATED, S_FAILING, S_N };
+       S_LEASES, S_DIRTY_LEASES, S_BY_IP, S_UNLOCATED, S_FAILING, S_TRUST_BASE, S_N };
 static const char *s_names[S_N] = {
     "last_seq", "sweep_bucket", "settings", "high_water",  "agents",        "operators",
     "judges",   "trusted",      "proxies",  "sources",     "composition",   "dirty_proxies",
-    "dirty_sources", "lease_owner", "leases", "dirty_leases", "by_ip", "unlocated", "failing"};
+    "dirty_sources", "lease_owner", "leases", "dirty_leases", "by_ip", "unlocated", "failing", "trust_base"};
+enum { F_ID, F_AGENT, F_IP, F_PORT, F_LEASE, F_N };
+static const char *f_names[F_N] = {"id", "agent", "ip", "port", "lease"};
 enum { G_IP, G_COUNTRY, G_ASN, G_AS_ORG, G_GEO, G_N };
 static const char *g_names[G_N] = {"ip", "country", "asn", "as_org", "geo"};
 enum { T_SUBJECTS, T_TRUST, T_ALPHA, T_SAMPLES, T_CAP, T_SPOT, T_LAB, T_N };
@@ -68,11 +75,11 @@ static const char *r_names[R_N] = {"url_id", "cur_lease", "cur_working", "proxie
 enum { L_STATUS, L_LEASE, L_HOLDER, L_EXPIRES, L_TTL, L_TARGET, L_N };
 static const char *l_names[L_N] = {"status", "lease", "holder", "expires_at", "ttl_s", "target"};
 
-static Py_ssize_t g_off[G_N], e_off[E_N], s_off[S_N], t_off[T_N], a_off[A_N], p_off[P_N], r_off[R_N],
+static Py_ssize_t f_off[F_N], g_off[G_N], e_off[E_N], s_off[S_N], t_off[T_N], a_off[A_N], p_off[P_N], r_off[R_N],
     l_off[L_N], c_buckets;
-static PyTypeObject *t_located, *t_event, *t_state, *t_settings, *t_agent, *t_proxy, *t_source, *t_lease,
+static PyTypeObject *t_failed, *t_located, *t_event, *t_state, *t_settings, *t_agent, *t_proxy, *t_source, *t_lease,
     *t_comp;
-static PyObject *places, *shared, *derived, *tag, *leased, *empty, *empty_tuple, *row_kwnames;
+static PyObject *places, *shared, *derived, *tag, *tag_failed, *leased, *empty, *empty_tuple, *row_kwnames;
 /* events/address.py's ranges, as (network, mask) pairs: none may hold a public proxy,
  * and a lab admits these of them. */
 #define MAX_RANGES 32
@@ -674,6 +681,137 @@ fail:
     return NULL;
 }
 
+#define VANTAGES 4 /* agents kept in a failing proxy's failed_by (proxies._VANTAGES) */
+#define BASE_HALVES_AT 10000 /* trust._BASE_HALVES_AT */
+
+/* fold() of a ProxyFailed: a known proxy's failed recheck (proxies.failed, with the
+ * baseline check of trust.checked), under the contract of reconfirm. */
+static PyObject *refail(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "refail(state, event, seq, ts)");
+        return NULL;
+    }
+    PyObject *state = args[0], *e = args[1], *key = NULL;
+    long long seq, ts, last_seq, sweep, spot_s;
+    if (!ready || Py_TYPE(e) != t_failed || Py_TYPE(state) != t_state) goto no;
+    if (!ll(args[2], &seq) || !ll(args[3], &ts) || ts < 0) goto no;
+    if (!ll(GET(state, s_off[S_LAST_SEQ]), &last_seq) || seq <= last_seq) goto no;
+    if (!ll(GET(state, s_off[S_SWEEP]), &sweep) || ts >= sweep * sweep_ms + sweep_ms) goto no;
+    PyObject *settings = GET(state, s_off[S_SETTINGS]);
+    if (settings == NULL || Py_TYPE(settings) != t_settings) goto no;
+    PyObject *subjects_o = GET(settings, t_off[T_SUBJECTS]), *trust_o = GET(settings, t_off[T_TRUST]);
+    if (subjects_o == NULL || !PyBool_Check(subjects_o) || trust_o == NULL || !PyBool_Check(trust_o) ||
+        !ll(GET(settings, t_off[T_SPOT]), &spot_s))
+        goto no;
+    int trust = trust_o == Py_True;
+    PyObject *eid = GET(e, f_off[F_ID]), *name = GET(e, f_off[F_AGENT]), *ip = GET(e, f_off[F_IP]);
+    PyObject *port = GET(e, f_off[F_PORT]), *lease = GET(e, f_off[F_LEASE]);
+    if (!is_str(eid) || !is_str(name) || !is_str(ip) || !is_str(lease) || port == NULL ||
+        !PyLong_CheckExact(port))
+        goto no;
+    Prelude pre;
+    if (!prelude(&pre, state, eid, name, tag_failed, subjects_o == Py_True, trust)) goto no;
+    Touch touch;
+    if (!touch_check(&touch, state, lease, name, ts)) goto no;
+
+    PyObject *proxies = GET(state, s_off[S_PROXIES]), *dirty = GET(state, s_off[S_DIRTY_PROXIES]);
+    if (proxies == NULL || !PyDict_CheckExact(proxies) || dirty == NULL || !PySet_CheckExact(dirty)) goto no;
+    if ((key = PyTuple_Pack(2, ip, port)) == NULL) goto no;
+    PyObject *row = PyDict_GetItemWithError(proxies, key);
+    if (row == NULL || Py_TYPE(row) != t_proxy) goto no; /* unknown: fold() counts it rejected */
+    long long fail, seen, failed_at;
+    PyObject *r_agents = GET(row, p_off[P_AGENTS]), *failed_by = GET(row, p_off[P_FAILED_BY]);
+    if (!ll(GET(row, p_off[P_FAIL]), &fail) || fail < 0 || !ll(GET(row, p_off[P_LAST_SEEN]), &seen) ||
+        seen < 0 || !ll(GET(row, p_off[P_LAST_FAILED]), &failed_at) || r_agents == NULL ||
+        !PyTuple_CheckExact(r_agents) || failed_by == NULL || !PyTuple_CheckExact(failed_by) ||
+        !is_str(GET(row, p_off[P_PROTO])) || !is_str(GET(row, p_off[P_ANON])) ||
+        !is_str(GET(row, p_off[P_COUNTRY])))
+        goto no;
+
+    int baseline = 0, counts_on_row = 1;
+    PyObject *base = NULL;
+    long long checks = 0, failed = 0;
+    if (trust) {
+        if (pre.judge && !(seen <= failed_at || ts - seen > spot_s * 1000) && PyTuple_GET_SIZE(r_agents)) {
+            /* trust.checked: a baseline check where an operator's agent confirmed it, else a
+             * spot-check of the others (fold() weighs those) */
+            PyObject *operators = GET(state, s_off[S_OPERATORS]);
+            for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(r_agents) && !baseline; i++) {
+                int in = PySet_Contains(operators, PyTuple_GET_ITEM(r_agents, i));
+                if (in < 0) goto no;
+                baseline = in;
+            }
+            if (!baseline) goto no;
+            base = GET(state, s_off[S_TRUST_BASE]);
+            if (base == NULL || !PyList_CheckExact(base) || PyList_GET_SIZE(base) != 2 ||
+                !ll(PyList_GET_ITEM(base, 0), &checks) || !ll(PyList_GET_ITEM(base, 1), &failed))
+                goto no;
+        }
+        PyObject *trusted = GET(state, s_off[S_TRUSTED]);
+        if (trusted == NULL || !PyFrozenSet_CheckExact(trusted)) goto no;
+        int t = PySet_Contains(trusted, pre.aname);
+        if (t < 0) goto no;
+        counts_on_row = t; /* an agent nobody vouches for makes no proxy suspect */
+    }
+    PyObject *counts = NULL;
+    if (counts_on_row && !fail) { /* state.failing.add: the bucket it joins */
+        PyObject *fc = GET(state, s_off[S_FAILING]);
+        counts = fc && Py_TYPE(fc) == t_comp ? GET(fc, c_buckets) : NULL;
+        if (counts == NULL || !PyDict_CheckExact(counts)) goto no;
+    }
+    int add_by = counts_on_row && PyUnicode_GET_LENGTH(pre.aname) && PyTuple_GET_SIZE(failed_by) < VANTAGES;
+    if (add_by) {
+        int has = PySequence_Contains(failed_by, pre.aname);
+        if (has < 0) goto no;
+        add_by = !has;
+    }
+
+    /* ---- Apply, in fold()'s order. ---- */
+    if (!prelude_apply(&pre, ts)) goto fail;
+    if (baseline) {
+        checks += 1, failed += 1;
+        if (checks >= BASE_HALVES_AT) checks /= 2, failed /= 2;
+        PyObject *c = PyLong_FromLongLong(checks), *f = PyLong_FromLongLong(failed);
+        if (c == NULL || f == NULL) {
+            Py_XDECREF(c);
+            Py_XDECREF(f);
+            goto fail;
+        }
+        PyList_SetItem(base, 0, c); /* steals, drops the old */
+        PyList_SetItem(base, 1, f);
+    }
+    if (counts_on_row) {
+        if (counts != NULL) {
+            PyObject *k = PyTuple_Pack(3, GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]),
+                                       GET(row, p_off[P_COUNTRY]));
+            int ok = k && comp_add(counts, floordiv(seen, bucket_ms), k);
+            Py_XDECREF(k);
+            if (!ok) goto fail;
+        }
+        if (!put_ll(row, p_off[P_FAIL], fail + 1)) goto fail;
+        if (ts > failed_at && !put_ll(row, p_off[P_LAST_FAILED], ts)) goto fail;
+        if (add_by) {
+            PyObject *t = appended(failed_by, pre.aname);
+            if (t == NULL) goto fail;
+            put(row, p_off[P_FAILED_BY], t);
+        }
+        if (PySet_Add(dirty, key) < 0) goto fail;
+    }
+    if (!touch_apply(&touch, &pre, ts)) goto fail;
+    if (!put_ll(state, s_off[S_LAST_SEQ], seq)) goto fail;
+    Py_DECREF(key);
+    Py_RETURN_TRUE;
+no:
+    Py_XDECREF(key);
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_RETURN_FALSE;
+fail:
+    Py_XDECREF(key);
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "refail: half applied");
+    return NULL;
+}
+
 /* The bucket's counts of ``row`` (Composition.moved's lookup), borrowed; NULL when the
  * count it leaves is not there. */
 static PyObject *moving_counts(PyObject *comp, PyObject *row) {
@@ -901,12 +1039,13 @@ static PyObject *configure(PyObject *self, PyObject *spec) {
         PyErr_SetString(PyExc_TypeError, "configure(spec: dict)");
         return NULL;
     }
-    if (!(t_located = type_of(spec, "located")) || !(t_event = type_of(spec, "event")) || !(t_state = type_of(spec, "state")) ||
+    if (!(t_failed = type_of(spec, "failed")) || !(t_located = type_of(spec, "located")) || !(t_event = type_of(spec, "event")) || !(t_state = type_of(spec, "state")) ||
         !(t_settings = type_of(spec, "settings")) || !(t_agent = type_of(spec, "agent")) ||
         !(t_proxy = type_of(spec, "proxy")) || !(t_source = type_of(spec, "source")) ||
         !(t_lease = type_of(spec, "lease")) || !(t_comp = type_of(spec, "composition")))
         return NULL;
-    if (!offsets((PyObject *)t_located, g_names, g_off, G_N) ||
+    if (!offsets((PyObject *)t_failed, f_names, f_off, F_N) ||
+        !offsets((PyObject *)t_located, g_names, g_off, G_N) ||
         !offsets((PyObject *)t_event, e_names, e_off, E_N) ||
         !offsets((PyObject *)t_state, s_names, s_off, S_N) ||
         !offsets((PyObject *)t_settings, t_names, t_off, T_N) ||
@@ -921,9 +1060,10 @@ static PyObject *configure(PyObject *self, PyObject *spec) {
     shared = PyDict_GetItemString(spec, "shared");
     derived = PyDict_GetItemString(spec, "derived");
     tag = PyDict_GetItemString(spec, "tag");
+    tag_failed = PyDict_GetItemString(spec, "tag_failed");
     leased = PyDict_GetItemString(spec, "leased");
     PyObject *sw = PyDict_GetItemString(spec, "sweep_ms"), *bu = PyDict_GetItemString(spec, "bucket_ms");
-    if (!places || !PyDict_CheckExact(places) || !shared || !PyDict_CheckExact(shared) || !is_str(derived) || !is_str(tag) || !is_str(leased) ||
+    if (!places || !PyDict_CheckExact(places) || !shared || !PyDict_CheckExact(shared) || !is_str(derived) || !is_str(tag) || !is_str(tag_failed) || !is_str(leased) ||
         !ll(sw, &sweep_ms) || !ll(bu, &bucket_ms) || sweep_ms <= 0 || bucket_ms <= 0) {
         PyErr_SetString(PyExc_TypeError, "configure: shared, derived, tag, leased, sweep_ms, bucket_ms");
         return NULL;
@@ -932,6 +1072,7 @@ static PyObject *configure(PyObject *self, PyObject *spec) {
     Py_INCREF(shared);
     Py_INCREF(derived);
     Py_INCREF(tag);
+    Py_INCREF(tag_failed);
     Py_INCREF(leased);
     if (empty == NULL && (empty = PyUnicode_FromString("")) == NULL) return NULL;
     if (empty_tuple == NULL && (empty_tuple = PyTuple_New(0)) == NULL) return NULL;
@@ -950,6 +1091,9 @@ static PyMethodDef methods[] = {
     {"reconfirm", (PyCFunction)(void (*)(void))reconfirm, METH_FASTCALL,
      "fold() of a ProxyWorked confirming a known proxy: True when applied, False when "
      "nothing changed and fold() must apply it."},
+    {"refail", (PyCFunction)(void (*)(void))refail, METH_FASTCALL,
+     "fold() of a ProxyFailed: True when applied, False when nothing changed and fold() "
+     "must apply it."},
     {"locate", (PyCFunction)(void (*)(void))locate, METH_FASTCALL,
      "fold() of a Located: True when applied, False when nothing changed and fold() must "
      "apply it."},

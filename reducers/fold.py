@@ -42,16 +42,17 @@ __all__ = ["fold", "native_fastfold", "skip"]
 
 _OBSERVED = frozenset(OBSERVATIONS)
 
-# The fold's two everyday events, a proxy confirmed (most of the log) and a location (one
-# per address), are folded by reducers/_fastfold.c in one call each (in Python the first
-# was more than half of the fold's time); it answers False, having changed nothing, for
-# anything but those everyday cases, and fold() below applies them.
+# The fold's everyday events, a proxy confirmed (most of the log), a failed recheck and a
+# location (one per address), are folded by reducers/_fastfold.c in one call each (in
+# Python the first was more than half of the fold's time); it answers False, having
+# changed nothing, for anything but those everyday cases, and fold() below applies them.
 _FAST: dict[type, Callable[[State, Any, int, int], bool]] | None
 try:
     from reducers import _fastfold  # type: ignore[attr-defined, unused-ignore]
 
     _fastfold.configure(
         {
+            "failed": ProxyFailed,
             "located": Located,
             "event": ProxyWorked,
             "state": State,
@@ -67,12 +68,17 @@ try:
             "shared": proxies.SHARED,
             "derived": DERIVED_PREFIX,
             "tag": ProxyWorked.__name__,
+            "tag_failed": ProxyFailed.__name__,
             "leased": "leased",
             "sweep_ms": proxies.SWEEP_MS,
             "bucket_ms": BUCKET_MS,
         }
     )
-    _FAST = {ProxyWorked: _fastfold.reconfirm, Located: _fastfold.locate}
+    _FAST = {
+        ProxyWorked: _fastfold.reconfirm,
+        ProxyFailed: _fastfold.refail,
+        Located: _fastfold.locate,
+    }
 except ImportError:  # no C compiler at install time: fold() does it all, slower
     _FAST = None
 

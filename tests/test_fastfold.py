@@ -138,7 +138,7 @@ def _log(seed: int, n: int) -> Iterator[tuple[Event, int]]:
             yield (
                 ProxyFailed(
                     id=eid(True),
-                    agent=rng.choice(["c0", "c1", "w1"]),
+                    agent=rng.choice(["c0", "c0", "c1", "w0", "w1", "w2"]),  # five vantages
                     at=0,
                     ip=f"8.8.{p // 3}.{p % 3 + 1}",
                     port=8080,
@@ -281,3 +281,61 @@ def test_the_c_fold_changes_nothing_when_it_declines() -> None:
                     ip=known.ip, country="SE", geo="v3")  # fmt: skip
     assert fast[Located](state, where, state.last_seq, events[-1][1]) is False
     assert _everything(state) == before
+
+
+@native
+def test_the_baseline_halves_alike() -> None:
+    """A failed check by the operator's checker of a proxy an operator's worker had just
+    confirmed counts in the baseline, halved at 10,000 checks, the same in C."""
+    out = []
+    for with_c in (True, False):
+        saved = _fold_module._FAST
+        _fold_module._FAST = saved if with_c else None
+        try:
+            state = State()
+            log: list[Event] = [
+                AgentEnrolled(id=f"00000000-0000-7000-8000-00000000000{i}", agent="admin",
+                              at=0, name=n, role=r, token_sha256="0" * 64)
+                for i, (n, r) in enumerate((("w0", "worker"), ("c0", "checker")))
+            ]  # fmt: skip
+            log.append(
+                Configured(id="00000000-0000-7000-8000-000000000010", agent="admin", at=0,
+                           settings=Settings(trust=True, trusted_agents=("c0", "w0")))
+            )  # fmt: skip
+            log.append(ProxyWorked(id="00000000-0000-7000-8000-000000000011", agent="w0", at=0,
+                                   ip="8.8.8.8", port=80, proto="http", latency_ms=50))  # fmt: skip
+            for seq, event in enumerate(log, 1):
+                fold(state, event, seq, T0 + seq)
+            state.trust_base = [9_999, 7]
+            failed = ProxyFailed(id="00000000-0000-7000-8000-000000000012", agent="c0", at=0,
+                                 ip="8.8.8.8", port=80, proto="http")  # fmt: skip
+            assert fold(state, failed, len(log) + 1, T0 + 60_000)
+            out.append((list(state.trust_base), _everything(state)))
+        finally:
+            _fold_module._FAST = saved
+    assert out[0] == out[1]
+    assert out[0][0] == [5_000, 4]
+
+
+@native
+def test_failed_by_keeps_four_vantages_alike() -> None:
+    """Failures from five agents in a row leave the first four in failed_by, in C too."""
+    names = ["c0", "c1", "w0", "w1", "w2"]
+    log: list[tuple[Event, int]] = [
+        (AgentEnrolled(id=f"00000000-0000-7000-8000-00000000010{i}", agent="admin", at=0,
+                       name=n, role="checker", token_sha256="0" * 64), T0)
+        for i, n in enumerate(names)
+    ]  # fmt: skip
+    log.append((ProxyWorked(id="00000000-0000-7000-8000-000000000200", agent="w0", at=0,
+                            ip="8.8.8.8", port=80, proto="http", latency_ms=50), T0))  # fmt: skip
+    log += [
+        (ProxyFailed(id=f"00000000-0000-7000-8000-00000000030{i}", agent=n, at=0,
+                     ip="8.8.8.8", port=80, proto="http"), T0 + i)
+        for i, n in enumerate(names)
+    ]  # fmt: skip
+    with_c, without = _folded(log, with_c=True), _folded(log, with_c=False)
+    assert with_c == without
+    state = State()
+    for seq, (event, ts) in enumerate(log, 1):
+        fold(state, event, seq, ts)
+    assert state.proxies[("8.8.8.8", 80)].failed_by == ("c0", "c1", "w0", "w1")
