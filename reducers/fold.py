@@ -38,7 +38,7 @@ from reducers import agents, deposits, geo, ledger, proxies, sources, trust
 from reducers.pool import BUCKET_MS, Composition
 from reducers.state import AgentRow, LeaseRow, ProxyRow, SourceRow, State
 
-__all__ = ["fold", "native_fastfold", "skip"]
+__all__ = ["FAST", "fast_folds", "fold", "fold_rules", "native_fastfold", "skip"]
 
 _OBSERVED = frozenset(OBSERVATIONS)
 
@@ -46,7 +46,8 @@ _OBSERVED = frozenset(OBSERVATIONS)
 # location (one per address), are folded by reducers/_fastfold.c in one call each (in
 # Python the first was more than half of the fold's time); it answers False, having
 # changed nothing, for anything but those everyday cases, and fold() below applies them.
-_FAST: dict[type, Callable[[State, Any, int, int], bool]] | None
+FastFold = Callable[[State, Any, int, int], bool]
+FAST: dict[type, FastFold] = {}
 try:
     from reducers import _fastfold  # type: ignore[attr-defined, unused-ignore]
 
@@ -74,18 +75,24 @@ try:
             "bucket_ms": BUCKET_MS,
         }
     )
-    _FAST = {
+    FAST = {
         ProxyWorked: _fastfold.reconfirm,
         ProxyFailed: _fastfold.refail,
         Located: _fastfold.locate,
     }
-except ImportError:  # no C compiler at install time: fold() does it all, slower
-    _FAST = None
+except ImportError:  # no C compiler at install time: fold_rules() does it all, slower
+    pass
 
 
 def native_fastfold() -> bool:
     """Whether reducers/_fastfold.c was built here (``ppf bench fold`` reports it)."""
-    return _FAST is not None
+    return bool(FAST)
+
+
+def fast_folds() -> dict[type, FastFold]:
+    """The C folds by event type, as they are now (empty without the C): Folder.apply asks
+    them first and calls fold_rules only where they decline, one Python call an event."""
+    return FAST
 
 
 def skip(state: State, seq: int, ts: int) -> None:
@@ -107,10 +114,14 @@ def _tick(state: State, ts: int) -> None:
 def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     """Apply one event; False when ``seq`` was already applied, or the event is an
     agent's re-send of one already folded (``seq`` is then passed, nothing changes)."""
-    if _FAST is not None:
-        fast = _FAST.get(type(event))
-        if fast is not None and fast(state, event, seq, ts):
-            return True
+    fast = FAST.get(type(event))
+    if fast is not None and fast(state, event, seq, ts):
+        return True
+    return fold_rules(state, event, seq, ts)
+
+
+def fold_rules(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
+    """fold() without asking the C first: the rules as written, which the C follows."""
     if seq <= state.last_seq:
         return False
     if ts >= state.sweep_bucket * proxies.SWEEP_MS + proxies.SWEEP_MS:

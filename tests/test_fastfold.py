@@ -208,8 +208,8 @@ def _everything(state: State) -> tuple[Any, ...]:
 def _folded(events: list[tuple[Event, int]], with_c: bool) -> tuple[tuple[Any, ...], list[bool]]:
     state = State()
     answers: list[Any] = []
-    saved = _fold_module._FAST
-    _fold_module._FAST = saved if with_c else None
+    saved = _fold_module.FAST
+    _fold_module.FAST = saved if with_c else {}
     try:
         for seq, (event, ts) in enumerate(events, 1):
             answers.append(fold(state, event, seq, ts))
@@ -217,7 +217,7 @@ def _folded(events: list[tuple[Event, int]], with_c: bool) -> tuple[tuple[Any, .
                 answers.append(_everything(state))
                 state.clear_dirty()
     finally:
-        _fold_module._FAST = saved
+        _fold_module.FAST = saved
     return _everything(state), answers
 
 
@@ -236,8 +236,8 @@ def test_the_c_fold_takes_most_of_its_events_and_leaves_the_rest() -> None:
     """The generated logs reach both sides: confirmations and locations the C folds and
     ones it leaves to fold() (so the equality above compares the C's work, not fold()'s
     twice)."""
-    fast = _fold_module._FAST
-    assert fast is not None
+    fast = _fold_module.FAST
+    assert fast
     taken = {ProxyWorked: 0, Located: 0}
     left = {ProxyWorked: 0, Located: 0}
     for seed in range(20):
@@ -272,8 +272,8 @@ def test_the_c_fold_changes_nothing_when_it_declines() -> None:
         proto="http",
         latency_ms=10,
     )
-    fast = _fold_module._FAST
-    assert fast is not None
+    fast = _fold_module.FAST
+    assert fast
     assert fast[ProxyWorked](state, private, state.last_seq + 1, events[-1][1]) is False
     known = next(e for e, _ in reversed(events) if isinstance(e, ProxyWorked))
     assert fast[ProxyWorked](state, known, state.last_seq, events[-1][1]) is False
@@ -289,8 +289,8 @@ def test_the_baseline_halves_alike() -> None:
     confirmed counts in the baseline, halved at 10,000 checks, the same in C."""
     out = []
     for with_c in (True, False):
-        saved = _fold_module._FAST
-        _fold_module._FAST = saved if with_c else None
+        saved = _fold_module.FAST
+        _fold_module.FAST = saved if with_c else {}
         try:
             state = State()
             log: list[Event] = [
@@ -312,7 +312,7 @@ def test_the_baseline_halves_alike() -> None:
             assert fold(state, failed, len(log) + 1, T0 + 60_000)
             out.append((list(state.trust_base), _everything(state)))
         finally:
-            _fold_module._FAST = saved
+            _fold_module.FAST = saved
     assert out[0] == out[1]
     assert out[0][0] == [5_000, 4]
 
