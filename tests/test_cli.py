@@ -360,6 +360,24 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
         assert isinstance(out[f"{method}_located_adds_pct"], float)
 
 
+@pytest.mark.timeout(240)
+def test_bench_fold_versus_folds_both_trees_whole(ppf_bin: str) -> None:
+    """`ppf bench fold --versus DIR` folds the stream whole in both trees (here this tree
+    against itself) and compares them run by run."""
+    res = subprocess.run(
+        [ppf_bin, "bench", "fold", "--versus", str(REPO), "--events", "15000",
+         "--proxies", "300", "--runs", "2", "--json"],
+        capture_output=True,
+        timeout=220,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    out = json.loads(res.stdout)
+    assert out["events"] == 15000
+    for side in ("old", "new"):
+        assert len(out[f"{side}_wall_s"]) == 2 and all(s > 0 for s in out[f"{side}_cpu_s"])
+    assert len(out["new_vs_old_wall_pct_by_run"]) == 2
+
+
 def test_sources_seed_and_import(ppf_bin: str, tmp_path: Path, nats_server: Any) -> None:
     """`ppf sources seed` adds the built-in lists with hints; import skips comments."""
     from agents.seeds import SEEDS

@@ -40,6 +40,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=3,
         help="fold --located: runs folding both streams side by side, a batch of each in turn",
     )
+    bn.add_argument(
+        "--versus",
+        default=None,
+        metavar="DIR",
+        help="fold: against the checkout in DIR, side by side, a batch each in turn",
+    )
+    bn.add_argument("--runs", type=int, default=5, help="fold --versus: runs")
     bn.add_argument("--profile", default="steady", help="pool: steady, flappy or outage")
     bn.add_argument("--speed", type=float, default=10.0, help="pool: simulated s a second")
     bn.add_argument("--duration", type=int, default=3_600, help="pool: simulated seconds")
@@ -72,7 +79,15 @@ async def _bench(args: argparse.Namespace) -> int:
     match args.what:
         case "fold":
             for_folding()  # measured as ppf folds (ops/collector.py)
-            if args.located:
+            if args.versus:
+                from pathlib import Path
+
+                from ops.bench.versus import bench_versus
+
+                result = await bench_versus(
+                    Path(args.versus), args.events, args.proxies, args.seed, args.runs
+                )
+            elif args.located:
                 from ops.bench.fold import bench_located
 
                 result = await bench_located(
