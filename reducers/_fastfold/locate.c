@@ -1,0 +1,175 @@
+/* locate: fold() of a Located (included by reducers/_fastfold.c). */
+
+/* The bucket's counts of ``row`` (Composition.moved's lookup), borrowed; NULL when the
+ * count it leaves is not there. */
+static PyObject *moving_counts(PyObject *comp, PyObject *row) {
+    long long seen;
+    if (comp == NULL || Py_TYPE(comp) != t_comp || !ll(GET(row, p_off[P_LAST_SEEN]), &seen) || seen < 0)
+        return NULL;
+    PyObject *buckets = GET(comp, c_buckets);
+    if (buckets == NULL || !PyDict_CheckExact(buckets)) return NULL;
+    PyObject *b = PyLong_FromLongLong(floordiv(seen, bucket_ms));
+    if (b == NULL) return NULL;
+    PyObject *counts = PyDict_GetItemWithError(buckets, b);
+    Py_DECREF(b);
+    if (counts == NULL || !PyDict_CheckExact(counts)) return NULL;
+    PyObject *old = PyTuple_Pack(3, GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), GET(row, p_off[P_COUNTRY]));
+    if (old == NULL) return NULL;
+    PyObject *n = PyDict_GetItemWithError(counts, old);
+    Py_DECREF(old);
+    long long nn;
+    return n != NULL && ll(n, &nn) ? counts : NULL;
+}
+
+/* Composition.moved: the row's count goes from its country to ``country``. */
+static int move(PyObject *counts, PyObject *row, PyObject *country) {
+    PyObject *proto = GET(row, p_off[P_PROTO]), *anon = GET(row, p_off[P_ANON]);
+    PyObject *old = PyTuple_Pack(3, proto, anon, GET(row, p_off[P_COUNTRY]));
+    PyObject *new = PyTuple_Pack(3, proto, anon, country);
+    int ok = old != NULL && new != NULL;
+    long long n = 0;
+    PyObject *was = ok ? PyDict_GetItemWithError(counts, old) : NULL;
+    ok = ok && was != NULL && ll(was, &n);
+    if (ok) {
+        if (n - 1) {
+            PyObject *v = PyLong_FromLongLong(n - 1);
+            ok = v != NULL && PyDict_SetItem(counts, old, v) == 0;
+            Py_XDECREF(v);
+        } else {
+            ok = PyDict_DelItem(counts, old) == 0;
+        }
+    }
+    if (ok) {
+        long long m = 0;
+        PyObject *had = PyDict_GetItemWithError(counts, new);
+        ok = (had != NULL || !PyErr_Occurred()) && (had == NULL || ll(had, &m));
+        PyObject *v = ok ? PyLong_FromLongLong(m + 1) : NULL;
+        ok = v != NULL && PyDict_SetItem(counts, new, v) == 0;
+        Py_XDECREF(v);
+    }
+    Py_XDECREF(old);
+    Py_XDECREF(new);
+    return ok;
+}
+
+#define MAX_PORTS 64 /* rows of one address checked at once; more: fold() does it */
+
+static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "locate(state, event, seq, ts)");
+        return NULL;
+    }
+    PyObject *state = args[0], *e = args[1];
+    long long seq, ts, last_seq, sweep;
+    if (!ready || Py_TYPE(e) != t_located || Py_TYPE(state) != t_state) goto no;
+    if (!ll(args[2], &seq) || !ll(args[3], &ts) || ts < 0) goto no;
+    if (!ll(GET(state, s_off[S_LAST_SEQ]), &last_seq) || seq <= last_seq) goto no;
+    if (!ll(GET(state, s_off[S_SWEEP]), &sweep) || ts >= sweep * sweep_ms + sweep_ms) goto no;
+    PyObject *ip = GET(e, g_off[G_IP]), *country = GET(e, g_off[G_COUNTRY]);
+    PyObject *asn = GET(e, g_off[G_ASN]), *as_org = GET(e, g_off[G_AS_ORG]), *geo = GET(e, g_off[G_GEO]);
+    if (!is_str(ip) || !is_str(country) || asn == NULL || !PyLong_CheckExact(asn) || !is_str(as_org) ||
+        !is_str(geo))
+        goto no;
+    PyObject *by_ip = GET(state, s_off[S_BY_IP]), *unlocated = GET(state, s_off[S_UNLOCATED]);
+    PyObject *rows = GET(state, s_off[S_PROXIES]), *dirty = GET(state, s_off[S_DIRTY_PROXIES]);
+    PyObject *comp = GET(state, s_off[S_COMPOSITION]), *failing = GET(state, s_off[S_FAILING]);
+    if (by_ip == NULL || !PyDict_CheckExact(by_ip) || unlocated == NULL || !PySet_CheckExact(unlocated) ||
+        rows == NULL || !PyDict_CheckExact(rows) || dirty == NULL || !PySet_CheckExact(dirty))
+        goto no;
+    PyObject *entry = PyDict_GetItemWithError(by_ip, ip);
+    if (entry == NULL) {
+        if (PyErr_Occurred()) goto no;
+        goto done; /* no row has the address: nothing to copy it onto */
+    }
+    if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 2) goto no;
+    PyObject *was = PyTuple_GET_ITEM(entry, 0), *ports = PyTuple_GET_ITEM(entry, 1);
+    if (!PyTuple_CheckExact(ports) || PyTuple_GET_SIZE(ports) > MAX_PORTS) goto no;
+    Py_ssize_t n = PyTuple_GET_SIZE(ports);
+
+    /* ---- Checked first: the rows, and the counts a change of country moves. ---- */
+    PyObject *keys[MAX_PORTS], *found[MAX_PORTS], *counts[MAX_PORTS], *fcounts[MAX_PORTS];
+    int change[MAX_PORTS];
+    Py_ssize_t made = 0;
+    PyObject *fresh = PyTuple_Pack(4, country, asn, as_org, geo);
+    if (fresh == NULL) goto no;
+    PyObject *place = PyDict_SetDefault(places, fresh, fresh); /* geo._PLACES.setdefault */
+    Py_DECREF(fresh);
+    if (place == NULL) goto no;
+    if (place == was) goto done; /* a re-sent lookup: the rows carry it already */
+    for (; made < n; made++) {
+        Py_ssize_t i = made;
+        keys[i] = PyTuple_Pack(2, ip, PyTuple_GET_ITEM(ports, i));
+        if (keys[i] == NULL) goto undo;
+        found[i] = PyDict_GetItemWithError(rows, keys[i]);
+        if (found[i] == NULL || Py_TYPE(found[i]) != t_proxy) {
+            made++;
+            goto undo;
+        }
+        PyObject *row = found[i];
+        PyObject *r_country = GET(row, p_off[P_COUNTRY]), *r_geo = GET(row, p_off[P_GEO]);
+        PyObject *r_asn = GET(row, p_off[P_ASN]), *r_org = GET(row, p_off[P_AS_ORG]);
+        long long fail;
+        if (!is_str(r_country) || !is_str(r_geo) || !is_str(r_org) || r_asn == NULL ||
+            !PyLong_CheckExact(r_asn) || !ll(GET(row, p_off[P_FAIL]), &fail) ||
+            !is_str(GET(row, p_off[P_PROTO])) || !is_str(GET(row, p_off[P_ANON]))) {
+            made++;
+            goto undo;
+        }
+        int g = same(r_geo, geo), c = same(r_country, country), a = same(r_asn, asn), o = same(r_org, as_org);
+        if (g < 0 || c < 0 || a < 0 || o < 0) {
+            made++;
+            goto undo;
+        }
+        change[i] = !(g && c && a && o);
+        counts[i] = fcounts[i] = NULL;
+        if (change[i] && !c) {
+            counts[i] = moving_counts(comp, row);
+            if (fail) fcounts[i] = moving_counts(failing, row);
+            if (counts[i] == NULL || (fail && fcounts[i] == NULL)) {
+                made++;
+                goto undo;
+            }
+        }
+    }
+
+    /* ---- Apply, in geo.located's order. ---- */
+    {
+        PyObject *t = PyTuple_Pack(2, place, ports);
+        int r = t ? PyDict_SetItem(by_ip, ip, t) : -1;
+        Py_XDECREF(t);
+        if (r < 0) goto fail;
+        if (was == Py_None && PySet_Discard(unlocated, ip) < 0) goto fail;
+        /* ``was`` and ``ports`` were the old entry's: ``ports`` lives on in the new one */
+        PyObject *p_country = PyTuple_GET_ITEM(place, 0), *p_asn = PyTuple_GET_ITEM(place, 1);
+        PyObject *p_org = PyTuple_GET_ITEM(place, 2), *p_geo = PyTuple_GET_ITEM(place, 3);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!change[i]) continue;
+            PyObject *row = found[i];
+            if (counts[i] != NULL && !move(counts[i], row, p_country)) goto fail;
+            if (fcounts[i] != NULL && !move(fcounts[i], row, p_country)) goto fail;
+            Py_INCREF(p_country);
+            put(row, p_off[P_COUNTRY], p_country);
+            Py_INCREF(p_asn);
+            put(row, p_off[P_ASN], p_asn);
+            Py_INCREF(p_org);
+            put(row, p_off[P_AS_ORG], p_org);
+            Py_INCREF(p_geo);
+            put(row, p_off[P_GEO], p_geo);
+            if (PySet_Add(dirty, keys[i]) < 0) goto fail;
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(keys[i]);
+done:
+    if (!put_ll(state, s_off[S_LAST_SEQ], seq)) return NULL;
+    Py_RETURN_TRUE;
+undo:
+    for (Py_ssize_t i = 0; i < made; i++) Py_XDECREF(keys[i]);
+no:
+    if (PyErr_Occurred()) PyErr_Clear();
+    Py_RETURN_FALSE;
+fail:
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "locate: half applied");
+    return NULL;
+}
+
