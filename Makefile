@@ -12,7 +12,7 @@ $(BIN)/python:
 
 # The C extensions' built files are removed first: an editable reinstall keeps a built
 # module it finds in the tree, however old.
-$(STAMP): pyproject.toml setup.py agents/_scan.c reducers/_admit.c reducers/_fastfold.c $(wildcard reducers/_fastfold/*.c) ops/nats/_frames.c | $(BIN)/python
+$(STAMP): pyproject.toml setup.py agents/_scan.c reducers/_admit.c reducers/_fastfold.c $(wildcard reducers/_fastfold_parts/*.c) ops/nats/_frames.c | $(BIN)/python
 	rm -f agents/_scan.*.so reducers/_admit.*.so reducers/_fastfold.*.so ops/nats/_frames.*.so
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@

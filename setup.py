@@ -19,9 +19,9 @@ setup(
         # would contract a * x + b * y into one, and the projection's digest would move).
         Extension(
             "reducers._fastfold",
-            ["reducers/_fastfold.c"],  # which includes its parts, reducers/_fastfold/*.c
+            ["reducers/_fastfold.c"],  # which includes its parts, reducers/_fastfold_parts/*.c
             depends=[
-                f"reducers/_fastfold/{part}.c" for part in ("common", "confirm", "fail", "locate")
+                f"reducers/_fastfold_parts/{part}.c" for part in ("common", "confirm", "fail", "locate")
             ],
             optional=True,
             extra_compile_args=["-ffp-contract=off"],

@@ -91,10 +91,10 @@ static int ready = 0;
 #define GET(obj, off) (*(PyObject **)((char *)(obj) + (off)))
 
 /* One translation unit, in parts of a readable size: every helper stays static. */
-#include "_fastfold/common.c"
-#include "_fastfold/confirm.c"
-#include "_fastfold/fail.c"
-#include "_fastfold/locate.c"
+#include "_fastfold_parts/common.c"
+#include "_fastfold_parts/confirm.c"
+#include "_fastfold_parts/fail.c"
+#include "_fastfold_parts/locate.c"
 
 /* The offsets of ``names`` in ``type``: each must be a plain object slot. */
 static int offsets(PyObject *type, const char **names, Py_ssize_t *out, int n) {
