@@ -52,52 +52,68 @@ static PyObject *appended(PyObject *items, PyObject *item) {
     return t;
 }
 
-/* Composition.add for (bucket, key): counts[key] = counts.get(key, 0) + 1. */
+/* counts[key] moved by +1 or -1 (Composition's arithmetic), a count of 0 deleted; -1 of
+ * a count that is not there fails (the callers checked it, as Composition assumes). */
+static int bump(PyObject *counts, PyObject *key, int delta) {
+    long long n = 0;
+    PyObject *was = PyDict_GetItemWithError(counts, key);
+    if ((was == NULL && (PyErr_Occurred() || delta < 0)) || (was != NULL && !ll(was, &n))) return 0;
+    if (n + delta == 0) return PyDict_DelItem(counts, key) == 0;
+    PyObject *v = PyLong_FromLongLong(n + delta);
+    int r = v ? PyDict_SetItem(counts, key, v) : -1;
+    Py_XDECREF(v);
+    return r == 0;
+}
+
+/* The counts of ``bucket`` (borrowed) where (proto, anon, country) has a count; NULL
+ * where it has none, or on an error (then cleared by the caller's decline). */
+static PyObject *counted_in(PyObject *buckets, long long bucket, PyObject *proto, PyObject *anon,
+                            PyObject *country) {
+    PyObject *b = PyLong_FromLongLong(bucket);
+    if (b == NULL) return NULL;
+    PyObject *counts = PyDict_GetItemWithError(buckets, b);
+    Py_DECREF(b);
+    if (counts == NULL || !PyDict_CheckExact(counts)) return NULL;
+    PyObject *key = PyTuple_Pack(3, proto, anon, country);
+    if (key == NULL) return NULL;
+    PyObject *n = PyDict_GetItemWithError(counts, key);
+    Py_DECREF(key);
+    long long nn;
+    return n != NULL && ll(n, &nn) ? counts : NULL;
+}
+
+/* Composition.add for (bucket, key). */
 static int comp_add(PyObject *buckets, long long bucket, PyObject *key) {
     PyObject *b = PyLong_FromLongLong(bucket);
     if (b == NULL) return 0;
     PyObject *counts = PyDict_GetItemWithError(buckets, b);
-    if (counts == NULL) {
-        if (PyErr_Occurred() || (counts = PyDict_New()) == NULL) goto fail;
-        int r = PyDict_SetItem(buckets, b, counts);
-        Py_DECREF(counts); /* the bucket dict holds it */
-        if (r < 0) goto fail;
+    int ok = counts != NULL || !PyErr_Occurred();
+    if (ok && counts == NULL) {
+        ok = (counts = PyDict_New()) != NULL && PyDict_SetItem(buckets, b, counts) == 0;
+        Py_XDECREF(counts); /* the bucket dict holds it */
     }
-    long long n = 0;
-    PyObject *was = PyDict_GetItemWithError(counts, key);
-    if (was != NULL && !ll(was, &n)) goto fail;
-    if (was == NULL && PyErr_Occurred()) goto fail;
-    PyObject *v = PyLong_FromLongLong(n + 1);
-    if (v == NULL) goto fail;
-    int r = PyDict_SetItem(counts, key, v);
-    Py_DECREF(v);
     Py_DECREF(b);
-    return r == 0;
-fail:
-    Py_DECREF(b);
-    return 0;
+    return ok && bump(counts, key, +1);
 }
 
-/* Composition.remove; the caller checked that the count exists. */
+/* Composition.remove for (bucket, key), an emptied bucket dropped. */
 static int comp_remove(PyObject *buckets, long long bucket, PyObject *key) {
     PyObject *b = PyLong_FromLongLong(bucket);
     if (b == NULL) return 0;
     PyObject *counts = PyDict_GetItemWithError(buckets, b);
-    long long n = 0;
-    PyObject *was = counts ? PyDict_GetItemWithError(counts, key) : NULL;
-    int ok = was != NULL && ll(was, &n);
-    if (ok) {
-        if (n - 1) {
-            PyObject *v = PyLong_FromLongLong(n - 1);
-            ok = v != NULL && PyDict_SetItem(counts, key, v) == 0;
-            Py_XDECREF(v);
-        } else {
-            ok = PyDict_DelItem(counts, key) == 0;
-            if (ok && PyDict_GET_SIZE(counts) == 0) ok = PyDict_DelItem(buckets, b) == 0;
-        }
-    }
+    int ok = counts != NULL && bump(counts, key, -1);
+    if (ok && PyDict_GET_SIZE(counts) == 0) ok = PyDict_DelItem(buckets, b) == 0;
     Py_DECREF(b);
     return ok;
+}
+
+/* Checked before anything changes, for every event: the message is not applied yet (seq)
+ * and no sweep of the pool is due at its time (fold()'s tick: those stay fold()'s). */
+static int in_order(PyObject *state, PyObject *const *args, long long *seq, long long *ts) {
+    long long last_seq, sweep;
+    return ll(args[2], seq) && ll(args[3], ts) && *ts >= 0 &&
+           ll(GET(state, s_off[S_LAST_SEQ]), &last_seq) && *seq > last_seq &&
+           ll(GET(state, s_off[S_SWEEP]), &sweep) && *ts < sweep * sweep_ms + sweep_ms;
 }
 
 /* f"{ip}:{port}" (sources.credit), built directly where the address is ASCII (it is

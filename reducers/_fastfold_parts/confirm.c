@@ -8,11 +8,9 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
     }
     PyObject *state = args[0], *e = args[1];
     PyObject *key = NULL, *made = NULL; /* made: the row of a new proxy, not yet in the pool */
-    long long seq, ts, last_seq, sweep;
+    long long seq, ts;
     if (!ready || Py_TYPE(e) != t_event || Py_TYPE(state) != t_state) goto no;
-    if (!ll(args[2], &seq) || !ll(args[3], &ts) || ts < 0) goto no;
-    if (!ll(GET(state, s_off[S_LAST_SEQ]), &last_seq) || seq <= last_seq) goto no;
-    if (!ll(GET(state, s_off[S_SWEEP]), &sweep) || ts >= sweep * sweep_ms + sweep_ms) goto no;
+    if (!in_order(state, args, &seq, &ts)) goto no;
 
     /* ---- What fold() would do, read and checked; nothing is changed before "apply". ---- */
     PyObject *settings = GET(state, s_off[S_SETTINGS]);
@@ -158,35 +156,14 @@ static PyObject *reconfirm(PyObject *self, PyObject *const *args, Py_ssize_t nar
         if (PyErr_Occurred()) goto no;
     }
     int moved = !fresh && (floordiv(now_seen, bucket_ms) != was_bucket || anon_set);
-    if (moved) { /* the count it leaves must be there, as Composition.remove assumes */
-        PyObject *b = PyLong_FromLongLong(was_bucket);
-        if (b == NULL) goto no;
-        PyObject *cnt = PyDict_GetItemWithError(buckets, b);
-        Py_DECREF(b);
-        if (cnt == NULL || !PyDict_CheckExact(cnt)) goto no;
-        PyObject *old_key = PyTuple_Pack(3, r_proto, r_anon, r_country);
-        if (old_key == NULL) goto no;
-        PyObject *n = PyDict_GetItemWithError(cnt, old_key);
-        Py_DECREF(old_key);
-        long long nn;
-        if (n == NULL || !ll(n, &nn)) goto no;
-    }
+    /* the counts it leaves must be there, as Composition.remove assumes */
+    if (moved && !counted_in(buckets, was_bucket, r_proto, r_anon, r_country)) goto no;
     PyObject *failing = NULL;
-    if (fail) { /* a suspect back: its count in state.failing must be there to leave */
+    if (fail) { /* a suspect back: out of state.failing's counts */
         PyObject *fc = GET(state, s_off[S_FAILING]);
         failing = fc && Py_TYPE(fc) == t_comp ? GET(fc, c_buckets) : NULL;
         if (failing == NULL || !PyDict_CheckExact(failing)) goto no;
-        PyObject *b = PyLong_FromLongLong(was_bucket);
-        if (b == NULL) goto no;
-        PyObject *cnt = PyDict_GetItemWithError(failing, b);
-        Py_DECREF(b);
-        if (cnt == NULL || !PyDict_CheckExact(cnt)) goto no;
-        PyObject *fkey = PyTuple_Pack(3, r_proto, r_anon, r_country);
-        if (fkey == NULL) goto no;
-        PyObject *n = PyDict_GetItemWithError(cnt, fkey);
-        Py_DECREF(fkey);
-        long long nn;
-        if (n == NULL || !ll(n, &nn)) goto no;
+        if (!counted_in(failing, was_bucket, r_proto, r_anon, r_country)) goto no;
     }
     PyObject *dirty_p = GET(state, s_off[S_DIRTY_PROXIES]), *dirty_s = GET(state, s_off[S_DIRTY_SOURCES]);
     if (dirty_p == NULL || !PySet_CheckExact(dirty_p) || dirty_s == NULL || !PySet_CheckExact(dirty_s))

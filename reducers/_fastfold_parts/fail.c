@@ -12,11 +12,9 @@ static PyObject *refail(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *state = args[0], *e = args[1], *key = NULL;
-    long long seq, ts, last_seq, sweep, spot_s;
+    long long seq, ts, spot_s;
     if (!ready || Py_TYPE(e) != t_failed || Py_TYPE(state) != t_state) goto no;
-    if (!ll(args[2], &seq) || !ll(args[3], &ts) || ts < 0) goto no;
-    if (!ll(GET(state, s_off[S_LAST_SEQ]), &last_seq) || seq <= last_seq) goto no;
-    if (!ll(GET(state, s_off[S_SWEEP]), &sweep) || ts >= sweep * sweep_ms + sweep_ms) goto no;
+    if (!in_order(state, args, &seq, &ts)) goto no;
     PyObject *settings = GET(state, s_off[S_SETTINGS]);
     if (settings == NULL || Py_TYPE(settings) != t_settings) goto no;
     PyObject *subjects_o = GET(settings, t_off[T_SUBJECTS]), *trust_o = GET(settings, t_off[T_TRUST]);

@@ -8,17 +8,8 @@ static PyObject *moving_counts(PyObject *comp, PyObject *row) {
         return NULL;
     PyObject *buckets = GET(comp, c_buckets);
     if (buckets == NULL || !PyDict_CheckExact(buckets)) return NULL;
-    PyObject *b = PyLong_FromLongLong(floordiv(seen, bucket_ms));
-    if (b == NULL) return NULL;
-    PyObject *counts = PyDict_GetItemWithError(buckets, b);
-    Py_DECREF(b);
-    if (counts == NULL || !PyDict_CheckExact(counts)) return NULL;
-    PyObject *old = PyTuple_Pack(3, GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), GET(row, p_off[P_COUNTRY]));
-    if (old == NULL) return NULL;
-    PyObject *n = PyDict_GetItemWithError(counts, old);
-    Py_DECREF(old);
-    long long nn;
-    return n != NULL && ll(n, &nn) ? counts : NULL;
+    return counted_in(buckets, floordiv(seen, bucket_ms), GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]),
+                      GET(row, p_off[P_COUNTRY]));
 }
 
 /* Composition.moved: the row's count goes from its country to ``country``. */
@@ -26,27 +17,7 @@ static int move(PyObject *counts, PyObject *row, PyObject *country) {
     PyObject *proto = GET(row, p_off[P_PROTO]), *anon = GET(row, p_off[P_ANON]);
     PyObject *old = PyTuple_Pack(3, proto, anon, GET(row, p_off[P_COUNTRY]));
     PyObject *new = PyTuple_Pack(3, proto, anon, country);
-    int ok = old != NULL && new != NULL;
-    long long n = 0;
-    PyObject *was = ok ? PyDict_GetItemWithError(counts, old) : NULL;
-    ok = ok && was != NULL && ll(was, &n);
-    if (ok) {
-        if (n - 1) {
-            PyObject *v = PyLong_FromLongLong(n - 1);
-            ok = v != NULL && PyDict_SetItem(counts, old, v) == 0;
-            Py_XDECREF(v);
-        } else {
-            ok = PyDict_DelItem(counts, old) == 0;
-        }
-    }
-    if (ok) {
-        long long m = 0;
-        PyObject *had = PyDict_GetItemWithError(counts, new);
-        ok = (had != NULL || !PyErr_Occurred()) && (had == NULL || ll(had, &m));
-        PyObject *v = ok ? PyLong_FromLongLong(m + 1) : NULL;
-        ok = v != NULL && PyDict_SetItem(counts, new, v) == 0;
-        Py_XDECREF(v);
-    }
+    int ok = old != NULL && new != NULL && bump(counts, old, -1) && bump(counts, new, +1);
     Py_XDECREF(old);
     Py_XDECREF(new);
     return ok;
@@ -61,11 +32,9 @@ static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         return NULL;
     }
     PyObject *state = args[0], *e = args[1];
-    long long seq, ts, last_seq, sweep;
+    long long seq, ts;
     if (!ready || Py_TYPE(e) != t_located || Py_TYPE(state) != t_state) goto no;
-    if (!ll(args[2], &seq) || !ll(args[3], &ts) || ts < 0) goto no;
-    if (!ll(GET(state, s_off[S_LAST_SEQ]), &last_seq) || seq <= last_seq) goto no;
-    if (!ll(GET(state, s_off[S_SWEEP]), &sweep) || ts >= sweep * sweep_ms + sweep_ms) goto no;
+    if (!in_order(state, args, &seq, &ts)) goto no;
     PyObject *ip = GET(e, g_off[G_IP]), *country = GET(e, g_off[G_COUNTRY]);
     PyObject *asn = GET(e, g_off[G_ASN]), *as_org = GET(e, g_off[G_AS_ORG]), *geo = GET(e, g_off[G_GEO]);
     if (!is_str(ip) || !is_str(country) || asn == NULL || !PyLong_CheckExact(asn) || !is_str(as_org) ||
