@@ -9,13 +9,14 @@
  *
  * The contract is reducers/fold.py's fold() for a ProxyWorked, answer for answer: True
  * when this call applied the event exactly as fold() would have; False when it changed
- * nothing at all, and fold() must apply it (tests/test_reconfirm.py folds generated
- * logs both ways and compares every projection). It answers False, before it touches
- * anything, wherever the event is not the everyday re-confirmation: an unknown proxy
- * (admission of an address, geo), a sweep due, a re-send or a derived id, an unknown
- * agent, another protocol, a spot-check of trust
- * that counts, provenance full for a trusted agent, a lease that expired on the way,
- * or any value of an unexpected type. So its rules are a subset of fold()'s, never
+ * nothing at all, and fold() must apply it (tests/test_fastfold.py folds generated
+ * logs both ways and compares every projection). It folds a known proxy confirmed again,
+ * a suspect one back, and a new proxy on a public dotted quad (or a lab's address in lab
+ * mode); it answers False, before it touches anything, wherever the event is not such an
+ * everyday confirmation: IPv6 or a refused address (the rejection is fold()'s), a sweep
+ * due, a re-send or a derived id, an unknown agent, another protocol, a spot-check of
+ * trust that counts, provenance full for a trusted agent, a lease that expired on the
+ * way, or any value of an unexpected type. So its rules are a subset of fold()'s, never
  * rules of their own.
  *
  *   refail(state, event, seq, ts) -> bool
@@ -150,7 +151,7 @@ static PyObject *configure(PyObject *self, PyObject *spec) {
         PyErr_SetString(PyExc_TypeError, "configure(spec: dict)");
         return NULL;
     }
-    if (!(t_failed = type_of(spec, "failed")) || !(t_located = type_of(spec, "located")) || !(t_event = type_of(spec, "event")) || !(t_state = type_of(spec, "state")) ||
+    if (!(t_failed = type_of(spec, "failed")) || !(t_located = type_of(spec, "located")) || !(t_event = type_of(spec, "worked")) || !(t_state = type_of(spec, "state")) ||
         !(t_settings = type_of(spec, "settings")) || !(t_agent = type_of(spec, "agent")) ||
         !(t_proxy = type_of(spec, "proxy")) || !(t_source = type_of(spec, "source")) ||
         !(t_lease = type_of(spec, "lease")) || !(t_comp = type_of(spec, "composition")))

@@ -45,7 +45,7 @@ _OBSERVED = frozenset(OBSERVATIONS)
 # The fold's everyday events, a proxy confirmed (most of the log), a failed recheck and a
 # location (one per address), are folded by reducers/_fastfold.c in one call each (in
 # Python the first was more than half of the fold's time); it answers False, having
-# changed nothing, for anything but those everyday cases, and fold() below applies them.
+# changed nothing, for anything but those everyday cases, and fold_rules() applies them.
 FastFold = Callable[[State, Any, int, int], bool]
 FAST: dict[type, FastFold] = {}
 try:
@@ -55,7 +55,7 @@ try:
         {
             "failed": ProxyFailed,
             "located": Located,
-            "event": ProxyWorked,
+            "worked": ProxyWorked,
             "state": State,
             "settings": Settings,
             "agent": AgentRow,
