@@ -233,7 +233,7 @@ async def bench_fold(
         "native_admission": native_admission(),
         # ops/nats/_frames.c, or the stream reader's Python twin
         "native_frames": native_frames(),
-        # reducers/_fastfold.c, or fold() alone where no C compiler built it
+        # reducers/_fastfold.c, or fold_rules() alone where no C compiler built it
         "native_fastfold": native_fastfold(),
         "fold_with_dead_axiom_tap_per_s": round(tapped[0]) if tapped else None,
         "fold_tap_off_again_per_s": round(tapped[1]) if tapped else None,
