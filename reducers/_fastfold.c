@@ -30,6 +30,11 @@
  * Located per address is a tenth of the messages while a pool grows, and the issue's
  * bar is that they add < 5 % to the fold: in Python their reduce was most of that.
  *
+ *   fold_batch(state, messages, start, decode, admit, fast, rules, dlq)
+ *
+ * is projections/folder.py's loop over a batch, which calls the three above
+ * (_fastfold_parts/batch.c says when it stops and hands a message back).
+ *
  * configure(spec) is called once by reducers/fold.py with the types and constants they
  * read; every field is read and written in the slot its member descriptor names (rows
  * are gc=False Structs, the state a __slots__ class), so no Python code runs inside.
@@ -96,6 +101,7 @@ static int ready = 0;
 #include "_fastfold_parts/confirm.c"
 #include "_fastfold_parts/fail.c"
 #include "_fastfold_parts/locate.c"
+#include "_fastfold_parts/batch.c"
 
 /* The offsets of ``names`` in ``type``: each must be a plain object slot. */
 static int offsets(PyObject *type, const char **names, Py_ssize_t *out, int n) {
@@ -209,6 +215,10 @@ static PyMethodDef methods[] = {
     {"locate", (PyCFunction)(void (*)(void))locate, METH_FASTCALL,
      "fold() of a Located: True when applied, False when nothing changed and fold() must "
      "apply it."},
+    {"fold_batch", (PyCFunction)(void (*)(void))fold_batch, METH_FASTCALL,
+     "Folder.apply's loop from start: (stop, applied, resent), stopping before the first "
+     "message Folder must take in Python (a DLQ subject, a refused payload, admission "
+     "undecided)."},
     {"configure", configure, METH_O, "The types and constants reconfirm and locate read."},
     {NULL, NULL, 0, NULL},
 };

@@ -38,7 +38,7 @@ from reducers import agents, deposits, geo, ledger, proxies, sources, trust
 from reducers.pool import BUCKET_MS, Composition
 from reducers.state import AgentRow, LeaseRow, ProxyRow, SourceRow, State
 
-__all__ = ["FAST", "fast_folds", "fold", "fold_rules", "native_fastfold", "skip"]
+__all__ = ["FAST", "fast_batch", "fast_folds", "fold", "fold_rules", "native_fastfold", "skip"]
 
 _OBSERVED = frozenset(OBSERVATIONS)
 
@@ -48,6 +48,8 @@ _OBSERVED = frozenset(OBSERVATIONS)
 # changed nothing, for anything but those everyday cases, and fold_rules() applies them.
 FastFold = Callable[[State, Any, int, int], bool]
 FAST: dict[type, FastFold] = {}
+FoldBatch = Callable[..., tuple[int, int, int]]
+_fold_batch: FoldBatch | None = None
 try:
     from reducers import _fastfold  # type: ignore[attr-defined, unused-ignore]
 
@@ -80,6 +82,7 @@ try:
         ProxyFailed: _fastfold.refail,
         Located: _fastfold.locate,
     }
+    _fold_batch = _fastfold.fold_batch
 except ImportError:  # no C compiler at install time: fold_rules() does it all, slower
     pass
 
@@ -93,6 +96,13 @@ def fast_folds() -> dict[type, FastFold]:
     """The C folds by event type, as they are now (empty without the C): Folder.apply asks
     them first and calls fold_rules only where they decline, one Python call an event."""
     return FAST
+
+
+def fast_batch() -> FoldBatch | None:
+    """Folder.apply's loop in C (None without the C, or with FAST emptied, as the tests
+    do to fold in Python alone): it folds a batch's plain messages and hands back, one at
+    a time, those Folder must take itself."""
+    return _fold_batch if FAST else None
 
 
 def skip(state: State, seq: int, ts: int) -> None:

@@ -27,7 +27,10 @@ from events import (
     SourceAdded,
     url_id,
 )
+from events.codec import encode
+from ops.bench.synthetic import route
 from projections import digest
+from projections.folder import Folder
 from reducers import State, fold
 
 _fold_module = sys.modules["reducers.fold"]
@@ -85,6 +88,9 @@ def _log(seed: int, n: int) -> Iterator[tuple[Event, int]]:
                         latency_samples=rng.choice([0, 1, 16]),
                         spot_window_s=rng.choice([0, 60, 1_800]),
                         ema_alpha=rng.choice([0.3, 0.5]),
+                        # a quota within reach: admission's "ask the quota" (answer 2)
+                        quota_events_per_min=rng.choice([3_000, 3_000, 1]),
+                        quota_proxies_per_hour=rng.choice([20_000, 20_000, 1]),
                     ),
                 ),
                 ts,
@@ -339,3 +345,93 @@ def test_failed_by_keeps_four_vantages_alike() -> None:
     for seq, (event, ts) in enumerate(log, 1):
         fold(state, event, seq, ts)
     assert state.proxies[("8.8.8.8", 80)].failed_by == ("c0", "c1", "w0", "w1")
+
+
+def _messages(seed: int, n: int) -> list[tuple[int, int, bytes, bytes]]:
+    """The log of ``_log`` as the stream holds it, (seq, ts, subject, payload), on the
+    subjects the fleet publishes to, with what a hostile or broken fleet adds: DLQ
+    entries, payloads that are not JSON or not an event, events on another agent's
+    subject (a forgery admission refuses), and redeliveries of earlier sequences."""
+    rng = random.Random(seed ^ 0x5EED)
+    out: list[tuple[int, int, bytes, bytes]] = []
+    seq = 0
+    for event, ts in _log(seed, n):
+        subject, _ = route(event)
+        payload = encode(event)
+        roll = rng.random()
+        if roll < 0.02:
+            subject = "ppf.dlq.invalid"
+        elif roll < 0.04:
+            payload = b'{"type": "ProxyWorked", "ip": '  # cut short
+        elif roll < 0.06:
+            payload = b'{"type": "NoSuchEvent", "id": "x"}'
+        elif roll < 0.09 and isinstance(event, ProxyWorked | ProxyFailed):
+            subject = subject.replace(f".{event.agent}.", ".w9.", 1)  # not the sender's
+        seq += 1
+        out.append((seq, ts, subject.encode(), payload))
+        if out and rng.random() < 0.03:
+            out.append(out[rng.randrange(len(out))])  # redelivered: applied already
+    return out
+
+
+def _applied(messages: list[tuple[int, int, bytes, bytes]], with_c: bool, cuts: list[int]) -> Any:
+    """Fold ``messages`` through Folder.apply in batches ending at ``cuts``: what the
+    state holds, Folder's counts, each batch's answer and every rejection."""
+    refused: list[tuple[int, bytes, bytes, str]] = []
+    folder = Folder(
+        State(),
+        on_reject=lambda seq, subject, payload, exc: refused.append(
+            (seq, subject, payload, str(exc))
+        ),
+    )
+    saved = _fold_module.FAST
+    _fold_module.FAST = saved if with_c else {}
+    answers: list[Any] = []
+    try:
+        start = 0
+        for cut in [*cuts, len(messages)]:
+            answers.append(folder.apply(messages[start:cut]))
+            answers.append(_everything(folder.state))
+            folder.state.clear_dirty()
+            start = cut
+    finally:
+        _fold_module.FAST = saved
+    counts = (folder.applied, folder.rejected, folder.resent, folder.last_ts)
+    return _everything(folder.state), counts, answers, refused
+
+
+@native
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 300),
+    cuts=st.lists(st.integers(0, 400), max_size=6),
+)
+def test_folder_in_c_equals_folder_in_python(seed: int, n: int, cuts: list[int]) -> None:
+    """Folder.apply's loop in C (reducers/_fastfold_parts/batch.c) folds any stream,
+    hostile messages and redeliveries included, in batches cut anywhere, as its loop in
+    Python does: the same state, counts, answers and rejections, each in its place."""
+    messages = _messages(seed, n)
+    cuts = sorted(c for c in cuts if c <= len(messages))
+    assert _applied(messages, True, cuts) == _applied(messages, False, cuts)
+
+
+@native
+def test_folder_in_c_hands_back_what_python_must_take() -> None:
+    """The generated streams reach every way out of the C loop (a DLQ subject, a payload
+    that is no event, a forged subject, a redelivery), so the equality above compares
+    the C's loop with Python's where they part, not only where the C runs alone."""
+    for seed in range(10):
+        messages = _messages(seed, 300)
+        _, (applied, rejected, resent, _), _, refused = _applied(messages, True, [])
+        reasons = {why.split(":")[0] for _, _, _, why in refused}
+        assert {"undecodable", "unknown_type"} <= reasons, reasons
+        assert any(s.startswith(b"ppf.dlq.") for _, _, s, _ in messages)
+        assert len({m[0] for m in messages}) < len(messages)  # redeliveries in the stream
+        assert applied > 100 and rejected > 10 and resent > 0, (applied, rejected, resent)
+    forged = {
+        why.split(":")[0]
+        for seed in range(10)
+        for *_, why in _applied(_messages(seed, 300), True, [])[3]
+    }
+    assert {"forbidden", "quota"} <= forged, forged  # a forged subject; over a quota
