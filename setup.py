@@ -21,7 +21,8 @@ setup(
             "reducers._fastfold",
             ["reducers/_fastfold.c"],  # which includes its parts, reducers/_fastfold_parts/*.c
             depends=[
-                f"reducers/_fastfold_parts/{p}.c" for p in ("common", "confirm", "fail", "locate", "batch")
+                f"reducers/_fastfold_parts/{p}.c"
+                for p in ("common", "confirm", "fail", "locate", "batch")
             ],
             optional=True,
             extra_compile_args=["-ffp-contract=off"],

@@ -354,8 +354,7 @@ def _messages(seed: int, n: int) -> list[tuple[int, int, bytes, bytes]]:
     subject (a forgery admission refuses), and redeliveries of earlier sequences."""
     rng = random.Random(seed ^ 0x5EED)
     out: list[tuple[int, int, bytes, bytes]] = []
-    seq = 0
-    for event, ts in _log(seed, n):
+    for seq, (event, ts) in enumerate(_log(seed, n), 1):
         subject, _ = route(event)
         payload = encode(event)
         roll = rng.random()
@@ -367,7 +366,6 @@ def _messages(seed: int, n: int) -> list[tuple[int, int, bytes, bytes]]:
             payload = b'{"type": "NoSuchEvent", "id": "x"}'
         elif roll < 0.09 and isinstance(event, ProxyWorked | ProxyFailed):
             subject = subject.replace(f".{event.agent}.", ".w9.", 1)  # not the sender's
-        seq += 1
         out.append((seq, ts, subject.encode(), payload))
         if out and rng.random() < 0.03:
             out.append(out[rng.randrange(len(out))])  # redelivered: applied already
