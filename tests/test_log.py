@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 from nats.js.api import StorageType, StoreCompression
 
 import events as ev
+from events.subjects import MAX_MESSAGE
 from ops.nats import stream
 from ops.nats.client import ConflictError, Log, fresh_id
 from ops.nats.server import NatsServer
@@ -66,12 +68,14 @@ async def test_last_event_by_direct_get(log_client: Log) -> None:
     assert await log_client.last_event("ppf.config") == config
 
 
+@pytest.mark.parametrize("buffer_bytes", [stream._BUFFER, 64])
 @pytest.mark.parametrize("frames", ["native", "python"])
 async def test_firehose_reads_in_order_from_a_sequence(
-    log_client: Log, frames: str, monkeypatch: pytest.MonkeyPatch
+    log_client: Log, frames: str, buffer_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stream reader hands out messages in order from a sequence, with the frame
-    parser in C (ops/nats/_frames.c) and with its Python twin."""
+    parser in C (ops/nats/_frames.c) and with its Python twin, from a read buffer of
+    megabytes and from one smaller than every frame (grown for each, its tail moved)."""
     if frames == "python":
         monkeypatch.setattr(stream, "_scan", stream._scan_py)
     elif not stream.native_frames():
@@ -79,13 +83,30 @@ async def test_firehose_reads_in_order_from_a_sequence(
     batch = [worked(f"8.8.{i // 250}.{i % 250 + 1}") for i in range(3000)]
     await log_client.publish_many(batch)
     got = []
-    async for chunk in Firehose(log_client.url, start_seq=1001).batches(until=3000):
+    hose = Firehose(log_client.url, start_seq=1001, buffer_bytes=buffer_bytes)
+    async for chunk in hose.batches(until=3000):
         got.extend(chunk)
     assert [m[0] for m in got] == list(range(1001, 3001))
     assert [ev.decode(m[3]) for m in got] == batch[1000:]
     assert all(m[2].startswith(b"ppf.proxy.") for m in got)
     stamps = [m[1] for m in got]
     assert stamps == sorted(stamps) and stamps[0] > 1_700_000_000_000
+
+
+async def test_firehose_reads_a_frame_larger_than_its_buffer(log_client: Log) -> None:
+    """A message near the stream's largest (MAX_MESSAGE), between small ones, is read
+    whole from a reader whose buffer is a sixtieth of it: the buffer grows for it, and
+    the small ones around it stay in order."""
+    big = os.urandom(MAX_MESSAGE - 4096)
+    await log_client.publish(worked("8.8.1.1"))
+    await log_client.js.publish("ppf.dlq.too_big", big)
+    await log_client.publish(worked("8.8.1.2"))
+    got = []
+    async for chunk in Firehose(log_client.url, buffer_bytes=4096).batches(until=3):
+        got.extend(chunk)
+    assert [m[0] for m in got] == [1, 2, 3]
+    assert got[1][2] == b"ppf.dlq.too_big" and got[1][3] == big
+    assert ev.decode(got[2][3]).ip == "8.8.1.2"  # type: ignore[attr-defined]
 
 
 async def test_firehose_follows_live_publishes(log_client: Log) -> None:

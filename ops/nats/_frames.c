@@ -6,8 +6,10 @@
  * one call. ops/nats/stream.py's _scan_py is its Python twin and the reference
  * (tests/test_firehose.py runs both over the same buffers and compares).
  *
- *   scan(data, pos, expect, until, batch) -> (pos, expect, status)
+ *   scan(data, pos, expect, until, batch[, end]) -> (pos, expect, status)
  *
+ * data is any contiguous buffer (the reader's own bytearray, reused); only data[:end]
+ * is read, end defaulting to its length.
  * Appends (stream_seq, server_ts_ms, subject, payload) to the list batch for each
  * complete data frame at pos of the form
  *   HMSG <subject> 1 $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts_ns>.<pending> <hlen> <total>\r\n
@@ -57,12 +59,15 @@ static PyObject *scan(PyObject *self, PyObject *args) {
     Py_ssize_t pos;
     long long expect, until;
     PyObject *batch;
-    if (!PyArg_ParseTuple(args, "y*nLLO!", &buf, &pos, &expect, &until, &PyList_Type, &batch))
+    Py_ssize_t limit = -1;
+    if (!PyArg_ParseTuple(args, "y*nLLO!|n", &buf, &pos, &expect, &until, &PyList_Type, &batch, &limit))
         return NULL;
+    if (limit < 0 || limit > buf.len)
+        limit = buf.len;
     const char *base = (const char *)buf.buf;
-    const char *end = base + buf.len;
+    const char *end = base + limit;
     int status = 0;
-    while (pos < buf.len) {
+    while (pos < limit) {
         const char *p = base + pos;
         long long delivered, sseq, cseq, ts, pending, hlen, total;
         if (end - p < 5 || memcmp(p, "HMSG ", 5) != 0)

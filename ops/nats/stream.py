@@ -19,6 +19,7 @@ import asyncio
 import json
 import os
 import re
+import socket
 from collections.abc import AsyncIterator
 from urllib.parse import unquote, urlsplit
 
@@ -34,6 +35,11 @@ log = structlog.get_logger("ppf.firehose")
 
 _CRLF = b"\r\n"
 _READ = 1 << 20
+# The socket is read into one buffer of this size, reused (grown only for a frame that
+# does not fit): asyncio's StreamReader copied every read out of its own buffer into a
+# new bytes object, and the reader joined each to the unparsed tail, two copies of
+# every byte and a fresh megabyte (page faults) per read, a quarter of the reader's CPU.
+_BUFFER = 4 * _READ
 # The common frame: a data message with headers on sid 1 and a v1 ack reply. Runs of it
 # are parsed by _frames.scan (ops/nats/_frames.c) or its twin _scan_py; anything else
 # (statuses, API replies, PING, other reply forms) takes the general path below.
@@ -45,19 +51,25 @@ _MORE, _GAP, _UNTIL = 0, 1, 2  # why a run of common frames stopped
 
 
 def _scan_py(
-    data: bytes, pos: int, expect: int, until: int, batch: list[Message]
+    data: bytes | bytearray,
+    pos: int,
+    expect: int,
+    until: int,
+    batch: list[Message],
+    end: int = -1,
 ) -> tuple[int, int, int]:
-    """Append the run of complete common frames at ``pos`` to ``batch``.
+    """Append the run of complete common frames at ``pos`` in ``data[:end]`` (all of it
+    when ``end`` is -1) to ``batch``.
 
     Returns (pos, expect, status): where the run stopped, the consumer sequence
     expected next, and why (_MORE: another kind of frame or an incomplete one; _GAP: a
     consumer sequence other than ``expect``; _UNTIL: a stream sequence past ``until``,
     when it is not 0). The contract of ops/nats/_frames.c, which the tests compare.
     """
-    end = len(data)
+    end = len(data) if end < 0 or end > len(data) else end
     fast = _DATA.match
     while pos < end:
-        m = fast(data, pos)
+        m = fast(data, pos, end)
         if m is None:
             return pos, expect, _MORE
         subject, sseq_b, cseq_b, ts_b, hlen_b, total_b = m.groups()
@@ -72,7 +84,8 @@ def _scan_py(
         sseq = int(sseq_b)
         if until and sseq > until:
             return pos, expect, _UNTIL
-        batch.append((sseq, int(ts_b) // 1_000_000, subject, data[start + hlen : start + total]))
+        payload = bytes(data[start + hlen : start + total])
+        batch.append((sseq, int(ts_b) // 1_000_000, bytes(subject), payload))
         expect = cseq + 1
         pos = start + total + 2
     return pos, expect, _MORE
@@ -103,16 +116,19 @@ class _Gap(Exception):
 class Firehose:
     """Iterate ``batches()`` from ``start_seq`` on, in stream order, forever or ``until``."""
 
-    def __init__(self, url: str, start_seq: int = 1, *, heartbeat_s: float = 2.0) -> None:
+    def __init__(
+        self, url: str, start_seq: int = 1, *, heartbeat_s: float = 2.0, buffer_bytes: int = _BUFFER
+    ) -> None:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 4222
         self._user, self._password = parts.username, parts.password
         self.next_seq = max(start_seq, 1)
         self.heartbeat_s = heartbeat_s
+        self.buffer_bytes = max(buffer_bytes, 16)  # grown for any frame that does not fit
         self._inbox = ""
         self._consumer = ""
-        self._writer: asyncio.StreamWriter | None = None
+        self._sock: socket.socket | None = None
 
     async def batches(self, until: int | None = None) -> AsyncIterator[list[Message]]:
         """Batches of messages; stops after ``until`` (a stream sequence) when given."""
@@ -133,24 +149,67 @@ class Firehose:
                 await self._close()
 
     async def _close(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
+        sock, self._sock = self._sock, None
+        if sock is None:
+            return
+        try:
             if self._consumer:
                 api = f"$JS.API.CONSUMER.DELETE.{STREAM}.{self._consumer}"
-                writer.write(f"PUB {api} 0\r\n\r\n".encode())
                 self._consumer = ""
-            writer.close()
+                await asyncio.wait_for(self._send(sock, f"PUB {api} 0\r\n\r\n".encode()), 5)
+        except (OSError, TimeoutError):
+            pass
+        finally:
+            sock.close()
+
+    @staticmethod
+    async def _send(sock: socket.socket, data: bytes) -> None:
+        await asyncio.get_running_loop().sock_sendall(sock, data)
+
+    async def _connect(self) -> socket.socket:
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        error: OSError = OSError(f"no address for {self.host}")
+        for family, kind, proto, _, address in infos:
+            sock = socket.socket(family, kind, proto)
+            sock.setblocking(False)
             try:
-                await asyncio.wait_for(writer.wait_closed(), 5)
-            except (OSError, TimeoutError):
-                pass
+                await loop.sock_connect(sock, address)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock
+        raise error
 
     async def _session(self, until: int | None) -> AsyncIterator[list[Message]]:
-        reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 24)
-        self._writer = writer
-        info = await reader.readline()
-        if not info.startswith(b"INFO"):
-            raise FirehoseError(f"not a NATS server: {info[:40]!r}")
+        loop = asyncio.get_running_loop()
+        sock = self._sock = await self._connect()
+        buf = bytearray(self.buffer_bytes)
+        filled = 0  # bytes of buf received and not yet parsed, from 0
+        timeout = self.heartbeat_s * 5
+
+        async def receive() -> None:
+            """Append what the socket has to buf[filled:], growing buf for a frame that
+            does not fit in it."""
+            nonlocal filled
+            if filled == len(buf):
+                buf.extend(bytes(len(buf)))
+            with memoryview(buf) as view:
+                n = await asyncio.wait_for(loop.sock_recv_into(sock, view[filled:]), timeout)
+            if not n:
+                raise FirehoseError("connection closed by the server")
+            filled += n
+
+        while _CRLF not in buf[:filled]:
+            await receive()
+        eol = buf.index(_CRLF)
+        if not buf.startswith(b"INFO"):
+            raise FirehoseError(f"not a NATS server: {bytes(buf[:40])!r}")
+        del buf[: eol + 2]
+        buf.extend(bytes(eol + 2))
+        filled -= eol + 2
         # A fresh inbox per session: a consumer of an earlier session lingers until its
         # inactive threshold, and must never find an interested subscriber again.
         self._inbox = f"_PPF.fh.{os.urandom(8).hex()}"
@@ -179,7 +238,8 @@ class Firehose:
         }
         req = json.dumps(config).encode()
         api = f"$JS.API.CONSUMER.CREATE.{STREAM}"
-        writer.write(
+        await self._send(
+            sock,
             b"CONNECT "
             + json.dumps(connect).encode()
             + _CRLF
@@ -187,38 +247,36 @@ class Firehose:
             + f"PUB {api} {self._inbox}.api {len(req)}\r\n".encode()
             + req
             + _CRLF
-            + b"PING\r\n"
+            + b"PING\r\n",
         )
-        await writer.drain()
         expect_cseq = 1
-        data = b""
         while True:
-            chunk = await asyncio.wait_for(reader.read(_READ), timeout=self.heartbeat_s * 5)
-            if not chunk:
-                raise FirehoseError("connection closed by the server")
-            data = data + chunk if data else chunk
+            await receive()
+            data = buf
             batch: list[Message] = []
             pos = 0
-            end = len(data)
+            end = filled
             out: list[bytes] = []
             while pos < end:
-                pos, expect_cseq, status = _scan(data, pos, expect_cseq, until or 0, batch)
+                pos, expect_cseq, status = _scan(data, pos, expect_cseq, until or 0, batch, end)
                 if batch:
                     self.next_seq = batch[-1][0] + 1
                 if status == _GAP:
-                    raise _Gap(f"consumer seq expected {expect_cseq} at {data[pos : pos + 80]!r}")
+                    raise _Gap(
+                        f"consumer seq expected {expect_cseq} at {bytes(data[pos : pos + 80])!r}"
+                    )
                 if status == _UNTIL:
                     if batch:
                         yield batch
                     return
                 if pos >= end:
                     break
-                eol = data.find(_CRLF, pos)
+                eol = data.find(_CRLF, pos, end)
                 if eol < 0:
                     break
                 op = data[pos : pos + 4]
                 if op == b"MSG " or op == b"HMSG":
-                    parts = data[pos:eol].split(b" ")
+                    parts = bytes(data[pos:eol]).split(b" ")
                     hmsg = op == b"HMSG"
                     total = int(parts[-1])
                     start = eol + 2
@@ -227,15 +285,15 @@ class Firehose:
                     pos = start + total + 2
                     sid = parts[2]
                     if sid == b"2":
-                        self._api_reply(data[start : start + total])
+                        self._api_reply(bytes(data[start : start + total]))
                         continue
                     if len(parts) < (6 if hmsg else 5):  # no reply subject: a status
-                        hdr = data[start : start + int(parts[-2])] if hmsg else b""
+                        hdr = bytes(data[start : start + int(parts[-2])]) if hmsg else b""
                         self._status(hdr, None, out, expect_cseq)
                         continue
                     reply = parts[3]
                     if not reply.startswith(b"$JS.ACK."):
-                        hdr = data[start : start + int(parts[-2])] if hmsg else b""
+                        hdr = bytes(data[start : start + int(parts[-2])]) if hmsg else b""
                         self._status(hdr, reply, out, expect_cseq)
                         continue
                     tok = reply.split(b".")
@@ -246,7 +304,7 @@ class Firehose:
                     if cseq != expect_cseq:
                         raise _Gap(f"consumer seq {cseq}, expected {expect_cseq}")
                     expect_cseq += 1
-                    payload = (
+                    payload = bytes(
                         data[start + int(parts[-2]) : start + total]
                         if hmsg
                         else (data[start : start + total])
@@ -258,15 +316,17 @@ class Firehose:
                     self.next_seq = sseq + 1
                     batch.append((sseq, ts_ns // 1_000_000, parts[1], payload))
                 else:
-                    line = data[pos:eol]
+                    line = bytes(data[pos:eol])
                     pos = eol + 2
                     if line == b"PING":
                         out.append(b"PONG\r\n")
                     elif line.startswith(b"-ERR"):
                         raise FirehoseError(line.decode(errors="replace"))
-            data = data[pos:] if pos < end else b""
+            # The unparsed tail (a frame cut by the read) moves to the front.
+            buf[: end - pos] = buf[pos:end]
+            filled = end - pos
             if out:
-                writer.write(b"".join(out))
+                await self._send(sock, b"".join(out))
             if batch:
                 yield batch
                 if until is not None and self.next_seq > until:
