@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -358,6 +359,9 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
             walls = out[f"{method}_seconds_{side}_located"]
             assert len(walls) == runs and all(w > 0 for w in walls)
         assert isinstance(out[f"{method}_located_adds_pct"], float)
+        by_run = out[f"{method}_located_adds_cpu_pct_by_run"]
+        assert len(by_run) == runs
+        assert out[f"{method}_located_adds_cpu_pct_paired"] == statistics.median(by_run)
 
 
 @pytest.mark.timeout(240)
