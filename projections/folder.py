@@ -46,9 +46,9 @@ class Folder:
         i, n = 0, len(messages)
         while i < n:
             if in_c is not None:
-                # The plain messages, folded in C (reducers/_fastfold_parts/batch.c): the
-                # loop below, without its Python frame, a tenth of the fold. It stops
-                # before a message it leaves to Python, untouched.
+                # The plain messages, folded in C (reducers/_fastfold_parts/batch.c):
+                # _apply_one's steps without its Python frame, which cost a tenth of the
+                # fold. It stops before a message it leaves to _apply_one, untouched.
                 i, done, resent = in_c(
                     state, messages, i, decode_plain, admit, fast_folds(), fold_rules, _DLQ
                 )
