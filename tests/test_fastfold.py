@@ -27,11 +27,12 @@ from events import (
     SourceAdded,
     url_id,
 )
-from events.codec import encode
+from events.codec import decode_plain, encode
 from ops.bench.synthetic import route
 from projections import digest
 from projections.folder import Folder
 from reducers import State, fold
+from reducers.admission import admit
 
 _fold_module = sys.modules["reducers.fold"]
 native = pytest.mark.skipif(
@@ -433,3 +434,17 @@ def test_folder_in_c_hands_back_what_python_must_take() -> None:
         for *_, why in _applied(_messages(seed, 300), True, [])[3]
     }
     assert {"forbidden", "quota"} <= forged, forged  # a forged subject; over a quota
+
+
+@native
+def test_fold_batch_refuses_what_folder_never_passes() -> None:
+    """The C loop's arguments are Folder's; anything else is an error, not a guess."""
+    run = _fold_module.fast_batch()
+    assert run is not None
+    args = (_fold_module.fast_folds(), _fold_module.fold_rules, b"ppf.dlq.")
+    state = State()
+    with pytest.raises(ValueError, match="start"):
+        run(state, [], -1, decode_plain, admit, *args)
+    with pytest.raises(TypeError, match="messages: list"):
+        run(state, (), 0, decode_plain, admit, *args)
+    assert run(state, [], 0, decode_plain, admit, *args) == (0, 0, 0)

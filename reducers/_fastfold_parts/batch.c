@@ -32,8 +32,12 @@ static PyObject *fold_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
     Py_ssize_t dlq_n = PyBytes_GET_SIZE(args[7]);
     Py_ssize_t i = PyLong_AsSsize_t(args[2]), n = PyList_GET_SIZE(messages);
     if (i == -1 && PyErr_Occurred()) return NULL;
+    if (i < 0) {
+        PyErr_SetString(PyExc_ValueError, "fold_batch: start must be >= 0");
+        return NULL;
+    }
     long long applied = 0, resent = 0;
-    if (!ready || Py_TYPE(state) != t_state || i < 0) goto stop;
+    if (!ready || Py_TYPE(state) != t_state) goto stop;
     for (; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(messages, i);
         if (!PyTuple_CheckExact(m) || PyTuple_GET_SIZE(m) != 4) goto stop;
