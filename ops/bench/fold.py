@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from events import Fetched, ProxyFailed, ProxyWorked, decode, encode
+from ops.bench.versus import pct_by_run, pct_of_medians
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 from ops.nats.stream import Firehose, native_frames
@@ -389,26 +390,21 @@ async def bench_located(
 
 
 def _compared(method: str, wall: list[list[float]], cpu: list[list[float]]) -> dict[str, Any]:
-    plain, located = (statistics.median(t) for t in wall)
-    plain_cpu, located_cpu = (statistics.median(c) for c in cpu)
-
-    def by_run(sides: list[list[float]]) -> list[float]:
-        return [round((b / a - 1) * 100, 1) for a, b in zip(sides[0], sides[1], strict=True)]
-
+    wall_by_run, cpu_by_run = pct_by_run(*wall), pct_by_run(*cpu)
     return {
         f"{method}_seconds_without_located": wall[0],
         f"{method}_seconds_with_located": wall[1],
         f"{method}_cpu_seconds_without_located": cpu[0],
         f"{method}_cpu_seconds_with_located": cpu[1],
-        f"{method}_located_adds_pct": round((located / plain - 1) * 100, 1),
-        f"{method}_located_adds_cpu_pct": round((located_cpu / plain_cpu - 1) * 100, 1),
+        f"{method}_located_adds_pct": pct_of_medians(*wall),
+        f"{method}_located_adds_cpu_pct": pct_of_medians(*cpu),
         # Run by run (the two sides of one run, or of one pair): how far the runs agree,
         # and their median, the paired figure: the two sides of a run saw the same
         # machine, where the medians above pair a side's run with another run's.
-        f"{method}_located_adds_pct_by_run": by_run(wall),
-        f"{method}_located_adds_cpu_pct_by_run": by_run(cpu),
-        f"{method}_located_adds_pct_paired": statistics.median(by_run(wall)),
-        f"{method}_located_adds_cpu_pct_paired": statistics.median(by_run(cpu)),
+        f"{method}_located_adds_pct_by_run": wall_by_run,
+        f"{method}_located_adds_cpu_pct_by_run": cpu_by_run,
+        f"{method}_located_adds_pct_paired": statistics.median(wall_by_run),
+        f"{method}_located_adds_cpu_pct_paired": statistics.median(cpu_by_run),
     }
 
 

@@ -145,10 +145,16 @@ async def bench_versus(
     for kind in ("wall", "cpu"):
         old, new = out["old"][kind], out["new"][kind]
         result[f"old_{kind}_s"], result[f"new_{kind}_s"] = old, new
-        result[f"new_vs_old_{kind}_pct"] = round(
-            (statistics.median(new) / statistics.median(old) - 1) * 100, 1
-        )
-        result[f"new_vs_old_{kind}_pct_by_run"] = [
-            round((b / a - 1) * 100, 1) for a, b in zip(old, new, strict=True)
-        ]
+        result[f"new_vs_old_{kind}_pct"] = pct_of_medians(old, new)
+        result[f"new_vs_old_{kind}_pct_by_run"] = pct_by_run(old, new)
     return result
+
+
+def pct_of_medians(before: list[float], after: list[float]) -> float:
+    """How much ``after``'s median is above ``before``'s, in percent (one decimal)."""
+    return round((statistics.median(after) / statistics.median(before) - 1) * 100, 1)
+
+
+def pct_by_run(before: list[float], after: list[float]) -> list[float]:
+    """The same, run by run: each run's two sides saw the same moments of the machine."""
+    return [round((b / a - 1) * 100, 1) for a, b in zip(before, after, strict=True)]
