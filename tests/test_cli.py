@@ -362,6 +362,7 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
         by_run = out[f"{method}_located_adds_cpu_pct_by_run"]
         assert len(by_run) == runs
         assert out[f"{method}_located_adds_cpu_pct_paired"] == statistics.median(by_run)
+        assert out[f"{method}_located_adds_cpu_pct_paired_ci95"] is None  # under 6 runs
 
 
 @pytest.mark.timeout(240)
