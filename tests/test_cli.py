@@ -381,6 +381,7 @@ def test_bench_fold_versus_folds_both_trees_whole(ppf_bin: str) -> None:
     for side in ("old", "new"):
         assert len(out[f"{side}_wall_s"]) == 2 and all(s > 0 for s in out[f"{side}_cpu_s"])
     assert len(out["new_vs_old_wall_pct_by_run"]) == 2
+    assert out["new_vs_old_cpu_pct_by_run_ci95"] is None  # under 6 runs
 
 
 def test_sources_seed_and_import(ppf_bin: str, tmp_path: Path, nats_server: Any) -> None:

@@ -147,7 +147,8 @@ async def bench_versus(
         old, new = out["old"][kind], out["new"][kind]
         result[f"old_{kind}_s"], result[f"new_{kind}_s"] = old, new
         result[f"new_vs_old_{kind}_pct"] = pct_of_medians(old, new)
-        result[f"new_vs_old_{kind}_pct_by_run"] = pct_by_run(old, new)
+        by_run = result[f"new_vs_old_{kind}_pct_by_run"] = pct_by_run(old, new)
+        result[f"new_vs_old_{kind}_pct_by_run_ci95"] = median_ci(by_run)  # None under 6 runs
     return result
 
 
