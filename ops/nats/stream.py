@@ -85,7 +85,7 @@ def _scan_py(
         if until and sseq > until:
             return pos, expect, _UNTIL
         payload = bytes(data[start + hlen : start + total])
-        batch.append((sseq, int(ts_b) // 1_000_000, bytes(subject), payload))
+        batch.append((sseq, int(ts_b) // 1_000_000, subject, payload))  # groups are bytes
         expect = cseq + 1
         pos = start + total + 2
     return pos, expect, _MORE

@@ -76,8 +76,9 @@ static PyObject *fold_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
                 Py_DECREF(event);
                 return NULL;
             }
+            int folded = r == Py_True;
             Py_DECREF(r);
-            if (r == Py_True) {
+            if (folded) {
                 Py_DECREF(event);
                 applied++;
                 continue;
