@@ -354,6 +354,9 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
     out = json.loads(res.stdout)
     assert out["events"] == 15000  # 10,000 of them add the sources, before any proxy
     assert 0 < out["located_events"] <= 300
+    # Published in lockstep: one timeline, where streams published in turn would skew
+    # by a whole stream's publishing (the second starts after the first ends).
+    assert 0 <= out["timeline_skew_ms"] < out["timeline_seconds"] * 1000, out
     for method, runs in (("interleaved", 2), ("in_turn", 1)):
         for side in ("without", "with"):
             walls = out[f"{method}_seconds_{side}_located"]

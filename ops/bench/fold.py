@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from events import Fetched, ProxyFailed, ProxyWorked, decode, encode
+from events import Fetched, Located, ProxyFailed, ProxyWorked, decode, encode
 from ops.bench.versus import median_ci, pct_by_run, pct_of_medians
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
@@ -37,7 +37,7 @@ from reducers import State
 from reducers.admission import native_admission
 from reducers.fold import native_fastfold
 
-__all__ = ["bench_fold", "bench_located", "publish_synthetic"]
+__all__ = ["bench_fold", "bench_located", "publish_paired", "publish_synthetic"]
 
 
 def _rss_mb() -> float:
@@ -48,32 +48,60 @@ async def publish_synthetic(
     url: str, n: int, proxies: int, seed: int, located: bool = False
 ) -> int:
     """Publish with core NATS (no per-message ack wait), then wait for the stream head."""
+    return (await publish_paired([url], n, proxies, seed, located_in=1 if located else None))[0]
+
+
+async def publish_paired(
+    urls: list[str], n: int, proxies: int, seed: int, located_in: int | None = None
+) -> list[int]:
+    """Publish the synthetic stream to every server of ``urls`` in lockstep (each event
+    to all of them in turn, the ``Located`` only to ``urls[located_in]``); returns their
+    stream heads.
+
+    Why in lockstep: a message's time is the server's clock when it stores it, and the
+    reducers act on it (30 s buckets of the pool's composition, quota windows). Streams
+    published one after the other, at whatever pace the publisher keeps, get timelines
+    of their own: one crosses a bucket's edge mid-stream where the other does not, and
+    the fold of every other event differs with it (measured, BENCHMARKS.md, issue 10).
+    Published together, the same event has the same time, to milliseconds, in each.
+    """
     from ops.bench import synthetic
 
-    lg = await Log.connect(url, name="ppf-bench-publisher")
-    await lg.ensure_stream()
-    start = await lg.head_seq()
+    logs = [await Log.connect(url, name="ppf-bench-publisher") for url in urls]
+    starts = []
+    for lg in logs:
+        await lg.ensure_stream()
+        starts.append(await lg.head_seq())
     progress = Progress("publish", n)
-    sent = 0
-    for ev in synthetic.events(n, proxies=proxies, seed=seed, located=located):
+    sent = [0] * len(logs)
+    events = synthetic.events(n, proxies=proxies, seed=seed, located=located_in is not None)
+    for made, ev in enumerate(events, 1):
         subject, msg_id = synthetic.route(ev)
-        await lg.nc.publish(subject, encode(ev), headers={"Nats-Msg-Id": msg_id})
-        sent += 1
-        if sent % 20_000 == 0:
-            await lg.nc.flush()
-            # Keep the server's ingest queue short: wait for the stream to catch up.
-            while await lg.head_seq() < start + sent - 40_000:
-                await asyncio.sleep(0.01)
-            progress.update(sent)
-    await lg.nc.flush()
-    deadline = time.monotonic() + 60
-    while (head := await lg.head_seq()) < start + sent and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
+        payload, headers = encode(ev), {"Nats-Msg-Id": msg_id}
+        only = located_in if isinstance(ev, Located) else None
+        for i, lg in enumerate(logs):
+            if only is None or i == only:
+                await lg.nc.publish(subject, payload, headers=headers)
+                sent[i] += 1
+        if made % 20_000 == 0:
+            for lg, start, count in zip(logs, starts, sent, strict=True):
+                await lg.nc.flush()
+                # Keep the server's ingest queue short: wait for the stream to catch up.
+                while await lg.head_seq() < start + count - 40_000:
+                    await asyncio.sleep(0.01)
+            progress.update(min(made, n))
+    heads = []
+    for lg, start, count in zip(logs, starts, sent, strict=True):
+        await lg.nc.flush()
+        deadline = time.monotonic() + 60
+        while (head := await lg.head_seq()) < start + count and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await lg.close()
+        if head != start + count:
+            raise RuntimeError(f"stream holds {head - start} of {count} published events")
+        heads.append(head)
     progress.close()
-    await lg.close()
-    if head != start + sent:
-        raise RuntimeError(f"stream holds {head - start} of {sent} published events")
-    return head
+    return heads
 
 
 async def _ceiling_nats_py(url: str, head: int) -> float:
@@ -249,32 +277,46 @@ async def bench_fold(
 
 
 async def _publish(url: str, events: int, proxies: int, seed: int, located: bool) -> int:
+    return (await _publish_paired([url], events, proxies, seed, 0 if located else None))[0]
+
+
+async def _publish_paired(
+    urls: list[str], events: int, proxies: int, seed: int, located_in: int | None
+) -> list[int]:
+    """publish_paired in a child process (its memory and CPU are not the fold's)."""
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "ops.bench.fold",
         "publish",
-        url,
+        ",".join(urls),
         str(events),
         str(proxies),
         str(seed),
-        *(["located"] if located else []),
+        *([] if located_in is None else [f"located={located_in}"]),
     )
     if await child.wait() != 0:
         raise RuntimeError("publishing the synthetic events failed")
-    lg = await Log.connect(url)
-    head = await lg.head_seq()
-    await lg.close()
-    return head
+    heads = []
+    for url in urls:
+        lg = await Log.connect(url)
+        heads.append(await lg.head_seq())
+        await lg.close()
+    return heads
 
 
 async def _fold_interleaved(
-    urls: list[str], heads: list[int], workdir: Path, run: int
+    urls: list[str],
+    heads: list[int],
+    workdir: Path,
+    run: int,
+    timelines: list[list[int]],
 ) -> tuple[list[float], list[float]]:
     """Fold the streams at ``urls`` side by side in this process, a batch of each in
     turn, as ``replay`` folds one (``Folder.apply`` per batch, then one checkpoint of the
     whole state); returns each stream's (wall, CPU) seconds: the time spent on its own
     turns, reading its batches and folding them, and writing its file at the end.
+    ``timelines[i]`` is set to stream i's first and last message times (server ms).
 
     Why: runs of one stream alone, seconds apart, differ by 5-10 % on this machine
     (BENCHMARKS.md, issue 10), as much as the cost measured. Side by side, every moment
@@ -312,6 +354,8 @@ async def _fold_interleaved(
                     active.remove(i)
                 else:
                     folders[i].apply(batch)
+                    timelines[i][0] = timelines[i][0] or batch[0][1]
+                    timelines[i][1] = batch[-1][1]
                 wall[i] += time.perf_counter() - t
                 cpu[i] += time.process_time() - c
     finally:
@@ -347,16 +391,14 @@ async def bench_located(
         try:
             for server in servers:
                 server.start()
-            heads = [
-                await _publish(server.url, events, proxies, seed, located=i == 1)
-                for i, server in enumerate(servers)
-            ]
             urls = [server.url for server in servers]
+            heads = await _publish_paired(urls, events, proxies, seed, located_in=1)
+            timelines: list[list[int]] = [[0, 0], [0, 0]]
             side_wall: list[list[float]] = [[], []]
             side_cpu: list[list[float]] = [[], []]
             for run in range(interleaved):
                 gc.collect()
-                wall, cpu = await _fold_interleaved(urls, heads, workdir, run)
+                wall, cpu = await _fold_interleaved(urls, heads, workdir, run, timelines)
                 for i in (0, 1):
                     side_wall[i].append(round(wall[i], 2))
                     side_cpu[i].append(round(cpu[i], 2))
@@ -382,6 +424,13 @@ async def bench_located(
         "located_events": heads[1] - heads[0],
         "seed": seed,
     }
+    if interleaved:
+        # Published in lockstep (publish_paired): the two timelines agree to milliseconds.
+        (first0, last0), (first1, last1) = timelines
+        result |= {
+            "timeline_seconds": round((last0 - first0) / 1000, 2),
+            "timeline_skew_ms": max(abs(first1 - first0), abs(last1 - last0)),
+        }
     if interleaved:
         result |= _compared("interleaved", side_wall, side_cpu)
     if pairs:
@@ -424,5 +473,13 @@ if __name__ == "__main__" and len(sys.argv) in (6, 7) and sys.argv[1] == "publis
     from ops.telemetry import logs
 
     logs.configure()
-    _, _, url, n, px, sd, *located = sys.argv
-    asyncio.run(publish_synthetic(url, int(n), int(px), int(sd), located == ["located"]))
+    _, _, urls, n, px, sd, *located = sys.argv
+    asyncio.run(
+        publish_paired(
+            urls.split(","),
+            int(n),
+            int(px),
+            int(sd),
+            int(located[0].removeprefix("located=")) if located else None,
+        )
+    )
