@@ -22,7 +22,7 @@ setup(
             ["reducers/_fastfold.c"],  # which includes its parts, reducers/_fastfold_parts/*.c
             depends=[
                 f"reducers/_fastfold_parts/{p}.c"
-                for p in ("common", "confirm", "fail", "locate", "batch")
+                for p in ("common", "confirm", "fail", "locate", "located_wire", "batch")
             ],
             optional=True,
             extra_compile_args=["-ffp-contract=off"],

@@ -33,7 +33,9 @@
  *   fold_batch(state, messages, start, decode, admit, fast, rules, dlq)
  *
  * is projections/folder.py's loop over a batch, which calls the three above
- * (_fastfold_parts/batch.c says when it stops and hands a message back).
+ * (_fastfold_parts/batch.c says when it stops and hands a message back), a Located's
+ * payload read in place where it has the encoder's form (_fastfold_parts/located_wire.c;
+ * located_fields(payload) shows what it reads).
  *
  * configure(spec) is called once by reducers/fold.py with the types and constants they
  * read; every field is read and written in the slot its member descriptor names (rows
@@ -101,6 +103,7 @@ static int ready = 0;
 #include "_fastfold_parts/confirm.c"
 #include "_fastfold_parts/fail.c"
 #include "_fastfold_parts/locate.c"
+#include "_fastfold_parts/located_wire.c"
 #include "_fastfold_parts/batch.c"
 
 /* The offsets of ``names`` in ``type``: each must be a plain object slot. */
@@ -219,6 +222,9 @@ static PyMethodDef methods[] = {
      "Folder.apply's loop from start: (stop, applied, resent), stopping before the first "
      "message Folder must take in Python (a DLQ subject, a refused payload, admission "
      "undecided)."},
+    {"located_fields", located_fields, METH_O,
+     "A Located's payload read in place, as fold_batch reads it: (id, agent, at, v, ip, "
+     "country, asn, as_org, geo), or None where msgspec must decode it."},
     {"configure", configure, METH_O, "The types and constants reconfirm and locate read."},
     {NULL, NULL, 0, NULL},
 };

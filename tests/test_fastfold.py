@@ -4,11 +4,13 @@ without it, build the same projections, derived state and dirty sets included.""
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -135,7 +137,8 @@ def _log(seed: int, n: int) -> Iterator[tuple[Event, int]]:
                     ip=f"8.8.{p // 3}.{p % 3 + 1}",
                     country=rng.choice(["DE", "FR"]),
                     asn=rng.choice([0, 3320]),
-                    as_org=rng.choice(["", "DTAG"]),
+                    # Names as the data has them: UTF-8, quotes (msgspec's to decode)
+                    as_org=rng.choice(["", "DTAG", "DTAG", "Telefónica", 'A "B" \\ C']),
                     geo=rng.choice(["v1", "v2"]),
                 ),
                 ts,
@@ -352,7 +355,9 @@ def _messages(seed: int, n: int) -> list[tuple[int, int, bytes, bytes]]:
     """The log of ``_log`` as the stream holds it, (seq, ts, subject, payload), on the
     subjects the fleet publishes to, with what a hostile or broken fleet adds: DLQ
     entries, payloads that are not JSON or not an event, events on another agent's
-    subject (a forgery admission refuses), and redeliveries of earlier sequences."""
+    subject and locations on another address's (forgeries admission refuses), locations
+    in a form other than the encoder's (msgspec's to read), and redeliveries of earlier
+    sequences."""
     rng = random.Random(seed ^ 0x5EED)
     out: list[tuple[int, int, bytes, bytes]] = []
     for seq, (event, ts) in enumerate(_log(seed, n), 1):
@@ -367,6 +372,10 @@ def _messages(seed: int, n: int) -> list[tuple[int, int, bytes, bytes]]:
             payload = b'{"type": "NoSuchEvent", "id": "x"}'
         elif roll < 0.09 and isinstance(event, ProxyWorked | ProxyFailed):
             subject = subject.replace(f".{event.agent}.", ".w9.", 1)  # not the sender's
+        elif roll < 0.12 and isinstance(event, Located):
+            subject = "ppf.geo.8-8-9-9"  # another address's: a forgery admission refuses
+        elif roll < 0.15 and isinstance(event, Located):
+            payload = json.dumps(msgspec.to_builtins(event)).encode()  # spaced: msgspec reads it
         out.append((seq, ts, subject.encode(), payload))
         if out and rng.random() < 0.03:
             out.append(out[rng.randrange(len(out))])  # redelivered: applied already

@@ -16,7 +16,9 @@
  * it has not touched: Folder.apply takes it in Python (the rejection, its reason and the
  * DLQ are Folder's), then calls again from the next one. Admitted events go to
  * ``fast[type]`` (this module's folds) and, where that declines or there is none, to
- * ``rules`` (fold_rules); an exception from either is raised as Folder.apply would. */
+ * ``rules`` (fold_rules); an exception from either is raised as Folder.apply would.
+ * A Located that ``fast`` folds is first read from its bytes (located_wire.c), which
+ * takes the encoder's form and hands anything else to these steps. */
 
 static PyObject *fold_batch(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -38,6 +40,8 @@ static PyObject *fold_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
     }
     long long applied = 0, resent = 0;
     if (!ready || Py_TYPE(state) != t_state) goto stop;
+    int wire = PyDict_GetItemWithError(fast, (PyObject *)t_located) != NULL;
+    if (PyErr_Occurred()) return NULL;
     for (; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(messages, i);
         if (!PyTuple_CheckExact(m) || PyTuple_GET_SIZE(m) != 4) goto stop;
@@ -50,6 +54,14 @@ static PyObject *fold_batch(PyObject *self, PyObject *const *args, Py_ssize_t na
         if (s <= last) continue; /* redelivered: applied already */
         if (PyBytes_GET_SIZE(subject) >= dlq_n && memcmp(PyBytes_AS_STRING(subject), dlq, (size_t)dlq_n) == 0)
             goto stop;
+        if (wire && PyBytes_GET_SIZE(subject) > 8 && memcmp(PyBytes_AS_STRING(subject), "ppf.geo.", 8) == 0) {
+            int r = located_wire(state, subject, payload, seq, ts);
+            if (r < 0) return NULL;
+            if (r > 0) {
+                applied++;
+                continue;
+            }
+        }
         PyObject *event = PyObject_Vectorcall(decode, &payload, 1, NULL);
         if (event == NULL) {
             PyErr_Clear(); /* Folder.apply decodes it again, for the reason */

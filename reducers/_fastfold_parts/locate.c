@@ -1,42 +1,42 @@
 /* locate: fold() of a Located (included by reducers/_fastfold.c). */
 
-/* The bucket's counts of ``row`` (Composition.moved's lookup), borrowed; NULL when the
- * count it leaves is not there. */
-static PyObject *moving_counts(PyObject *comp, PyObject *row) {
-    long long seen;
+/* The counts of ``row``'s bucket in ``comp`` where ``old`` (the row's key) has a count:
+ * Composition.moved's lookup, borrowed; NULL where it has none. */
+static PyObject *moving_counts(PyObject *comp, PyObject *row, PyObject *old) {
+    long long seen, n;
     if (comp == NULL || Py_TYPE(comp) != t_comp || !ll(GET(row, p_off[P_LAST_SEEN]), &seen) || seen < 0)
         return NULL;
     PyObject *buckets = GET(comp, c_buckets);
     if (buckets == NULL || !PyDict_CheckExact(buckets)) return NULL;
-    return counted_in(buckets, floordiv(seen, bucket_ms), GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]),
-                      GET(row, p_off[P_COUNTRY]));
+    PyObject *b = PyLong_FromLongLong(floordiv(seen, bucket_ms));
+    if (b == NULL) return NULL;
+    PyObject *counts = PyDict_GetItemWithError(buckets, b);
+    Py_DECREF(b);
+    if (counts == NULL || !PyDict_CheckExact(counts)) return NULL;
+    PyObject *was = PyDict_GetItemWithError(counts, old);
+    return was != NULL && ll(was, &n) ? counts : NULL;
 }
 
-/* Composition.moved: the row's count goes from its country to ``country``. */
-static int move(PyObject *counts, PyObject *row, PyObject *country) {
-    PyObject *proto = GET(row, p_off[P_PROTO]), *anon = GET(row, p_off[P_ANON]);
-    PyObject *old = PyTuple_Pack(3, proto, anon, GET(row, p_off[P_COUNTRY]));
-    PyObject *new = PyTuple_Pack(3, proto, anon, country);
-    int ok = old != NULL && new != NULL && bump(counts, old, -1) && bump(counts, new, +1);
-    Py_XDECREF(old);
-    Py_XDECREF(new);
-    return ok;
+/* (a, b, c), a new reference (PyTuple_Pack without its argument list). */
+static PyObject *triple(PyObject *a, PyObject *b, PyObject *c) {
+    PyObject *t = PyTuple_New(3);
+    if (t == NULL) return NULL;
+    Py_INCREF(a);
+    PyTuple_SET_ITEM(t, 0, a);
+    Py_INCREF(b);
+    PyTuple_SET_ITEM(t, 1, b);
+    Py_INCREF(c);
+    PyTuple_SET_ITEM(t, 2, c);
+    return t;
 }
 
 #define MAX_PORTS 64 /* rows of one address checked at once; more: fold() does it */
 
-static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "locate(state, event, seq, ts)");
-        return NULL;
-    }
-    PyObject *state = args[0], *e = args[1];
-    long long seq, ts;
-    if (!ready || Py_TYPE(e) != t_located || Py_TYPE(state) != t_state) goto no;
-    if (!in_order(state, args, &seq, &ts)) goto no;
-    PyObject *ip = GET(e, g_off[G_IP]), *country = GET(e, g_off[G_COUNTRY]);
-    PyObject *asn = GET(e, g_off[G_ASN]), *as_org = GET(e, g_off[G_AS_ORG]), *geo = GET(e, g_off[G_GEO]);
+/* geo.located for a Located whose fields are given (the event's, or its payload's, read
+ * in place by located_wire.c): 1 when applied as fold() would, 0 when nothing was
+ * touched and fold() must take it, -1 on an error (raised). */
+static int locate_fields(PyObject *state, PyObject *ip, PyObject *country, PyObject *asn, PyObject *as_org,
+                         PyObject *geo, long long seq) {
     if (!is_str(ip) || !is_str(country) || asn == NULL || !PyLong_CheckExact(asn) || !is_str(as_org) ||
         !is_str(geo))
         goto no;
@@ -57,7 +57,10 @@ static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t n = PyTuple_GET_SIZE(ports);
 
     /* ---- Checked first: the rows, and the counts a change of country moves. ---- */
-    PyObject *keys[MAX_PORTS], *found[MAX_PORTS], *counts[MAX_PORTS], *fcounts[MAX_PORTS];
+    /* Per row: its key, the row, and where a change of country moves it: its old
+     * (proto, anon, country) and the counts holding it in the composition and, for a
+     * failing row, in the failing one (Composition.moved, one key built for both). */
+    PyObject *keys[MAX_PORTS], *found[MAX_PORTS], *olds[MAX_PORTS], *counts[MAX_PORTS], *fcounts[MAX_PORTS];
     int change[MAX_PORTS];
     Py_ssize_t made = 0;
     PyObject *fresh = PyTuple_Pack(4, country, asn, as_org, geo);
@@ -68,6 +71,7 @@ static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (place == was) goto done; /* a re-sent lookup: the rows carry it already */
     for (; made < n; made++) {
         Py_ssize_t i = made;
+        olds[i] = counts[i] = fcounts[i] = NULL;
         keys[i] = PyTuple_Pack(2, ip, PyTuple_GET_ITEM(ports, i));
         if (keys[i] == NULL) goto undo;
         found[i] = PyDict_GetItemWithError(rows, keys[i]);
@@ -91,10 +95,10 @@ static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             goto undo;
         }
         change[i] = !(g && c && a && o);
-        counts[i] = fcounts[i] = NULL;
         if (change[i] && !c) {
-            counts[i] = moving_counts(comp, row);
-            if (fail) fcounts[i] = moving_counts(failing, row);
+            olds[i] = triple(GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), r_country);
+            if (olds[i] != NULL) counts[i] = moving_counts(comp, row, olds[i]);
+            if (counts[i] != NULL && fail) fcounts[i] = moving_counts(failing, row, olds[i]);
             if (counts[i] == NULL || (fail && fcounts[i] == NULL)) {
                 made++;
                 goto undo;
@@ -115,8 +119,13 @@ static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         for (Py_ssize_t i = 0; i < n; i++) {
             if (!change[i]) continue;
             PyObject *row = found[i];
-            if (counts[i] != NULL && !move(counts[i], row, p_country)) goto fail;
-            if (fcounts[i] != NULL && !move(fcounts[i], row, p_country)) goto fail;
+            if (olds[i] != NULL) {
+                PyObject *new = triple(GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), p_country);
+                int ok = new != NULL && bump(counts[i], olds[i], -1) && bump(counts[i], new, +1) &&
+                         (fcounts[i] == NULL || (bump(fcounts[i], olds[i], -1) && bump(fcounts[i], new, +1)));
+                Py_XDECREF(new);
+                if (!ok) goto fail;
+            }
             Py_INCREF(p_country);
             put(row, p_off[P_COUNTRY], p_country);
             Py_INCREF(p_asn);
@@ -128,17 +137,39 @@ static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             if (PySet_Add(dirty, keys[i]) < 0) goto fail;
         }
     }
-    for (Py_ssize_t i = 0; i < n; i++) Py_DECREF(keys[i]);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_DECREF(keys[i]);
+        Py_XDECREF(olds[i]);
+    }
 done:
-    if (!put_ll(state, s_off[S_LAST_SEQ], seq)) return NULL;
-    Py_RETURN_TRUE;
+    return put_ll(state, s_off[S_LAST_SEQ], seq) ? 1 : -1;
 undo:
-    for (Py_ssize_t i = 0; i < made; i++) Py_XDECREF(keys[i]);
+    for (Py_ssize_t i = 0; i < made; i++) {
+        Py_XDECREF(keys[i]);
+        Py_XDECREF(olds[i]);
+    }
 no:
     if (PyErr_Occurred()) PyErr_Clear();
-    Py_RETURN_FALSE;
+    return 0;
 fail:
     if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "locate: half applied");
-    return NULL;
+    return -1;
 }
 
+static PyObject *locate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "locate(state, event, seq, ts)");
+        return NULL;
+    }
+    PyObject *state = args[0], *e = args[1];
+    long long seq, ts;
+    if (!ready || Py_TYPE(e) != t_located || Py_TYPE(state) != t_state || !in_order(state, args, &seq, &ts)) {
+        PyErr_Clear();
+        Py_RETURN_FALSE;
+    }
+    int r = locate_fields(state, GET(e, g_off[G_IP]), GET(e, g_off[G_COUNTRY]), GET(e, g_off[G_ASN]),
+                          GET(e, g_off[G_AS_ORG]), GET(e, g_off[G_GEO]), seq);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r);
+}
