@@ -65,12 +65,12 @@ static int wire_int(const char **p, const char *end, long long *out) {
     }
     long long v = 0;
     int digits = 0;
-    while (s < end && *s >= '0' && *s <= '9' && digits < 19) {
+    while (s < end && *s >= '0' && *s <= '9') {
+        if (++digits > 18) return 0; /* before it could overflow: 18 nines fit */
         v = v * 10 + (*s - '0');
         s++;
-        digits++;
     }
-    if (digits == 0 || digits > 18) return 0;
+    if (digits == 0) return 0;
     if (s < end && (*s == '.' || *s == 'e' || *s == 'E')) return 0; /* a float: msgspec's */
     *out = minus ? -v : v;
     *p = s;
