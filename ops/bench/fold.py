@@ -48,7 +48,7 @@ async def publish_synthetic(
     url: str, n: int, proxies: int, seed: int, located: bool = False
 ) -> int:
     """Publish with core NATS (no per-message ack wait), then wait for the stream head."""
-    return (await publish_paired([url], n, proxies, seed, located_in=1 if located else None))[0]
+    return (await publish_paired([url], n, proxies, seed, located_in=0 if located else None))[0]
 
 
 async def publish_paired(
