@@ -63,7 +63,7 @@ async def publish_paired(
     published one after the other, at whatever pace the publisher keeps, get timelines
     of their own: one crosses a bucket's edge mid-stream where the other does not, and
     the fold of every other event differs with it (measured, BENCHMARKS.md, issue 10).
-    Published together, the same event has the same time, to milliseconds, in each.
+    Published together, the same event has the same time in each, within tens of ms.
     """
     from ops.bench import synthetic
 
@@ -425,7 +425,7 @@ async def bench_located(
         "seed": seed,
     }
     if interleaved:
-        # Published in lockstep (publish_paired): the two timelines agree to milliseconds.
+        # Published in lockstep (publish_paired): the timelines agree within tens of ms.
         (first0, last0), (first1, last1) = timelines
         result |= {
             "timeline_seconds": round((last0 - first0) / 1000, 2),
