@@ -65,21 +65,27 @@ static int bump(PyObject *counts, PyObject *key, int delta) {
     return r == 0;
 }
 
-/* The counts of ``bucket`` (borrowed) where (proto, anon, country) has a count; NULL
- * where it has none, or on an error (then cleared by the caller's decline). */
-static PyObject *counted_in(PyObject *buckets, long long bucket, PyObject *proto, PyObject *anon,
-                            PyObject *country) {
+/* The counts of ``bucket`` (borrowed) where ``key``, a (proto, anon, country), has a
+ * count; NULL where it has none, or on an error (then cleared by the caller's decline). */
+static PyObject *holding(PyObject *buckets, long long bucket, PyObject *key) {
     PyObject *b = PyLong_FromLongLong(bucket);
     if (b == NULL) return NULL;
     PyObject *counts = PyDict_GetItemWithError(buckets, b);
     Py_DECREF(b);
     if (counts == NULL || !PyDict_CheckExact(counts)) return NULL;
-    PyObject *key = PyTuple_Pack(3, proto, anon, country);
-    if (key == NULL) return NULL;
     PyObject *n = PyDict_GetItemWithError(counts, key);
-    Py_DECREF(key);
     long long nn;
     return n != NULL && ll(n, &nn) ? counts : NULL;
+}
+
+/* holding() for (proto, anon, country). */
+static PyObject *counted_in(PyObject *buckets, long long bucket, PyObject *proto, PyObject *anon,
+                            PyObject *country) {
+    PyObject *key = PyTuple_Pack(3, proto, anon, country);
+    if (key == NULL) return NULL;
+    PyObject *counts = holding(buckets, bucket, key);
+    Py_DECREF(key);
+    return counts;
 }
 
 /* Composition.add for (bucket, key). */

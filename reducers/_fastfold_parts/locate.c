@@ -3,31 +3,12 @@
 /* The counts of ``row``'s bucket in ``comp`` where ``old`` (the row's key) has a count:
  * Composition.moved's lookup, borrowed; NULL where it has none. */
 static PyObject *moving_counts(PyObject *comp, PyObject *row, PyObject *old) {
-    long long seen, n;
+    long long seen;
     if (comp == NULL || Py_TYPE(comp) != t_comp || !ll(GET(row, p_off[P_LAST_SEEN]), &seen) || seen < 0)
         return NULL;
     PyObject *buckets = GET(comp, c_buckets);
     if (buckets == NULL || !PyDict_CheckExact(buckets)) return NULL;
-    PyObject *b = PyLong_FromLongLong(floordiv(seen, bucket_ms));
-    if (b == NULL) return NULL;
-    PyObject *counts = PyDict_GetItemWithError(buckets, b);
-    Py_DECREF(b);
-    if (counts == NULL || !PyDict_CheckExact(counts)) return NULL;
-    PyObject *was = PyDict_GetItemWithError(counts, old);
-    return was != NULL && ll(was, &n) ? counts : NULL;
-}
-
-/* (a, b, c), a new reference (PyTuple_Pack without its argument list). */
-static PyObject *triple(PyObject *a, PyObject *b, PyObject *c) {
-    PyObject *t = PyTuple_New(3);
-    if (t == NULL) return NULL;
-    Py_INCREF(a);
-    PyTuple_SET_ITEM(t, 0, a);
-    Py_INCREF(b);
-    PyTuple_SET_ITEM(t, 1, b);
-    Py_INCREF(c);
-    PyTuple_SET_ITEM(t, 2, c);
-    return t;
+    return holding(buckets, floordiv(seen, bucket_ms), old);
 }
 
 #define MAX_PORTS 64 /* rows of one address checked at once; more: fold() does it */
@@ -96,7 +77,7 @@ static int locate_fields(PyObject *state, PyObject *ip, PyObject *country, PyObj
         }
         change[i] = !(g && c && a && o);
         if (change[i] && !c) {
-            olds[i] = triple(GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), r_country);
+            olds[i] = PyTuple_Pack(3, GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), r_country);
             if (olds[i] != NULL) counts[i] = moving_counts(comp, row, olds[i]);
             if (counts[i] != NULL && fail) fcounts[i] = moving_counts(failing, row, olds[i]);
             if (counts[i] == NULL || (fail && fcounts[i] == NULL)) {
@@ -120,7 +101,7 @@ static int locate_fields(PyObject *state, PyObject *ip, PyObject *country, PyObj
             if (!change[i]) continue;
             PyObject *row = found[i];
             if (olds[i] != NULL) {
-                PyObject *new = triple(GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), p_country);
+                PyObject *new = PyTuple_Pack(3, GET(row, p_off[P_PROTO]), GET(row, p_off[P_ANON]), p_country);
                 int ok = new != NULL && bump(counts[i], olds[i], -1) && bump(counts[i], new, +1) &&
                          (fcounts[i] == NULL || (bump(fcounts[i], olds[i], -1) && bump(fcounts[i], new, +1)));
                 Py_XDECREF(new);
