@@ -1,12 +1,13 @@
 """The synthetic stream folded from memory, for counting instructions under callgrind.
 
 Why: runs of the fold differ by 5-10 % on this machine, as much as what issue 10's bar
-measures (``Located`` adds < 5 %). Instructions do not: callgrind counts the same for
-the same work, so two streams' counts, taken one after the other, compare exactly:
+measures (``Located`` adds < 5 %). Instructions hardly do: callgrind's counts for the
+same work move only with the hash seed (±0.2 %, so it is fixed), and two streams' counts,
+taken one after the other, compare closely:
 
-    valgrind --tool=callgrind --toggle-collect=fold_batch \\
+    PYTHONHASHSEED=0 valgrind --tool=callgrind --toggle-collect=fold_batch \\
         python -m ops.bench.inmemory plain 200000
-    valgrind --tool=callgrind --toggle-collect=fold_batch \\
+    PYTHONHASHSEED=0 valgrind --tool=callgrind --toggle-collect=fold_batch \\
         python -m ops.bench.inmemory located 200000
 
 (``fold_batch`` is Folder.apply's loop in C: everything folding a batch does, without
