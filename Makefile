@@ -12,8 +12,8 @@ $(BIN)/python:
 
 # The C extensions' built files are removed first: an editable reinstall keeps a built
 # module it finds in the tree, however old.
-$(STAMP): pyproject.toml setup.py agents/_scan.c reducers/_admit.c reducers/_fastfold.c $(wildcard reducers/_fastfold_parts/*.c) ops/nats/_frames.c | $(BIN)/python
-	rm -f agents/_scan.*.so reducers/_admit.*.so reducers/_fastfold.*.so ops/nats/_frames.*.so
+$(STAMP): pyproject.toml setup.py agents/_scan.c ops/nats/_frames.c | $(BIN)/python
+	rm -f agents/_scan.*.so ops/nats/_frames.*.so
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
 

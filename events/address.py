@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 from socket import AF_INET, inet_pton
 
-__all__ = ["LAB_V4_MASKS", "NOT_PUBLIC_V4_MASKS", "parse_ipv4", "proxy_address_ok"]
+__all__ = ["parse_ipv4", "proxy_address_ok"]
 
 # Every IPv4 range that cannot hold a public proxy (RFC 6890): this-network, private,
 # CGNAT, loopback, link-local, IETF, documentation, benchmarking, 6to4 relay,
@@ -49,16 +49,6 @@ def _by_first_octet(cidrs: tuple[str, ...]) -> tuple[tuple[tuple[int, int], ...]
 
 _BLOCKED = _by_first_octet(_NOT_PUBLIC_V4)
 _LAB = _by_first_octet(_LAB_V4)
-
-
-def _masks(cidrs: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
-    nets = [ipaddress.IPv4Network(cidr) for cidr in cidrs]
-    return tuple((int(n.network_address), int(n.netmask)) for n in nets)
-
-
-# The same ranges as (network, mask) pairs, for reducers/_fastfold.c.
-NOT_PUBLIC_V4_MASKS = _masks(_NOT_PUBLIC_V4)
-LAB_V4_MASKS = _masks(_LAB_V4)
 
 
 def _within(table: tuple[tuple[tuple[int, int], ...], ...], value: int) -> bool:

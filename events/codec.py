@@ -10,14 +10,10 @@ import msgspec
 
 from events.catalogue import AnyEvent, Event
 
-__all__ = ["DecodeError", "decode", "decode_many", "decode_plain", "encode", "schema"]
+__all__ = ["DecodeError", "decode", "decode_many", "encode", "schema"]
 
 _encoder = msgspec.json.Encoder()
 _decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
-
-# msgspec's own decode, which raises msgspec's errors: for a loop (the fold's, in C) that
-# hands any payload it refuses to decode() below for the reason, and saves decode's call.
-decode_plain = _decoder.decode
 
 
 class DecodeError(ValueError):

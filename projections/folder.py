@@ -12,13 +12,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from events import DLQ_PREFIX, DecodeError, decode
-from events.codec import decode_plain
 from projections.log import Message
 from projections.store import collect_async
 from projections.writer import ProcessWriter
 from reducers import State, skip
-from reducers.admission import admit, refusal
-from reducers.fold import fast_batch, fast_folds, fold_rules
+from reducers.admission import refusal
+from reducers.fold import fold
 
 __all__ = ["Checkpointer", "Folder", "Message", "Rejected"]
 
@@ -39,27 +38,13 @@ class Folder:
         self.last_ts = 0
 
     def apply(self, batch: Iterable[Message]) -> int:
-        messages = batch if type(batch) is list else list(batch)
-        state = self.state
-        in_c = fast_batch()
         applied = 0
-        i, n = 0, len(messages)
-        while i < n:
-            if in_c is not None:
-                # The plain messages, folded in C (reducers/_fastfold_parts/batch.c):
-                # _apply_one's steps without its Python frame, which cost a tenth of the
-                # fold. It stops before a message it leaves to _apply_one, untouched.
-                i, done, resent = in_c(
-                    state, messages, i, decode_plain, admit, fast_folds(), fold_rules, _DLQ
-                )
-                applied += done
-                self.resent += resent
-                if i >= n:
-                    break
-            applied += self._apply_one(*messages[i])
-            i += 1
+        last_ts = 0
+        for seq, ts, subject, payload in batch:
+            applied += self._apply_one(seq, ts, subject, payload)
+            last_ts = ts
         if applied:
-            self.last_ts = messages[-1][1]
+            self.last_ts = last_ts
         self.applied += applied
         return applied
 
@@ -76,18 +61,11 @@ class Folder:
         except DecodeError as exc:
             self._reject(seq, ts, subject, payload, exc)
             return 0
-        # Admission (reducers/admission.py): its everyday answer, "admissible, no quota
-        # near", comes from reducers/_admit.c in one call; anything else gets the full
-        # answer.
-        if admit(subject, event, state, ts) != 1:
-            reason, why = refusal(state, subject, event, ts)
-            if reason:  # a forgery, nonsense, or a service bug: kept in the DLQ
-                self._reject(seq, ts, subject, payload, DecodeError(reason, why))
-                return 0
-        in_c = fast_folds().get(type(event))
-        if in_c is not None and in_c(state, event, seq, ts):
-            return 1  # folded by reducers/_fastfold.c
-        if fold_rules(state, event, seq, ts):  # type: ignore[arg-type]
+        reason, why = refusal(state, subject, event, ts)  # reducers/admission.py
+        if reason:  # a forgery, nonsense, or a service bug: kept in the DLQ
+            self._reject(seq, ts, subject, payload, DecodeError(reason, why))
+            return 0
+        if fold(state, event, seq, ts):  # type: ignore[arg-type]
             return 1
         self.resent += 1  # an agent's re-send of what is folded already: counted, not applied
         return 0

@@ -21,14 +21,7 @@ from events import (
     SUBJECT_TAILS,
     AnyEvent,
     Event,
-    Extracted,
-    Fetched,
-    Heartbeat,
-    Leased,
-    Located,
-    ProxyFailed,
     ProxyWorked,
-    Released,
     SubjectError,
     subject_for,
 )
@@ -40,9 +33,6 @@ from reducers.state import State
 __all__ = [
     "FORBIDDEN",
     "INVALID",
-    "NATIVE_CODES",
-    "admit",
-    "native_admission",
     "refusal",
 ]
 
@@ -62,14 +52,8 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
     if not settings.agent_subjects:
         return _OK
     kind = type(event)
-    how = admit(subject, event, state, ts)  # most of the log: in C (reducers/_admit.c)
-    if how == 1:  # admissible, and no quota near
-        return _OK
-    if how == 2:
-        plain = True
-    else:
-        tail = SUBJECT_TAILS.get(kind)
-        plain = tail is not None and _plainly_admitted(state, subject, event, kind, tail)
+    tail = SUBJECT_TAILS.get(kind)
+    plain = tail is not None and _plainly_admitted(state, subject, event, kind, tail)
     if not plain:
         why = _forbidden(state, subject, event)
         if why:
@@ -114,49 +98,12 @@ def _plainly_admitted(
     return not problem(event, lab=state.settings.lab)[1]
 
 
-# The types reducers/_admit.c decides, by its codes: all but a few in a thousand events.
-NATIVE_CODES: dict[type, int] = {
-    ProxyWorked: 1,
-    ProxyFailed: 2,
-    Leased: 3,
-    Released: 3,
-    Fetched: 4,
-    Extracted: 5,
-    Heartbeat: 6,
-    Located: 7,
-}
-
-
-def _undecided(subject: bytes, event: object, state: State, ts: int) -> int:
-    """Where reducers/_admit.c was not built: every event gets the full answer."""
-    return 0
-
-
-try:  # built by setup.py where a C compiler is
-    from reducers import _admit  # type: ignore[attr-defined, unused-ignore]
-except ImportError:  # pragma: no cover - only where the extension was not built
-    _admit = None
-
-# (subject, event, state, ts) -> 1: admissible with no quota near (or agent subjects are
-# off); 2: admissible on its subject and facts, ask the quota; 0: ask the full checks.
-# The Folder asks it of every event, then ``refusal`` unless it said 1.
-admit: Callable[[bytes, Any, State, int], int] = _undecided if _admit is None else _admit.admit
-
-
-def native_admission() -> bool:
-    """Whether reducers/_admit.c was built here (it needs a C compiler at install time)."""
-    return _admit is not None
-
-
 # Event type -> the roles that may publish it on their own subjects.
 _NATS_ROLES: dict[type, frozenset[str]] = {
     kind: frozenset(r for r in ROLE_NATS_EVENTS if may_publish_on_nats(r, kind.__name__))
     for kind in get_args(AnyEvent)
 }
 _NOBODY: frozenset[str] = frozenset()
-
-if _admit is not None:
-    _admit.configure({kind: (code, _NATS_ROLES[kind]) for kind, code in NATIVE_CODES.items()})
 
 
 def _expected(event: Event) -> str:

@@ -6,10 +6,8 @@ below ``state.last_seq`` was applied already (a redelivery) and changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, assert_never
+from typing import assert_never
 
-from events.address import LAB_V4_MASKS, NOT_PUBLIC_V4_MASKS
 from events.catalogue import (
     OBSERVATIONS,
     AgentEnrolled,
@@ -30,79 +28,15 @@ from events.catalogue import (
     ProxyWorked,
     Released,
     SeedPlanned,
-    Settings,
     SourceAdded,
 )
 from events.keys import DERIVED_PREFIX
 from reducers import agents, deposits, geo, ledger, proxies, sources, trust
-from reducers.pool import BUCKET_MS, Composition
-from reducers.state import AgentRow, LeaseRow, ProxyRow, SourceRow, State
+from reducers.state import State
 
-__all__ = ["FAST", "fast_batch", "fast_folds", "fold", "fold_rules", "native_fastfold", "skip"]
+__all__ = ["fold", "skip"]
 
 _OBSERVED = frozenset(OBSERVATIONS)
-
-# The fold's everyday events, a proxy confirmed (most of the log), a failed recheck and a
-# location (one per address), are folded by reducers/_fastfold.c in one call each (in
-# Python the first was more than half of the fold's time); it answers False, having
-# changed nothing, for anything but those everyday cases, and fold_rules() applies them.
-FastFold = Callable[[State, Any, int, int], bool]
-FAST: dict[type, FastFold] = {}
-FoldBatch = Callable[..., tuple[int, int, int]]
-_fold_batch: FoldBatch | None = None
-try:
-    from reducers import _fastfold  # type: ignore[attr-defined, unused-ignore]
-
-    _fastfold.configure(
-        {
-            "failed": ProxyFailed,
-            "located": Located,
-            "worked": ProxyWorked,
-            "state": State,
-            "settings": Settings,
-            "agent": AgentRow,
-            "proxy": ProxyRow,
-            "source": SourceRow,
-            "lease": LeaseRow,
-            "composition": Composition,
-            "places": geo.PLACES,
-            "blocked": NOT_PUBLIC_V4_MASKS,
-            "lab_ranges": LAB_V4_MASKS,
-            "shared": proxies.SHARED,
-            "derived": DERIVED_PREFIX,
-            "tag": ProxyWorked.__name__,
-            "tag_failed": ProxyFailed.__name__,
-            "leased": "leased",
-            "sweep_ms": proxies.SWEEP_MS,
-            "bucket_ms": BUCKET_MS,
-        }
-    )
-    FAST = {
-        ProxyWorked: _fastfold.reconfirm,
-        ProxyFailed: _fastfold.refail,
-        Located: _fastfold.locate,
-    }
-    _fold_batch = _fastfold.fold_batch
-except ImportError:  # no C compiler at install time: fold_rules() does it all, slower
-    pass
-
-
-def native_fastfold() -> bool:
-    """Whether reducers/_fastfold.c was built here (``ppf bench fold`` reports it)."""
-    return bool(FAST)
-
-
-def fast_folds() -> dict[type, FastFold]:
-    """The C folds by event type, as they are now (empty without the C): Folder.apply asks
-    them first and calls fold_rules only where they decline, one Python call an event."""
-    return FAST
-
-
-def fast_batch() -> FoldBatch | None:
-    """Folder.apply's loop in C (None without the C, or with FAST emptied, as the tests
-    do to fold in Python alone): it folds a batch's plain messages and hands back, one at
-    a time, those Folder must take itself."""
-    return _fold_batch if FAST else None
 
 
 def skip(state: State, seq: int, ts: int) -> None:
@@ -124,14 +58,6 @@ def _tick(state: State, ts: int) -> None:
 def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
     """Apply one event; False when ``seq`` was already applied, or the event is an
     agent's re-send of one already folded (``seq`` is then passed, nothing changes)."""
-    fast = FAST.get(type(event))
-    if fast is not None and fast(state, event, seq, ts):
-        return True
-    return fold_rules(state, event, seq, ts)
-
-
-def fold_rules(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
-    """fold() without asking the C first: the rules as written, which the C follows."""
     if seq <= state.last_seq:
         return False
     if ts >= state.sweep_bucket * proxies.SWEEP_MS + proxies.SWEEP_MS:

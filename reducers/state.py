@@ -211,7 +211,6 @@ class State:
         "operators",
         "pending_deposits",
         "proxies",
-        "quotas",
         "settings",
         "settings_dirty",
         "sources",
@@ -256,9 +255,6 @@ class State:
         self.trusted: frozenset[str] = frozenset()
         self.judges: frozenset[str] = frozenset()
         self.operators: frozenset[str] = frozenset()  # settings.trusted_agents, as a set
-        # What reducers/_admit.c needs of the quotas: None while trust is off, else (the
-        # operator's agents, quota_events_per_min, quota_proxies_per_hour).
-        self.quotas: tuple[frozenset[str], int, int] | None = None
         self.trust_base = [0, 0]
         self.settings = Settings()
         self.last_seq = 0

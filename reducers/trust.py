@@ -74,11 +74,9 @@ def reindex(state: State) -> None:
     s = state.settings
     if not s.trust:
         state.trusted = state.judges = state.operators = frozenset()
-        state.quotas = None
         return
     agents = state.agents
     state.operators = frozenset(s.trusted_agents)  # quotas spare them, revoked or not
-    state.quotas = (state.operators, s.quota_events_per_min, s.quota_proxies_per_hour)
     operators = {n for n in s.trusted_agents if n not in agents or not _revoked(agents[n])}
     state.judges = frozenset(n for n in operators if n in agents and agents[n].role == "checker")
     earned = {n for n, a in agents.items() if a.standing == EARNED and not _revoked(a)}

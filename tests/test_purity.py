@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EDGE_IN_EVENTS = ROOT / "events" / "mint.py"
 READ_MODELS = ["readmodels.py", "snapshot.py", "digest.py", "recheck.py"]
 CORE = (
-    sorted((ROOT / "reducers").glob("*.py"))
+    sorted((ROOT / "reducers").rglob("*.py"))
     + [p for p in sorted((ROOT / "events").glob("*.py")) if p != EDGE_IN_EVENTS]
     + [ROOT / "projections" / name for name in READ_MODELS]
 )
@@ -86,6 +86,30 @@ def test_core_module_imports_only_pure_things(path: Path) -> None:
         assert root in allowed_roots or root in sys.stdlib_module_names, (
             f"{path.name} imports {module}, outside the stdlib, msgspec and events/"
         )
+
+
+def _not_python(folder: Path) -> list[str]:
+    """Files of a core folder that are not Python source (build caches aside): the fold's
+    rules are written once, in Python, never twinned in C, C++ or Cython."""
+    return sorted(
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in {".py", ".so"}
+    )
+
+
+def test_reducers_hold_python_only() -> None:
+    """Every file under reducers/ is Python: the rules live in one language."""
+    assert _not_python(ROOT / "reducers") == []
+
+
+def test_the_python_only_rule_finds_a_c_twin(tmp_path: Path) -> None:
+    """The rule is not vacuous: a C file, or one in a subfolder, is found."""
+    (tmp_path / "parts").mkdir()
+    (tmp_path / "fold.py").write_text("")
+    (tmp_path / "_fast.c").write_text("")
+    (tmp_path / "parts" / "x.pyx").write_text("")
+    assert _not_python(tmp_path) == ["_fast.c", "parts/x.pyx"]
 
 
 def test_the_check_itself_catches_a_clock(tmp_path: Path) -> None:

@@ -34,8 +34,6 @@ from projections import Store, digest
 from projections.folder import Checkpointer, Folder
 from projections.replay import replay
 from reducers import State
-from reducers.admission import native_admission
-from reducers.fold import native_fastfold
 
 __all__ = ["bench_fold", "bench_located", "publish_paired", "publish_synthetic"]
 
@@ -258,12 +256,8 @@ async def bench_fold(
         "peak_rss_mb": round(rss_fold),
         "rss_before_fold_mb": round(rss_before),
         "restore_digest_equal": restore_ok,
-        # reducers/_admit.c, or the Python twin where no C compiler built it
-        "native_admission": native_admission(),
         # ops/nats/_frames.c, or the stream reader's Python twin
         "native_frames": native_frames(),
-        # reducers/_fastfold.c, or fold_rules() alone where no C compiler built it
-        "native_fastfold": native_fastfold(),
         "fold_with_dead_axiom_tap_per_s": round(tapped[0]) if tapped else None,
         "fold_tap_off_again_per_s": round(tapped[1]) if tapped else None,
         "dead_tap_vs_tap_off": round(2 * tapped[0] / (fold_rate + tapped[1]), 3)
