@@ -31,6 +31,7 @@ from events import (
     decode,
     encode,
 )
+from events.batches import group
 from events.mint import fresh_id_after
 from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, WireError
 from ops.nats.client import Log, LogError, redact
@@ -77,7 +78,11 @@ class GatewayClient:
         self._headers = {"Authorization": f"Bearer {token}"}
         self._http: aiohttp.ClientSession | None = None
         self._nats_url = None if http_only else nats
-        self._ask_gateway = not http_only and nats is None
+        self._http_only = http_only
+        self._asked = False  # until GET /v1/agents/me has answered
+        # Whether the fleet reports a check round as one ProxiesChecked (the gateway says
+        # so from its settings, events.catalogue.Settings.batches).
+        self.batches = False
         self._log: Log | None = None
         self.sent = 0
         self.buffered = 0
@@ -97,21 +102,25 @@ class GatewayClient:
         return self
 
     async def _ask_for_nats(self) -> None:
-        """Learn the role's NATS URL from the gateway, once it answers (until then, and
-        when it offers none, observations go through HTTP)."""
-        if not self._ask_gateway:
+        """Learn from the gateway, once it answers, the role's NATS URL (until then, and
+        when it offers none, observations go through HTTP) and whether to batch."""
+        if self._asked:
             return
         try:
-            self._nats_url = (await self.whoami()).nats or None
+            me = await self.whoami()
         except GatewayError as exc:
             log.warning("no_nats_offer_yet", agent=self.agent, error=repr(exc))
             return
-        self._ask_gateway = False
+        self._asked = True
+        self.batches = me.batches
+        if not self._http_only and self._nats_url is None:
+            self._nats_url = me.nats or None
         log.info(
             "agent_events_via",
             agent=self.agent,
             via=self.via,
             nats=redact(self._nats_url) if self._nats_url else None,
+            batches=self.batches,
         )
 
     async def __aexit__(self, *exc: object) -> None:
@@ -205,6 +214,8 @@ class GatewayClient:
         async with self._sending:
             await self._ask_for_nats()
             outbox = self._read_outbox()
+            if self.batches:  # a round's results as one message (events/batches.py)
+                events = group(events)
             pending = [*outbox, *(encode(e) for e in self._stamp(events, outbox))]
             send = self._send_nats if self._nats_url else self._send_http
             left, detail = await send(pending)

@@ -16,6 +16,7 @@ from agents.check import HTTPS_TARGETS, Check, Target, check_many
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
 from events import Event, Heartbeat, ProxyWorked
+from events.batches import MAX_RESULTS
 from events.mint import fresh_id, now_ms
 from events.wire import DEFAULT_LEASE_TTL_S, LeaseGrant
 
@@ -80,6 +81,10 @@ class AgentConfig:
     publish_gather_s: float = 0.05
 
 
+# The longest a result waits, batched, before it goes out (docs/architecture.md §4).
+BATCH_GATHER_S = 1.0
+
+
 class Results:
     """Events that go out as they come (``Agent._streaming``): ``append`` one, and a
     publish takes what gathered within ``gather_s``; ``flush`` publishes what waits now
@@ -87,15 +92,20 @@ class Results:
 
     def __init__(self, gw: GatewayClient, gather_s: float) -> None:
         self.gw = gw
-        self.gather_s = gather_s
+        # Batched, a round's results wait up to BATCH_GATHER_S to go out together (or
+        # until a message's worth has gathered): fewer, larger messages.
+        self.gather_s = max(gather_s, BATCH_GATHER_S) if gw.batches else gather_s
         self.pending: list[Event] = []
         self.ready = asyncio.Event()
+        self.full = asyncio.Event()
         self.done = asyncio.Event()
         self._lock = asyncio.Lock()  # publishes in the order their events came
 
     def append(self, event: Event) -> None:
         self.pending.append(event)
         self.ready.set()
+        if len(self.pending) >= MAX_RESULTS:
+            self.full.set()
 
     async def flush(self) -> None:
         async with self._lock:
@@ -108,8 +118,10 @@ class Results:
         while not self.done.is_set():
             await self.ready.wait()
             if not self.done.is_set():
-                await asyncio.sleep(self.gather_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.full.wait(), self.gather_s)
             self.ready.clear()
+            self.full.clear()
             await self.flush()
         await self.flush()
 

@@ -17,6 +17,7 @@ __all__ = [
     "AgentEnrolled",
     "Anonymity",
     "AnyEvent",
+    "CheckResult",
     "Configured",
     "DepositFolded",
     "DepositRejected",
@@ -32,6 +33,8 @@ __all__ = [
     "Located",
     "Origin",
     "Outcome",
+    "Place",
+    "ProxiesChecked",
     "ProxyFailed",
     "ProxyReported",
     "ProxyWorked",
@@ -106,6 +109,13 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     recheck_veteran_s: int = 7_200
     recheck_dead_s: int = 21_600
     recheck_budget_per_hour: int = 0
+    # The re-send mark (reducers/marks.py): 0 keeps the highest id per agent, as logs
+    # written before this setting did; N keeps each agent's N newest ids, so ids out of
+    # order (within a millisecond, two processes on one token, clocks apart) are folded.
+    resend_window: int = 0
+    # Agents, the deposit ingest and the locator publish a round's results as one
+    # ProxiesChecked and many locations as one Located (docs/architecture.md §4).
+    batches: bool = False
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -257,15 +267,56 @@ class Configured(Event, frozen=True, kw_only=True, tag="Configured"):
     settings: Settings
 
 
+class Place(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One more address of a ``Located`` batch, with its location (same data version)."""
+
+    ip: str
+    country: str = ""
+    asn: int = 0
+    as_org: str = ""
+
+
 class Located(Event, frozen=True, kw_only=True, tag="Located"):
     """Country and network of an address, looked up once by the service (offline data
-    whose version is ``geo``), so replay needs no data file."""
+    whose version is ``geo``), so replay needs no data file. From the ``batches``
+    setting the service sends many at once: the first in the fields, the rest in
+    ``more``."""
 
     ip: str
     country: str = ""  # ISO 3166 alpha-2; "" when the data has none
     asn: int = 0  # 0 when the data gives no number (geoip2fast gives names only)
     as_org: str = ""
     geo: str = ""
+    more: list[Place] = []
+
+
+class CheckResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One proxy's check in a round (``ProxiesChecked``): what a ``ProxyWorked`` (``ok``)
+    or a ``ProxyFailed`` (not ``ok``) says, without the envelope the round carries."""
+
+    ip: str
+    port: int
+    proto: str
+    ok: bool = True
+    latency_ms: int = 0
+    exit_ip: str = ""
+    anonymity: Anonymity = ""
+    mitm: bool = False
+    https: Tried = ""
+    judge: str = ""
+    error: str = ""
+
+
+class ProxiesChecked(Event, frozen=True, kw_only=True, tag="ProxiesChecked"):
+    """The results of one check round under one lease: a worker's of one source
+    (``key`` and ``source`` its url_id), a checker's of one shard (``key`` the shard),
+    the fold's of one deposit (``key`` its key id). Folded result by result, each as
+    the ``ProxyWorked`` or ``ProxyFailed`` it stands for (``events.batches.expand``)."""
+
+    key: str
+    results: list[CheckResult]
+    lease: str = ""
+    source: str = ""
 
 
 AnyEvent = (
@@ -287,6 +338,7 @@ AnyEvent = (
     | AgentEnrolled
     | Configured
     | Located
+    | ProxiesChecked
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -308,6 +360,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     AgentEnrolled,
     Configured,
     Located,
+    ProxiesChecked,
 )
 
 # What agents observe and send through their outboxes: the events a re-send can repeat
@@ -317,6 +370,7 @@ OBSERVATIONS: tuple[type[Event], ...] = (
     Extracted,
     ProxyWorked,
     ProxyFailed,
+    ProxiesChecked,
     Deposited,
     Discovered,
 )

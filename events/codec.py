@@ -19,10 +19,12 @@ _decoder: msgspec.json.Decoder[AnyEvent] = msgspec.json.Decoder(AnyEvent)
 class DecodeError(ValueError):
     """A payload that is not a valid event; ``reason`` is one DLQ subject token."""
 
-    def __init__(self, reason: str, detail: str) -> None:
+    def __init__(self, reason: str, detail: str, index: int = -1) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+        # Which result of a ProxiesChecked (-1: the whole message).
+        self.index = index
 
 
 def encode(event: Event) -> bytes:

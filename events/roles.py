@@ -11,9 +11,18 @@ __all__ = ["ROLE_EVENTS", "ROLE_KINDS", "ROLE_NATS_EVENTS", "may_publish", "may_
 # What each role may publish (least privilege); admin may publish anything over HTTP.
 ROLE_EVENTS: dict[str, frozenset[str]] = {
     "worker": frozenset(
-        {"Fetched", "Extracted", "ProxyWorked", "Deposited", "Discovered", "Released", "Heartbeat"}
+        {
+            "Fetched",
+            "Extracted",
+            "ProxyWorked",
+            "ProxiesChecked",
+            "Deposited",
+            "Discovered",
+            "Released",
+            "Heartbeat",
+        }
     ),
-    "checker": frozenset({"ProxyWorked", "ProxyFailed", "Released", "Heartbeat"}),
+    "checker": frozenset({"ProxyWorked", "ProxyFailed", "ProxiesChecked", "Released", "Heartbeat"}),
     "seed": frozenset({"Deposited", "Released", "Heartbeat"}),
     # Reads the pool and reports on what it was served, over HTTP only: nothing else.
     "consumer": frozenset({"ProxyReported"}),

@@ -26,6 +26,7 @@ from events.catalogue import (
     Leased,
     LeaseReset,
     Located,
+    ProxiesChecked,
     ProxyFailed,
     ProxyReported,
     ProxyWorked,
@@ -67,7 +68,7 @@ AGENT_PREFIX = "ppf.in."
 # Where an agent's replies (JetStream acks) come: ``_INBOX_AGENT.<agent>.<id>``; each
 # agent may read only its own.
 AGENT_INBOX = "_INBOX_AGENT"
-_ENTITIES = ("ppf.source.", "ppf.proxy.", "ppf.deposit.")
+_ENTITIES = ("ppf.source.", "ppf.proxy.", "ppf.deposit.", "ppf.checked.")
 # The largest message the stream stores (its max_msg_size): the largest honest event
 # (an Extracted of 1,000 candidates, a Discovered of 50 long URLs) is well under it.
 MAX_MESSAGE = 256 * 1024
@@ -157,6 +158,7 @@ SUBJECT_TAILS: dict[type, Callable[[Any], str]] = {
     SourceAdded: _source,
     Discovered: lambda e: "source." + e.parent,
     Located: lambda e: "geo." + e.ip.replace(".", "-"),
+    ProxiesChecked: lambda e: "checked." + e.key,
     Leased: _lease,
     Released: _lease,
     LeaseReset: _lease,
@@ -217,4 +219,6 @@ def subject_for(event: Event) -> str:
             return "ppf.seed." + _token(event.plan, "plan")
         case Located():
             return "ppf.geo." + _token(event.ip.replace(".", "-"), "ip")
+        case ProxiesChecked():
+            return "ppf.checked." + _token(event.key, "key")
     raise SubjectError(f"no subject for {type(event).__name__}")

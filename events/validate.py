@@ -17,12 +17,15 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from events.batches import MAX_RESULTS, expand
 from events.catalogue import (
     Deposited,
     Discovered,
     Event,
     Extracted,
     Fetched,
+    Located,
+    ProxiesChecked,
     ProxyFailed,
     ProxyReported,
     ProxyWorked,
@@ -38,6 +41,7 @@ __all__ = [
     "legacy_ipv4",
     "local_name",
     "problem",
+    "result_problems",
     "sound_report",
     "url_problem",
 ]
@@ -268,6 +272,45 @@ def _deposited(e: Deposited, lab: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
+_KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def _proxies_checked(e: ProxiesChecked, lab: bool) -> tuple[str, str]:
+    """The round's envelope; its results are each checked as the single event they
+    stand for (``result_problems``), so one bad result costs only itself."""
+    if not _KEY.fullmatch(e.key):
+        return "key", "not a partition key (1-64 of A-Z a-z 0-9 _ -)"
+    if e.source and not _hex(e.source, 16):
+        return "source", "not a url_id"
+    if e.source and e.key != e.source:
+        return "key", "a round of one source is keyed by its url_id"
+    if not 1 <= len(e.results) <= MAX_RESULTS:
+        return "results", f"1 to {MAX_RESULTS} results"
+    return _envelope(e.id, e.lease)
+
+
+def _located(e: Located, lab: bool) -> tuple[str, str]:
+    if len(e.more) >= MAX_RESULTS:
+        return "more", f"at most {MAX_RESULTS} addresses in all"
+    for i, place in enumerate(e.more):
+        if not _address(place.ip):
+            return f"more[{i}].ip", "not an address"
+        if why := _text(place.as_org, MAX_NAME) or _text(place.country, 2):
+            return f"more[{i}]", why
+    return _envelope(e.id, "")
+
+
+def result_problems(batch: ProxiesChecked, *, lab: bool) -> list[tuple[int, str, str]]:
+    """(index, field, why) of each result of ``batch`` that is wrong, as the single event
+    it stands for would be; the field reads ``results[j].<field>``."""
+    out = []
+    for j, single in enumerate(expand(batch)):
+        field, why = problem(single, lab=lab)
+        if why:
+            out.append((j, f"results[{j}].{field}", why))
+    return out
+
+
 def _envelope(event_id: str, lease: str) -> tuple[str, str]:
     if lease and (why := _text(lease, 64)):
         return "lease", why
@@ -285,6 +328,8 @@ _CHECKS: dict[type, Callable[[Any, bool], tuple[str, str]]] = {
     Discovered: _discovered,
     SourceAdded: _source_added,
     Deposited: _deposited,
+    ProxiesChecked: _proxies_checked,
+    Located: _located,
 }
 
 

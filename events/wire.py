@@ -205,6 +205,9 @@ class AgentMe(msgspec.Struct, kw_only=True, omit_defaults=True):
     role: str
     nats: str | None  # always sent, null included
     judge_key: str = ""  # left out when empty
+    # Report a check round as one ProxiesChecked (the fleet's batches setting); left
+    # out when false, so older agents read the reply as they did.
+    batches: bool = False
 
 
 _JSON = msgspec.json.Encoder()

@@ -18,6 +18,7 @@ from events import (
     Event,
     Heartbeat,
     LeaseReset,
+    ProxiesChecked,
     ProxyReported,
     Released,
     SubjectError,
@@ -25,9 +26,10 @@ from events import (
     subject_for,
     url_id,
 )
+from events.batches import expand
 from events.mint import fresh_id, now_ms
 from events.roles import ROLE_KINDS, may_publish
-from events.validate import problem, url_problem
+from events.validate import problem, result_problems, url_problem
 from events.wire import (
     EventsAccepted,
     EventsRequest,
@@ -80,6 +82,20 @@ def _check(caller: Caller, index: int, event: Event, *, lab: bool) -> FieldError
     field, why = problem(event, lab=lab)
     if why:
         return FieldError(index=index, field=field, reason=why)
+    if isinstance(event, ProxiesChecked):
+        # Each result as the single event it stands for: its facts, and what the
+        # caller's role may say (a worker reports working proxies only).
+        bad = result_problems(event, lab=lab)
+        if bad:
+            _, field, why = bad[0]
+            return FieldError(index=index, field=field, reason=why)
+        for j, single in enumerate(expand(event)):
+            if not may_publish(caller.role, type(single).__name__):
+                return FieldError(
+                    index=index,
+                    field=f"results[{j}].ok",
+                    reason=f"role {caller.role} may not report {type(single).__name__}",
+                )
     return None
 
 

@@ -289,7 +289,10 @@ async def whoami(request: web.Request) -> web.Response:
                 nats = nats.replace(unspecified, f"{host}:")
     keys = request.app[CONFIG].judge_keys
     key = keys.agent_key(caller.name).hex() if keys is not None else ""
-    return reply(AgentMe(name=caller.name, role=caller.role, nats=nats, judge_key=key))
+    batches = request.app[FOLD].state.settings.batches
+    return reply(
+        AgentMe(name=caller.name, role=caller.role, nats=nats, judge_key=key, batches=batches)
+    )
 
 
 @routes.get("/v1/agents")

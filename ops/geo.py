@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from events import Located, uuid7
+from events import Place as EventPlace
 from events.mint import now_ms
 from projections.live import FoldService
 from projections.log import LogError
@@ -64,6 +65,45 @@ def lookup(ip: str) -> Place:
 def located_id(ip: str, geo: str) -> str:
     """The same address and data version give the same id on every replica."""
     return uuid7(0, hashlib.sha256(f"{ip}|{geo}".encode()).digest()[:10])
+
+
+def _located(ips: list[str], places: list[Place], at: int, *, batches: bool) -> list[Located]:
+    """One ``Located`` an address, or with ``batches`` one for them all per data version
+    (the first in its fields, the rest in ``more``) under an id its addresses and data
+    version fix, so replicas that look up the same addresses publish one message."""
+    if not batches:
+        return [
+            Located(
+                id=located_id(ip, p.geo),
+                agent="fold",
+                at=at,
+                ip=ip,
+                country=p.country,
+                as_org=p.as_org,
+                geo=p.geo,
+            )
+            for ip, p in zip(ips, places, strict=True)
+        ]
+    by_version: dict[str, list[tuple[str, Place]]] = {}
+    for ip, p in zip(ips, places, strict=True):
+        by_version.setdefault(p.geo, []).append((ip, p))
+    out = []
+    for geo, found in by_version.items():
+        found.sort()
+        (ip, first), rest = found[0], found[1:]
+        out.append(
+            Located(
+                id=located_id("|".join(i for i, _ in found), geo),
+                agent="fold",
+                at=at,
+                ip=ip,
+                country=first.country,
+                as_org=first.as_org,
+                geo=geo,
+                more=[EventPlace(ip=i, country=p.country, as_org=p.as_org) for i, p in rest],
+            )
+        )
+    return out
 
 
 class Locator:
@@ -119,18 +159,7 @@ class Locator:
             return 0
         places = await asyncio.to_thread(lambda: [lookup(ip) for ip in todo])
         at = now_ms()
-        events = [
-            Located(
-                id=located_id(ip, p.geo),
-                agent="fold",
-                at=at,
-                ip=ip,
-                country=p.country,
-                as_org=p.as_org,
-                geo=p.geo,
-            )
-            for ip, p in zip(todo, places, strict=True)
-        ]
+        events = _located(todo, places, at, batches=self.fold.state.settings.batches)
         for ip in todo:
             self._asked[ip] = now
         await self.fold.log.publish_many(events)

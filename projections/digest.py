@@ -46,6 +46,8 @@ def meta_digest(state: State) -> str:
     parts: dict[str, Any] = {"settings": settings, "sweep_bucket": state.sweep_bucket}
     if state.high_water:  # likewise: only logs with per-agent subjects have marks
         parts["high_water"] = sorted(state.high_water.items())
+    if state.marks:  # and only logs with the re-send window have windows
+        parts["marks"] = sorted((a, m.floor, m.ids) for a, m in state.marks.items())
     if state.settings.trust:  # and only logs with trust have a baseline
         parts["trust_base"] = state.trust_base
     return hashlib.sha256(_encode(parts)).hexdigest()
@@ -70,6 +72,8 @@ _LATER = (
     "recheck_veteran_s",
     "recheck_dead_s",
     "recheck_budget_per_hour",
+    "resend_window",
+    "batches",
 )
 _DEFAULTS = msgspec.structs.asdict(Settings())
 

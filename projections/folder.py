@@ -65,7 +65,13 @@ class Folder:
         if reason:  # a forgery, nonsense, or a service bug: kept in the DLQ
             self._reject(seq, ts, subject, payload, DecodeError(reason, why))
             return 0
-        if fold(state, event, seq, ts):  # type: ignore[arg-type]
+        refused: list[tuple[int, str, str]] = []
+        applied = fold(state, event, seq, ts, refused)  # type: ignore[arg-type]
+        for index, reason, why in refused:  # results of a round, each kept with its reason
+            self.rejected += 1
+            if self.on_reject is not None:
+                self.on_reject(seq, subject, payload, DecodeError(reason, why, index))
+        if applied:
             return 1
         self.resent += 1  # an agent's re-send of what is folded already: counted, not applied
         return 0

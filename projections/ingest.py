@@ -40,6 +40,7 @@ from events import (
     normalize_url,
     url_id,
 )
+from events.batches import group
 from events.keys import derived_id, parse_key
 from events.mint import now_ms
 from events.wire import SeedBatch
@@ -73,8 +74,10 @@ class MalformedDeposit(ValueError):
     """Content that is not what its key promises."""
 
 
-def derive(row: DepositRow, data: bytes) -> list[Event]:
-    """The events a deposit's content says, with ids fixed by its key. Pure."""
+def derive(row: DepositRow, data: bytes, *, batches: bool = False) -> list[Event]:
+    """The events a deposit's content says, with ids fixed by its key. Pure. With
+    ``batches`` its working proxies go as rounds (``ProxiesChecked`` keyed by the
+    deposit's key id), each under the id its first result had."""
     parts = parse_key(row.key)
     if parts is None or parts.form != "seed":
         return []  # pages and inputs are kept for reparse and planning: nothing to say
@@ -105,6 +108,8 @@ def derive(row: DepositRow, data: bytes) -> list[Event]:
                 https=p.https,  # type: ignore[arg-type]
             )
         )
+    if batches:
+        out = group(out, key=kid)
     base = len(batch.worked)
     for i, url in enumerate(batch.sources):
         out.append(
@@ -281,7 +286,7 @@ class DepositIngest:
         kid = deposit_key_id(key)
         try:
             data = await self.store.get(key, row.sha256)
-            derived = derive(row, data)
+            derived = derive(row, data, batches=state.settings.batches)
         except (DepositError, MalformedDeposit) as exc:
             reason = exc.reason if isinstance(exc, DepositError) else "malformed"
             event: Event = DepositRejected(

@@ -250,6 +250,7 @@ class FoldService:
             subject=subject.decode(errors="replace"),
             reason=exc.reason,
             detail=exc.detail[:200],
+            **({"index": exc.index} if exc.index >= 0 else {}),
         )
         self._dlq.put_nowait((seq, subject, payload, exc))
 
@@ -263,6 +264,11 @@ class FoldService:
                 "Ppf-Error": exc.detail[:500],
                 "Ppf-Size": str(len(payload)),
             }
+            # One entry per refused result of a round: Ppf-Index names it.
+            entry = f"dlq-{seq}"
+            if exc.index >= 0:
+                headers["Ppf-Index"] = str(exc.index)
+                entry = f"dlq-{seq}-{exc.index}"
             # The original stays in the log at Ppf-Seq; the copy is for reading, and a
             # megabyte of junk must not be stored twice.
             payload = payload[:DLQ_COPY_BYTES]
@@ -271,7 +277,7 @@ class FoldService:
                     # The id is derived from the original sequence: a fold that restarts
                     # and meets the same bad message again stores its DLQ entry once.
                     await self.log.publish_raw(
-                        dlq_subject(exc.reason), payload, msg_id=f"dlq-{seq}", headers=headers
+                        dlq_subject(exc.reason), payload, msg_id=entry, headers=headers
                     )
                     self.dlq_sent += 1
                     break

@@ -24,6 +24,7 @@ import msgspec
 
 from events.catalogue import Settings
 from projections.digest import DigestKeeper, meta_digest
+from reducers.marks import Mark
 from reducers.state import AgentRow, DepositRow, LeaseRow, ProxyKey, ProxyRow, SourceRow, State
 
 __all__ = [
@@ -180,6 +181,7 @@ def collect(
             "sweep_bucket": str(state.sweep_bucket),
             "settings": _json(state.settings).decode(),
             "high_water": _json(state.high_water).decode(),
+            "marks": _json(state.marks).decode(),
             "trust_base": _json(state.trust_base).decode(),
             "schema": SCHEMA_VERSION,
             "meta_digest": meta,
@@ -344,6 +346,8 @@ class Store:
                 state.settings = msgspec.json.decode(meta["settings"], type=Settings)
             if "high_water" in meta:
                 state.high_water = msgspec.json.decode(meta["high_water"], type=dict[str, str])
+            if "marks" in meta:
+                state.marks = msgspec.json.decode(meta["marks"], type=dict[str, Mark])
             if "trust_base" in meta:
                 state.trust_base = msgspec.json.decode(meta["trust_base"], type=list[int])
             dp = msgspec.msgpack.Decoder(ProxyRow)

@@ -21,11 +21,13 @@ from events import (
     SUBJECT_TAILS,
     AnyEvent,
     Event,
+    ProxyFailed,
     ProxyWorked,
     SubjectError,
     subject_for,
 )
-from events.roles import ROLE_NATS_EVENTS, may_publish_on_nats
+from events.keys import DERIVED_PREFIX
+from events.roles import ROLE_NATS_EVENTS, may_publish, may_publish_on_nats
 from events.validate import problem, sound_report
 from reducers import trust
 from reducers.state import State
@@ -33,11 +35,14 @@ from reducers.state import State
 __all__ = [
     "FORBIDDEN",
     "INVALID",
+    "STALE",
     "refusal",
+    "result_refusal",
 ]
 
 FORBIDDEN = "forbidden"  # DLQ reasons: said by whom it may not be said,
-INVALID = "invalid"  # or facts that cannot be (events/validate.py)
+INVALID = "invalid"  # or facts that cannot be (events/validate.py),
+STALE = "stale"  # or an id older than its agent's re-send window (reducers/marks.py)
 
 _SKIP = len(AGENT_PREFIX)
 
@@ -61,6 +66,13 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
         field, why = problem(event, lab=settings.lab)
         if why:
             return INVALID, f"{field}: {why}"
+    if kind in _OBSERVED and settings.resend_window and event.id[:4] != DERIVED_PREFIX:
+        mark = state.marks.get(event.agent)
+        if mark is not None and event.id <= mark.floor:
+            return STALE, (
+                f"id {event.id} is at or below the oldest id {event.agent}'s re-send window"
+                f" keeps ({mark.floor}): a re-send from long ago, or a clock far behind"
+            )
     if kind in _OBSERVED and settings.trust and event.agent not in state.operators:
         why = trust.over_quota(state, event, ts)
         if why:
@@ -69,6 +81,29 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
 
 
 _OBSERVED = frozenset(OBSERVATIONS)
+
+
+def result_refusal(state: State, single: ProxyWorked | ProxyFailed, ts: int) -> tuple[str, str]:
+    """(DLQ reason, why) when one result of a ``ProxiesChecked``, as the single event it
+    stands for (``events.batches.expand``), may not be folded; ("", "") when it may. Its
+    round passed ``refusal`` already (subject, agent, enrolment, the envelope's facts)."""
+    settings = state.settings
+    field, why = problem(single, lab=settings.lab)
+    if why:
+        return INVALID, f"{field}: {why}"
+    name = single.agent
+    if settings.agent_subjects and single.id[:4] != DERIVED_PREFIX:
+        # What the gateway asks of a caller's single events (events/roles.py): a worker
+        # reports working proxies only. Rounds derived from a deposit are the service's.
+        row = state.agents.get(name)
+        role = row.role if row is not None else ""
+        if not may_publish(role, type(single).__name__):
+            return FORBIDDEN, f"role {role or 'none'} may not report {type(single).__name__}"
+    if settings.trust and name not in state.operators:
+        why = trust.over_quota(state, single, ts)
+        if why:
+            return trust.QUOTA, why
+    return _OK
 
 
 def _plainly_admitted(

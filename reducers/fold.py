@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import assert_never
 
+from events.batches import expand
 from events.catalogue import (
     OBSERVATIONS,
     AgentEnrolled,
@@ -23,6 +24,7 @@ from events.catalogue import (
     Leased,
     LeaseReset,
     Located,
+    ProxiesChecked,
     ProxyFailed,
     ProxyReported,
     ProxyWorked,
@@ -31,7 +33,8 @@ from events.catalogue import (
     SourceAdded,
 )
 from events.keys import DERIVED_PREFIX
-from reducers import agents, deposits, geo, ledger, proxies, sources, trust
+from reducers import agents, deposits, geo, ledger, marks, proxies, sources, trust
+from reducers.admission import result_refusal
 from reducers.state import State
 
 __all__ = ["fold", "skip"]
@@ -55,42 +58,81 @@ def _tick(state: State, ts: int) -> None:
         state.settings_dirty = True
 
 
-def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
+Refused = list[tuple[int, str, str]]
+
+
+def fold(state: State, event: AnyEvent, seq: int, ts: int, refused: Refused | None = None) -> bool:
     """Apply one event; False when ``seq`` was already applied, or the event is an
-    agent's re-send of one already folded (``seq`` is then passed, nothing changes)."""
+    agent's re-send of one already folded (``seq`` is then passed, nothing changes).
+
+    A ``ProxiesChecked`` is applied result by result, each as the single event it stands
+    for; a result the rules refuse (reducers/admission.py) changes nothing and is added
+    to ``refused`` as (index, DLQ reason, why), for the caller to keep in the DLQ."""
     if seq <= state.last_seq:
         return False
     if ts >= state.sweep_bucket * proxies.SWEEP_MS + proxies.SWEEP_MS:
         _tick(state, ts)
-    # Per-agent activity, inlined: it runs for every event. Below, the type is looked up
-    # in a set (no event type has subclasses; a tuple isinstance costs more on this, the
-    # fold's hottest path).
     if isinstance(event, Located):
-        # The service's record of a lookup, not an agent's doing, and one message in ten
-        # while the pool grows: it skips the per-agent accounting below (the issue's
-        # bar: Located adds < 5 % to the fold).
+        # The service's record of a lookup, not an agent's doing: no per-agent
+        # accounting.
         geo.located(state, event)
         state.last_seq = seq
         return True
     settings = state.settings
     kind = type(event)
+    # Events the fold derived from a deposit (events/keys.py) carry the depositing agent
+    # but not its numbering, and are kept once by their fixed ids instead.
+    if (
+        kind in _OBSERVED
+        and settings.agent_subjects
+        and event.id[:4] != DERIVED_PREFIX
+        and not _first_time(state, event.agent, event.id)
+    ):
+        state.resent[event.agent] = state.resent.get(event.agent, 0) + 1
+        state.last_seq = seq
+        return False
+    if kind is ProxiesChecked:
+        _checked(state, event, seq, ts, refused)  # type: ignore[arg-type]
+    else:
+        _apply(state, event, seq, ts)
+    state.last_seq = seq
+    return True
+
+
+def _first_time(state: State, agent: str, eid: str) -> bool:
+    """Whether an agent's observation is folded for the first time. Ids are the agent's
+    own: each agent has its own mark, so nobody else's ids can shadow its events."""
+    window = state.settings.resend_window
+    if window:  # reducers/marks.py: ids out of order are folded, re-sends are not
+        return marks.see(state.marks, agent, eid, window) == marks.NEW
+    # Before the window: its client stamps ids in order as it sends, and its outbox
+    # re-sends in order, so an id at or below the highest folded is a re-send.
+    if eid <= state.high_water.get(agent, ""):
+        return False
+    state.high_water[agent] = eid
+    return True
+
+
+def _checked(
+    state: State, batch: ProxiesChecked, seq: int, ts: int, refused: Refused | None
+) -> None:
+    for j, single in enumerate(expand(batch)):
+        reason, why = result_refusal(state, single, ts)
+        if reason:
+            if refused is not None:
+                refused.append((j, reason, f"results[{j}].{why}"))
+            agent = state.agents.get(batch.agent)
+            if agent is not None:
+                agent.rejected += 1
+            continue
+        _apply(state, single, seq, ts)
+
+
+def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
+    """The rules of one event, once it is known to be new."""
+    settings = state.settings
+    kind = type(event)
     observed = kind in _OBSERVED
-    if observed and settings.agent_subjects:
-        # An agent's observations arrive in the order of their ids (its client stamps
-        # them as it sends, and its outbox re-sends in order), so one at or below the
-        # highest already folded is a re-send: ignored whatever the time since, where
-        # the stream's duplicate window forgets after minutes. Ids are the agent's own:
-        # each agent has its own mark, so nobody else's ids can shadow its events.
-        # Events the fold derived from a deposit (events/keys.py) carry the depositing
-        # agent but not its numbering, and are kept once by their fixed ids instead.
-        high_water = state.high_water
-        name = event.agent
-        eid = event.id
-        if eid[:4] != DERIVED_PREFIX:
-            if eid <= high_water.get(name, ""):
-                state.last_seq = seq
-                return False
-            high_water[name] = eid
     agent = state.agents.get(event.agent) or agents.row(state, event.agent)
     if ts > agent.last_seen:
         agent.last_seen = ts
@@ -167,7 +209,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
             deposits.folded(state, event)
         case DepositRejected():
             deposits.rejected(state, event)
+        case Located() | ProxiesChecked():  # folded before they get here (fold above)
+            pass
         case _:
             assert_never(event)
-    state.last_seq = seq
-    return True

@@ -64,17 +64,22 @@ def evicted(state: State, row: ProxyRow) -> None:
         state.unlocated.discard(row.ip)
 
 
-def located(state: State, event: Located) -> bool:
-    """Copy a location onto the rows of its address; False when no row has it."""
-    ip = event.ip
+def located(state: State, event: Located) -> None:
+    """Copy a location onto the rows of its address, and of each address in ``more``
+    (the same data version); an address no row has is passed over."""
+    _locate(state, event.ip, (event.country, event.asn, event.as_org, event.geo))
+    for p in event.more:
+        _locate(state, p.ip, (p.country, p.asn, p.as_org, event.geo))
+
+
+def _locate(state: State, ip: str, place: Place) -> None:
     entry = state.by_ip.get(ip)
     if entry is None:
-        return False
-    place: Place = (event.country, event.asn, event.as_org, event.geo)
+        return
     place = PLACES.setdefault(place, place)
     was, ports = entry
     if was is place:
-        return True  # a re-sent lookup: the rows carry it already
+        return  # a re-sent lookup: the rows carry it already
     state.by_ip[ip] = (place, ports)
     if was is None:
         state.unlocated.discard(ip)
@@ -89,4 +94,3 @@ def located(state: State, event: Located) -> bool:
                     state.failing.moved(row, country)
             row.country, row.asn, row.as_org, row.geo = place
             dirty.add((ip, port))
-    return True

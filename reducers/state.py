@@ -15,6 +15,7 @@ import msgspec
 
 from events.catalogue import Settings
 from reducers import geo, trust
+from reducers.marks import Mark
 from reducers.pool import Composition
 
 __all__ = [
@@ -208,9 +209,11 @@ class State:
         "last_seq",
         "lease_owner",
         "leases",
+        "marks",
         "operators",
         "pending_deposits",
         "proxies",
+        "resent",
         "settings",
         "settings_dirty",
         "sources",
@@ -248,6 +251,13 @@ class State:
         # agent -> the highest event id of its observations folded so far: a re-send,
         # however late, is ignored (reducers/fold.py). One id per agent, not per event.
         self.high_water: dict[str, str] = {}
+        # From the resend_window setting, the mark is a window of each agent's newest
+        # ids instead (reducers/marks.py); persisted and digested like high_water.
+        self.marks: dict[str, Mark] = {}
+        # agent -> re-sends met and ignored by this replica since it started: a count
+        # for /v1/agents and /v1/stats, neither persisted nor digested (a re-send
+        # changes no projection: its digest is the log's without it).
+        self.resent: dict[str, int] = {}
         # Trust (reducers/trust.py): whose confirmations put a proxy in the served pool
         # (the operator's agents and those that earned it), whose checks are spot-checks
         # (the operator's), both derived; and the baseline those checks set: [checks of

@@ -128,22 +128,35 @@ async def open_log(stack: AsyncExitStack, url: str, name: str) -> Log:
     return lg
 
 
+# Ids each agent's re-send mark keeps (reducers/marks.py): with batched rounds, minutes
+# of a busy agent's messages; about 48 KB an agent.
+RESEND_WINDOW = 512
+
+
 async def configure(lg: Log, lab: bool) -> None:
     """Publish ``Configured`` when the log's last settings disagree with ``--lab`` or
     predate what ``ppf up`` runs with: per-agent subjects (ARCHITECTURE.md "Changes"),
     from which the fold refuses what an agent says as someone else; and trust, with
     the local agents as the operator's own (reducers/trust.py), from which any other
-    agent's reports are served once checked or once it has earned trust."""
+    agent's reports are served once checked or once it has earned trust; a re-send
+    window per agent (reducers/marks.py), and check rounds as one message each
+    (events/batches.py)."""
     local = tuple(name for name, _ in LOCAL_AGENTS)
 
     def change(s: Settings) -> Settings:
         trusted = (*s.trusted_agents, *(n for n in local if n not in s.trusted_agents))
         return msgspec.structs.replace(
-            s, lab=lab, agent_subjects=True, trust=True, trusted_agents=trusted
+            s,
+            lab=lab,
+            agent_subjects=True,
+            trust=True,
+            trusted_agents=trusted,
+            resend_window=s.resend_window or RESEND_WINDOW,
+            batches=True,
         )
 
     if await reconfigure(lg, change) is not None:
-        log.info("settings_published", lab=lab, agent_subjects=True, trust=True)
+        log.info("settings_published", lab=lab, agent_subjects=True, trust=True, batches=True)
 
 
 async def fold_service(

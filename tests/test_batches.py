@@ -1,0 +1,202 @@
+"""A check round as one message (events/batches.py): ``ProxiesChecked`` folds as the
+single events it stands for, result by result, and a bad result costs only itself."""
+
+from __future__ import annotations
+
+import random
+
+import msgspec
+
+import events as ev
+from events.batches import MAX_RESULTS, MAX_RESULTS_BYTES, expand, group
+from events.ids import uuid7
+from events.validate import result_problems
+from projections import Folder
+from projections.digest import digests
+from reducers import State
+from tests.helpers import message, worked
+
+T0 = 1_800_000_000_000
+
+
+def _id(ms: int, n: int) -> str:
+    return uuid7(ms, n.to_bytes(10, "big"))
+
+
+def _round(seed: int, n: int) -> list[ev.Event]:
+    """A checker's and a worker's rounds mixed: worked and failed results under three
+    leases, with a Fetched between them."""
+    rng = random.Random(seed)
+    print(f"seed {seed}")
+    out: list[ev.Event] = []
+    for i in range(n):
+        lease = f"lease-{rng.randrange(3)}"
+        ip = f"{30 + i // 65_536}.{(i // 256) % 256}.{i % 256}.9"  # one result each
+        if rng.random() < 0.3:
+            out.append(
+                ev.ProxyFailed(
+                    id=_id(T0, i), agent="c1", at=0, ip=ip, port=3128, proto="http",
+                    error="timeout", lease=lease,
+                )
+            )  # fmt: skip
+        else:
+            out.append(
+                worked(
+                    agent="c1", ip=ip, id=_id(T0, i), lease=lease, latency_ms=rng.randrange(900),
+                    anonymity=rng.choice(["", "elite", "transparent"]),
+                    https=rng.choice(["", "yes"]),
+                    exit_ip=rng.choice(["", ip, "1.1.1.1"]),
+                )
+            )  # fmt: skip
+        if i == n // 2:
+            out.append(
+                ev.Fetched(id=_id(T0, 10_000), agent="c1", at=0, url_id="0123456789abcdef", ok=True)
+            )
+    return out
+
+
+def _singles(events: list[ev.Event]) -> list[ev.Event]:
+    """What a log of batches stands for, one event a result."""
+    out: list[ev.Event] = []
+    for e in events:
+        out.extend(expand(e) if isinstance(e, ev.ProxiesChecked) else [e])
+    return out
+
+
+def test_a_round_grouped_stands_for_its_results_in_their_order() -> None:
+    """group() keeps every result once, per lease and source, other events in place,
+    and expand() gives back the single events (under their round's id)."""
+    for seed in range(5):
+        events = _round(seed, 400)
+        grouped = group(events)
+        assert len(grouped) < len(events) / 50
+        back = _singles(grouped)
+        strip = [msgspec.structs.replace(e, id="") for e in back]
+        assert sorted(map(ev.encode, strip)) == sorted(
+            ev.encode(msgspec.structs.replace(e, id="")) for e in events
+        )
+        for e in grouped:
+            if isinstance(e, ev.ProxiesChecked):
+                assert len({r.lease for r in expand(e)}) == 1
+                assert e.key == ev.shard_of(e.results[0].ip, e.results[0].port)
+
+
+def test_a_round_is_cut_by_count_and_by_bytes() -> None:
+    """At most MAX_RESULTS results and MAX_RESULTS_BYTES of results a message, so it
+    always fits the stream's message limit."""
+    many = [worked(ip=f"40.0.{i // 256}.{i % 256}", id=_id(T0, i)) for i in range(1_234)]
+    sizes = [len(e.results) for e in group(many) if isinstance(e, ev.ProxiesChecked)]
+    assert sizes == [MAX_RESULTS, MAX_RESULTS, 234]
+    long_judge = [
+        worked(ip=f"40.1.{i // 256}.{i % 256}", id=_id(T0, i), judge="j" * 250) for i in range(500)
+    ]
+    for e in group(long_judge):
+        assert len(ev.encode(e)) < ev.MAX_MESSAGE
+        assert len(msgspec.json.encode(e.results)) <= MAX_RESULTS_BYTES + 1  # type: ignore[attr-defined]
+
+
+def _log(events: list[ev.Event]) -> list[tuple[int, int, bytes, bytes]]:
+    return [message(seq, T0 + seq // 7, e) for seq, e in enumerate(events, start=1)]
+
+
+def test_a_log_of_rounds_folds_as_the_log_of_its_results() -> None:
+    """The same observations as single events and as rounds, at one log time, build
+    the same proxies and sources and count the same results by type."""
+    for seed in range(4):
+        singles = _round(seed, 600)
+        rounds = group(singles)
+        one, other = State(), State()
+        Folder(one).apply(message(seq, T0, e) for seq, e in enumerate(singles, start=1))
+        Folder(other).apply(message(seq, T0, e) for seq, e in enumerate(rounds, start=1))
+        assert len(one.proxies) == len(other.proxies) > 300  # failures of unknown ones: no row
+        assert digests(one)["proxies"] == digests(other)["proxies"]
+        assert digests(one)["sources"] == digests(other)["sources"]
+        assert one.agents["c1"].counts == other.agents["c1"].counts
+
+
+def test_a_bad_result_costs_only_itself() -> None:
+    """One result the rules refuse goes to the DLQ with its index and reason; the
+    others of its round are folded."""
+    results = [
+        ev.CheckResult(ip="50.0.0.1", port=80, proto="http", latency_ms=10),
+        ev.CheckResult(ip="50.0.0.2", port=80, proto="gopher", latency_ms=10),
+        ev.CheckResult(ip="50.0.0.3", port=80, proto="socks5", latency_ms=700_000),
+        ev.CheckResult(ip="50.0.0.4", port=80, proto="socks5", latency_ms=20),
+    ]
+    batch = ev.ProxiesChecked(
+        id=_id(T0, 1), agent="c1", at=0, key="s001", results=results, lease="l"
+    )
+    assert [(j, f) for j, f, _ in result_problems(batch, lab=False)] == [
+        (1, "results[1].proto"),
+        (2, "results[2].latency_ms"),
+    ]
+    state = State()
+    dlq: list[tuple[int, str, int, str]] = []
+    folder = Folder(
+        state, lambda seq, s, p, exc: dlq.append((seq, exc.reason, exc.index, exc.detail))
+    )
+    assert folder.apply([message(1, T0, batch)]) == 1
+    assert sorted(state.proxies) == [("50.0.0.1", 80), ("50.0.0.4", 80)]
+    assert [(s, r, i) for s, r, i, _ in dlq] == [(1, "invalid", 1), (1, "invalid", 2)]
+    assert dlq[0][3].startswith("results[1].proto")
+    assert state.agents["c1"].rejected == 2
+
+
+def test_a_worker_may_not_fail_proxies_inside_a_round() -> None:
+    """Roles hold per result: a worker's round on its own subject may confirm proxies,
+    and its failed results go to the DLQ as forbidden (workers report working ones)."""
+    settings = ev.Settings(agent_subjects=True)
+    pre: list[ev.Event] = [
+        ev.Configured(id=_id(T0 - 9, 0), agent="admin", at=0, settings=settings),
+        ev.AgentEnrolled(
+            id=_id(T0 - 8, 0), agent="admin", at=0, name="w1", role="worker",
+            token_sha256="a" * 64,
+        ),
+    ]  # fmt: skip
+    batch = ev.ProxiesChecked(
+        id=_id(T0, 1),
+        agent="w1",
+        at=0,
+        key="0123456789abcdef",
+        source="0123456789abcdef",
+        lease="l",
+        results=[
+            ev.CheckResult(ip="51.0.0.1", port=80, proto="http", latency_ms=10),
+            ev.CheckResult(ip="51.0.0.2", port=80, proto="http", ok=False, error="timeout"),
+        ],
+    )
+    msgs = [message(i + 1, T0 - 1, e) for i, e in enumerate(pre)]
+    msgs.append((3, T0, ev.agent_subject(batch).encode(), ev.encode(batch)))
+    state = State()
+    dlq: list[tuple[str, int]] = []
+    Folder(state, lambda seq, s, p, exc: dlq.append((exc.reason, exc.index))).apply(msgs)
+    assert dlq == [("forbidden", 1)]
+    assert list(state.proxies) == [("51.0.0.1", 80)]
+
+
+def test_a_round_on_the_wrong_partition_is_refused_whole() -> None:
+    """The subject is the round's partition key: a round published under another key is
+    a forgery of where it belongs (DLQ forbidden), and a source's round is keyed by it."""
+    settings = ev.Settings(agent_subjects=True)
+    pre: list[ev.Event] = [
+        ev.Configured(id=_id(T0 - 9, 0), agent="admin", at=0, settings=settings),
+        ev.AgentEnrolled(
+            id=_id(T0 - 8, 0), agent="admin", at=0, name="c1", role="checker",
+            token_sha256="b" * 64,
+        ),
+    ]  # fmt: skip
+    batch = ev.ProxiesChecked(
+        id=_id(T0, 1),
+        agent="c1",
+        at=0,
+        key="s007",
+        results=[ev.CheckResult(ip="52.0.0.1", port=80, proto="http", latency_ms=10)],
+    )
+    msgs = [message(i + 1, T0 - 1, e) for i, e in enumerate(pre)]
+    msgs.append((3, T0, b"ppf.in.c1.checked.s008", ev.encode(batch)))
+    state = State()
+    dlq: list[str] = []
+    Folder(state, lambda seq, s, p, exc: dlq.append(exc.reason)).apply(msgs)
+    assert dlq == ["forbidden"] and not state.proxies
+    keyed_wrong = msgspec.structs.replace(batch, source="0123456789abcdef")
+    assert ev.validate.problem(keyed_wrong, lab=False)[0] == "key"
