@@ -92,6 +92,15 @@ _TAGGED_IP = re.compile(rb">\s*(?:\d{1,3}\.){3}\d{1,3}\s*<")
 _SCRIPT = re.compile(r"<script\b[^<>]*>([^<]*)</script\s*>", re.IGNORECASE)
 _B64 = re.compile(r"""["']([A-Za-z0-9+/]{8,88}={0,2})["']""")
 _PORT_ONLY = re.compile(r"^\s*(\d{1,5})\s*$")
+# Grids of elements (_nodes): a tag that marks its text as a port, how many texts on
+# from an address its port may stand, and what may stand between where nothing is
+# marked.
+_PORT_MARK = re.compile(r"""[\s"'=_-]port\b""", re.IGNORECASE)
+_NODE_REACH = 8
+_SEPARATOR = re.compile(r"[\s:|,;/\\\-\u00b7\u2022]+")
+# Header cells of a table's columns (_html).
+_PORT_HEADER = re.compile(r"\s*port(?: number)?\s*")
+_ADDR_HEADER = re.compile(r"\s*(?:ip|ip address|ip addr|address|host|proxy|proxy ip|server)\s*")
 
 # The fast path, for the common dense list with no protocol words on its lines: one C
 # scan that admits only public addresses and ports 1-65535, so no match needs a
@@ -229,30 +238,92 @@ def _unscript(text: str) -> str:
 
 
 def _nodes(text: str, hint: str | None, lab: bool) -> Iterator[Candidate]:
-    """Any HTML: an address text followed by a port text (a grid of divs and spans)."""
-    texts = [t.strip() for t in _TAG.split(text)]
-    for a, b in pairwise(t for t in texts if t):
-        ip_m, port_m = _IP_ONLY.match(a), _PORT_ONLY.match(b)
-        if ip_m and port_m:
-            ip, port = ip_m[1], int(port_m[1])
-            if _valid_port(port) and proxy_address_ok(ip, port, lab=lab):
-                yield Candidate(ip, port, hint, 0.8)
+    """Any HTML: an address text, then its port text a few elements on (a grid of divs
+    and spans). Where the page marks its ports (an element whose tag says ``port``: a
+    class, an itemprop, a title), the first marked port before the next address is
+    the address's, whatever stands between (a country, a latency, an uptime, a count).
+    Otherwise the port is the next text, past separators (``:``, ``|``) and icons (no
+    text at all) only: a word or another number between ends the search, since whose
+    number it is cannot be told, and nothing is guessed."""
+    texts: list[tuple[str, bool]] = []  # (text, inside an element marked as a port)
+    at, tag_port = 0, False
+    for m in _TAG.finditer(text):
+        chunk = text[at : m.start()].strip()
+        if chunk:
+            texts.append((chunk, tag_port))
+        if not m[0].startswith("</"):
+            tag_port = bool(_PORT_MARK.search(m[0]))
+        at = m.end()
+    if tail := text[at:].strip():
+        texts.append((tail, False))
+    for i, (a, _) in enumerate(texts):
+        ip_m = _IP_ONLY.match(a)
+        if not ip_m:
+            continue
+        port = _marked_port(texts[i + 1 : i + 1 + _NODE_REACH])
+        if port is None:
+            port = _next_port(texts[i + 1 : i + 1 + _NODE_REACH])
+        if port is not None and _valid_port(port) and proxy_address_ok(ip_m[1], port, lab=lab):
+            yield Candidate(ip_m[1], port, hint, 0.8)
+
+
+def _marked_port(after: list[tuple[str, bool]]) -> int | None:
+    for b, is_port in after:
+        if _IP_ONLY.match(b):
+            return None  # the next address: a port after it is its own
+        port_m = _PORT_ONLY.match(b)
+        if port_m and is_port:
+            return int(port_m[1])
+    return None
+
+
+def _next_port(after: list[tuple[str, bool]]) -> int | None:
+    """The first number past separators, unless another number comes right after it
+    (``42`` then ``8080``: which is the port cannot be told)."""
+    texts = [b for b, _ in after if not _SEPARATOR.fullmatch(b)]
+    if not texts or not (port_m := _PORT_ONLY.match(texts[0])):
+        return None
+    if len(texts) > 1 and _PORT_ONLY.match(texts[1]):
+        return None
+    return int(port_m[1])
 
 
 def _html(text: str, hint: str | None, lab: bool) -> Iterator[Candidate]:
+    """HTML tables: an address cell and the port cell beside it; or, where a header row
+    names the columns (``Port``, and ``IP``/``Address``/``Host``/``Proxy``), those
+    columns, whatever stands between them (flags, countries, uptimes, counts)."""
+    columns: tuple[int, int] | None = None  # (address, port) from the last header row
     for row in _ROW_START.split(text)[1:]:
         cells = []
         for cell in _CELL_START.split(row)[1:]:
             end = _CELL_END.search(cell)
             cells.append(_TAG.sub("", cell[: end.start()] if end else cell).strip())
+        header = _header(cells)
+        if header is not None:
+            columns = header
+            continue
         words = {_proto(w) for c in cells for w in _WORD.findall(c)}
         row_proto = words.pop() if len(words) == 1 else hint
-        for a, b in pairwise(cells):
+        if columns is not None and max(columns) < len(cells):
+            pairs = [(cells[columns[0]], cells[columns[1]])]
+        else:
+            pairs = list(pairwise(cells))
+        for a, b in pairs:
             ip_m, port_m = _IP_ONLY.match(a), _PORT_ONLY.match(b)
             if ip_m and port_m:
                 ip, port = ip_m[1], int(port_m[1])
                 if _valid_port(port) and proxy_address_ok(ip, port, lab=lab):
                     yield Candidate(ip, port, row_proto, 0.8)
+
+
+def _header(cells: list[str]) -> tuple[int, int] | None:
+    """(address column, port column) of a header row; None for any other row."""
+    names = [c.lower() for c in cells]
+    port = next((i for i, c in enumerate(names) if _PORT_HEADER.fullmatch(c)), None)
+    addr = next((i for i, c in enumerate(names) if _ADDR_HEADER.fullmatch(c)), None)
+    if port is None or addr is None or port == addr:
+        return None
+    return addr, port
 
 
 def _json_walk(node: Any, hint: str | None, lab: bool) -> Iterator[Candidate]:
@@ -307,10 +378,10 @@ def extract(data: str | bytes, hint: str | None = None, *, lab: bool = False) ->
             found = _text(text, hint, lab)
     elif "<" in text and _TAG.search(text):
         text = _unscript(text) if "<script" in text.lower() else text
-        # Tables join neighbouring cells themselves; elsewhere a tag ends a line, so text
-        # in two elements ("version 1.2.3.4" | "8080") is never read as one column pair.
-        table = "<td" in text or "<TD" in text
-        flat = _TAG.sub(" " if table else "\n", text)
+        # A tag ends a line, so text in two elements ("version 1.2.3.4" | "8080", an
+        # address and a latency) is never read as one column pair: tables join their
+        # cells themselves (_html), grids of elements theirs (_nodes).
+        flat = _TAG.sub("\n", text)
         first = _first_of_each(_chain(_html(text, hint, lab), _text(flat, hint, lab)))
         # Split elements last, and only for addresses nothing above found (the same
         # address with another protocol guess would be a duplicate).

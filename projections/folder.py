@@ -36,17 +36,35 @@ class Folder:
         self.rejected = 0
         self.resent = 0
         self.last_ts = 0
+        self.applied_last = 0  # by the last apply or apply_for call
 
     def apply(self, batch: Iterable[Message]) -> int:
+        """Fold every message of ``batch``; how many were applied."""
+        messages = batch if isinstance(batch, list) else list(batch)
+        end = self.apply_for(messages, 0, float("inf"))
+        assert end == len(messages)
+        return self.applied_last
+
+    def apply_for(self, messages: list[Message], start: int, seconds: float) -> int:
+        """Fold ``messages[start:]`` until done or ``seconds`` have passed (at least one
+        message each call); the index to go on from. The live fold gives its event loop
+        back between such slices, so queries answer however long the backlog is."""
+        deadline = time.perf_counter() + seconds
         applied = 0
+        i, n = start, len(messages)
         last_ts = 0
-        for seq, ts, subject, payload in batch:
+        while i < n:
+            seq, ts, subject, payload = messages[i]
             applied += self._apply_one(seq, ts, subject, payload)
             last_ts = ts
+            i += 1
+            if time.perf_counter() >= deadline:
+                break
         if applied:
             self.last_ts = last_ts
         self.applied += applied
-        return applied
+        self.applied_last = applied
+        return i
 
     def _apply_one(self, seq: int, ts: int, subject: bytes, payload: bytes) -> int:
         """One message: 1 when applied, 0 when skipped, rejected or a re-send."""

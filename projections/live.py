@@ -31,6 +31,8 @@ log = structlog.get_logger("ppf.fold")
 
 HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find it read
 DLQ_COPY_BYTES = 16_384  # of a rejected message, copied into its DLQ entry
+# The longest the fold holds the event loop at a time (projections/folder.py apply_for).
+SLICE_S = 0.004
 
 
 class Sink(Protocol):
@@ -178,15 +180,23 @@ class FoldService:
 
     async def _run(self) -> None:
         async for batch in self.log.read(self.state.last_seq + 1):
-            # The cut lock: a checkpoint encodes its rows in chunks and yields between
-            # them (queries go on), and no batch may change those rows meanwhile.
+            messages = batch if isinstance(batch, list) else list(batch)
+            i = 0
+            while i < len(messages):
+                # The cut lock: a checkpoint encodes its rows in chunks and yields
+                # between them (queries go on), and no slice may change those rows
+                # meanwhile.
+                async with self._cut:
+                    # A slice of bounded time, not of a bounded count: a round of 500
+                    # results, a catch-up or a burst of locations all give the loop
+                    # back within about SLICE_S.
+                    i = self.folder.apply_for(messages, i, SLICE_S)
+                self._wake()
+                await asyncio.sleep(0)  # let queries and publishes in between slices
             async with self._cut:
-                self.folder.apply(batch)
                 if self.tap is not None:
-                    self.tap.feed(batch)
+                    self.tap.feed(messages)
                 await self.checkpointer.maybe(self.state)
-            self._wake()
-            await asyncio.sleep(0)  # let queries and publishes in between batches
 
     async def _idle_checkpoints(self) -> None:
         """A quiet log still gets its checkpoint (and digest) within ``every_ms``."""

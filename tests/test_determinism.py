@@ -196,6 +196,24 @@ def test_fold_twice_and_redeliver_everything(msgs: list) -> None:  # type: ignor
     assert digest(_fold_all(msgs)) == digest(once)
 
 
+@settings(max_examples=30, deadline=None)
+@given(msgs=logs())
+def test_a_fold_in_time_slices_equals_one_fold(msgs: list) -> None:  # type: ignore[type-arg]
+    """The live fold's slices (Folder.apply_for, bounded by time): with no time at all
+    each slice still folds one message, and the slices together build what one fold
+    builds."""
+    once = _fold_all(msgs)
+    sliced = State()
+    folder = Folder(sliced)
+    i, calls = 0, 0
+    while i < len(msgs):
+        nxt = folder.apply_for(msgs, i, 0.0)
+        assert nxt == i + 1
+        i, calls = nxt, calls + 1
+    assert calls == len(msgs)
+    assert digest(sliced) == digest(once)
+
+
 def test_digest_sees_a_change() -> None:
     """The digest is not constant: one different latency changes it."""
     from tests.helpers import worked

@@ -58,9 +58,11 @@ def test_real_lists_precision_and_recall(
 OWN = Path(__file__).resolve().parent / "fixtures"
 
 
-@pytest.mark.parametrize("name", ["div_grid", "base64_script"])
+@pytest.mark.parametrize("name", ["div_grid", "base64_script", "separated"])
 def test_own_html_pages_precision_and_recall(name: str, scanner: str) -> None:
-    """A div/span grid and base64-written addresses: exactly the listed proxies."""
+    """A div/span grid, base64-written addresses, and addresses whose ports stand
+    elements away (separators, icons, cells and spans of other numbers between):
+    exactly the listed proxies."""
     got = [str(c) for c in extract((OWN / f"{name}.html").read_bytes())]
     assert sorted(got) == sorted((OWN / f"{name}.expected").read_text().split())
 

@@ -166,3 +166,37 @@ async def test_the_metrics_row_counts_deposit_store_operations(log_client: Log) 
     fold = FoldService(log_client, db=None, deposits=log_client.deposits)
     row = await fold.metrics()
     assert row["deposit.put.ok"] == 1 and row["deposit.get.digest"] == 1
+
+
+def test_a_round_reaches_axiom_as_a_row_per_result() -> None:
+    """The dashboard counts by type: a ProxiesChecked gives one ProxyWorked or
+    ProxyFailed row per result, with its envelope and index; a Located of many, a row
+    per address."""
+    import events as ev
+    from ops.telemetry.tap import _rows
+
+    batch = ev.ProxiesChecked(
+        id="r1",
+        agent="c1",
+        at=5,
+        key="s001",
+        lease="l1",
+        results=[
+            ev.CheckResult(ip="60.0.0.1", port=80, proto="http", latency_ms=9),
+            ev.CheckResult(ip="60.0.0.2", port=81, proto="http", ok=False, error="timeout"),
+        ],
+    )
+    located = ev.Located(
+        id="g1", agent="fold", at=5, ip="60.0.0.1", country="DE", geo="v1",
+        more=[ev.Place(ip="60.0.0.2", country="FR")],
+    )  # fmt: skip
+    rows = _rows([(7, 1_000, b"ppf.checked.s001", ev.encode(batch)),
+                  (8, 1_000, b"ppf.geo.60-0-0-1", ev.encode(located))])  # fmt: skip
+    assert [(r["type"], r["ip"], r.get("index"), r["seq"]) for r in rows] == [
+        ("ProxyWorked", "60.0.0.1", 0, 7),
+        ("ProxyFailed", "60.0.0.2", 1, 7),
+        ("Located", "60.0.0.1", None, 8),
+        ("Located", "60.0.0.2", None, 8),
+    ]
+    assert rows[1]["lease"] == "l1" and rows[1]["error"] == "timeout" and "results" not in rows[0]
+    assert rows[3]["country"] == "FR" and rows[3]["geo"] == "v1"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import msgspec
 
-from events import DecodeError, decode
+from events import DecodeError, Event, ProxiesChecked, decode
+from events.batches import expand
 from ops.cli.common import DEFAULT_NATS, REPO
 from ops.nats.client import Log
 
@@ -88,9 +89,19 @@ async def _tail(args: argparse.Namespace) -> int:
                 except DecodeError as exc:
                     line["error"] = str(exc)
                 else:
-                    if args.type and type(event).__name__ != args.type:
-                        continue
-                    line["event"] = msgspec.to_builtins(event)
+                    # A round is its results, one line each (its index beside it), so
+                    # --type ProxyWorked shows every confirmation, batched or not.
+                    singles: list[Event] = (
+                        list(expand(event)) if isinstance(event, ProxiesChecked) else [event]
+                    )
+                    for index, single in enumerate(singles):
+                        if args.type and type(single).__name__ != args.type:
+                            continue
+                        shown = dict(line, event=msgspec.to_builtins(single))
+                        if single is not event:
+                            shown["index"] = index
+                        print(json.dumps(shown), flush=True)
+                    continue
                 print(json.dumps(line), flush=True)
     finally:
         await lg.close()

@@ -169,7 +169,7 @@ def _iso(ts_ms: int) -> str:
 
 
 def _rows(batch: list[tuple[int, int, bytes, bytes]]) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for seq, ts, subject, payload in batch:
         try:
             fields = _decode_event(payload)
@@ -177,8 +177,40 @@ def _rows(batch: list[tuple[int, int, bytes, bytes]]) -> list[dict[str, Any]]:
             fields = {"undecodable": payload[:200].decode(errors="replace")}
         if not isinstance(fields, dict):
             fields = {"value": fields}
-        rows.append({**fields, "_time": _iso(ts), "seq": seq, "subject": subject.decode()})
+        where = {"_time": _iso(ts), "seq": seq, "subject": subject.decode()}
+        rows.extend({**row, **where} for row in _per_result(fields))
     return rows
+
+
+def _failed(result: object) -> bool:
+    return isinstance(result, dict) and result.get("ok") is False
+
+
+def _per_result(fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row an observation, as the dashboard's queries count them by type: a round
+    (ProxiesChecked) gives a ProxyWorked or ProxyFailed row per result, with the
+    round's envelope and its ``index``; a Located of many addresses, a row each."""
+    kind = fields.get("type")
+    results = fields.get("results") if kind == "ProxiesChecked" else None
+    if isinstance(results, list):
+        envelope = {k: v for k, v in fields.items() if k != "results"}
+        return [
+            {
+                **envelope,
+                **(r if isinstance(r, dict) else {"value": r}),
+                "type": "ProxyFailed"
+                if isinstance(r, dict) and r.get("ok") is False
+                else "ProxyWorked",
+                "round": fields.get("id"),
+                "index": j,
+            }
+            for j, r in enumerate(results)
+        ]
+    more = fields.get("more") if kind == "Located" else None
+    if isinstance(more, list) and more:
+        first = {k: v for k, v in fields.items() if k != "more"}
+        return [first, *({**first, **p} for p in more if isinstance(p, dict))]
+    return [fields]
 
 
 def serve() -> int:
