@@ -17,8 +17,9 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from events.batches import MAX_RESULTS, expand
+from events.batches import MAX_RESULTS
 from events.catalogue import (
+    CheckResult,
     Deposited,
     Discovered,
     Event,
@@ -42,7 +43,6 @@ __all__ = [
     "local_name",
     "problem",
     "result_problems",
-    "sound_report",
     "url_problem",
 ]
 
@@ -169,7 +169,8 @@ def _hex(value: str, length: int) -> bool:
     return len(value) == length and not value.strip(_HEXDIGITS)
 
 
-def _proxy_worked(e: ProxyWorked, lab: bool) -> tuple[str, str]:
+def _worked_fields(e: ProxyWorked | CheckResult) -> tuple[str, str]:
+    """The facts of one confirmation, whether a single event's or a round's result."""
     if e.proto not in PROTOS:
         return "proto", _PROTO_REASON
     if not 0 <= e.latency_ms <= MAX_LATENCY_MS:
@@ -178,18 +179,33 @@ def _proxy_worked(e: ProxyWorked, lab: bool) -> tuple[str, str]:
     # checked where the proxy is admitted (reducers/proxies.py).
     if e.exit_ip and e.exit_ip != e.ip and not _address(e.exit_ip):
         return "exit_ip", "not an address"
-    if e.source and not _hex(e.source, 16):
-        return "source", "not a url_id"
     if e.judge and (why := _text(e.judge, MAX_NAME)):
         return "judge", why
-    return _envelope(e.id, e.lease)
+    return _OK
 
 
-def _proxy_failed(e: ProxyFailed, lab: bool) -> tuple[str, str]:
+def _failed_fields(e: ProxyFailed | CheckResult) -> tuple[str, str]:
+    """The facts of one failed check, whether a single event's or a round's result."""
     if e.proto not in PROTOS:
         return "proto", _PROTO_REASON
     if e.error and (why := _text(e.error, MAX_TEXT)):
         return "error", why
+    return _OK
+
+
+def _proxy_worked(e: ProxyWorked, lab: bool) -> tuple[str, str]:
+    field, why = _worked_fields(e)
+    if why:
+        return field, why
+    if e.source and not _hex(e.source, 16):
+        return "source", "not a url_id"
+    return _envelope(e.id, e.lease)
+
+
+def _proxy_failed(e: ProxyFailed, lab: bool) -> tuple[str, str]:
+    field, why = _failed_fields(e)
+    if why:
+        return field, why
     return _envelope(e.id, e.lease)
 
 
@@ -302,10 +318,11 @@ def _located(e: Located, lab: bool) -> tuple[str, str]:
 
 def result_problems(batch: ProxiesChecked, *, lab: bool) -> list[tuple[int, str, str]]:
     """(index, field, why) of each result of ``batch`` that is wrong, as the single event
-    it stands for would be; the field reads ``results[j].<field>``."""
+    it stands for would be (its envelope is the round's, checked by ``problem``); the
+    field reads ``results[j].<field>``."""
     out = []
-    for j, single in enumerate(expand(batch)):
-        field, why = problem(single, lab=lab)
+    for j, r in enumerate(batch.results):
+        field, why = _worked_fields(r) if r.ok else _failed_fields(r)
         if why:
             out.append((j, f"results[{j}].{field}", why))
     return out
@@ -331,26 +348,6 @@ _CHECKS: dict[type, Callable[[Any, bool], tuple[str, str]]] = {
     ProxiesChecked: _proxies_checked,
     Located: _located,
 }
-
-
-def sound_report(e: ProxyWorked) -> bool:
-    """True only when ``problem`` finds nothing in this ``ProxyWorked``: the same rules,
-    in one call, for the two thirds of the log these are (False: ask ``problem`` why).
-    A test holds the two to the same answers."""
-    exit_ip = e.exit_ip
-    source = e.source
-    judge = e.judge
-    lease = e.lease
-    return (
-        e.proto in PROTOS
-        and 0 <= e.latency_ms <= MAX_LATENCY_MS
-        and (not exit_ip or exit_ip == e.ip or _address(exit_ip))
-        and (not source or (len(source) == 16 and not source.strip(_HEXDIGITS)))
-        and (not judge or (len(judge) <= MAX_NAME and judge.isprintable()))
-        and (not lease or (len(lease) <= 64 and lease.isprintable()))
-        and len(e.id) <= 64
-        and e.id.isprintable()
-    )
 
 
 def problem(event: Event, *, lab: bool) -> tuple[str, str]:

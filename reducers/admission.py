@@ -21,6 +21,7 @@ from events import (
     SUBJECT_TAILS,
     AnyEvent,
     Event,
+    ProxiesChecked,
     ProxyFailed,
     ProxyWorked,
     SubjectError,
@@ -28,7 +29,7 @@ from events import (
 )
 from events.keys import DERIVED_PREFIX
 from events.roles import ROLE_NATS_EVENTS, may_publish, may_publish_on_nats
-from events.validate import problem, sound_report
+from events.validate import problem
 from reducers import trust
 from reducers.state import State
 
@@ -38,6 +39,7 @@ __all__ = [
     "STALE",
     "refusal",
     "result_refusal",
+    "round_types",
 ]
 
 FORBIDDEN = "forbidden"  # DLQ reasons: said by whom it may not be said,
@@ -83,23 +85,35 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
 _OBSERVED = frozenset(OBSERVATIONS)
 
 
-def result_refusal(state: State, single: ProxyWorked | ProxyFailed, ts: int) -> tuple[str, str]:
-    """(DLQ reason, why) when one result of a ``ProxiesChecked``, as the single event it
-    stands for (``events.batches.expand``), may not be folded; ("", "") when it may. Its
-    round passed ``refusal`` already (subject, agent, enrolment, the envelope's facts)."""
-    settings = state.settings
-    field, why = problem(single, lab=settings.lab)
-    if why:
-        return INVALID, f"{field}: {why}"
-    name = single.agent
-    if settings.agent_subjects and single.id[:4] != DERIVED_PREFIX:
-        # What the gateway asks of a caller's single events (events/roles.py): a worker
-        # reports working proxies only. Rounds derived from a deposit are the service's.
-        row = state.agents.get(name)
-        role = row.role if row is not None else ""
-        if not may_publish(role, type(single).__name__):
-            return FORBIDDEN, f"role {role or 'none'} may not report {type(single).__name__}"
-    if settings.trust and name not in state.operators:
+def round_types(state: State, batch: ProxiesChecked) -> frozenset[type]:
+    """What the results of ``batch`` may be, by what its agent's role may say (the
+    gateway's table, events/roles.py: a worker reports working proxies only). Rounds
+    before per-agent subjects, and those derived from a deposit (the service's), may
+    hold both."""
+    if not state.settings.agent_subjects or batch.id[:4] == DERIVED_PREFIX:
+        return _BOTH
+    row = state.agents.get(batch.agent)
+    role = row.role if row is not None else ""
+    return frozenset(t for t in _BOTH if may_publish(role, t.__name__))
+
+
+_BOTH: frozenset[type] = frozenset({ProxyWorked, ProxyFailed})
+
+
+def result_refusal(
+    state: State, single: ProxyWorked | ProxyFailed, allowed: frozenset[type], invalid: str, ts: int
+) -> tuple[str, str]:
+    """(DLQ reason, why) when one result of a round, as the single event it stands for
+    (``events.batches.expand``), may not be folded; ("", "") when it may. ``invalid`` is
+    what events.validate.result_problems found wrong with it, ``allowed`` the round's
+    ``round_types``. The round itself passed ``refusal`` (subject, agent, envelope)."""
+    if invalid:
+        return INVALID, invalid
+    if type(single) not in allowed:
+        row = state.agents.get(single.agent)
+        role = row.role if row is not None else "none"
+        return FORBIDDEN, f"role {role} may not report {type(single).__name__}"
+    if state.settings.trust and single.agent not in state.operators:
         why = trust.over_quota(state, single, ts)
         if why:
             return trust.QUOTA, why
@@ -128,8 +142,6 @@ def _plainly_admitted(
             return False
     elif said[4:] != tail(event) or not said.startswith("ppf."):
         return False
-    if kind is ProxyWorked:
-        return sound_report(event)
     return not problem(event, lab=state.settings.lab)[1]
 
 

@@ -33,9 +33,10 @@ from events.catalogue import (
     SourceAdded,
 )
 from events.keys import DERIVED_PREFIX
+from events.validate import result_problems
 from reducers import agents, deposits, geo, ledger, marks, proxies, sources, trust
-from reducers.admission import result_refusal
-from reducers.state import State
+from reducers.admission import INVALID, result_refusal, round_types
+from reducers.state import AgentRow, State
 
 __all__ = ["fold", "skip"]
 
@@ -116,16 +117,58 @@ def _first_time(state: State, agent: str, eid: str) -> bool:
 def _checked(
     state: State, batch: ProxiesChecked, seq: int, ts: int, refused: Refused | None
 ) -> None:
+    """A round, result by result, as the single events it stands for would be folded
+    (``_apply``'s ProxyWorked and ProxyFailed): what is the same for all its results
+    (the agent, its source, its lease, what its role may say) is looked up once."""
+    settings = state.settings
+    agent = state.agents.get(batch.agent) or agents.row(state, batch.agent)
+    counted = settings.trust and agent.name not in state.operators
+    invalid = {j: f"{field}: {why}" for j, field, why in result_problems(batch, lab=settings.lab)}
+    allowed = round_types(state, batch)
+    src = state.sources.get(batch.source) if batch.source else None
+    source = src.url_id if src is not None else batch.source
+    credits: list[tuple[ProxyWorked, bool]] = []
+    counts = agent.counts
+    applied = 0
     for j, single in enumerate(expand(batch)):
-        reason, why = result_refusal(state, single, ts)
+        reason, why = result_refusal(state, single, allowed, invalid.get(j, ""), ts)
         if reason:
             if refused is not None:
-                refused.append((j, reason, f"results[{j}].{why}"))
-            agent = state.agents.get(batch.agent)
-            if agent is not None:
-                agent.rejected += 1
+                # Invalid facts name their field already (results[j].port: ...).
+                said = why if reason == INVALID else f"results[{j}]: {why}"
+                refused.append((j, reason, said))
+            agent.rejected += 1
             continue
-        _apply(state, single, seq, ts)
+        if applied == 0 and ts > agent.last_seen:
+            agent.last_seen = ts
+        applied += 1
+        if counted:
+            trust.count(state, agent, single, ts)
+        tag = type(single).__name__
+        counts[tag] = counts.get(tag, 0) + 1
+        new = _proxy(state, agent, single, ts, source)
+        if new is not None and src is not None:
+            credits.append((single, new))  # type: ignore[arg-type]
+    if src is not None and credits:
+        sources.credit(state, src, credits)
+    # One touch for the round: every result names the same lease at the same time.
+    if applied and batch.lease and not ledger.touch(state, batch.lease, batch.agent, ts):
+        agent.late += applied
+
+
+def _proxy(
+    state: State, agent: AgentRow, event: ProxyWorked | ProxyFailed, ts: int, source: str
+) -> bool | None:
+    """A check of a proxy recorded: for a confirmation, whether the proxy is new (None:
+    refused, counted in the agent's ``rejected``); None for a failure."""
+    if isinstance(event, ProxyWorked):
+        new = proxies.worked(state, event, ts, agent.name, source)
+        if new is None:
+            agent.rejected += 1
+        return new
+    if not proxies.failed(state, event, ts, agent.name):
+        agent.rejected += 1
+    return None
 
 
 def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
@@ -145,16 +188,13 @@ def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
         case ProxyWorked():
             src = state.sources.get(event.source) if event.source else None
             source = src.url_id if src is not None else event.source
-            new = proxies.worked(state, event, ts, agent.name, source)
-            if new is None:
-                agent.rejected += 1
-            elif src is not None:
-                sources.credit(state, src, event, new)
+            new = _proxy(state, agent, event, ts, source)
+            if new is not None and src is not None:
+                sources.credit(state, src, [(event, new)])
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
         case ProxyFailed():
-            if not proxies.failed(state, event, ts, agent.name):
-                agent.rejected += 1
+            _proxy(state, agent, event, ts, "")
             if event.lease and not ledger.touch(state, event.lease, event.agent, ts):
                 agent.late += 1
         case Leased():

@@ -112,14 +112,23 @@ def extracted(state: State, event: Extracted) -> None:
     row.cur_candidates = event.count
 
 
-def credit(state: State, row: SourceRow, event: ProxyWorked, new: bool) -> None:
-    """A proxy found through a source counts toward its working ratio and additions."""
-    if new:
-        row.proxies_added += 1
-    if row.cur_lease and event.lease == row.cur_lease:
-        addr = f"{event.ip}:{event.port}"
-        if addr not in row.cur_working:
-            row.cur_working = (*row.cur_working, addr)
+def credit(state: State, row: SourceRow, found: list[tuple[ProxyWorked, bool]]) -> None:
+    """Proxies found through a source (each with whether it was new) count toward its
+    additions, and those of its fetch in progress toward its working ratio. A round's
+    confirmations come together: the fetch's tuple of addresses is rebuilt once."""
+    row.proxies_added += sum(new for _, new in found)
+    if row.cur_lease:
+        working = row.cur_working
+        known = set(working)
+        more = []
+        for event, _ in found:
+            if event.lease == row.cur_lease:
+                addr = f"{event.ip}:{event.port}"
+                if addr not in known:
+                    known.add(addr)
+                    more.append(addr)
+        if more:
+            row.cur_working = (*working, *more)
     state.dirty_sources.add(row.url_id)
 
 

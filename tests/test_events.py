@@ -42,6 +42,17 @@ SAMPLES: list[ev.Event] = [
     ev.DepositRejected(id=eid(), agent="fold", at=1, key="plan-r1-0", reason="digest"),
     ev.Discovered(id=eid(), agent="w1", at=1, parent="abcdef0123456789", urls=["http://y/"]),
     ev.SeedPlanned(id=eid(), agent="admin", at=1, plan="p1", input="k", ranges=[("r0", 0, 9)]),
+    ev.ProxiesChecked(
+        id=eid(),
+        agent="c1",
+        at=1,
+        key="s042",
+        lease="l1",
+        results=[
+            ev.CheckResult(ip="45.68.1.2", port=80, proto="http", latency_ms=5),
+            ev.CheckResult(ip="45.68.1.3", port=81, proto="http", ok=False, error="timeout"),
+        ],
+    ),
     ev.AgentEnrolled(
         id=eid(), agent="admin", at=1, name="w1", role="worker", token_sha256="0" * 64
     ),
@@ -71,6 +82,9 @@ def test_subjects_follow_the_contract() -> None:
     assert ev.subject_for(SAMPLES[-2]) == "ppf.config"
     assert ev.subject_for(SAMPLES[-1]) == "ppf.geo.45-68-1-1"
     assert ev.subject_for(SAMPLES[0]).startswith("ppf.source.")
+    rounds = [s for s in SAMPLES if isinstance(s, ev.ProxiesChecked)]
+    assert ev.subject_for(rounds[0]) == "ppf.checked.s042"
+    assert ev.agent_subject(rounds[0]) == "ppf.in.c1.checked.s042"
 
 
 def test_url_id_is_16_hex_of_normalized_url() -> None:

@@ -6,11 +6,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from events import CheckResult, ProxiesChecked
+from events.batches import expand
 from events.validate import (
     host_can_be_public,
     legacy_ipv4,
     problem,
-    sound_report,
+    result_problems,
     url_problem,
 )
 from tests.helpers import worked
@@ -75,11 +77,11 @@ def test_urls_only_http_and_https_without_control_characters() -> None:
     judge=st.sampled_from(["", "http://j.example/judge", "a\nb", "j" * 300]),
     lease=st.sampled_from(["", "l1", "l\x00", "x" * 65]),
 )
-def test_the_fast_check_of_reports_says_what_the_full_one_says(
+def test_a_rounds_result_is_judged_as_the_single_event_it_stands_for(
     proto: str, latency: int, exit_ip: str, source: str, judge: str, lease: str
 ) -> None:
-    """events/validate.py keeps a one-call check for ProxyWorked, the bulk of the log;
-    it must never admit what the full check refuses, nor refuse what it admits."""
+    """A result of a ProxiesChecked is refused exactly where the ProxyWorked it stands
+    for would be: the round's envelope by problem(), its fields by result_problems()."""
     e = worked(
         ip="8.8.8.8",
         proto=proto,
@@ -89,4 +91,21 @@ def test_the_fast_check_of_reports_says_what_the_full_one_says(
         judge=judge,
         lease=lease,
     )
-    assert sound_report(e) == (problem(e, lab=False) == ("", ""))
+    key = source if len(source) == 16 and not source.strip("0123456789abcdef") else "s001"
+    batch = ProxiesChecked(
+        id=e.id,
+        agent=e.agent,
+        at=e.at,
+        key=key,
+        source=source,
+        lease=lease,
+        results=[
+            CheckResult(
+                ip=e.ip, port=e.port, proto=proto, latency_ms=latency, exit_ip=exit_ip, judge=judge
+            )
+        ],
+    )
+    (single,) = expand(batch)
+    assert single == e
+    round_ok = problem(batch, lab=False) == ("", "") and not result_problems(batch, lab=False)
+    assert round_ok == (problem(e, lab=False) == ("", ""))
