@@ -159,6 +159,9 @@ async def stats(request: web.Request) -> web.Response:
             "agent_activity": _activity(state, now),
             "rejected": fold.folder.rejected,
             "resent": fold.folder.resent,  # agents' re-sends met and ignored
+            "resent_by_agent": dict(state.resent),
+            # Addresses the service has still to locate (ops/geo.py).
+            "geo": {"unlocated": len(state.unlocated)},
             "dlq_sent": fold.dlq_sent,
             "grants": {"granted": granter.granted, "lost": granter.lost},
             "nats_ops": dict(request.app[LOG].ops),

@@ -307,5 +307,8 @@ async def agents(request: web.Request) -> web.Response:
         item["trust"] = trust.level(state, a)  # and its spot-check record, in the row
         held = state.holders.get(a.name, set())
         item["active_leases"] = sum(1 for t in held if lease_live(state.leases[t], now))
+        # Re-sends of what it sent before, met and ignored (reducers/marks.py): counted,
+        # so an observation dropped can be told from a true re-send.
+        item["resent"] = state.resent.get(a.name, 0)
         items.append(item)
     return reply({"count": len(items), "agents": items})

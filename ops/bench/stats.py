@@ -14,7 +14,13 @@ interpreter, as deployed), all on loopback:
 3. **latency under load**: one gateway that holds the pool; a child process publishes
    ``rate`` events/s for ``seconds`` while the bench asks ``/v1/stats`` every 100 ms, then
    again while it asks ``/v1/proxies?limit=100`` every 100 ms. The fold's applied rate in
-   each window is reported, so the load it ran under is a measured figure too.
+   each window is reported, so the load it ran under is a measured figure too;
+4. **a backlog**, on a server of its own: a gateway that is up and caught up, then the
+   pinned workload (ops/bench/workload.py) as rounds, ``backlog_observations`` of them
+   over ``proxies`` new proxies, published as fast as the stream takes them, and the
+   gateway's own ``Located`` for every new address. Until it has applied them all and
+   located every address, the bench asks ``/v1/stats`` and ``POST /v1/leases`` (one
+   source, as an enrolled worker) every 100 ms.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from typing import Any
 
 import aiohttp
 
-from events import ProxyWorked, encode, subject_for
+from events import AgentEnrolled, ProxyWorked, encode, subject_for, token_sha256
 from events.mint import fresh_id, now_ms
 from ops.bench.gateway import _pct, _settled, _spawn_gateway
 from ops.bench.synthetic import PROTOS, _ip
@@ -165,6 +171,82 @@ def _summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
+async def _backlog(workdir: Path, observations: int, proxies: int, seed: int) -> dict[str, Any]:
+    """Phase 4: /v1/stats and a lease grant while the gateway works off a backlog."""
+    from ops.bench.rounds import publisher
+
+    server = NatsServer(workdir / "nats-backlog", port=free_port())
+    server.start()
+    try:
+        setup = await asyncio.create_subprocess_exec(
+            *publisher([server.url], "r", 0, proxies, seed)  # enrolments, settings, sources
+        )
+        if await setup.wait() != 0:
+            raise RuntimeError("publishing the workload's setup failed")
+        token = f"bench-{fresh_id()}"
+        lg = await Log.connect(server.url)
+        enrolled = AgentEnrolled(
+            id=fresh_id(), agent="admin", at=now_ms(), name="wbench", role="worker",
+            token_sha256=token_sha256(token),
+        )  # fmt: skip
+        await lg.publish(enrolled)
+        await lg.close()
+        async with (
+            aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http,
+            _gateway(server.url, workdir, "backlog") as base,
+        ):
+            await _wait_up(http, base)
+            await _settled(base, quiet_s=1.0, timeout=300)
+            load = await asyncio.create_subprocess_exec(
+                *publisher([server.url], "r", observations, proxies, seed, setup=False),
+                stdout=subprocess.DEVNULL,
+            )
+            stats_ms: list[float] = []
+            lease_ms: list[float] = []
+            statuses: dict[int, int] = {}
+            lag = 0
+            body = {"agent": "wbench", "kind": "source", "count": 1, "ttl_s": 600}
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 900:
+                t = time.perf_counter()
+                async with http.get(base + "/v1/stats") as r:
+                    stats = await r.json()
+                stats_ms.append((time.perf_counter() - t) * 1000)
+                t = time.perf_counter()
+                async with http.post(base + "/v1/leases", json=body) as r:
+                    await r.read()
+                    statuses[r.status] = statuses.get(r.status, 0) + 1
+                lease_ms.append((time.perf_counter() - t) * 1000)
+                lag = max(lag, stats["head_seq"] - stats["applied_seq"])
+                done = load.returncode is not None or load.pid is None
+                if load.returncode is None:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(load.wait(), 0.001)
+                    done = load.returncode is not None
+                if done and stats["applied_seq"] == stats["head_seq"] and not _unlocated(stats):
+                    break
+                await asyncio.sleep(max(0.0, POLL_S - (time.perf_counter() - t)))
+            worked_off_s = time.monotonic() - t0
+            if load.returncode is None:
+                load.terminate()
+            await load.wait()
+    finally:
+        server.stop()
+    return {
+        "observations": observations,
+        "new_proxies": proxies,
+        "worked_off_s": round(worked_off_s, 1),
+        "max_lag_messages": lag,
+        "stats": _summary(stats_ms),
+        "lease": {**_summary(lease_ms), "statuses": statuses},
+    }
+
+
+def _unlocated(stats: dict[str, Any]) -> int:
+    """Addresses the gateway has still to locate, as /v1/stats reports them."""
+    return int(stats.get("geo", {}).get("unlocated", 0))
+
+
 async def bench_stats(
     proxies: int = 100_000,
     seconds: float = 20.0,
@@ -172,6 +254,8 @@ async def bench_stats(
     rate: int = 10_000,
     backlog: int = 1_000_000,
     runs: int = 3,
+    backlog_observations: int = 1_000_000,
+    seed: int = 1,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-stats-") as tmp:
         workdir = Path(tmp)
@@ -216,6 +300,11 @@ async def bench_stats(
                     await asyncio.to_thread(load.wait, 30)
         finally:
             server.stop()
+        worked_off = (
+            await _backlog(workdir, backlog_observations, proxies, seed)
+            if backlog_observations
+            else None
+        )
     healthz, stats = statistics.median(rates["healthz"]), statistics.median(rates["stats"])
     return {
         "proxies": proxies,
@@ -226,6 +315,7 @@ async def bench_stats(
         "load_events_per_s_asked": rate,
         "stats": {**_summary(stats_ms), "fold_events_per_s": round(stats_rate)},
         "proxies_limit_100": {**_summary(proxies_ms), "fold_events_per_s": round(proxies_rate)},
+        "backlog": worked_off,
     }
 
 

@@ -29,7 +29,7 @@ from typing import Any
 from ops.collector import THRESHOLDS
 from ops.nats.server import NatsServer, free_port
 
-__all__ = ["bench_versus", "median_ci", "pct_by_run", "pct_of_medians"]
+__all__ = ["Side", "bench_versus", "median_ci", "pct_by_run", "pct_of_medians", "side_by_side"]
 
 # Runs inside either tree (cwd), as `python -c`: folds the stream, a batch per turn; the
 # parent says "g" on stdin for each turn, the child answers "d", or "e" and its figures.
@@ -77,15 +77,20 @@ asyncio.run(main())
 """
 
 
-def _side_by_side(trees: dict[str, Path], url: str, head: int, workdir: Path, run: int) -> Any:
-    names = list(trees) if run % 2 == 0 else list(reversed(trees))
+Side = tuple[Path, str, int]  # (tree, the NATS URL of its stream, that stream's head)
+
+
+def side_by_side(sides: dict[str, Side], workdir: Path, run: int) -> dict[str, dict[str, float]]:
+    """Fold each side's stream with its tree, one process each, taking turns a batch at
+    a time; which starts first rotates with ``run``. Each side's wall and CPU seconds."""
+    names = list(sides)
+    names = names[run % len(names) :] + names[: run % len(names)]
     kids = {}
     for name in names:
+        tree, url, head = sides[name]
         db = workdir / f"{name}-{run}.duckdb"
         argv = [sys.executable, "-c", _CHILD, url, str(head), str(db), json.dumps(THRESHOLDS)]
-        kids[name] = subprocess.Popen(
-            argv, cwd=trees[name], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
+        kids[name] = subprocess.Popen(argv, cwd=tree, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     figures: dict[str, dict[str, float]] = {}
     active = list(names)
     try:
@@ -108,8 +113,8 @@ def _side_by_side(trees: dict[str, Path], url: str, head: int, workdir: Path, ru
                 kid.kill()
             kid.wait()
     for name, fig in figures.items():
-        if fig["seq"] != head:
-            raise RuntimeError(f"the {name} fold reached {fig['seq']} of {head}")
+        if fig["seq"] != sides[name][2]:
+            raise RuntimeError(f"the {name} fold reached {fig['seq']} of {sides[name][2]}")
     return figures
 
 
@@ -133,9 +138,8 @@ async def bench_versus(
             head = await _publish(server.url, events, proxies, seed, located=False)
             for run in range(runs):
                 t = time.perf_counter()
-                figures = await asyncio.to_thread(
-                    _side_by_side, trees, server.url, head, workdir, run
-                )
+                sides = {name: (tree, server.url, head) for name, tree in trees.items()}
+                figures = await asyncio.to_thread(side_by_side, sides, workdir, run)
                 for name, fig in figures.items():
                     out[name]["wall"].append(round(fig["wall"], 3))
                     out[name]["cpu"].append(round(fig["cpu"], 3))

@@ -1,148 +1,214 @@
-"""``ppf bench ...``: every figure in BENCHMARKS.md comes from one of these."""
+"""``ppf bench ...``: every figure in BENCHMARKS.md comes from one of these.
+
+One parser per benchmark, so each takes its own flags and refuses another's
+(``ppf bench fold --tls`` is an error, not a run that ignores it).
+"""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 __all__ = ["register"]
 
-WHAT = ["fold", "lease", "query", "stats", "extract", "check", "harvest", "pool", "ingest", "seed"]
+Run = Callable[[argparse.Namespace], Awaitable[dict[str, Any]] | dict[str, Any]]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    bn = sub.add_parser("bench", help="benchmarks")
-    bn.add_argument("what", choices=WHAT)
-    bn.add_argument("--events", type=int, default=1_000_000)
-    bn.add_argument("--proxies", type=int, default=100_000)
-    bn.add_argument("--seed", type=int, default=1)
-    bn.add_argument("--clients", type=int, default=50, help="lease: concurrent agents")
-    bn.add_argument("--seconds", type=float, default=10.0, help="lease, stats: how long")
-    bn.add_argument("--count", type=int, default=1, help="lease: targets per request")
-    bn.add_argument("--rate", type=int, default=10_000, help="stats: events/s folded meanwhile")
-    bn.add_argument("--mb", type=int, default=30, help="extract: size of the dense list")
-    bn.add_argument("--checks", type=int, default=10_000, help="check: how many")
-    bn.add_argument("--tls", action="store_true", help="check: tunnels carry TLS to a pinned judge")
-    bn.add_argument("--candidates", type=int, default=10_000, help="harvest: listed")
-    bn.add_argument("--working-share", type=float, default=0.05, help="harvest: that work")
-    bn.add_argument(
+    bn = sub.add_parser("bench", help="benchmarks (BENCHMARKS.md)")
+    what = bn.add_subparsers(dest="what", required=True, metavar="BENCH")
+
+    def bench(name: str, help: str, run: Run) -> argparse.ArgumentParser:
+        p = what.add_parser(name, help=help)
+        p.add_argument("--json", action="store_true", help="one JSON object")
+        p.set_defaults(run=_runner(run))
+        return p
+
+    fold = bench("fold", "fold throughput from a real stream", _fold)
+    fold.add_argument("--events", type=int, default=1_000_000)
+    fold.add_argument("--proxies", type=int, default=100_000)
+    fold.add_argument("--seed", type=int, default=1)
+    fold.add_argument("--nats", default=None, help="an existing NATS (default: its own)")
+    mode = fold.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--rounds",
+        action="store_true",
+        help="the pinned workload as single events and as rounds, folded side by side",
+    )
+    mode.add_argument(
         "--located",
         action="store_true",
-        help="fold: what Located adds (the stream without and with one Located per "
-        "distinct proxy, folded in turn)",
+        help="what Located adds (the stream without and with one Located per distinct proxy)",
     )
-    bn.add_argument(
-        "--pairs", type=int, default=3, help="fold --located: runs of each stream in turn"
+    fold.add_argument(
+        "--observations", type=int, default=1_000_000, help="--rounds: proxy checks made"
     )
-    bn.add_argument(
-        "--interleaved",
-        type=int,
-        default=3,
-        help="fold --located: runs folding both streams side by side, a batch of each in turn",
+    fold.add_argument("--pairs", type=int, default=3, help="--located: runs of each in turn")
+    fold.add_argument(
+        "--interleaved", type=int, default=3, help="--located: runs side by side, in turns"
     )
-    bn.add_argument(
+    fold.add_argument(
         "--versus",
         default=None,
         metavar="DIR",
-        help="fold: against the checkout in DIR, side by side, a batch each in turn",
+        help="against the checkout in DIR, side by side (with --rounds: on the single events)",
     )
-    bn.add_argument("--runs", type=int, default=5, help="fold --versus: runs")
-    bn.add_argument("--profile", default="steady", help="pool: steady, flappy or outage")
-    bn.add_argument("--speed", type=float, default=10.0, help="pool: simulated s a second")
-    bn.add_argument("--duration", type=int, default=3_600, help="pool: simulated seconds")
-    bn.add_argument("--budget", type=int, default=0, help="pool: rechecks an hour (0: none)")
-    bn.add_argument(
-        "--interval", type=int, default=0, help="pool: recheck interval, simulated s (0: defaults)"
-    )
-    bn.add_argument(
-        "--failing",
+    fold.add_argument("--runs", type=int, default=5, help="--versus, --rounds: runs")
+
+    lease = bench("lease", "lease grants under concurrent agents", _lease)
+    lease.add_argument("--clients", type=int, default=50, help="concurrent agents")
+    lease.add_argument("--seconds", type=float, default=10.0)
+    lease.add_argument("--count", type=int, default=1, help="targets per request")
+
+    query = bench("query", "GET /v1/proxies over a large pool", _query)
+    query.add_argument("--proxies", type=int, default=100_000)
+
+    stats = bench("stats", "/v1/stats and lease latency while the fold works", _stats)
+    stats.add_argument("--proxies", type=int, default=100_000)
+    stats.add_argument("--seconds", type=float, default=10.0)
+    stats.add_argument("--rate", type=int, default=10_000, help="events/s folded meanwhile")
+    stats.add_argument(
+        "--backlog",
         type=int,
-        default=0,
-        help="pool: a failing proxy's recheck interval, simulated s (0: half of --interval)",
+        default=1_000_000,
+        help="observations (as rounds, over --proxies new proxies) of the backlog phase; 0: none",
     )
-    bn.add_argument("--sweeps", type=int, default=50, help="ingest: idle sweep periods")
-    bn.add_argument("--sweep-s", type=float, default=0.1, help="ingest: the sweep period")
-    bn.add_argument("--deposits", type=int, default=200, help="ingest: pages deposited")
-    bn.add_argument("--missing", type=int, default=10, help="ingest: announced, never stored")
-    bn.add_argument("--lines", type=int, default=200_000, help="seed: lines of the dump")
-    bn.add_argument("--nodes", type=int, default=3, help="seed: seed node processes")
-    bn.add_argument("--working", type=int, default=300, help="seed: working relays in the world")
-    bn.add_argument("--nats", default=None)
-    bn.add_argument("--json", action="store_true")
-    bn.set_defaults(run=_bench)
+
+    extract = bench("extract", "extraction of a dense list", _extract)
+    extract.add_argument("--mb", type=int, default=30, help="size of the dense list")
+    extract.add_argument("--seed", type=int, default=1)
+
+    check = bench("check", "proxy checks through real proxies", _check)
+    check.add_argument("--checks", type=int, default=10_000)
+    check.add_argument("--tls", action="store_true", help="tunnels carry TLS to a pinned judge")
+
+    harvest = bench("harvest", "a worker harvesting a list of mostly dead proxies", _harvest)
+    harvest.add_argument("--candidates", type=int, default=10_000)
+    harvest.add_argument("--working-share", type=float, default=0.05)
+
+    pool = bench("pool", "pool truth under churn", _pool)
+    pool.add_argument("--profile", default="steady", help="steady, flappy or outage")
+    pool.add_argument("--proxies", type=int, default=200)
+    pool.add_argument("--seed", type=int, default=1)
+    pool.add_argument("--speed", type=float, default=10.0, help="simulated s a second")
+    pool.add_argument("--duration", type=int, default=3_600, help="simulated seconds")
+    pool.add_argument("--budget", type=int, default=0, help="rechecks an hour (0: none)")
+    pool.add_argument("--interval", type=int, default=0, help="recheck interval (0: defaults)")
+    pool.add_argument(
+        "--failing", type=int, default=0, help="a failing proxy's interval (0: half --interval)"
+    )
+
+    ingest = bench("ingest", "the deposit ingest never lists the store", _ingest)
+    ingest.add_argument("--sweeps", type=int, default=50, help="idle sweep periods")
+    ingest.add_argument("--sweep-s", type=float, default=0.1, help="the sweep period")
+    ingest.add_argument("--deposits", type=int, default=200, help="pages deposited")
+    ingest.add_argument("--missing", type=int, default=10, help="announced, never stored")
+
+    seed = bench("seed", "seed nodes working a dump", _seed)
+    seed.add_argument("--lines", type=int, default=200_000, help="lines of the dump")
+    seed.add_argument("--nodes", type=int, default=3, help="seed node processes")
+    seed.add_argument("--working", type=int, default=300, help="working relays in the world")
 
 
-async def _bench(args: argparse.Namespace) -> int:
-    from ops.bench.fold import bench_fold, print_fold
+def _runner(run: Run) -> Callable[[argparse.Namespace], Awaitable[int]]:
+    async def go(args: argparse.Namespace) -> int:
+        from ops.bench.fold import print_fold
+
+        result = run(args)
+        if not isinstance(result, dict):
+            result = await result
+        print_fold(result, args.json)
+        return 0
+
+    return go
+
+
+async def _fold(args: argparse.Namespace) -> dict[str, Any]:
     from ops.collector import for_folding
 
-    match args.what:
-        case "fold":
-            for_folding()  # measured as ppf folds (ops/collector.py)
-            if args.versus:
-                from pathlib import Path
+    for_folding()  # measured as ppf folds (ops/collector.py)
+    if args.rounds:
+        from ops.bench.rounds import bench_rounds
 
-                from ops.bench.versus import bench_versus
+        versus = Path(args.versus) if args.versus else None
+        return await bench_rounds(args.observations, args.proxies, args.seed, versus, args.runs)
+    if args.versus:
+        from ops.bench.versus import bench_versus
 
-                result = await bench_versus(
-                    Path(args.versus), args.events, args.proxies, args.seed, args.runs
-                )
-            elif args.located:
-                from ops.bench.fold import bench_located
+        return await bench_versus(
+            Path(args.versus), args.events, args.proxies, args.seed, args.runs
+        )
+    if args.located:
+        from ops.bench.fold import bench_located
 
-                result = await bench_located(
-                    args.events, args.proxies, args.seed, args.pairs, args.interleaved
-                )
-            else:
-                result = await bench_fold(args.events, args.proxies, args.seed, args.nats)
-        case "lease":
-            from ops.bench.gateway import bench_lease
+        return await bench_located(
+            args.events, args.proxies, args.seed, args.pairs, args.interleaved
+        )
+    from ops.bench.fold import bench_fold
 
-            result = await bench_lease(args.clients, args.seconds, count=args.count)
-        case "query":
-            from ops.bench.gateway import bench_query
+    return await bench_fold(args.events, args.proxies, args.seed, args.nats)
 
-            result = await bench_query(args.proxies)
-        case "stats":
-            from ops.bench.stats import bench_stats
 
-            result = await bench_stats(args.proxies, args.seconds, rate=args.rate)
-        case "extract":
-            from ops.bench.extract import bench_extract
+async def _lease(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.gateway import bench_lease
 
-            result = bench_extract(args.mb, args.seed)
-        case "harvest":
-            from ops.bench.harvest import bench_harvest
+    return await bench_lease(args.clients, args.seconds, count=args.count)
 
-            result = await bench_harvest(args.candidates, args.working_share)
-        case "pool":
-            from ops.bench.pool import bench_pool
 
-            proxies = args.proxies if args.proxies != 100_000 else 200  # (fold's default)
-            result = await bench_pool(
-                args.profile,
-                proxies,
-                args.seed,
-                args.speed,
-                args.duration,
-                recheck_budget_per_hour=args.budget,
-                interval_s=args.interval,
-                failing_s=args.failing,
-            )
-        case "ingest":
-            from ops.bench.ingest import bench_ingest
+async def _query(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.gateway import bench_query
 
-            result = await bench_ingest(args.sweeps, args.sweep_s, args.deposits, args.missing)
-        case "seed":
-            from ops.bench.seed import bench_seed
+    return await bench_query(args.proxies)
 
-            result = await bench_seed(args.lines, args.nodes, args.working)
-        case "check":
-            from ops.bench.check import bench_check
 
-            result = await bench_check(args.checks, tls=args.tls)
-        case _:
-            print(f"ppf bench {args.what}: not built yet (see the open issues)", file=sys.stderr)
-            return 2
-    print_fold(result, args.json)
-    return 0
+async def _stats(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.stats import bench_stats
+
+    return await bench_stats(args.proxies, args.seconds, rate=args.rate, backlog=args.backlog)
+
+
+def _extract(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.extract import bench_extract
+
+    return bench_extract(args.mb, args.seed)
+
+
+async def _check(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.check import bench_check
+
+    return await bench_check(args.checks, tls=args.tls)
+
+
+async def _harvest(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.harvest import bench_harvest
+
+    return await bench_harvest(args.candidates, args.working_share)
+
+
+async def _pool(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.pool import bench_pool
+
+    return await bench_pool(
+        args.profile,
+        args.proxies,
+        args.seed,
+        args.speed,
+        args.duration,
+        recheck_budget_per_hour=args.budget,
+        interval_s=args.interval,
+        failing_s=args.failing,
+    )
+
+
+async def _ingest(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.ingest import bench_ingest
+
+    return await bench_ingest(args.sweeps, args.sweep_s, args.deposits, args.missing)
+
+
+async def _seed(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.seed import bench_seed
+
+    return await bench_seed(args.lines, args.nodes, args.working)

@@ -1,0 +1,177 @@
+"""``ppf bench fold --rounds``: the same observations as single events and as rounds.
+
+The pinned workload (ops/bench/workload.py) is published twice, in lockstep, to two
+servers: each step's single events to one, the same step as rounds to the other, so an
+observation has the same server time in both streams. It reports what each stream costs
+the log (messages, stored bytes, as the stream reports them) and, folded side by side a
+batch at a time (ops/bench/versus.py), observations a second: this tree on the rounds,
+this tree on the single events, and, with ``--versus DIR``, the tree in ``DIR`` (an
+older ppf, which knows no rounds) on the single events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from events import encode
+from ops.bench.synthetic import route
+from ops.bench.versus import Side, median_ci, pct_by_run, side_by_side
+from ops.nats.client import Log
+from ops.nats.server import NatsServer, free_port
+from ops.progress import Progress
+
+__all__ = ["bench_rounds", "publish_workload", "publisher"]
+
+HERE = Path(__file__).resolve().parents[2]
+
+
+async def publish_workload(
+    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
+) -> int:
+    """Publish the workload's steps to each server of ``urls`` in lockstep, each in its
+    form (``forms``: ``s`` single events, ``r`` rounds, one letter a server); without
+    ``setup``, the first step (enrolments, settings, sources) is left out. Returns the
+    observations made."""
+    from ops.bench.workload import steps
+
+    logs = [await Log.connect(u, name="ppf-bench-publisher") for u in urls]
+    starts = []
+    for lg in logs:
+        await lg.ensure_stream()
+        starts.append(await lg.head_seq())
+    sent = [0] * len(logs)
+    made = 0
+    progress = Progress("publish", observations)
+    for n, step in enumerate(steps(observations, proxies=proxies, seed=seed)):
+        if n == 0 and not setup:
+            continue
+        for i, form in enumerate(forms):
+            events = step.singles if form == "s" else step.rounds
+            for event in events:
+                subject, msg_id = route(event)
+                await logs[i].nc.publish(subject, encode(event), headers={"Nats-Msg-Id": msg_id})
+            sent[i] += len(events)
+        made += step.observations
+        if n % 50 == 49:
+            for lg, start, count in zip(logs, starts, sent, strict=True):
+                await lg.nc.flush()
+                # Keep the servers' ingest queues short: wait for the streams to catch up.
+                while await lg.head_seq() < start + count - 20_000:
+                    await asyncio.sleep(0.01)
+            progress.update(made)
+    for lg, start, count in zip(logs, starts, sent, strict=True):
+        await lg.nc.flush()
+        deadline = time.monotonic() + 60
+        while (head := await lg.head_seq()) < start + count and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await lg.close()
+        if head != start + count:
+            raise RuntimeError(f"a stream holds {head - start} of {count} published messages")
+    progress.close()
+    return made
+
+
+def publisher(
+    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
+) -> list[str]:
+    """The command that publishes the workload from a child process (its memory and CPU
+    are not the fold's)."""
+    return [
+        sys.executable, "-m", "ops.bench.rounds", "publish", ",".join(urls), forms,
+        str(observations), str(proxies), str(seed), "setup" if setup else "nosetup",
+    ]  # fmt: skip
+
+
+async def _stream(url: str) -> tuple[int, int]:
+    lg = await Log.connect(url)
+    try:
+        head = await lg.head_seq()
+        stored, _ = await lg.stored_bytes()
+    finally:
+        await lg.close()
+    return head, stored
+
+
+async def bench_rounds(
+    observations: int = 1_000_000,
+    proxies: int = 100_000,
+    seed: int = 1,
+    versus: Path | None = None,
+    runs: int = 3,
+) -> dict[str, Any]:
+    if versus is not None and not (Path(versus) / "projections" / "replay.py").exists():
+        raise SystemExit(f"{versus} is not a ppf checkout (no projections/replay.py)")
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-rounds-") as tmp:
+        workdir = Path(tmp)
+        servers = [NatsServer(workdir / f"nats-{n}", port=free_port()) for n in ("s", "r")]
+        for server in servers:
+            server.start()
+        try:
+            singles_url, rounds_url = (s.url for s in servers)
+            child = await asyncio.create_subprocess_exec(
+                *publisher([singles_url, rounds_url], "sr", observations, proxies, seed)
+            )
+            if await child.wait() != 0:
+                raise RuntimeError("publishing the workload failed")
+            (s_msgs, s_bytes), (r_msgs, r_bytes) = [
+                await _stream(u) for u in (singles_url, rounds_url)
+            ]
+            sides: dict[str, Side] = {
+                "rounds": (HERE, rounds_url, r_msgs),
+                "singles": (HERE, singles_url, s_msgs),
+            }
+            if versus is not None:
+                sides["old_singles"] = (Path(versus).resolve(), singles_url, s_msgs)
+            spent: dict[str, list[float]] = {name: [] for name in sides}
+            for run in range(runs):
+                t = time.perf_counter()
+                figures = await asyncio.to_thread(side_by_side, sides, workdir, run)
+                for name, fig in figures.items():
+                    spent[name].append(fig["cpu"])
+                print(f"run {run + 1}/{runs}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+        finally:
+            for server in servers:
+                server.stop()
+    rate = {name: [observations / s for s in cpu] for name, cpu in spent.items()}
+    result: dict[str, Any] = {
+        "observations": observations,
+        "proxies": proxies,
+        "seed": seed,
+        "runs": runs,
+        "singles_messages": s_msgs,
+        "rounds_messages": r_msgs,
+        "messages_ratio": round(r_msgs / s_msgs, 4),
+        "singles_bytes_per_observation": round(s_bytes / observations, 1),
+        "rounds_bytes_per_observation": round(r_bytes / observations, 1),
+        "bytes_ratio": round(r_bytes / s_bytes, 3),
+    }
+    for name, rates in rate.items():
+        result[f"{name}_observations_per_s"] = round(statistics.median(rates))
+        result[f"{name}_observations_per_s_runs"] = [round(r) for r in rates]
+    against = ["singles", *(["old_singles"] if versus is not None else [])]
+    for other in against:
+        # Run by run: the two sides of a run saw the same moments of the machine.
+        ratios = [round(1 + p / 100, 3) for p in pct_by_run(rate[other], rate["rounds"])]
+        result[f"rounds_vs_{other}"] = round(statistics.median(ratios), 3)
+        result[f"rounds_vs_{other}_by_run"] = ratios
+        result[f"rounds_vs_{other}_spread"] = [min(ratios), max(ratios)]
+        result[f"rounds_vs_{other}_ci95"] = median_ci(ratios)  # None under 6 runs
+    if versus is not None:
+        result["old"] = str(versus)
+    return result
+
+
+if __name__ == "__main__" and len(sys.argv) == 8 and sys.argv[1] == "publish":
+    from ops.telemetry import logs as _logs
+
+    _logs.configure()
+    _, _, urls, forms, n, px, sd, setup = sys.argv
+    asyncio.run(
+        publish_workload(urls.split(","), forms, int(n), int(px), int(sd), setup=setup == "setup")
+    )
