@@ -140,9 +140,8 @@ class Judge:
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"judge must be an http:// URL: {url!r}")
         judge = cls(parts.hostname, parts.port or 80, parts.path or "/", "", signer=signer)
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(judge.host, judge.port), timeout
-        )
+        async with asyncio.timeout(timeout):  # not wait_for: see _connect
+            reader, writer = await asyncio.open_connection(judge.host, judge.port)
         try:
             nonce = judge.nonce()
             echo = await asyncio.wait_for(_request(reader, writer, judge, nonce, True), timeout)
@@ -258,7 +257,8 @@ async def _discover_tls(
     if parts.scheme != "https" or not parts.hostname:
         raise ValueError(f"TLS judge must be an https:// URL: {url!r}")
     host, port, path = parts.hostname, parts.port or 443, parts.path or "/judge"
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    async with asyncio.timeout(timeout):  # not wait_for: see _connect
+        reader, writer = await asyncio.open_connection(host, port)
     try:
         tls = _Tls(reader, writer, host)
         pin = await asyncio.wait_for(tls.handshake(), timeout)
@@ -315,6 +315,25 @@ def _classify(echo: Echo, own_ip: str) -> str:
 CONNECT_SHARE = 0.6
 
 
+async def _connect(
+    ip: str, port: int, proto: str, target: Judge, timeout: float
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream to the proxy (``http``) or through it to ``target`` (CONNECT, SOCKS).
+    ``asyncio.timeout``, never ``wait_for``: on 3.11 a ``wait_for`` cancelled as its
+    connection completes leaves it unclosed (a ResourceWarning at teardown)."""
+    async with asyncio.timeout(timeout):
+        if proto == "http":
+            return await asyncio.open_connection(ip, port)
+        sock = await Proxy(TUNNELS.get(proto, ProxyType.HTTP), ip, port).connect(
+            target.host, target.port
+        )
+    try:
+        return await asyncio.open_connection(sock=sock)
+    except BaseException:  # a tunnel's socket that never became a stream
+        sock.close()
+        raise
+
+
 async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) -> Check:
     addr = f"{proto}://{ip}:{port}"
     started = time.perf_counter()
@@ -328,16 +347,8 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
     try:
         async with asyncio.timeout(timeout):
             connect = CONNECT_SHARE * timeout
-            if proto == "http":
-                opening = asyncio.open_connection(ip, port)
-                reader, writer = await asyncio.wait_for(opening, connect)
-                origin_form = False
-            else:
-                kind = TUNNELS.get(proto, ProxyType.HTTP)
-                proxy = Proxy(kind, ip, port)
-                sock = await proxy.connect(target.host, target.port, timeout=connect)
-                reader, writer = await asyncio.open_connection(sock=sock)
-                origin_form = True
+            origin_form = proto != "http"
+            reader, writer = await _connect(ip, port, proto, target, connect)
             stream: _Stream | None = None
             if tls is not None:
                 stream = _Tls(reader, writer, tls.host)
@@ -412,9 +423,9 @@ async def tunnels_https(ip: str, port: int, proto: str, url: str, timeout: float
     writer = None
     try:
         async with asyncio.timeout(timeout):
-            kind = TUNNELS.get(proto, ProxyType.HTTP)
-            sock = await Proxy(kind, ip, port).connect(host, target_port)
-            reader, writer = await asyncio.open_connection(sock=sock)
+            tunnel = Judge(host, target_port, "/", "")
+            via = "https" if proto == "http" else proto  # an HTTP proxy tunnels by CONNECT
+            reader, writer = await _connect(ip, port, via, tunnel, timeout)
             tls = _Tls(reader, writer, host)
             await tls.handshake()
             tls.write(

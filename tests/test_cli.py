@@ -313,8 +313,10 @@ def test_bench_fold_runs_and_reports(ppf_bin: str) -> None:
     )
     assert res.returncode == 0, res.stderr.decode()[-2000:]
     out = json.loads(res.stdout)
-    assert out["events"] == 5000
+    assert out["events"] == 5000  # every message published was folded
     assert out["restore_digest_equal"] is True
+    # The rate is the count over the bench's own elapsed time, not a figure from nowhere.
+    assert out["fold_events_per_s"] == pytest.approx(5000 / out["fold_seconds"], rel=0.02)
     assert out["distinct_proxies"] <= 500
     for key in (
         "fold_events_per_s",
@@ -385,6 +387,39 @@ def test_bench_fold_versus_folds_both_trees_whole(ppf_bin: str) -> None:
         assert len(out[f"{side}_wall_s"]) == 2 and all(s > 0 for s in out[f"{side}_cpu_s"])
     assert len(out["new_vs_old_wall_pct_by_run"]) == 2
     assert out["new_vs_old_cpu_pct_by_run_ci95"] is None  # under 6 runs
+
+
+@pytest.mark.timeout(240)
+def test_bench_fold_rounds_folds_the_same_observations_in_both_forms(ppf_bin: str) -> None:
+    """`ppf bench fold --rounds`: the workload's single events and its rounds are the
+    same observations (both folds build one pool), rounds are far fewer messages and
+    bytes, and each rate is the observations over that side's own CPU seconds."""
+    res = subprocess.run(
+        [ppf_bin, "bench", "fold", "--rounds", "--observations", "20000", "--proxies", "2000",
+         "--runs", "2", "--json"],
+        capture_output=True,
+        timeout=220,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    out = json.loads(res.stdout)
+    assert out["observations"] == 20000
+    assert out["same_pool"] is True and out["pools_compared"] == ["rounds", "singles"]
+    assert out["rounds_messages"] * 5 < out["singles_messages"]
+    assert out["bytes_ratio"] < 0.5
+    for side in ("rounds", "singles"):
+        rates, cpu = out[f"{side}_observations_per_s_runs"], out[f"{side}_cpu_s_runs"]
+        assert len(rates) == 2
+        assert rates == [pytest.approx(20000 / c, rel=0.01) for c in cpu]
+    assert len(out["rounds_vs_singles_by_run"]) == 2
+
+
+def test_each_bench_takes_only_its_own_flags(ppf_bin: str) -> None:
+    """One parser per benchmark: another benchmark's flag is refused, not ignored."""
+    res = subprocess.run(
+        [ppf_bin, "bench", "fold", "--tls", "--sweeps", "5"], capture_output=True, timeout=60
+    )
+    assert res.returncode == 2
+    assert b"unrecognized arguments: --tls --sweeps 5" in res.stderr
 
 
 def test_sources_seed_and_import(ppf_bin: str, tmp_path: Path, nats_server: Any) -> None:

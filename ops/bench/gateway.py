@@ -21,7 +21,7 @@ import aiohttp
 
 from events import ProxyWorked, SourceAdded, url_id
 from events.mint import enrollment, fresh_id, now_ms
-from ops.bench.synthetic import _ip
+from ops.bench.workload import _ip
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 from ops.progress import Progress

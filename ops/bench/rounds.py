@@ -88,6 +88,23 @@ def publisher(
     ]  # fmt: skip
 
 
+def _pool_digest(db: Path) -> str | None:
+    """The proxies table's digest in a fold's file; None where this tree cannot read it
+    (an older tree's schema)."""
+    from projections import Store
+    from projections.digest import digests
+    from projections.store import StoreError
+
+    try:
+        store = Store(db)
+    except StoreError:
+        return None
+    try:
+        return digests(store.restore())["proxies"]
+    finally:
+        store.close()
+
+
 async def _stream(url: str) -> tuple[int, int]:
     lg = await Log.connect(url)
     try:
@@ -135,6 +152,8 @@ async def bench_rounds(
                 for name, fig in figures.items():
                     spent[name].append(fig["cpu"])
                 print(f"run {run + 1}/{runs}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
+            # What both forms built, from the files the first run wrote: the same pool.
+            pools = {name: _pool_digest(workdir / f"{name}-0.duckdb") for name in sides}
         finally:
             for server in servers:
                 server.stop()
@@ -150,10 +169,14 @@ async def bench_rounds(
         "singles_bytes_per_observation": round(s_bytes / observations, 1),
         "rounds_bytes_per_observation": round(r_bytes / observations, 1),
         "bytes_ratio": round(r_bytes / s_bytes, 3),
+        # The proxies table each fold built: equal, or the bench compares unequal work.
+        "same_pool": len({d for d in pools.values() if d is not None}) == 1,
+        "pools_compared": sorted(name for name, d in pools.items() if d is not None),
     }
     for name, rates in rate.items():
         result[f"{name}_observations_per_s"] = round(statistics.median(rates))
         result[f"{name}_observations_per_s_runs"] = [round(r) for r in rates]
+        result[f"{name}_cpu_s_runs"] = [round(c, 3) for c in spent[name]]
     against = ["singles", *(["old_singles"] if versus is not None else [])]
     for other in against:
         # Run by run: the two sides of a run saw the same moments of the machine.

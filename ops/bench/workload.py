@@ -39,13 +39,13 @@ from events.batches import group
 
 __all__ = ["Step", "steps"]
 
+T0 = 1_790_000_000_000
 PROTOS = ("http", "https", "socks4", "socks5")
 ANON = ("transparent", "anonymous", "elite")
-T0 = 1_790_000_000_000
 
 
 def _ip(n: int) -> str:
-    # Spread over public /8s (1-99 skip 10), never a reserved range.
+    """The n-th proxy's address: spread over public /8s (1-99 but 10), never reserved."""
     a = 1 + (n >> 16) % 98
     a = a + 1 if a >= 10 else a
     return f"{a}.{(n >> 8) & 255}.{n & 255}.{1 + n % 250}"
