@@ -88,9 +88,16 @@ def publisher(
     ]  # fmt: skip
 
 
-def _pool_digest(db: Path) -> str | None:
-    """The proxies table's digest in a fold's file; None where this tree cannot read it
-    (an older tree's schema)."""
+def _pool(db: Path) -> tuple[str, str] | None:
+    """What a fold built, from its file: (the proxies table's digest, a digest of what
+    the checks said of each proxy, its times left out). Two streams of one workload
+    agree on the second; a round's results share its message's time where single events
+    each have their own, so the first agrees only between folds of one stream. None
+    where this tree cannot read the file (an older tree's schema)."""
+    import hashlib
+
+    import msgspec
+
     from projections import Store
     from projections.digest import digests
     from projections.store import StoreError
@@ -100,9 +107,15 @@ def _pool_digest(db: Path) -> str | None:
     except StoreError:
         return None
     try:
-        return digests(store.restore())["proxies"]
+        state = store.restore()
     finally:
         store.close()
+    said = sorted(
+        (r.ip, r.port, r.proto, r.protos, r.confirmations, r.fail_streak, r.flaps,
+         r.latency_ema, r.samples, r.exit_ip, r.anonymity, r.https, r.agents, r.sources)
+        for r in state.proxies.values()
+    )  # fmt: skip
+    return digests(state)["proxies"], hashlib.sha256(msgspec.msgpack.encode(said)).hexdigest()
 
 
 async def _stream(url: str) -> tuple[int, int]:
@@ -153,7 +166,7 @@ async def bench_rounds(
                     spent[name].append(fig["cpu"])
                 print(f"run {run + 1}/{runs}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
             # What both forms built, from the files the first run wrote: the same pool.
-            pools = {name: _pool_digest(workdir / f"{name}-0.duckdb") for name in sides}
+            pools = {name: _pool(workdir / f"{name}-0.duckdb") for name in sides}
         finally:
             for server in servers:
                 server.stop()
@@ -169,9 +182,10 @@ async def bench_rounds(
         "singles_bytes_per_observation": round(s_bytes / observations, 1),
         "rounds_bytes_per_observation": round(r_bytes / observations, 1),
         "bytes_ratio": round(r_bytes / s_bytes, 3),
-        # The proxies table each fold built: equal, or the bench compares unequal work.
-        "same_pool": len({d for d in pools.values() if d is not None}) == 1,
-        "pools_compared": sorted(name for name, d in pools.items() if d is not None),
+        # What each fold built: the same checks of the same proxies, or the bench
+        # compares unequal work; and one stream folded by two trees, the same table.
+        "same_pool": len({p[1] for p in pools.values() if p is not None}) == 1,
+        "pools_compared": sorted(name for name, p in pools.items() if p is not None),
     }
     for name, rates in rate.items():
         result[f"{name}_observations_per_s"] = round(statistics.median(rates))
@@ -187,6 +201,8 @@ async def bench_rounds(
         result[f"rounds_vs_{other}_ci95"] = median_ci(ratios)  # None under 6 runs
     if versus is not None:
         result["old"] = str(versus)
+        old, new = pools.get("old_singles"), pools["singles"]
+        result["singles_table_equal_old"] = None if old is None or new is None else old[0] == new[0]
     return result
 
 
