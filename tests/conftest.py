@@ -69,6 +69,28 @@ def ppf_bin() -> str:
     return found
 
 
+# Modules that build the world in a box (network namespaces and one route for the
+# world's public-looking addresses): two boxes at once would take each other's route, so
+# with the suite spread over processes (pytest-xdist, --dist loadgroup) they share one.
+_ONE_BOX_AT_A_TIME = {
+    "test_churn_box",
+    "test_seed_world",
+    "test_world",
+    "test_world_cleanup",
+    "test_world_offline",
+    "test_world_up",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if (
+            item.module is not None
+            and item.module.__name__.rsplit(".", 1)[-1] in _ONE_BOX_AT_A_TIME
+        ):
+            item.add_marker(pytest.mark.xdist_group("world-box"))
+
+
 @pytest.fixture(autouse=True)
 def _collect_garbage_after_each_test() -> Iterator[None]:
     """A socket left open is reported when the garbage collector finds it, which can be

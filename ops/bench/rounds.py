@@ -71,7 +71,7 @@ async def publish_workload(
         while (head := await lg.head_seq()) < start + count and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await lg.close()
-        if head != start + count:
+        if head < start + count:  # more: others publish there too (a gateway's Located)
             raise RuntimeError(f"a stream holds {head - start} of {count} published messages")
     progress.close()
     return made

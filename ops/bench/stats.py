@@ -218,14 +218,18 @@ async def _backlog(workdir: Path, observations: int, proxies: int, seed: int) ->
                     statuses[r.status] = statuses.get(r.status, 0) + 1
                 lease_ms.append((time.perf_counter() - t) * 1000)
                 lag = max(lag, stats["head_seq"] - stats["applied_seq"])
-                done = load.returncode is not None or load.pid is None
-                if load.returncode is None:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(load.wait(), 0.001)
-                    done = load.returncode is not None
-                if done and stats["applied_seq"] == stats["head_seq"] and not _unlocated(stats):
+                published = load.returncode is not None
+                if published and load.returncode != 0:
+                    raise RuntimeError("publishing the backlog failed")
+                caught_up = stats["applied_seq"] == stats["head_seq"] and not _unlocated(stats)
+                if published and caught_up:
                     break
-                await asyncio.sleep(max(0.0, POLL_S - (time.perf_counter() - t)))
+                left = max(0.0, POLL_S - (time.perf_counter() - t))
+                if published:
+                    await asyncio.sleep(left)
+                else:
+                    with contextlib.suppress(TimeoutError):  # and notice the publisher's end
+                        await asyncio.wait_for(load.wait(), left)
             worked_off_s = time.monotonic() - t0
             if load.returncode is None:
                 load.terminate()

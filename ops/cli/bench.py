@@ -70,10 +70,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stats.add_argument("--seconds", type=float, default=10.0)
     stats.add_argument("--rate", type=int, default=10_000, help="events/s folded meanwhile")
     stats.add_argument(
-        "--backlog",
+        "--backlog-rounds",
         type=int,
         default=1_000_000,
-        help="observations (as rounds, over --proxies new proxies) of the backlog phase; 0: none",
+        help="observations, as rounds over --proxies new proxies, of the backlog phase (0: none)",
     )
 
     extract = bench("extract", "extraction of a dense list", _extract)
@@ -166,7 +166,9 @@ async def _query(args: argparse.Namespace) -> dict[str, Any]:
 async def _stats(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.stats import bench_stats
 
-    return await bench_stats(args.proxies, args.seconds, rate=args.rate, backlog=args.backlog)
+    return await bench_stats(
+        args.proxies, args.seconds, rate=args.rate, backlog_observations=args.backlog_rounds
+    )
 
 
 def _extract(args: argparse.Namespace) -> dict[str, Any]:
