@@ -16,11 +16,9 @@ error page): the proxy is not working. From the echo:
   judge showed us directly (pinned at discovery).
 
 With a TLS judge, tunnels carry TLS to it (where an interceptor has to show its own
-certificate); HTTP forwarding proxies are checked in plain HTTP, as they are used.
-
-Every check is bounded by one timeout, so a tarpit or a port that speaks garbage costs
-that timeout and a failed result, never a hang. Measured (FIELD-NOTES.md): python-socks
-plus a hand-written request beats a new aiohttp session per check by 30-60 %.
+certificate); HTTP forwarding proxies are checked in plain HTTP, as they are used. Every
+check is bounded by one timeout: a tarpit costs that and a failed result, never a hang.
+python-socks and a hand-written request beat an aiohttp session a check by 30-60 %.
 """
 
 from __future__ import annotations
@@ -158,8 +156,7 @@ class Judge:
 
 
 async def judge_answers(judge: Judge, timeout: float = 5.0) -> bool:
-    """Whether the judge answers us directly now: a failed check means a dead proxy
-    only while it does."""
+    """Whether the judge answers us directly (a failed check means a dead proxy only then)."""
     writer = None
     try:
         async with asyncio.timeout(timeout):

@@ -184,11 +184,16 @@ async def take_leases(request: web.Request) -> web.Response:
     return reply(LeasesReply(leases=grants))
 
 
-def _held(request: web.Request, caller: Caller) -> tuple[str, str]:
+async def _held(request: web.Request, caller: Caller) -> tuple[str, str]:
     """(lease, target) when ``caller`` holds this lease now, else 409."""
     lease = request.match_info["lease"]
     structlog.contextvars.bind_contextvars(lease=lease)
-    state = request.app[FOLD].state
+    fold = request.app[FOLD]
+    state = fold.state
+    if lease not in state.lease_owner:
+        # Granted ahead of this fold (a sure claim, gateway/leases.py) or by another
+        # gateway, and not folded here yet: look once more at the head.
+        await fold.wait_for(await fold.head_seq(), request.app[GRANTER].wait_s)
     target = state.lease_owner.get(lease)
     row = state.leases.get(target) if target is not None else None
     if row is None or not lease_live(row, now_ms()) or row.holder != caller.name:
@@ -204,7 +209,7 @@ async def _applied(request: web.Request, seq: int) -> None:
 @routes.post("/v1/leases/{lease}/heartbeat")
 async def heartbeat(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed")
-    lease, target = _held(request, caller)
+    lease, target = await _held(request, caller)
     event = Heartbeat(id=fresh_id(), agent=caller.name, at=now_ms(), leases=[lease])
     published = await request.app[LOG].publish(event)
     await _applied(request, published.seq)
@@ -217,7 +222,7 @@ async def heartbeat(request: web.Request) -> web.Response:
 @routes.post("/v1/leases/{lease}/release")
 async def release(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed")
-    lease, target = _held(request, caller)
+    lease, target = await _held(request, caller)
     body = await decode_body(request, ReleaseRequest) if request.can_read_body else ReleaseRequest()
     row = request.app[FOLD].state.leases[target]
     event = Released(

@@ -41,6 +41,7 @@ from projections.recheck import (
 )
 from projections.seeding import seed_status
 from reducers import LeaseRow, ProxyRow, State
+from reducers.ledger import clamped_ttl, sure_claim
 from reducers.pool import lease_live
 from reducers.state import ProxyKey
 
@@ -133,6 +134,9 @@ class Granter:
         self.wait_s = wait_s
         self.due_refresh_s = due_refresh_s
         self._claiming: set[str] = set()  # targets this gateway has a claim in flight for
+        # Targets granted ahead of the fold (a sure claim), by the claim's sequence; kept
+        # in _claiming until the fold has applied them.
+        self._ahead: dict[str, int] = {}
         self._due: list[tuple[float, str]] = []
         self._due_from = 0
         # None: never ranked. (A sentinel time such as -1.0 looked fresh on a machine
@@ -362,7 +366,17 @@ class Granter:
             self._shards_at = time.monotonic()
         return self._shard_rows
 
+    def _settle_ahead(self) -> None:
+        applied = self.fold.applied_seq
+        for target, seq in list(self._ahead.items()):
+            if seq <= applied:
+                del self._ahead[target]
+                self._claiming.discard(target)
+            else:
+                self._claiming.add(target)
+
     async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[LeaseGrant]:
+        self._settle_ahead()
         now = now_ms()
         if kind == "seed" and self.guard is not None and self.guard.reason:
             return []  # the disk budget: bulk imports wait (the reason is in /v1/stats)
@@ -380,32 +394,51 @@ class Granter:
             event = Leased(
                 id=lease, agent=agent, at=now, lease=lease, kind=kind, target=target, ttl_s=ttl_s
             )
-            claims.append((event, row.subject_seq if row is not None else 0, score))
+            # Whether the log must grant it once it is stored next on its subject: then
+            # the answer needs no wait for the fold, however far behind the head it is.
+            sure = sure_claim(row)
+            claims.append((event, row.subject_seq if row is not None else 0, score, sure))
             self._claiming.add(target)
+        sent = now_ms()  # before the claims are stored: their log time is at or after it
+        acked: list[tuple[Leased, int, float, bool]] = []
         try:
             results = await asyncio.gather(
-                *(self.log.publish(ev, expected_last_subject_seq=exp) for ev, exp, _ in claims),
+                *(self.log.publish(ev, expected_last_subject_seq=exp) for ev, exp, _, _ in claims),
                 return_exceptions=True,
             )
             acked = [
-                (ev, res.seq, score)
-                for (ev, _, score), res in zip(claims, results, strict=True)
+                (ev, res.seq, score, sure)
+                for (ev, _, score, sure), res in zip(claims, results, strict=True)
                 if not isinstance(res, BaseException)
             ]
             for res in results:
                 if isinstance(res, BaseException) and not isinstance(res, ConflictError):
                     raise res
-            if acked:
-                await self.fold.wait_for(max(seq for _, seq, _ in acked), self.wait_s)
+            unsure = [seq for _, seq, _, sure in acked if not sure]
+            if unsure:
+                await self.fold.wait_for(max(unsure), self.wait_s)
         finally:
-            for ev, _, _ in claims:
+            applied = self.fold.applied_seq
+            for ev, _, _, _ in claims:
                 self._claiming.discard(ev.target)
+            # A sure claim answered before the fold applied it stays out of the picks
+            # until it has: the projection still shows its target free.
+            for ev, seq, _, sure in acked:
+                if sure and seq > applied:
+                    self._ahead[ev.target] = seq
+        self._settle_ahead()
         grants = []
         # Once a grant, not once a shard: it looks over the agents and the outages.
         aside = self._left_to_others(agent, now_ms()) if kind == "recheck" and acked else set()
-        for ev, seq, score in acked:
+        for ev, seq, score, sure in acked:
             row = state.leases.get(ev.target)
-            if row is None or row.lease != ev.lease or row.epoch != seq:
+            if row is not None and row.lease == ev.lease and row.epoch == seq:
+                expires_at = row.expires_at  # folded already: the log's own figure
+            elif sure:
+                # Not folded yet: the log grants it at its own time, at or after ``sent``,
+                # so this expiry is never later than the ledger's.
+                expires_at = sent + clamped_ttl(state.settings, ev.ttl_s) * 1000
+            else:
                 self.lost += 1
                 continue
             grants.append(
@@ -414,7 +447,7 @@ class Granter:
                     epoch=seq,
                     kind=kind,
                     target=ev.target,
-                    expires_at=row.expires_at,
+                    expires_at=expires_at,
                     payload=self._payload(kind, ev.target, score, agent, aside),
                 )
             )

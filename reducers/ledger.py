@@ -9,10 +9,21 @@ that message's timestamp, so every replica and replay sees it at the same point.
 
 from __future__ import annotations
 
-from events.catalogue import Heartbeat, Leased, LeaseReset, Released, SeedPlanned
+from events.catalogue import Heartbeat, Leased, LeaseReset, Released, SeedPlanned, Settings
 from reducers.state import LeaseRow, State
 
-__all__ = ["advance", "claim", "heartbeat", "on_subject", "plan", "release", "reset", "touch"]
+__all__ = [
+    "advance",
+    "claim",
+    "clamped_ttl",
+    "heartbeat",
+    "on_subject",
+    "plan",
+    "release",
+    "reset",
+    "sure_claim",
+    "touch",
+]
 
 
 def _row(state: State, target: str, kind: str) -> LeaseRow:
@@ -71,8 +82,7 @@ def claim(state: State, event: Leased, seq: int, ts: int) -> bool:
     if row.status != "free":
         row.lost += 1
         return False
-    settings = state.settings
-    ttl_s = min(max(event.ttl_s, settings.lease_ttl_min_s), settings.lease_ttl_max_s)
+    ttl_s = clamped_ttl(state.settings, event.ttl_s)
     row.status = "leased"
     row.kind = event.kind
     row.holder = event.agent
@@ -84,6 +94,21 @@ def claim(state: State, event: Leased, seq: int, ts: int) -> bool:
     state.lease_owner[event.lease] = row.target
     state.holders.setdefault(event.agent, set()).add(row.target)
     return True
+
+
+def clamped_ttl(settings: Settings, ttl_s: int) -> int:
+    """The TTL a claim gets: what it asked for, within the settings' bounds."""
+    return min(max(ttl_s, settings.lease_ttl_min_s), settings.lease_ttl_max_s)
+
+
+def sure_claim(row: LeaseRow | None) -> bool:
+    """Whether a claim on this target stored right after the row's ``subject_seq`` (a
+    compare-and-set publish) is granted, however much of the log is still to be folded
+    before it: ``claim`` grants a free row, and only messages on the target's own lease
+    subject change a free row. A leased row, expired by the projection's clock, may
+    have been extended by a heartbeat or a report not folded yet: only the fold can
+    say."""
+    return row is None or row.status == "free"
 
 
 def touch(state: State, lease: str, agent: str, ts: int) -> bool:

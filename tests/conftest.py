@@ -82,6 +82,7 @@ _ONE_BOX_AT_A_TIME = {
 }
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if (

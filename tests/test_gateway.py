@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -447,3 +448,33 @@ async def test_a_source_fetched_since_the_ranking_is_not_leased_again(
     assert r.status == 200
     again = await _json(await client.post("/v1/leases", json=body, headers=auth(tokens["w1"])))
     assert again["leases"] == []
+
+
+async def test_a_lease_on_a_free_target_is_granted_without_waiting_for_the_fold(
+    gw: Any, log_client: Log
+) -> None:
+    """While the fold is held back (a backlog), a claim on a free target that the
+    compare-and-set stored is answered at once: the ledger grants it when folded, to the
+    same lease and epoch, and never expiring earlier than the answer said; a second
+    request meanwhile is not handed the same target."""
+    client, fold, tokens = gw
+    urls = [f"http://lists.example/ahead-{i}.txt" for i in range(2)]
+    r = await client.post("/v1/sources", json={"urls": urls}, headers=auth(tokens["admin"]))
+    assert r.status == 200
+    await caught_up(fold, log_client)
+    body = {"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60}
+    async with fold._cut:  # the fold applies nothing while this is held
+        t = time.monotonic()
+        r = await client.post("/v1/leases", json=body, headers=auth(tokens["w1"]))
+        answered = time.monotonic() - t
+        assert r.status == 200
+        (grant,) = (await r.json())["leases"]
+        r = await client.post("/v1/leases", json=body, headers=auth(tokens["w1"]))
+        (other,) = (await r.json())["leases"]
+        assert fold.applied_seq < grant["epoch"]  # answered before the fold saw it
+    assert answered < 1.0  # the fold's wait is 2 s: it did not wait for it
+    assert other["target"] != grant["target"]
+    await caught_up(fold, log_client)
+    row = fold.state.leases[grant["target"]]
+    assert (row.status, row.lease, row.epoch) == ("leased", grant["lease"], grant["epoch"])
+    assert row.expires_at >= grant["expires_at"] > now_ms()
