@@ -70,9 +70,10 @@ def ppf_bin() -> str:
 
 
 # Modules that build the world in a box (network namespaces and one route for the
-# world's public-looking addresses): two boxes at once would take each other's route, so
-# with the suite spread over processes (pytest-xdist, --dist loadgroup) they share one.
-_ONE_BOX_AT_A_TIME = {
+# world's public-looking addresses): two boxes at once take each other's route, so they
+# are marked `box`, and `make test` runs them in one process after the rest, which it
+# spreads over two (pytest-xdist).
+_BOX_MODULES = {
     "test_churn_box",
     "test_seed_world",
     "test_world",
@@ -82,14 +83,10 @@ _ONE_BOX_AT_A_TIME = {
 }
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups from the markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if (
-            item.module is not None
-            and item.module.__name__.rsplit(".", 1)[-1] in _ONE_BOX_AT_A_TIME
-        ):
-            item.add_marker(pytest.mark.xdist_group("world-box"))
+        if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in _BOX_MODULES:
+            item.add_marker(pytest.mark.box)
 
 
 @pytest.fixture(autouse=True)
