@@ -268,3 +268,13 @@ def test_the_window_survives_a_checkpoint(tmp_path: Path) -> None:
         store.close()
     assert restored.marks == state.marks
     assert digest(restored) == digest(state)
+
+
+def test_the_marks_bench_fills_every_window_and_counts_at_least_the_ids() -> None:
+    """`ppf bench marks`: every window full, and a figure no smaller than the ids' own
+    text (36 characters each), so a bench that measured nothing would fail."""
+    from ops.bench.marks import bench_marks
+
+    out = bench_marks(agents=20, window=64)
+    assert out["ids_kept"] == 20 * 64
+    assert out["marks_mb"] * 1e6 >= 20 * 64 * 36 * 0.95

@@ -27,11 +27,22 @@ __all__ = ["events", "route"]
 
 
 def events(
-    n: int, *, proxies: int = 100_000, seed: int = 1, located: bool = False
+    n: int,
+    *,
+    proxies: int = 100_000,
+    seed: int = 1,
+    located: bool = False,
+    rounds: bool = False,
 ) -> Iterator[Event]:
     """The first ``n`` single events of the workload; with ``located``, also one
     ``Located`` after the first confirmation of each distinct proxy, as the service
-    publishes them (not counted in ``n``, so the two streams differ by exactly those)."""
+    publishes them (not counted in ``n``, so the two streams differ by exactly those).
+    With ``rounds``, the workload as the fleet sends it from the ``batches`` setting:
+    the steps of ``n`` observations, rounds and all."""
+    if rounds:
+        for step in steps(n, proxies=proxies, seed=seed):
+            yield from step.rounds
+        return
     emitted = 0
     seen: set[tuple[str, int]] = set()
     for step in steps(n, proxies=proxies, seed=seed):

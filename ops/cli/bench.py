@@ -27,7 +27,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         return p
 
     fold = bench("fold", "fold throughput from a real stream", _fold)
-    fold.add_argument("--events", type=int, default=1_000_000)
+    fold.add_argument(
+        "--events", type=int, default=1_000_000, help="observations, as rounds (or --singles)"
+    )
+    fold.add_argument(
+        "--singles", action="store_true", help="single events, as agents sent before rounds"
+    )
     fold.add_argument("--proxies", type=int, default=100_000)
     fold.add_argument("--seed", type=int, default=1)
     fold.add_argument("--nats", default=None, help="an existing NATS (default: its own)")
@@ -106,6 +111,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ingest.add_argument("--deposits", type=int, default=200, help="pages deposited")
     ingest.add_argument("--missing", type=int, default=10, help="announced, never stored")
 
+    marks = bench("marks", "the memory of the re-send window at many agents", _marks)
+    marks.add_argument("--agents", type=int, default=1_000)
+    marks.add_argument("--window", type=int, default=512)
+
     seed = bench("seed", "seed nodes working a dump", _seed)
     seed.add_argument("--lines", type=int, default=200_000, help="lines of the dump")
     seed.add_argument("--nodes", type=int, default=3, help="seed node processes")
@@ -148,7 +157,9 @@ async def _fold(args: argparse.Namespace) -> dict[str, Any]:
         )
     from ops.bench.fold import bench_fold
 
-    return await bench_fold(args.events, args.proxies, args.seed, args.nats)
+    return await bench_fold(
+        args.events, args.proxies, args.seed, args.nats, rounds=not args.singles
+    )
 
 
 async def _lease(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,6 +219,12 @@ async def _ingest(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.ingest import bench_ingest
 
     return await bench_ingest(args.sweeps, args.sweep_s, args.deposits, args.missing)
+
+
+def _marks(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.marks import bench_marks
+
+    return bench_marks(args.agents, args.window)
 
 
 async def _seed(args: argparse.Namespace) -> dict[str, Any]:
