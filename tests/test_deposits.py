@@ -73,6 +73,7 @@ async def test_junk_under_another_range_or_a_pages_key_is_refused_and_the_honest
         dump = b"8.8.8.8:3128\n9.9.9.9:8080\n"
         planned, _ = await plan(box.log, dump, "proxies", 1, 0)
         assert planned is not None
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)  # the plan, folded
         gw_honest = GatewayClient(box.gateway, box.tokens["honest"], "honest", tmp_path / "h.jsonl")
         gw_rogue = GatewayClient(box.gateway, box.tokens["rogue"], "rogue", tmp_path / "r.jsonl")
         gw_worker = GatewayClient(box.gateway, box.tokens["w1"], "w1", tmp_path / "w.jsonl")
@@ -332,6 +333,8 @@ async def test_two_gateways_ingesting_one_deposit_put_one_copy_of_each_event_in_
         try:
             planned, _ = await plan(box.log, b"8.8.8.8:3128\n9.9.9.9:1080\n", "proxies", 2, 0)
             assert planned is not None
+            # The plan folded before a range is asked for (under load it could come after).
+            assert await box.fold.wait_for(await box.log.head_seq(), 10)
             gw = GatewayClient(box.gateway, box.tokens["honest"], "honest", tmp_path / "h.jsonl")
             async with gw:
                 (grant,) = await gw.lease("seed", 1, 60)

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from events import Fetched, Located, ProxiesChecked, ProxyFailed, ProxyWorked, decode, encode
+from events import Fetched, Located, ProxiesChecked, ProxyFailed, ProxyWorked, decode
 from events.batches import expand
 from ops.bench.versus import median_ci, pct_by_run, pct_of_medians
 from ops.nats.client import Log
@@ -65,40 +65,20 @@ async def publish_paired(
     Published together, the same event has the same time in each, within tens of ms.
     """
     from ops.bench import synthetic
+    from ops.bench.streams import Streams
 
-    logs = [await Log.connect(url, name="ppf-bench-publisher") for url in urls]
-    starts = []
-    for lg in logs:
-        await lg.ensure_stream()
-        starts.append(await lg.head_seq())
+    streams = await Streams.open(urls)
     progress = Progress("publish", n)
-    sent = [0] * len(logs)
     events = synthetic.events(n, proxies=proxies, seed=seed, located=located_in is not None)
     for made, ev in enumerate(events, 1):
-        subject, msg_id = synthetic.route(ev)
-        payload, headers = encode(ev), {"Nats-Msg-Id": msg_id}
         only = located_in if isinstance(ev, Located) else None
-        for i, lg in enumerate(logs):
+        for i in range(len(urls)):
             if only is None or i == only:
-                await lg.nc.publish(subject, payload, headers=headers)
-                sent[i] += 1
+                await streams.send(i, ev)
         if made % 20_000 == 0:
-            for lg, start, count in zip(logs, starts, sent, strict=True):
-                await lg.nc.flush()
-                # Keep the server's ingest queue short: wait for the stream to catch up.
-                while await lg.head_seq() < start + count - 40_000:
-                    await asyncio.sleep(0.01)
+            await streams.keep_up(40_000)
             progress.update(min(made, n))
-    heads = []
-    for lg, start, count in zip(logs, starts, sent, strict=True):
-        await lg.nc.flush()
-        deadline = time.monotonic() + 60
-        while (head := await lg.head_seq()) < start + count and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await lg.close()
-        if head != start + count:
-            raise RuntimeError(f"stream holds {head - start} of {count} published events")
-        heads.append(head)
+    heads = await streams.close()
     progress.close()
     return heads
 

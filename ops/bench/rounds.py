@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from events import encode
-from ops.bench.synthetic import route
 from ops.bench.versus import Side, median_ci, pct_by_run, side_by_side
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
@@ -38,41 +36,23 @@ async def publish_workload(
     form (``forms``: ``s`` single events, ``r`` rounds, one letter a server); without
     ``setup``, the first step (enrolments, settings, sources) is left out. Returns the
     observations made."""
+    from ops.bench.streams import Streams
     from ops.bench.workload import steps
 
-    logs = [await Log.connect(u, name="ppf-bench-publisher") for u in urls]
-    starts = []
-    for lg in logs:
-        await lg.ensure_stream()
-        starts.append(await lg.head_seq())
-    sent = [0] * len(logs)
+    streams = await Streams.open(urls)
     made = 0
     progress = Progress("publish", observations)
     for n, step in enumerate(steps(observations, proxies=proxies, seed=seed)):
         if n == 0 and not setup:
             continue
         for i, form in enumerate(forms):
-            events = step.singles if form == "s" else step.rounds
-            for event in events:
-                subject, msg_id = route(event)
-                await logs[i].nc.publish(subject, encode(event), headers={"Nats-Msg-Id": msg_id})
-            sent[i] += len(events)
+            for event in step.singles if form == "s" else step.rounds:
+                await streams.send(i, event)
         made += step.observations
         if n % 50 == 49:
-            for lg, start, count in zip(logs, starts, sent, strict=True):
-                await lg.nc.flush()
-                # Keep the servers' ingest queues short: wait for the streams to catch up.
-                while await lg.head_seq() < start + count - 20_000:
-                    await asyncio.sleep(0.01)
+            await streams.keep_up(20_000)
             progress.update(made)
-    for lg, start, count in zip(logs, starts, sent, strict=True):
-        await lg.nc.flush()
-        deadline = time.monotonic() + 60
-        while (head := await lg.head_seq()) < start + count and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        await lg.close()
-        if head < start + count:  # more: others publish there too (a gateway's Located)
-            raise RuntimeError(f"a stream holds {head - start} of {count} published messages")
+    await streams.close(others=True)  # a gateway may publish there too (its Located)
     progress.close()
     return made
 
