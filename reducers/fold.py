@@ -137,8 +137,7 @@ def _checked(
                 # Invalid facts name their field already (results[j].port: ...).
                 said = why if reason == INVALID else f"results[{j}]: {why}"
                 refused.append((j, reason, said))
-            agent.rejected += 1
-            continue
+            continue  # as a single event refused: in the DLQ, not in the agent's counts
         if applied == 0 and ts > agent.last_seen:
             agent.last_seen = ts
         applied += 1

@@ -139,7 +139,8 @@ def test_a_bad_result_costs_only_itself() -> None:
     assert sorted(state.proxies) == [("50.0.0.1", 80), ("50.0.0.4", 80)]
     assert [(s, r, i) for s, r, i, _ in dlq] == [(1, "invalid", 1), (1, "invalid", 2)]
     assert dlq[0][3].startswith("results[1].proto")
-    assert state.agents["c1"].rejected == 2
+    # As single events refused would be: in the DLQ, not counted as folded.
+    assert state.agents["c1"].counts == {"ProxyWorked": 2}
 
 
 def test_a_worker_may_not_fail_proxies_inside_a_round() -> None:
