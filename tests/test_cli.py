@@ -344,7 +344,9 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
             "fold",
             "--located",
             "--events",
-            "15000",
+            # Enough for a timeline of seconds: the skew of two lockstep streams is tens
+            # of ms (flushes), and a shorter span would not tell it from streams in turn.
+            "60000",
             "--proxies",
             "300",
             "--pairs",
@@ -359,7 +361,7 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
     )
     assert res.returncode == 0, res.stderr.decode()[-2000:]
     out = json.loads(res.stdout)
-    assert out["events"] == 15000  # 10,000 of them add the sources, before any proxy
+    assert out["events"] == 60000  # 2,000 of them add the sources, before any proxy
     assert 0 < out["located_events"] <= 300
     # Published in lockstep: one timeline, where streams published in turn would skew
     # by a whole stream's publishing (the second starts after the first ends).
