@@ -143,17 +143,21 @@ def test_a_bad_result_costs_only_itself() -> None:
     assert state.agents["c1"].counts == {"ProxyWorked": 2}
 
 
-def test_a_worker_may_not_fail_proxies_inside_a_round() -> None:
-    """Roles hold per result: a worker's round on its own subject may confirm proxies,
-    and its failed results go to the DLQ as forbidden (workers report working ones)."""
+def _enrolled(name: str, role: ev.Role) -> list[tuple[int, int, bytes, bytes]]:
+    """Per-agent subjects on, and one enrolled agent: messages 1 and 2 of a log."""
     settings = ev.Settings(agent_subjects=True)
     pre: list[ev.Event] = [
         ev.Configured(id=_id(T0 - 9, 0), agent="admin", at=0, settings=settings),
         ev.AgentEnrolled(
-            id=_id(T0 - 8, 0), agent="admin", at=0, name="w1", role="worker",
-            token_sha256="a" * 64,
+            id=_id(T0 - 8, 0), agent="admin", at=0, name=name, role=role, token_sha256="a" * 64
         ),
-    ]  # fmt: skip
+    ]
+    return [message(i + 1, T0 - 1, e) for i, e in enumerate(pre)]
+
+
+def test_a_worker_may_not_fail_proxies_inside_a_round() -> None:
+    """Roles hold per result: a worker's round on its own subject may confirm proxies,
+    and its failed results go to the DLQ as forbidden (workers report working ones)."""
     batch = ev.ProxiesChecked(
         id=_id(T0, 1),
         agent="w1",
@@ -166,7 +170,7 @@ def test_a_worker_may_not_fail_proxies_inside_a_round() -> None:
             ev.CheckResult(ip="51.0.0.2", port=80, proto="http", ok=False, error="timeout"),
         ],
     )
-    msgs = [message(i + 1, T0 - 1, e) for i, e in enumerate(pre)]
+    msgs = _enrolled("w1", "worker")
     msgs.append((3, T0, ev.agent_subject(batch).encode(), ev.encode(batch)))
     state = State()
     dlq: list[tuple[str, int]] = []
@@ -178,14 +182,6 @@ def test_a_worker_may_not_fail_proxies_inside_a_round() -> None:
 def test_a_round_on_the_wrong_partition_is_refused_whole() -> None:
     """The subject is the round's partition key: a round published under another key is
     a forgery of where it belongs (DLQ forbidden), and a source's round is keyed by it."""
-    settings = ev.Settings(agent_subjects=True)
-    pre: list[ev.Event] = [
-        ev.Configured(id=_id(T0 - 9, 0), agent="admin", at=0, settings=settings),
-        ev.AgentEnrolled(
-            id=_id(T0 - 8, 0), agent="admin", at=0, name="c1", role="checker",
-            token_sha256="b" * 64,
-        ),
-    ]  # fmt: skip
     batch = ev.ProxiesChecked(
         id=_id(T0, 1),
         agent="c1",
@@ -193,7 +189,7 @@ def test_a_round_on_the_wrong_partition_is_refused_whole() -> None:
         key="s007",
         results=[ev.CheckResult(ip="52.0.0.1", port=80, proto="http", latency_ms=10)],
     )
-    msgs = [message(i + 1, T0 - 1, e) for i, e in enumerate(pre)]
+    msgs = _enrolled("c1", "checker")
     msgs.append((3, T0, b"ppf.in.c1.checked.s008", ev.encode(batch)))
     state = State()
     dlq: list[str] = []
