@@ -69,37 +69,28 @@ def located_id(ip: str, geo: str) -> str:
 
 def _located(ips: list[str], places: list[Place], at: int, *, batches: bool) -> list[Located]:
     """One ``Located`` an address, or with ``batches`` one for them all per data version
-    (the first in its fields, the rest in ``more``) under an id its addresses and data
-    version fix, so replicas that look up the same addresses publish one message."""
-    if not batches:
-        return [
-            Located(
-                id=located_id(ip, p.geo),
-                agent="fold",
-                at=at,
-                ip=ip,
-                country=p.country,
-                as_org=p.as_org,
-                geo=p.geo,
-            )
-            for ip, p in zip(ips, places, strict=True)
-        ]
-    by_version: dict[str, list[tuple[str, Place]]] = {}
-    for ip, p in zip(ips, places, strict=True):
-        by_version.setdefault(p.geo, []).append((ip, p))
+    (the first in its fields, the rest in ``more``), each under an id its addresses and
+    data version fix, so replicas that look up the same addresses publish one message
+    (for one address, the id it always had)."""
+    groups: list[list[tuple[str, Place]]]
+    if batches:
+        by_version: dict[str, list[tuple[str, Place]]] = {}
+        for ip, p in zip(ips, places, strict=True):
+            by_version.setdefault(p.geo, []).append((ip, p))
+        groups = [sorted(found) for found in by_version.values()]
+    else:
+        groups = [[found] for found in zip(ips, places, strict=True)]
     out = []
-    for geo, found in by_version.items():
-        found.sort()
-        (ip, first), rest = found[0], found[1:]
+    for (ip, first), *rest in groups:
         out.append(
             Located(
-                id=located_id("|".join(i for i, _ in found), geo),
+                id=located_id("|".join([ip, *(i for i, _ in rest)]), first.geo),
                 agent="fold",
                 at=at,
                 ip=ip,
                 country=first.country,
                 as_org=first.as_org,
-                geo=geo,
+                geo=first.geo,
                 more=[EventPlace(ip=i, country=p.country, as_org=p.as_org) for i, p in rest],
             )
         )

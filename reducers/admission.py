@@ -30,7 +30,7 @@ from events import (
 from events.keys import DERIVED_PREFIX
 from events.roles import ROLE_NATS_EVENTS, may_publish, may_publish_on_nats
 from events.validate import problem
-from reducers import trust
+from reducers import marks, trust
 from reducers.state import State
 
 __all__ = [
@@ -69,11 +69,11 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
         if why:
             return INVALID, f"{field}: {why}"
     if kind in _OBSERVED and settings.resend_window and event.id[:4] != DERIVED_PREFIX:
-        mark = state.marks.get(event.agent)
-        if mark is not None and event.id <= mark.floor:
+        floor = marks.stale(state.marks, event.agent, event.id)
+        if floor:
             return STALE, (
                 f"id {event.id} is at or below the oldest id {event.agent}'s re-send window"
-                f" keeps ({mark.floor}): a re-send from long ago, or a clock far behind"
+                f" keeps ({floor}): a re-send from long ago, or a clock far behind"
             )
     if kind in _OBSERVED and settings.trust and event.agent not in state.operators:
         why = trust.over_quota(state, event, ts)

@@ -29,7 +29,7 @@ from bisect import bisect_left
 
 import msgspec
 
-__all__ = ["NEW", "RESENT", "STALE", "Mark", "see"]
+__all__ = ["NEW", "RESENT", "STALE", "Mark", "see", "stale"]
 
 NEW, RESENT, STALE = 0, 1, 2
 
@@ -41,13 +41,20 @@ class Mark(msgspec.Struct, kw_only=True):
     ids: list[str] = []
 
 
+def stale(marks: dict[str, Mark], agent: str, eid: str) -> str:
+    """The floor ``eid`` is at or below ("" when it is above, or the agent has no
+    mark): older than anything the agent's window remembers."""
+    mark = marks.get(agent)
+    return mark.floor if mark is not None and eid <= mark.floor else ""
+
+
 def see(marks: dict[str, Mark], agent: str, eid: str, window: int) -> int:
     """NEW (now remembered), RESENT (in the window) or STALE (at or below the floor)."""
+    if stale(marks, agent, eid):
+        return STALE
     mark = marks.get(agent)
     if mark is None:
         mark = marks[agent] = Mark()
-    if eid <= mark.floor:
-        return STALE
     ids = mark.ids
     i = bisect_left(ids, eid)
     if i < len(ids) and ids[i] == eid:

@@ -197,3 +197,27 @@ def test_a_round_on_the_wrong_partition_is_refused_whole() -> None:
     assert dlq == ["forbidden"] and not state.proxies
     keyed_wrong = msgspec.structs.replace(batch, source="0123456789abcdef")
     assert ev.validate.problem(keyed_wrong, lab=False)[0] == "key"
+
+
+def test_the_locators_batches_are_fixed_by_their_addresses() -> None:
+    """One Located an address (under the id it always had), or with batches one per
+    data version, its addresses sorted and its id fixed by them: replicas that look up
+    the same addresses publish one message."""
+    from ops.geo import Place, _located, located_id
+
+    ips = ["2.2.2.2", "1.1.1.1", "3.3.3.3"]
+    places = [Place("DE", "o1", "v1"), Place("FR", "o2", "v1"), Place("NL", "", "v2")]
+    single = _located(ips, places, 5, batches=False)
+    assert [e.id for e in single] == [
+        located_id(ip, p.geo) for ip, p in zip(ips, places, strict=True)
+    ]
+    assert all(e.more == [] for e in single)
+    batched = _located(ips, places, 5, batches=True)
+    assert [(e.ip, e.geo, [m.ip for m in e.more]) for e in batched] == [
+        ("1.1.1.1", "v1", ["2.2.2.2"]),
+        ("3.3.3.3", "v2", []),
+    ]
+    assert batched[0].id == located_id("1.1.1.1|2.2.2.2", "v1")
+    assert batched[0].more[0].country == "DE"
+    again = _located(list(reversed(ips)), list(reversed(places)), 9, batches=True)
+    assert {e.geo: e.id for e in again} == {e.geo: e.id for e in batched}  # order aside
