@@ -39,7 +39,7 @@ from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from agents.judges import Echo, read_echo
-from events.wire import judge_nonce_tag
+from events.wire import NONCE_LIFETIME_S, judge_nonce
 
 __all__ = [
     "HTTPS_TARGETS",
@@ -112,12 +112,12 @@ class Judge:
     signer: tuple[str, bytes] | None = None
 
     def nonce(self) -> str:
-        """A fresh nonce for one request; the signed form when we have a key here."""
-        random_part = os.urandom(6).hex()
+        """A fresh nonce for one request; with our key, minted for this judge (judge.py)."""
+        random_part = os.urandom(8).hex()
         if self.signer is None:
             return random_part
-        agent, key = self.signer
-        return f"{agent}.{random_part}.{judge_nonce_tag(key, random_part)}"
+        (agent, key), at = self.signer, f"{self.host}:{self.port}"
+        return judge_nonce(agent, key, at, int(time.time()) + NONCE_LIFETIME_S, random_part)
 
     @property
     def url(self) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,10 @@ class GatewayError(WireError):
 # Events per JetStream round (pipelined): a failure re-sends at most this many that
 # may have been stored already, and those the duplicate window absorbs.
 NATS_CHUNK = 200
+# A clock this far from the log's is worth a line in the agent's log (the fleet refuses
+# ids past its skew setting, 5 minutes by default); asked again every STANDING_S.
+CLOCK_WARN_MS = 2_000
+STANDING_S = 600.0
 
 
 class GatewayClient:
@@ -83,11 +88,16 @@ class GatewayClient:
         # Whether the fleet reports a check round as one ProxiesChecked (the gateway says
         # so from its settings, events.catalogue.Settings.batches).
         self.batches = False
+        # Our key for the fleet's judges (hex, "" when the gateway has none).
+        self.judge_key = ""
         self._log: Log | None = None
         self.sent = 0
         self.buffered = 0
         self._sending = asyncio.Lock()
         self._last_id = ""
+        self._warned: set[str] = set()
+        self._rejected_seen = 0
+        self._standing_at = time.monotonic()
 
     @property
     def via(self) -> str:
@@ -112,7 +122,9 @@ class GatewayClient:
             log.warning("no_nats_offer_yet", agent=self.agent, error=repr(exc))
             return
         self._asked = True
+        self._said(me)
         self.batches = me.batches
+        self.judge_key = me.judge_key
         if not self._http_only and self._nats_url is None:
             self._nats_url = me.nats or None
         log.info(
@@ -122,6 +134,34 @@ class GatewayClient:
             nats=redact(self._nats_url) if self._nats_url else None,
             batches=self.batches,
         )
+
+    def _said(self, me: AgentMe) -> None:
+        """Tell the operator, once, what the fold holds against this agent: a clock far
+        from the log's (its ids are refused past the fleet's skew) and its events the
+        fold refused, with the latest reason (GET /v1/agents/me)."""
+        self._standing_at = time.monotonic()
+        if abs(me.skew_ms) >= CLOCK_WARN_MS and "skew" not in self._warned:
+            self._warned.add("skew")
+            log.warning("agent_clock_off", agent=self.agent, skew_ms=me.skew_ms)
+        if me.rejected > self._rejected_seen:
+            if "rejected" not in self._warned:
+                self._warned.add("rejected")
+                log.warning(
+                    "agent_events_refused",
+                    agent=self.agent,
+                    rejected=me.rejected,
+                    last_refusal=me.last_refusal,
+                )
+            self._rejected_seen = me.rejected
+
+    async def _standing(self) -> None:
+        """Ask again every STANDING_S (after a lease): a clock drifts, a bug ships."""
+        if time.monotonic() - self._standing_at < STANDING_S:
+            return
+        try:
+            self._said(await self.whoami())
+        except GatewayError:
+            self._standing_at = time.monotonic()
 
     async def __aexit__(self, *exc: object) -> None:
         if self._http is not None:
@@ -161,6 +201,7 @@ class GatewayClient:
         status, data = await self._post("/v1/leases", body)
         if status != 200:
             raise GatewayError(status, f"lease: {status} {data}")
+        await self._standing()
         try:
             return msgspec.convert(data, LeasesReply).leases
         except msgspec.ValidationError as exc:

@@ -220,13 +220,17 @@ class Agent:
     async def _judges(self) -> AsyncIterator[JudgePool]:
         """The judge pool, asked directly at start (ValueError: none answers), watched
         while the agent runs."""
+        # The gateway's own judge is ours, and so is the key it gives us, unless told.
+        gw = self._client
+        key = self.config.judge_key or (gw.judge_key if gw is not None else "")
+        own = (*self.config.own_judges, self.gateway.rstrip("/") + "/judge")
         pool = JudgePool(
             self.judge_urls,
             tls_url=self.config.tls_judge,
-            own=self.config.own_judges,
+            own=own,
             budget_per_s=self.config.judge_budget_per_s,
             agent=self.name,
-            key=bytes.fromhex(self.config.judge_key),
+            key=bytes.fromhex(key),
         )
         await pool.start(require=self.config.require_judge)
         try:

@@ -116,6 +116,17 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # Agents, the deposit ingest and the locator publish a round's results as one
     # ProxiesChecked and many locations as one Located (docs/architecture.md §4).
     batches: bool = False
+    # What a hostile probe found (docs/trust.md "Guarded"): from the Configured that sets
+    # it, the fold refuses to the DLQ, with its reason and in the agent's ``rejected``,
+    # ports outside 1-65535, addresses that cannot be public proxies, observations whose
+    # UUIDv7 id is dated more than ``id_skew_s`` past their message's log time, and
+    # source URLs whose host only looks public (events/hosts.py); a re-issued token
+    # clears its agent's future-dated ids from its mark; an untrusted consumer's failed
+    # reports take at most ``report_share`` of the alive pool out of it an hour
+    # (reducers/proxies.py). Needs ``agent_subjects`` (the admission the rules live in).
+    guarded: bool = False
+    id_skew_s: int = 300
+    report_share: float = 0.02
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

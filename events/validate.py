@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
+from events.address import proxy_address_ok
 from events.batches import MAX_RESULTS
 from events.catalogue import (
     CheckResult,
@@ -32,13 +33,15 @@ from events.catalogue import (
     ProxyWorked,
     SourceAdded,
 )
-from events.keys import parse_key
+from events.hosts import embedded_ipv4, rules_host, spelled_address
+from events.keys import DERIVED_PREFIX, parse_key
 from events.subjects import url_id
 
 __all__ = [
     "MAX_URLS",
     "PROTOS",
     "host_can_be_public",
+    "id_problem",
     "legacy_ipv4",
     "local_name",
     "problem",
@@ -117,10 +120,12 @@ def legacy_ipv4(host: str) -> str | None:
     return str(ipaddress.IPv4Address(number))
 
 
-def host_can_be_public(host: str) -> bool:
+def host_can_be_public(host: str, *, guarded: bool = False) -> bool:
     """Whether ``host`` (a URL's, without port) could be on the public internet: not a
     private, loopback, link-local or reserved address in any notation, not
-    ``localhost``, a single label or a local suffix. Names are not resolved here."""
+    ``localhost``, a single label or a local suffix. ``guarded``: nor an IPv6 address
+    that carries a non-public IPv4, nor a name that spells one for wildcard DNS
+    (events/hosts.py). Names are not resolved here."""
     host = host.strip("[]").rstrip(".").lower()
     if not host:
         return False
@@ -129,10 +134,20 @@ def host_can_be_public(host: str) -> bool:
         literal = host
     if literal is not None:
         try:
-            return ipaddress.ip_address(literal).is_global
+            address = ipaddress.ip_address(literal)
         except ValueError:
             return False
-    return not local_name(host)
+        if guarded and isinstance(address, ipaddress.IPv6Address):
+            inner = embedded_ipv4(address)
+            if inner is not None and not inner.is_global:
+                return False
+        return address.is_global
+    if local_name(host):
+        return False
+    if guarded:
+        spelled = spelled_address(host)
+        return spelled is None or spelled.is_global
+    return True
 
 
 def local_name(host: str) -> bool:
@@ -142,8 +157,9 @@ def local_name(host: str) -> bool:
     return "." not in name or name.endswith(_LOCAL_SUFFIXES)
 
 
-def url_problem(url: str, *, lab: bool) -> str:
-    """Why ``url`` may not be a source ("" when it may)."""
+def url_problem(url: str, *, lab: bool, guarded: bool = False) -> str:
+    """Why ``url`` may not be a source ("" when it may). ``guarded``: its host is
+    judged by what it reaches (events/hosts.py), not only by its spelling."""
     if why := _text(url, MAX_URL):
         return why
     try:
@@ -156,7 +172,13 @@ def url_problem(url: str, *, lab: bool) -> str:
     host = parts.hostname or ""
     if not host:
         return "no host"
-    if not lab and not host_can_be_public(host):
+    if guarded:
+        host, why = rules_host(host)
+        if why:
+            return why
+        if not host:
+            return "no host"
+    if not lab and not host_can_be_public(host, guarded=guarded):
         return f"host {host!r} cannot be public"
     return ""
 
@@ -169,8 +191,22 @@ def _hex(value: str, length: int) -> bool:
     return len(value) == length and not value.strip(_HEXDIGITS)
 
 
-def _worked_fields(e: ProxyWorked | CheckResult) -> tuple[str, str]:
+def _proxy_fields(ip: str, port: int, lab: bool) -> tuple[str, str]:
+    """An address that can be a public proxy (events/address.py), named by its field:
+    the rule the fold applies when it admits a proxy, asked up front once ``guarded``."""
+    if not 0 < port <= 65535:
+        return "port", "out of range 1-65535"
+    if not proxy_address_ok(ip, port, lab=lab):
+        return "ip", "not an address a public proxy can have" + (
+            "" if lab else " (outside lab mode)"
+        )
+    return _OK
+
+
+def _worked_fields(e: ProxyWorked | CheckResult, lab: bool, guarded: bool) -> tuple[str, str]:
     """The facts of one confirmation, whether a single event's or a round's result."""
+    if guarded and (found := _proxy_fields(e.ip, e.port, lab))[1]:
+        return found
     if e.proto not in PROTOS:
         return "proto", _PROTO_REASON
     if not 0 <= e.latency_ms <= MAX_LATENCY_MS:
@@ -184,8 +220,10 @@ def _worked_fields(e: ProxyWorked | CheckResult) -> tuple[str, str]:
     return _OK
 
 
-def _failed_fields(e: ProxyFailed | CheckResult) -> tuple[str, str]:
+def _failed_fields(e: ProxyFailed | CheckResult, lab: bool, guarded: bool) -> tuple[str, str]:
     """The facts of one failed check, whether a single event's or a round's result."""
+    if guarded and (found := _proxy_fields(e.ip, e.port, lab))[1]:
+        return found
     if e.proto not in PROTOS:
         return "proto", _PROTO_REASON
     if e.error and (why := _text(e.error, MAX_TEXT)):
@@ -193,8 +231,8 @@ def _failed_fields(e: ProxyFailed | CheckResult) -> tuple[str, str]:
     return _OK
 
 
-def _proxy_worked(e: ProxyWorked, lab: bool) -> tuple[str, str]:
-    field, why = _worked_fields(e)
+def _proxy_worked(e: ProxyWorked, lab: bool, guarded: bool) -> tuple[str, str]:
+    field, why = _worked_fields(e, lab, guarded)
     if why:
         return field, why
     if e.source and not _hex(e.source, 16):
@@ -202,20 +240,22 @@ def _proxy_worked(e: ProxyWorked, lab: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
-def _proxy_failed(e: ProxyFailed, lab: bool) -> tuple[str, str]:
-    field, why = _failed_fields(e)
+def _proxy_failed(e: ProxyFailed, lab: bool, guarded: bool) -> tuple[str, str]:
+    field, why = _failed_fields(e, lab, guarded)
     if why:
         return field, why
     return _envelope(e.id, e.lease)
 
 
-def _proxy_reported(e: ProxyReported, lab: bool) -> tuple[str, str]:
+def _proxy_reported(e: ProxyReported, lab: bool, guarded: bool) -> tuple[str, str]:
+    if guarded and (found := _proxy_fields(e.ip, e.port, lab))[1]:
+        return found
     if e.detail and (why := _text(e.detail, MAX_TEXT)):
         return "detail", why
     return _envelope(e.id, "")
 
 
-def _fetched(e: Fetched, lab: bool) -> tuple[str, str]:
+def _fetched(e: Fetched, lab: bool, guarded: bool) -> tuple[str, str]:
     if not _hex(e.url_id, 16):
         return "url_id", "not a url_id"
     if not 0 <= e.http_status <= 999:
@@ -231,7 +271,7 @@ def _fetched(e: Fetched, lab: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
-def _extracted(e: Extracted, lab: bool) -> tuple[str, str]:
+def _extracted(e: Extracted, lab: bool, guarded: bool) -> tuple[str, str]:
     if not _hex(e.url_id, 16):
         return "url_id", "not a url_id"
     if not 0 <= e.count <= 10_000_000:
@@ -252,26 +292,26 @@ def _extracted(e: Extracted, lab: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
-def _discovered(e: Discovered, lab: bool) -> tuple[str, str]:
+def _discovered(e: Discovered, lab: bool, guarded: bool) -> tuple[str, str]:
     if not _hex(e.parent, 16):
         return "parent", "not a url_id"
     if len(e.urls) > MAX_URLS:
         return "urls", f"more than {MAX_URLS}"
     for url in e.urls:
-        if why := url_problem(url, lab=lab):
+        if why := url_problem(url, lab=lab, guarded=guarded):
             return "urls", f"{url[:100]!r}: {why}"
     return _envelope(e.id, "")
 
 
-def _source_added(e: SourceAdded, lab: bool) -> tuple[str, str]:
-    if why := url_problem(e.url, lab=lab):
+def _source_added(e: SourceAdded, lab: bool, guarded: bool) -> tuple[str, str]:
+    if why := url_problem(e.url, lab=lab, guarded=guarded):
         return "url", why
     if e.url_id != url_id(e.url):
         return "url_id", "not the url_id of url"
     return _envelope(e.id, "")
 
 
-def _deposited(e: Deposited, lab: bool) -> tuple[str, str]:
+def _deposited(e: Deposited, lab: bool, guarded: bool) -> tuple[str, str]:
     if why := _text(e.key, MAX_URL):
         return "key", why
     if not _hex(e.sha256, 64):
@@ -291,7 +331,7 @@ def _deposited(e: Deposited, lab: bool) -> tuple[str, str]:
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _proxies_checked(e: ProxiesChecked, lab: bool) -> tuple[str, str]:
+def _proxies_checked(e: ProxiesChecked, lab: bool, guarded: bool) -> tuple[str, str]:
     """The round's envelope; its results are each checked as the single event they
     stand for (``result_problems``), so one bad result costs only itself."""
     if not _KEY.fullmatch(e.key):
@@ -305,7 +345,7 @@ def _proxies_checked(e: ProxiesChecked, lab: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
-def _located(e: Located, lab: bool) -> tuple[str, str]:
+def _located(e: Located, lab: bool, guarded: bool) -> tuple[str, str]:
     if len(e.more) >= MAX_RESULTS:
         return "more", f"at most {MAX_RESULTS} addresses in all"
     for i, place in enumerate(e.more):
@@ -316,13 +356,15 @@ def _located(e: Located, lab: bool) -> tuple[str, str]:
     return _envelope(e.id, "")
 
 
-def result_problems(batch: ProxiesChecked, *, lab: bool) -> list[tuple[int, str, str]]:
+def result_problems(
+    batch: ProxiesChecked, *, lab: bool, guarded: bool = False
+) -> list[tuple[int, str, str]]:
     """(index, field, why) of each result of ``batch`` that is wrong, as the single event
     it stands for would be (its envelope is the round's, checked by ``problem``); the
     field reads ``results[j].<field>``."""
     out = []
     for j, r in enumerate(batch.results):
-        field, why = _worked_fields(r) if r.ok else _failed_fields(r)
+        field, why = _worked_fields(r, lab, guarded) if r.ok else _failed_fields(r, lab, guarded)
         if why:
             out.append((j, f"results[{j}].{field}", why))
     return out
@@ -336,7 +378,7 @@ def _envelope(event_id: str, lease: str) -> tuple[str, str]:
     return _OK
 
 
-_CHECKS: dict[type, Callable[[Any, bool], tuple[str, str]]] = {
+_CHECKS: dict[type, Callable[[Any, bool, bool], tuple[str, str]]] = {
     ProxyWorked: _proxy_worked,
     ProxyFailed: _proxy_failed,
     ProxyReported: _proxy_reported,
@@ -350,10 +392,30 @@ _CHECKS: dict[type, Callable[[Any, bool], tuple[str, str]]] = {
 }
 
 
-def problem(event: Event, *, lab: bool) -> tuple[str, str]:
+def problem(event: Event, *, lab: bool, guarded: bool = False) -> tuple[str, str]:
     """(field, why) of the first thing wrong with ``event``; ("", "") when nothing is.
-    A table by type, not a chain of isinstance: the fold asks it of every event."""
+    ``guarded``: the settings' switch of that name (events/catalogue.py Settings). A
+    table by type, not a chain of isinstance: the fold asks it of every event."""
     check = _CHECKS.get(type(event))
     if check is None:
         return _envelope(event.id, "")
-    return check(event, lab)
+    return check(event, lab, guarded)
+
+
+def id_problem(event_id: str, at_ms: int, skew_ms: int) -> str:
+    """Why an agent's observation id may not be folded at time ``at_ms`` (its message's
+    log time; the gateway's clock before it publishes): not a UUIDv7, or dated more
+    than ``skew_ms`` past it. "" when it may. A future id would sit above every honest
+    one in its agent's re-send mark; the prefix of the ids the fold derives from a
+    deposit (events/keys.py) would pass it by."""
+    if event_id.startswith(DERIVED_PREFIX):
+        return f"{DERIVED_PREFIX!r} starts only the ids the fold derives from deposits"
+    if len(event_id) != 36 or event_id[14] != "7" or not _hex(event_id[:8] + event_id[9:13], 12):
+        return "not a UUIDv7 (RFC 9562) in its canonical form"
+    ahead = int(event_id[:8] + event_id[9:13], 16) - at_ms
+    if ahead > skew_ms:
+        return (
+            f"dated {ahead} ms past its message's time (skew allowed: {skew_ms} ms):"
+            " is the agent's clock right?"
+        )
+    return ""

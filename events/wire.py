@@ -15,6 +15,9 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "NONCE_GRACE_S",
+    "NONCE_LIFETIME_S",
+    "OPERATOR",
     "AgentMe",
     "DepositReply",
     "EventsAccepted",
@@ -37,8 +40,10 @@ __all__ = [
     "SourcesAdded",
     "SourcesRequest",
     "WireError",
-    "judge_nonce_tag",
+    "judge_nonce",
     "judge_sign",
+    "nonce_parts",
+    "nonce_tag_ok",
 ]
 
 Kind = Literal["source", "recheck", "seed"]
@@ -208,6 +213,12 @@ class AgentMe(msgspec.Struct, kw_only=True, omit_defaults=True):
     # Report a check round as one ProxiesChecked (the fleet's batches setting); left
     # out when false, so older agents read the reply as they did.
     batches: bool = False
+    # What an agent may do wrong without seeing it (all left out when 0 or ""): its
+    # clock minus the log's at its latest observation (ms), its events the fold refused
+    # (``rejected``, as in /v1/agents), and the latest reason.
+    skew_ms: int = 0
+    rejected: int = 0
+    last_refusal: str = ""
 
 
 _JSON = msgspec.json.Encoder()
@@ -219,9 +230,38 @@ def judge_sign(key: bytes, nonce: str, remote: str, path: str, headers: list[lis
     return hmac.new(key, _JSON.encode([nonce, remote, path, headers]), hashlib.sha256).hexdigest()
 
 
-def judge_nonce_tag(key: bytes, random_part: str) -> str:
-    """The tag that makes ``<agent>.<random>.<tag>`` a nonce of that agent's."""
-    return hmac.new(key, random_part.encode(), hashlib.sha256).hexdigest()[:16]
+# How long a judge nonce may be used (from its minting), and the clock difference
+# between agent and judge a judge forgives at either end.
+NONCE_LIFETIME_S = 120
+NONCE_GRACE_S = 60
+# Who mints nonces that are the operator's own commands' (ppf check, ppf judges, ppf
+# bench check), with the data dir's key: a name no agent can have (events/subjects.py).
+OPERATOR = "~operator"
+
+
+def judge_nonce(agent: str, key: bytes, judge: str, expires_s: int, random_part: str) -> str:
+    """``<agent>.<expires>.<random>.<tag>``: a nonce for the judge at ``judge`` (its
+    ``host:port`` as the agent addresses it), usable until unix time ``expires_s``; the
+    tag is an HMAC under the agent's judge key over all of it."""
+    return f"{agent}.{expires_s}.{random_part}.{_nonce_tag(key, judge, expires_s, random_part)}"
+
+
+def _nonce_tag(key: bytes, judge: str, expires_s: int, random_part: str) -> str:
+    said = f"{judge.lower()}|{expires_s}|{random_part}".encode()
+    return hmac.new(key, said, hashlib.sha256).hexdigest()[:32]
+
+
+def nonce_parts(nonce: str) -> tuple[str, int, str, str] | None:
+    """(agent, expires_s, random, tag) of a nonce in ``judge_nonce``'s form, else None."""
+    parts = nonce.split(".")
+    if len(parts) != 4 or not all(parts) or not parts[1].isdigit() or len(parts[1]) > 12:
+        return None
+    return parts[0], int(parts[1]), parts[2], parts[3]
+
+
+def nonce_tag_ok(key: bytes, judge: str, parts: tuple[str, int, str, str]) -> bool:
+    _, expires_s, random_part, tag = parts
+    return hmac.compare_digest(_nonce_tag(key, judge, expires_s, random_part), tag)
 
 
 class FieldError(msgspec.Struct, kw_only=True):

@@ -248,7 +248,18 @@ def openapi() -> dict[str, Any]:
                 "responses": {"200": _reply(None), "503": _reply(None, "lagging")},
             }
         },
-        "/judge": {"get": {"summary": "echo of the caller", "responses": {"200": _reply(None)}}},
+        "/judge": {
+            "get": {
+                "summary": "echo of the caller, to a nonce of ppf's own checks (gateway/judge.py)",
+                "parameters": [
+                    {"name": "n", "in": "query", "required": True, "schema": {"type": "string"}}
+                ],
+                "responses": {
+                    "200": _reply(None),
+                    "403": {"description": "not a ppf check's nonce: nothing echoed"},
+                },
+            }
+        },
         "/openapi.json": {"get": {"summary": "this document", "responses": {"200": _reply(None)}}},
         "/": {
             "get": {

@@ -7,6 +7,7 @@ never awaits inside a batch, so no handler sees a half-applied event.
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,7 +35,7 @@ from gateway.http import (
     open_query,
     reply,
 )
-from gateway.judge import judge
+from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys, enrolled_in, judge
 from gateway.leases import Granter
 from gateway.natsauth import Callout, Kicker
 from gateway.queries import SNAPSHOT, SnapshotKeeper
@@ -302,6 +303,11 @@ def make_app(
         guard=config.disk_guard,
     )
     app[SERIES] = Series(config.series_every_s)
+    # A gateway without the fleet's judge secret makes one of its own: its /judge then
+    # answers the agents it hands keys to (GET /v1/agents/me), not those of others.
+    app[JUDGE_DOOR] = config.judge or JudgeDoor(
+        JudgeKeys(os.urandom(32)), enrolled_in(lambda: fold.state)
+    )
     app.cleanup_ctx.append(_sampling)
     if config.disk_guard is not None:
         app.cleanup_ctx.append(_guarding)

@@ -14,6 +14,7 @@ from aiohttp import web
 
 from agents.seeds import source_added
 from events import (
+    OBSERVATIONS,
     AnyEvent,
     Event,
     Heartbeat,
@@ -21,6 +22,7 @@ from events import (
     ProxiesChecked,
     ProxyReported,
     Released,
+    Settings,
     SubjectError,
     agent_msg_id,
     subject_for,
@@ -29,7 +31,7 @@ from events import (
 from events.batches import expand
 from events.mint import fresh_id, now_ms
 from events.roles import ROLE_KINDS, may_publish
-from events.validate import problem, result_problems, url_problem
+from events.validate import id_problem, problem, result_problems, url_problem
 from events.wire import (
     EventsAccepted,
     EventsRequest,
@@ -55,6 +57,7 @@ __all__ = ["GRANTER", "routes"]
 
 routes = web.RouteTableDef()
 GRANTER = web.AppKey("granter", Granter)
+OBSERVATIONS_NAMES = frozenset(kind.__name__ for kind in OBSERVATIONS)
 
 
 _event: msgspec.json.Decoder[Event] = msgspec.json.Decoder(AnyEvent)
@@ -66,7 +69,10 @@ def _field(message: str) -> str:
     return m.group("path").lstrip(".") if m else ""
 
 
-def _check(caller: Caller, index: int, event: Event, *, lab: bool) -> FieldError | None:
+def _check(caller: Caller, index: int, event: Event, settings: Settings) -> FieldError | None:
+    """The fold's own rules (events/validate.py, under the log's settings), asked before
+    publishing: what the fold would refuse is answered 400 here, naming the field."""
+    lab, guarded = settings.lab, settings.guarded
     if not may_publish(caller.role, type(event).__name__):
         return FieldError(
             index=index, field="type", reason=f"role {caller.role} may not publish it"
@@ -79,13 +85,21 @@ def _check(caller: Caller, index: int, event: Event, *, lab: bool) -> FieldError
         subject_for(event)
     except SubjectError as exc:
         return FieldError(index=index, field="", reason=str(exc))
-    field, why = problem(event, lab=lab)
+    field, why = problem(event, lab=lab, guarded=guarded)
     if why:
         return FieldError(index=index, field=field, reason=why)
+    # The fold measures from the message's log time; ours is within ms of it.
+    skew_ms = settings.id_skew_s * 1000
+    if (
+        guarded
+        and type(event).__name__ in OBSERVATIONS_NAMES
+        and (why := id_problem(event.id, now_ms(), skew_ms))
+    ):
+        return FieldError(index=index, field="id", reason=why)
     if isinstance(event, ProxiesChecked):
         # Each result as the single event it stands for: its facts, and what the
         # caller's role may say (a worker reports working proxies only).
-        bad = result_problems(event, lab=lab)
+        bad = result_problems(event, lab=lab, guarded=guarded)
         if bad:
             _, field, why = bad[0]
             return FieldError(index=index, field=field, reason=why)
@@ -143,7 +157,7 @@ async def publish_events(request: web.Request) -> web.Response:
         except msgspec.DecodeError as exc:  # pragma: no cover - Raw is valid JSON already
             errors.append(FieldError(index=index, field="", reason=str(exc)))
             continue
-        problem = _check(caller, index, event, lab=request.app[FOLD].state.settings.lab)
+        problem = _check(caller, index, event, request.app[FOLD].state.settings)
         why = ""
         if problem is None and isinstance(event, Released):
             why = await _foreign_release(request, caller, event)
@@ -266,7 +280,7 @@ async def report_proxy(request: web.Request) -> web.Response:
         outcome=body.outcome,
         detail=body.detail,
     )
-    field, why = problem(event, lab=state.settings.lab)
+    field, why = problem(event, lab=state.settings.lab, guarded=state.settings.guarded)
     if why:
         raise ApiError(400, "bad-parameter", f"{field}: {why}", parameter=field)
     now = now_ms()
@@ -311,7 +325,7 @@ async def add_sources(request: web.Request) -> web.Response:
     for url in body.urls:
         # The rule the fold applies to SourceAdded (events/validate.py): refused here
         # with its reason, never published to be refused there.
-        if why := url_problem(url, lab=lab):
+        if why := url_problem(url, lab=lab, guarded=state.settings.guarded):
             raise ApiError(400, "bad-url", f"{url[:200]!r}: {why}")
         uid = url_id(url)
         if uid in state.sources and state.sources[uid].url:

@@ -13,7 +13,7 @@ from aiohttp import web
 from events import token_sha256
 from events.wire import FieldError, Problem, WireError
 from gateway.diskguard import DiskGuard
-from gateway.judge import JudgeKeys
+from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
 from projections.live import FoldService
 from projections.log import DepositStore, EventLog, LogError
@@ -67,9 +67,10 @@ class GatewayConfig:
     # address gets 429 before its token is even looked at (no guessing at full speed).
     auth_failures_burst: float = 20.0
     auth_failures_per_s: float = 0.2
-    # The public judge's keys, when this machine publishes one: agents get theirs with
-    # GET /v1/agents/me (gateway/judge.py).
-    judge_keys: JudgeKeys | None = None
+    # Who the judges answer (gateway/judge.py), shared by every listener of /judge so a
+    # nonce is spent on all of them; agents get their keys with GET /v1/agents/me.
+    # None: /judge answers nobody.
+    judge: JudgeDoor | None = None
     # The deposit bucket (ops/nats/objects.py): seed batches and pages are stored through
     # this gateway (gateway/deposits.py); None: it takes none.
     deposits: DepositStore | None = None

@@ -1,14 +1,20 @@
-"""ppf's own judge: echoes the caller, and, when the world can reach it, signs.
+"""ppf's own judge: echoes the caller to ppf's checks, and to nobody else.
 
-On the API's loopback listener ``/judge`` answers anyone (a lab's proxies share that
-loopback). Published to the world (``ppf up --public-url ... --judge-listen ...``) it
-must be no free echo service for strangers, and a proxy must not be able to rewrite
-its answer unseen: every agent gets its own key (``JudgeKeys.agent_key``, handed over
-with ``GET /v1/agents/me``); a check's nonce is ``<agent>.<random>.<tag>`` with the tag
-an HMAC of the random part under that key, the public judge answers only such nonces
-(403 otherwise), and its answer carries ``sig``, an HMAC under the same key over the
-nonce and everything it echoed. The agent checks it: a changed address or header in an
-otherwise intact page is interception (``agents/judges.py``).
+An echo service open to all is a gift to strangers (it tells anyone what a proxy
+reveals, and repeats any header they inject), so every listener ppf opens for
+``/judge`` (the API's, ``--judge-listen``'s, the TLS judge's) answers only nonces
+that ppf's own checks minted. A nonce is ``<agent>.<expires>.<random>.<tag>``
+(``events.wire.judge_nonce``): the tag is an HMAC under that agent's judge key
+(``JudgeKeys.agent_key``, handed over with ``GET /v1/agents/me``) over the judge it is
+for (the ``host:port`` it was sent to, which the judge reads from ``Host``), its
+expiry and its random part. The judge refuses (403, nothing echoed) a nonce that is
+absent, malformed, for another judge, expired or dated too far ahead, used once
+already (``JudgeDoor`` remembers nonces until they expire, so the set is bounded by
+their lifetime), or minted for a name that is not an enrolled agent now. The
+operator's own commands mint as ``OPERATOR`` with the data dir's key. Its answer
+carries ``sig``, an HMAC under the same key over the nonce and everything it echoed:
+the agent checks it, so a proxy that rewrites the page is caught
+(``agents/judges.py``).
 """
 
 from __future__ import annotations
@@ -16,21 +22,33 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import time
+from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
+import structlog
 from aiohttp import web
 
-from events.wire import judge_nonce_tag, judge_sign
+from events.wire import (
+    NONCE_GRACE_S,
+    NONCE_LIFETIME_S,
+    OPERATOR,
+    judge_sign,
+    nonce_parts,
+    nonce_tag_ok,
+)
 
-__all__ = ["JUDGE_KEYS", "JudgeKeys", "echo", "judge"]
+__all__ = ["JUDGE_DOOR", "JudgeDoor", "JudgeKeys", "addressed", "echo", "enrolled_in", "judge"]
 
 _json = msgspec.json.Encoder()
+log = structlog.get_logger("ppf.judge")
 
 
 class JudgeKeys:
-    """The public judge's secret, made once per data dir (mode 0600), and the per-agent
-    keys derived from it (so revoking nothing else, a restart keeps agents' keys valid)."""
+    """The judge's secret, made once per data dir (mode 0600), and the per-agent keys
+    derived from it (so a restart keeps agents' keys valid)."""
 
     def __init__(self, secret: bytes) -> None:
         self.secret = secret
@@ -47,17 +65,73 @@ class JudgeKeys:
     def agent_key(self, agent: str) -> bytes:
         return hmac.new(self.secret, f"judge:{agent}".encode(), hashlib.sha256).digest()
 
-    def key_for(self, nonce: str) -> bytes | None:
-        """The asking agent's key when ``nonce`` is one it made, else None."""
-        agent, _, rest = nonce.partition(".")
-        random_part, _, tag = rest.partition(".")
-        if not agent or not random_part or not tag:
-            return None
-        key = self.agent_key(agent)
-        return key if hmac.compare_digest(judge_nonce_tag(key, random_part), tag) else None
+    def operator(self) -> tuple[str, bytes]:
+        """The signer the operator's own commands check with."""
+        return OPERATOR, self.agent_key(OPERATOR)
 
 
-JUDGE_KEYS = web.AppKey("judge_keys", JudgeKeys)
+class JudgeDoor:
+    """Which nonces a judge answers: its keys, who is enrolled now (``enrolled``: the
+    gateway's projection; None: the operator alone, for a judge without one), and the
+    nonces used, each until it expires."""
+
+    def __init__(
+        self,
+        keys: JudgeKeys,
+        enrolled: Callable[[str], bool] | None = None,
+        *,
+        max_remembered: int = 1_000_000,
+    ) -> None:
+        self.keys = keys
+        self.enrolled = enrolled
+        self.max_remembered = max_remembered
+        self._used: set[str] = set()
+        self._expiring: deque[tuple[int, str]] = deque()
+        self.refused = 0
+
+    def admit(self, nonce: str, judge: str, now_s: float) -> tuple[bytes, str]:
+        """(the minting agent's key, "") when ``nonce`` may be answered by the judge at
+        ``judge`` now, else (b"", why); an admitted nonce is spent."""
+        parts = nonce_parts(nonce)
+        if parts is None:
+            return b"", "not a ppf check's nonce"
+        agent, expires_s, _, _ = parts
+        if not (now_s - NONCE_GRACE_S <= expires_s <= now_s + NONCE_LIFETIME_S + NONCE_GRACE_S):
+            return b"", "expired, or dated past its lifetime"
+        if agent != OPERATOR and (self.enrolled is None or not self.enrolled(agent)):
+            return b"", "not minted for an enrolled agent"
+        key = self.keys.agent_key(agent)
+        if not nonce_tag_ok(key, judge, parts):
+            return b"", "not minted for this judge by that agent"
+        self._forget(now_s)
+        if nonce in self._used:
+            return b"", "used already"
+        if len(self._used) >= self.max_remembered:
+            return b"", "too many checks in flight; try again"
+        self._used.add(nonce)
+        self._expiring.append((expires_s + NONCE_GRACE_S, nonce))
+        return key, ""
+
+    def _forget(self, now_s: float) -> None:
+        """Nonces past use (expiry plus grace) need not be remembered: the expiry check
+        refuses them. Expiries come nearly in order; one out of order waits a little."""
+        expiring = self._expiring
+        while expiring and expiring[0][0] < now_s:
+            self._used.discard(expiring.popleft()[1])
+
+
+JUDGE_DOOR = web.AppKey("judge_door", JudgeDoor)
+
+
+def enrolled_in(state_of: Callable[[], object]) -> Callable[[str], bool]:
+    """``JudgeDoor.enrolled`` from a projection (``state_of`` returns its live state):
+    an agent with a token now."""
+
+    def enrolled(name: str) -> bool:
+        agent = state_of().agents.get(name)  # type: ignore[attr-defined]
+        return agent is not None and bool(agent.token_sha256)
+
+    return enrolled
 
 
 def echo(request: web.Request) -> dict[str, object]:
@@ -71,17 +145,33 @@ def echo(request: web.Request) -> dict[str, object]:
     }
 
 
+def addressed(request: web.Request) -> str:
+    """The judge as the caller addressed it: ``host:port`` from ``Host`` (the port its
+    scheme implies when none is given), which is what a nonce was minted for."""
+    host = request.host.lower()
+    name, sep, port = host.rpartition(":")
+    if sep and port.isdigit() and not name.endswith("["):
+        return f"{name.strip('[]')}:{port}"
+    return f"{host.strip('[]')}:{443 if request.scheme == 'https' else 80}"
+
+
 async def judge(request: web.Request) -> web.Response:
-    """Echo the caller's address and every header: agents classify anonymity from it.
-    With keys (the public listener), only agents' nonces are answered, signed."""
+    """Echo the caller's address and every header, signed, to a nonce this judge may
+    answer (``JudgeDoor``); 403 and nothing echoed to anything else."""
+    door = request.app.get(JUDGE_DOOR)
+    if door is None:
+        why = "this listener has no judge key"
+        key = b""
+    else:
+        key, why = door.admit(request.query.get("n", ""), addressed(request), time.time())
+    if why:
+        if door is not None:
+            door.refused += 1
+        log.debug("judge_refused", peer=request.remote, why=why)
+        return web.json_response({"error": f"not a ppf check: {why}"}, status=403)
     body = echo(request)
-    keys = request.app.get(JUDGE_KEYS)
-    if keys is not None:
-        nonce = request.query.get("n", "")
-        key = keys.key_for(nonce)
-        if key is None:
-            return web.json_response({"error": "not a ppf agent's check"}, status=403)
-        headers = body["headers"]
-        assert isinstance(headers, list)
-        body["sig"] = judge_sign(key, nonce, str(body["remote"]), request.path_qs, headers)
+    nonce = request.query["n"]
+    headers = body["headers"]
+    assert isinstance(headers, list)
+    body["sig"] = judge_sign(key, nonce, str(body["remote"]), request.path_qs, headers)
     return web.Response(body=_json.encode(body), content_type="application/json")

@@ -12,6 +12,7 @@ from aiohttp import web
 from events.mint import now_ms
 from events.wire import AgentMe
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
+from gateway.judge import JUDGE_DOOR
 from projections.readmodels import (
     ProxyFilter,
     due_sources,
@@ -287,11 +288,20 @@ async def whoami(request: web.Request) -> web.Response:
         for unspecified in ("0.0.0.0:", "[::]:"):
             if unspecified in nats and host:
                 nats = nats.replace(unspecified, f"{host}:")
-    keys = request.app[CONFIG].judge_keys
-    key = keys.agent_key(caller.name).hex() if keys is not None else ""
-    batches = request.app[FOLD].state.settings.batches
+    key = request.app[JUDGE_DOOR].keys.agent_key(caller.name).hex()
+    state = request.app[FOLD].state
+    row = state.agents.get(caller.name)
     return reply(
-        AgentMe(name=caller.name, role=caller.role, nats=nats, judge_key=key, batches=batches)
+        AgentMe(
+            name=caller.name,
+            role=caller.role,
+            nats=nats,
+            judge_key=key,
+            batches=state.settings.batches,
+            skew_ms=state.skew.get(caller.name, 0),
+            rejected=row.rejected if row is not None else 0,
+            last_refusal=state.refusals.get(caller.name, ""),
+        )
     )
 
 

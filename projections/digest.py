@@ -74,6 +74,9 @@ _LATER = (
     "recheck_budget_per_hour",
     "resend_window",
     "batches",
+    "guarded",
+    "id_skew_s",
+    "report_share",
 )
 _DEFAULTS = msgspec.structs.asdict(Settings())
 

@@ -11,12 +11,12 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from events import DLQ_PREFIX, DecodeError, decode
+from events import DLQ_PREFIX, OBSERVATIONS, DecodeError, decode
 from projections.log import Message
 from projections.store import collect_async
 from projections.writer import ProcessWriter
 from reducers import State, skip
-from reducers.admission import refusal
+from reducers.admission import FORBIDDEN, refusal, refused_event
 from reducers.fold import fold
 
 __all__ = ["Checkpointer", "Folder", "Message", "Rejected"]
@@ -24,6 +24,7 @@ __all__ = ["Checkpointer", "Folder", "Message", "Rejected"]
 Rejected = Callable[[int, bytes, bytes, DecodeError], None]
 
 _DLQ = DLQ_PREFIX.encode()
+_OBSERVED = frozenset(OBSERVATIONS)
 
 
 class Folder:
@@ -77,12 +78,16 @@ class Folder:
             self._reject(seq, ts, subject, payload, exc)
             return 0
         reason, why = refusal(state, subject, event, ts)  # reducers/admission.py
+        if reason != FORBIDDEN and type(event) in _OBSERVED:  # its sender, not a forger's name
+            state.skew[event.agent] = event.at - ts
         if reason:  # a forgery, nonsense, or a service bug: kept in the DLQ
+            refused_event(state, event, reason, why)
             self._reject(seq, ts, subject, payload, DecodeError(reason, why))
             return 0
         refused: list[tuple[int, str, str]] = []
         applied = fold(state, event, seq, ts, refused)  # type: ignore[arg-type]
         for index, reason, why in refused:  # results of a round, each kept with its reason
+            state.refusals[event.agent] = f"{reason}: {why}"
             self.rejected += 1
             if self.on_reject is not None:
                 self.on_reject(seq, subject, payload, DecodeError(reason, why, index))

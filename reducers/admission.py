@@ -29,7 +29,7 @@ from events import (
 )
 from events.keys import DERIVED_PREFIX
 from events.roles import ROLE_NATS_EVENTS, may_publish, may_publish_on_nats
-from events.validate import problem
+from events.validate import id_problem, problem
 from reducers import marks, trust
 from reducers.state import State
 
@@ -38,6 +38,7 @@ __all__ = [
     "INVALID",
     "STALE",
     "refusal",
+    "refused_event",
     "result_refusal",
     "round_types",
 ]
@@ -65,9 +66,15 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
         why = _forbidden(state, subject, event)
         if why:
             return FORBIDDEN, why
-        field, why = problem(event, lab=settings.lab)
+        field, why = problem(event, lab=settings.lab, guarded=settings.guarded)
         if why:
             return INVALID, f"{field}: {why}"
+    if (
+        kind in _OBSERVED
+        and settings.guarded
+        and (why := _id_refused(subject, event, ts, settings.id_skew_s * 1000))
+    ):
+        return INVALID, f"id: {why}"
     if kind in _OBSERVED and settings.resend_window and event.id[:4] != DERIVED_PREFIX:
         floor = marks.stale(state.marks, event.agent, event.id)
         if floor:
@@ -83,6 +90,27 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
 
 
 _OBSERVED = frozenset(OBSERVATIONS)
+_AGENTS = AGENT_PREFIX.encode()
+
+
+def _id_refused(subject: bytes, event: Event, ts: int, skew_ms: int) -> str:
+    """Why an observation's id may not be folded once ``guarded``: the service's derived
+    ids (events/keys.py) only on its own subjects; an agent's a UUIDv7 not dated past
+    the message's log time by more than the skew setting."""
+    if event.id[:4] == DERIVED_PREFIX and not subject.startswith(_AGENTS):
+        return ""
+    return id_problem(event.id, ts, skew_ms)
+
+
+def refused_event(state: State, event: Event, reason: str, why: str) -> None:
+    """What a refusal leaves in the state besides its DLQ entry. Once ``guarded``, the
+    agent's ``rejected`` counts it, unless it is a forgery (``forbidden``: the name it
+    carries may not be the sender's). Per replica: its latest reason, for the agent."""
+    if reason == FORBIDDEN:
+        return
+    state.refusals[event.agent] = f"{reason}: {why}"
+    if state.settings.guarded and (agent := state.agents.get(event.agent)) is not None:
+        agent.rejected += 1
 
 
 def round_types(state: State, batch: ProxiesChecked) -> frozenset[type]:
@@ -142,7 +170,8 @@ def _plainly_admitted(
             return False
     elif said[4:] != tail(event) or not said.startswith("ppf."):
         return False
-    return not problem(event, lab=state.settings.lab)[1]
+    settings = state.settings
+    return not problem(event, lab=settings.lab, guarded=settings.guarded)[1]
 
 
 # Event type -> the roles that may publish it on their own subjects.

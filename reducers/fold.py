@@ -123,7 +123,8 @@ def _checked(
     settings = state.settings
     agent = state.agents.get(batch.agent) or agents.row(state, batch.agent)
     counted = settings.trust and agent.name not in state.operators
-    invalid = {j: f"{field}: {why}" for j, field, why in result_problems(batch, lab=settings.lab)}
+    found = result_problems(batch, lab=settings.lab, guarded=settings.guarded)
+    invalid = {j: f"{field}: {why}" for j, field, why in found}
     allowed = round_types(state, batch)
     src = state.sources.get(batch.source) if batch.source else None
     source = src.url_id if src is not None else batch.source
@@ -137,7 +138,9 @@ def _checked(
                 # Invalid facts name their field already (results[j].port: ...).
                 said = why if reason == INVALID else f"results[{j}]: {why}"
                 refused.append((j, reason, said))
-            continue  # as a single event refused: in the DLQ, not in the agent's counts
+            if settings.guarded:
+                agent.rejected += 1  # and, once guarded, in its rejected: seen by it
+            continue  # as a single event refused: in the DLQ
         if applied == 0 and ts > agent.last_seen:
             agent.last_seen = ts
         applied += 1

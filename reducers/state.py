@@ -213,9 +213,11 @@ class State:
         "operators",
         "pending_deposits",
         "proxies",
+        "refusals",
         "resent",
         "settings",
         "settings_dirty",
+        "skew",
         "sources",
         "sweep_bucket",
         "tokens",
@@ -258,6 +260,11 @@ class State:
         # for /v1/agents and /v1/stats, neither persisted nor digested (a re-send
         # changes no projection: its digest is the log's without it).
         self.resent: dict[str, int] = {}
+        # Also per replica and not digested, for an agent to learn what it does wrong
+        # (GET /v1/agents/me): its clock minus log time at its latest observation (ms),
+        # and the latest reason the fold refused one of its events.
+        self.skew: dict[str, int] = {}
+        self.refusals: dict[str, str] = {}
         # Trust (reducers/trust.py): whose confirmations put a proxy in the served pool
         # (the operator's agents and those that earned it), whose checks are spot-checks
         # (the operator's), both derived; and the baseline those checks set: [checks of

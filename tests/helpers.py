@@ -59,3 +59,17 @@ def process_gone(pid: str) -> bool:
     with contextlib.suppress(OSError):
         return " Z " in path.read_text()
     return True
+
+
+def ppf_judge_app(key_file: Path) -> tuple[Any, tuple[str, bytes]]:
+    """ppf's judge as an aiohttp app answering the operator's nonces (gateway/judge.py),
+    with the signer that mints them: what ``ppf check`` beside a data dir uses."""
+    from aiohttp import web
+
+    from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys, judge
+
+    keys = JudgeKeys.load(key_file)
+    app = web.Application()
+    app[JUDGE_DOOR] = JudgeDoor(keys)
+    app.router.add_get("/judge", judge)
+    return app, keys.operator()

@@ -11,17 +11,17 @@ import pytest
 from aiohttp import web
 
 from agents.check import Judge, check, check_many
-from gateway.app import judge as judge_handler
 from gateway.guard import listen
 from ops.lab.testbed import ProxyLab, self_signed
 from ops.nats.server import free_port
+from tests.helpers import ppf_judge_app
 
 
 @contextlib.asynccontextmanager
-async def _judge_server(tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
-    """The judge's URL on a free port, listening as ppf's judge does (gateway/guard.py)."""
-    app = web.Application()
-    app.router.add_get("/judge", judge_handler)
+async def _judge_server(key: Path, tls: ssl.SSLContext | None = None) -> AsyncIterator[str]:
+    """The judge's URL on a free port, listening as ppf's judge does (gateway/guard.py),
+    answering the operator's nonces made with ``key``."""
+    app, _ = ppf_judge_app(key)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
@@ -36,13 +36,16 @@ async def _judge_server(tls: ssl.SSLContext | None = None) -> AsyncIterator[str]
 async def _judge(tmp_path: Path, *, tls: bool) -> AsyncIterator[Judge]:
     """The judge alone, or with its TLS twin (tunnels then carry TLS to it)."""
     async with contextlib.AsyncExitStack() as stack:
-        plain = await stack.enter_async_context(_judge_server())
+        key = tmp_path / "judge.key"  # the data dir's judge secret (--data tmp_path)
+        plain = await stack.enter_async_context(_judge_server(key))
         tls_url = None
         if tls:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(*self_signed(tmp_path, "judge"))
-            tls_url = await stack.enter_async_context(_judge_server(ctx))
-        yield await Judge.discover(plain, tls_url=tls_url)
+            (tmp_path / "tls").mkdir(exist_ok=True)  # its certificate's judge.key is not ours
+            ctx.load_cert_chain(*self_signed(tmp_path / "tls", "judge"))
+            tls_url = await stack.enter_async_context(_judge_server(key, ctx))
+        _, signer = ppf_judge_app(key)
+        yield await Judge.discover(plain, tls_url=tls_url, signer=signer)
 
 
 @pytest.fixture(params=["plain", "tls"])
@@ -142,8 +145,9 @@ async def test_five_thousand_at_once(lab: ProxyLab, tmp_path: Path) -> None:
     assert [r.exit_ip for r in results] == [exits[port] for _, port, _ in targets]
 
 
-async def test_ppf_check_command(lab: ProxyLab, judge: Judge, ppf_bin: str) -> None:
-    """`ppf check` checks exactly what it is given, loopback included; --json per line."""
+async def test_ppf_check_command(lab: ProxyLab, judge: Judge, ppf_bin: str, tmp_path: Path) -> None:
+    """`ppf check` checks exactly what it is given, loopback included; --json per line;
+    it asks ppf's judge with the operator's nonces from the data dir's key (--data)."""
     import asyncio
     import json
 
@@ -162,6 +166,8 @@ async def test_ppf_check_command(lab: ProxyLab, judge: Judge, ppf_bin: str) -> N
         "--json",
         "--timeout",
         "3",
+        "--data",
+        str(tmp_path),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )

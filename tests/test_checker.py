@@ -17,6 +17,7 @@ import events as ev
 from agents.checker import Checker, CheckerConfig, fitted_timeout
 from agents.gateway_client import GatewayClient
 from gateway.app import judge as judge_handler
+from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli import enroll
@@ -166,15 +167,23 @@ async def test_a_judge_outage_marks_no_proxy_dead(
             raise web.HTTPServiceUnavailable()
         return await judge_handler(request)
 
+    keys = JudgeKeys.load(tmp_path / "judge.key")
     judge_app = web.Application()
+    judge_app[JUDGE_DOOR] = JudgeDoor(keys, lambda name: name == "c1")
     judge_app.router.add_get("/judge", failing_judge)
     judge_server = TestServer(judge_app, host="127.0.0.1")
     await judge_server.start_server()
     stop = asyncio.Event()
     try:
         async with _rechecks(log_client, known) as r:
-            config = CheckerConfig(shards=256, check_timeout_s=3, idle_s=30)
             judge = str(judge_server.make_url("/judge"))
+            config = CheckerConfig(
+                shards=256,
+                check_timeout_s=3,
+                idle_s=30,
+                own_judges=(judge,),
+                judge_key=keys.agent_key("c1").hex(),
+            )
             checker = Checker(r.gateway, r.token, "c1", judge, tmp_path / "c1", config)
             task = asyncio.create_task(checker.run(stop))
             for _ in range(300):

@@ -304,10 +304,24 @@ async def test_two_gateways_never_grant_one_target_twice(log_client: Log) -> Non
             await fold.stop()
 
 
-async def test_judge_echoes_the_caller(gw: Any) -> None:
-    """/judge echoes the caller's address and headers."""
-    client, _, _ = gw
-    r = await client.get("/judge", headers={"X-Forwarded-For": "1.2.3.4", "Via": "1.1 squid"})
+async def test_judge_echoes_an_agents_check_and_nobody_else(gw: Any) -> None:
+    """/judge on the API listener: a stranger gets 403 and nothing echoed (an injected
+    header least of all); an enrolled agent's nonce, with the key GET /v1/agents/me gave
+    it, gets the caller's address and headers."""
+    from events.wire import judge_nonce
+
+    client, _, tokens = gw
+    token = tokens["w1"]
+    injected = {"X-Forwarded-For": "1.2.3.4", "Via": "1.1 squid"}
+    stranger = await client.get("/judge?n=anything", headers=injected)
+    assert stranger.status == 403 and "1.2.3.4" not in await stranger.text()
+    me = await (await client.get("/v1/agents/me", headers=auth(token))).json()
+    here = f"{client.host}:{client.port}"
+    nonce = judge_nonce(
+        me["name"], bytes.fromhex(me["judge_key"]), here, int(time.time()) + 60, "r1"
+    )
+    r = await client.get(f"/judge?n={nonce}", headers={**injected, "Host": here})
+    assert r.status == 200
     body = await r.json()
     assert body["remote"] == "127.0.0.1"
     headers = {k.lower(): v for k, v in body["headers"]}
@@ -373,6 +387,8 @@ async def test_agents_are_offered_their_own_nats_login(log_client: Log) -> None:
     config = GatewayConfig(agent_nats=NatsAuth(address="nats://0.0.0.0:4222"))
     async with serving(log_client, config) as (client, fold):
         worker = await _json(await client.get("/v1/agents/me", headers=auth(tokens["worker"])))
+        key = worker.pop("judge_key")  # its key for this gateway's judge (gateway/judge.py)
+        assert len(bytes.fromhex(key)) == 32
         assert worker == {"name": "worker1", "role": "worker", "nats": "nats://127.0.0.1:4222"}
         admin = await _json(await client.get("/v1/agents/me", headers=auth(tokens["admin"])))
         assert admin["nats"] is None

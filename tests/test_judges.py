@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 
 from agents.judges import read_echo
 
@@ -81,40 +84,73 @@ def test_a_page_with_something_added_has_another_frame() -> None:
         assert altered.frame != direct.frame
 
 
-async def test_the_public_judge_answers_only_agents_and_signs(tmp_path: Path) -> None:
-    """A stranger's nonce gets 403; an agent's gets a signed echo it can verify; the same
-    echo with one header changed inside (its frame intact) is forged."""
-    from aiohttp import web
+async def _get(host: str, port: int, target: str, host_header: str) -> tuple[int, bytes]:
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        f"GET {target} HTTP/1.1\r\nHost: {host_header}\r\nConnection: close\r\n\r\n".encode()
+    )
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ")[1]), body
+
+
+async def test_the_judge_answers_only_nonces_minted_for_it_once_in_time(tmp_path: Path) -> None:
+    """No nonce, a made-up one, one for another judge, one of an agent not enrolled, one
+    expired or dated past its lifetime, one used already: 403 with nothing echoed. An
+    enrolled agent's fresh nonce gets a signed echo it verifies; the same echo with one
+    header changed inside (its frame intact) is forged."""
     from aiohttp.test_utils import TestServer
 
-    from agents.check import Judge, _request
-    from gateway.judge import JUDGE_KEYS, JudgeKeys, judge
+    from agents.check import Judge
+    from events.wire import NONCE_LIFETIME_S, judge_nonce
+    from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys, judge
 
     keys = JudgeKeys.load(tmp_path / "judge.key")
+    enrolled = {"w1"}
     app = web.Application()
-    app[JUDGE_KEYS] = keys
+    app[JUDGE_DOOR] = JudgeDoor(keys, enrolled.__contains__)
     app.router.add_get("/judge", judge)
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     url = str(server.make_url("/judge"))
+    host, port = "127.0.0.1", server.port
+    here = f"{host}:{port}"
+    key = keys.agent_key("w1")
+    now = int(time.time())
+
+    def minted(agent: str = "w1", judge_at: str = here, expires: int = now + 60) -> str:
+        return judge_nonce(agent, keys.agent_key(agent), judge_at, expires, os.urandom(8).hex())
+
     try:
+        refused = {
+            "none": "/judge",
+            "random": "/judge?n=0123456789abcdef",
+            "wrong key": "/judge?n=" + judge_nonce("w1", b"0" * 32, here, now + 60, "ab"),
+            "another judge": "/judge?n=" + minted(judge_at=f"{host}:{port + 1}"),
+            "not enrolled": "/judge?n=" + minted(agent="w2"),
+            "expired": "/judge?n=" + minted(expires=now - 120),
+            "too far ahead": "/judge?n=" + minted(expires=now + NONCE_LIFETIME_S + 600),
+        }
+        for case, target in refused.items():
+            status, body = await _get(host, port, target, here)
+            assert status == 403, case
+            assert b"remote" not in body and b"127.0.0.1" not in body, case
+        once = minted()
+        assert (await _get(host, port, f"/judge?n={once}", here))[0] == 200
+        assert (await _get(host, port, f"/judge?n={once}", here))[0] == 403  # spent
         with pytest.raises(ConnectionError, match="403"):
             await Judge.discover(url, signer=("w1", b"0" * 32))
-        signer = ("w1", keys.agent_key("w1"))
-        ours = await Judge.discover(url, signer=signer)
-        assert ours.format == "ppf" and ours.signer == signer
-        reader, writer = await asyncio.open_connection(ours.host, ours.port)
+        ours = await Judge.discover(url, signer=("w1", key))
+        assert ours.format == "ppf"
         nonce = ours.nonce()
-        writer.write(
-            f"GET /judge?n={nonce} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
-        )
-        raw = await reader.read()
-        writer.close()
-        body = raw.partition(b"\r\n\r\n")[2]
-        honest = read_echo(body, nonce, signer[1])
+        status, body = await _get(host, port, f"/judge?n={nonce}", here)
+        assert status == 200
+        honest = read_echo(body, nonce, key)
         assert honest is not None and not honest.forged
-        rewritten = read_echo(body.replace(b'"Host","x"', b'"Host","y"'), nonce, signer[1])
+        rewritten = read_echo(body.replace(here.encode(), b"10.0.0.1:80"), nonce, key)
         assert rewritten is not None and rewritten.frame == honest.frame and rewritten.forged
-        assert _request  # the agent's own request path is the one discover used
+        enrolled.discard("w1")  # revoked: its next nonce is refused
+        assert (await _get(host, port, f"/judge?n={minted()}", here))[0] == 403
     finally:
         await server.close()

@@ -10,14 +10,15 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from agents.check import Judge, check, tunnels_https
-from gateway.app import judge as ppf_judge
 from ops.lab.world import LINK_HOST, World, unavailable
 from ops.nats.server import free_port
+from tests.helpers import ppf_judge_app
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
@@ -29,10 +30,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 @pytest.fixture
-async def loopback_judge() -> AsyncIterator[str]:
-    """ppf's judge on our own loopback, as `ppf up` used to hand its agents."""
-    app = web.Application()
-    app.router.add_get("/judge", ppf_judge)
+async def loopback_judge(tmp_path: Path) -> AsyncIterator[str]:
+    """ppf's judge on our own loopback, as `ppf up` used to hand its agents (the operator's
+    nonces from tmp_path's judge.key)."""
+    app, _ = ppf_judge_app(tmp_path / "judge.key")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
@@ -55,10 +56,10 @@ async def test_public_judges_confirm_every_real_proxy_in_any_format(world: World
 
 
 async def test_a_public_proxy_never_reaches_our_loopback_judge(
-    world: World, loopback_judge: str
+    world: World, loopback_judge: str, tmp_path: Path
 ) -> None:
     """Asked for 127.0.0.1, a public proxy fetches its own loopback: nothing is confirmed."""
-    judge = await Judge.discover(loopback_judge)
+    judge = await Judge.discover(loopback_judge, signer=ppf_judge_app(tmp_path / "judge.key")[1])
     results = await asyncio.gather(
         *(check(p.addr, p.port, p.proto, judge, timeout=5) for p in world.proxies)
     )
@@ -127,10 +128,10 @@ async def test_a_loopback_judge_is_never_used_for_a_public_proxy(
 
 
 @pytest.fixture
-async def public_ppf_judge() -> AsyncIterator[tuple[str, web.AppRunner]]:
-    """ppf's own judge where the box reaches it (our end of the link), as --public-url."""
-    app = web.Application()
-    app.router.add_get("/judge", ppf_judge)
+async def public_ppf_judge(tmp_path: Path) -> AsyncIterator[tuple[str, web.AppRunner]]:
+    """ppf's own judge where the box reaches it (our end of the link), as --public-url;
+    it answers the operator's nonces from tmp_path's judge.key (``ppf check --data``)."""
+    app, _ = ppf_judge_app(tmp_path / "judge.key")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
@@ -140,7 +141,7 @@ async def public_ppf_judge() -> AsyncIterator[tuple[str, web.AppRunner]]:
 
 
 async def test_ppf_check_gives_one_answer_through_every_judge_format(
-    world: World, ppf_bin: str, public_ppf_judge: tuple[str, web.AppRunner]
+    world: World, ppf_bin: str, public_ppf_judge: tuple[str, web.AppRunner], tmp_path: Path
 ) -> None:
     """`ppf check` through ppf's judge, an httpbin and an azenv judge: the same protocol,
     anonymity and exit address for every proxy."""
@@ -149,6 +150,7 @@ async def test_ppf_check_gives_one_answer_through_every_judge_format(
     for url in (public_ppf_judge[0], *world.judges.values()):
         proc = await asyncio.create_subprocess_exec(
             ppf_bin, "check", *addrs, "--judge", url, "--json", "--timeout", "5",
+            "--data", str(tmp_path),
             stdout=asyncio.subprocess.PIPE,
         )  # fmt: skip
         out, _ = await asyncio.wait_for(proc.communicate(), 120)
@@ -159,7 +161,7 @@ async def test_ppf_check_gives_one_answer_through_every_judge_format(
 
 
 async def test_a_judge_killed_mid_run_is_benched_and_costs_no_proxy(
-    world: World, public_ppf_judge: tuple[str, web.AppRunner]
+    world: World, public_ppf_judge: tuple[str, web.AppRunner], tmp_path: Path
 ) -> None:
     """Our judge stops answering between two rounds of checks: within one health period
     it is benched, the checks that failed through it are void (never a proxy's
@@ -169,7 +171,9 @@ async def test_a_judge_killed_mid_run_is_benched_and_costs_no_proxy(
 
     url, runner = public_ppf_judge
     targets = [(p.addr, p.port, p.proto) for p in world.proxies]
-    pool = await JudgePool([url, world.judges["httpbin"]], own=[url], health_every_s=1).start()
+    agent, key = ppf_judge_app(tmp_path / "judge.key")[1]
+    judges = [url, world.judges["httpbin"]]
+    pool = await JudgePool(judges, own=[url], health_every_s=1, agent=agent, key=key).start()
     try:
         first = await check_many(targets, pool, timeout=5)
         assert all(r.ok and r.judge == url for r in first)

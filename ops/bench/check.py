@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import resource
 import sys
 import tempfile
@@ -16,20 +17,25 @@ from pathlib import Path
 from typing import Any
 
 from agents.check import Judge, check_many
+from gateway.judge import JudgeKeys
 from ops.lab.testbed import ProxyLab, self_signed
 from ops.nats.server import free_port
 
 __all__ = ["bench_check"]
 
-# The judge, plain on argv[1] and, given a certificate, over TLS on argv[2].
+# The judge, plain on argv[1] and, given a certificate, over TLS on argv[2]; its key in
+# the file $PPF_BENCH_JUDGE_KEY, the checks minted as the operator (gateway/judge.py).
 _JUDGE = """
-import asyncio, ssl, sys
+import asyncio, os, ssl, sys
+from pathlib import Path
 from aiohttp import web
 from gateway.app import judge
 from gateway.guard import listen
+from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys
 
 async def main():
     app = web.Application()
+    app[JUDGE_DOOR] = JudgeDoor(JudgeKeys.load(Path(os.environ["PPF_BENCH_JUDGE_KEY"])))
     app.router.add_get("/judge", judge)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
@@ -48,12 +54,13 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def _judge_up(port: int, tls_port: int | None) -> Judge:
+async def _judge_up(port: int, tls_port: int | None, key: Path) -> Judge:
     tls_url = f"https://127.0.0.1:{tls_port}/judge" if tls_port else None
+    signer = JudgeKeys.load(key).operator()
     for _ in range(200):
         with contextlib.suppress(OSError, ValueError, TimeoutError):
             return await Judge.discover(
-                f"http://127.0.0.1:{port}/judge", timeout=2, tls_url=tls_url
+                f"http://127.0.0.1:{port}/judge", timeout=2, tls_url=tls_url, signer=signer
             )
         await asyncio.sleep(0.05)
     raise RuntimeError("the judge did not start")
@@ -71,9 +78,13 @@ async def bench_check(checks: int = 10_000, *, tls: bool = False) -> dict[str, A
         tls_port = free_port() if tls else None
         if tls_port:
             argv += [str(tls_port), *map(str, self_signed(Path(tmp), "judge"))]
-        judge_proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _JUDGE, *argv)
+        key = Path(tmp) / "judge-secret"  # judge.key is its certificate's
+        JudgeKeys.load(key)
+        judge_proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _JUDGE, *argv, env={**os.environ, "PPF_BENCH_JUDGE_KEY": str(key)}
+        )
         try:
-            judge = await _judge_up(port, tls_port)
+            judge = await _judge_up(port, tls_port, key)
             # tinyproxy answers nothing past its few hundred clients (its own limit, seen
             # as failed checks at 5,000 at once), so the load goes to the three that hold.
             working = [p for p in lab.proxies if p.name in ("squid", "microsocks", "dante")]
@@ -98,8 +109,8 @@ async def bench_check(checks: int = 10_000, *, tls: bool = False) -> dict[str, A
                 names = {p.port: p.name for p in working}
                 for (_, port, _), r in zip(targets, results, strict=True):
                     if not r.ok:
-                        key = f"{names[port]}: {r.error[:60]}"
-                        errors[key] = errors.get(key, 0) + 1
+                        why = f"{names[port]}: {r.error[:60]}"
+                        errors[why] = errors.get(why, 0) + 1
                 out[f"c{concurrency}_errors"] = errors
         finally:
             judge_proc.terminate()

@@ -102,6 +102,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ck.add_argument("--json", action="store_true")
     ck.add_argument("--concurrency", type=int, default=500)
     ck.add_argument("--timeout", type=float, default=10.0)
+    ck.add_argument("--data", default=None, help="whose judge key to ask ppf's judges with")
     ck.set_defaults(run=_check)
 
     geo = sub.add_parser("geo", help="offline country and network of addresses")
@@ -155,6 +156,7 @@ def _targets(addrs: list[str], default: str | None) -> list[tuple[str, int, str 
 async def _check(args: argparse.Namespace) -> int:
     from agents.check import Judge, check_many
     from agents.judgepool import is_public_host
+    from ops.cli.judges import operator_signer
 
     try:
         targets = _targets(args.addrs, args.proto)
@@ -162,7 +164,9 @@ async def _check(args: argparse.Namespace) -> int:
         print(f"ppf check: {exc}", file=sys.stderr)
         return 2
     try:
-        judge = await Judge.discover(args.judge, tls_url=args.tls_judge)
+        judge = await Judge.discover(
+            args.judge, tls_url=args.tls_judge, signer=operator_signer(args)
+        )
     except (OSError, ValueError, TimeoutError) as exc:
         print(f"ppf check: judge {args.judge}: {exc}", file=sys.stderr)
         return 1

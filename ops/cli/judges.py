@@ -11,10 +11,10 @@ import structlog
 from aiohttp import web
 
 from gateway.guard import GuardedRunner, listen
-from gateway.judge import JudgeKeys
+from gateway.judge import JudgeDoor, JudgeKeys
 from ops.cli.common import hostport
 
-__all__ = ["agent_judges", "judge_site", "register", "tls_judge_site"]
+__all__ = ["agent_judges", "judge_site", "operator_signer", "register", "tls_judge_site"]
 
 log = structlog.get_logger("ppf")
 
@@ -35,14 +35,25 @@ def agent_judges(args: argparse.Namespace, base: str) -> tuple[list[str], tuple[
     return list(dict.fromkeys([*own, *given])), tuple(own)
 
 
-async def judge_site(stack: AsyncExitStack, listen_at: str, keys: JudgeKeys) -> None:
+def operator_signer(args: argparse.Namespace) -> tuple[str, bytes] | None:
+    """How the operator's own commands (``ppf check``, ``ppf judges``) ask ppf's judges:
+    nonces minted as ``OPERATOR`` with the data dir's judge key (``--data``, else
+    ``$PPF_DATA``, else ``./data``); None where that dir has no key (then ppf's judges
+    answer them 403, public ones as ever)."""
+    from ops.cli.common import data_dir
+
+    path = data_dir(args) / "judge.key"
+    return JudgeKeys.load(path).operator() if path.exists() else None
+
+
+async def judge_site(stack: AsyncExitStack, listen_at: str, door: JudgeDoor) -> None:
     """``/judge`` alone on its own listener, so exposing the judge exposes nothing else;
-    it answers only agents' nonces, signed (gateway/judge.py)."""
-    from gateway.judge import JUDGE_KEYS, judge
+    it answers only ppf's checks' nonces, signed (gateway/judge.py)."""
+    from gateway.judge import JUDGE_DOOR, judge
 
     host, port = hostport(listen_at, 8081)
     app = web.Application()
-    app[JUDGE_KEYS] = keys
+    app[JUDGE_DOOR] = door
     app.router.add_get("/judge", judge)
     runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
@@ -52,11 +63,11 @@ async def judge_site(stack: AsyncExitStack, listen_at: str, keys: JudgeKeys) -> 
 
 
 async def tls_judge_site(
-    stack: AsyncExitStack, listen_at: str, certs: Path, keys: JudgeKeys | None = None
+    stack: AsyncExitStack, listen_at: str, certs: Path, door: JudgeDoor | None = None
 ) -> str | None:
     """``/judge`` alone over TLS, for agents that watch tunnels for interception; its URL,
     or None where openssl is missing or the port is taken (checks then see pages only)."""
-    from gateway.judge import JUDGE_KEYS, judge
+    from gateway.judge import JUDGE_DOOR, judge
     from ops.lab.tls import judge_context
 
     ctx = judge_context(certs)
@@ -65,8 +76,8 @@ async def tls_judge_site(
         return None
     host, port = hostport(listen_at, 8443)
     app = web.Application()
-    if keys is not None:
-        app[JUDGE_KEYS] = keys
+    if door is not None:  # else it answers nobody
+        app[JUDGE_DOOR] = door
     app.router.add_get("/judge", judge)
     runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
@@ -87,6 +98,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--judge", action="append", default=[], metavar="URL", help="default: the built-in list"
     )
     jd.add_argument("--json", action="store_true")
+    jd.add_argument("--data", default=None, help="whose judge key to ask ppf's judges with")
     jd.set_defaults(run=_judges)
 
 
@@ -95,7 +107,10 @@ async def _judges(args: argparse.Namespace) -> int:
 
     from agents.judgepool import JudgePool
 
-    pool = JudgePool(args.judge)
+    signer = operator_signer(args)
+    agent, key = signer or ("", b"")
+    # Every judge given may be ppf's: asked with the operator's nonces where we have a key.
+    pool = JudgePool(args.judge, own=args.judge if signer else (), agent=agent, key=key)
     try:
         await pool.start(require=False)  # every judge may fail: the rows say why
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from gateway.judge import JudgeKeys
+from gateway.judge import JudgeDoor, JudgeKeys, enrolled_in
 from ops.cli.common import DEFAULT_NATS, data_dir, listen
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
 from ops.cli.local import enroll_local_agents, local_agents
@@ -92,6 +92,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     gw.add_argument("--nats", default=DEFAULT_NATS)
     gw.add_argument("--listen", default="127.0.0.1:8080", type=listen)
     gw.add_argument("--private-queries", action="store_true", help="queries need a token")
+    gw.add_argument(
+        "--judge-key",
+        default=None,
+        metavar="FILE",
+        help="the fleet's judge secret (a ppf up data dir's judge.key; made when missing), "
+        "so agents' keys hold at every gateway; without it this gateway makes its own",
+    )
     store_options(gw, deposits=False, disk=True)
     gw.set_defaults(run=_gateway)
 
@@ -111,16 +118,17 @@ async def _up(args: argparse.Namespace) -> int:
         tokens = {} if args.no_agents else await enroll_local_agents(lg)
         fold = await fold_service(stack, lg, data, dlq=True, args=args)
         agent_nats = server.agent_auth() if server is not None else None
-        # A judge the world reaches signs its answers, for our agents only.
-        keys = JudgeKeys.load(data / "judge.key") if args.public_url else None
+        # Every judge ppf opens answers its agents' checks only, signed (gateway/judge.py).
+        keys = JudgeKeys.load(data / "judge.key")
+        door = JudgeDoor(keys, enrolled_in(lambda: fold.state))
         store = data / "nats" if server is not None else None  # an outside NATS: not ours
-        base = await gateway_site(stack, args, fold, lg, agent_nats, "up", keys, store)
+        base = await gateway_site(stack, args, fold, lg, agent_nats, "up", door, store)
         tls_judge = None
         if args.judge_tls_listen != "off":
             certs = data / "tls"
-            tls_judge = await tls_judge_site(stack, args.judge_tls_listen, certs, keys)
+            tls_judge = await tls_judge_site(stack, args.judge_tls_listen, certs, door)
         if args.judge_listen is not None:
-            await judge_site(stack, args.judge_listen, keys or JudgeKeys.load(data / "judge.key"))
+            await judge_site(stack, args.judge_listen, door)
         judges, own = agent_judges(args, base)
         # Caught up first: the local agents' tokens must be in the projection before they
         # ask the gateway, and an empty log tells a first start.
@@ -142,7 +150,10 @@ async def _gateway(args: argparse.Namespace) -> int:
         # kept by a checkpoint writer on an in-memory database (see projections.live).
         fold = await fold_service(stack, lg, None, dlq=False)
         store = Path(args.store_disk) if args.store_disk else None
-        await gateway_site(stack, args, fold, lg, None, "gateway", store=store)
+        door = None
+        if args.judge_key is not None:  # the fleet's judge secret, shared with ppf up's
+            door = JudgeDoor(JudgeKeys.load(Path(args.judge_key)), enrolled_in(lambda: fold.state))
+        await gateway_site(stack, args, fold, lg, None, "gateway", door, store=store)
         log.info("started", role="gateway", nats=lg.address)
         await serve_forever(fold)
     return 0

@@ -16,7 +16,7 @@ import structlog
 
 from events import Settings
 from gateway.guard import GuardedRunner, listen
-from gateway.judge import JudgeKeys
+from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
 from ops.cli.common import hostport, wait_for_signal
@@ -139,8 +139,8 @@ async def configure(lg: Log, lab: bool) -> None:
     from which the fold refuses what an agent says as someone else; and trust, with
     the local agents as the operator's own (reducers/trust.py), from which any other
     agent's reports are served once checked or once it has earned trust; a re-send
-    window per agent (reducers/marks.py), and check rounds as one message each
-    (events/batches.py)."""
+    window per agent (reducers/marks.py), check rounds as one message each
+    (events/batches.py), and the guarded rules (events/catalogue.py Settings)."""
     local = tuple(name for name, _ in LOCAL_AGENTS)
 
     def change(s: Settings) -> Settings:
@@ -153,10 +153,18 @@ async def configure(lg: Log, lab: bool) -> None:
             trusted_agents=trusted,
             resend_window=s.resend_window or RESEND_WINDOW,
             batches=True,
+            guarded=True,
         )
 
     if await reconfigure(lg, change) is not None:
-        log.info("settings_published", lab=lab, agent_subjects=True, trust=True, batches=True)
+        log.info(
+            "settings_published",
+            lab=lab,
+            agent_subjects=True,
+            trust=True,
+            batches=True,
+            guarded=True,
+        )
 
 
 async def fold_service(
@@ -212,7 +220,7 @@ async def gateway_site(
     lg: Log,
     agent_nats: NatsAuth | None,
     role: str,
-    keys: JudgeKeys | None = None,
+    door: JudgeDoor | None = None,
     store: Path | None = None,
 ) -> str:
     """The HTTP API; returns its base URL. ``agent_nats``: the embedded server, whose
@@ -227,7 +235,7 @@ async def gateway_site(
     config = GatewayConfig(
         private_queries=args.private_queries,
         agent_nats=agent_nats,
-        judge_keys=keys,
+        judge=door,
         deposits=lg.deposits,
         disk_guard=None
         if store is None
