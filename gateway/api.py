@@ -166,8 +166,9 @@ def openapi() -> dict[str, Any]:
         },
         "/v1/proxies/{addr}/report": {
             "post": {
-                "summary": "a consumer's word on a proxy it was served (consumer)",
-                "security": _AUTH,
+                "summary": "a consumer's word on a proxy it was served (consumer; without a "
+                "token once guarded, it only moves the proxy up the checkers' queue)",
+                "security": [*_AUTH, {}],
                 "parameters": [
                     {"name": "addr", "in": "path", "required": True, "schema": {"type": "string"}}
                 ],

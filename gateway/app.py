@@ -7,6 +7,7 @@ never awaits inside a batch, so no handler sees a half-applied event.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import os
 from collections import deque
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from aiohttp import web
 
 from events.mint import now_ms
 from gateway.api import openapi
-from gateway.commands import GRANTER
+from gateway.commands import ANONYMOUS_REPORTS, GRANTER
 from gateway.commands import routes as command_routes
 from gateway.deposits import Inputs
 from gateway.deposits import routes as deposit_routes
@@ -29,6 +30,7 @@ from gateway.http import (
     FOLD,
     LIMITER,
     LOG,
+    TRUSTED,
     GatewayConfig,
     RateLimiter,
     middleware,
@@ -69,33 +71,15 @@ async def readyz(request: web.Request) -> web.Response:
     return reply(body, 200 if ready else 503)
 
 
-def pool_composition(state: State, now: int) -> dict[str, Any]:
-    """Alive proxies by protocol and anonymity, and the band counts, from the counts the
-    fold keeps (``reducers/pool.py``): a few hundred buckets, whatever the pool's size."""
-    bands = state.composition.bands(now, state.settings.proxy_ttl_s)
-    # Within the TTL, a proxy whose latest check failed is suspect, not alive.
-    suspect = state.failing.bands(now, state.settings.proxy_ttl_s)["alive"]
-    alive = {key: n - suspect.get(key, 0) for key, n in bands["alive"].items()}
-    by_proto: dict[str, int] = {}
-    by_anonymity: dict[str, int] = {}
-    by_country: dict[str, int] = {}
-    for (proto, anonymity, country), n in alive.items():
-        if not n:
-            continue
-        by_proto[proto] = by_proto.get(proto, 0) + n
-        key = anonymity or "unknown"
-        by_anonymity[key] = by_anonymity.get(key, 0) + n
-        where = country or "unknown"
-        by_country[where] = by_country.get(where, 0) + n
-    return {
-        "alive": sum(alive.values()),
-        "suspect": sum(suspect.values()),
-        "stale": sum(bands["stale"].values()),
-        "known": len(state.proxies),
-        "by_proto": dict(sorted(by_proto.items())),
-        "by_anonymity": dict(sorted(by_anonymity.items())),
-        "by_country": dict(sorted(by_country.items())),
-    }
+def pool_census(app: web.Application, state: State, now: int, *, idle: bool) -> dict[str, Any]:
+    """The pool as ``GET /v1/proxies`` serves it (``ProxySnapshot.census``: alive is
+    what it serves; unconfirmed, suspect and mitm on their own lines), at the snapshot's
+    ``seq``; stale from the counts the fold keeps (``reducers/pool.py``). While the fold
+    moves (not ``idle``) the snapshot there is answers, rebuilt by the queries' own
+    rhythm, so /v1/stats costs nothing; idle, it is the applied sequence's."""
+    snap = app[SNAPSHOT].snapshot(state, idle=idle)
+    stale = state.composition.bands(now, state.settings.proxy_ttl_s)["stale"]
+    return {**snap.census(now), "stale": sum(stale.values()), "known": len(state.proxies)}
 
 
 def _activity(state: Any, now: int, limit: int = 50) -> list[dict[str, Any]]:
@@ -126,7 +110,7 @@ async def stats(request: web.Request) -> web.Response:
     head = await fold.head_seq()
     granter = request.app[GRANTER]
     now = now_ms()
-    pool = pool_composition(state, now)
+    pool = pool_census(request.app, state, now, idle=head <= fold.applied_seq)
     digest_seq, digest = fold.digest()
     active = sum(1 for a in state.agents.values() if now - a.last_seen <= 300_000)
     tap = fold.tap.stats if fold.tap is not None else None
@@ -200,7 +184,9 @@ class Series:
 
     def sample(self, app: web.Application, head: int) -> None:
         fold = app[FOLD]
-        by_proto = pool_composition(fold.state, now_ms())["by_proto"]
+        # The snapshot the queries built, if any: a sample builds none of its own.
+        snap = app[SNAPSHOT].current
+        by_proto = snap.census(now_ms())["by_proto"] if snap is not None else {}
         rates = fold.stats.rates()["1m"]
         self.points.append(
             {
@@ -293,6 +279,10 @@ def make_app(
     app[CONFIG] = config
     app[LIMITER] = RateLimiter(config.rate_per_s, config.burst)
     app[AUTH_FAILURES] = RateLimiter(config.auth_failures_per_s, config.auth_failures_burst)
+    app[ANONYMOUS_REPORTS] = RateLimiter(
+        config.anonymous_reports_per_hour / 3600, config.anonymous_reports_burst
+    )
+    app[TRUSTED] = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
     app[SNAPSHOT] = SnapshotKeeper()
     app[GRANTER] = Granter(
         fold,

@@ -46,17 +46,30 @@ from events.wire import (
     SourcesAdded,
     SourcesRequest,
 )
-from gateway.http import CONFIG, FOLD, LOG, ApiError, Caller, authorize, decode_body, reply
+from gateway.http import (
+    CONFIG,
+    FOLD,
+    LOG,
+    ApiError,
+    Caller,
+    RateLimiter,
+    authorize,
+    client_address,
+    decode_body,
+    reply,
+)
 from gateway.leases import Granter
 from projections.readmodels import proxy_status
 from reducers import trust
 from reducers.pool import lease_live
 from reducers.proxies import reports_left
+from reducers.reports import ANONYMOUS
 
-__all__ = ["GRANTER", "routes"]
+__all__ = ["ANONYMOUS_REPORTS", "GRANTER", "routes"]
 
 routes = web.RouteTableDef()
 GRANTER = web.AppKey("granter", Granter)
+ANONYMOUS_REPORTS = web.AppKey("anonymous_reports", RateLimiter)  # keyed by client address
 OBSERVATIONS_NAMES = frozenset(kind.__name__ for kind in OBSERVATIONS)
 
 
@@ -258,39 +271,59 @@ async def release(request: web.Request) -> web.Response:
 
 @routes.post("/v1/proxies/{addr}/report")
 async def report_proxy(request: web.Request) -> web.Response:
-    """A consumer's word on a proxy it was served: ``failed`` takes it out of alive at
-    once and to the front of the rechecks, within the consumer's hourly budget (429 past
-    it); ``worked`` is recorded and revives nothing (reducers/proxies.reported)."""
-    caller = authorize(request, "consumer")
+    """A consumer's word on a proxy it was served. ``failed``, within the consumer's
+    hourly budget (429 past it): once guarded, the proxy is not served to that consumer
+    again until a trusted check, goes first in the checkers' queue, and leaves alive for
+    everyone within the consumer's share (reducers/reports.py); before, it left alive at
+    once (reducers/proxies.py). ``worked`` is recorded and revives nothing. Without a
+    token (guarded only), a report moves the proxy up the queue, budgeted per address."""
+    state = request.app[FOLD].state
+    guarded = state.settings.guarded
+    if guarded and "Authorization" not in request.headers:
+        name = ANONYMOUS
+        wait = request.app[ANONYMOUS_REPORTS].take(client_address(request))
+        if wait > 0:
+            raise ApiError(
+                429,
+                "report-budget",
+                "too many reports without a token from this address",
+                headers={"Retry-After": str(max(1, round(wait)))},
+            )
+    else:
+        name = authorize(request, "consumer").name
     ip, _, port = request.match_info["addr"].rpartition(":")
     if not ip or not port.isdigit() or not 0 < int(port) <= 65535:
         raise ApiError(400, "bad-parameter", "address: ip:port", parameter="addr")
     ip = ip.strip("[]")
     body = await decode_body(request, ReportRequest)
-    state = request.app[FOLD].state
     key = (ip, int(port))
     if key not in state.proxies:
         raise ApiError(404, "not-found", f"no proxy {ip}:{port} in the pool")
     event = ProxyReported(
         id=fresh_id(),
-        agent=caller.name,
+        agent=name,
         at=now_ms(),
         ip=ip,
         port=int(port),
         outcome=body.outcome,
         detail=body.detail,
     )
-    field, why = problem(event, lab=state.settings.lab, guarded=state.settings.guarded)
+    field, why = problem(event, lab=state.settings.lab, guarded=guarded)
     if why:
         raise ApiError(400, "bad-parameter", f"{field}: {why}", parameter=field)
     now = now_ms()
-    if body.outcome == "failed" and not reports_left(state, state.agents.get(caller.name), now):
+    budgeted = name != ANONYMOUS and not (guarded and name in state.operators)
+    if (
+        budgeted
+        and body.outcome == "failed"
+        and not reports_left(state, state.agents.get(name), now)
+    ):
         budget = state.settings.report_budget_per_hour
         wait_s = max(1, ((now // 3_600_000 + 1) * 3_600_000 - now) // 1000)
         raise ApiError(
             429,
             "report-budget",
-            f"{caller.name} used its {budget} failed reports this hour",
+            f"{name} used its {budget} failed reports this hour",
             headers={"Retry-After": str(wait_s)},
         )
     published = await request.app[LOG].publish(event)
@@ -302,7 +335,7 @@ async def report_proxy(request: web.Request) -> web.Response:
         if row is None
         else proxy_status(row, now_ms(), ttl, trust.vouched(state)(row.agents))
     )
-    left = reports_left(state, state.agents.get(caller.name), now)
+    left = reports_left(state, state.agents.get(name), now)
     return reply(
         ReportReply(
             ip=ip,

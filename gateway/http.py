@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import ipaddress
 import time
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -25,12 +27,14 @@ __all__ = [
     "FOLD",
     "LIMITER",
     "LOG",
+    "TRUSTED",
     "ApiError",
     "Caller",
     "GatewayConfig",
     "RateLimiter",
     "authorize",
     "choice",
+    "client_address",
     "decode_body",
     "integer",
     "middleware",
@@ -63,10 +67,21 @@ class GatewayConfig:
     # How agents reach NATS with their own credentials (gateway/natsauth.py); None: they
     # publish through POST /v1/events.
     agent_nats: NatsAuth | None = None
-    # Failed authentications per peer address: a burst, then one per 5 s; past it the
-    # address gets 429 before its token is even looked at (no guessing at full speed).
+    # Wrong tokens per client address: a burst answered 401, then one per 5 s; the rest
+    # 429, each answered after ``auth_failure_delay_s`` (a guesser is slowed; tokens are
+    # 256 random bits, which is what protects them). A valid token is never refused for
+    # what others sent from its address (a NAT, a shared host, a reverse proxy).
     auth_failures_burst: float = 20.0
     auth_failures_per_s: float = 0.2
+    auth_failure_delay_s: float = 0.5
+    # Addresses (or networks) of the reverse proxies in front of this gateway: only from
+    # them is X-Forwarded-For believed, for the client's address (``client_address``).
+    trusted_proxies: tuple[str, ...] = ()
+    # Reports without a token (POST /v1/proxies/{addr}/report, the drop-in /delete/) per
+    # client address: a burst, then this many an hour; each only moves a proxy up the
+    # checkers' queue (reducers/reports.py).
+    anonymous_reports_burst: float = 10.0
+    anonymous_reports_per_hour: float = 60.0
     # Who the judges answer (gateway/judge.py), shared by every listener of /judge so a
     # nonce is spent on all of them; agents get their keys with GET /v1/agents/me.
     # None: /judge answers nobody.
@@ -141,7 +156,7 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     up, so a busy gateway (thousands of lease requests a second) logs what matters.
     """
     structlog.contextvars.clear_contextvars()
-    structlog.contextvars.bind_contextvars(peer=request.remote)
+    structlog.contextvars.bind_contextvars(peer=client_address(request))
     started = time.perf_counter()
     response = await _answer(request, handler)
     ms = round((time.perf_counter() - started) * 1000, 2)
@@ -160,6 +175,8 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
     except LogError as exc:  # the log is the one dependency every write goes through
         return problem(503, "log-unavailable", str(exc))
     except ApiError as exc:
+        if exc.kind == "too-many-failures":  # a guesser waits for its answer
+            await asyncio.sleep(request.app[CONFIG].auth_failure_delay_s)
         return problem(
             exc.status,
             exc.kind,
@@ -272,21 +289,20 @@ def authorize(request: web.Request, *roles: str) -> Caller:
             "a bearer token is required",
             headers={"WWW-Authenticate": "Bearer"},
         )
-    peer = request.remote or "unknown"
-    failures = request.app[AUTH_FAILURES]
-    if (wait := failures.wait(peer)) > 0:
-        raise ApiError(
-            429,
-            "too-many-failures",
-            "too many failed authentications from this address",
-            headers={"Retry-After": str(max(1, round(wait)))},
-        )
     digest = token_sha256(token)
     state = request.app[FOLD].state
     name = state.tokens.get(digest)
     if name is None:
-        failures.take(peer)
-        log.warning("auth_failed", peer=peer, path=request.path)
+        peer = client_address(request)
+        wait = request.app[AUTH_FAILURES].take(peer)
+        log.warning("auth_failed", peer=peer, path=request.path, refused=wait > 0)
+        if wait > 0:
+            raise ApiError(
+                429,
+                "too-many-failures",
+                "too many wrong tokens from this address",
+                headers={"Retry-After": str(max(1, round(wait)))},
+            )
         raise ApiError(401, "unauthorized", "unknown or revoked token")
     structlog.contextvars.bind_contextvars(agent=name)
     agent = state.agents[name]
@@ -301,6 +317,36 @@ def authorize(request: web.Request, *roles: str) -> Caller:
             headers={"Retry-After": str(max(1, round(wait)))},
         )
     return Caller(name=name, role=agent.role, token_sha256=digest)
+
+
+def client_address(request: web.Request) -> str:
+    """Who is asking: the peer, or, when the peer is a proxy the operator named
+    (``trusted_proxies``), the nearest address in X-Forwarded-For that is not one."""
+    peer = request.remote or "unknown"
+    trusted = request.app[TRUSTED]
+    if not trusted or not _within(peer, trusted):
+        return peer
+    hops = [h.strip() for h in ",".join(request.headers.getall("X-Forwarded-For", [])).split(",")]
+    for hop in reversed([h for h in hops if h]):
+        if not _within(hop, trusted):
+            return hop if _address(hop) else peer
+    return peer
+
+
+def _within(address: str, networks: tuple[IPNetwork, ...]) -> bool:
+    ip = _address(address)
+    return ip is not None and any(ip in net for net in networks if net.version == ip.version)
+
+
+def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+TRUSTED = web.AppKey("trusted_proxies", tuple)  # of IPNetwork, from the config
 
 
 def open_query(request: web.Request) -> None:

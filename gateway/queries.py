@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,7 @@ from projections.readmodels import (
 from projections.snapshot import ProxySnapshot, ProxyView, build
 from reducers import ProxyRow, State, trust
 from reducers.pool import lease_live
+from reducers.reports import hidden_from
 from reducers.state import latency_samples, unpack_samples
 
 __all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
@@ -57,10 +59,15 @@ class SnapshotKeeper:
     def get(self, request: web.Request) -> ProxySnapshot:
         return self.snapshot(request.app[FOLD].state)
 
-    def snapshot(self, state: State) -> ProxySnapshot:
+    def snapshot(self, state: State, *, idle: bool | None = None) -> ProxySnapshot:
+        """The current snapshot, rebuilt first when stale. ``idle`` (for ``/v1/stats``,
+        which says the ``seq`` it saw): False while the fold moves, the one there is
+        (built only when there is none), so the call costs nothing; True when the fold
+        is idle, the applied sequence's, however fresh the last one was."""
         snap = self.current
         fresh = self.clock() - self._built < self._age_s
-        if snap is None or (snap.seq != state.last_seq and not fresh):
+        moved = snap is not None and snap.seq != state.last_seq
+        if snap is None or (moved and (idle or (idle is None and not fresh))):
             start = self.clock()
             snap = build(state)
             self.current = snap  # one assignment: readers see the old or the new one
@@ -171,16 +178,30 @@ def _filter(request: web.Request) -> ProxyFilter:
     )
 
 
+def hidden_for(request: web.Request) -> set[tuple[str, int]]:
+    """What an authenticated read leaves out for its caller: the proxies a consumer
+    reported failed, until a trusted check (reducers/reports.py). A read with a token
+    is authenticated (a bad one: 401); without one, open unless queries are private."""
+    if "Authorization" not in request.headers:
+        open_query(request)
+        return set()
+    caller = authorize(request, "worker", "checker", "seed", "consumer")
+    return hidden_from(request.app[FOLD].state, caller.name)
+
+
 @routes.get("/v1/proxies")
 async def proxies(request: web.Request) -> web.StreamResponse:
-    open_query(request)
+    hidden = hidden_for(request)
     f = _filter(request)
     sort = choice(request, "sort", ("latency", "last_seen"), "latency")
     fmt = choice(request, "format", ("json", "txt", "csv"), "json")
     limit = integer(request, "limit", 100) or 0
     snap = request.app[SNAPSHOT].get(request)
     now = now_ms()
-    views = list(snap.select(f, now, sort=sort, limit=limit))
+    selected = snap.select(f, now, sort=sort, limit=limit + len(hidden) if limit else 0)
+    if hidden:
+        selected = (v for v in selected if (v.ip, v.port) not in hidden)
+    views = list(itertools.islice(selected, limit) if limit else selected)
     if fmt == "txt":
         return web.Response(text="".join(v.line for v in views), content_type="text/plain")
     if fmt == "csv":

@@ -50,6 +50,10 @@ def meta_digest(state: State) -> str:
         parts["marks"] = sorted((a, m.floor, m.ids) for a, m in state.marks.items())
     if state.settings.trust:  # and only logs with trust have a baseline
         parts["trust_base"] = state.trust_base
+    if state.doubted:  # and only guarded logs have consumers' doubts and takes
+        parts["doubted"] = sorted((list(k), list(v)) for k, v in state.doubted.items())
+    if state.takes:
+        parts["takes"] = sorted((k, v) for k, v in state.takes.items())
     return hashlib.sha256(_encode(parts)).hexdigest()
 
 

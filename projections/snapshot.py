@@ -9,14 +9,16 @@ old one in a single assignment, so a reader sees one sequence or the next, never
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from projections.readmodels import ProxyFilter
 from reducers import State, trust
 from reducers.pool import band_edges
 
-__all__ = ["ProxySnapshot", "ProxyView", "build"]
+__all__ = ["CENSUS_MS", "ProxySnapshot", "ProxyView", "build"]
+
+CENSUS_MS = 5_000
 
 
 class ProxyView(NamedTuple):
@@ -55,6 +57,46 @@ class ProxySnapshot:
     # Views by proto, anonymity, country and ASN, each sorted by latency: a selective
     # filter scans its own short list instead of the whole pool.
     indexes: dict[str, Index]
+    # census() answers, by the CENSUS_MS slice of time they were counted at.
+    censuses: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def census(self, now: int) -> dict[str, Any]:
+        """The pool within the TTL as ``GET /v1/proxies`` sees it: ``alive`` is what it
+        serves by default (confirmed by an agent trusted now, latest check not failed,
+        never seen tampering), by protocol, anonymity and country; ``unconfirmed``,
+        ``suspect`` and ``mitm`` on their own lines. One walk of the alive rows, kept for
+        the slice of time it was counted in (the TTL's edge moves that slowly)."""
+        at = now // CENSUS_MS
+        found = self.censuses.get(at)
+        if found is not None:
+            return found
+        alive_from, _ = band_edges(now, self.ttl_s)
+        counts = {"alive": 0, "unconfirmed": 0, "suspect": 0, "mitm": 0}
+        by: dict[str, dict[str, int]] = {"by_proto": {}, "by_anonymity": {}, "by_country": {}}
+        for v in self.by_last_seen:
+            if v.last_seen < alive_from:
+                break  # newest first: the rest are older
+            line = (
+                "suspect"
+                if v.fail_streak
+                else "unconfirmed"
+                if not v.confirmed
+                else "mitm"
+                if v.mitm
+                else "alive"
+            )
+            counts[line] += 1
+            if line == "alive":
+                for name, value in (
+                    ("by_proto", v.proto),
+                    ("by_anonymity", v.anonymity or "unknown"),
+                    ("by_country", v.country or "unknown"),
+                ):
+                    by[name][value] = by[name].get(value, 0) + 1
+        found = {"seq": self.seq, **counts, **{k: dict(sorted(d.items())) for k, d in by.items()}}
+        self.censuses.clear()  # one slice kept: the latest
+        self.censuses[at] = found
+        return found
 
     def _base(self, f: ProxyFilter) -> tuple[ProxyView, ...] | None:
         one_country = f.country[0] if f.country is not None and len(f.country) == 1 else None

@@ -183,6 +183,10 @@ def collect(
             "high_water": _json(state.high_water).decode(),
             "marks": _json(state.marks).decode(),
             "trust_base": _json(state.trust_base).decode(),
+            "doubted": _json(
+                [(ip, port, names) for (ip, port), names in state.doubted.items()]
+            ).decode(),
+            "takes": _json(state.takes).decode(),
             "schema": SCHEMA_VERSION,
             "meta_digest": meta,
         },
@@ -350,6 +354,13 @@ class Store:
                 state.marks = msgspec.json.decode(meta["marks"], type=dict[str, Mark])
             if "trust_base" in meta:
                 state.trust_base = msgspec.json.decode(meta["trust_base"], type=list[int])
+            if "doubted" in meta:
+                rows = msgspec.json.decode(
+                    meta["doubted"], type=list[tuple[str, int, tuple[str, ...]]]
+                )
+                state.doubted = {(ip, port): names for ip, port, names in rows}
+            if "takes" in meta:
+                state.takes = msgspec.json.decode(meta["takes"], type=dict[str, list[int]])
             dp = msgspec.msgpack.Decoder(ProxyRow)
             for (raw,) in self._con.execute("SELECT row FROM proxies").fetchall():
                 p = dp.decode(raw)

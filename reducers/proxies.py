@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyReported, ProxyWorked
-from reducers import geo, trust
+from reducers import geo, reports, trust
 from reducers.pool import BUCKET_MS, band_edges
 from reducers.state import MAX_SAMPLE_MS, AgentRow, ProxyKey, ProxyRow, State
 
@@ -90,6 +90,8 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
             row.last_seen = ts
         new = False
     row.confirmations += 1
+    if state.doubted and key in state.doubted and (agent in state.trusted or not settings.trust):
+        reports.cleared(state, key)  # a consumer's doubt, answered by a trusted check
     if row.fail_streak:
         row.flaps += 1  # back after failing
         row.fail_streak = 0
@@ -135,6 +137,8 @@ def purge_lab(state: State) -> int:
 def _evict(state: State, keys: list[ProxyKey]) -> None:
     for key in keys:
         row = state.proxies.pop(key)
+        if state.doubted:
+            reports.cleared(state, key)
         state.composition.remove(row.last_seen, row.proto, row.anonymity, row.country)
         if row.fail_streak:
             state.failing.remove(row.last_seen, row.proto, row.anonymity, row.country)
@@ -168,12 +172,15 @@ def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
 
 def reported(state: State, event: ProxyReported, ts: int, consumer: AgentRow) -> bool:
     """A consumer's word on a proxy it was served; True when it changed the proxy.
+    Once ``guarded``, reducers/reports.py decides; before it, this:
 
     ``failed`` makes a proxy it finds alive suspect at once (as a failed check does) and
     puts it ahead of the routine rechecks (``reported_at``), within the consumer's budget
     of ``report_budget_per_hour``: one token cannot empty the pool. ``worked`` changes
     nothing: a report never revives a proxy, only a check does. A proxy that is suspect
     already is left as it is (its fail streak, which spaces rechecks, is the checkers')."""
+    if state.settings.guarded:
+        return reports.reported(state, event, ts, consumer)
     key: ProxyKey = (event.ip, event.port)
     row = state.proxies.get(key)
     if row is None or event.outcome != "failed" or row.fail_streak > 0:

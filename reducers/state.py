@@ -202,6 +202,8 @@ class State:
         "dirty_leases",
         "dirty_proxies",
         "dirty_sources",
+        "doubted",
+        "doubts",
         "failing",
         "high_water",
         "holders",
@@ -220,6 +222,7 @@ class State:
         "skew",
         "sources",
         "sweep_bucket",
+        "takes",
         "tokens",
         "trust_base",
         "trusted",
@@ -273,6 +276,13 @@ class State:
         self.judges: frozenset[str] = frozenset()
         self.operators: frozenset[str] = frozenset()  # settings.trusted_agents, as a set
         self.trust_base = [0, 0]
+        # Consumers' failed reports once guarded (reducers/reports.py): proxy -> the
+        # consumers it is kept from until a trusted check; consumer -> [hour, proxies it
+        # took out of alive that hour, its cap]; both persisted in meta and digested.
+        # ``doubts`` is ``doubted`` by consumer, derived.
+        self.doubted: dict[ProxyKey, tuple[str, ...]] = {}
+        self.takes: dict[str, list[int]] = {}
+        self.doubts: dict[str, set[ProxyKey]] = {}
         self.settings = Settings()
         self.last_seq = 0
         self.sweep_bucket = 0
@@ -293,6 +303,10 @@ class State:
         self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
         self.pending_deposits = {k for k, d in self.deposits.items() if d.status == "pending"}
         trust.reindex(self)
+        self.doubts = {}
+        for key, names in self.doubted.items():
+            for name in names:
+                self.doubts.setdefault(name, set()).add(key)
         self.composition = Composition()
         self.failing = Composition()
         self.by_ip = {}

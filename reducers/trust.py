@@ -76,8 +76,11 @@ def reindex(state: State) -> None:
         state.trusted = state.judges = state.operators = frozenset()
         return
     agents = state.agents
-    state.operators = frozenset(s.trusted_agents)  # quotas spare them, revoked or not
-    operators = {n for n in s.trusted_agents if n not in agents or not _revoked(agents[n])}
+    named = set(s.trusted_agents)
+    if s.guarded:  # the operator's own admin tokens are the operator's, named or not
+        named |= {n for n, a in agents.items() if a.role == "admin"}
+    state.operators = frozenset(named)  # quotas spare them, revoked or not
+    operators = {n for n in named if n not in agents or not _revoked(agents[n])}
     state.judges = frozenset(n for n in operators if n in agents and agents[n].role == "checker")
     earned = {n for n, a in agents.items() if a.standing == EARNED and not _revoked(a)}
     state.trusted = frozenset(operators | earned)
@@ -90,7 +93,7 @@ def level(state: State, row: AgentRow) -> str:
         return "trusted"
     if _revoked(row):
         return "revoked"
-    if row.name in state.settings.trusted_agents:
+    if row.name in state.operators:
         return "trusted"
     return row.standing or "untested"
 

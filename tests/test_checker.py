@@ -17,9 +17,9 @@ import events as ev
 from agents.checker import Checker, CheckerConfig, fitted_timeout
 from agents.gateway_client import GatewayClient
 from gateway.app import judge as judge_handler
-from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys
 from gateway.app import make_app
 from gateway.http import GatewayConfig
+from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys
 from ops.cli import enroll
 from ops.lab.testbed import Proxy, ProxyLab
 from ops.nats.client import Log, fresh_id, now_ms

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -37,7 +38,9 @@ async def _gateway(
 
 @pytest.fixture
 async def gw(log_client: Log) -> AsyncIterator[tuple[Any, dict[str, str]]]:
-    config = GatewayConfig(auth_failures_burst=5, auth_failures_per_s=0.01)
+    config = GatewayConfig(
+        auth_failures_burst=5, auth_failures_per_s=0.01, auth_failure_delay_s=0.2
+    )
     async with _gateway(log_client, ("w1",), config) as (client, _, tokens):
         yield client, tokens
 
@@ -59,18 +62,77 @@ async def test_deeply_nested_json_is_a_400_not_a_500(gw: Any) -> None:
 async def test_failed_authentication_is_limited_per_address_and_logged_with_it(
     gw: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Five wrong tokens, then the address gets 429 even with a right one (its guesses
-    are not even looked at); each failure's log line names the peer."""
+    """Five wrong tokens answered 401, then 429 (slowed) for the address; a right token
+    from that same address still works; each failure's log line names the peer."""
     client, tokens = gw
     for i in range(5):
         r = await client.get("/v1/agents/me", headers={"Authorization": f"Bearer guess-{i}"})
         assert r.status == 401
+    started = time.monotonic()
     r = await client.get("/v1/agents/me", headers={"Authorization": "Bearer guess-6"})
     assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+    assert time.monotonic() - started >= 0.2  # the configured delay of a refusal
     r = await client.get("/v1/agents/me", headers={"Authorization": f"Bearer {tokens['w1']}"})
-    assert r.status == 429
+    assert r.status == 200
     logged = [line for line in capsys.readouterr().out.splitlines() if "auth_failed" in line]
-    assert len(logged) == 5 and all("peer=127.0.0.1" in line for line in logged)
+    assert len(logged) == 6 and all("peer=127.0.0.1" in line for line in logged)
+
+
+async def test_a_thousand_wrong_tokens_never_refuse_the_valid_agent_beside_them(
+    log_client: Log,
+) -> None:
+    """1,000 wrong tokens from one address, 100 at a time, while a worker on the same
+    address asks who it is and takes leases: none of its requests is answered 429; of
+    the wrong tokens, the burst and one per period are answered 401, all others 429."""
+    burst, rate = 20, 2.0
+    config = GatewayConfig(
+        auth_failures_burst=burst, auth_failures_per_s=rate, auth_failure_delay_s=0.05
+    )
+    async with _gateway(log_client, ("w1",), config) as (client, _, tokens):
+        good = {"Authorization": f"Bearer {tokens['w1']}"}
+        honest: list[int] = []
+        done = asyncio.Event()
+
+        async def agent() -> None:
+            while not done.is_set():
+                honest.append((await client.get("/v1/agents/me", headers=good)).status)
+                body = {"agent": "w1", "kind": "source", "count": 1, "ttl_s": 30}
+                honest.append((await client.post("/v1/leases", json=body, headers=good)).status)
+
+        async def wrong(i: int) -> int:
+            headers = {"Authorization": f"Bearer wrong-{i}"}
+            return (await client.get("/v1/agents/me", headers=headers)).status
+
+        started = time.monotonic()
+        keeper = asyncio.create_task(agent())
+        statuses: list[int] = []
+        for wave in range(10):
+            statuses += await asyncio.gather(*(wrong(wave * 100 + i) for i in range(100)))
+        elapsed = time.monotonic() - started
+        done.set()
+        await keeper
+    assert len(statuses) == 1_000 and set(statuses) <= {401, 429}
+    assert len(honest) >= 10 and 429 not in honest and set(honest) == {200}, set(honest)
+    answered = statuses.count(401)
+    assert burst <= answered <= burst + rate * elapsed + 1, (answered, elapsed)
+
+
+async def test_forwarded_for_is_believed_only_from_the_operators_proxies(log_client: Log) -> None:
+    """Behind a named reverse proxy (here: loopback), clients are told apart by
+    X-Forwarded-For; anyone else's X-Forwarded-For is ignored, so a guesser cannot dodge
+    its limit by inventing addresses."""
+    limits = {"auth_failures_burst": 2, "auth_failures_per_s": 0.01, "auth_failure_delay_s": 0}
+
+    async def statuses(config: GatewayConfig) -> list[int]:
+        async with _gateway(log_client, ("w1",), config) as (client, _, _):
+            out = []
+            for i in range(6):  # three clients, two wrong tokens each, then one more each
+                hdrs = {"Authorization": f"Bearer x{i}", "X-Forwarded-For": f"9.9.9.{i % 3}"}
+                out.append((await client.get("/v1/agents/me", headers=hdrs)).status)
+            return out
+
+    assert await statuses(GatewayConfig(trusted_proxies=("127.0.0.1",), **limits)) == [401] * 6
+    assert await statuses(GatewayConfig(**limits)) == [401, 401, 429, 429, 429, 429]
 
 
 async def test_junk_is_not_copied_whole_into_the_dlq(log_client: Log) -> None:

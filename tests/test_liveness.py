@@ -4,7 +4,7 @@ served, until its next success (ARCHITECTURE.md, Changes: status ``suspect``).""
 from __future__ import annotations
 
 import events as ev
-from gateway.app import pool_composition
+from projections.snapshot import build
 from projections.readmodels import ProxyFilter, query_proxies
 from projections.recheck import due_in_shard
 from projections.snapshot import build
@@ -144,9 +144,9 @@ def test_a_consumer_cannot_report_on_nats() -> None:
 
 
 def test_stats_count_what_is_served() -> None:
-    """/v1/stats' alive and suspect (kept by deltas, no pool scan) equal what the read
-    model answers row by row, through failures, recoveries, reports and evictions; and
-    a restore rebuilds the same counts."""
+    """/v1/stats' alive and suspect (the snapshot's census) equal what the read model
+    answers row by row, through failures, recoveries, reports and evictions; and a
+    restore rebuilds the same failing counts."""
     log = FoldedLog(proxy_ttl_s=600)
     log.enrol("shop", "consumer")
     for i in range(30):
@@ -159,10 +159,10 @@ def test_stats_count_what_is_served() -> None:
         _report(log, "shop", ip(i), "failed", at_s=300 + i)
     for at_s in (400, 2_500):  # the second: all stale, some failing, none alive
         now = T0 + at_s * 1000
-        pool = pool_composition(log.state, now)
+        pool = build(log.state).census(now)
         assert pool["alive"] == len(_by_status(log, "alive", at_s))
         assert pool["suspect"] == len(_by_status(log, "suspect", at_s))
-    assert pool_composition(log.state, T0 + 400_000)["suspect"] == 10
+    assert build(log.state).census(T0 + 400_000)["suspect"] == 10
     before = dict(log.state.failing.buckets)
     log.state.reindex()
     assert log.state.failing.buckets == before

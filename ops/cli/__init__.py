@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from ops.cli import admin, agent, bench, history, judges, lab, reparse, seed, serve
 from ops.cli.admin import enroll
-from ops.cli.common import data_dir
+from ops.cli.common import data_dir, unsaid
 from ops.nats.client import LogError
 from ops.telemetry import logs
 
@@ -37,9 +37,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure()
     if getattr(args, "nats", None) and args.cmd != "agent":  # agents use their role's user
-        from ops.nats.server import with_credentials
+        from ops.nats.server import local_address, with_credentials
 
-        args.nats = with_credentials(args.nats, data_dir(args) / "nats")
+        store = data_dir(args) / "nats"
+        if unsaid(args.nats):  # not given: where the data dir's own server listens
+            args.nats = local_address(store) or str(args.nats)
+        args.nats = with_credentials(args.nats, store)
     try:
         result = args.run(args)
         return int(asyncio.run(result) if inspect.iscoroutine(result) else result)

@@ -14,10 +14,26 @@ __all__ = [
     "data_dir",
     "hostport",
     "listen",
+    "unsaid",
     "wait_for_signal",
 ]
 
-DEFAULT_NATS = "nats://127.0.0.1:4222"
+
+class _Unsaid(str):
+    """A default that was not given: ``main`` replaces it with what the data dir's own
+    server says it listens on (``ops.nats.server.local_address``)."""
+
+    __slots__ = ()
+
+
+DEFAULT_NATS = _Unsaid("nats://127.0.0.1:4222")
+
+
+def unsaid(value: object) -> bool:
+    """Whether ``value`` is a default the caller did not give."""
+    return isinstance(value, _Unsaid)
+
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -20,6 +20,7 @@ from ops.cli.local import enroll_local_agents, local_agents
 from ops.cli.services import (
     configure,
     fold_service,
+    gateway_options,
     gateway_site,
     nats_server,
     open_log,
@@ -86,6 +87,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the judge's own listener (HOST:PORT) for --public-url; the API stays private",
     )
     store_options(up, deposits=True, disk=True)
+    gateway_options(up)
     up.set_defaults(run=_up)
 
     gw = sub.add_parser("gateway", help="the HTTP gateway alone")
@@ -100,6 +102,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "so agents' keys hold at every gateway; without it this gateway makes its own",
     )
     store_options(gw, deposits=False, disk=True)
+    gateway_options(gw)
     gw.set_defaults(run=_gateway)
 
     fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")

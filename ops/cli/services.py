@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import ipaddress
 import os
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -40,6 +41,27 @@ __all__ = [
 ]
 
 log = structlog.get_logger("ppf")
+
+
+def gateway_options(parser: argparse.ArgumentParser) -> None:
+    """What every gateway is told about the network in front of it."""
+    parser.add_argument(
+        "--trusted-proxy",
+        action="append",
+        default=[],
+        type=_network,
+        metavar="ADDR",
+        help="a reverse proxy in front of the gateway (address or network, repeatable): "
+        "only from these is X-Forwarded-For believed for the client's address",
+    )
+
+
+def _network(text: str) -> str:
+    try:
+        ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an address or network: {text!r}") from None
+    return text
 
 
 def store_options(parser: argparse.ArgumentParser, *, deposits: bool, disk: bool) -> None:
@@ -236,6 +258,7 @@ async def gateway_site(
         private_queries=args.private_queries,
         agent_nats=agent_nats,
         judge=door,
+        trusted_proxies=tuple(args.trusted_proxy),
         deposits=lg.deposits,
         disk_guard=None
         if store is None

@@ -29,6 +29,7 @@ __all__ = [
     "NatsServerError",
     "find_binary",
     "free_port",
+    "local_address",
     "with_credentials",
 ]
 
@@ -81,6 +82,17 @@ def with_credentials(url: str, store_dir: Path, user: str = "ppf") -> str:
     if not password:
         return url
     return f"{parts.scheme}://{user}:{password}@{parts.hostname}:{parts.port or 4222}"
+
+
+def local_address(store_dir: Path) -> str | None:
+    """The address an embedded server with this store last listened on (``listen``,
+    written when it started), so ``ppf token ...`` beside ``ppf up --nats-listen
+    127.0.0.1:4333`` reaches it; None where no server of ours has run."""
+    path = store_dir / "listen"
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -187,6 +199,10 @@ class NatsServer:
                 with socket.create_connection((self.host, self.port), timeout=0.2) as s:
                     if s.recv(4).startswith(b"INFO"):
                         log.info("nats_started", url=self.address, store=str(self.store_dir))
+                        # Where this machine's commands dial it (the loopback, when it
+                        # listens on every address).
+                        dial = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(self.host, self.host)
+                        (self.store_dir / "listen").write_text(f"nats://{dial}:{self.port}\n")
                         return
             except OSError:
                 time.sleep(0.05)
