@@ -4,7 +4,6 @@ served, until its next success (ARCHITECTURE.md, Changes: status ``suspect``).""
 from __future__ import annotations
 
 import events as ev
-from projections.snapshot import build
 from projections.readmodels import ProxyFilter, query_proxies
 from projections.recheck import due_in_shard
 from projections.snapshot import build
