@@ -102,7 +102,7 @@ async def test_each_proxy_has_its_round_trip(world: World) -> None:
 
 
 async def test_a_loopback_judge_is_never_used_for_a_public_proxy(
-    world: World, loopback_judge: str, monkeypatch: pytest.MonkeyPatch
+    world: World, loopback_judge: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """With ppf's loopback judge named first in the pool, every public proxy is checked
     through a public judge; without the reachability rule, checks through it fail."""
@@ -110,9 +110,9 @@ async def test_a_loopback_judge_is_never_used_for_a_public_proxy(
     from agents.check import check_many
 
     targets = [(p.addr, p.port, p.proto) for p in world.proxies]
-    pool = await judgepool.JudgePool(
-        [loopback_judge, world.judges["httpbin"]], own=[loopback_judge]
-    ).start()
+    agent, key = ppf_judge_app(tmp_path / "judge.key")[1]  # the fixture's key: its nonces
+    judges = [loopback_judge, world.judges["httpbin"]]
+    pool = await judgepool.JudgePool(judges, own=[loopback_judge], agent=agent, key=key).start()
     try:
         results = await check_many(targets, pool, timeout=5)
         assert all(r.ok for r in results), [r.error for r in results]
