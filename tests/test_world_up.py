@@ -24,6 +24,24 @@ from tests.test_cli import Up
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
 
+JUDGES: list[str] = []  # the last _up_in's own judges: plain and TLS
+
+
+def _stranger(url: str) -> tuple[int, bytes]:
+    """What a stranger's GET of ``url`` gets (any certificate: a stranger does not pin)."""
+    import ssl
+    import urllib.error
+
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    request = urllib.request.Request(url, headers={"X-Forwarded-For": "6.6.6.6"})
+    try:
+        with urllib.request.urlopen(request, timeout=5, context=context) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
 def _json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=5) as r:
         return json.load(r)
@@ -42,8 +60,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 def _up_in(world: World, ppf_bin: str, tmp_path: Path) -> Up:
     """`ppf up` beside the box, no lab mode, with the world's public judges and its own
-    judge on the link address, where the world's proxies reach it."""
+    judge on the link address, where the world's proxies reach it (``JUDGES`` of it)."""
     judge_port, tls_port = free_port(), free_port()
+    JUDGES[:] = [f"http://{LINK_HOST}:{judge_port}/judge", f"https://{LINK_HOST}:{tls_port}/judge"]
     return Up(
         ppf_bin,
         tmp_path / "data",
@@ -93,6 +112,12 @@ async def test_ppf_up_outside_the_lab_serves_the_worlds_real_proxies(
             assert got["country"] == lookup(proxy.addr).country != "", proxy.name
         served = await asyncio.to_thread(_pool, up.base, "false")
         assert set(served) == {k for k, p in real.items() if not p.mitm}
+        # Its agents checked through its judges; a stranger's ask of any of them, with or
+        # without a nonce of its own making: 403, nothing echoed.
+        for url in (up.base + "/judge", *JUDGES):
+            for query in ("", "?n=w1.9999999999.aa.bb"):
+                status, body = await asyncio.to_thread(_stranger, url + query)
+                assert status == 403 and b"6.6.6.6" not in body and b"remote" not in body, url
         only_mitm = await asyncio.to_thread(_pool, up.base, "true")
         assert set(only_mitm) == {k for k, p in real.items() if p.mitm}
     finally:
