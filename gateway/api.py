@@ -52,6 +52,47 @@ def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "in": "query", "required": False, "schema": schema}
 
 
+def _dropin() -> dict[str, Any]:
+    """jhao104/proxy_pool's calls and Python3WebSpider's /random (gateway/dropin.py)."""
+    kind = [_query("type", {"type": "string"})]
+    paths: dict[str, Any] = {}
+    for path, summary, params, media in (
+        ("/get", "a random HTTP proxy, in proxy_pool's shape", kind, "application/json"),
+        ("/pop", "as /get (an exclusive checkout is POST /v1/checkout)", kind, "application/json"),
+        ("/all", "every served HTTP proxy, in proxy_pool's shape", kind, "application/json"),
+        ("/count", "counts, in proxy_pool's shape", [], "application/json"),
+        (
+            "/delete",
+            "a report without a token (moves the proxy up the checkers' queue)",
+            [{"name": "proxy", "in": "query", "required": True, "schema": {"type": "string"}}],
+            "application/json",
+        ),
+    ):
+        shape = {"type": "array"} if path == "/all" else {"type": "object"}
+        ok = {"description": "OK", "content": {media: {"schema": shape}}}
+        op = {
+            "get": {
+                "summary": summary,
+                "parameters": params,
+                "responses": {"200": ok, **_problems(400, 401, 403, 404, 429)},
+            }
+        }
+        paths[path] = paths[path + "/"] = op
+    paths["/random"] = {
+        "get": {
+            "summary": "a random HTTP proxy as ip:port (Python3WebSpider ProxyPool)",
+            "responses": {
+                "200": {
+                    "description": "OK",
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                },
+                **_problems(401, 404),
+            },
+        }
+    }
+    return paths
+
+
 def openapi() -> dict[str, Any]:
     """The OpenAPI 3.1 document (committed as schemas/openapi.json)."""
     types = [
@@ -89,7 +130,7 @@ def openapi() -> dict[str, Any]:
         _query("https", {"enum": ["true", "false"]}),
         _query("limit", {"type": "integer", "minimum": 0}),
         _query("sort", {"enum": ["latency", "last_seen"]}),
-        _query("format", {"enum": ["json", "txt", "csv"]}),
+        _query("format", {"enum": ["json", "txt", "csv", "proxychains", "clash", "singbox"]}),
     ]
     paths: dict[str, Any] = {
         "/v1/events": {
@@ -143,9 +184,11 @@ def openapi() -> dict[str, Any]:
                             "application/json": {"schema": {"type": "object"}},
                             "text/plain": {"schema": {"type": "string"}},
                             "text/csv": {"schema": {"type": "string"}},
+                            "text/yaml": {"schema": {}},  # a mapping, once parsed
                         },
                     },
-                    **_problems(400),
+                    "304": {"description": "not modified since the ETag given"},
+                    **_problems(400, 401),
                 },
             }
         },
@@ -262,6 +305,18 @@ def openapi() -> dict[str, Any]:
             }
         },
         "/openapi.json": {"get": {"summary": "this document", "responses": {"200": _reply(None)}}},
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus text format (gateway/metrics.py)",
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
+        **_dropin(),
         "/": {
             "get": {
                 "summary": "the dashboard",

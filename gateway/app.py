@@ -24,6 +24,7 @@ from gateway.commands import ANONYMOUS_REPORTS, GRANTER
 from gateway.commands import routes as command_routes
 from gateway.deposits import Inputs
 from gateway.deposits import routes as deposit_routes
+from gateway.dropin import routes as dropin_routes
 from gateway.http import (
     AUTH_FAILURES,
     CONFIG,
@@ -39,6 +40,8 @@ from gateway.http import (
 )
 from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys, enrolled_in, judge
 from gateway.leases import Granter
+from gateway.metrics import ENDPOINT_OUTCOMES
+from gateway.metrics import routes as metrics_routes
 from gateway.natsauth import Callout, Kicker
 from gateway.queries import SNAPSHOT, SnapshotKeeper
 from gateway.queries import routes as query_routes
@@ -307,4 +310,8 @@ def make_app(
     app.add_routes(query_routes)
     app.add_routes(command_routes)
     app.add_routes(deposit_routes)
+    app.add_routes(metrics_routes)
+    app.add_routes(dropin_routes)
+    if config.endpoint_outcomes is not None:
+        app[ENDPOINT_OUTCOMES] = config.endpoint_outcomes
     return app

@@ -65,7 +65,14 @@ from reducers.pool import lease_live
 from reducers.proxies import reports_left
 from reducers.reports import ANONYMOUS
 
-__all__ = ["ANONYMOUS_REPORTS", "GRANTER", "routes"]
+__all__ = [
+    "ANONYMOUS_REPORTS",
+    "GRANTER",
+    "anonymous_reporter",
+    "proxy_address",
+    "publish_report",
+    "routes",
+]
 
 routes = web.RouteTableDef()
 GRANTER = web.AppKey("granter", Granter)
@@ -277,26 +284,46 @@ async def report_proxy(request: web.Request) -> web.Response:
     everyone within the consumer's share (reducers/reports.py); before, it left alive at
     once (reducers/proxies.py). ``worked`` is recorded and revives nothing. Without a
     token (guarded only), a report moves the proxy up the queue, budgeted per address."""
-    state = request.app[FOLD].state
-    guarded = state.settings.guarded
-    if guarded and "Authorization" not in request.headers:
-        name = ANONYMOUS
-        wait = request.app[ANONYMOUS_REPORTS].take(client_address(request))
-        if wait > 0:
-            raise ApiError(
-                429,
-                "report-budget",
-                "too many reports without a token from this address",
-                headers={"Retry-After": str(max(1, round(wait)))},
-            )
+    if request.app[FOLD].state.settings.guarded and "Authorization" not in request.headers:
+        name = anonymous_reporter(request)
     else:
         name = authorize(request, "consumer").name
-    ip, _, port = request.match_info["addr"].rpartition(":")
-    if not ip or not port.isdigit() or not 0 < int(port) <= 65535:
-        raise ApiError(400, "bad-parameter", "address: ip:port", parameter="addr")
-    ip = ip.strip("[]")
+    ip, port = proxy_address(request.match_info["addr"], "addr")
     body = await decode_body(request, ReportRequest)
-    key = (ip, int(port))
+    return reply(await publish_report(request, name, ip, port, body.outcome, body.detail))
+
+
+def anonymous_reporter(request: web.Request) -> str:
+    """``ANONYMOUS`` while the caller's address is within its budget of reports without
+    a token; 429 past it."""
+    wait = request.app[ANONYMOUS_REPORTS].take(client_address(request))
+    if wait > 0:
+        raise ApiError(
+            429,
+            "report-budget",
+            "too many reports without a token from this address",
+            headers={"Retry-After": str(max(1, round(wait)))},
+        )
+    return ANONYMOUS
+
+
+def proxy_address(text: str, parameter: str) -> tuple[str, int]:
+    """``ip:port`` (IPv6 in brackets or not) from a path or query parameter; 400 else."""
+    ip, _, port = text.rpartition(":")
+    if not ip or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ApiError(400, "bad-parameter", f"{parameter}: ip:port", parameter=parameter)
+    return ip.strip("[]"), int(port)
+
+
+async def publish_report(
+    request: web.Request, name: str, ip: str, port: int, outcome: str, detail: str
+) -> ReportReply:
+    """Publish ``name``'s report on a proxy of the pool, once the budgets allow it, and
+    answer after the fold applied it (``report_proxy``, and ``/delete/`` of the drop-in
+    calls for anonymous callers)."""
+    state = request.app[FOLD].state
+    guarded = state.settings.guarded
+    key = (ip, port)
     if key not in state.proxies:
         raise ApiError(404, "not-found", f"no proxy {ip}:{port} in the pool")
     event = ProxyReported(
@@ -304,20 +331,16 @@ async def report_proxy(request: web.Request) -> web.Response:
         agent=name,
         at=now_ms(),
         ip=ip,
-        port=int(port),
-        outcome=body.outcome,
-        detail=body.detail,
+        port=port,
+        outcome=outcome,  # type: ignore[arg-type]
+        detail=detail,
     )
     field, why = problem(event, lab=state.settings.lab, guarded=guarded)
     if why:
         raise ApiError(400, "bad-parameter", f"{field}: {why}", parameter=field)
     now = now_ms()
     budgeted = name != ANONYMOUS and not (guarded and name in state.operators)
-    if (
-        budgeted
-        and body.outcome == "failed"
-        and not reports_left(state, state.agents.get(name), now)
-    ):
+    if budgeted and outcome == "failed" and not reports_left(state, state.agents.get(name), now):
         budget = state.settings.report_budget_per_hour
         wait_s = max(1, ((now // 3_600_000 + 1) * 3_600_000 - now) // 1000)
         raise ApiError(
@@ -336,15 +359,8 @@ async def report_proxy(request: web.Request) -> web.Response:
         else proxy_status(row, now_ms(), ttl, trust.vouched(state)(row.agents))
     )
     left = reports_left(state, state.agents.get(name), now)
-    return reply(
-        ReportReply(
-            ip=ip,
-            port=int(port),
-            outcome=body.outcome,
-            seq=published.seq,
-            status=status,
-            budget_left=left,
-        )
+    return ReportReply(
+        ip=ip, port=port, outcome=outcome, seq=published.seq, status=status, budget_left=left
     )
 
 

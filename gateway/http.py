@@ -81,6 +81,9 @@ class GatewayConfig:
     # client address: a burst, then this many an hour; each only moves a proxy up the
     # checkers' queue (reducers/reports.py).
     anonymous_reports_burst: float = 10.0
+    # The rotating endpoint's counts, where it runs in this process (ppf up): /metrics
+    # reports them (gateway/metrics.py).
+    endpoint_outcomes: Any = None
     anonymous_reports_per_hour: float = 60.0
     # Who the judges answer (gateway/judge.py), shared by every listener of /judge so a
     # nonce is spent on all of them; agents get their keys with GET /v1/agents/me.

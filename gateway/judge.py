@@ -88,6 +88,7 @@ class JudgeDoor:
         self._used: set[str] = set()
         self._expiring: deque[tuple[int, str]] = deque()
         self.refused = 0
+        self.answered = 0
 
     def admit(self, nonce: str, judge: str, now_s: float) -> tuple[bytes, str]:
         """(the minting agent's key, "") when ``nonce`` may be answered by the judge at
@@ -169,6 +170,8 @@ async def judge(request: web.Request) -> web.Response:
             door.refused += 1
         log.debug("judge_refused", peer=request.remote, why=why)
         return web.json_response({"error": f"not a ppf check: {why}"}, status=403)
+    assert door is not None
+    door.answered += 1
     body = echo(request)
     nonce = request.query["n"]
     headers = body["headers"]

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from events.mint import now_ms
 from events.wire import AgentMe
+from gateway.formats import FORMATS
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
 from gateway.judge import JUDGE_DOOR
 from projections.readmodels import (
@@ -21,7 +22,7 @@ from projections.readmodels import (
     source_score,
     status_at,
 )
-from projections.snapshot import ProxySnapshot, ProxyView, build
+from projections.snapshot import CENSUS_MS, ProxySnapshot, ProxyView, build
 from reducers import ProxyRow, State, trust
 from reducers.pool import lease_live
 from reducers.reports import hidden_from
@@ -78,6 +79,7 @@ class SnapshotKeeper:
 
 
 SNAPSHOT = web.AppKey("snapshot", SnapshotKeeper)
+_encode = msgspec.json.Encoder().encode
 
 
 class ProxyOut(msgspec.Struct):
@@ -194,24 +196,28 @@ async def proxies(request: web.Request) -> web.StreamResponse:
     hidden = hidden_for(request)
     f = _filter(request)
     sort = choice(request, "sort", ("latency", "last_seen"), "latency")
-    fmt = choice(request, "format", ("json", "txt", "csv"), "json")
+    fmt = choice(request, "format", ("json", "txt", *FORMATS), "json")
     limit = integer(request, "limit", 100) or 0
     snap = request.app[SNAPSHOT].get(request)
     now = now_ms()
+    # The same answer while the snapshot, the TTL's edge (5 s slices) and what is hidden
+    # from the caller stay: pollers (the rotating endpoint's feed) get 304 for nothing.
+    etag = f'W/"{snap.seq}.{now // CENSUS_MS}.{len(hidden)}"'
+    if request.headers.get("If-None-Match") == etag:
+        return web.Response(status=304, headers={"ETag": etag})
     selected = snap.select(f, now, sort=sort, limit=limit + len(hidden) if limit else 0)
     if hidden:
         selected = (v for v in selected if (v.ip, v.port) not in hidden)
     views = list(itertools.islice(selected, limit) if limit else selected)
+    tag = {"ETag": etag}
     if fmt == "txt":
-        return web.Response(text="".join(v.line for v in views), content_type="text/plain")
-    if fmt == "csv":
-        lines = ["proto,ip,port,latency_ms,anonymity,exit_ip,last_seen\n"]
-        lines += [
-            f"{v.proto},{v.ip},{v.port},{v.latency:.1f},{v.anonymity},{v.exit_ip},{v.last_seen}\n"
-            for v in views
-        ]
-        return web.Response(text="".join(lines), content_type="text/csv")
-    return reply({"count": len(views), "proxies": [_view_json(v, now, snap.ttl_s) for v in views]})
+        text = "".join(v.line for v in views)
+        return web.Response(text=text, content_type="text/plain", headers=tag)
+    if fmt in FORMATS:
+        text, content_type = FORMATS[fmt](views)
+        return web.Response(text=text, content_type=content_type, headers=tag)
+    body = {"count": len(views), "proxies": [_view_json(v, now, snap.ttl_s) for v in views]}
+    return web.Response(body=_encode(body), content_type="application/json", headers=tag)
 
 
 @routes.get("/v1/proxies/{addr}")
@@ -296,10 +302,10 @@ async def leases(request: web.Request) -> web.Response:
 async def whoami(request: web.Request) -> web.Response:
     """The agent behind a token: how `ppf agent` learns its own name, and the NATS URL
     with its own credentials (null: publish through ``POST /v1/events``)."""
-    caller = authorize(request, "worker", "checker", "seed")
+    caller = authorize(request, "worker", "checker", "seed", "consumer")
     offer = request.app[CONFIG].agent_nats
     nats = None
-    if offer is not None and caller.role != "admin":
+    if offer is not None and caller.role not in ("admin", "consumer"):  # no NATS login
         # Its own credentials, minted from its current token: a new token or a
         # revocation makes them fail (gateway/natsauth.py).
         nats = offer.url_for(caller.name, caller.token_sha256)

@@ -42,6 +42,7 @@ class Up:
         self.data = data
         self.http = free_port()
         self.nats_port = free_port()
+        self.serve_port = free_port()
         self.cmd = [
             ppf,
             "up",
@@ -53,6 +54,8 @@ class Up:
             f"127.0.0.1:{self.nats_port}",
             "--judge-tls-listen",
             f"127.0.0.1:{free_port()}",
+            "--serve-listen",
+            f"127.0.0.1:{self.serve_port}",
             *(extra or ("--no-agents",)),
         ]
         self.proc: subprocess.Popen[bytes] | None = None

@@ -74,6 +74,7 @@ def up_beside(world: World, root: Path, *extra: str) -> Iterator[UpBeside]:
     data = root / "data"
     cmd = [sys.executable, "-m", "ops.cli", "up", "--data", str(data)]
     cmd += ["--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}"]
+    cmd += ["--serve-listen", f"127.0.0.1:{free_port()}"]
     cmd += ["--no-seed", "--https-target", world.https_url]
     cmd += ["--public-url", f"http://{LINK_HOST}:{judge}/judge"]
     cmd += ["--judge-listen", f"{LINK_HOST}:{judge}"]

@@ -13,8 +13,10 @@ from pathlib import Path
 
 import structlog
 
+from endpoint.relay import Outcomes
 from gateway.judge import JudgeDoor, JudgeKeys, enrolled_in
 from ops.cli.common import DEFAULT_NATS, data_dir, listen
+from ops.cli.endpoint import DEFAULT_SERVE, endpoint_site, serve_options
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
 from ops.cli.local import enroll_local_agents, local_agents
 from ops.cli.services import (
@@ -86,6 +88,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         type=listen,
         help="the judge's own listener (HOST:PORT) for --public-url; the API stays private",
     )
+    up.add_argument(
+        "--serve-listen",
+        default=DEFAULT_SERVE,
+        help="the rotating proxy endpoint (HTTP, CONNECT, SOCKS5; consumers log in with "
+        "NAME[-options]:TOKEN); 'off' for none",
+    )
+    serve_options(up)
     store_options(up, deposits=True, disk=True)
     gateway_options(up)
     up.set_defaults(run=_up)
@@ -125,7 +134,8 @@ async def _up(args: argparse.Namespace) -> int:
         keys = JudgeKeys.load(data / "judge.key")
         door = JudgeDoor(keys, enrolled_in(lambda: fold.state))
         store = data / "nats" if server is not None else None  # an outside NATS: not ours
-        base = await gateway_site(stack, args, fold, lg, agent_nats, "up", door, store)
+        outcomes = Outcomes()
+        base = await gateway_site(stack, args, fold, lg, agent_nats, "up", door, store, outcomes)
         tls_judge = None
         if args.judge_tls_listen != "off":
             certs = data / "tls"
@@ -141,6 +151,8 @@ async def _up(args: argparse.Namespace) -> int:
         if tokens:
             print(f"ppf up: the local agents check through {', '.join(judges)}", flush=True)
             await local_agents(stack, base, tokens, data, judges, own, args, tls_judge, keys)
+        if args.serve_listen != "off":
+            await endpoint_site(stack, args.serve_listen, [base], args, outcomes, required=False)
         log.info("started", role="up", nats=lg.address)
         await serve_forever(fold)
     return 0

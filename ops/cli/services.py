@@ -244,6 +244,7 @@ async def gateway_site(
     role: str,
     door: JudgeDoor | None = None,
     store: Path | None = None,
+    outcomes: object = None,
 ) -> str:
     """The HTTP API; returns its base URL. ``agent_nats``: the embedded server, whose
         logins this gateway decides, so each agent gets its own (an external NATS's users are
@@ -259,6 +260,7 @@ async def gateway_site(
         agent_nats=agent_nats,
         judge=door,
         trusted_proxies=tuple(args.trusted_proxy),
+        endpoint_outcomes=outcomes,
         deposits=lg.deposits,
         disk_guard=None
         if store is None

@@ -1,0 +1,164 @@
+"""Which upstream proxy carries the next request: the endpoint's pool in memory.
+
+The pool is what the gateways serve (``replace`` with each refresh of the feed), plus
+what this endpoint saw itself, which acts at once, before any log round trip:
+
+- a proxy that failed real traffic is **avoided** for ``AVOID_S`` (the log hears of it
+  too, and its checkers judge it for everyone);
+- every outcome moves the proxy's **success** score (an EMA), and the default strategy
+  weighs proxies by it over their latency.
+
+Strategies: ``weighted`` (random, weight success / latency), ``roundrobin`` (in turn
+over the proxies that match, per filter), ``lru`` (the least recently used). A
+``session`` keeps its upstream while it works (``session_min`` minutes since last use).
+Tunnels (CONNECT, SOCKS) only go through proxies that can tunnel: SOCKS, or HTTP proxies
+that carried a tunnel to a real HTTPS site (``https`` yes). Proxies seen tampering
+(``mitm``) only when asked. Time is the caller's (``now``, seconds); randomness is the
+``random.Random`` given, so tests can pin it.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from endpoint.login import Want
+
+__all__ = ["AVOID_S", "Pool", "Upstream"]
+
+AVOID_S = 300.0  # a proxy that failed real traffic sits out this long, here
+_ALPHA = 0.3  # the success EMA's weight of the latest outcome
+
+
+@dataclass(slots=True)
+class Upstream:
+    ip: str
+    port: int
+    proto: str  # how we speak to it: http, https (an HTTP proxy), socks4, socks5
+    country: str = ""
+    asn: int = 0
+    anonymity: str = ""
+    https: str = ""
+    mitm: bool = False
+    latency_ms: float = 0.0
+    # What this endpoint saw of it: the success EMA, when it was last used, until when
+    # it is avoided.
+    success: float = 1.0
+    used_at: float = 0.0
+    avoid_until: float = 0.0
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.ip, self.port)
+
+    @property
+    def tunnels(self) -> bool:
+        return self.proto.startswith("socks") or self.https == "yes"
+
+    def url(self) -> str:
+        scheme = "http" if self.proto in ("http", "https") else self.proto
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{scheme}://{host}:{self.port}"
+
+
+@dataclass
+class Pool:
+    rng: random.Random = field(default_factory=random.Random)
+    upstreams: dict[tuple[str, int], Upstream] = field(default_factory=dict)
+    # (consumer, session) -> (upstream key, last used); a round robin's cursor per filter.
+    sessions: dict[tuple[str, str], tuple[tuple[str, int], float]] = field(default_factory=dict)
+    cursors: dict[tuple[object, ...], int] = field(default_factory=dict)
+    held: set[tuple[str, int]] = field(default_factory=set)  # checked out by someone
+
+    def replace(self, fresh: Iterable[Upstream]) -> None:
+        """The feed's new pool; what we learned of proxies still in it is kept."""
+        old = self.upstreams
+        new = {}
+        for up in fresh:
+            seen = old.get(up.key)
+            if seen is not None:
+                up.success, up.used_at, up.avoid_until = (
+                    seen.success,
+                    seen.used_at,
+                    seen.avoid_until,
+                )
+            new[up.key] = up
+        self.upstreams = new
+
+    def _matches(self, up: Upstream, want: Want, tunnel: bool, now: float) -> bool:
+        if up.avoid_until > now or up.key in self.held:
+            return False
+        if tunnel and not up.tunnels:
+            return False
+        if up.mitm and not want.mitm:
+            return False
+        if want.proto and up.proto != want.proto:
+            return False
+        if want.country and up.country not in want.country:
+            return False
+        if want.anonymity and up.anonymity != want.anonymity:
+            return False
+        if want.https and up.https != "yes":
+            return False
+        if want.max_latency_ms and up.latency_ms > want.max_latency_ms:
+            return False
+        return not (want.asn and up.asn != want.asn)
+
+    def pick(
+        self,
+        want: Want,
+        *,
+        tunnel: bool,
+        now: float,
+        exclude: frozenset[tuple[str, int]] = frozenset(),
+    ) -> Upstream | None:
+        """The upstream for the next attempt, or None when nothing matches."""
+        if want.session:
+            sticky = self.sessions.get((want.consumer, want.session))
+            if sticky is not None and now - sticky[1] <= want.session_min * 60:
+                up = self.upstreams.get(sticky[0])
+                if (
+                    up is not None
+                    and up.key not in exclude
+                    and self._matches(up, want, tunnel, now)
+                ):
+                    return self._use(up, want, now)
+        matching = [
+            u
+            for u in self.upstreams.values()
+            if u.key not in exclude and self._matches(u, want, tunnel, now)
+        ]
+        if not matching:
+            return None
+        if want.strategy == "roundrobin":
+            matching.sort(key=lambda u: u.key)
+            cursor = (*want.filters(), tunnel)
+            i = self.cursors.get(cursor, 0)
+            self.cursors[cursor] = i + 1
+            up = matching[i % len(matching)]
+        elif want.strategy == "lru":
+            up = min(matching, key=lambda u: (u.used_at, u.key))
+        else:
+            weights = [u.success / max(u.latency_ms, 50.0) for u in matching]
+            up = self.rng.choices(matching, weights=weights)[0]
+        return self._use(up, want, now)
+
+    def _use(self, up: Upstream, want: Want, now: float) -> Upstream:
+        up.used_at = now
+        if want.session:
+            self.sessions[(want.consumer, want.session)] = (up.key, now)
+            if len(self.sessions) > 100_000:  # forget the oldest: sessions are cheap to remake
+                for k, _ in sorted(self.sessions.items(), key=lambda kv: kv[1][1])[:10_000]:
+                    del self.sessions[k]
+        return up
+
+    def worked(self, up: Upstream, latency_ms: float) -> None:
+        up.success = (1 - _ALPHA) * up.success + _ALPHA
+        if latency_ms > 0:
+            up.latency_ms = (1 - _ALPHA) * up.latency_ms + _ALPHA * latency_ms
+
+    def failed(self, up: Upstream, now: float) -> None:
+        """The proxy's own failure (connect, handshake, no answer): avoided at once."""
+        up.success = (1 - _ALPHA) * up.success
+        up.avoid_until = now + AVOID_S

@@ -1,0 +1,162 @@
+"""What the endpoint knows of the fleet, from its gateways: the pool and who may log in.
+
+The pool comes as the gateways serve it (``GET /v1/proxies?limit=0&mitm=any``), asked
+in the background every ``every_s`` with the ``ETag`` of the last answer (a gateway
+answers 304 while its snapshot has not moved), from the first gateway of the list that
+answers: a gateway restarting leaves the endpoint with the pool it has. A login is a
+consumer's name and token, checked with ``GET /v1/agents/me`` once a minute per token
+(a revoked token stops working within that minute). Failures a consumer's traffic
+met go back as that consumer's reports (``POST /v1/proxies/{addr}/report``), within
+its budget: evidence for the checkers, judged by the fleet's rules.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+import msgspec
+import structlog
+
+from endpoint.choose import Pool, Upstream
+
+__all__ = ["Feed"]
+
+log = structlog.get_logger("ppf.serve")
+
+LOGIN_TTL_S = 60.0
+_ROLES = ("consumer", "admin")
+
+
+class _Row(msgspec.Struct):
+    ip: str
+    port: int
+    proto: str
+    latency_ms: float = 0.0
+    anonymity: str = ""
+    mitm: bool = False
+    https: str = ""
+    country: str = ""
+    asn: int = 0
+
+
+class _Page(msgspec.Struct):
+    proxies: list[_Row]
+
+
+_page = msgspec.json.Decoder(_Page)
+
+
+class Feed:
+    def __init__(self, gateways: Sequence[str], pool: Pool, *, every_s: float = 5.0) -> None:
+        self.gateways = [g.rstrip("/") for g in gateways]
+        self.pool = pool
+        self.every_s = every_s
+        self.refreshed = 0  # answers that changed the pool
+        self.failures = 0
+        self.reports = 0
+        self._etag = ""
+        self._logins: dict[str, tuple[bool, float]] = {}  # sha256(name:token) -> (ok, when)
+        self._http: aiohttp.ClientSession | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        await self.refresh()
+        self._task = asyncio.create_task(self._run(), name="ppf-serve-feed")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            await self.refresh()
+
+    async def refresh(self) -> bool:
+        """One ask of the gateways, in order; True when the pool was replaced."""
+        assert self._http is not None
+        headers = {"If-None-Match": self._etag} if self._etag else {}
+        for base in self.gateways:
+            try:
+                async with self._http.get(
+                    f"{base}/v1/proxies?limit=0&mitm=any", headers=headers
+                ) as r:
+                    if r.status == 304:
+                        return False
+                    if r.status != 200:
+                        raise aiohttp.ClientError(f"{r.status}")
+                    page = _page.decode(await r.read())
+                    self._etag = r.headers.get("ETag", "")
+            except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+                self.failures += 1
+                log.warning("feed_failed", gateway=base, error=repr(exc)[:200])
+                continue
+            self.pool.replace(
+                Upstream(
+                    p.ip,
+                    p.port,
+                    p.proto,
+                    p.country,
+                    p.asn,
+                    p.anonymity,
+                    p.https,
+                    p.mitm,
+                    p.latency_ms,
+                )
+                for p in page.proxies
+            )
+            self.refreshed += 1
+            return True
+        return False  # every gateway away: the pool we have stays
+
+    async def login_ok(self, name: str, token: str) -> bool:
+        """Whether ``name``:``token`` is a consumer's (or the admin's) login now."""
+        key = hashlib.sha256(f"{name}:{token}".encode()).hexdigest()
+        cached = self._logins.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < LOGIN_TTL_S:
+            return cached[0]
+        me = await self._ask("GET", "/v1/agents/me", token)
+        if me is None:  # no gateway answers: a login we knew holds a little longer
+            return cached[0] if cached is not None else False
+        status, body = me
+        ok = status == 200 and body.get("name") == name and body.get("role") in _ROLES
+        if len(self._logins) > 10_000:
+            self._logins.clear()
+        self._logins[key] = (ok, now)
+        return ok
+
+    async def report(self, token: str, up: Upstream, detail: str) -> None:
+        """A proxy failed this consumer's traffic: its report, under its token."""
+        host = f"[{up.ip}]" if ":" in up.ip else up.ip
+        body = {"outcome": "failed", "detail": detail[:200]}
+        answer = await self._ask("POST", f"/v1/proxies/{host}:{up.port}/report", token, body)
+        if answer is not None and answer[0] == 200:
+            self.reports += 1
+
+    async def _ask(
+        self, method: str, path: str, token: str, body: Any = None
+    ) -> tuple[int, dict[str, Any]] | None:
+        assert self._http is not None
+        headers = {"Authorization": f"Bearer {token}"}
+        for base in self.gateways:
+            try:
+                async with self._http.request(method, base + path, json=body, headers=headers) as r:
+                    data = await r.read()
+                    try:
+                        decoded = msgspec.json.decode(data) if data else {}
+                    except msgspec.DecodeError:
+                        decoded = {}
+                    return r.status, decoded if isinstance(decoded, dict) else {}
+            except (aiohttp.ClientError, TimeoutError, OSError):
+                continue
+        return None

@@ -1,0 +1,123 @@
+"""The proxy login: who is asking, and what they want of the pool, in the user name.
+
+The user name is the consumer's agent name (``ppf token issue NAME --role consumer``),
+then options, each a keyword and its value, all joined by ``-``; the password is the
+consumer's token::
+
+    shop                                  the endpoint's defaults
+    shop-country-de-proto-socks5          a German SOCKS5 proxy
+    shop-country-de,nl-anon-elite-https   elite, Germany or the Netherlands, HTTPS-capable
+    shop-maxlat-800-session-a1b2          under 800 ms; keep the same upstream (sticky)
+    shop-strategy-roundrobin-mitm         round robin; proxies seen tampering allowed
+
+Keywords: ``country`` (ISO codes, comma-separated), ``proto`` (http, https, socks4,
+socks5), ``anon`` (transparent, anonymous, elite), ``https`` (no value: only proxies
+that tunnelled to a real HTTPS site), ``maxlat`` (ms), ``asn``, ``session`` (1-32
+letters and digits: the same upstream while it works, ``sessmin`` minutes, default 10),
+``strategy`` (weighted, roundrobin, lru), ``mitm`` (no value). Agent names may hold
+``-``: the options start at the first keyword. Anything else is refused with its reason
+(407: the client's login is wrong, not the pool). Pure.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from events import agent_name_ok
+
+__all__ = ["STRATEGIES", "LoginError", "Want", "parse_login"]
+
+STRATEGIES = ("weighted", "roundrobin", "lru")
+_FLAGS = frozenset({"https", "mitm"})
+_VALUED = frozenset({"country", "proto", "anon", "maxlat", "asn", "session", "sessmin", "strategy"})
+_KEYWORDS = _FLAGS | _VALUED
+_SESSION = re.compile(r"[A-Za-z0-9]{1,32}")
+_PROTOS = ("http", "https", "socks4", "socks5")
+_ANON = ("transparent", "anonymous", "elite")
+
+
+class LoginError(ValueError):
+    """A login the endpoint cannot read; its text says what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class Want:
+    """What a consumer asks of the pool for one request or tunnel."""
+
+    consumer: str
+    country: tuple[str, ...] = ()
+    proto: str = ""
+    anonymity: str = ""
+    https: bool = False
+    max_latency_ms: int = 0
+    asn: int = 0
+    mitm: bool = False
+    session: str = ""
+    session_min: int = 10
+    strategy: str = "weighted"
+
+    def filters(self) -> tuple[object, ...]:
+        """The part of the login that selects proxies (a round robin's cursor is per this)."""
+        return (
+            self.country,
+            self.proto,
+            self.anonymity,
+            self.https,
+            self.max_latency_ms,
+            self.asn,
+            self.mitm,
+        )
+
+
+def parse_login(user: str) -> Want:
+    parts = user.split("-")
+    start = next((i for i, p in enumerate(parts) if i and p in _KEYWORDS), len(parts))
+    name = "-".join(parts[:start])
+    if not agent_name_ok(name):
+        raise LoginError(f"not a consumer name: {name!r}")
+    fields: dict[str, object] = {}
+    i = start
+    while i < len(parts):
+        key = parts[i]
+        if key not in _KEYWORDS:
+            raise LoginError(f"unknown option {key!r} (options: {', '.join(sorted(_KEYWORDS))})")
+        if key in _FLAGS:
+            fields[key] = True
+            i += 1
+            continue
+        if i + 1 >= len(parts) or not parts[i + 1]:
+            raise LoginError(f"option {key!r} needs a value")
+        fields[key] = _value(key, parts[i + 1])
+        i += 2
+    return Want(
+        consumer=name,
+        country=fields.get("country", ()),  # type: ignore[arg-type]
+        proto=str(fields.get("proto", "")),
+        anonymity=str(fields.get("anon", "")),
+        https=bool(fields.get("https", False)),
+        max_latency_ms=int(fields.get("maxlat", 0)),  # type: ignore[call-overload]
+        asn=int(fields.get("asn", 0)),  # type: ignore[call-overload]
+        mitm=bool(fields.get("mitm", False)),
+        session=str(fields.get("session", "")),
+        session_min=int(fields.get("sessmin", 10)),  # type: ignore[call-overload]
+        strategy=str(fields.get("strategy", "weighted")),
+    )
+
+
+def _value(key: str, raw: str) -> object:
+    if key == "country":
+        codes = tuple(c.upper() for c in raw.split(",") if c)
+        if not codes or any(len(c) != 2 or not c.isalpha() for c in codes):
+            raise LoginError(f"country: ISO 3166 alpha-2 codes, comma-separated, not {raw!r}")
+        return codes
+    if key in ("maxlat", "asn", "sessmin"):
+        if not raw.isdigit() or (key == "sessmin" and not 1 <= int(raw) <= 1440):
+            raise LoginError(f"{key}: a number{' of minutes, 1-1440' if key == 'sessmin' else ''}")
+        return int(raw)
+    if key == "session" and not _SESSION.fullmatch(raw):
+        raise LoginError("session: 1-32 letters and digits")
+    choices = {"proto": _PROTOS, "anon": _ANON, "strategy": STRATEGIES}.get(key)
+    if choices is not None and raw not in choices:
+        raise LoginError(f"{key}: one of {', '.join(choices)}")
+    return raw

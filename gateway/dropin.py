@@ -1,0 +1,121 @@
+"""The calls scrapers already make, answered from the live pool: jhao104/proxy_pool's
+``/get/``, ``/pop/``, ``/all/``, ``/count/``, ``/delete/?proxy=`` (with or without the
+trailing slash, ``type=https`` for proxies that carried HTTPS), and Python3WebSpider's
+ProxyPool ``/random`` (plain ``ip:port``).
+
+Both pools hold HTTP proxies, which their users put in ``proxies={"http":
+"http://<proxy>"}``, so these serve HTTP proxies only (``proto`` http or https), alive
+and confirmed as ``GET /v1/proxies`` serves them. ``/delete/`` removes nothing (the log
+keeps everything): it is a report without a token, which moves the proxy up the
+checkers' queue within the caller's budget (reducers/reports.py). ``/pop/`` hands a
+proxy out as ``/get/`` does (an exclusive checkout is POST /v1/checkout).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+from aiohttp import web
+
+from events.mint import now_ms
+from gateway.commands import anonymous_reporter, proxy_address, publish_report
+from gateway.http import FOLD, ApiError, open_query, reply
+from gateway.queries import SNAPSHOT, hidden_for
+from projections.readmodels import ProxyFilter
+from projections.snapshot import ProxyView
+
+__all__ = ["routes"]
+
+routes = web.RouteTableDef()
+_HTTP = ("http", "https")
+
+
+def _served(request: web.Request) -> list[ProxyView]:
+    """HTTP proxies served now (``type=https``: those that carried HTTPS)."""
+    hidden = hidden_for(request)
+    https = request.query.get("type", "").lower() == "https"
+    snap = request.app[SNAPSHOT].get(request)
+    f = ProxyFilter(mitm=False, https=True if https else None)
+    return [
+        v
+        for v in snap.select(f, now_ms(), limit=0)
+        if v.proto in _HTTP and (v.ip, v.port) not in hidden
+    ]
+
+
+def _address(v: ProxyView) -> str:
+    return f"[{v.ip}]:{v.port}" if ":" in v.ip else f"{v.ip}:{v.port}"
+
+
+def _as_proxy_pool(v: ProxyView) -> dict[str, Any]:
+    """One proxy in proxy_pool's ``Proxy.to_dict`` shape."""
+    return {
+        "proxy": _address(v),
+        "https": v.https == "yes",
+        "fail_count": v.fail_streak,
+        "region": v.country,
+        "anonymous": v.anonymity,
+        "source": "ppf",
+        "check_count": v.confirmations,
+        "last_status": True,
+        "last_time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(v.last_seen / 1000)),
+    }
+
+
+def _both(path: str) -> list[str]:
+    return [path, path + "/"]
+
+
+async def get(request: web.Request) -> web.Response:
+    served = _served(request)
+    if not served:
+        return reply({"code": 0, "src": "no proxy"})
+    return reply(_as_proxy_pool(random.choice(served)))
+
+
+async def all_(request: web.Request) -> web.Response:
+    return reply([_as_proxy_pool(v) for v in _served(request)])
+
+
+async def count(request: web.Request) -> web.Response:
+    served = _served(request)
+    https = sum(1 for v in served if v.https == "yes")
+    kinds = {k: n for k, n in (("http", len(served) - https), ("https", https)) if n}
+    return reply({"http_type": kinds, "source": {"ppf": len(served)}, "count": len(served)})
+
+
+async def delete(request: web.Request) -> web.Response:
+    open_query(request)
+    raw = request.query.get("proxy", "")
+    ip, port = proxy_address(raw, "proxy")
+    state = request.app[FOLD].state
+    if not state.settings.guarded:
+        raise ApiError(403, "forbidden", "reports without a token need the guarded setting")
+    try:
+        await publish_report(request, anonymous_reporter(request), ip, port, "failed", "delete")
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        return reply({"code": 0, "src": False})
+    return reply({"code": 0, "src": True})
+
+
+async def random_one(request: web.Request) -> web.Response:
+    served = _served(request)
+    if not served:
+        raise ApiError(404, "no-proxy", "no proxy in the pool")  # nothing to hand out
+    return web.Response(text=_address(random.choice(served)), content_type="text/plain")
+
+
+for _path, _handler in (
+    ("/get", get),
+    ("/pop", get),
+    ("/all", all_),
+    ("/count", count),
+    ("/delete", delete),
+):
+    for _p in _both(_path):
+        routes.get(_p)(_handler)
+routes.get("/random")(random_one)

@@ -1,0 +1,113 @@
+"""``ppf serve``: the rotating proxy endpoint (endpoint/), alone or inside ``ppf up``."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+from contextlib import AsyncExitStack
+
+import structlog
+
+from endpoint.relay import Outcomes
+from ops.cli.common import hostport, listen, wait_for_signal
+
+__all__ = ["DEFAULT_SERVE", "endpoint_site", "register", "serve_options"]
+
+log = structlog.get_logger("ppf")
+
+DEFAULT_SERVE = "127.0.0.1:8899"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    sv = sub.add_parser(
+        "serve",
+        help="one proxy address (HTTP, CONNECT, SOCKS5) that rotates through the live pool",
+    )
+    sv.add_argument(
+        "--gateway",
+        required=True,
+        help="gateway URL(s), comma-separated: the pool comes from the first that answers",
+    )
+    sv.add_argument("--listen", default=DEFAULT_SERVE, type=listen)
+    serve_options(sv)
+    sv.set_defaults(run=_serve)
+
+
+def serve_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--serve-max-conns",
+        type=int,
+        default=64,
+        metavar="N",
+        help="connections one consumer may have open through the endpoint",
+    )
+    parser.add_argument(
+        "--serve-refresh",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="how often the endpoint asks the gateways for the pool",
+    )
+
+
+async def endpoint_site(
+    stack: AsyncExitStack,
+    listen_at: str,
+    gateways: list[str],
+    args: argparse.Namespace,
+    outcomes: Outcomes | None = None,
+    *,
+    required: bool = True,
+) -> str:
+    """The endpoint on ``listen_at``, fed by ``gateways``; its address. Every client
+    logs in (a consumer's name and token), so listening beyond loopback exposes nothing
+    without a token; it is said in the log all the same."""
+    from endpoint.choose import Pool
+    from endpoint.feed import Feed
+    from endpoint.relay import Endpoint, serve
+
+    host, port = hostport(listen_at, 8899)
+    pool = Pool()
+    feed = Feed(gateways, pool, every_s=args.serve_refresh)
+    await feed.start()
+    stack.push_async_callback(feed.stop)
+    endpoint = Endpoint(
+        pool,
+        feed.login_ok,
+        report=feed.report,
+        max_per_consumer=args.serve_max_conns,
+        outcomes=outcomes or Outcomes(),
+    )
+    try:
+        server = await serve(endpoint, host, port)
+    except OSError as exc:
+        if required:
+            raise
+        # ppf up goes on without it (the port may be another program's): said, not fatal.
+        log.warning("no_proxy_endpoint", listen=listen_at, error=repr(exc))
+        return ""
+    stack.push_async_callback(_closed, server)
+    if not _loopback(host):
+        log.warning("serve_listens_beyond_loopback", listen=listen_at, logins="required")
+    print(f"ppf: proxy endpoint {host}:{port} (login NAME[-options]:TOKEN)", flush=True)
+    return f"{host}:{port}"
+
+
+async def _closed(server: object) -> None:
+    server.close()  # type: ignore[attr-defined]
+    await server.wait_closed()  # type: ignore[attr-defined]
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    async with AsyncExitStack() as stack:
+        gateways = [g.strip() for g in args.gateway.split(",") if g.strip()]
+        await endpoint_site(stack, args.listen, gateways, args)
+        await wait_for_signal()
+    return 0

@@ -1,0 +1,247 @@
+"""The rotating endpoint (``ppf serve``) through the real proxy lab on loopback: curl,
+Python ``requests`` (PySocks for SOCKS) and a raw SOCKS5 client, unchanged but for the
+proxy address; every answer through an upstream proxy, never a direct connection."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+import events as ev
+from endpoint.choose import Pool
+from endpoint.feed import Feed
+from endpoint.login import LoginError, parse_login
+from endpoint.relay import Endpoint, Outcomes, serve
+from events.batches import group
+from events.mint import fresh_id, now_ms
+from gateway.http import GatewayConfig
+from ops.cli.admin import enroll
+from ops.lab.testbed import ProxyLab
+from ops.nats.client import Log
+from ops.nats.server import free_port
+from tests.fleet import serving
+
+# The lab's proxies that carry traffic, as the pool holds them after a check.
+CARRIERS = {"squid": ("http", "yes"), "microsocks": ("socks5", ""), "dante": ("socks5", "")}
+
+
+def test_the_login_grammar_reads_options_after_the_name() -> None:
+    want = parse_login("my-shop-country-de,nl-proto-socks5-anon-elite-https-maxlat-800")
+    assert (want.consumer, want.country, want.proto, want.anonymity) == (
+        "my-shop",
+        ("DE", "NL"),
+        "socks5",
+        "elite",
+    )
+    assert want.https and want.max_latency_ms == 800 and not want.mitm
+    sticky = parse_login("shop-session-a1b2-sessmin-30-strategy-lru-mitm")
+    assert (sticky.session, sticky.session_min, sticky.strategy, sticky.mitm) == (
+        "a1b2",
+        30,
+        "lru",
+        True,
+    )
+    for bad in (
+        "shop-country-deu",
+        "shop-proto-ftp",
+        "shop-maxlat",
+        "bad name",
+        "shop-proto-http-bogus-1",
+    ):
+        with pytest.raises(LoginError):
+            parse_login(bad)
+
+
+@contextlib.asynccontextmanager
+async def _target() -> AsyncIterator[tuple[str, list[str]]]:
+    """A web site on loopback that says who reached it (the address it saw)."""
+    seen: list[str] = []
+
+    async def page(request: web.Request) -> web.Response:
+        seen.append(request.remote or "")
+        status = int(request.query.get("status", "200"))
+        return web.Response(text=f"hello {request.remote}", status=status)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"127.0.0.1:{port}", seen
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _endpoint(
+    lg: Log, lab: ProxyLab, *, extra: int = 0, **endpoint: Any
+) -> AsyncIterator[tuple[str, str, Endpoint, Feed]]:
+    """A lab-mode gateway whose pool is the lab's carriers (confirmed by the operator's
+    checker; ``extra``: a port on loopback also in it, as a very fast SOCKS5 proxy), a
+    consumer's token, and the endpoint fed by that gateway: (address, token, endpoint,
+    feed)."""
+    settings = ev.Settings(
+        lab=True, agent_subjects=True, trust=True, trusted_agents=("c-own",), guarded=True
+    )
+    await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
+    await enroll(lg, "c-own", "checker")
+    token = await enroll(lg, "shop", "consumer")
+    events = []
+    for proxy in lab.proxies:
+        if proxy.name in CARRIERS:
+            proto, https = CARRIERS[proxy.name]
+            events.append(
+                ev.ProxyWorked(
+                    id=fresh_id(),
+                    agent="c-own",
+                    at=now_ms(),
+                    ip="127.0.0.1",
+                    port=proxy.port,
+                    proto=proto,
+                    latency_ms=5,
+                    exit_ip=proxy.exit_ip,
+                    anonymity=proxy.anonymity,
+                    https=https,
+                )
+            )
+    if extra:
+        events.append(
+            ev.ProxyWorked(
+                id=fresh_id(),
+                agent="c-own",
+                at=now_ms(),
+                ip="127.0.0.1",
+                port=extra,
+                proto="socks5",
+                latency_ms=1,
+            )
+        )
+    for event in group(events):
+        await lg.publish_raw(ev.agent_subject(event), ev.encode(event), msg_id=event.id)
+    outcomes = Outcomes()  # the gateway's /metrics reports the endpoint's, as in ppf up
+    async with serving(lg, GatewayConfig(endpoint_outcomes=outcomes)) as (client, fold):
+        assert await fold.wait_for(await lg.head_seq(), 10)
+        gateway = str(client.make_url("")).rstrip("/")
+        pool = Pool()
+        feed = Feed([gateway], pool, every_s=0.5)
+        await feed.start()
+        relay = Endpoint(pool, feed.login_ok, report=feed.report, outcomes=outcomes, **endpoint)
+        port = free_port()
+        server = await serve(relay, "127.0.0.1", port)
+        try:
+            assert len(pool.upstreams) == len(CARRIERS) + bool(extra), pool.upstreams
+            yield f"127.0.0.1:{port}", token, relay, feed
+        finally:
+            server.close()
+            await server.wait_closed()
+            await feed.stop()
+
+
+async def _curl(*argv: str) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "curl", "-s", "-o", "-", "-w", "\n%{http_code}", "--max-time", "15", *argv,
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    body, _, code = out.decode().rpartition("\n")
+    return int(code or 0), body
+
+
+needs_curl = pytest.mark.skipif(shutil.which("curl") is None, reason="apt-get install curl")
+
+
+@needs_curl
+async def test_curl_through_the_endpoint_over_http_connect_and_socks(
+    lab: ProxyLab, log_client: Log
+) -> None:
+    """`curl -x http://NAME:TOKEN@endpoint` (plain and CONNECT) and `curl --socks5-hostname`:
+    each request answered, and the site saw a lab proxy's exit address, never ours; a
+    target's own 404 is the proxy working."""
+    exits = {p.exit_ip for p in lab.proxies if p.name in CARRIERS}
+    async with _target() as (site, seen), _endpoint(log_client, lab) as (addr, token, relay, _):
+        for _ in range(6):
+            code, body = await _curl("-x", f"http://shop:{token}@{addr}", f"http://{site}/a")
+            assert code == 200 and body.startswith("hello"), (code, body)
+            code, _ = await _curl(
+                "-p", "-x", f"http://shop:{token}@{addr}", f"http://{site}/b"
+            )  # CONNECT (-p: tunnel through the proxy)
+            assert code == 200
+            code, _ = await _curl("--socks5-hostname", f"shop:{token}@{addr}", f"http://{site}/c")
+            assert code == 200
+        code, _ = await _curl("-x", f"http://shop:{token}@{addr}", f"http://{site}/x?status=404")
+        assert code == 404
+        assert len(seen) == 19 and set(seen) <= exits, (set(seen), exits)
+        assert relay.outcomes.counts.get("upstream_failed", 0) == 0
+
+
+@needs_curl
+async def test_no_login_no_match_no_direct_connection(lab: ProxyLab, log_client: Log) -> None:
+    """Without a login: 407 with Proxy-Authenticate; a wrong token: 407; a filter nothing
+    matches: 503 (SOCKS: a failure), and the site never sees a direct connection."""
+    async with _target() as (site, seen), _endpoint(log_client, lab) as (addr, token, _, _):
+        argv = ["curl", "-s", "-i", "-x", f"http://{addr}", f"http://{site}/"]
+        proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+        head, _ = await proc.communicate()
+        assert b" 407 " in head and b"Proxy-Authenticate: Basic" in head
+        assert (await _curl("-x", f"http://shop:wrong@{addr}", f"http://{site}/"))[0] == 407
+        code, _ = await _curl("-x", f"http://shop-country-zz:{token}@{addr}", f"http://{site}/")
+        assert code == 503
+        code, _ = await _curl(
+            "--socks5-hostname", f"shop-country-zz:{token}@{addr}", f"http://{site}/"
+        )
+        assert code == 0  # the SOCKS failure: curl gets no HTTP answer at all
+        assert seen == []
+
+
+async def test_python_requests_over_http_and_socks(lab: ProxyLab, log_client: Log) -> None:
+    """Python ``requests`` with ``proxies=`` as scrapers write it: http:// and socks5h://."""
+    requests = pytest.importorskip("requests")
+    pytest.importorskip("socks", reason="PySocks: pip install PySocks (make test does)")
+    async with _target() as (site, seen), _endpoint(log_client, lab) as (addr, token, _, _):
+        for scheme in ("http", "socks5h"):
+            proxies = {"http": f"{scheme}://shop:{token}@{addr}"}
+            r = await asyncio.to_thread(
+                requests.get, f"http://{site}/r", proxies=proxies, timeout=15
+            )
+            assert r.status_code == 200 and r.text.startswith("hello"), scheme
+    assert len(seen) == 2
+
+
+@needs_curl
+async def test_a_dead_upstream_is_avoided_at_once_and_reported(
+    lab: ProxyLab, log_client: Log
+) -> None:
+    """An upstream that refuses connections (the lab's closed port, in the pool as a fast
+    SOCKS5 proxy): the request that met it goes through another (no failed answer), the
+    endpoint avoids it from then on, and the consumer's report reaches the log, where the
+    proxy is first in the checkers' queue."""
+    closed = next(p for p in lab.proxies if p.name == "closed")
+    async with (
+        _target() as (site, _),
+        _endpoint(log_client, lab, extra=closed.port) as (
+            addr,
+            token,
+            relay,
+            feed,
+        ),
+    ):
+        dead = relay.pool.upstreams[("127.0.0.1", closed.port)]
+        login = f"shop-strategy-lru:{token}@{addr}"  # each upstream in turn: the dead one too
+        for _ in range(5):
+            code, _ = await _curl("--socks5-hostname", login, f"http://{site}/")
+            assert code == 200
+        assert relay.outcomes.counts.get("upstream_failed") == 1
+        assert dead.avoid_until > 0
+        for _ in range(50):
+            if feed.reports:
+                break
+            await asyncio.sleep(0.1)
+        assert feed.reports == 1
