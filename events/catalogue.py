@@ -48,7 +48,8 @@ __all__ = [
     "Tried",
 ]
 
-LeaseKind = Literal["source", "recheck", "seed"]
+# "proxy": a consumer's exclusive checkout of one proxy (POST /v1/checkout).
+LeaseKind = Literal["source", "recheck", "seed", "proxy"]
 Outcome = Literal["done", "failed", "abandoned"]
 Reported = Literal["worked", "failed"]
 Origin = Literal["seed", "discovered", "manual"]
@@ -155,6 +156,9 @@ class Leased(Event, frozen=True, kw_only=True, tag="Leased"):
     kind: LeaseKind
     target: str
     ttl_s: int
+    # A checkout's id (kind "proxy"): the claims of one POST /v1/checkout, found again by
+    # it for 24 h of log time whoever asks with the same idempotency key.
+    checkout: str = ""
 
 
 class Heartbeat(Event, frozen=True, kw_only=True, tag="Heartbeat"):

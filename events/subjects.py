@@ -53,6 +53,7 @@ __all__ = [
     "deposit_key_id",
     "dlq_subject",
     "normalize_url",
+    "proxy_of",
     "proxy_token",
     "shard_of",
     "subject_for",
@@ -109,6 +110,13 @@ def deposit_key_id(key: str) -> str:
 def proxy_token(ip: str, port: int) -> str:
     """``203.0.113.7``, 8080 -> ``203-0-113-7_8080`` (IPv6 colons are legal in a token)."""
     return f"{ip.replace('.', '-')}_{port}"
+
+
+def proxy_of(token: str) -> tuple[str, int]:
+    """``proxy_token`` undone: ``203-0-113-7_8080`` -> (``203.0.113.7``, 8080)."""
+    host, _, port = token.rpartition("_")
+    ip = host if ":" in host else host.replace("-", ".")
+    return ip, int(port) if port.isdigit() else 0
 
 
 def shard_of(ip: str, port: int) -> str:

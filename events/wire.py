@@ -19,6 +19,10 @@ __all__ = [
     "NONCE_LIFETIME_S",
     "OPERATOR",
     "AgentMe",
+    "CheckoutProxy",
+    "CheckoutRelease",
+    "CheckoutReply",
+    "CheckoutRequest",
     "DepositReply",
     "EventsAccepted",
     "EventsRequest",
@@ -28,6 +32,7 @@ __all__ = [
     "LeaseRequest",
     "LeasesReply",
     "Problem",
+    "ProxyPayload",
     "RecheckPayload",
     "ReleaseReply",
     "ReleaseRequest",
@@ -46,7 +51,7 @@ __all__ = [
     "nonce_tag_ok",
 ]
 
-Kind = Literal["source", "recheck", "seed"]
+Kind = Literal["source", "recheck", "seed", "proxy"]
 DEFAULT_LEASE_TTL_S = 300  # what an agent asks for when it says nothing
 
 
@@ -121,6 +126,50 @@ class DepositReply(msgspec.Struct, kw_only=True):
     key: str
     sha256: str
     bytes: int
+
+
+class ProxyPayload(msgspec.Struct, kw_only=True):
+    """A checked-out proxy (lease kind "proxy"): its consumer's alone until released."""
+
+    ip: str
+    port: int
+    proto: str
+
+
+class CheckoutRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/checkout``: proxies for one consumer alone, until released or expired.
+    The same ``idempotency_key`` (1-64 of A-Z a-z 0-9 _ -) returns the same checkout for
+    24 h at least."""
+
+    count: int = 1
+    ttl_s: int = 300
+    idempotency_key: str = ""
+    proto: str = ""
+    country: list[str] = []
+    anonymity: str = ""
+    https: bool = False
+    max_latency_ms: int = 0
+
+
+class CheckoutProxy(msgspec.Struct, kw_only=True):
+    ip: str
+    port: int
+    proto: str
+    lease: str
+    expires_at: int
+    held: bool  # still this consumer's now
+
+
+class CheckoutReply(msgspec.Struct, kw_only=True):
+    checkout: str
+    proxies: list[CheckoutProxy]
+
+
+class CheckoutRelease(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/checkout/{id}/release``: ``outcomes`` by ``ip:port``, ``worked`` or
+    ``failed`` (folded as the consumer's reports); every proxy of it is released."""
+
+    outcomes: dict[str, Literal["worked", "failed"]] = {}
 
 
 class LeaseGrant(msgspec.Struct, kw_only=True):

@@ -13,6 +13,9 @@ import msgspec
 from events import AnyEvent
 from events.wire import (
     AgentMe,
+    CheckoutRelease,
+    CheckoutReply,
+    CheckoutRequest,
     EventsAccepted,
     EventsRequest,
     HeartbeatReply,
@@ -108,6 +111,9 @@ def openapi() -> dict[str, Any]:
         SourcesRequest,
         SourcesAdded,
         AgentMe,
+        CheckoutRequest,
+        CheckoutReply,
+        CheckoutRelease,
         Problem,
     ]
     (event_schema, *_), components = msgspec.json.schema_components(
@@ -155,6 +161,31 @@ def openapi() -> dict[str, Any]:
                 },
             },
             "get": {"summary": "the lease ledger", "responses": {"200": _reply(None)}},
+        },
+        "/v1/checkout": {
+            "post": {
+                "summary": "proxies for this consumer alone until released or expired "
+                "(gateway/checkout.py); the same idempotency_key returns the same checkout",
+                "security": _AUTH,
+                "requestBody": _body("CheckoutRequest"),
+                "responses": {"200": _reply("CheckoutReply"), **_problems(400, 401, 403, 429)},
+            }
+        },
+        "/v1/checkout/{checkout}/release": {
+            "post": {
+                "summary": "give a checkout's proxies back, with per-proxy outcomes (reports)",
+                "security": _AUTH,
+                "parameters": [
+                    {
+                        "name": "checkout",
+                        "in": "path",
+                        "required": True,
+                        "schema": {"type": "string"},
+                    }
+                ],
+                "requestBody": _body("CheckoutRelease"),
+                "responses": {"200": _reply(None), **_problems(400, 401, 403, 404, 429)},
+            }
         },
         "/v1/leases/{lease}/heartbeat": {
             "post": {

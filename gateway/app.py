@@ -20,6 +20,7 @@ from aiohttp import web
 
 from events.mint import now_ms
 from gateway.api import openapi
+from gateway.checkout import routes as checkout_routes
 from gateway.commands import ANONYMOUS_REPORTS, GRANTER
 from gateway.commands import routes as command_routes
 from gateway.deposits import Inputs
@@ -312,6 +313,7 @@ def make_app(
     app.add_routes(deposit_routes)
     app.add_routes(metrics_routes)
     app.add_routes(dropin_routes)
+    app.add_routes(checkout_routes)
     if config.endpoint_outcomes is not None:
         app[ENDPOINT_OUTCOMES] = config.endpoint_outcomes
     return app

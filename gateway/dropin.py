@@ -7,8 +7,8 @@ Both pools hold HTTP proxies, which their users put in ``proxies={"http":
 "http://<proxy>"}``, so these serve HTTP proxies only (``proto`` http or https), alive
 and confirmed as ``GET /v1/proxies`` serves them. ``/delete/`` removes nothing (the log
 keeps everything): it is a report without a token, which moves the proxy up the
-checkers' queue within the caller's budget (reducers/reports.py). ``/pop/`` hands a
-proxy out as ``/get/`` does (an exclusive checkout is POST /v1/checkout).
+checkers' queue within the caller's budget (reducers/reports.py). ``/pop/`` is a
+checkout of one proxy for five minutes: nobody else is handed it meanwhile.
 """
 
 from __future__ import annotations
@@ -20,8 +20,10 @@ from typing import Any
 from aiohttp import web
 
 from events.mint import now_ms
+from events.wire import CheckoutRequest
+from gateway.checkout import take
 from gateway.commands import anonymous_reporter, proxy_address, publish_report
-from gateway.http import FOLD, ApiError, open_query, reply
+from gateway.http import FOLD, ApiError, authorize, open_query, reply
 from gateway.queries import SNAPSHOT, hidden_for
 from projections.readmodels import ProxyFilter
 from projections.snapshot import ProxyView
@@ -109,9 +111,40 @@ async def random_one(request: web.Request) -> web.Response:
     return web.Response(text=_address(random.choice(served)), content_type="text/plain")
 
 
+async def pop(request: web.Request) -> web.Response:
+    """A checkout of one HTTP proxy for five minutes (gateway/checkout.py): the caller's
+    with a consumer token, else held under ``~anonymous`` within its address's budget."""
+    if "Authorization" in request.headers:
+        name = authorize(request, "consumer").name
+    else:
+        open_query(request)
+        name = anonymous_reporter(request)
+    https = request.query.get("type", "").lower() == "https"
+    body = CheckoutRequest(count=1, ttl_s=300, proto="http", https=https)
+    answer = await take(request, name, body)
+    if not answer.proxies:
+        return reply({"code": 0, "src": "no proxy"})
+    p = answer.proxies[0]
+    row = request.app[FOLD].state.proxies.get((p.ip, p.port))
+    host = f"[{p.ip}]" if ":" in p.ip else p.ip
+    return reply(
+        {
+            "proxy": f"{host}:{p.port}",
+            "https": row is not None and row.https == "yes",
+            "fail_count": row.fail_streak if row is not None else 0,
+            "region": row.country if row is not None else "",
+            "anonymous": row.anonymity if row is not None else "",
+            "source": "ppf",
+            "check_count": row.confirmations if row is not None else 0,
+            "last_status": True,
+            "last_time": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
+    )
+
+
 for _path, _handler in (
     ("/get", get),
-    ("/pop", get),
+    ("/pop", pop),
     ("/all", all_),
     ("/count", count),
     ("/delete", delete),

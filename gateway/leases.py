@@ -24,7 +24,8 @@ import structlog
 
 from events import Leased, LeaseKind
 from events.mint import fresh_id, now_ms
-from events.wire import LeaseGrant, RecheckPayload, SeedPayload, SourcePayload
+from events.subjects import proxy_of, proxy_token
+from events.wire import LeaseGrant, ProxyPayload, RecheckPayload, SeedPayload, SourcePayload
 from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
 from projections.live import FoldService
@@ -40,6 +41,7 @@ from projections.recheck import (
     spot_checks,
 )
 from projections.seeding import seed_status
+from projections.snapshot import ProxyView
 from reducers import LeaseRow, ProxyRow, State
 from reducers.ledger import clamped_ttl, sure_claim
 from reducers.pool import lease_live
@@ -260,6 +262,14 @@ class Granter:
         )
         return ((t, 0.0) for t in shards if t not in self._claiming and _free(leases.get(t), now))
 
+    def _proxy_candidates(self, views: list[ProxyView], now: int) -> Iterator[tuple[str, float]]:
+        """Proxies not checked out by anyone (nor being claimed here), in the order given."""
+        leases = self.fold.state.leases
+        for v in views:
+            target = proxy_token(v.ip, v.port)
+            if target not in self._claiming and _free(leases.get(target), now):
+                yield target, v.latency
+
     def _seed_candidates(self, now: int) -> Iterator[tuple[str, float]]:
         """Free seed ranges, priorities taking turns: while a lower priority has ranges
         waiting, a higher one holds at most half of the ranges in flight (its share and
@@ -312,7 +322,7 @@ class Granter:
         """What the holder of ``target`` works on; ``aside``: networks whose failing
         proxies ``agent`` leaves to another checker (``_left_to_others``)."""
         state = self.fold.state
-        payload: SourcePayload | SeedPayload | RecheckPayload
+        payload: SourcePayload | SeedPayload | RecheckPayload | ProxyPayload
         row = state.leases.get(target)
         if kind == "source":
             src = state.sources[target]
@@ -333,6 +343,10 @@ class Granter:
                 kind=row.input_kind or "proxies",
                 items=items[row.cursor : row.end + 1],
             )
+        elif kind == "proxy":
+            ip, port = proxy_of(target)
+            proxy = state.proxies.get((ip, port))
+            payload = ProxyPayload(ip=ip, port=port, proto=proxy.proto if proxy else "")
         else:
             rows = self._shards().get(target, [])
             if aside:
@@ -375,13 +389,30 @@ class Granter:
             else:
                 self._claiming.add(target)
 
-    async def grant(self, agent: str, kind: LeaseKind, count: int, ttl_s: int) -> list[LeaseGrant]:
+    async def grant(
+        self,
+        agent: str,
+        kind: LeaseKind,
+        count: int,
+        ttl_s: int,
+        *,
+        proxies: list[ProxyView] | None = None,
+        checkout: str = "",
+        room: int | None = None,
+    ) -> list[LeaseGrant]:
+        """Claims for ``agent``; for kind "proxy", ``proxies`` are the candidates (served
+        ones that match the checkout's filters), claimed under ``checkout``."""
         self._settle_ahead()
         now = now_ms()
         if kind == "seed" and self.guard is not None and self.guard.reason:
             return []  # the disk budget: bulk imports wait (the reason is in /v1/stats)
-        room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
-        picked = list(islice(self._candidates(kind, now), max(0, min(count, room))))
+        if room is None:
+            room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
+        if kind == "proxy":
+            candidates: Iterator[tuple[str, float]] = self._proxy_candidates(proxies or [], now)
+        else:
+            candidates = self._candidates(kind, now)
+        picked = list(islice(candidates, max(0, min(count, room))))
         if not picked:
             return []
         if kind == "seed":
@@ -392,7 +423,14 @@ class Granter:
             lease = fresh_id()
             row = state.leases.get(target)
             event = Leased(
-                id=lease, agent=agent, at=now, lease=lease, kind=kind, target=target, ttl_s=ttl_s
+                id=lease,
+                agent=agent,
+                at=now,
+                lease=lease,
+                kind=kind,
+                target=target,
+                ttl_s=ttl_s,
+                checkout=checkout,
             )
             # Whether the log must grant it once it is stored next on its subject: then
             # the answer needs no wait for the fold, however far behind the head it is.

@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from events.mint import now_ms
+from events.subjects import proxy_of
 from events.wire import AgentMe
 from gateway.formats import FORMATS
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
@@ -181,14 +182,18 @@ def _filter(request: web.Request) -> ProxyFilter:
 
 
 def hidden_for(request: web.Request) -> set[tuple[str, int]]:
-    """What an authenticated read leaves out for its caller: the proxies a consumer
-    reported failed, until a trusted check (reducers/reports.py). A read with a token
-    is authenticated (a bad one: 401); without one, open unless queries are private."""
+    """What a read leaves out: proxies checked out now, and, for an authenticated
+    read, those its consumer reported failed, until a trusted check
+    (reducers/reports.py). A read with a token is authenticated (a bad one: 401);
+    without one, open unless queries are private."""
+    state = request.app[FOLD].state
+    # Checked out (gateway/checkout.py): its consumer's alone until released or expired.
+    held = {proxy_of(t) for t in state.checked_out}
     if "Authorization" not in request.headers:
         open_query(request)
-        return set()
+        return held
     caller = authorize(request, "worker", "checker", "seed", "consumer")
-    return hidden_from(request.app[FOLD].state, caller.name)
+    return hidden_from(state, caller.name) | held if held else hidden_from(state, caller.name)
 
 
 @routes.get("/v1/proxies")

@@ -54,6 +54,8 @@ def meta_digest(state: State) -> str:
         parts["doubted"] = sorted((list(k), list(v)) for k, v in state.doubted.items())
     if state.takes:
         parts["takes"] = sorted((k, v) for k, v in state.takes.items())
+    if state.checkouts:  # and only logs with checkouts have them
+        parts["checkouts"] = sorted((k, v) for k, v in state.checkouts.items())
     return hashlib.sha256(_encode(parts)).hexdigest()
 
 

@@ -187,6 +187,7 @@ def collect(
                 [(ip, port, names) for (ip, port), names in state.doubted.items()]
             ).decode(),
             "takes": _json(state.takes).decode(),
+            "checkouts": _json(state.checkouts).decode(),
             "schema": SCHEMA_VERSION,
             "meta_digest": meta,
         },
@@ -361,6 +362,8 @@ class Store:
                 state.doubted = {(ip, port): names for ip, port, names in rows}
             if "takes" in meta:
                 state.takes = msgspec.json.decode(meta["takes"], type=dict[str, list[int]])
+            if "checkouts" in meta:
+                state.checkouts = msgspec.json.decode(meta["checkouts"], type=dict[str, list[Any]])
             dp = msgspec.msgpack.Decoder(ProxyRow)
             for (raw,) in self._con.execute("SELECT row FROM proxies").fetchall():
                 p = dp.decode(raw)

@@ -35,6 +35,8 @@ def _row(state: State, target: str, kind: str) -> LeaseRow:
 
 
 def _count_attempt(state: State, row: LeaseRow) -> None:
+    if row.kind == "proxy":
+        return  # a checkout ends as its consumer likes: no attempts, never failed
     row.attempts += 1
     if row.attempts >= state.settings.attempt_budget:
         row.status = "failed"
@@ -42,6 +44,7 @@ def _count_attempt(state: State, row: LeaseRow) -> None:
 
 def _end(state: State, row: LeaseRow) -> None:
     state.lease_owner.pop(row.lease, None)
+    state.checked_out.discard(row.target)
     held = state.holders.get(row.holder)
     if held is not None:
         held.discard(row.target)
@@ -93,7 +96,29 @@ def claim(state: State, event: Leased, seq: int, ts: int) -> bool:
     row.expires_at = ts + ttl_s * 1000
     state.lease_owner[event.lease] = row.target
     state.holders.setdefault(event.agent, set()).add(row.target)
+    if event.kind == "proxy":
+        state.checked_out.add(row.target)
+        if event.checkout:
+            _checked_out(state, event, ts)
     return True
+
+
+CHECKOUT_KEEP_MS = 48 * 3_600_000  # a checkout's id answers the same for this long
+
+
+def _checked_out(state: State, event: Leased, ts: int) -> None:
+    """Remember a granted claim under its checkout; forget checkouts past their keep."""
+    entry = state.checkouts.get(event.checkout)
+    if entry is None:
+        if len(state.checkouts) % 64 == 0:  # now and then, in log time: deterministic
+            horizon = ts - CHECKOUT_KEEP_MS
+            for cid in [c for c, e in state.checkouts.items() if e[0] < horizon]:
+                del state.checkouts[cid]
+        entry = state.checkouts[event.checkout] = [ts, event.agent, [], []]
+    if entry[1] == event.agent:
+        entry[2].append(event.lease)
+        entry[3].append(event.target)
+    state.settings_dirty = True  # meta holds it
 
 
 def clamped_ttl(settings: Settings, ttl_s: int) -> int:

@@ -196,6 +196,8 @@ class State:
     __slots__ = (
         "agents",
         "by_ip",
+        "checked_out",
+        "checkouts",
         "composition",
         "deposits",
         "dirty_deposits",
@@ -283,6 +285,11 @@ class State:
         self.doubted: dict[ProxyKey, tuple[str, ...]] = {}
         self.takes: dict[str, list[int]] = {}
         self.doubts: dict[str, set[ProxyKey]] = {}
+        # Checkouts (reducers/ledger.py, lease kind "proxy"): id -> [log time of its
+        # first claim, the consumer, its leases' ids, their targets], kept 48 h of log
+        # time, persisted in meta and digested; and the proxy targets leased, derived.
+        self.checkouts: dict[str, list[Any]] = {}
+        self.checked_out: set[str] = set()
         self.settings = Settings()
         self.last_seq = 0
         self.sweep_bucket = 0
@@ -296,10 +303,13 @@ class State:
         """Rebuild derived indexes after a restore."""
         self.lease_owner = {}
         self.holders = {}
+        self.checked_out = set()
         for row in self.leases.values():
             if row.status == "leased" and row.lease:
                 self.lease_owner[row.lease] = row.target
                 self.holders.setdefault(row.holder, set()).add(row.target)
+                if row.kind == "proxy":
+                    self.checked_out.add(row.target)
         self.tokens = {a.token_sha256: a.name for a in self.agents.values() if a.token_sha256}
         self.pending_deposits = {k for k, d in self.deposits.items() if d.status == "pending"}
         trust.reindex(self)

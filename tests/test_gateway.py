@@ -202,7 +202,9 @@ async def test_a_consumer_reads_and_reports_and_nothing_else(gw: Any, log_client
     assert (await client.post("/v1/events", json=raw, headers=auth(shop))).status == 403
     lease = {"agent": "shop", "kind": "recheck"}
     assert (await client.post("/v1/leases", json=lease, headers=auth(shop))).status == 403
-    assert (await client.get("/v1/agents/me", headers=auth(shop))).status == 403
+    # Who it is (the rotating endpoint checks its logins so), and no NATS login.
+    me = await (await client.get("/v1/agents/me", headers=auth(shop))).json()
+    assert (me["role"], me["nats"]) == ("consumer", None)
 
 
 async def test_leases_are_granted_once_extended_and_released(gw: Any, log_client: Log) -> None:
