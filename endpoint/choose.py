@@ -3,8 +3,11 @@
 The pool is what the gateways serve (``replace`` with each refresh of the feed), plus
 what this endpoint saw itself, which acts at once, before any log round trip:
 
-- a proxy that failed real traffic is **avoided** for ``AVOID_S`` (the log hears of it
-  too, and its checkers judge it for everyone);
+- a proxy that failed real traffic is **avoided** for a while, 10 s after a first
+  failure and doubling with each one in a row, up to ``AVOID_S`` (the log hears of it
+  too, and its checkers judge it for everyone); a proxy that fails under a burst of
+  load is back soon, a dead one stays out. When every proxy that matches is avoided, the
+  one whose avoidance ends first is tried rather than none;
 - every outcome moves the proxy's **success** score (an EMA), and the default strategy
   weighs proxies by it over their latency.
 
@@ -27,7 +30,8 @@ from endpoint.login import Want
 
 __all__ = ["AVOID_S", "Pool", "Upstream"]
 
-AVOID_S = 300.0  # a proxy that failed real traffic sits out this long, here
+AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
+AVOID_FIRST_S = 10.0
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 
 
@@ -47,6 +51,7 @@ class Upstream:
     success: float = 1.0
     used_at: float = 0.0
     avoid_until: float = 0.0
+    strikes: int = 0  # failures in a row
 
     @property
     def key(self) -> tuple[str, int]:
@@ -86,8 +91,8 @@ class Pool:
             new[up.key] = up
         self.upstreams = new
 
-    def _matches(self, up: Upstream, want: Want, tunnel: bool, now: float) -> bool:
-        if up.avoid_until > now or up.key in self.held:
+    def _matches(self, up: Upstream, want: Want, tunnel: bool) -> bool:
+        if up.key in self.held:
             return False
         if tunnel and not up.tunnels:
             return False
@@ -121,16 +126,20 @@ class Pool:
                 if (
                     up is not None
                     and up.key not in exclude
-                    and self._matches(up, want, tunnel, now)
+                    and up.avoid_until <= now
+                    and self._matches(up, want, tunnel)
                 ):
                     return self._use(up, want, now)
-        matching = [
+        candidates = [
             u
             for u in self.upstreams.values()
-            if u.key not in exclude and self._matches(u, want, tunnel, now)
+            if u.key not in exclude and self._matches(u, want, tunnel)
         ]
-        if not matching:
+        if not candidates:
             return None
+        matching = [u for u in candidates if u.avoid_until <= now]
+        if not matching:  # every one avoided: the soonest back rather than none
+            return self._use(min(candidates, key=lambda u: (u.avoid_until, u.key)), want, now)
         if want.strategy == "roundrobin":
             matching.sort(key=lambda u: u.key)
             cursor = (*want.filters(), tunnel)
@@ -155,10 +164,12 @@ class Pool:
 
     def worked(self, up: Upstream, latency_ms: float) -> None:
         up.success = (1 - _ALPHA) * up.success + _ALPHA
+        up.strikes = 0
         if latency_ms > 0:
             up.latency_ms = (1 - _ALPHA) * up.latency_ms + _ALPHA * latency_ms
 
     def failed(self, up: Upstream, now: float) -> None:
         """The proxy's own failure (connect, handshake, no answer): avoided at once."""
         up.success = (1 - _ALPHA) * up.success
-        up.avoid_until = now + AVOID_S
+        up.strikes += 1
+        up.avoid_until = now + min(AVOID_S, AVOID_FIRST_S * 2 ** (up.strikes - 1))

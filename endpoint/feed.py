@@ -78,7 +78,8 @@ class Feed:
 
     async def _run(self) -> None:
         while True:
-            await asyncio.sleep(self.every_s)
+            # An empty pool (a fleet just started) is asked for every second until it fills.
+            await asyncio.sleep(self.every_s if self.pool.upstreams else min(1.0, self.every_s))
             await self.refresh()
 
     async def refresh(self) -> bool:

@@ -76,6 +76,7 @@ def ppf_bin() -> str:
 _BOX_MODULES = {
     "test_churn_box",
     "test_seed_world",
+    "test_serve_box",
     "test_world",
     "test_world_cleanup",
     "test_world_offline",

@@ -195,8 +195,12 @@ def _https_target(root: Path) -> tuple[web.Application, ssl.SSLContext]:
     async def no_content(request: web.Request) -> web.Response:
         return web.Response(status=204)
 
+    async def ip(request: web.Request) -> web.Response:  # who reached it (a proxy's exit)
+        return web.Response(text=_remote(request))
+
     app = web.Application()
     app.router.add_get("/generate_204", no_content)
+    app.router.add_get("/ip", ip)
     cert, key = self_signed(root, "target")
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)

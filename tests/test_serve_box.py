@@ -1,0 +1,172 @@
+"""The rotating endpoint of `ppf up` in the world in a box, with its own worker and
+checker: a consumer's 10,000 requests (half plain HTTP, half HTTPS through CONNECT) while
+a third of the pool dies; every answer came through a proxy, and the dead leave alive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import time
+import urllib.request
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from ops.lab.churn import Down, Plan
+from ops.lab.world import LINK_HOST, World, unavailable
+from ops.nats.server import free_port
+from tests.test_cli import Up
+
+pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
+
+PROXIES = 9
+DIE_AT_S = 100  # simulated = wall seconds (speed 1) after the box starts
+DEAD = (0, 3, 6)  # a third: refused, silent, tarpit
+HOW = ("refusing", "silent", "tarpit")
+PLAN = Plan(
+    profile="serve",
+    seed=0,
+    duration_ms=3_600_000,
+    servers=("microsocks", "tinyproxy") * 4 + ("microsocks",),
+    rtt_ms=tuple(20 + 5 * i for i in range(PROXIES)),
+    downs=tuple(
+        (Down(DIE_AT_S * 1000, 3_600_000, HOW[DEAD.index(i)]),) if i in DEAD else ()
+        for i in range(PROXIES)
+    ),
+)
+REQUESTS = 10_000
+CONCURRENCY = 20  # and as many connections kept open (tunnels stay alive between requests)
+
+
+def _json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.load(r)
+
+
+async def _cli(*argv: str) -> str:
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, argv
+    return out.decode().strip()
+
+
+async def _traffic(
+    endpoint: str, token: str, plain: str, secure: str, count: int, exits: set[str]
+) -> tuple[int, list[str]]:
+    """``count`` requests through the endpoint, alternately plain and through CONNECT, at
+    CONCURRENCY at once: (answered with the page, what went wrong otherwise)."""
+    proxy = f"http://shop:{token}@{endpoint}"
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    answered = 0
+    wrong: list[str] = []
+    queue = iter(range(count))
+    timeout = aiohttp.ClientTimeout(total=30)
+    connector = aiohttp.TCPConnector(limit=CONCURRENCY)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as http:
+
+        async def one() -> None:
+            nonlocal answered
+            for i in queue:
+                url = secure if i % 2 else plain
+                try:
+                    async with http.get(url, proxy=proxy, ssl=context) as r:
+                        text = await r.text()
+                        if r.status != 200:
+                            wrong.append(
+                                f"{r.status} {'plain' if url == plain else 'tls'} {text[:60]}"
+                            )
+                            continue
+                        seen = json.loads(text)["origin"] if url == plain else text.strip()
+                        if r.status == 200 and seen in exits:
+                            answered += 1
+                        else:
+                            wrong.append(f"{r.status} {seen[:60]}")
+                except aiohttp.ClientHttpProxyError as exc:
+                    wrong.append(f"proxy {exc.status} {exc.message[:50]}")
+                except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
+                    wrong.append(repr(exc)[:120])
+
+        await asyncio.gather(*(one() for _ in range(CONCURRENCY)))
+    return answered, wrong
+
+
+@pytest.mark.timeout(420)
+async def test_ten_thousand_requests_through_the_endpoint_while_a_third_dies(
+    tmp_path: Path, ppf_bin: str
+) -> None:
+    with World(tmp_path / "w", churn=PLAN, speed=1.0) as world:
+        judge_port, tls_port = free_port(), free_port()
+        up = Up(
+            ppf_bin,
+            tmp_path / "data",
+            "--no-seed",
+            *("--judge", world.judges["httpbin"]),
+            *("--public-url", f"http://{LINK_HOST}:{judge_port}/judge"),
+            *("--judge-listen", f"{LINK_HOST}:{judge_port}"),
+            *("--judge-tls-listen", f"{LINK_HOST}:{tls_port}"),
+            *("--https-target", world.https_url),
+            *("--agents-idle", "1"),
+        )
+        await asyncio.to_thread(up.start)
+        try:
+            await _cli(ppf_bin, "sources", "add", world.churn_page_url, "--nats", up.nats)
+            churn = {f"{a}:{p}" for a, p in world.churn_addresses()}
+            served: set[str] = set()
+            deadline = time.monotonic() + 150
+            while time.monotonic() < deadline and served != churn:
+                rows = (await asyncio.to_thread(_json, up.base + "/v1/proxies?limit=0"))["proxies"]
+                served = {f"{p['ip']}:{p['port']}" for p in rows}
+                await asyncio.sleep(1)
+            assert served == churn, (sorted(served), sorted(churn))
+            assert time.time() < world.churn_t0 + DIE_AT_S - 10, "the pool came too late"
+            token = await _cli(
+                ppf_bin, "token", "issue", "shop", "--role", "consumer", "--nats", up.nats
+            )
+            endpoint = f"127.0.0.1:{up.serve_port}"
+            plain = world.judges["httpbin"]
+            secure = world.https_url.replace("/generate_204", "/ip")
+            exits = {a for a, _ in world.churn_addresses()}
+            # What a user does when the fleet has just started: try until it answers (the
+            # endpoint asks the gateway for the pool every second while it has none).
+            for _ in range(30):
+                got, _ = await _traffic(endpoint, token, plain, secure, 2, exits)
+                if got == 2:
+                    break
+                await asyncio.sleep(1)
+            half = REQUESTS // 2
+            first, wrong1 = await _traffic(endpoint, token, plain, secure, half, exits)
+            # The second half starts just before the deaths: they come mid-run.
+            await asyncio.sleep(max(0.0, world.churn_t0 + DIE_AT_S - 2 - time.time()))
+            second, wrong2 = await _traffic(endpoint, token, plain, secure, half, exits)
+            died_at = world.churn_t0 + DIE_AT_S
+            answered = first + second
+            kinds = Counter(w[:70] for w in wrong1 + wrong2)
+            assert answered >= 0.99 * REQUESTS, (answered, first, second, kinds.most_common(8))
+            dead = {f"{a}:{p}" for i, (a, p) in enumerate(world.churn_addresses()) if i in DEAD}
+            alive: set[str] = set(dead)
+            while alive & dead and time.time() < died_at + 60:
+                rows = (await asyncio.to_thread(_json, up.base + "/v1/proxies?limit=0"))["proxies"]
+                alive = {f"{p['ip']}:{p['port']}" for p in rows}
+                await asyncio.sleep(1)
+            assert not alive & dead, (
+                f"still alive {time.time() - died_at:.0f} s after: {alive & dead}"
+            )
+            metrics = await asyncio.to_thread(
+                lambda: urllib.request.urlopen(up.base + "/metrics", timeout=5).read().decode()
+            )
+            counted = {
+                line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+                for line in metrics.splitlines()
+                if line.startswith("ppf_endpoint_requests_total{")
+            }
+            # Plain requests one by one; HTTPS is opaque inside its tunnels, which clients
+            # keep open for many requests each.
+            assert counted["forwarded"] >= 0.99 * REQUESTS / 2, counted
+            assert 0 < counted["tunnel"] < REQUESTS / 2, counted
+        finally:
+            assert await asyncio.to_thread(up.stop) == 0
