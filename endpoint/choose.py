@@ -12,7 +12,9 @@ what this endpoint saw itself, which acts at once, before any log round trip:
   weighs proxies by it over their latency.
 
 Strategies: ``weighted`` (random, weight success / latency), ``roundrobin`` (in turn
-over the proxies that match, per filter), ``lru`` (the least recently used). A
+over the proxies that match, per filter), ``lru`` (the least recently used); weighted
+and lru weigh a random sample of ``SAMPLE`` of the matching proxies, so a pick costs the
+same whatever the pool's size (lru is then the least recently used of the sample). A
 ``session`` keeps its upstream while it works (``session_min`` minutes since last use).
 Tunnels (CONNECT, SOCKS) only go through proxies that can tunnel: SOCKS, or HTTP proxies
 that carried a tunnel to a real HTTPS site (``https`` yes). Proxies seen tampering
@@ -32,6 +34,7 @@ __all__ = ["AVOID_S", "Pool", "Upstream"]
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0
+SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 
 
@@ -74,7 +77,7 @@ class Pool:
     # (consumer, session) -> (upstream key, last used); a round robin's cursor per filter.
     sessions: dict[tuple[str, str], tuple[tuple[str, int], float]] = field(default_factory=dict)
     cursors: dict[tuple[object, ...], int] = field(default_factory=dict)
-    held: set[tuple[str, int]] = field(default_factory=set)  # checked out by someone
+    _lists: dict[tuple[object, ...], list[Upstream]] = field(default_factory=dict)
 
     def replace(self, fresh: Iterable[Upstream]) -> None:
         """The feed's new pool; what we learned of proxies still in it is kept."""
@@ -90,10 +93,9 @@ class Pool:
                 )
             new[up.key] = up
         self.upstreams = new
+        self._lists = {}
 
     def _matches(self, up: Upstream, want: Want, tunnel: bool) -> bool:
-        if up.key in self.held:
-            return False
         if tunnel and not up.tunnels:
             return False
         if up.mitm and not want.mitm:
@@ -130,28 +132,54 @@ class Pool:
                     and self._matches(up, want, tunnel)
                 ):
                     return self._use(up, want, now)
-        candidates = [
-            u
-            for u in self.upstreams.values()
-            if u.key not in exclude and self._matches(u, want, tunnel)
-        ]
-        if not candidates:
+        listed = self._matching(want, tunnel)
+        if not listed:
             return None
-        matching = [u for u in candidates if u.avoid_until <= now]
-        if not matching:  # every one avoided: the soonest back rather than none
-            return self._use(min(candidates, key=lambda u: (u.avoid_until, u.key)), want, now)
+        ready = [u for u in self._sample(listed) if u.key not in exclude and u.avoid_until <= now]
+        if not ready:  # the sample was unlucky, or most are out: look at all of them
+            ready = [u for u in listed if u.key not in exclude and u.avoid_until <= now]
+        if not ready:  # every one avoided or tried: the soonest back rather than none
+            left = [u for u in listed if u.key not in exclude]
+            if not left:
+                return None
+            return self._use(min(left, key=lambda u: (u.avoid_until, u.key)), want, now)
         if want.strategy == "roundrobin":
-            matching.sort(key=lambda u: u.key)
             cursor = (*want.filters(), tunnel)
             i = self.cursors.get(cursor, 0)
-            self.cursors[cursor] = i + 1
-            up = matching[i % len(matching)]
-        elif want.strategy == "lru":
-            up = min(matching, key=lambda u: (u.used_at, u.key))
+            for step in range(len(listed)):  # the next in turn that may go now
+                up = listed[(i + step) % len(listed)]
+                if up.key not in exclude and up.avoid_until <= now:
+                    self.cursors[cursor] = i + step + 1
+                    return self._use(up, want, now)
+        if want.strategy == "lru":
+            up = min(ready, key=lambda u: (u.used_at, u.key))
         else:
-            weights = [u.success / max(u.latency_ms, 50.0) for u in matching]
-            up = self.rng.choices(matching, weights=weights)[0]
+            weights = [u.success / max(u.latency_ms, 50.0) for u in ready]
+            up = self.rng.choices(ready, weights=weights)[0]
         return self._use(up, want, now)
+
+    def _matching(self, want: Want, tunnel: bool) -> list[Upstream]:
+        """The upstreams a login's filters allow, in key order, kept until the next
+        ``replace``: a pick looks at a few of them, not at the whole pool."""
+        key = (*want.filters(), tunnel)
+        found = self._lists.get(key)
+        if found is None:
+            if len(self._lists) > 10_000:
+                self._lists.clear()
+            found = sorted(
+                (u for u in self.upstreams.values() if self._matches(u, want, tunnel)),
+                key=lambda u: u.key,
+            )
+            self._lists[key] = found
+        return found
+
+    def _sample(self, listed: list[Upstream]) -> list[Upstream]:
+        """``SAMPLE`` of them at random (all, when that many or fewer): the strategies
+        weigh a sample (the power of a few choices), so a pick costs the same at 10 or
+        100,000 proxies."""
+        if len(listed) <= SAMPLE:
+            return listed
+        return self.rng.sample(listed, SAMPLE)
 
     def _use(self, up: Upstream, want: Want, now: float) -> Upstream:
         up.used_at = now

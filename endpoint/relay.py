@@ -22,6 +22,7 @@ import contextlib
 import ipaddress
 import socket
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -32,6 +33,7 @@ from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from endpoint.choose import Pool, Upstream
+from endpoint.forward import Idle, Link, relay_response, send_request
 from endpoint.login import LoginError, Want, parse_login
 
 __all__ = ["Endpoint", "Outcomes"]
@@ -39,17 +41,6 @@ __all__ = ["Endpoint", "Outcomes"]
 log = structlog.get_logger("ppf.serve")
 
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
-_HOP = frozenset(
-    {
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"connection",
-        b"keep-alive",
-        b"te",
-        b"trailer",
-        b"upgrade",
-    }
-)
 _MAX_BODY = 16 * 1024 * 1024
 _TYPES = {"socks5": ProxyType.SOCKS5, "socks4": ProxyType.SOCKS4}
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -60,7 +51,8 @@ class Outcomes:
     """What the endpoint did, by outcome: for ``/metrics`` and ``ppf bench serve``."""
 
     counts: dict[str, int] = field(default_factory=dict)
-    added_ms: list[float] = field(default_factory=list)  # our own time before upstream
+    # Our own time from a request read to its sending upstream, the latest 1,000.
+    added_ms: deque[float] = field(default_factory=lambda: deque(maxlen=1_000))
 
     def count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
@@ -85,6 +77,11 @@ class Endpoint:
     max_per_consumer: int = 64
     outcomes: Outcomes = field(default_factory=Outcomes)
     active: dict[str, int] = field(default_factory=dict)
+    idle: Idle = field(default_factory=Idle)
+
+    def close(self) -> None:
+        """Close the idle upstream links (the server itself is its caller's to close)."""
+        self.idle.close()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -122,26 +119,30 @@ class Endpoint:
 
     async def _through(
         self, want: Want, password: str, host: str, port: int, *, tunnel: bool
-    ) -> tuple[Upstream, Stream, bool]:
+    ) -> Link:
         """A connection through an upstream: a tunnel to ``host:port`` (SOCKS, CONNECT),
-        or, for plain HTTP through an HTTP proxy, the proxy itself (True: send it the
-        absolute URI). Retried through others; 503 when nothing (more) matches."""
+        or, for plain HTTP, an HTTP proxy itself (``Link.forward``: send it the absolute
+        URI) or a SOCKS tunnel to the site, an idle one of an earlier request when there
+        is one. Retried through others; 503 when nothing (more) matches."""
         tried: set[tuple[str, int]] = set()
         for _ in range(self.attempts):
-            up = self.pool.pick(want, tunnel=tunnel, now=time.monotonic(), exclude=frozenset(tried))
+            now = time.monotonic()
+            up = self.pool.pick(want, tunnel=tunnel, now=now, exclude=frozenset(tried))
             if up is None:
                 break
             tried.add(up.key)
+            if not tunnel and (link := self.idle.take(_idle_key(up, host, port), now)):
+                return link
             started = time.perf_counter()
             try:
-                stream, forward = await asyncio.wait_for(
+                (reader, writer), forward = await asyncio.wait_for(
                     self._open(up, host, port, tunnel), self.connect_s
                 )
             except Exception as exc:  # python-socks raises its own errors too: all the proxy's
                 await self._failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
                 continue
             self.pool.worked(up, (time.perf_counter() - started) * 1000)
-            return up, stream, forward
+            return Link(up, reader, writer, forward)
         self.outcomes.count("no_proxy")
         raise _Refused(503, 1, "no proxy in the pool matches" + (" and answers" if tried else ""))
 
@@ -196,10 +197,10 @@ class Endpoint:
             return
         try:
             async with self._slot(want.consumer):
-                _, (ur, uw), _ = await self._through(want, password, host, port, tunnel=True)
+                link = await self._through(want, password, host, port, tunnel=True)
                 writer.write(b"\x05\x00\x00\x01" + bytes(6))
                 self.outcomes.count("tunnel")
-                await _pipe(reader, writer, ur, uw)
+                await _pipe(reader, writer, link.reader, link.writer)
         except _Refused as exc:
             writer.write(bytes([5, exc.socks, 0, 1]) + bytes(6))
 
@@ -208,6 +209,8 @@ class Endpoint:
     async def _http(
         self, first: bytes, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
+        """Requests one after another on the client's connection while HTTP keeps it
+        open; a CONNECT turns it into a tunnel for good."""
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=65_536)
         conn.receive_data(first)
         request = await _next(conn, reader)
@@ -223,14 +226,30 @@ class Endpoint:
                 [(b"Proxy-Authenticate", b'Basic realm="ppf"')],
             )
             return
+        said = _authorization(request)
         try:
             async with self._slot(want.consumer):
-                if request.method == b"CONNECT":
-                    await self._connect(conn, request, want, password, reader, writer)
-                else:
-                    await self._forward(conn, request, want, password, reader, writer)
+                while True:
+                    if request.method == b"CONNECT":
+                        await self._connect(conn, request, want, password, reader, writer)
+                        return
+                    if not await self._forward(conn, request, want, password, reader, writer):
+                        return
+                    await writer.drain()
+                    conn.start_next_cycle()
+                    request = await _next(conn, reader)
+                    if not isinstance(request, h11.Request):
+                        return
+                    if _authorization(request) != said:  # another login on the connection
+                        want, password = await self._http_login(request)
+                        said = _authorization(request)
+                        if want is None:
+                            self.outcomes.count("login_refused")
+                            return
         except _Refused as exc:
             _answer(writer, exc.status, str(exc))
+        except h11.ProtocolError:
+            self.outcomes.count("client_error")
 
     async def _http_login(self, request: h11.Request) -> tuple[Want | None, str]:
         for name, value in request.headers:
@@ -257,15 +276,13 @@ class Endpoint:
         host, _, port = request.target.decode().rpartition(":")
         if not host or not port.isdigit():
             raise _Refused(400, 1, "CONNECT host:port")
-        _, (ur, uw), _ = await self._through(
-            want, password, host.strip("[]"), int(port), tunnel=True
-        )
+        link = await self._through(want, password, host.strip("[]"), int(port), tunnel=True)
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         early, _ = conn.trailing_data
         if early:
-            uw.write(early)
+            link.writer.write(early)
         self.outcomes.count("tunnel")
-        await _pipe(reader, writer, ur, uw)
+        await _pipe(reader, writer, link.reader, link.writer)
 
     async def _forward(
         self,
@@ -275,7 +292,10 @@ class Endpoint:
         password: str,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
-    ) -> None:
+    ) -> bool:
+        """One plain request through an upstream; True when the client's connection may
+        carry the next one."""
+        parsed = time.perf_counter()
         url = urlsplit(request.target.decode())
         if url.scheme != "http" or not url.hostname:
             raise _Refused(400, 1, "an absolute http:// URI (https goes through CONNECT)")
@@ -288,52 +308,55 @@ class Endpoint:
                     raise _Refused(413, 1, f"bodies up to {_MAX_BODY} bytes")
             elif isinstance(event, h11.EndOfMessage | h11.ConnectionClosed) or event is None:
                 break
-        headers = [(n, v) for n, v in request.headers if n not in _HOP]
-        headers.append((b"Connection", b"close"))
-        port = url.port or 80
-        origin = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        host, port = url.hostname, url.port or 80
+        origin = ((url.path or "/") + (f"?{url.query}" if url.query else "")).encode()
         tries = self.attempts if request.method in _IDEMPOTENT else 1
-        for attempt in range(tries):
-            up, (ur, uw), forward = await self._through(
-                want, password, url.hostname, port, tunnel=False
-            )
-            target = request.target if forward else origin.encode()
-            out = h11.Connection(h11.CLIENT)
-            uw.write(out.send(h11.Request(method=request.method, target=target, headers=headers)))
-            if body:
-                uw.write(out.send(h11.Data(data=body)))
-            uw.write(out.send(h11.EndOfMessage()))
-            try:
-                chunk = await asyncio.wait_for(ur.read(65_536), self.answer_s)
-            except (OSError, TimeoutError) as exc:
-                chunk = b""
-                why = f"{type(exc).__name__}"
-            else:
-                why = "closed before answering"
-            if chunk:
-                self.outcomes.count("forwarded")
-                writer.write(chunk)
-                await _copy(ur, writer)
-                uw.close()
-                return
-            uw.close()
-            await self._failed(want, password, up, f"request: {why}")
-            if attempt + 1 == tries:
-                raise _Refused(502, 1, "the proxy took the request and gave no answer")
+        failures = 0
+        while True:
+            link = await self._through(want, password, host, port, tunnel=False)
+            send_request(link, request, origin, body)
+            self.outcomes.added_ms.append((time.perf_counter() - parsed) * 1000)
+            done = await relay_response(link, conn, writer, self.answer_s)
+            if done is None:
+                link.close()
+                if not link.reused:  # a stale idle link blames nobody: tried again, fresh
+                    failures += 1
+                    await self._failed(want, password, link.up, "request: no answer")
+                if failures >= tries or (link.reused and request.method not in _IDEMPOTENT):
+                    raise _Refused(502, 1, "the proxy took the request and gave no answer")
+                continue
+            self.outcomes.count("forwarded")
+            if done:
+                self.idle.give(_idle_key(link.up, host, port), link, time.monotonic())
+                return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+            link.close()
+            return False
+
+
+def _idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
+    """An HTTP proxy carries any site on one connection; a SOCKS tunnel one site."""
+    return (up.key,) if up.proto in ("http", "https") else (up.key, host, port)
+
+
+def _authorization(request: h11.Request) -> bytes:
+    return next((v for n, v in request.headers if n == b"proxy-authorization"), b"")
 
 
 async def _next(conn: h11.Connection, reader: asyncio.StreamReader) -> object:
-    while True:
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            data = await asyncio.wait_for(reader.read(65_536), 30)
-            conn.receive_data(data)
-            if not data:
+    """The client's next h11 event; None once it closed, paused (after CONNECT) or
+    stayed silent for 30 s (``asyncio.timeout``: wait_for costs a task a read)."""
+    async with asyncio.timeout(30):
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await reader.read(65_536)
+                conn.receive_data(data)
+                if not data:
+                    return None
+                continue
+            if event is h11.PAUSED:
                 return None
-            continue
-        if event is h11.PAUSED:
-            return None
-        return event
+            return event
 
 
 def _answer(

@@ -136,7 +136,7 @@ def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str
             "rotating endpoint requests and tunnels by outcome",
             [({"outcome": k}, v) for k, v in sorted(outcomes.counts.items())],
         )
-        added = sorted(outcomes.added_ms[-1000:])
+        added = sorted(outcomes.added_ms)
         median = added[len(added) // 2] if added else 0.0
         lines += _family(
             "ppf_endpoint_added_ms",

@@ -142,6 +142,7 @@ async def _endpoint(
         finally:
             server.close()
             await server.wait_closed()
+            relay.close()
             await feed.stop()
 
 
@@ -245,3 +246,44 @@ async def test_a_dead_upstream_is_avoided_at_once_and_reported(
                 break
             await asyncio.sleep(0.1)
         assert feed.reports == 1
+
+
+def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:
+    """Round robin goes in turn; a session keeps its upstream while it works; a tunnel
+    goes only through proxies that tunnel; a failure sits a proxy out 10 s, then 20 s in
+    a row; when all are out, the soonest back is tried; mitm only when asked."""
+    import random
+
+    from endpoint.choose import Upstream
+
+    pool = Pool(rng=random.Random(1))
+    pool.replace(
+        [
+            Upstream("9.9.9.1", 80, "http", https="yes", latency_ms=50),
+            Upstream("9.9.9.2", 80, "http", latency_ms=50),
+            Upstream("9.9.9.3", 1080, "socks5", latency_ms=50),
+            Upstream("9.9.9.4", 80, "http", mitm=True, latency_ms=1),
+        ]
+    )
+    rr = parse_login("shop-strategy-roundrobin")
+    turns = [pool.pick(rr, tunnel=False, now=0).ip for _ in range(6)]  # type: ignore[union-attr]
+    assert turns == ["9.9.9.1", "9.9.9.2", "9.9.9.3"] * 2
+    tunnels = {pool.pick(rr, tunnel=True, now=0).ip for _ in range(6)}  # type: ignore[union-attr]
+    assert tunnels == {"9.9.9.1", "9.9.9.3"}
+    assert "9.9.9.4" in {
+        pool.pick(parse_login("shop-mitm"), tunnel=False, now=0).ip for _ in range(40)
+    }  # type: ignore[union-attr]
+    sticky = parse_login("shop-session-s1")
+    first = pool.pick(sticky, tunnel=False, now=0)
+    assert first is not None
+    assert all(pool.pick(sticky, tunnel=False, now=t) is first for t in range(1, 100))
+    pool.failed(first, now=100)
+    assert first.avoid_until == 110 and pool.pick(sticky, tunnel=False, now=101) is not first
+    pool.failed(first, now=111)
+    assert first.avoid_until == 131  # twice as long, in a row
+    only = parse_login("shop-proto-socks5")
+    socks = pool.pick(only, tunnel=True, now=0)
+    assert socks is not None
+    pool.failed(socks, now=0)
+    assert pool.pick(only, tunnel=True, now=1) is socks  # all out: the soonest back
+    assert pool.pick(parse_login("shop-country-de"), tunnel=False, now=0) is None

@@ -111,6 +111,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ingest.add_argument("--deposits", type=int, default=200, help="pages deposited")
     ingest.add_argument("--missing", type=int, default=10, help="announced, never stored")
 
+    serve = bench("serve", "the rotating endpoint against going directly", _serve)
+    serve.add_argument("--requests", type=int, default=5_000, help="requests a run")
+    serve.add_argument("--concurrency", type=int, default=20)
+    serve.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
+    serve.add_argument("--tunnels", type=int, default=1_000, help="tunnels held open")
+
     marks = bench("marks", "the memory of the re-send window at many agents", _marks)
     marks.add_argument("--agents", type=int, default=1_000)
     marks.add_argument("--window", type=int, default=512)
@@ -186,6 +192,12 @@ def _extract(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.extract import bench_extract
 
     return bench_extract(args.mb, args.seed)
+
+
+async def _serve(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.serve import bench_serve
+
+    return await bench_serve(args.requests, args.concurrency, args.runs, tunnels=args.tunnels)
 
 
 async def _check(args: argparse.Namespace) -> dict[str, Any]:

@@ -86,6 +86,7 @@ async def endpoint_site(
         # ppf up goes on without it (the port may be another program's): said, not fatal.
         log.warning("no_proxy_endpoint", listen=listen_at, error=repr(exc))
         return ""
+    stack.callback(endpoint.close)
     stack.push_async_callback(_closed, server)
     if not _loopback(host):
         log.warning("serve_listens_beyond_loopback", listen=listen_at, logins="required")

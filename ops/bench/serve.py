@@ -1,0 +1,225 @@
+"""``ppf bench serve``: what the rotating endpoint costs, beside going directly through
+the same upstream proxy, in one run.
+
+Four processes on loopback: a target site (aiohttp), the upstream (the lab's squid), the
+endpoint (``endpoint/relay.py`` over a pool of that one upstream, its login checked
+against one token: no gateway in the way), and the client here (aiohttp, with
+``proxy=``). Directly and through the endpoint in turns (A B A B, ``runs`` each):
+
+- requests a second at ``concurrency`` (``requests`` each run);
+- the endpoint's own CPU per request (its process's user + system time over the
+  requests it carried, from ``/proc``);
+- the latency it adds: the median of ``latency_requests`` one after another at
+  concurrency 1 to 4, through it less directly;
+- memory per open tunnel: ``tunnels`` CONNECT tunnels held open to the target, the
+  endpoint's resident memory after less before, over their count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ops.lab.testbed import ProxyLab
+from ops.nats.server import free_port
+
+__all__ = ["bench_serve", "child"]
+
+TOKEN = "bench-token"
+
+_TARGET = """
+import asyncio, sys
+from aiohttp import web
+from gateway.guard import listen
+
+async def main():
+    async def page(request):
+        return web.Response(text="x" * 512)
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await listen(runner, "127.0.0.1", int(sys.argv[1]))
+    await asyncio.Event().wait()
+
+asyncio.run(main())
+"""
+
+
+def child(port: int, upstream: int) -> None:
+    """The endpoint alone, over a pool of one upstream (run in its own process)."""
+    import structlog
+
+    from endpoint.choose import Pool, Upstream
+    from endpoint.relay import Endpoint, serve
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+
+    async def main() -> None:
+        pool = Pool()
+        pool.replace([Upstream("127.0.0.1", upstream, "http", https="yes", latency_ms=5)])
+
+        async def login_ok(name: str, token: str) -> bool:
+            return token == TOKEN
+
+        endpoint = Endpoint(pool, login_ok, max_per_consumer=100_000)
+        await serve(endpoint, "127.0.0.1", port)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_kb(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def _load(proxy: str, url: str, requests: int, concurrency: int) -> tuple[float, int]:
+    """(requests a second, answered) through ``proxy``."""
+    left = iter(range(requests))
+    ok = 0
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as http:
+
+        async def one() -> None:
+            nonlocal ok
+            for _ in left:
+                async with http.get(url, proxy=proxy) as r:
+                    await r.read()
+                    ok += r.status == 200
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+        return requests / (time.perf_counter() - started), ok
+
+
+async def _latencies(proxy: str, url: str, requests: int, concurrency: int) -> float:
+    """The median latency (ms) of ``requests`` at ``concurrency``, each on a new client
+    connection (as a scraper with a fresh proxy connection per request)."""
+    samples: list[float] = []
+    left = iter(range(requests))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+
+        async def one() -> None:
+            for _ in left:
+                started = time.perf_counter()
+                async with http.get(url, proxy=proxy) as r:
+                    await r.read()
+                samples.append((time.perf_counter() - started) * 1000)
+
+        await asyncio.gather(*(one() for _ in range(concurrency)))
+    return statistics.median(samples)
+
+
+async def _tunnels(endpoint: str, target_port: int, count: int, pid: int) -> float:
+    """KiB of the endpoint's memory per CONNECT tunnel held open."""
+    before = _rss_kb(pid)
+    opened = []
+    for _ in range(count):
+        reader, writer = await asyncio.open_connection(*endpoint.split(":"))
+        import base64
+
+        auth = base64.b64encode(f"bench:{TOKEN}".encode()).decode()
+        writer.write(
+            f"CONNECT 127.0.0.1:{target_port} HTTP/1.1\r\nHost: 127.0.0.1:{target_port}\r\n"
+            f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode()
+        )
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b" 200 " not in head:
+            raise RuntimeError(f"tunnel refused: {head[:80]!r}")
+        opened.append(writer)
+    await asyncio.sleep(0.5)
+    after = _rss_kb(pid)
+    for writer in opened:
+        writer.close()
+    return (after - before) / count
+
+
+async def bench_serve(
+    requests: int = 5_000,
+    concurrency: int = 20,
+    runs: int = 3,
+    latency_requests: int = 400,
+    tunnels: int = 1_000,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-serve-") as tmp:
+        lab = ProxyLab(Path(tmp) / "lab").start()
+        target_port, endpoint_port = free_port(), free_port()
+        squid = next(p for p in lab.proxies if p.name == "squid")
+        target = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _TARGET, str(target_port)
+        )
+        relay = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            f"from ops.bench.serve import child; child({endpoint_port}, {squid.port})",
+            stdout=asyncio.subprocess.PIPE,
+        )
+        try:
+            assert relay.stdout is not None
+            await asyncio.wait_for(relay.stdout.readline(), 30)
+            await asyncio.sleep(0.5)  # the target too
+            url = f"http://127.0.0.1:{target_port}/page"
+            direct = f"http://127.0.0.1:{squid.port}"
+            through = f"http://bench:{TOKEN}@127.0.0.1:{endpoint_port}"
+            rates: dict[str, list[float]] = {"direct": [], "endpoint": []}
+            cpu_us: list[float] = []
+            answered = 0
+            for _ in range(runs):  # A B A B
+                rate, _ = await _load(direct, url, requests, concurrency)
+                rates["direct"].append(rate)
+                before = _cpu_s(relay.pid)
+                rate, ok = await _load(through, url, requests, concurrency)
+                cpu_us.append((_cpu_s(relay.pid) - before) / requests * 1e6)
+                rates["endpoint"].append(rate)
+                answered += ok
+            added = {}
+            for c in (1, 2, 3, 4):
+                pairs = []
+                for _ in range(runs):
+                    d = await _latencies(direct, url, latency_requests // runs, c)
+                    e = await _latencies(through, url, latency_requests // runs, c)
+                    pairs.append(e - d)
+                added[f"c{c}"] = round(statistics.median(pairs), 3)
+            per_tunnel = await _tunnels(
+                f"127.0.0.1:{endpoint_port}", target_port, tunnels, relay.pid
+            )
+        finally:
+            for proc in (relay, target):
+                proc.terminate()
+                await proc.wait()
+            lab.stop()
+    direct_rate = statistics.median(rates["direct"])
+    endpoint_rate = statistics.median(rates["endpoint"])
+    return {
+        "requests": requests,
+        "concurrency": concurrency,
+        "runs": runs,
+        "answered": answered,
+        "direct_req_per_s": round(direct_rate),
+        "endpoint_req_per_s": round(endpoint_rate),
+        "endpoint_vs_direct": round(endpoint_rate / direct_rate, 3),
+        "spread_direct": [round(r) for r in rates["direct"]],
+        "spread_endpoint": [round(r) for r in rates["endpoint"]],
+        "endpoint_cpu_us_per_request": round(statistics.median(cpu_us), 1),
+        "spread_cpu_us": [round(c, 1) for c in cpu_us],
+        "added_latency_ms_median": added,
+        "tunnel_kib": round(per_tunnel, 1),
+    }
