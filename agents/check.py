@@ -42,7 +42,6 @@ from agents.judges import Echo, read_echo
 from events.wire import NONCE_LIFETIME_S, judge_nonce
 
 __all__ = [
-    "HTTPS_TARGETS",
     "Check",
     "Judge",
     "Judges",
@@ -51,7 +50,6 @@ __all__ = [
     "check",
     "check_many",
     "judge_answers",
-    "tunnels_https",
 ]
 
 PROXY_HEADERS = (
@@ -331,7 +329,17 @@ async def _connect(
         raise
 
 
-async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) -> Check:
+Step = tuple[str, str, str]  # (what, passed/failed/unavailable/skipped, why): --explain
+
+
+def _note(trace: list[Step] | None, what: str, outcome: str, why: str) -> None:
+    if trace is not None:
+        trace.append((what, outcome, why))
+
+
+async def _once(
+    ip: str, port: int, proto: str, judge: Judge, timeout: float, trace: list[Step] | None = None
+) -> Check:
     addr = f"{proto}://{ip}:{port}"
     started = time.perf_counter()
     writer = None
@@ -341,27 +349,41 @@ async def _once(ip: str, port: int, proto: str, judge: Judge, timeout: float) ->
     )
     frame = "" if tls else judge.frame  # the TLS twin is ppf's own judge
     altered_certificate = False
+    step = f"{proto}: connect"
     try:
         async with asyncio.timeout(timeout):
             connect = CONNECT_SHARE * timeout
             origin_form = proto != "http"
             reader, writer = await _connect(ip, port, proto, target, connect)
+            _note(trace, step, "passed", "connected, and the proxy took the request")
             stream: _Stream | None = None
             if tls is not None:
+                step = f"{proto}: TLS to the judge"
                 stream = _Tls(reader, writer, tls.host)
                 altered_certificate = await stream.handshake() != tls.pin
+                _note(
+                    trace,
+                    step,
+                    "failed" if altered_certificate else "passed",
+                    "another certificate than the judge's"
+                    if altered_certificate
+                    else "the judge's own certificate",
+                )
+            step = f"{proto}: the judge's answer"
             nonce = target.nonce()
             echo = await _request(stream or reader, stream or writer, target, nonce, origin_form)
-    except (OSError, TimeoutError, ConnectionError, ValueError) as exc:
-        return Check(addr, False, proto, error=f"{type(exc).__name__}: {exc}"[:200])
     except Exception as exc:  # python-socks raises its own errors for bad replies
-        return Check(addr, False, proto, error=f"{type(exc).__name__}: {exc}"[:200])
+        why = f"{type(exc).__name__}: {exc}"[:200]
+        _note(trace, step, "failed", why)
+        return Check(addr, False, proto, error=why)
     finally:
         if writer is not None:
             writer.close()
     latency = int((time.perf_counter() - started) * 1000)
     if echo is None:  # a portal, an error page: the request never reached the judge
+        _note(trace, step, "failed", "an answer, but not the judge's (a portal, an error page)")
         return Check(addr, False, proto, latency_ms=latency, error="not the judge's answer")
+    _note(trace, step, "passed", f"{target.url} echoed us in {latency} ms")
     return Check(
         addr,
         True,
@@ -381,15 +403,18 @@ async def check(
     timeout: float = 10.0,
     *,
     prefer: str | None = None,
+    trace: list[Step] | None = None,
 ) -> Check:
     """Check one proxy as ``proto``; with none, detect it: HTTP, CONNECT, SOCKS5, SOCKS4,
-    ``prefer`` first (a source's hint: usually right, and then one try is enough)."""
+    ``prefer`` first (a source's hint: usually right, and then one try is enough).
+    ``trace`` gets each step with its outcome (``ppf check --explain``)."""
     if proto is not None:
-        return dataclasses.replace(await _once(ip, port, proto, judge, timeout), judge=judge.url)
+        result = await _once(ip, port, proto, judge, timeout, trace)
+        return dataclasses.replace(result, judge=judge.url)
     order = AUTO if prefer not in AUTO else (prefer, *(p for p in AUTO if p != prefer))
     last = Check(f"{ip}:{port}", False, None, error="no protocol answered")
     for candidate in order:
-        result = await _once(ip, port, candidate, judge, timeout)
+        result = await _once(ip, port, candidate, judge, timeout, trace)
         if result.ok:
             return dataclasses.replace(result, judge=judge.url)
         last = result
@@ -399,45 +424,6 @@ async def check(
 
 
 Target = tuple[str, int, str | None] | tuple[str, int, str | None, str | None]
-
-
-# Real HTTPS endpoints with a small known answer (a 2xx, no body to speak of): a proxy
-# that passes the judge is tried once through a tunnel to one of them.
-HTTPS_TARGETS = (
-    "https://www.gstatic.com/generate_204",
-    "https://cp.cloudflare.com/generate_204",
-    "https://connectivitycheck.gstatic.com/generate_204",
-)
-
-
-async def tunnels_https(ip: str, port: int, proto: str, url: str, timeout: float) -> bool:
-    """Whether the proxy carries a TLS session to ``url`` and its answer back: a CONNECT
-    tunnel for HTTP proxies, the SOCKS one otherwise. The certificate is not judged here
-    (interception is the TLS judge's matter); a 2xx status line through TLS is the answer.
-    """
-    parts = urlsplit(url)
-    host, target_port = parts.hostname or "", parts.port or 443
-    writer = None
-    try:
-        async with asyncio.timeout(timeout):
-            tunnel = Judge(host, target_port, "/", "")
-            via = "https" if proto == "http" else proto  # an HTTP proxy tunnels by CONNECT
-            reader, writer = await _connect(ip, port, via, tunnel, timeout)
-            tls = _Tls(reader, writer, host)
-            await tls.handshake()
-            tls.write(
-                f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}\r\n"
-                "Connection: close\r\n\r\n".encode()
-            )
-            await tls.drain()
-            head = await tls.read(4096)
-    except Exception:  # python-socks, TLS and socket errors alike: not carried
-        return False
-    finally:
-        if writer is not None:
-            writer.close()
-    status = head.split(b" ", 2)
-    return len(status) >= 2 and status[0].startswith(b"HTTP/") and status[1][:1] == b"2"
 
 
 class Judges(Protocol):
@@ -493,6 +479,8 @@ async def check_many(
                 result = dataclasses.replace(result, judge=chosen.url, void=void)
             if result.ok and result.proto is not None and https:
                 url = https[next(turn) % len(https)]
+                from agents.https import tunnels_https  # it builds on this module
+
                 carried = await tunnels_https(ip, port, result.proto, url, timeout)
                 result = dataclasses.replace(result, https="yes" if carried else "no")
             return result

@@ -12,8 +12,9 @@ from typing import Any
 
 import structlog
 
-from agents.check import HTTPS_TARGETS, Check, Target, check_many
+from agents.check import Check, Target, check_many
 from agents.gateway_client import GatewayClient
+from agents.https import HTTPS_TARGETS
 from agents.judgepool import JudgePool
 from events import Event, Heartbeat, ProxyWorked
 from events.batches import MAX_RESULTS

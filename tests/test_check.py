@@ -189,3 +189,27 @@ async def test_ppf_check_command(lab: ProxyLab, judge: Judge, ppf_bin: str, tmp_
         "mitm",
         "error",
     }
+
+
+async def test_ppf_check_explain_tells_each_step(
+    lab: ProxyLab, judge: Judge, ppf_bin: str, tmp_path: Path
+) -> None:
+    """`ppf check --explain --json`: for a working proxy every step passed, with its exit
+    and anonymity; for a closed port the connect failed and the verdict says why."""
+    import asyncio
+    import json
+
+    squid = next(p for p in lab.proxies if p.name == "squid")
+    closed = next(p for p in lab.proxies if p.name == "closed")
+    argv = [ppf_bin, "check", f"127.0.0.1:{squid.port}", f"http://127.0.0.1:{closed.port}"]
+    argv += ["--judge", f"http://{judge.host}:{judge.port}{judge.path}", "--explain", "--json"]
+    argv += ["--timeout", "3", "--data", str(tmp_path)]
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    ok, dead = (json.loads(line) for line in out.splitlines())
+    assert ok["verdict"] == "passed" and dead["verdict"] == "failed"
+    steps = {s["step"]: s for s in ok["steps"]}
+    assert steps["exit address"]["outcome"] == "passed" and steps["anonymity"]["why"]
+    assert all(s["outcome"] in ("passed", "skipped") for s in ok["steps"])
+    failed = [s for s in dead["steps"] if s["outcome"] == "failed"]
+    assert failed[0]["step"] == "http: connect" and "Connection" in failed[0]["why"]

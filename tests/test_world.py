@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from agents.check import Judge, check, tunnels_https
+from agents.check import Judge, check
+from agents.https import tunnels_https
 from ops.lab.world import LINK_HOST, World, unavailable
 from ops.nats.server import free_port
 from tests.helpers import ppf_judge_app

@@ -94,7 +94,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     ck = sub.add_parser("check", help="check proxies through a judge, one result a line")
     ck.add_argument("addrs", nargs="+", metavar="ADDR", help="ip:port or proto://ip:port")
-    ck.add_argument("--judge", required=True, help="http://host:port/judge")
+    ck.add_argument(
+        "--judge",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="http://host:port/judge (repeatable); default: the judge of the ppf up beside "
+        "the data dir, if one runs, and the built-in public list",
+    )
+    ck.add_argument(
+        "--explain",
+        action="store_true",
+        help="each step of each check with its outcome: passed, failed, unavailable, skipped",
+    )
+    ck.add_argument(
+        "--https-target", default=None, metavar="URL", help="--explain: try HTTPS through it"
+    )
     ck.add_argument(
         "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
     )
@@ -154,31 +169,35 @@ def _targets(addrs: list[str], default: str | None) -> list[tuple[str, int, str 
 
 
 async def _check(args: argparse.Namespace) -> int:
-    from agents.check import Judge, check_many
-    from agents.judgepool import is_public_host
-    from ops.cli.judges import operator_signer
+    from agents.check import check_many
+    from agents.judgepool import BUILTIN_JUDGES, JudgePool
+    from ops.cli.judges import local_judge, operator_signer
 
     try:
         targets = _targets(args.addrs, args.proto)
     except ValueError as exc:
         print(f"ppf check: {exc}", file=sys.stderr)
         return 2
+    # As ppf up's agents do: a pool of judges, each proxy checked through one that can
+    # see it (a loopback judge only for loopback proxies: agents/judgepool.py).
+    local = local_judge(args)
+    given = list(args.judge) or [*([local] if local else []), *BUILTIN_JUDGES]
+    agent, key = operator_signer(args) or ("", b"")
+    own = args.judge or ([local] if local else [])
+    pool = JudgePool(given, own=own, tls_url=args.tls_judge, agent=agent, key=key)
     try:
-        judge = await Judge.discover(
-            args.judge, tls_url=args.tls_judge, signer=operator_signer(args)
-        )
-    except (OSError, ValueError, TimeoutError) as exc:
-        print(f"ppf check: judge {args.judge}: {exc}", file=sys.stderr)
+        await pool.start(require=True)
+    except ValueError as exc:
+        print(f"ppf check: {exc}", file=sys.stderr)
         return 1
-    if not is_public_host(judge.host):
-        public = [f"{ip}:{port}" for ip, port, _ in targets if is_public_host(ip)]
-        if public:
-            print(
-                f"ppf check: warning: the judge {args.judge} is not public; a public proxy "
-                f"fetching it reaches its own network, not this judge ({', '.join(public[:3])})",
-                file=sys.stderr,
-            )
-    results = await check_many(targets, judge, concurrency=args.concurrency, timeout=args.timeout)
+    try:
+        if args.explain:
+            return await _explain(args, targets, pool)
+        results = await check_many(
+            targets, pool, concurrency=args.concurrency, timeout=args.timeout
+        )
+    finally:
+        await pool.stop()
     for r in results:
         if args.json:
             print(json.dumps({k: v for k, v in dataclasses.asdict(r).items() if k in CHECK_KEYS}))
@@ -188,8 +207,27 @@ async def _check(args: argparse.Namespace) -> int:
                 + (" MITM" if r.mitm else "")
             )
         else:
-            print(f"{r.addr} failed {r.error}")
+            print(f"{r.addr} {'unavailable' if r.void else 'failed'} {r.error}")
     return 0 if any(r.ok for r in results) else 1
+
+
+async def _explain(args: argparse.Namespace, targets: list[Any], pool: Any) -> int:
+    from agents.explain import explain
+
+    https = [args.https_target] if args.https_target else []
+    passed = 0
+    for ip, port, proto in targets:
+        steps = await explain(ip, port, proto, pool, https, args.timeout)
+        verdict = steps[-1][1]
+        passed += verdict == "passed"
+        if args.json:
+            rows = [{"step": a, "outcome": b, "why": c} for a, b, c in steps]
+            print(json.dumps({"addr": f"{ip}:{port}", "verdict": verdict, "steps": rows}))
+            continue
+        print(f"{ip}:{port}")
+        for what, outcome, why in steps:
+            print(f"  {outcome:<11} {what}: {why}")
+    return 0 if passed else 1
 
 
 async def _agent(args: argparse.Namespace) -> int:
@@ -207,7 +245,7 @@ async def _agent(args: argparse.Namespace) -> int:
     except (GatewayError, OSError) as exc:
         print(f"ppf agent: {exc}", file=sys.stderr)
         return 1
-    from agents.check import HTTPS_TARGETS
+    from agents.https import HTTPS_TARGETS
     from agents.judgepool import BUILTIN_JUDGES
 
     gateway_judge = args.gateway.rstrip("/") + "/judge"

@@ -14,7 +14,14 @@ from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeDoor, JudgeKeys
 from ops.cli.common import hostport
 
-__all__ = ["agent_judges", "judge_site", "operator_signer", "register", "tls_judge_site"]
+__all__ = [
+    "agent_judges",
+    "judge_site",
+    "local_judge",
+    "operator_signer",
+    "register",
+    "tls_judge_site",
+]
 
 log = structlog.get_logger("ppf")
 
@@ -44,6 +51,18 @@ def operator_signer(args: argparse.Namespace) -> tuple[str, bytes] | None:
 
     path = data_dir(args) / "judge.key"
     return JudgeKeys.load(path).operator() if path.exists() else None
+
+
+def local_judge(args: argparse.Namespace) -> str | None:
+    """The judge of the ``ppf up`` beside the data dir (its gateway's URL, written in
+    ``gateway`` when it started), or None where none ran."""
+    from ops.cli.common import data_dir
+
+    try:
+        base = (data_dir(args) / "gateway").read_text().strip()
+    except OSError:
+        return None
+    return base + "/judge" if base else None
 
 
 async def judge_site(stack: AsyncExitStack, listen_at: str, door: JudgeDoor) -> None:

@@ -47,8 +47,8 @@ async def local_agents(
     tls_judge: str | None,
     keys: JudgeKeys | None,
 ) -> None:
-    from agents.check import HTTPS_TARGETS
     from agents.checker import Checker, CheckerConfig
+    from agents.https import HTTPS_TARGETS
     from agents.seednode import SeedConfig, SeedNode
     from agents.worker import Worker, WorkerConfig
 

@@ -136,6 +136,7 @@ async def _up(args: argparse.Namespace) -> int:
         store = data / "nats" if server is not None else None  # an outside NATS: not ours
         outcomes = Outcomes()
         base = await gateway_site(stack, args, fold, lg, agent_nats, "up", door, store, outcomes)
+        (data / "gateway").write_text(base + "\n")  # ppf check beside it asks its judge
         tls_judge = None
         if args.judge_tls_listen != "off":
             certs = data / "tls"
