@@ -5,9 +5,10 @@ in the background every ``every_s`` with the ``ETag`` of the last answer (a gate
 answers 304 while its snapshot has not moved), from the first gateway of the list that
 answers: a gateway restarting leaves the endpoint with the pool it has. A login is a
 consumer's name and token, checked with ``GET /v1/agents/me`` once a minute per token
-(a revoked token stops working within that minute). Failures a consumer's traffic
-met go back as that consumer's reports (``POST /v1/proxies/{addr}/report``), within
-its budget: evidence for the checkers, judged by the fleet's rules.
+(a revoked token stops working within that minute). What a consumer's traffic met
+goes back under its token, once a second, as one ``ProxiesChecked`` round (``POST
+/v1/events``): the fold takes a consumer's failures as its reports, within its budget,
+and its successes as counts only (reducers/reports.py ``traffic``).
 """
 
 from __future__ import annotations
@@ -23,12 +24,16 @@ import msgspec
 import structlog
 
 from endpoint.choose import Pool, Upstream
+from events.batches import MAX_RESULTS
+from events.catalogue import CheckResult, ProxiesChecked
+from events.mint import fresh_id, now_ms
 
 __all__ = ["Feed"]
 
 log = structlog.get_logger("ppf.serve")
 
 LOGIN_TTL_S = 60.0
+TRAFFIC_S = 1.0  # a consumer's outcomes go to the log once a second, as one round
 _ROLES = ("consumer", "admin")
 
 
@@ -63,16 +68,23 @@ class Feed:
         self._logins: dict[str, tuple[bool, float]] = {}  # sha256(name:token) -> (ok, when)
         self._http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
+        self._sender: asyncio.Task[None] | None = None
+        # A consumer's outcomes not sent yet, by its token: (its name, results).
+        self._traffic: dict[str, tuple[str, list[CheckResult]]] = {}
+        self.traffic_dropped = 0
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="ppf-serve-feed")
+        self._sender = asyncio.create_task(self._send_traffic(), name="ppf-serve-traffic")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        for task in (self._task, self._sender):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        await self.flush_traffic()
         if self._http is not None:
             await self._http.close()
 
@@ -136,13 +148,50 @@ class Feed:
         self._logins[key] = (ok, now)
         return ok
 
-    async def report(self, token: str, up: Upstream, detail: str) -> None:
-        """A proxy failed this consumer's traffic: its report, under its token."""
-        host = f"[{up.ip}]" if ":" in up.ip else up.ip
-        body = {"outcome": "failed", "detail": detail[:200]}
-        answer = await self._ask("POST", f"/v1/proxies/{host}:{up.port}/report", token, body)
-        if answer is not None and answer[0] == 200:
-            self.reports += 1
+    def record(
+        self, token: str, name: str, up: Upstream, ok: bool, latency_ms: float, why: str
+    ) -> None:
+        """One outcome of a consumer's traffic, sent with its others as one round a second
+        (``ProxiesChecked`` under its token: its reports, in the fold's budget)."""
+        pending = self._traffic.setdefault(token, (name, []))[1]
+        if len(pending) < MAX_RESULTS * 20:  # a second's worth; past it, counted, not kept
+            pending.append(
+                CheckResult(
+                    ip=up.ip,
+                    port=up.port,
+                    proto=up.proto,
+                    ok=ok,
+                    latency_ms=int(latency_ms) if ok else 0,
+                    error=why[:200],
+                )
+            )
+        else:
+            self.traffic_dropped += 1
+
+    async def _send_traffic(self) -> None:
+        while True:
+            await asyncio.sleep(TRAFFIC_S)
+            await self.flush_traffic()
+
+    async def flush_traffic(self) -> None:
+        traffic, self._traffic = self._traffic, {}
+        for token, (name, results) in traffic.items():
+            for start in range(0, len(results), MAX_RESULTS):
+                batch = ProxiesChecked(
+                    id=fresh_id(),
+                    agent=name,
+                    at=now_ms(),
+                    key="traffic",
+                    results=results[start : start + MAX_RESULTS],
+                )
+                answer = await self._ask(
+                    "POST", "/v1/events", token, {"events": [msgspec.to_builtins(batch)]}
+                )
+                if answer is not None and answer[0] == 200:
+                    self.reports += sum(not r.ok for r in batch.results)
+                else:
+                    self.traffic_dropped += len(batch.results)
+                    log.warning("traffic_not_sent", consumer=name, answer=str(answer)[:200])
 
     async def _ask(
         self, method: str, path: str, token: str, body: Any = None

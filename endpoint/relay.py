@@ -70,7 +70,9 @@ class _Refused(Exception):
 class Endpoint:
     pool: Pool
     login_ok: Callable[[str, str], Awaitable[bool]]
-    report: Callable[[str, Upstream, str], Awaitable[None]] | None = None
+    # Each outcome of a consumer's traffic (its token, its name, the upstream, worked,
+    # latency ms, why it failed): the log's evidence, sent in rounds (endpoint/feed.py).
+    record: Callable[[str, str, Upstream, bool, float, str], None] | None = None
     attempts: int = 3
     connect_s: float = 5.0
     answer_s: float = 30.0
@@ -141,7 +143,8 @@ class Endpoint:
             except Exception as exc:  # python-socks raises its own errors too: all the proxy's
                 await self._failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
                 continue
-            self.pool.worked(up, (time.perf_counter() - started) * 1000)
+            if tunnel:  # a tunnel is one outcome; a request counts when answered
+                self._worked(want, password, up, started)
             return Link(up, reader, writer, forward)
         self.outcomes.count("no_proxy")
         raise _Refused(503, 1, "no proxy in the pool matches" + (" and answers" if tried else ""))
@@ -158,8 +161,14 @@ class Endpoint:
         self.pool.failed(up, time.monotonic())
         self.outcomes.count("upstream_failed")
         log.info("serve_upstream_failed", proxy=up.url(), why=why[:200])
-        if self.report is not None:
-            asyncio.ensure_future(self.report(password, up, why))  # noqa: RUF006
+        if self.record is not None:
+            self.record(password, want.consumer, up, False, 0.0, why)
+
+    def _worked(self, want: Want, password: str, up: Upstream, started: float) -> None:
+        ms = (time.perf_counter() - started) * 1000
+        self.pool.worked(up, ms)
+        if self.record is not None:
+            self.record(password, want.consumer, up, True, ms, "")
 
     # -- SOCKS5 -------------------------------------------------------------------------
 
@@ -326,6 +335,7 @@ class Endpoint:
                     raise _Refused(502, 1, "the proxy took the request and gave no answer")
                 continue
             self.outcomes.count("forwarded")
+            self._worked(want, password, link.up, parsed)
             if done:
                 self.idle.give(_idle_key(link.up, host, port), link, time.monotonic())
                 return conn.our_state is h11.DONE and conn.their_state is h11.DONE

@@ -24,15 +24,19 @@ ROLE_EVENTS: dict[str, frozenset[str]] = {
     ),
     "checker": frozenset({"ProxyWorked", "ProxyFailed", "ProxiesChecked", "Released", "Heartbeat"}),
     "seed": frozenset({"Deposited", "Released", "Heartbeat"}),
-    # Reads the pool and reports on what it was served, over HTTP only: nothing else.
-    "consumer": frozenset({"ProxyReported"}),
+    # Reads the pool and reports on what it was served, over HTTP only: nothing else. Its
+    # ProxiesChecked is its traffic's outcomes (the rotating endpoint's), folded as its
+    # reports, never as checks (reducers/reports.py ``traffic``).
+    "consumer": frozenset({"ProxyReported", "ProxiesChecked"}),
 }
 
 # On its own subjects an agent publishes observations only: a lease transition and its
 # own heartbeat go through the gateway, which checks them against the ledger first, and
 # a consumer's report goes through the gateway's report endpoint (it has no NATS login).
 ROLE_NATS_EVENTS: dict[str, frozenset[str]] = {
-    role: types - {"Released", "Heartbeat", "ProxyReported"} for role, types in ROLE_EVENTS.items()
+    role: types - {"Released", "Heartbeat", "ProxyReported"}
+    for role, types in ROLE_EVENTS.items()
+    if role != "consumer"
 }
 
 ROLE_KINDS = {"worker": "source", "checker": "recheck", "seed": "seed"}

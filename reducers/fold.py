@@ -34,7 +34,7 @@ from events.catalogue import (
 )
 from events.keys import DERIVED_PREFIX
 from events.validate import result_problems
-from reducers import agents, deposits, geo, ledger, marks, proxies, sources, trust
+from reducers import agents, deposits, geo, ledger, marks, proxies, reports, sources, trust
 from reducers.admission import INVALID, result_refusal, round_types
 from reducers.state import AgentRow, State
 
@@ -125,6 +125,13 @@ def _checked(
     counted = settings.trust and agent.name not in state.operators
     found = result_problems(batch, lab=settings.lab, guarded=settings.guarded)
     invalid = {j: f"{field}: {why}" for j, field, why in found}
+    if settings.guarded and agent.role == "consumer":  # its traffic: reports, never checks
+        for j, why in invalid.items():
+            agent.rejected += 1
+            if refused is not None:
+                refused.append((j, INVALID, why))
+        reports.traffic(state, agent, batch, ts, skip=invalid.keys())
+        return
     allowed = round_types(state, batch)
     src = state.sources.get(batch.source) if batch.source else None
     source = src.url_id if src is not None else batch.source

@@ -21,12 +21,14 @@ also bounds what ``doubted`` holds. Pure, deterministic: log time only.
 
 from __future__ import annotations
 
-from events.catalogue import ProxyReported
+from collections.abc import Collection
+
+from events.catalogue import ProxiesChecked, ProxyReported
 from reducers import trust
 from reducers.pool import band_edges
 from reducers.state import AgentRow, ProxyKey, ProxyRow, State
 
-__all__ = ["ANONYMOUS", "cleared", "hidden_from", "reported", "served_now"]
+__all__ = ["ANONYMOUS", "cleared", "hidden_from", "reported", "served_now", "traffic"]
 
 ANONYMOUS = "~anonymous"  # a name no agent can have (events/subjects.py)
 HOUR_MS = 3_600_000
@@ -56,6 +58,34 @@ def reported(state: State, event: ProxyReported, ts: int, consumer: AgentRow) ->
     row.reported_at = ts
     state.dirty_proxies.add(key)
     return True
+
+
+def traffic(
+    state: State,
+    consumer: AgentRow,
+    batch: ProxiesChecked,
+    ts: int,
+    skip: Collection[int] = (),
+) -> None:
+    """A consumer's traffic through the rotating endpoint, one round of outcomes: each
+    failure is the consumer's failed report (within its budget, as above; past it, or on
+    a proxy gone from the pool, counted in its ``rejected``), each success only counted.
+    Traffic is the consumer's word: it never confirms a proxy, nor revives one."""
+    if ts > consumer.last_seen:
+        consumer.last_seen = ts
+    counts = consumer.counts
+    for j, r in enumerate(batch.results):
+        if j in skip:  # refused to the DLQ already (its facts)
+            continue
+        tag = "Traffic.worked" if r.ok else "Traffic.failed"
+        counts[tag] = counts.get(tag, 0) + 1
+        if r.ok:
+            continue
+        said = ProxyReported(
+            id=batch.id, agent=consumer.name, at=batch.at, ip=r.ip, port=r.port, outcome="failed"
+        )
+        if not reported(state, said, ts, consumer):
+            consumer.rejected += 1
 
 
 def _doubt(state: State, key: ProxyKey, name: str) -> None:

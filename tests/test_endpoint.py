@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -133,7 +134,7 @@ async def _endpoint(
         pool = Pool()
         feed = Feed([gateway], pool, every_s=0.5)
         await feed.start()
-        relay = Endpoint(pool, feed.login_ok, report=feed.report, outcomes=outcomes, **endpoint)
+        relay = Endpoint(pool, feed.login_ok, record=feed.record, outcomes=outcomes, **endpoint)
         port = free_port()
         server = await serve(relay, "127.0.0.1", port)
         try:
@@ -245,7 +246,11 @@ async def test_a_dead_upstream_is_avoided_at_once_and_reported(
             if feed.reports:
                 break
             await asyncio.sleep(0.1)
-        assert feed.reports == 1
+        assert feed.reports == 1  # its traffic's round reached the log: 1 failure in it
+        async with aiohttp.ClientSession() as http, http.get(f"{feed.gateways[0]}/v1/agents") as r:
+            rows = {a["name"]: a for a in (await r.json())["agents"]}
+        counts = rows["shop"]["counts"]
+        assert counts["Traffic.failed"] == 1 and counts["Traffic.worked"] >= 5, counts
 
 
 def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:

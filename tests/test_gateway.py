@@ -199,7 +199,9 @@ async def test_a_consumer_reads_and_reports_and_nothing_else(gw: Any, log_client
         r = await client.post(path, json=payload, headers=auth(shop))
         assert r.status == status, (path, payload, await r.text())
     raw = {"events": [msgspec.to_builtins(worked("7.7.7.7", agent="shop"))]}
-    assert (await client.post("/v1/events", json=raw, headers=auth(shop))).status == 403
+    # It may post its traffic's rounds (ProxiesChecked), and nothing else.
+    r = await client.post("/v1/events", json=raw, headers=auth(shop))
+    assert r.status == 400 and "may not publish" in (await r.json())["errors"][0]["reason"]
     lease = {"agent": "shop", "kind": "recheck"}
     assert (await client.post("/v1/leases", json=lease, headers=auth(shop))).status == 403
     # Who it is (the rotating endpoint checks its logins so), and no NATS login.

@@ -368,3 +368,36 @@ async def test_ppf_token_finds_the_nats_its_data_dir_listens_on(
         assert len(out.stdout.strip()) >= 40  # the token, shown once
     finally:
         await server.astop()
+
+
+def test_a_consumers_traffic_is_its_reports_and_never_a_check() -> None:
+    """A consumer's round (the endpoint's outcomes of its traffic): a success confirms
+    nothing (no new proxy, no fresher last_seen); a failure is its failed report (hidden
+    from it, first in the queue); a bad result goes to the DLQ alone."""
+    from events.batches import group as rounds
+    from tests.folded import FoldedLog, ip
+    from tests.helpers import eid
+
+    log = FoldedLog(guarded=True)
+    log.enrol("shop", "consumer")
+    log.report("w-own", ip(1), at_s=1)
+    seen = log.state.proxies[(ip(1), 8080)].last_seen
+    results = [
+        ev.ProxyWorked(
+            id=eid(), agent="shop", at=0, ip=ip(1), port=8080, proto="http", latency_ms=5
+        ),
+        ev.ProxyWorked(
+            id=eid(), agent="shop", at=0, ip=ip(2), port=8080, proto="http", latency_ms=5
+        ),
+        ev.ProxyFailed(id=eid(), agent="shop", at=0, ip=ip(1), port=8080, proto="http"),
+        ev.ProxyFailed(id=eid(), agent="shop", at=0, ip="10.0.0.1", port=8080, proto="http"),
+    ]
+    [batch] = rounds(results, key="traffic")
+    log.service(batch, at_s=5)
+    state = log.state
+    assert set(state.proxies) == {(ip(1), 8080)} and state.proxies[(ip(1), 8080)].last_seen == seen
+    assert state.proxies[(ip(1), 8080)].reported_at > 0
+    assert state.doubts["shop"] == {(ip(1), 8080)}
+    counts = state.agents["shop"].counts
+    assert (counts["Traffic.worked"], counts["Traffic.failed"]) == (2, 1)
+    assert [reason for reason, _ in log.refused] == ["invalid"]

@@ -74,7 +74,7 @@ async def endpoint_site(
     endpoint = Endpoint(
         pool,
         feed.login_ok,
-        report=feed.report,
+        record=feed.record,
         max_per_consumer=args.serve_max_conns,
         outcomes=outcomes or Outcomes(),
     )
