@@ -33,6 +33,8 @@ CARRIERS = {"squid": ("http", "yes"), "microsocks": ("socks5", ""), "dante": ("s
 
 
 def test_the_login_grammar_reads_options_after_the_name() -> None:
+    """Options start at the first keyword (names may hold "-"); a bad value, an unknown
+    option after one, or a name no agent can have is refused with its reason."""
     want = parse_login("my-shop-country-de,nl-proto-socks5-anon-elite-https-maxlat-800")
     assert (want.consumer, want.country, want.proto, want.anonymity) == (
         "my-shop",

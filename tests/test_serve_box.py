@@ -99,6 +99,11 @@ async def _traffic(
 async def test_ten_thousand_requests_through_the_endpoint_while_a_third_dies(
     tmp_path: Path, ppf_bin: str
 ) -> None:
+    """A consumer's 10,000 requests through `ppf up`'s endpoint, half plain HTTP to the
+    box's httpbin and half HTTPS through CONNECT, while three of nine proxies die
+    (refused, silent, tarpit): at least 99 % answered with a proxy's exit as the caller,
+    the dead out of alive within 60 s (the endpoint's reports queue them for ppf up's
+    checker), and /metrics counting what the endpoint carried."""
     with World(tmp_path / "w", churn=PLAN, speed=1.0) as world:
         judge_port, tls_port = free_port(), free_port()
         up = Up(
