@@ -260,6 +260,8 @@ async def gateway_site(
         agent_nats=agent_nats,
         judge=door,
         trusted_proxies=tuple(args.trusted_proxy),
+        # A fuzzer's many wrong tokens from one address (tests/test_api_schema.py).
+        auth_failures_burst=float(os.environ.get("PPF_AUTH_FAILURES_BURST", 20)),
         endpoint_outcomes=outcomes,
         deposits=lg.deposits,
         disk_guard=None
