@@ -77,7 +77,11 @@ class GatewayClient:
         nats: str | None = None,
         http_only: bool = False,
     ) -> None:
-        self.base = base.rstrip("/")
+        # Several gateways (comma-separated): one is used until it cannot be reached,
+        # then the next; leases live in the log, so any gateway heartbeats and releases
+        # them, and the outbox keeps what none took.
+        self.bases = [b.strip().rstrip("/") for b in base.split(",") if b.strip()]
+        self._at = 0
         self.agent = agent
         self.outbox = outbox
         self._headers = {"Authorization": f"Bearer {token}"}
@@ -169,16 +173,33 @@ class GatewayClient:
         if self._log is not None:
             await self._log.close()
 
+    @property
+    def base(self) -> str:
+        """The gateway in use now."""
+        return self.bases[self._at]
+
+    def _next_gateway(self, why: str) -> None:
+        if len(self.bases) > 1:
+            gone = self.base
+            self._at = (self._at + 1) % len(self.bases)
+            log.warning("gateway_failover", agent=self.agent, gone=gone, to=self.base, why=why)
+
     async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """(status, decoded JSON); (0, why) when the gateway could not be reached. A body
-        that is not JSON (a proxy's error page) comes back as its first 300 characters."""
+        """(status, decoded JSON); (0, why) when no gateway could be reached (each tried
+        once, from the one in use). A body that is not JSON (a proxy's error page) comes
+        back as its first 300 characters."""
         assert self._http is not None
-        try:
-            async with self._http.request(method, self.base + path, json=body) as r:
-                raw = await r.read()
-                status = r.status
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return 0, repr(exc)
+        for _ in self.bases:
+            try:
+                async with self._http.request(method, self.base + path, json=body) as r:
+                    raw = await r.read()
+                    status = r.status
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                self._next_gateway(repr(exc)[:200])
+                continue
+            break
+        else:
+            return 0, "no gateway answers"
         try:
             return status, msgspec.json.decode(raw)
         except msgspec.DecodeError:

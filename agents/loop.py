@@ -33,16 +33,23 @@ async def run_cycles(
     *,
     idle_s: float,
     cycles: int | None = None,
+    grace_s: float = 2.0,
 ) -> int:
     """Run ``cycle`` until ``stop`` (or ``cycles`` cycles with work); returns cycles done.
 
     A cycle returns how many leases it worked; a failed cycle is logged and waited out
-    like an idle one, never the end of the agent.
+    like an idle one, never the end of the agent. Told to stop, a cycle in progress has
+    ``grace_s`` to end, then is cancelled: it gives its leases back uncounted as it goes
+    (``AgentLoop._heartbeats``), so a stop costs no target an attempt.
     """
     done = 0
     while not stop.is_set():
         try:
-            did = await cycle()
+            did = await _until_stopped(cycle(), stop, grace_s)
+        except asyncio.CancelledError:
+            if stop.is_set() and not _cancelling():
+                break  # told to stop: the cycle gave its leases back as it ended
+            raise
         except Exception as exc:
             log.warning("cycle_failed", agent=name, error=repr(exc))
             did = 0
@@ -54,6 +61,35 @@ async def run_cycles(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), idle_s)
     return done
+
+
+async def _until_stopped(work: Awaitable[int], stop: asyncio.Event, grace_s: float) -> int:
+    """``work``'s result; once ``stop`` is set, ``grace_s`` more, then it is cancelled
+    (CancelledError, for the caller to tell from its own cancellation)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            await asyncio.wait({task}, timeout=grace_s)
+        if not task.done():
+            task.cancel()
+        return await task
+    finally:
+        stopping.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _cancelling() -> bool:
+    """Whether the running task itself is being cancelled (not a cycle it awaited)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+RELEASE_ON_STOP_S = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +235,19 @@ class Agent:
         keeper = asyncio.create_task(beat())
         try:
             yield
+        except asyncio.CancelledError:
+            # Stopped mid-work (run_cycles): the leases go back uncounted, at once, so
+            # the next agent takes them without waiting out their TTL and no target pays
+            # an attempt for our stop (a seed range keeps its cursor: a release leaves it).
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(RELEASE_ON_STOP_S):
+                    await asyncio.gather(
+                        *(
+                            gw.release(g.lease, "abandoned", "stopped", counted=False)
+                            for g in grants
+                        )
+                    )
+            raise
         finally:
             keeper.cancel()
 
@@ -224,7 +273,10 @@ class Agent:
         # The gateway's own judge is ours, and so is the key it gives us, unless told.
         gw = self._client
         key = self.config.judge_key or (gw.judge_key if gw is not None else "")
-        own = (*self.config.own_judges, self.gateway.rstrip("/") + "/judge")
+        own = (
+            *self.config.own_judges,
+            *(g.strip().rstrip("/") + "/judge" for g in self.gateway.split(",")),
+        )
         pool = JudgePool(
             self.judge_urls,
             tls_url=self.config.tls_judge,

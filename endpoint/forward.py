@@ -12,6 +12,7 @@ connection that went stale is tried once more on a fresh one and blames nobody.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -46,6 +47,7 @@ class Link:
     conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
     idle_since: float = 0.0
     reused: bool = False
+    opened_at: float = field(default_factory=time.monotonic)
 
     def close(self) -> None:
         self.writer.close()
@@ -57,13 +59,20 @@ class Idle:
 
     per_key: int = 64
     max_idle_s: float = 20.0
+    # A link is reused for this long after it opened, then a fresh one is made: an
+    # upstream that died for new connections (a tarpit, a restart) would otherwise keep
+    # serving through old ones, and the endpoint never learn it, nor tell the fleet.
+    max_age_s: float = 15.0
     links: dict[tuple[object, ...], list[Link]] = field(default_factory=dict)
 
     def take(self, key: tuple[object, ...], now: float) -> Link | None:
         stack = self.links.get(key)
         while stack:
             link = stack.pop()
-            if now - link.idle_since <= self.max_idle_s and not link.writer.is_closing():
+            fresh = (
+                now - link.idle_since <= self.max_idle_s and now - link.opened_at <= self.max_age_s
+            )
+            if fresh and not link.writer.is_closing():
                 link.reused = True
                 return link
             link.close()

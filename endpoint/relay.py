@@ -161,7 +161,9 @@ class Endpoint:
         self.pool.failed(up, time.monotonic())
         self.outcomes.count("upstream_failed")
         log.info("serve_upstream_failed", proxy=up.url(), why=why[:200])
-        if self.record is not None:
+        # The first failure in a row goes to the log; the next ones would only spend the
+        # consumer's hourly budget of reports on what the checkers already have first.
+        if self.record is not None and up.strikes == 1:
             self.record(password, want.consumer, up, False, 0.0, why)
 
     def _worked(self, want: Want, password: str, up: Upstream, started: float) -> None:

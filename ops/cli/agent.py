@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -32,8 +33,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     ag = sub.add_parser("agent", help="run an agent against a gateway")
     ag.add_argument("role", choices=["worker", "checker", "seed"])
-    ag.add_argument("--gateway", required=True)
-    ag.add_argument("--token", required=True)
+    ag.add_argument(
+        "--gateway",
+        required=True,
+        help="gateway URL(s), comma-separated: the agent moves to the next when one goes",
+    )
+    ag.add_argument(
+        "--token",
+        default=os.environ.get("PPF_TOKEN"),
+        help="the agent's token (default: $PPF_TOKEN, which no process listing shows)",
+    )
     ag.add_argument(
         "--nats", default=None, help="publish here (default: the URL the gateway offers the role)"
     )
@@ -231,6 +240,9 @@ async def _explain(args: argparse.Namespace, targets: list[Any], pool: Any) -> i
 
 
 async def _agent(args: argparse.Namespace) -> int:
+    if not args.token:
+        print("ppf agent: a token is needed: --token or $PPF_TOKEN", file=sys.stderr)
+        return 2
     from agents.checker import Checker, CheckerConfig
     from agents.gateway_client import GatewayClient, GatewayError
     from agents.seednode import SeedConfig, SeedNode
@@ -248,7 +260,7 @@ async def _agent(args: argparse.Namespace) -> int:
     from agents.https import HTTPS_TARGETS
     from agents.judgepool import BUILTIN_JUDGES
 
-    gateway_judge = args.gateway.rstrip("/") + "/judge"
+    gateway_judge = args.gateway.split(",")[0].strip().rstrip("/") + "/judge"
     given = [*args.judge, *args.own_judge]
     judges = given or [gateway_judge, *BUILTIN_JUDGES]
     own = tuple(args.own_judge) if given else (gateway_judge,)

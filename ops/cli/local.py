@@ -102,6 +102,6 @@ async def local_agents(
     async def _stop() -> None:
         stop.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 15)
+            await asyncio.wait_for(task, 8)  # a cycle has 2 s, its releases 3 (agents/loop.py)
 
     stack.push_async_callback(_stop)
