@@ -189,17 +189,19 @@ class GatewayClient:
         once, from the one in use). A body that is not JSON (a proxy's error page) comes
         back as its first 300 characters."""
         assert self._http is not None
+        why = ""
         for _ in self.bases:
             try:
                 async with self._http.request(method, self.base + path, json=body) as r:
                     raw = await r.read()
                     status = r.status
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                self._next_gateway(repr(exc)[:200])
+                why = repr(exc)
+                self._next_gateway(why[:200])
                 continue
             break
         else:
-            return 0, "no gateway answers"
+            return 0, why
         try:
             return status, msgspec.json.decode(raw)
         except msgspec.DecodeError:

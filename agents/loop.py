@@ -186,6 +186,10 @@ class Agent:
         self.cycles = 0
         self._client: GatewayClient | None = None
         self._down = False  # our own network is down (see _outage)
+        # Told to stop (the run's event): a cycle cancelled then gives its leases back.
+        # Cancelled otherwise (a crash's stand-in in tests, a caller's timeout), it dies
+        # holding them, and they expire as a dead agent's do.
+        self._stop: asyncio.Event | None = None
 
     async def _run(
         self,
@@ -195,6 +199,7 @@ class Agent:
     ) -> None:
         """``step(gateway, judges)`` cycle after cycle until ``stop`` is set (or
         ``cycles`` cycles that had work are done), waiting ``idle_s`` after one without."""
+        self._stop = stop
         async with self._gateway_client() as gw, self._judges() as judge:
             self.cycles += await run_cycles(
                 self.name,
@@ -239,6 +244,8 @@ class Agent:
             # Stopped mid-work (run_cycles): the leases go back uncounted, at once, so
             # the next agent takes them without waiting out their TTL and no target pays
             # an attempt for our stop (a seed range keeps its cursor: a release leaves it).
+            if self._stop is None or not self._stop.is_set():
+                raise
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(RELEASE_ON_STOP_S):
                     await asyncio.gather(

@@ -97,36 +97,32 @@ async def _endpoint(
     await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
     await enroll(lg, "c-own", "checker")
     token = await enroll(lg, "shop", "consumer")
-    events = []
-    for proxy in lab.proxies:
-        if proxy.name in CARRIERS:
-            proto, https = CARRIERS[proxy.name]
-            events.append(
-                ev.ProxyWorked(
-                    id=fresh_id(),
-                    agent="c-own",
-                    at=now_ms(),
-                    ip="127.0.0.1",
-                    port=proxy.port,
-                    proto=proto,
-                    latency_ms=5,
-                    exit_ip=proxy.exit_ip,
-                    anonymity=proxy.anonymity,
-                    https=https,
-                )
-            )
-    if extra:
-        events.append(
-            ev.ProxyWorked(
-                id=fresh_id(),
-                agent="c-own",
-                at=now_ms(),
-                ip="127.0.0.1",
-                port=extra,
-                proto="socks5",
-                latency_ms=1,
-            )
+
+    def confirmed(port: int, proto: str, latency_ms: int = 5, **facts: Any) -> ev.ProxyWorked:
+        return ev.ProxyWorked(
+            id=fresh_id(),
+            agent="c-own",
+            at=now_ms(),
+            ip="127.0.0.1",
+            port=port,
+            proto=proto,
+            latency_ms=latency_ms,
+            **facts,
         )
+
+    events = [
+        confirmed(
+            p.port,
+            CARRIERS[p.name][0],
+            exit_ip=p.exit_ip,
+            anonymity=p.anonymity,
+            https=CARRIERS[p.name][1],
+        )
+        for p in lab.proxies
+        if p.name in CARRIERS
+    ]
+    if extra:
+        events.append(confirmed(extra, "socks5", latency_ms=1))
     for event in group(events):
         await lg.publish_raw(ev.agent_subject(event), ev.encode(event), msg_id=event.id)
     outcomes = Outcomes()  # the gateway's /metrics reports the endpoint's, as in ppf up
@@ -151,9 +147,17 @@ async def _endpoint(
 
 async def _curl(*argv: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        "curl", "-s", "-o", "-", "-w", "\n%{http_code}", "--max-time", "15", *argv,
+        "curl",
+        "-s",
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code}",
+        "--max-time",
+        "15",
+        *argv,
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, _ = await proc.communicate()
     body, _, code = out.decode().rpartition("\n")
     return int(code or 0), body

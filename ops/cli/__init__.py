@@ -14,7 +14,19 @@ import os
 import sys
 from collections.abc import Sequence
 
-from ops.cli import admin, agent, bench, endpoint, history, judges, lab, reparse, seed, serve
+from ops.cli import (
+    admin,
+    agent,
+    bench,
+    checks,
+    endpoint,
+    history,
+    judges,
+    lab,
+    reparse,
+    seed,
+    serve,
+)
 from ops.cli.admin import enroll
 from ops.cli.common import data_dir, unsaid
 from ops.nats.client import LogError
@@ -22,7 +34,7 @@ from ops.telemetry import logs
 
 __all__ = ["enroll", "main"]
 
-GROUPS = (serve, endpoint, history, admin, agent, seed, reparse, judges, lab, bench)
+GROUPS = (serve, endpoint, history, admin, agent, checks, seed, reparse, judges, lab, bench)
 
 
 def parser() -> argparse.ArgumentParser:
