@@ -188,7 +188,8 @@ def hidden_for(request: web.Request) -> set[tuple[str, int]]:
     without one, open unless queries are private."""
     state = request.app[FOLD].state
     # Checked out (gateway/checkout.py): its consumer's alone until released or expired.
-    held = {proxy_of(t) for t in state.checked_out}
+    now = now_ms()  # a checkout past its TTL is over, whether or not the ledger said so yet
+    held = {proxy_of(t) for t in state.checked_out if lease_live(state.leases.get(t), now)}
     if "Authorization" not in request.headers:
         open_query(request)
         return held

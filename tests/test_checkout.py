@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -159,3 +160,22 @@ def test_a_checkout_is_found_by_its_key_for_a_day_of_log_time() -> None:
     for n in range(70):
         lease(f"later{n}", at_s=49 * 3_600 + n * 120)
     assert "c1" not in log.state.checkouts
+
+
+async def test_a_checkout_past_its_ttl_is_served_again(log_client: Log) -> None:
+    """A checkout nobody releases ends with its TTL (10 s, the shortest): the proxy is
+    served again though no event has touched its lease since."""
+    async with _gateways(log_client, 1) as (gateways, tokens), aiohttp.ClientSession() as http:
+        status, got = await _post(
+            http, f"{gateways[0]}/v1/checkout", tokens[0], {"count": 1, "ttl_s": 10}
+        )
+        assert status == 200
+        taken = got["proxies"][0]["ip"]
+
+        async def served() -> set[str]:
+            async with http.get(f"{gateways[0]}/v1/proxies?limit=0") as r:
+                return {p["ip"] for p in (await r.json())["proxies"]}
+
+        assert taken not in await served()
+        await asyncio.sleep(max(0.0, got["proxies"][0]["expires_at"] / 1000 - time.time()) + 1)
+        assert taken in await served()
