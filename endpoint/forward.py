@@ -62,7 +62,7 @@ class Idle:
     # A link is reused for this long after it opened, then a fresh one is made: an
     # upstream that died for new connections (a tarpit, a restart) would otherwise keep
     # serving through old ones, and the endpoint never learn it, nor tell the fleet.
-    max_age_s: float = 15.0
+    max_age_s: float = 3.0
     links: dict[tuple[object, ...], list[Link]] = field(default_factory=dict)
 
     def take(self, key: tuple[object, ...], now: float) -> Link | None:
