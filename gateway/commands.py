@@ -57,6 +57,7 @@ from gateway.http import (
     client_address,
     decode_body,
     reply,
+    retry_later,
 )
 from gateway.leases import Granter
 from projections.readmodels import proxy_status
@@ -301,11 +302,8 @@ def anonymous_reporter(request: web.Request) -> str:
     a token; 429 past it."""
     wait = request.app[ANONYMOUS_REPORTS].take(client_address(request))
     if wait > 0:
-        raise ApiError(
-            429,
-            "report-budget",
-            "too many reports without a token from this address",
-            headers={"Retry-After": str(max(1, round(wait)))},
+        raise retry_later(
+            wait, "report-budget", "too many reports without a token from this address"
         )
     return ANONYMOUS
 

@@ -27,6 +27,7 @@ from gateway.http import FOLD, ApiError, authorize, open_query, reply
 from gateway.queries import SNAPSHOT, hidden_for
 from projections.readmodels import ProxyFilter
 from projections.snapshot import ProxyView
+from reducers.state import ProxyRow
 
 __all__ = ["routes"]
 
@@ -47,12 +48,13 @@ def _served(request: web.Request) -> list[ProxyView]:
     ]
 
 
-def _address(v: ProxyView) -> str:
+def _address(v: ProxyView | ProxyRow) -> str:
     return f"[{v.ip}]:{v.port}" if ":" in v.ip else f"{v.ip}:{v.port}"
 
 
-def _as_proxy_pool(v: ProxyView) -> dict[str, Any]:
-    """One proxy in proxy_pool's ``Proxy.to_dict`` shape."""
+def _as_proxy_pool(v: ProxyView | ProxyRow) -> dict[str, Any]:
+    """One proxy in proxy_pool's ``Proxy.to_dict`` shape (``last_time``: when it was last
+    confirmed), from the snapshot's view or the projection's row alike."""
     return {
         "proxy": _address(v),
         "https": v.https == "yes",
@@ -126,20 +128,9 @@ async def pop(request: web.Request) -> web.Response:
         return reply({"code": 0, "src": "no proxy"})
     p = answer.proxies[0]
     row = request.app[FOLD].state.proxies.get((p.ip, p.port))
-    host = f"[{p.ip}]" if ":" in p.ip else p.ip
-    return reply(
-        {
-            "proxy": f"{host}:{p.port}",
-            "https": row is not None and row.https == "yes",
-            "fail_count": row.fail_streak if row is not None else 0,
-            "region": row.country if row is not None else "",
-            "anonymous": row.anonymity if row is not None else "",
-            "source": "ppf",
-            "check_count": row.confirmations if row is not None else 0,
-            "last_status": True,
-            "last_time": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
-    )
+    if row is None:  # evicted since it was handed out (dead three TTLs): nothing to give
+        return reply({"code": 0, "src": "no proxy"})
+    return reply(_as_proxy_pool(row))
 
 
 for _path, _handler in (

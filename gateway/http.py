@@ -40,6 +40,7 @@ __all__ = [
     "middleware",
     "problem",
     "reply",
+    "retry_later",
 ]
 
 T = TypeVar("T")
@@ -300,12 +301,7 @@ def authorize(request: web.Request, *roles: str) -> Caller:
         wait = request.app[AUTH_FAILURES].take(peer)
         log.warning("auth_failed", peer=peer, path=request.path, refused=wait > 0)
         if wait > 0:
-            raise ApiError(
-                429,
-                "too-many-failures",
-                "too many wrong tokens from this address",
-                headers={"Retry-After": str(max(1, round(wait)))},
-            )
+            raise retry_later(wait, "too-many-failures", "too many wrong tokens from this address")
         raise ApiError(401, "unauthorized", "unknown or revoked token")
     structlog.contextvars.bind_contextvars(agent=name)
     agent = state.agents[name]
@@ -313,13 +309,13 @@ def authorize(request: web.Request, *roles: str) -> Caller:
         raise ApiError(403, "forbidden", f"role {agent.role} may not do this")
     wait = request.app[LIMITER].take(digest)
     if wait > 0:
-        raise ApiError(
-            429,
-            "rate-limited",
-            "too many requests for this token",
-            headers={"Retry-After": str(max(1, round(wait)))},
-        )
+        raise retry_later(wait, "rate-limited", "too many requests for this token")
     return Caller(name=name, role=agent.role, token_sha256=digest)
+
+
+def retry_later(wait_s: float, kind: str, detail: str) -> ApiError:
+    """The 429 a limiter's ``wait_s`` (RateLimiter.take) answers, with its Retry-After."""
+    return ApiError(429, kind, detail, headers={"Retry-After": str(max(1, round(wait_s)))})
 
 
 def client_address(request: web.Request) -> str:

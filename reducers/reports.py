@@ -21,7 +21,7 @@ also bounds what ``doubted`` holds. Pure, deterministic: log time only.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from events.catalogue import ProxiesChecked, ProxyReported
 from reducers import trust
@@ -110,17 +110,27 @@ def _take(state: State, name: str, hour: int, ts: int) -> bool:
 def served_now(state: State, ts: int) -> int:
     """How many proxies ``/v1/proxies`` serves by default at log time ``ts``: alive,
     confirmed by an agent trusted now, not failing, not seen tampering."""
-    return sum(1 for r in state.proxies.values() if _served(state, r, ts))
+    served = _served_at(state, ts)  # the TTL's edge and who is trusted, once for all rows
+    return sum(1 for r in state.proxies.values() if served(r))
 
 
 def _served(state: State, row: ProxyRow, ts: int) -> bool:
+    return _served_at(state, ts)(row)
+
+
+def _served_at(state: State, ts: int) -> Callable[[ProxyRow], bool]:
     alive_from, _ = band_edges(ts, state.settings.proxy_ttl_s)
-    return (
-        row.last_seen >= alive_from
-        and not row.fail_streak
-        and not row.mitm
-        and trust.vouched(state)(row.agents)
-    )
+    vouched = trust.vouched(state)
+
+    def served(row: ProxyRow) -> bool:
+        return (
+            row.last_seen >= alive_from
+            and not row.fail_streak
+            and not row.mitm
+            and vouched(row.agents)
+        )
+
+    return served
 
 
 def cleared(state: State, key: ProxyKey) -> None:
