@@ -75,13 +75,16 @@ async def readyz(request: web.Request) -> web.Response:
     return reply(body, 200 if ready else 503)
 
 
-def pool_census(app: web.Application, state: State, now: int, *, idle: bool) -> dict[str, Any]:
+async def pool_census(
+    app: web.Application, state: State, now: int, *, idle: bool
+) -> dict[str, Any]:
     """The pool as ``GET /v1/proxies`` serves it (``ProxySnapshot.census``: alive is
     what it serves; unconfirmed, suspect and mitm on their own lines), at the snapshot's
     ``seq``; stale from the counts the fold keeps (``reducers/pool.py``). While the fold
     moves (not ``idle``) the snapshot there is answers, rebuilt by the queries' own
-    rhythm, so /v1/stats costs nothing; idle, it is the applied sequence's."""
-    snap = app[SNAPSHOT].snapshot(state, idle=idle)
+    rhythm, so /v1/stats costs nothing; idle, the applied sequence's once it is built
+    (``SnapshotKeeper.settled``: a large pool's is built while the old one answers)."""
+    snap = await app[SNAPSHOT].settled(state, idle=idle)
     stale = state.composition.bands(now, state.settings.proxy_ttl_s)["stale"]
     return {**snap.census(now), "stale": sum(stale.values()), "known": len(state.proxies)}
 
@@ -114,7 +117,7 @@ async def stats(request: web.Request) -> web.Response:
     head = await fold.head_seq()
     granter = request.app[GRANTER]
     now = now_ms()
-    pool = pool_census(request.app, state, now, idle=head <= fold.applied_seq)
+    pool = await pool_census(request.app, state, now, idle=head <= fold.applied_seq)
     digest_seq, digest = fold.digest()
     active = sum(1 for a in state.agents.values() if now - a.last_seen <= 300_000)
     tap = fold.tap.stats if fold.tap is not None else None

@@ -97,7 +97,7 @@ async def take(request: web.Request, name: str, body: CheckoutRequest) -> Checko
         mitm=False,
     )
     hidden = hidden_for(request)
-    snap = request.app[SNAPSHOT].get(request)
+    snap = await request.app[SNAPSHOT].get(request)
     views = [v for v in snap.select(f, now, limit=0) if (v.ip, v.port) not in hidden]
     grants = await request.app[GRANTER].grant(
         name, "proxy", body.count, body.ttl_s, proxies=views, checkout=cid, room=room

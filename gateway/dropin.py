@@ -35,11 +35,11 @@ routes = web.RouteTableDef()
 _HTTP = ("http", "https")
 
 
-def _served(request: web.Request) -> list[ProxyView]:
+async def _served(request: web.Request) -> list[ProxyView]:
     """HTTP proxies served now (``type=https``: those that carried HTTPS)."""
     hidden = hidden_for(request)
     https = request.query.get("type", "").lower() == "https"
-    snap = request.app[SNAPSHOT].get(request)
+    snap = await request.app[SNAPSHOT].get(request)
     f = ProxyFilter(mitm=False, https=True if https else None)
     return [
         v
@@ -73,18 +73,18 @@ def _both(path: str) -> list[str]:
 
 
 async def get(request: web.Request) -> web.Response:
-    served = _served(request)
+    served = await _served(request)
     if not served:
         return reply({"code": 0, "src": "no proxy"})
     return reply(_as_proxy_pool(random.choice(served)))
 
 
 async def all_(request: web.Request) -> web.Response:
-    return reply([_as_proxy_pool(v) for v in _served(request)])
+    return reply([_as_proxy_pool(v) for v in await _served(request)])
 
 
 async def count(request: web.Request) -> web.Response:
-    served = _served(request)
+    served = await _served(request)
     https = sum(1 for v in served if v.https == "yes")
     kinds = {k: n for k, n in (("http", len(served) - https), ("https", https)) if n}
     return reply({"http_type": kinds, "source": {"ppf": len(served)}, "count": len(served)})
@@ -107,7 +107,7 @@ async def delete(request: web.Request) -> web.Response:
 
 
 async def random_one(request: web.Request) -> web.Response:
-    served = _served(request)
+    served = await _served(request)
     if not served:
         raise ApiError(404, "no-proxy", "no proxy in the pool")  # nothing to hand out
     return web.Response(text=_address(random.choice(served)), content_type="text/plain")

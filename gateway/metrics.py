@@ -153,7 +153,7 @@ async def metrics(request: web.Request) -> web.Response:
 
     fold = request.app[FOLD]
     head = await fold.head_seq()
-    census = pool_census(request.app, fold.state, now_ms(), idle=head <= fold.applied_seq)
+    census = await pool_census(request.app, fold.state, now_ms(), idle=head <= fold.applied_seq)
     text = metrics_text(request.app, head, census)
     return web.Response(
         text=text,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Generator
+from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
@@ -23,7 +25,7 @@ from projections.readmodels import (
     source_score,
     status_at,
 )
-from projections.snapshot import CENSUS_MS, ProxySnapshot, ProxyView, build
+from projections.snapshot import CENSUS_MS, ProxySnapshot, ProxyView, building, dropping
 from reducers import ProxyRow, State, trust
 from reducers.pool import lease_live
 from reducers.reports import hidden_from
@@ -32,16 +34,20 @@ from reducers.state import latency_samples, unpack_samples
 __all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
 
 routes = web.RouteTableDef()
+T = TypeVar("T")
 
 
 class SnapshotKeeper:
     """Holds the current proxy snapshot; rebuilds it when the fold moved and it is stale.
 
     Stale means older than ``1 / share`` times its own build took (within ``min_age_s``
-    and ``max_age_s``), so rebuilding holds the event loop at most ``share`` of the
-    time: a small pool's snapshot follows the fold within a tenth of a second (a death
-    served a second longer cost the churn lab's precision), a million proxies' (seconds
-    to build) is not rebuilt every second while the fold moves.
+    and ``max_age_s``), so rebuilding takes at most ``share`` of the event loop's time: a
+    small pool's snapshot follows the fold within a tenth of a second (a death served a
+    second longer cost the churn lab's precision), a million proxies' (seconds to build)
+    is not rebuilt every second while the fold moves. A build gives the loop back every
+    ``slice_s`` (``projections.snapshot.building``): the requests that wait for it wait,
+    the others (a lease, /v1/stats) are answered meanwhile. One build at a time; every
+    request that needs one waits for the same.
     """
 
     def __init__(
@@ -50,33 +56,88 @@ class SnapshotKeeper:
         share: float = 0.1,
         min_age_s: float = 0.1,
         max_age_s: float = 30.0,
+        slice_s: float = 0.002,
+        wait_s: float = 0.01,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.share, self.min_age_s, self.max_age_s = share, min_age_s, max_age_s
+        self.slice_s, self.wait_s = slice_s, wait_s
         self.clock = clock
         self.current: ProxySnapshot | None = None
         self._built = 0.0
         self._age_s = min_age_s  # how long the current one stays fresh
+        self._took = 0.0  # the loop's time the last build took, its slices summed
+        self._task: asyncio.Task[ProxySnapshot] | None = None
+        self._retiring: set[asyncio.Task[tuple[None, float]]] = set()
 
-    def get(self, request: web.Request) -> ProxySnapshot:
-        return self.snapshot(request.app[FOLD].state)
+    async def get(self, request: web.Request) -> ProxySnapshot:
+        return await self.snapshot(request.app[FOLD].state)
 
-    def snapshot(self, state: State, *, idle: bool | None = None) -> ProxySnapshot:
-        """The current snapshot, rebuilt first when stale. ``idle`` (for ``/v1/stats``,
-        which says the ``seq`` it saw): False while the fold moves, the one there is
-        (built only when there is none), so the call costs nothing; True when the fold
-        is idle, the applied sequence's, however fresh the last one was."""
+    def stale(self, state: State) -> bool:
         snap = self.current
-        fresh = self.clock() - self._built < self._age_s
-        moved = snap is not None and snap.seq != state.last_seq
-        if snap is None or (moved and (idle or (idle is None and not fresh))):
-            start = self.clock()
-            snap = build(state)
-            self.current = snap  # one assignment: readers see the old or the new one
-            self._built = self.clock()
-            took = self._built - start
-            self._age_s = min(self.max_age_s, max(self.min_age_s, took / self.share))
+        if snap is None:
+            return True
+        return snap.seq != state.last_seq and self.clock() - self._built >= self._age_s
+
+    async def snapshot(self, state: State) -> ProxySnapshot:
+        """For queries: the current snapshot, rebuilt first when stale."""
+        if self.stale(state):
+            return await asyncio.shield(self._start(state))
+        assert self.current is not None
+        return self.current
+
+    async def settled(self, state: State, *, idle: bool) -> ProxySnapshot:
+        """For /v1/stats, which says the ``seq`` it saw: while the fold moves (not
+        ``idle``), the snapshot there is (built only when there is none), so the call
+        costs nothing; idle, the applied sequence's when it is ready within ``wait_s``
+        (a small pool's always is), else the one there is while the next is built."""
+        snap = self.current
+        if snap is None:
+            return await asyncio.shield(self._start(state))
+        if not idle or snap.seq == state.last_seq:
+            return snap
+        if self._took > self.wait_s:  # a big pool: the next is built, this one answers
+            if self.stale(state):
+                self._start(state)
+            return snap
+        # Every await costs a round of the loop's other work (the fold's slices, a
+        # build's): a small pool's build is waited for, never a big one's.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._start(state)), self.wait_s)
+        return self.current or snap
+
+    def _start(self, state: State) -> asyncio.Task[ProxySnapshot]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._build(state))
+        return self._task
+
+    async def _build(self, state: State) -> ProxySnapshot:
+        snap, self._took = await self._drive(building(state, now_ms()))
+        self._built = self.clock()
+        old, self.current = self.current, snap  # readers see the old or the new one
+        self._age_s = min(self.max_age_s, max(self.min_age_s, self._took / self.share))
+        if old is not None:
+            # Freeing a hundred thousand views at once held the loop 36 ms: the last
+            # references go a step at a time (unless a request still reads the old one).
+            views, old = list(old.by_latency), None
+            task = asyncio.get_running_loop().create_task(self._drive(dropping(views)))
+            self._retiring.add(task)
+            task.add_done_callback(self._retiring.discard)
         return snap
+
+    async def _drive(self, steps: Generator[None, None, T]) -> tuple[T, float]:
+        """Run ``steps`` to their end, giving the loop back every ``slice_s``; their value
+        and the loop's time they took (their slices summed)."""
+        took, mark = 0.0, self.clock()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return done.value, took + self.clock() - mark
+            if self.clock() - mark >= self.slice_s:
+                took += self.clock() - mark
+                await asyncio.sleep(0)
+                mark = self.clock()
 
 
 SNAPSHOT = web.AppKey("snapshot", SnapshotKeeper)
@@ -204,7 +265,7 @@ async def proxies(request: web.Request) -> web.StreamResponse:
     sort = choice(request, "sort", ("latency", "last_seen"), "latency")
     fmt = choice(request, "format", ("json", "txt", *FORMATS), "json")
     limit = integer(request, "limit", 100) or 0
-    snap = request.app[SNAPSHOT].get(request)
+    snap = await request.app[SNAPSHOT].get(request)
     now = now_ms()
     # The same answer while the snapshot, the TTL's edge (5 s slices) and what is hidden
     # from the caller stay: pollers (the rotating endpoint's feed) get 304 for nothing.

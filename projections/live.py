@@ -11,6 +11,7 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,6 +65,7 @@ class FoldService:
         every_ms: int = 5_000,
         tap: Sink | None = None,
         deposits: DepositStore | None = None,
+        slices: Callable[[], None] = lambda: None,
     ) -> None:
         self.log = log_client
         self.deposits = deposits  # its operations go into the tap's metrics row
@@ -89,6 +91,9 @@ class FoldService:
         self._cut = asyncio.Lock()
         self._head = (0.0, 0)
         self.dlq_sent = 0
+        # Called after each slice of the fold (the process's collector policy: ops/cli
+        # passes ops/collector.py's young collection; nothing by default).
+        self.between_slices = slices
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
 
     @property
@@ -192,6 +197,7 @@ class FoldService:
                     # back within about SLICE_S.
                     i = self.folder.apply_for(messages, i, SLICE_S)
                 self._wake()
+                self.between_slices()
                 await asyncio.sleep(0)  # let queries and publishes in between slices
             async with self._cut:
                 if self.tap is not None:

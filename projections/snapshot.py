@@ -8,20 +8,30 @@ old one in a single assignment, so a reader sees one sequence or the next, never
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import bisect
+import heapq
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from itertools import islice
+from typing import Any
+
+import msgspec
 
 from projections.readmodels import ProxyFilter
 from reducers import State, trust
 from reducers.pool import band_edges
+from reducers.state import ProxyRow
 
-__all__ = ["CENSUS_MS", "ProxySnapshot", "ProxyView", "build"]
+__all__ = ["CENSUS_MS", "ProxySnapshot", "ProxyView", "build", "building", "dropping"]
 
 CENSUS_MS = 5_000
 
 
-class ProxyView(NamedTuple):
+class ProxyView(msgspec.Struct, gc=False):
+    """One row as a query reads it, copied whole. Untracked by the collector (``gc=False``:
+    it holds no container that could hold it back), so a snapshot's hundred thousand views
+    cost no collection a walk; built by msgspec in C, not by a Python ``__new__``."""
+
     latency: float
     ip: str
     port: int
@@ -46,6 +56,58 @@ class ProxyView(NamedTuple):
 
 
 Index = dict[object, tuple[ProxyView, ...]]
+_LINES = ("alive", "unconfirmed", "suspect", "mitm")
+_BY = (("by_proto", "proto"), ("by_anonymity", "anonymity"), ("by_country", "country"))
+
+
+def _line(v: ProxyView) -> str:
+    """The census line of a row within the TTL (the order /v1/proxies' statuses use)."""
+    if v.fail_streak:
+        return "suspect"
+    if not v.confirmed:
+        return "unconfirmed"
+    return "mitm" if v.mitm else "alive"
+
+
+@dataclass(slots=True)
+class Tally:
+    """Counts of the rows ``by_last_seen[:edge]``: moving the edge adds or takes away only
+    the rows between the old edge and the new one (a few, as the TTL's edge moves in
+    real time), so a census costs a full walk once a snapshot, not once a slice."""
+
+    edge: int = 0
+    at: int = -1
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_LINES, 0))
+    by: dict[str, dict[str, int]] = field(default_factory=lambda: {k: {} for k, _ in _BY})
+    answer: dict[str, Any] | None = None
+
+    def moving(self, rows: tuple[ProxyView, ...], edge: int) -> Generator[None, None, None]:
+        """Move the edge to ``edge``, ``STEP`` rows a step."""
+        while self.edge != edge:
+            step = max(-STEP, min(STEP, edge - self.edge))
+            lo, hi = sorted((self.edge, self.edge + step))
+            self._count(rows[lo:hi], 1 if step > 0 else -1)
+            self.edge += step
+            yield
+
+    def _count(self, rows: tuple[ProxyView, ...], sign: int) -> None:
+        counts, by = self.counts, self.by
+        for v in rows:
+            line = _line(v)
+            counts[line] += sign
+            if line != "alive":
+                continue
+            for name, attr in _BY:
+                d = by[name]
+                value = getattr(v, attr) if attr == "proto" else getattr(v, attr) or "unknown"
+                left = d.get(value, 0) + sign
+                if left:
+                    d[value] = left
+                else:
+                    del d[value]
+
+    def answer_counts(self) -> dict[str, Any]:
+        return {**self.counts, **{k: dict(sorted(d.items())) for k, d in self.by.items()}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,46 +119,33 @@ class ProxySnapshot:
     # Views by proto, anonymity, country and ASN, each sorted by latency: a selective
     # filter scans its own short list instead of the whole pool.
     indexes: dict[str, Index]
-    # census() answers, by the CENSUS_MS slice of time they were counted at.
-    censuses: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # The census's running tally (``Tally``): what the walk of by_last_seen counted down
+    # to the TTL's edge it was last asked at, moved from there as the edge moves.
+    tally: Tally = field(default_factory=lambda: Tally())
 
     def census(self, now: int) -> dict[str, Any]:
         """The pool within the TTL as ``GET /v1/proxies`` sees it: ``alive`` is what it
         serves by default (confirmed by an agent trusted now, latest check not failed,
         never seen tampering), by protocol, anonymity and country; ``unconfirmed``,
-        ``suspect`` and ``mitm`` on their own lines. One walk of the alive rows, kept for
-        the slice of time it was counted in (the TTL's edge moves that slowly)."""
+        ``suspect`` and ``mitm`` on their own lines. Counted for a ``CENSUS_MS`` slice of
+        time; a later slice walks only the rows that crossed the TTL's edge since."""
+        for _ in self.counting(now):
+            pass
+        assert self.tally.answer is not None
+        return self.tally.answer
+
+    def counting(self, now: int) -> Generator[None, None, None]:
+        """``census(now)`` a step at a time (a new snapshot's first census walks it all)."""
         at = now // CENSUS_MS
-        found = self.censuses.get(at)
-        if found is not None:
-            return found
-        alive_from, _ = band_edges(now, self.ttl_s)
-        counts = {"alive": 0, "unconfirmed": 0, "suspect": 0, "mitm": 0}
-        by: dict[str, dict[str, int]] = {"by_proto": {}, "by_anonymity": {}, "by_country": {}}
-        for v in self.by_last_seen:
-            if v.last_seen < alive_from:
-                break  # newest first: the rest are older
-            line = (
-                "suspect"
-                if v.fail_streak
-                else "unconfirmed"
-                if not v.confirmed
-                else "mitm"
-                if v.mitm
-                else "alive"
-            )
-            counts[line] += 1
-            if line == "alive":
-                for name, value in (
-                    ("by_proto", v.proto),
-                    ("by_anonymity", v.anonymity or "unknown"),
-                    ("by_country", v.country or "unknown"),
-                ):
-                    by[name][value] = by[name].get(value, 0) + 1
-        found = {"seq": self.seq, **counts, **{k: dict(sorted(d.items())) for k, d in by.items()}}
-        self.censuses.clear()  # one slice kept: the latest
-        self.censuses[at] = found
-        return found
+        tally = self.tally
+        if tally.at != at:
+            alive_from, _ = band_edges(at * CENSUS_MS, self.ttl_s)
+            # by_last_seen is newest first: the rows within the TTL are a prefix of it.
+            edge = bisect.bisect_right(self.by_last_seen, -alive_from, key=_newest_first)
+            yield from tally.moving(self.by_last_seen, edge)
+            tally.at, tally.answer = at, None
+        if tally.answer is None:
+            tally.answer = {"seq": self.seq, **tally.answer_counts()}
 
     def _base(self, f: ProxyFilter) -> tuple[ProxyView, ...] | None:
         one_country = f.country[0] if f.country is not None and len(f.country) == 1 else None
@@ -170,55 +219,125 @@ class ProxySnapshot:
                 return
 
 
+def _by_latency(v: ProxyView) -> tuple[float, str, int]:
+    return (v.latency, v.ip, v.port)
+
+
 def _by_last_seen(v: ProxyView) -> tuple[int, str, int]:
     return (-v.last_seen, v.ip, v.port)
 
 
-def _index(views: tuple[ProxyView, ...], key: str) -> Index:
-    groups: dict[object, list[ProxyView]] = {}
-    if key == "proto":
-        for v in views:
-            for p in v.protos:
-                groups.setdefault(p, []).append(v)
-    else:
-        for v in views:
-            groups.setdefault(getattr(v, key), []).append(v)
-    return {k: tuple(vs) for k, vs in groups.items()}
+def _newest_first(v: ProxyView) -> int:
+    return -v.last_seen
+
+
+# Rows a step of ``building``: at most ~2.5 ms of this machine's time for any kind of step.
+STEP = 1_024
+
+Building = Generator[None, None, ProxySnapshot]
 
 
 def build(state: State) -> ProxySnapshot:
+    """The snapshot of ``state`` at once (tests, replays; the gateway drives ``building``)."""
+    steps = building(state)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+
+def building(state: State, now: int | None = None) -> Building:
+    """The snapshot of ``state``, built a step of at most ``STEP`` rows at a time: the
+    caller (gateway/queries.py) gives the event loop back between steps, so a pool of a
+    million rows never holds it for the second its snapshot takes. Each row is copied
+    whole within one step; rows the fold changes between steps are copied as they are
+    then (the snapshot's ``seq`` is where it started), and rows it adds wait for the next
+    snapshot. With ``now``, the census at ``now`` is counted as a last step."""
     vouched = trust.vouched(state)
-    views = [
-        ProxyView(
-            r.latency_ema,
-            r.ip,
-            r.port,
-            r.proto,
-            r.protos,
-            r.anonymity,
-            r.country,
-            r.asn,
-            r.as_org,
-            r.mitm,
-            r.https,
-            r.last_seen,
-            r.first_seen,
-            r.exit_ip,
-            r.confirmations,
-            r.fail_streak,
-            len(r.agents),
-            r.sources,
-            r.samples,
-            f"{r.proto}://{r.ip}:{r.port}\n",
-            vouched(r.agents),
-        )
-        for r in state.proxies.values()
-    ]
-    by_latency = tuple(sorted(views, key=lambda v: (v.latency, v.ip, v.port)))
-    return ProxySnapshot(
-        seq=state.last_seq,
-        ttl_s=state.settings.proxy_ttl_s,
-        by_latency=by_latency,
-        by_last_seen=tuple(sorted(views, key=_by_last_seen)),
-        indexes={k: _index(by_latency, k) for k in ("proto", "anonymity", "country", "asn")},
+    seq, ttl_s = state.last_seq, state.settings.proxy_ttl_s
+    rows = list(state.proxies.values())
+    views: list[ProxyView] = []
+    for i in range(0, len(rows), STEP):
+        views.extend(_view(r, vouched) for r in rows[i : i + STEP])
+        yield
+    by_latency = yield from _sorting(views, _by_latency)
+    by_last_seen = yield from _sorting(views, _by_last_seen)
+    indexes = {}
+    for key in ("proto", "anonymity", "country", "asn"):
+        indexes[key] = yield from _indexing(by_latency, key)
+    snap = ProxySnapshot(seq, ttl_s, by_latency, by_last_seen, indexes)
+    if now is not None:
+        yield from snap.counting(now)  # the one full walk, here rather than on a request
+    return snap
+
+
+def _view(r: ProxyRow, vouched: Callable[[tuple[str, ...]], bool]) -> ProxyView:
+    return ProxyView(
+        r.latency_ema,
+        r.ip,
+        r.port,
+        r.proto,
+        r.protos,
+        r.anonymity,
+        r.country,
+        r.asn,
+        r.as_org,
+        r.mitm,
+        r.https,
+        r.last_seen,
+        r.first_seen,
+        r.exit_ip,
+        r.confirmations,
+        r.fail_streak,
+        len(r.agents),
+        r.sources,
+        r.samples,
+        f"{r.proto}://{r.ip}:{r.port}\n",
+        vouched(r.agents),
     )
+
+
+def _sorting(
+    views: list[ProxyView], key: Callable[[ProxyView], tuple[Any, ...]]
+) -> Generator[None, None, tuple[ProxyView, ...]]:
+    """``tuple(sorted(views, key=key))`` in steps: runs of ``STEP`` sorted one a step,
+    then merged ``STEP`` at a time (keys are unique: ip and port end every key)."""
+    runs = []
+    for i in range(0, len(views), STEP):
+        runs.append(sorted(views[i : i + STEP], key=key))
+        yield
+    if len(runs) <= 1:
+        return tuple(runs[0]) if runs else ()
+    merged = heapq.merge(*runs, key=key)
+    out: list[ProxyView] = []
+    while chunk := list(islice(merged, STEP)):
+        out.extend(chunk)
+        yield
+    return tuple(out)
+
+
+def _indexing(views: tuple[ProxyView, ...], key: str) -> Generator[None, None, Index]:
+    groups: dict[object, list[ProxyView]] = {}
+    for i in range(0, len(views), STEP):
+        if key == "proto":
+            for v in views[i : i + STEP]:
+                for p in v.protos:
+                    groups.setdefault(p, []).append(v)
+        else:
+            for v in views[i : i + STEP]:
+                groups.setdefault(getattr(v, key), []).append(v)
+        yield
+    index = {}
+    for k, vs in groups.items():
+        index[k] = tuple(vs)
+        yield
+    return index
+
+
+def dropping(views: list[ProxyView]) -> Generator[None, None, None]:
+    """Let go of a retired snapshot's views (its last references: ``views`` is the one
+    list that holds them), ``STEP`` at a time."""
+    while views:
+        del views[-STEP:]
+        yield

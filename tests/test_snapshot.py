@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import random
 from typing import Any
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from projections import snapshot
 from projections.readmodels import ProxyFilter, query_proxies
 from projections.snapshot import build
 from reducers import State, fold
@@ -68,7 +72,7 @@ def test_snapshot_select_equals_the_read_model(
     assert got == expected
 
 
-def test_a_snapshot_stays_fresh_ten_times_as_long_as_it_took_to_build(
+async def test_a_snapshot_stays_fresh_ten_times_as_long_as_it_took_to_build(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The gateway's snapshot is rebuilt when the fold moved and it is older than ten
@@ -79,31 +83,101 @@ def test_a_snapshot_stays_fresh_ten_times_as_long_as_it_took_to_build(
     now = [100.0]
     build_s = [0.001]
 
-    def slow_build(state: State) -> Any:
+    def slow_building(state: State, at: int | None = None) -> Any:
         now[0] += build_s[0]  # the build's own time passes on the keeper's clock
-        return build(state)
+        return (yield from snapshot.building(state, at))
 
-    monkeypatch.setattr(queries, "build", slow_build)
+    monkeypatch.setattr(queries, "building", slow_building)
     state = State()
     fold(state, worked("8.8.8.8"), 1, T0)
-    keeper = queries.SnapshotKeeper(clock=lambda: now[0])
-    first = keeper.snapshot(state)
+    keeper = queries.SnapshotKeeper(clock=lambda: now[0], slice_s=10.0)
+    first = await keeper.snapshot(state)
     fold(state, worked("8.8.4.4"), 2, T0)
     now[0] += 0.05
-    assert keeper.snapshot(state) is first  # 0.05 s old: fresh for 0.1 s
+    assert await keeper.snapshot(state) is first  # 0.05 s old: fresh for 0.1 s
     now[0] += 0.06
-    second = keeper.snapshot(state)
+    second = await keeper.snapshot(state)
     assert second is not first and second.seq == 2
     build_s[0] = 2.0  # a big pool: the next build takes 2 s
     fold(state, worked("8.8.4.5"), 3, T0)
     now[0] += 0.2
-    third = keeper.snapshot(state)
+    third = await keeper.snapshot(state)
     assert third.seq == 3
     fold(state, worked("8.8.4.6"), 4, T0)
     now[0] += 15.0
-    assert keeper.snapshot(state) is third  # 15 s old, fresh for 20 s
+    assert await keeper.snapshot(state) is third  # 15 s old, fresh for 20 s
     now[0] += 6.0
-    assert keeper.snapshot(state).seq == 4
-    fourth = keeper.snapshot(state)
+    assert (await keeper.snapshot(state)).seq == 4
+    fourth = await keeper.snapshot(state)
     now[0] += 100.0
-    assert keeper.snapshot(state) is fourth  # not moved since: kept however old
+    assert await keeper.snapshot(state) is fourth  # not moved since: kept however old
+
+
+def _big_pool(n: int, seed: int = 7) -> State:
+    rng = random.Random(seed)
+    state = State()
+    for seq in range(1, n + 1):
+        i = rng.randrange(4 * n)
+        event = worked(
+            f"45.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
+            1000 + i % 5,
+            proto=rng.choice(PROTOS),
+            latency_ms=rng.choice([50, 120, 800]),  # ties: ip and port decide the order
+            anonymity=rng.choice(ANON),
+        )
+        fold(state, event, seq, T0 + rng.randrange(600_000))
+    return state
+
+
+def test_a_snapshot_built_in_steps_is_the_one_built_at_once() -> None:
+    """Runs sorted a step each and merged give the very orders (and indexes) of one
+    sort of the whole pool, ties included."""
+    state = _big_pool(3 * snapshot.STEP + 17)
+    snap = build(state)
+    views = list(snap.by_latency)
+    assert list(snap.by_latency) == sorted(views, key=lambda v: (v.latency, v.ip, v.port))
+    assert list(snap.by_last_seen) == sorted(views, key=lambda v: (-v.last_seen, v.ip, v.port))
+    assert len(views) == len(state.proxies)
+    for v in snap.indexes["proto"]["socks5"]:
+        assert "socks5" in v.protos
+    assert snap.indexes["anonymity"]["elite"] == tuple(v for v in views if v.anonymity == "elite")
+
+
+def test_a_census_moved_with_the_ttls_edge_equals_one_counted_afresh() -> None:
+    """As time moves on (and back), the running tally counts what a fresh snapshot's
+    first census counts at the same moment."""
+    state = _big_pool(2_000)
+    state.settings = msgspec.structs.replace(state.settings, proxy_ttl_s=300)
+    moving = build(state)
+    for later in (0, 200_000, 450_000, 610_000, 330_000, 900_000, 5_000):
+        now = T0 + later
+        assert moving.census(now) == build(state).census(now)
+    assert moving.census(T0 + 900_000)["alive"] == 0 and build(state).census(T0)["alive"] > 0
+
+
+async def test_a_big_pools_build_gives_the_loop_back_and_stats_do_not_wait_for_it() -> None:
+    """While a pool of several steps is built, other coroutines run between its steps;
+    an idle /v1/stats takes the snapshot there is rather than wait for a slow build."""
+    from gateway import queries
+
+    state = _big_pool(4 * snapshot.STEP)
+    keeper = queries.SnapshotKeeper(slice_s=0.0, wait_s=0.0)
+    first = await keeper.snapshot(state)
+    keeper._took = 1.0  # as a big pool's build: stale rules, not the wait
+    keeper._built -= 60.0
+    fold(state, worked("8.8.8.8"), state.last_seq + 1, T0)
+    ticks = 0
+
+    async def ticking() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(ticking())
+    answered = await keeper.settled(state, idle=True)
+    assert answered is first  # the new one is not ready yet
+    second = await keeper.snapshot(state)  # a query waits for it
+    ticker.cancel()
+    assert second.seq == state.last_seq and second is not first
+    assert ticks > 20  # the loop ran others between the build's steps

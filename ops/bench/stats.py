@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -97,11 +98,21 @@ def _publisher(url: str, first: int, count: int, pool: int, rate: float) -> subp
 
 @contextlib.asynccontextmanager
 async def _gateway(url: str, workdir: Path, name: str) -> AsyncIterator[str]:
+    async with _gateway_process(url, workdir, name) as (base, _):
+        yield base
+
+
+@contextlib.asynccontextmanager
+async def _gateway_process(
+    url: str, workdir: Path, name: str
+) -> AsyncIterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     proc = await asyncio.to_thread(_spawn_gateway, url, port, workdir / f"{name}.log")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc
     finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused one too
         proc.terminate()
         await asyncio.to_thread(proc.wait, 30)
 
@@ -171,11 +182,18 @@ def _summary(latencies: list[float]) -> dict[str, float]:
     }
 
 
-async def _backlog(workdir: Path, observations: int, proxies: int, seed: int) -> dict[str, Any]:
-    """Phase 4: /v1/stats and a lease grant while the gateway works off a backlog."""
+async def _backlog(
+    workdir: Path, observations: int, proxies: int, seed: int, *, burst: bool
+) -> dict[str, Any]:
+    """Phase 4: /v1/stats and a lease grant while the gateway works off a backlog. Not
+    ``burst``: the gateway is paused (SIGSTOP) while the backlog is published, then let
+    go: it works it off from the log as after a stall, a partition or a restart. With
+    ``burst``, the backlog is published while the gateway runs, as fast as the stream
+    takes it: the publisher and nats-server then take the machine's two cores from the
+    gateway, and every lease waits for JetStream's ack behind the burst."""
     from ops.bench.rounds import publisher
 
-    server = NatsServer(workdir / "nats-backlog", port=free_port())
+    server = NatsServer(workdir / f"nats-backlog-{burst}", port=free_port())
     server.start()
     try:
         setup = await asyncio.create_subprocess_exec(
@@ -193,14 +211,19 @@ async def _backlog(workdir: Path, observations: int, proxies: int, seed: int) ->
         await lg.close()
         async with (
             aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http,
-            _gateway(server.url, workdir, "backlog") as base,
+            _gateway_process(server.url, workdir, f"backlog-{burst}") as (base, gateway),
         ):
             await _wait_up(http, base)
             await _settled(base, quiet_s=1.0, timeout=300)
+            if not burst:
+                gateway.send_signal(signal.SIGSTOP)
             load = await asyncio.create_subprocess_exec(
                 *publisher([server.url], "r", observations, proxies, seed, setup=False),
                 stdout=subprocess.DEVNULL,
             )
+            if not burst:
+                await load.wait()
+                gateway.send_signal(signal.SIGCONT)
             stats_ms: list[float] = []
             lease_ms: list[float] = []
             statuses: dict[int, int] = {}
@@ -304,11 +327,10 @@ async def bench_stats(
                     await asyncio.to_thread(load.wait, 30)
         finally:
             server.stop()
-        worked_off = (
-            await _backlog(workdir, backlog_observations, proxies, seed)
-            if backlog_observations
-            else None
-        )
+        worked_off = burst = None
+        if backlog_observations:
+            worked_off = await _backlog(workdir, backlog_observations, proxies, seed, burst=False)
+            burst = await _backlog(workdir, backlog_observations, proxies, seed, burst=True)
     healthz, stats = statistics.median(rates["healthz"]), statistics.median(rates["stats"])
     return {
         "proxies": proxies,
@@ -320,6 +342,7 @@ async def bench_stats(
         "stats": {**_summary(stats_ms), "fold_events_per_s": round(stats_rate)},
         "proxies_limit_100": {**_summary(proxies_ms), "fold_events_per_s": round(proxies_rate)},
         "backlog": worked_off,
+        "burst": burst,
     }
 
 

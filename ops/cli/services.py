@@ -22,7 +22,7 @@ from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
 from ops.cli.common import hostport, wait_for_signal
 from ops.cli.local import LOCAL_AGENTS
-from ops.collector import for_folding, freeze_state
+from ops.collector import collect_young, for_folding, freeze_state
 from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.server import NatsServer
@@ -207,7 +207,7 @@ async def fold_service(
         db = data / "ppf.duckdb"
         config = TapConfig.from_env()
         tap = Tap(config) if config is not None else None
-    fold = FoldService(lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits)
+    fold = FoldService(lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits, slices=collect_young)
     freeze_state()  # its containers, restored: no collection walks them again
     await fold.start()
     stack.push_async_callback(fold.stop)
