@@ -83,8 +83,8 @@ async def pool_census(
     ``seq``; stale from the counts the fold keeps (``reducers/pool.py``). While the fold
     moves (not ``idle``) the snapshot there is answers, rebuilt by the queries' own
     rhythm, so /v1/stats costs nothing; idle, the applied sequence's once it is built
-    (``SnapshotKeeper.settled``: a large pool's is built while the old one answers)."""
-    snap = await app[SNAPSHOT].settled(state, idle=idle)
+    (``SnapshotKeeper.snapshot``: a large pool's is built while the old one answers)."""
+    snap = await app[SNAPSHOT].snapshot(state, idle=idle)
     stale = state.composition.bands(now, state.settings.proxy_ttl_s)["stale"]
     return {**snap.census(now), "stale": sum(stale.values()), "known": len(state.proxies)}
 

@@ -77,7 +77,8 @@ async def test_a_snapshot_stays_fresh_ten_times_as_long_as_it_took_to_build(
 ) -> None:
     """The gateway's snapshot is rebuilt when the fold moved and it is older than ten
     times its build took (at least 0.1 s, at most 30 s): a small pool's follows the fold
-    within a tenth of a second, a pool that takes 2 s to build is kept 20 s."""
+    within a tenth of a second, a pool that takes 2 s to build is kept 20 s, and its
+    next build runs while the old one answers."""
     from gateway import queries
 
     now = [100.0]
@@ -101,14 +102,17 @@ async def test_a_snapshot_stays_fresh_ten_times_as_long_as_it_took_to_build(
     build_s[0] = 2.0  # a big pool: the next build takes 2 s
     fold(state, worked("8.8.4.5"), 3, T0)
     now[0] += 0.2
-    third = await keeper.snapshot(state)
+    third = await keeper.snapshot(state)  # the last build was cheap: waited for
     assert third.seq == 3
     fold(state, worked("8.8.4.6"), 4, T0)
     now[0] += 15.0
     assert await keeper.snapshot(state) is third  # 15 s old, fresh for 20 s
     now[0] += 6.0
-    assert (await keeper.snapshot(state)).seq == 4
+    assert await keeper.snapshot(state) is third  # stale: rebuilt while it answers
+    assert keeper._task is not None
+    assert (await keeper._task).seq == 4
     fourth = await keeper.snapshot(state)
+    assert fourth.seq == 4
     now[0] += 100.0
     assert await keeper.snapshot(state) is fourth  # not moved since: kept however old
 
@@ -157,7 +161,7 @@ def test_a_census_moved_with_the_ttls_edge_equals_one_counted_afresh() -> None:
 
 async def test_a_big_pools_build_gives_the_loop_back_and_stats_do_not_wait_for_it() -> None:
     """While a pool of several steps is built, other coroutines run between its steps;
-    an idle /v1/stats takes the snapshot there is rather than wait for a slow build."""
+    /v1/stats and queries take the snapshot there is rather than wait for a slow build."""
     from gateway import queries
 
     state = _big_pool(4 * snapshot.STEP)
@@ -175,9 +179,11 @@ async def test_a_big_pools_build_gives_the_loop_back_and_stats_do_not_wait_for_i
             await asyncio.sleep(0)
 
     ticker = asyncio.create_task(ticking())
-    answered = await keeper.settled(state, idle=True)
+    answered = await keeper.snapshot(state, idle=True)
     assert answered is first  # the new one is not ready yet
-    second = await keeper.snapshot(state)  # a query waits for it
+    assert await keeper.snapshot(state) is first  # nor for a query
+    assert keeper._task is not None
+    second = await keeper._task
     ticker.cancel()
     assert second.seq == state.last_seq and second is not first
     assert ticks > 20  # the loop ran others between the build's steps
