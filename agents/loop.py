@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 
 from agents.check import Check, Target, check_many
+from agents.citizen import Citizen
 from agents.gateway_client import GatewayClient
 from agents.https import HTTPS_TARGETS
 from agents.judgepool import JudgePool
@@ -116,6 +117,8 @@ class AgentConfig:
     # Results go out as checks end, gathered this long into one publish (a publish a
     # second held every death back half a second: 5 simulated seconds in the churn lab).
     publish_gather_s: float = 0.05
+    # What the machine asks of the agent (battery, metered link); None: never holds back.
+    citizen: Citizen | None = None
 
 
 # The longest a result waits, batched, before it goes out (docs/architecture.md §4).
@@ -185,7 +188,7 @@ class Agent:
         self.config = config
         self.cycles = 0
         self._client: GatewayClient | None = None
-        self._down = False  # our own network is down (see _outage)
+        self._why = ""  # why it takes no work, as last announced (see _outage)
         # Told to stop (the run's event): a cycle cancelled then gives its leases back.
         # Cancelled otherwise (a crash's stand-in in tests, a caller's timeout), it dies
         # holding them, and they expire as a dead agent's do.
@@ -299,16 +302,20 @@ class Agent:
             await pool.stop()
 
     async def _outage(self, gw: GatewayClient, judges: JudgePool) -> bool:
-        """Whether our own way out is down (no judge answers directly: the canary). Said
-        once when it starts and once when it ends, in the log and to the fleet (a
-        ``Heartbeat`` with ``outage``); meanwhile the agent takes no work, so no source
-        and no proxy is blamed for our network."""
-        why = judges.outage()
-        if bool(why) != self._down and await gw.announce(
+        """Whether the agent takes no work now: its own way out is down (no judge answers
+        directly: the canary), or its machine asks it to hold back (on battery, on a
+        metered link: agents/citizen.py, "paused: ..."). Said when it starts, changes
+        and ends, in the log and to the fleet (a ``Heartbeat`` with ``outage``);
+        meanwhile no source and no proxy is blamed for the agent's silence."""
+        citizen = self.config.citizen
+        why = judges.outage() or (citizen.reason() if citizen is not None else "")
+        if why != self._why and await gw.announce(
             [self._ev(Heartbeat, leases=[], outage=why[:500])]
         ):
-            self._down = bool(why)
-            if why:
+            self._why = why
+            if why.startswith("paused"):
+                log.info("agent_paused", agent=self.name, why=why)
+            elif why:
                 log.warning("network_down", agent=self.name, why=why)
             else:
                 log.info("network_back", agent=self.name)

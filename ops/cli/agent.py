@@ -97,6 +97,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ag.add_argument(
         "--lease-ttl", type=int, default=900, help="seed: seconds a range is held unheard"
     )
+    exempt = "never inside a container"
+    for flag, what in (
+        ("--on-battery", f"while on its battery (never without one, {exempt})"),
+        ("--on-metered", f"while its link is metered (as NetworkManager says, {exempt})"),
+    ):
+        ag.add_argument(
+            flag,
+            choices=["pause", "work"],
+            default="pause",
+            help=f"{what}: take no new work (default), or work on",
+        )
     ag.set_defaults(run=_agent)
 
     geo = sub.add_parser("geo", help="offline country and network of addresses")
@@ -148,6 +159,7 @@ async def _agent(args: argparse.Namespace) -> int:
     except (GatewayError, OSError) as exc:
         print(f"ppf agent: {exc}", file=sys.stderr)
         return 1
+    from agents.citizen import Citizen
     from agents.https import HTTPS_TARGETS
     from agents.judgepool import BUILTIN_JUDGES
 
@@ -165,6 +177,7 @@ async def _agent(args: argparse.Namespace) -> int:
         "own_judges": own,
         "https_targets": https,
         "judge_key": me.judge_key,
+        "citizen": Citizen(battery=args.on_battery, metering=args.on_metered),
     }
     agent: Worker | Checker | SeedNode
     if args.role == "seed":
