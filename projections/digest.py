@@ -20,10 +20,19 @@ import msgspec
 from events.catalogue import Settings
 from reducers.state import State
 
-__all__ = ["TABLES", "DigestKeeper", "digest", "digests", "meta_digest", "row_hash"]
+__all__ = [
+    "MOD",
+    "TABLES",
+    "DigestKeeper",
+    "combine",
+    "digest",
+    "digests",
+    "meta_digest",
+    "row_hash",
+]
 
 TABLES = ("proxies", "sources", "leases", "agents", "deposits")
-_MOD = 1 << 128
+MOD = 1 << 128
 _encode = msgspec.msgpack.Encoder().encode
 
 
@@ -32,7 +41,7 @@ def row_hash(encoded: bytes) -> int:
 
 
 def _sum(encoded_rows: Iterable[bytes]) -> int:
-    return sum(map(row_hash, encoded_rows)) % _MOD
+    return sum(map(row_hash, encoded_rows)) % MOD
 
 
 def meta_digest(state: State) -> str:
@@ -87,7 +96,9 @@ _LATER = (
 _DEFAULTS = msgspec.structs.asdict(Settings())
 
 
-def _combine(sums: dict[str, int], meta: str) -> str:
+def combine(sums: dict[str, int], meta: str) -> str:
+    """The digest of the tables' sums (each the sum of its rows' ``row_hash`` mod 2**128)
+    and the meta part."""
     parts = {name: f"{sums[name]:032x}" for name in TABLES}
     parts["meta"] = meta
     return hashlib.sha256(_encode(parts)).hexdigest()
@@ -111,7 +122,7 @@ def digest(state: State) -> str:
     """The digest of all projections together."""
     parts = digests(state)
     sums = {name: int(parts[name], 16) for name in TABLES}
-    return _combine(sums, parts["meta"])
+    return combine(sums, parts["meta"])
 
 
 class DigestKeeper:
@@ -125,13 +136,13 @@ class DigestKeeper:
     def put(self, table: str, key: Hashable, encoded: bytes) -> None:
         hashes = self.hashes[table]
         new = row_hash(encoded)
-        self.sums[table] = (self.sums[table] - hashes.get(key, 0) + new) % _MOD
+        self.sums[table] = (self.sums[table] - hashes.get(key, 0) + new) % MOD
         hashes[key] = new
 
     def delete(self, table: str, key: Hashable) -> None:
         old = self.hashes[table].pop(key, None)
         if old is not None:
-            self.sums[table] = (self.sums[table] - old) % _MOD
+            self.sums[table] = (self.sums[table] - old) % MOD
 
     def value(self, meta: str) -> str:
-        return _combine(self.sums, meta)
+        return combine(self.sums, meta)

@@ -29,13 +29,18 @@ from reducers.state import AgentRow, DepositRow, LeaseRow, ProxyKey, ProxyRow, S
 
 __all__ = [
     "DDL",
+    "ROWS",
     "TABLES",
     "Checkpoint",
     "Store",
     "StoreError",
+    "array_header",
     "collect",
     "collect_async",
     "keep_digest",
+    "put_row",
+    "restore_meta",
+    "state_meta",
 ]
 
 SCHEMA_VERSION = "1"
@@ -83,6 +88,15 @@ class Checkpoint(msgspec.Struct):
 _CHUNK = 2_000  # rows a step: about 2 ms of the loop to find, 2 ms to encode
 
 
+def array_header(count: int) -> bytes:
+    """The msgpack header of an array of ``count`` items."""
+    if count < 16:
+        return bytes([0x90 | count])
+    if count < 1 << 16:
+        return b"\xdc" + count.to_bytes(2, "big")
+    return b"\xdd" + count.to_bytes(4, "big")
+
+
 def _join(blobs: list[bytes], count: int) -> bytes:
     """msgpack arrays encoded in chunks, joined into one array of ``count`` items: each
     chunk's header is dropped, one for the whole is put in front."""
@@ -91,13 +105,72 @@ def _join(blobs: list[bytes], count: int) -> bytes:
         first = blob[0]
         skip = 1 if first & 0xF0 == 0x90 else 3 if first == 0xDC else 5
         body.append(memoryview(blob)[skip:])  # a view: the join below is the one copy
-    if count < 16:
-        head = bytes([0x90 | count])
-    elif count < 1 << 16:
-        head = b"\xdc" + count.to_bytes(2, "big")
+    return b"".join([array_header(count), *body])  # one copy (``head + join`` made two)
+
+
+def state_meta(state: State) -> dict[str, str]:
+    """What a checkpoint (and a snapshot) keeps of the state beside its rows."""
+    meta = meta_digest(state)
+    return {
+        "last_seq": str(state.last_seq),
+        "sweep_bucket": str(state.sweep_bucket),
+        "settings": _json(state.settings).decode(),
+        "high_water": _json(state.high_water).decode(),
+        "marks": _json(state.marks).decode(),
+        "trust_base": _json(state.trust_base).decode(),
+        "doubted": _json(
+            [(ip, port, names) for (ip, port), names in state.doubted.items()]
+        ).decode(),
+        "takes": _json(state.takes).decode(),
+        "checkouts": _json(state.checkouts).decode(),
+        "schema": SCHEMA_VERSION,
+        "meta_digest": meta,
+    }
+
+
+def restore_meta(state: State, meta: dict[str, str]) -> None:
+    """Put back what ``state_meta`` kept (keys a file written before them lacks stay at
+    their defaults)."""
+    state.last_seq = int(meta.get("last_seq", "0"))
+    state.sweep_bucket = int(meta.get("sweep_bucket", "0"))
+    if "settings" in meta:
+        state.settings = msgspec.json.decode(meta["settings"], type=Settings)
+    if "high_water" in meta:
+        state.high_water = msgspec.json.decode(meta["high_water"], type=dict[str, str])
+    if "marks" in meta:
+        state.marks = msgspec.json.decode(meta["marks"], type=dict[str, Mark])
+    if "trust_base" in meta:
+        state.trust_base = msgspec.json.decode(meta["trust_base"], type=list[int])
+    if "doubted" in meta:
+        rows = msgspec.json.decode(meta["doubted"], type=list[tuple[str, int, tuple[str, ...]]])
+        state.doubted = {(ip, port): names for ip, port, names in rows}
+    if "takes" in meta:
+        state.takes = msgspec.json.decode(meta["takes"], type=dict[str, list[int]])
+    if "checkouts" in meta:
+        state.checkouts = msgspec.json.decode(meta["checkouts"], type=dict[str, list[Any]])
+
+
+ROWS: dict[str, type[msgspec.Struct]] = {
+    "proxies": ProxyRow,
+    "sources": SourceRow,
+    "leases": LeaseRow,
+    "agents": AgentRow,
+    "deposits": DepositRow,
+}
+
+
+def put_row(state: State, table: str, row: Any) -> None:
+    """One decoded row into its projection, under its key."""
+    if table == "proxies":
+        state.proxies[(row.ip, row.port)] = row
+    elif table == "sources":
+        state.sources[row.url_id] = row
+    elif table == "leases":
+        state.leases[row.target] = row
+    elif table == "agents":
+        state.agents[row.name] = row
     else:
-        head = b"\xdd" + count.to_bytes(4, "big")
-    return b"".join([head, *body])  # one copy (``head + join`` made a second, of it all)
+        state.deposits[row.key] = row
 
 
 async def collect_async(state: State) -> Checkpoint:
@@ -172,25 +245,11 @@ def collect(
     leases = [state.leases[t] for t in state.dirty_leases]
     deposits = [state.deposits[k] for k in state.dirty_deposits]
     agents = list(state.agents.values())
-    meta = meta_digest(state)
+    meta = state_meta(state)
     cp = Checkpoint(
-        meta_digest=meta,
+        meta_digest=meta["meta_digest"],
         last_seq=state.last_seq,
-        meta={
-            "last_seq": str(state.last_seq),
-            "sweep_bucket": str(state.sweep_bucket),
-            "settings": _json(state.settings).decode(),
-            "high_water": _json(state.high_water).decode(),
-            "marks": _json(state.marks).decode(),
-            "trust_base": _json(state.trust_base).decode(),
-            "doubted": _json(
-                [(ip, port, names) for (ip, port), names in state.doubted.items()]
-            ).decode(),
-            "takes": _json(state.takes).decode(),
-            "checkouts": _json(state.checkouts).decode(),
-            "schema": SCHEMA_VERSION,
-            "meta_digest": meta,
-        },
+        meta=meta,
         tables={},
         pending={
             "proxies": found,
@@ -344,46 +403,11 @@ class Store:
         """The state as of the last committed checkpoint (empty for a new file)."""
         state = State()
         with self._lock:
-            meta = self._meta()
-            state.last_seq = int(meta.get("last_seq", "0"))
-            state.sweep_bucket = int(meta.get("sweep_bucket", "0"))
-            if "settings" in meta:
-                state.settings = msgspec.json.decode(meta["settings"], type=Settings)
-            if "high_water" in meta:
-                state.high_water = msgspec.json.decode(meta["high_water"], type=dict[str, str])
-            if "marks" in meta:
-                state.marks = msgspec.json.decode(meta["marks"], type=dict[str, Mark])
-            if "trust_base" in meta:
-                state.trust_base = msgspec.json.decode(meta["trust_base"], type=list[int])
-            if "doubted" in meta:
-                rows = msgspec.json.decode(
-                    meta["doubted"], type=list[tuple[str, int, tuple[str, ...]]]
-                )
-                state.doubted = {(ip, port): names for ip, port, names in rows}
-            if "takes" in meta:
-                state.takes = msgspec.json.decode(meta["takes"], type=dict[str, list[int]])
-            if "checkouts" in meta:
-                state.checkouts = msgspec.json.decode(meta["checkouts"], type=dict[str, list[Any]])
-            dp = msgspec.msgpack.Decoder(ProxyRow)
-            for (raw,) in self._con.execute("SELECT row FROM proxies").fetchall():
-                p = dp.decode(raw)
-                state.proxies[(p.ip, p.port)] = p
-            ds = msgspec.msgpack.Decoder(SourceRow)
-            for (raw,) in self._con.execute("SELECT row FROM sources").fetchall():
-                s = ds.decode(raw)
-                state.sources[s.url_id] = s
-            dl = msgspec.msgpack.Decoder(LeaseRow)
-            for (raw,) in self._con.execute("SELECT row FROM leases").fetchall():
-                r = dl.decode(raw)
-                state.leases[r.target] = r
-            dd = msgspec.msgpack.Decoder(DepositRow)
-            for (raw,) in self._con.execute("SELECT row FROM deposits").fetchall():
-                d = dd.decode(raw)
-                state.deposits[d.key] = d
-            da = msgspec.msgpack.Decoder(AgentRow)
-            for (raw,) in self._con.execute("SELECT row FROM agents").fetchall():
-                a = da.decode(raw)
-                state.agents[a.name] = a
+            restore_meta(state, self._meta())
+            for table, row_type in ROWS.items():
+                decoder = msgspec.msgpack.Decoder(row_type)
+                for (raw,) in self._con.execute(f"SELECT row FROM {table}").fetchall():
+                    put_row(state, table, decoder.decode(raw))
         state.reindex()
         return state
 
