@@ -169,9 +169,27 @@ async def stats(request: web.Request) -> web.Response:
                 "errors": tap.errors,
                 "last_error": tap.last_error,
             },
+            "log": _log_span(fold, now),
             "settings": state.settings,
         }
     )
+
+
+def _log_span(fold: FoldService, now: int) -> dict[str, Any] | None:
+    """What the stream holds and the snapshots kept, as last read (every 5 s); None where
+    the fold has no snapshot store."""
+    snaps = fold.snapshots
+    if snaps is None or snaps.span is None:
+        return None
+    span = snaps.span
+    return {
+        "first_seq": span.first_seq,
+        "bytes": span.bytes,
+        "age_s": round((now - span.first_ts) / 1000) if span.first_ts else 0,
+        "snapshots": snaps.kept,
+        "oldest_snapshot": snaps.kept[0] if snaps.kept else None,
+        "trims": snaps.policy.trim if snaps.policy is not None else False,
+    }
 
 
 class Series:

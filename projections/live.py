@@ -19,8 +19,9 @@ import structlog
 
 from events import DecodeError, dlq_subject
 from projections.folder import Checkpointer, Folder, Message
-from projections.log import DepositStore, EventLog, LogError
+from projections.log import DepositStore, EventLog, GapError, LogError
 from projections.rates import PipelineStats
+from projections.snapshot_policy import Snapshots
 from projections.store import Store
 from projections.tasks import stop_tasks
 from projections.writer import MEMORY
@@ -66,8 +67,11 @@ class FoldService:
         tap: Sink | None = None,
         deposits: DepositStore | None = None,
         slices: Callable[[], None] = lambda: None,
+        snapshots: Snapshots | None = None,
     ) -> None:
         self.log = log_client
+        self.snapshots = snapshots  # starts from them; takes them when it has a policy
+        self._db = Path(db) if db is not None else None
         self.deposits = deposits  # its operations go into the tap's metrics row
         self.state = State()
         if db is not None:
@@ -134,14 +138,20 @@ class FoldService:
         return seq
 
     async def _watch_head(self) -> None:
-        while True:
+        for tick in itertools.count():
             try:
                 await self._read_head()
+                if self.snapshots is not None and tick % 20 == 19:  # every 5 s
+                    await self.snapshots.refresh()  # the log's span and snapshots kept
             except Exception as exc:  # NATS away: head_seq asks itself, and raises
                 log.debug("head_read_failed", error=repr(exc))
             await asyncio.sleep(HEAD_EVERY_S)
 
     async def start(self) -> None:
+        if self.snapshots is not None:
+            loaded = await self.snapshots.start_from(self.state)  # GapError: refused
+            if loaded is not None:
+                self._adopt(loaded)
         await self.checkpointer.start()
         if self.tap is not None:
             await self.tap.start()
@@ -152,6 +162,26 @@ class FoldService:
             asyncio.create_task(self._idle_checkpoints(), name="ppf-checkpoint"),
             asyncio.create_task(self._watch_head(), name="ppf-head"),
         ]
+
+    def _adopt(self, state: State) -> None:
+        """Start from a loaded snapshot: its state replaces the checkpoint's, whose file
+        is moved aside (its rows are of an older sequence: the new file gets them all)."""
+        if self._db is not None and self._db.exists():
+            for path in (self._db, self._db.with_name(self._db.name + ".wal")):
+                if path.exists():
+                    path.rename(path.with_name(f"{path.name}.before-{state.last_seq}"))
+        state.mark_all_dirty()
+        self.state = self.folder.state = state
+
+    async def snapshot_now(self) -> int:
+        """Take a snapshot of the state applied now and keep it; its sequence."""
+        if self.snapshots is None:
+            raise RuntimeError("this fold has no snapshot store")
+        async with self._cut:  # the fold stays still while the rows are encoded
+            seq = self.state.last_seq
+            blob = await self.snapshots.encode(self.state)
+        await self.snapshots.keep(seq, blob, self.folder.applied)
+        return seq
 
     async def stop(self) -> None:
         if left := await stop_tasks(self._tasks, 10):
@@ -186,6 +216,15 @@ class FoldService:
     async def _run(self) -> None:
         async for batch in self.log.read(self.state.last_seq + 1):
             messages = batch if isinstance(batch, list) else list(batch)
+            if messages and messages[0][0] > self.state.last_seq + 1:
+                # Trimmed behind us (projections/snapshot_policy.py): folding on would
+                # build a state no replay gives. The fold stops; /healthz says so.
+                gap = GapError(
+                    f"the log went on at seq {messages[0][0]} after this fold's "
+                    f"{self.state.last_seq}: restart it to start from a snapshot"
+                )
+                log.error("fold_gap", error=str(gap))
+                raise gap
             i = 0
             while i < len(messages):
                 # The cut lock: a checkpoint encodes its rows in chunks and yields
@@ -203,6 +242,11 @@ class FoldService:
                 if self.tap is not None:
                     self.tap.feed(messages)
                 await self.checkpointer.maybe(self.state)
+            if self.snapshots is not None and self.snapshots.due(self.folder.applied):
+                try:
+                    await self.snapshot_now()
+                except Exception as exc:  # the store away: the fold goes on, and says so
+                    log.warning("snapshot_failed", error=repr(exc))
 
     async def _idle_checkpoints(self) -> None:
         """A quiet log still gets its checkpoint (and digest) within ``every_ms``."""

@@ -18,10 +18,13 @@ __all__ = [
     "DepositError",
     "DepositStore",
     "EventLog",
+    "GapError",
     "LogError",
     "Message",
     "PublishError",
     "Published",
+    "SnapshotStore",
+    "Span",
 ]
 
 Message = tuple[int, int, bytes, bytes]  # stream seq, server ts (unix ms), subject, payload
@@ -107,4 +110,41 @@ class DepositStore(Protocol):
 
     async def keys(self) -> set[str]:
         """Every key: a list of the bucket, for the daily reconcile only."""
+        ...
+
+
+class GapError(LogError):
+    """The log no longer holds the messages a fold must start from: trimmed behind a
+    snapshot the fold did not start from."""
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """What the stream holds now: its first and last sequence, its bytes, and the server
+    time of its first message (0 when empty)."""
+
+    first_seq: int
+    last_seq: int
+    bytes: int
+    first_ts: int
+
+
+class SnapshotStore(Protocol):
+    """Where state snapshots are kept (``ppf-snapshots``), by sequence, and the stream
+    they let trim."""
+
+    async def put(self, seq: int, blob: bytes) -> None: ...
+
+    async def seqs(self) -> list[int]:
+        """The sequences of the snapshots kept, oldest first."""
+        ...
+
+    async def get(self, seq: int) -> bytes: ...
+
+    async def drop(self, seq: int) -> None: ...
+
+    async def span(self) -> Span: ...
+
+    async def trim(self, below: int) -> None:
+        """Remove the stream's messages below sequence ``below``, and nothing else."""
         ...

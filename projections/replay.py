@@ -21,8 +21,10 @@ async def replay(
     every_events: int | None = None,
     every_ms: int | None = None,
     on_batch: Callable[[list[Message]], None] | None = None,
+    state: State | None = None,
 ) -> Folder:
     """Fold every message into a new DuckDB file, committed; the folder holds the state.
+    ``state``: where to start (a loaded snapshot), the batches being its tail.
 
     The file is written once, at the end, unless ``every_events`` or ``every_ms`` ask for
     checkpoints on the way: nothing reads a replay's file before it is complete, and a
@@ -33,7 +35,10 @@ async def replay(
     path = Path(db)
     if path.exists():
         raise StoreError(f"{path} exists: replay writes a fresh file, give another path")
-    state = State()
+    if state is None:
+        state = State()
+    else:  # a snapshot's state (``--from-snapshot``): the file gets all its rows
+        state.mark_all_dirty()
     folder = Folder(state)
     on_the_way = every_events is not None or every_ms is not None
     # The digest of a replay is computed once from its state (``digest(state)``).

@@ -327,6 +327,15 @@ class State:
                 self.failing.add(proxy)
             geo.admitted(self, proxy)
 
+    def mark_all_dirty(self) -> None:
+        """Every row changed: the next checkpoint writes them all (a state loaded from a
+        snapshot, into a fresh file)."""
+        self.dirty_proxies = set(self.proxies)
+        self.dirty_sources = set(self.sources)
+        self.dirty_leases = set(self.leases)
+        self.dirty_deposits = set(self.deposits)
+        self.settings_dirty = True
+
     def clear_dirty(self) -> None:
         self.dirty_proxies = set()
         self.dirty_sources = set()

@@ -26,6 +26,7 @@ from ops.cli import (
     reparse,
     seed,
     serve,
+    snapshots,
 )
 from ops.cli.admin import enroll
 from ops.cli.common import data_dir, unsaid
@@ -34,7 +35,20 @@ from ops.telemetry import logs
 
 __all__ = ["enroll", "main"]
 
-GROUPS = (serve, endpoint, history, admin, agent, checks, seed, reparse, judges, lab, bench)
+GROUPS = (
+    serve,
+    endpoint,
+    history,
+    snapshots,
+    admin,
+    agent,
+    checks,
+    seed,
+    reparse,
+    judges,
+    lab,
+    bench,
+)
 
 
 def parser() -> argparse.ArgumentParser:

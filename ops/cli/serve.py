@@ -30,6 +30,7 @@ from ops.cli.services import (
     serve_forever,
     store_options,
 )
+from ops.cli.snapshots import snapshot_options
 
 __all__ = ["register"]
 
@@ -95,6 +96,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "NAME[-options]:TOKEN); 'off' for none",
     )
     serve_options(up)
+    snapshot_options(up, every=1_000_000, trim=True)
     store_options(up, deposits=True, disk=True)
     gateway_options(up)
     up.set_defaults(run=_up)
@@ -110,6 +112,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the fleet's judge secret (a ppf up data dir's judge.key; made when missing), "
         "so agents' keys hold at every gateway; without it this gateway makes its own",
     )
+    snapshot_options(gw, every=0, trim=False)
     store_options(gw, deposits=False, disk=True)
     gateway_options(gw)
     gw.set_defaults(run=_gateway)
@@ -117,6 +120,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
     fo.add_argument("--nats", default=DEFAULT_NATS)
     fo.add_argument("--data", default=None, help="default: $PPF_DATA or ./data")
+    snapshot_options(fo, every=1_000_000, trim=False)
     store_options(fo, deposits=True, disk=False)
     fo.set_defaults(run=_fold)
 
@@ -164,7 +168,7 @@ async def _gateway(args: argparse.Namespace) -> int:
         lg = await open_log(stack, args.nats, "ppf-gateway")
         # A replica without a data dir: its projection lives in memory; its digest is
         # kept by a checkpoint writer on an in-memory database (see projections.live).
-        fold = await fold_service(stack, lg, None, dlq=False)
+        fold = await fold_service(stack, lg, None, dlq=False, args=args)
         store = Path(args.store_disk) if args.store_disk else None
         door = None
         if args.judge_key is not None:  # the fleet's judge secret, shared with ppf up's

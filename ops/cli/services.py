@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import gc
 import ipaddress
 import os
 from contextlib import AsyncExitStack
@@ -22,12 +21,12 @@ from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
 from ops.cli.common import hostport, wait_for_signal
 from ops.cli.local import LOCAL_AGENTS
-from ops.collector import collect_young, for_folding, freeze_state
+from ops.cli.snapshots import snapshots_for
+from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
 from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from projections.live import FoldService
-from reducers import State
 
 __all__ = [
     "configure",
@@ -104,29 +103,8 @@ def store_options(parser: argparse.ArgumentParser, *, deposits: bool, disk: bool
         )
 
 
-_PIN = object()
-
-
-def _freeze_projections(state: State) -> None:
-    """Keep the collector off the projections' containers (a million entries each at a
-    million proxies) for good: ``gc.freeze`` exempts what exists, but a full collection
-    first untracks a dict whose entries are all untracked (rows are gc=False Structs),
-    and the next new key tracks it again as a young object, walked whole by each young
-    collection (54 ms at a million proxies in isolation; /v1/stats saw 100-160 ms at
-    100,000 and 1.06 s at a million). So each dict holds a tracked value for a moment,
-    which tracks it, before the freeze; a tracked dict is only untracked by a full
-    collection, and a frozen one is never collected."""
-    gc.collect()
-    for name in State.__slots__:
-        value = getattr(state, name, None)
-        if isinstance(value, dict):
-            value[_PIN] = []
-            del value[_PIN]
-    gc.freeze()
-
-
 async def serve_forever(fold: FoldService) -> None:
-    _freeze_projections(fold.state)
+    freeze_projections(fold.state)
     await wait_for_signal()
 
 
@@ -207,7 +185,10 @@ async def fold_service(
         db = data / "ppf.duckdb"
         config = TapConfig.from_env()
         tap = Tap(config) if config is not None else None
-    fold = FoldService(lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits, slices=collect_young)
+    snaps = snapshots_for(lg, args)
+    fold = FoldService(
+        lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits, slices=collect_young, snapshots=snaps
+    )
     freeze_state()  # its containers, restored: no collection walks them again
     await fold.start()
     stack.push_async_callback(fold.stop)

@@ -33,7 +33,7 @@ from events import (
     subject_for,
 )
 from events.mint import fresh_id, now_ms
-from ops.nats.objects import DepositBucket
+from ops.nats.objects import DepositBucket, SnapshotBucket
 from ops.nats.stream import Firehose
 from projections.log import ConflictError, LogError, Message, Published, PublishError
 
@@ -108,6 +108,7 @@ class Log:
         # NATS operations by kind, for /v1/stats; the deposit store counts its own.
         self.ops: dict[str, int] = dict.fromkeys(("publish", "direct_get", "stream_info"), 0)
         self.deposits = DepositBucket(js)
+        self.snapshots = SnapshotBucket(nc, js)
 
     @classmethod
     async def connect(

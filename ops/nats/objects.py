@@ -10,16 +10,21 @@ read here is checked again against the digest the log recorded (``Deposited``).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+from datetime import datetime
 
+import msgspec
 import nats.js.errors
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StorageType
 from nats.js.object_store import ObjectStore
 
-from projections.log import DepositError
+from events.subjects import STREAM
+from projections.log import DepositError, LogError, Span
 
-__all__ = ["BUCKET", "DepositBucket"]
+__all__ = ["BUCKET", "SNAPSHOTS", "DepositBucket", "SnapshotBucket"]
 
 BUCKET = "ppf-deposits"
 MAX_DEPOSIT = 64 * 1024 * 1024  # a seed input of a few million lines; pages are capped lower
@@ -118,3 +123,83 @@ class DepositBucket:
             return False
         self._count("delete", "ok")
         return True
+
+
+SNAPSHOTS = "ppf-snapshots"
+
+
+class SnapshotBucket:
+    """Implements ``projections.log.SnapshotStore`` on the ``ppf-snapshots`` bucket: one
+    object a snapshot, named by its sequence. Only the service's login may write it
+    (agents publish on their own subjects only: gateway/natsauth.py); what is read is
+    checked again by its digest (projections/state_snapshot.py)."""
+
+    def __init__(self, nc: Client, js: JetStreamContext) -> None:
+        self._nc, self._js = nc, js
+        self._store: ObjectStore | None = None
+
+    async def _bucket(self) -> ObjectStore:
+        if self._store is None:
+            try:
+                self._store = await self._js.object_store(SNAPSHOTS)
+            except nats.js.errors.BucketNotFoundError:
+                self._store = await self._js.create_object_store(
+                    SNAPSHOTS, storage=StorageType.FILE, description="ppf state snapshots"
+                )
+        return self._store
+
+    async def put(self, seq: int, blob: bytes) -> None:
+        await (await self._bucket()).put(f"{seq:012d}", blob)
+
+    async def seqs(self) -> list[int]:
+        try:
+            infos = await (await self._bucket()).list(ignore_deletes=True)
+        except nats.js.errors.NotFoundError:
+            return []  # an empty bucket
+        return sorted(int(info.name) for info in infos if info.name.isdigit())
+
+    async def get(self, seq: int) -> bytes:
+        result = await (await self._bucket()).get(f"{seq:012d}")
+        return result.data or b""
+
+    async def drop(self, seq: int) -> None:
+        with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
+            await (await self._bucket()).delete(f"{seq:012d}")
+
+    async def span(self) -> Span:
+        # The raw answer: nats-py's StreamState leaves out first_ts.
+        reply = await self._nc.request(f"$JS.API.STREAM.INFO.{STREAM}", b"", timeout=5)
+        info = msgspec.json.decode(reply.data, type=_StreamInfo)
+        if info.error is not None:
+            raise LogError(f"stream info: {info.error}")
+        st = info.state
+        first_ts = 0
+        if st.messages and st.first_ts and not st.first_ts.startswith("0001-"):
+            first_ts = int(_parse_time(st.first_ts).timestamp() * 1000)
+        return Span(st.first_seq, st.last_seq, st.bytes, first_ts)
+
+    async def trim(self, below: int) -> None:
+        await self._js.purge_stream(STREAM, seq=below)
+
+
+class _State(msgspec.Struct):
+    messages: int = 0
+    bytes: int = 0
+    first_seq: int = 0
+    last_seq: int = 0
+    first_ts: str = ""
+
+
+class _StreamInfo(msgspec.Struct):
+    state: _State = msgspec.field(default_factory=_State)
+    error: dict[str, object] | None = None
+
+
+def _parse_time(text: str) -> datetime:
+    """RFC 3339 as nats-server writes it (nanoseconds: datetime takes six digits)."""
+    head, dot, rest = text.partition(".")
+    if dot:
+        digits = "".join(c for c in rest if c.isdigit())
+        zone = rest[len(digits) :]
+        text = f"{head}.{digits[:6]}{zone}"
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))

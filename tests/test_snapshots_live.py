@@ -1,0 +1,120 @@
+"""Snapshots on a real nats-server: a fold takes them as it goes and trims the log behind
+the oldest kept; a new fold starts from the newest and reaches the live digest; a fold
+that would start on a gap refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ops.nats.client import Log
+from ops.nats.server import NatsServer
+from projections import digest
+from projections.live import FoldService
+from projections.log import GapError
+from projections.snapshot_policy import SnapshotPolicy, Snapshots
+from tests.helpers import worked
+
+
+async def _publish(lg: Log, first: int, count: int) -> None:
+    for i in range(first, first + count):
+        await lg.publish(worked(f"45.1.{i // 200}.{i % 200 + 1}", latency_ms=10 + i % 50))
+
+
+async def test_a_new_fold_starts_from_the_newest_snapshot_of_a_trimmed_log(
+    log_client: Log,
+) -> None:
+    """Snapshots every 100 messages, two kept, the log trimmed behind the older: the
+    stream then starts right after it. A new fold loads the newest, tails the rest and
+    has the digest of the fold that saw every message from sequence 1, before and after
+    more messages come; a fold with no snapshot to start from refuses the gap."""
+    await _publish(log_client, 0, 450)
+    policy = SnapshotPolicy(every_messages=100, every_s=3600, keep=2, trim=True)
+    first = FoldService(log_client, snapshots=Snapshots(log_client.snapshots, policy))
+    await first.start()
+    try:
+        assert await first.wait_for(450, 20)
+        for _ in range(50):
+            if first.snapshots is not None and first.snapshots.taken >= 3:
+                break
+            await asyncio.sleep(0.1)
+        assert first.snapshots is not None
+        assert await first.snapshot_now() == 450
+        kept = await log_client.snapshots.seqs()
+        assert len(kept) == 2 and kept[-1] == 450
+        span = await log_client.snapshots.span()
+        assert span.first_seq == kept[0] + 1 and span.last_seq == 450
+        assert span.bytes > 0 and span.first_ts > 0
+
+        await _publish(log_client, 450, 30)
+        second = FoldService(log_client, snapshots=Snapshots(log_client.snapshots))
+        await second.start()
+        try:
+            assert await second.wait_for(480, 20) and await first.wait_for(480, 20)
+            assert second.folder.applied == 30  # the tail only: 451-480
+            assert digest(second.state) == digest(first.state)
+            assert (await second.checkpoint_now())[1] == (await first.checkpoint_now())[1]
+        finally:
+            await second.stop()
+
+        lost = FoldService(log_client, snapshots=Snapshots(log_client.snapshots))
+        for seq in await log_client.snapshots.seqs():
+            await log_client.snapshots.drop(seq)
+        with pytest.raises(GapError, match=r"the log starts at seq \d+, after this fold's seq 0"):
+            await lost.start()
+        blind = FoldService(log_client)  # no store to look in: the reader's gap stops it
+        await blind.start()
+        try:
+            for _ in range(100):
+                if not blind.running:
+                    break
+                await asyncio.sleep(0.05)
+            assert not blind.running and blind.state.last_seq == 0
+        finally:
+            await blind.stop()
+    finally:
+        await first.stop()
+
+
+async def test_ppf_replay_from_a_snapshot_checks_itself_against_a_full_replay(
+    log_client: Log, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """``ppf replay --from-snapshot``: the newest snapshot plus its tail gives the digest
+    a replay from sequence 1 gives, checked in the same run while the log still starts
+    at 1; ``ppf snapshot`` takes one at the head; once the log is trimmed there is no
+    full replay to check against, and the digest is still the live fold's."""
+    await _publish(log_client, 0, 250)
+    policy = SnapshotPolicy(every_messages=100, every_s=3600, keep=2, trim=False)
+    fold = FoldService(log_client, snapshots=Snapshots(log_client.snapshots, policy))
+    await fold.start()
+    try:
+        assert await fold.wait_for(250, 20)
+        await _publish(log_client, 250, 20)
+        assert await fold.wait_for(270, 20)
+        live = digest(fold.state)
+    finally:
+        await fold.stop()
+    kept = await log_client.snapshots.seqs()
+    assert kept and kept[-1] < 270
+
+    def ppf(*argv: str) -> dict[str, object]:
+        done = subprocess.run(
+            [sys.executable, "-m", "ops.cli", *argv, "--nats", nats_server.url],
+            capture_output=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        return dict(json.loads(done.stdout.splitlines()[-1]))
+
+    out = ppf("replay", "--db", str(tmp_path / "a.duckdb"), "--from-snapshot")
+    assert out == {"seq": 270, "digest": live, "from_snapshot": kept[-1], "full_replay": live}
+    taken = ppf("snapshot", "--keep-snapshots", "1", "--trim-log")
+    assert taken == {"seq": 270, "digest": live, "kept": [270]}
+    assert (await log_client.snapshots.span()).first_seq == 271
+    out = ppf("replay", "--db", str(tmp_path / "b.duckdb"), "--from-snapshot")
+    assert out == {"seq": 270, "digest": live, "from_snapshot": 270, "full_replay": None}
