@@ -70,6 +70,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     query = bench("query", "GET /v1/proxies over a large pool", _query)
     query.add_argument("--proxies", type=int, default=100_000)
 
+    snap = bench("snapshot", "a new gateway ready from a snapshot, against from seq 1", _snapshot)
+    snap.add_argument("--observations", type=int, default=10_000_000)
+    snap.add_argument("--proxies", type=int, default=1_000_000)
+    snap.add_argument("--runs", type=int, default=2, help="A B runs, interleaved")
     stats = bench("stats", "/v1/stats and lease latency while the fold works", _stats)
     stats.add_argument("--proxies", type=int, default=100_000)
     stats.add_argument("--seconds", type=float, default=10.0)
@@ -186,6 +190,12 @@ async def _stats(args: argparse.Namespace) -> dict[str, Any]:
     return await bench_stats(
         args.proxies, args.seconds, rate=args.rate, backlog_observations=args.backlog_rounds
     )
+
+
+async def _snapshot(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.snapshot import bench_snapshot
+
+    return await bench_snapshot(args.observations, args.proxies, args.runs)
 
 
 def _extract(args: argparse.Namespace) -> dict[str, Any]:
