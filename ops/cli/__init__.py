@@ -56,12 +56,30 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
     for group in GROUPS:
         group.register(sub)
+    _tls_beside_nats(p)
     return p
+
+
+def _tls_beside_nats(p: argparse.ArgumentParser) -> None:
+    """Every command that takes ``--nats`` takes the TLS files beside it (the one place
+    they are added; ``main`` hands them on as ``PPF_NATS_CA``/``_CERT``/``_KEY``, which
+    ``Log.connect`` reads, so agents and every connection of the process use them)."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _tls_beside_nats(child)
+    if "--nats" in p._option_string_actions and "--nats-ca" not in p._option_string_actions:
+        p.add_argument("--nats-ca", metavar="FILE", help="the CA of the NATS servers (tls://)")
+        p.add_argument("--nats-cert", metavar="FILE", help="this client's certificate")
+        p.add_argument("--nats-key", metavar="FILE", help="its key")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logs.configure()
+    for flag in ("ca", "cert", "key"):
+        if getattr(args, f"nats_{flag}", None):
+            os.environ[f"PPF_NATS_{flag.upper()}"] = getattr(args, f"nats_{flag}")
     if getattr(args, "nats", None) and args.cmd != "agent":  # agents use their role's user
         from ops.nats.server import local_address, with_credentials
 

@@ -12,7 +12,10 @@ Publishing rules measured on this machine (FIELD-NOTES.md):
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import nats
@@ -34,6 +37,7 @@ from events import (
 )
 from events.mint import fresh_id, now_ms
 from ops.nats.objects import DepositBucket, SnapshotBucket
+from ops.nats.ordered import ordered_batches
 from ops.nats.stream import Firehose
 from projections.log import ConflictError, LogError, Message, Published, PublishError
 
@@ -41,6 +45,7 @@ __all__ = [
     "ConflictError",
     "Log",
     "LogError",
+    "NatsTls",
     "PublishError",
     "Published",
     "fresh_id",
@@ -96,13 +101,42 @@ async def _probe(url: str, timeout: float) -> None:
     raise LogError(f"cannot connect to NATS at {redact(url)}: " + "; ".join(errors))
 
 
+@dataclass(frozen=True, slots=True)
+class NatsTls:
+    """TLS to NATS: the CA that signed the servers' certificates, and this client's own
+    certificate and key where the servers ask for one (``verify: true``)."""
+
+    ca: str
+    cert: str | None = None
+    key: str | None = None
+
+    @classmethod
+    def from_env(cls) -> NatsTls | None:
+        """``PPF_NATS_CA`` (and ``_CERT``, ``_KEY``), as ``--nats-ca`` sets them."""
+        ca = os.environ.get("PPF_NATS_CA")
+        if not ca:
+            return None
+        return cls(
+            ca, os.environ.get("PPF_NATS_CERT") or None, os.environ.get("PPF_NATS_KEY") or None
+        )
+
+    def context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=self.ca)
+        if self.cert:
+            ctx.load_cert_chain(self.cert, self.key)
+        return ctx
+
+
 class Log:
     """A connection to the PPF stream (implements ``projections.log.EventLog``)."""
 
-    def __init__(self, nc: Client, js: JetStreamContext, url: str) -> None:
+    def __init__(
+        self, nc: Client, js: JetStreamContext, url: str, tls: NatsTls | None = None
+    ) -> None:
         self.nc = nc
         self.js = js
         self.url = url
+        self.tls = tls
         self.address = redact(url)  # for logs: no password
         self._closing: list[bool] = []
         # NATS operations by kind, for /v1/stats; the deposit store counts its own.
@@ -112,10 +146,19 @@ class Log:
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str = "ppf", timeout: float = 5.0, inbox_prefix: str | None = None
+        cls,
+        url: str,
+        *,
+        name: str = "ppf",
+        timeout: float = 5.0,
+        inbox_prefix: str | None = None,
+        tls: NatsTls | None = None,
     ) -> Log:
-        """``inbox_prefix``: where replies come; an agent's NATS user may read only its own."""
+        """``url``: one URL or several, comma-separated (a cluster's: nats-py reconnects to
+        another when one goes). ``inbox_prefix``: where replies come; an agent's NATS user
+        may read only its own. ``tls``: the CA (and client certificate) for ``tls://``."""
         shown = redact(url)
+        tls = tls if tls is not None else NatsTls.from_env()
 
         async def error_cb(exc: Exception) -> None:
             log.warning("nats_error", url=shown, error=repr(exc))
@@ -135,8 +178,9 @@ class Log:
             # operator's error to report now, not to retry silently.
             nc = await asyncio.wait_for(
                 nats.connect(
-                    url,
+                    [one.strip() for one in url.split(",") if one.strip()],
                     name=name,
+                    **({"tls": tls.context()} if tls is not None else {}),
                     connect_timeout=timeout,
                     max_reconnect_attempts=-1,
                     # Agents (their own inbox) wait longer than the service between
@@ -153,7 +197,7 @@ class Log:
             )
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             raise LogError(f"cannot connect to NATS at {shown}: {exc!r}") from exc
-        client = cls(nc, nc.jetstream(timeout=timeout), url)
+        client = cls(nc, nc.jetstream(timeout=timeout), url, tls)
         client._closing = closing
         return client
 
@@ -339,5 +383,9 @@ class Log:
         raise PublishError(f"{len(pending)} of {len(events)} events got no ack")
 
     def read(self, start_seq: int, until: int | None = None) -> AsyncIterator[list[Message]]:
-        """Batches in stream order, through the lean reader on its own connection."""
+        """Batches in stream order: through the lean reader on its own connection, which
+        dials each of the URLs in turn; over TLS, through nats-py's ordered consumer on
+        this connection (ops/nats/ordered.py: the lean reader speaks no TLS)."""
+        if self.tls is not None or "tls://" in self.url:
+            return ordered_batches(self.js, start_seq, until)
         return Firehose(self.url, start_seq).batches(until=until)

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -27,6 +28,7 @@ from gateway.natsauth import NatsAuth
 __all__ = [
     "NatsServer",
     "NatsServerError",
+    "ServerTls",
     "find_binary",
     "free_port",
     "local_address",
@@ -101,19 +103,42 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True, slots=True)
+class ServerTls:
+    """A server's certificate and key, the CA its clients' certificates are checked
+    against, and whether every client must show one (``verify``)."""
+
+    cert: str
+    key: str
+    ca: str
+    verify: bool = True
+
+
 class NatsServer:
     """One nats-server process with JetStream, its store under ``store_dir``."""
 
-    def __init__(self, store_dir: str | Path, host: str = "127.0.0.1", port: int = 4222) -> None:
+    def __init__(
+        self,
+        store_dir: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 4222,
+        *,
+        tls: ServerTls | None = None,
+    ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port
+        self.tls = tls
         self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "tls" if self.tls is not None else "nats"
 
     @property
     def address(self) -> str:
         """The URL without credentials: for logs and people."""
-        return f"nats://{self.host}:{self.port}"
+        return f"{self.scheme}://{self.host}:{self.port}"
 
     @property
     def url(self) -> str:
@@ -135,7 +160,7 @@ class NatsServer:
     def _url_for(self, user: str) -> str:
         if not CONF.exists():
             return self.address
-        return f"nats://{user}:{self._passwords()[user]}@{self.host}:{self.port}"
+        return f"{self.scheme}://{user}:{self._passwords()[user]}@{self.host}:{self.port}"
 
     def _passwords(self) -> dict[str, str]:
         """Made at the first start and kept, so restarts and agents agree on them; a
@@ -165,7 +190,12 @@ class NatsServer:
             cmd += ["-c", str(CONF)]
         else:  # an installed (non-editable) ppf: the same settings as flags
             cmd += ["-js", "-sd", str(self.store_dir)]
-        return [*cmd, "-a", self.host, "-p", str(self.port)]
+        cmd += ["-a", self.host, "-p", str(self.port)]
+        if self.tls is not None:  # nats-server's own flags: the config file stays one
+            t = self.tls
+            cmd += ["--tls", f"--tlscert={t.cert}", f"--tlskey={t.key}", f"--tlscacert={t.ca}"]
+            cmd += ["--tlsverify"] if t.verify else []
+        return cmd
 
     def start(self, timeout: float = 15.0) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)

@@ -119,10 +119,15 @@ class Firehose:
     def __init__(
         self, url: str, start_seq: int = 1, *, heartbeat_s: float = 2.0, buffer_bytes: int = _BUFFER
     ) -> None:
-        parts = urlsplit(url if "://" in url else f"nats://{url}")
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 4222
-        self._user, self._password = parts.username, parts.password
+        # One URL or a cluster's several, comma-separated: each session dials the next
+        # after one that failed.
+        self._servers = []
+        for one in url.split(","):
+            parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
+            login = (parts.username, parts.password)
+            self._servers.append((parts.hostname or "127.0.0.1", parts.port or 4222, *login))
+        self._at = 0
+        self.host, self.port, self._user, self._password = self._servers[0]
         self.next_seq = max(start_seq, 1)
         self.heartbeat_s = heartbeat_s
         self.buffer_bytes = max(buffer_bytes, 16)  # grown for any frame that does not fit
@@ -143,6 +148,8 @@ class Firehose:
                 log.warning("firehose_gap", next_seq=self.next_seq, detail=str(gap))
             except (OSError, asyncio.IncompleteReadError, FirehoseError) as exc:
                 log.warning("firehose_reconnecting", next_seq=self.next_seq, error=repr(exc))
+                self._at = (self._at + 1) % len(self._servers)
+                self.host, self.port, self._user, self._password = self._servers[self._at]
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:

