@@ -53,7 +53,8 @@ SYS_USER = "sys"
 class NatsAuth:
     """What a gateway needs to give agents their own NATS credentials.
 
-    ``address``: where agents reach the server (no credentials); ``service_url``: the
+    ``address``: where agents reach the server (no credentials; a cluster's URLs,
+    comma-separated, each given to the agents with their login); ``service_url``: the
     service's own user, which answers the callout; ``issuer_seed``: the account nkey
     seed named as the callout's issuer in ``nats.conf`` (it signs the answers and keys
     the minted passwords); ``sys_password``: the system user's, for kicks. Without a
@@ -80,8 +81,17 @@ class NatsAuth:
         return self.login_url(name, self.password(name, token_sha256))
 
     def login_url(self, user: str, password: str) -> str:
-        scheme, _, hostport = self.address.partition("://")
-        return f"{scheme}://{quote(user)}:{password}@{hostport}"
+        """The address with this login, on every URL of a cluster's list."""
+        urls = []
+        for one in self.address.split(","):
+            scheme, _, hostport = one.strip().partition("://")
+            urls.append(f"{scheme}://{quote(user)}:{password}@{hostport}")
+        return ",".join(urls)
+
+
+def servers(url: str) -> list[str]:
+    """A comma-separated list of URLs (a cluster's) as nats-py takes it."""
+    return [one.strip() for one in url.split(",") if one.strip()]
 
 
 def _b64(raw: bytes) -> str:
@@ -146,7 +156,7 @@ class Callout:
 
     async def start(self) -> None:
         self._nc = await nats.connect(
-            self.auth.service_url,
+            servers(self.auth.service_url),
             name="ppf-callout",
             max_reconnect_attempts=-1,
             # Back before the agents (1 s) after a server restart: a login asked
@@ -285,7 +295,7 @@ class Kicker:
         """Log in as the system user (written in nats.conf, not put to the callout), once;
         nats-py reconnects it for the gateway's life."""
         self._sys = await nats.connect(
-            self.auth.login_url(SYS_USER, self.auth.sys_password),
+            servers(self.auth.login_url(SYS_USER, self.auth.sys_password)),
             name="ppf-kicker",
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,

@@ -37,12 +37,30 @@ __all__ = ["register"]
 log = structlog.get_logger("ppf")
 
 
+def replicas_option(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"replicas of the stream and the buckets, moved to N if they have fewer ({default})",
+    )
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     up = sub.add_parser("up", help="the whole system on one machine")
     up.add_argument("--data", default=None, help="default: $PPF_DATA or ./data")
     up.add_argument("--listen", default="127.0.0.1:8080", type=listen)
     up.add_argument("--nats-listen", default="127.0.0.1:4222", type=listen)
     up.add_argument("--nats", default=None, help="use this NATS; start none")
+    up.add_argument(
+        "--cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="start N NATS nodes, clustered, on --nats-listen's port and the N-1 after it",
+    )
+    replicas_option(up, "default: --cluster's N")
     up.add_argument("--no-agents", action="store_true")
     up.add_argument(
         "--no-seed", action="store_true", help="start with no sources (no built-in lists)"
@@ -103,6 +121,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     gw = sub.add_parser("gateway", help="the HTTP gateway alone")
     gw.add_argument("--nats", default=DEFAULT_NATS)
+    replicas_option(gw, "default: the stream's own")
     gw.add_argument("--listen", default="127.0.0.1:8080", type=listen)
     gw.add_argument("--private-queries", action="store_true", help="queries need a token")
     gw.add_argument(
@@ -119,6 +138,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     fo = sub.add_parser("fold", help="the fold alone: projections to DuckDB, DLQ")
     fo.add_argument("--nats", default=DEFAULT_NATS)
+    replicas_option(fo, "default: the stream's own")
     fo.add_argument("--data", default=None, help="default: $PPF_DATA or ./data")
     snapshot_options(fo, every=1_000_000, trim=False)
     store_options(fo, deposits=True, disk=False)
@@ -129,7 +149,8 @@ async def _up(args: argparse.Namespace) -> int:
     data = data_dir(args)
     async with AsyncExitStack() as stack:
         server = await nats_server(stack, args, data)
-        lg = await open_log(stack, server.url if server else args.nats or DEFAULT_NATS, "ppf-up")
+        url = server.url if server else args.nats or DEFAULT_NATS
+        lg = await open_log(stack, url, "ppf-up", args.replicas or args.cluster)
         await configure(lg, args.lab)
         tokens = {} if args.no_agents else await enroll_local_agents(lg)
         fold = await fold_service(stack, lg, data, dlq=True, args=args)
@@ -165,7 +186,7 @@ async def _up(args: argparse.Namespace) -> int:
 
 async def _gateway(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
-        lg = await open_log(stack, args.nats, "ppf-gateway")
+        lg = await open_log(stack, args.nats, "ppf-gateway", args.replicas)
         # A replica without a data dir: its projection lives in memory; its digest is
         # kept by a checkpoint writer on an in-memory database (see projections.live).
         fold = await fold_service(stack, lg, None, dlq=False, args=args)
@@ -182,7 +203,7 @@ async def _gateway(args: argparse.Namespace) -> int:
 async def _fold(args: argparse.Namespace) -> int:
     data = data_dir(args)
     async with AsyncExitStack() as stack:
-        lg = await open_log(stack, args.nats, "ppf-fold")
+        lg = await open_log(stack, args.nats, "ppf-fold", args.replicas)
         fold = await fold_service(stack, lg, data, dlq=True, args=args)
         print(f"ppf fold: nats {lg.address}  db {data / 'ppf.duckdb'}", flush=True)
         log.info("started", role="fold", nats=lg.address)

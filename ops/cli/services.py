@@ -25,6 +25,7 @@ from ops.cli.snapshots import snapshots_for
 from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
 from ops.geo import Locator
 from ops.nats.client import Log
+from ops.nats.cluster import LocalCluster
 from ops.nats.server import NatsServer
 from projections.live import FoldService
 
@@ -110,19 +111,24 @@ async def serve_forever(fold: FoldService) -> None:
 
 async def nats_server(
     stack: AsyncExitStack, args: argparse.Namespace, data: Path
-) -> NatsServer | None:
-    """The embedded server, unless ``--nats`` names one."""
+) -> NatsServer | LocalCluster | None:
+    """The embedded server (``--cluster N``: N nodes on the ports from ``--nats-listen``
+    on), unless ``--nats`` names one."""
     if args.nats is not None:
         return None
     host, port = hostport(args.nats_listen, 4222)
-    server = NatsServer(data / "nats", host, port)
+    server: NatsServer | LocalCluster = NatsServer(data / "nats", host, port)
+    if args.cluster > 1:
+        ports = [port + i for i in range(args.cluster)]
+        server = LocalCluster(data / "nats", args.cluster, host, ports)
     await server.astart()
     stack.push_async_callback(server.astop)
     return server
 
 
-async def open_log(stack: AsyncExitStack, url: str, name: str) -> Log:
+async def open_log(stack: AsyncExitStack, url: str, name: str, replicas: int | None = None) -> Log:
     lg = await Log.connect(url, name=name)
+    lg.replicas = replicas
     stack.push_async_callback(lg.close)
     await lg.ensure_stream()
     return lg

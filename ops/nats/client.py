@@ -55,6 +55,15 @@ __all__ = [
 
 log = structlog.get_logger("ppf.log")
 
+# What a publish meets while a cluster loses a node or elects a stream leader: retried,
+# then a PublishError (the gateway's 503), never an error of nats-py's own.
+_TRANSIENT = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
 DUPLICATE_WINDOW_S = 300.0
 RETRIES = 3
 
@@ -137,12 +146,14 @@ class Log:
         self.js = js
         self.url = url
         self.tls = tls
+        # Of the stream and the buckets it creates (ensure_stream); None: as they are.
+        self.replicas: int | None = None
         self.address = redact(url)  # for logs: no password
         self._closing: list[bool] = []
         # NATS operations by kind, for /v1/stats; the deposit store counts its own.
         self.ops: dict[str, int] = dict.fromkeys(("publish", "direct_get", "stream_info"), 0)
-        self.deposits = DepositBucket(js)
-        self.snapshots = SnapshotBucket(nc, js)
+        self.deposits = DepositBucket(js, self)
+        self.snapshots = SnapshotBucket(nc, js, self)
 
     @classmethod
     async def connect(
@@ -239,12 +250,29 @@ class Log:
             # limit in the callout's user JWT was measured not to apply (nats-server
             # 2.15.1, config mode): the stream is where it holds.
             max_msg_size=MAX_MESSAGE,
+            # 3 in a cluster (--replicas); an existing stream is moved to as many by
+            # the update below, and keeps its own where none is asked.
+            num_replicas=self.replicas or 1,
         )
+        deadline = asyncio.get_running_loop().time() + 60
+        while True:
+            try:
+                await self._add_or_update(config)
+                return
+            except _TRANSIENT as exc:  # a cluster still electing its meta leader
+                if asyncio.get_running_loop().time() > deadline:
+                    raise LogError(f"cannot create stream {STREAM}: {exc!r}") from exc
+                log.info("stream_waiting", error=repr(exc))
+                await asyncio.sleep(0.5)
+
+    async def _add_or_update(self, config: StreamConfig) -> None:
         try:
             await self.js.add_stream(config)
         except nats.js.errors.BadRequestError as exc:
             if exc.err_code != 10058:  # 10058: exists with another config
                 raise LogError(f"cannot create stream {STREAM}: {exc}") from exc
+            if self.replicas is None:
+                config.num_replicas = (await self.js.stream_info(STREAM)).config.num_replicas
             await self.js.update_stream(config)
 
     async def head_seq(self) -> int:
@@ -301,7 +329,7 @@ class Log:
                 if exc.err_code in (10071, 10070):
                     raise ConflictError(str(exc)) from exc
                 raise PublishError(f"{subject}: rejected: {exc}") from exc
-            except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as exc:
+            except _TRANSIENT as exc:  # a node gone, a leader being elected
                 if attempt == RETRIES:
                     raise PublishError(f"{subject}: no ack after {attempt} tries") from exc
                 log.warning("publish_retried", subject=subject, attempt=attempt, error=repr(exc))

@@ -13,6 +13,7 @@ import base64
 import contextlib
 import hashlib
 from datetime import datetime
+from typing import Protocol
 
 import msgspec
 import nats.js.errors
@@ -30,6 +31,10 @@ BUCKET = "ppf-deposits"
 MAX_DEPOSIT = 64 * 1024 * 1024  # a seed input of a few million lines; pages are capped lower
 
 
+class _Replicated(Protocol):
+    replicas: int | None  # the log's: a bucket is made with as many
+
+
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -37,8 +42,9 @@ def _sha256(data: bytes) -> str:
 class DepositBucket:
     """Implements ``projections.log.DepositStore``; the bucket is made on first use."""
 
-    def __init__(self, js: JetStreamContext) -> None:
+    def __init__(self, js: JetStreamContext, log: _Replicated | None = None) -> None:
         self._js = js
+        self._log = log
         self._store: ObjectStore | None = None
         self.ops: dict[str, int] = {}
 
@@ -52,7 +58,10 @@ class DepositBucket:
                 self._store = await self._js.object_store(BUCKET)
             except nats.js.errors.BucketNotFoundError:
                 self._store = await self._js.create_object_store(
-                    BUCKET, storage=StorageType.FILE, description="ppf deposits"
+                    BUCKET,
+                    storage=StorageType.FILE,
+                    description="ppf deposits",
+                    replicas=(self._log.replicas if self._log is not None else None) or 1,
                 )
         return self._store
 
@@ -134,8 +143,8 @@ class SnapshotBucket:
     (agents publish on their own subjects only: gateway/natsauth.py); what is read is
     checked again by its digest (projections/state_snapshot.py)."""
 
-    def __init__(self, nc: Client, js: JetStreamContext) -> None:
-        self._nc, self._js = nc, js
+    def __init__(self, nc: Client, js: JetStreamContext, log: _Replicated | None = None) -> None:
+        self._nc, self._js, self._log = nc, js, log
         self._store: ObjectStore | None = None
 
     async def _bucket(self) -> ObjectStore:
@@ -144,7 +153,10 @@ class SnapshotBucket:
                 self._store = await self._js.object_store(SNAPSHOTS)
             except nats.js.errors.BucketNotFoundError:
                 self._store = await self._js.create_object_store(
-                    SNAPSHOTS, storage=StorageType.FILE, description="ppf state snapshots"
+                    SNAPSHOTS,
+                    storage=StorageType.FILE,
+                    description="ppf state snapshots",
+                    replicas=(self._log.replicas if self._log is not None else None) or 1,
                 )
         return self._store
 

@@ -26,6 +26,7 @@ import structlog
 from gateway.natsauth import NatsAuth
 
 __all__ = [
+    "ClusterRole",
     "NatsServer",
     "NatsServerError",
     "ServerTls",
@@ -72,9 +73,11 @@ def with_credentials(url: str, store_dir: Path, user: str = "ppf") -> str:
     """``url`` with ``user``'s password from an embedded server's ``store_dir``, when the
     URL carries none and that store has one: so ``ppf sources add`` run beside
     ``ppf up`` (same ``./data``) reaches its NATS without anyone copying a password."""
+    if "," in url:  # a cluster's list: each URL as one
+        return ",".join(with_credentials(one.strip(), store_dir, user) for one in url.split(","))
     path = store_dir / "auth.json"
     parts = urlsplit(url if "://" in url else f"nats://{url}")
-    if parts.username or "," in url or not path.exists():
+    if parts.username or not path.exists():
         return url
     # Only toward this machine: a remote server is someone else's, and never gets
     # this store's password.
@@ -114,6 +117,20 @@ class ServerTls:
     verify: bool = True
 
 
+@dataclass(frozen=True, slots=True)
+class ClusterRole:
+    """A node's part in a cluster (``ops/nats/cluster.py``): its name, the port its
+    routes listen on, the other nodes' route URLs, and the fleet's secrets (one
+    ``auth.json`` every node and gateway shares: the service and system passwords and
+    the callout's issuer), so every agent still logs in as itself on any node."""
+
+    name: str
+    route_port: int
+    routes: tuple[str, ...]
+    secrets: Path
+    cluster: str = "ppf"
+
+
 class NatsServer:
     """One nats-server process with JetStream, its store under ``store_dir``."""
 
@@ -124,11 +141,13 @@ class NatsServer:
         port: int = 4222,
         *,
         tls: ServerTls | None = None,
+        cluster: ClusterRole | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
         self.host = host
         self.port = port
         self.tls = tls
+        self.cluster = cluster
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -165,7 +184,7 @@ class NatsServer:
     def _passwords(self) -> dict[str, str]:
         """Made at the first start and kept, so restarts and agents agree on them; a
         secret an older store lacks is added to it."""
-        path = self.store_dir / "auth.json"
+        path = self.cluster.secrets if self.cluster is not None else self.store_dir / "auth.json"
         made: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
         missing = [name for name in _SECRETS if name not in made]
         if not missing:
@@ -176,7 +195,7 @@ class NatsServer:
                 made[name] = seed.decode()
             else:  # a letter first: nats.conf would read an all-digit value as a number
                 made[name] = "p" + secrets.token_hex(16)
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -191,6 +210,11 @@ class NatsServer:
         else:  # an installed (non-editable) ppf: the same settings as flags
             cmd += ["-js", "-sd", str(self.store_dir)]
         cmd += ["-a", self.host, "-p", str(self.port)]
+        if self.cluster is not None:
+            c = self.cluster
+            cmd += ["--server_name", c.name, "--cluster_name", c.cluster]
+            cmd += ["--cluster", f"nats://{self.host}:{c.route_port}"]
+            cmd += ["--routes", ",".join(c.routes)] if c.routes else []
         if self.tls is not None:  # nats-server's own flags: the config file stays one
             t = self.tls
             cmd += ["--tls", f"--tlscert={t.cert}", f"--tlskey={t.key}", f"--tlscacert={t.ca}"]
