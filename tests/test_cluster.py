@@ -179,3 +179,37 @@ async def test_a_kill_9_of_the_leader_node_costs_seconds_of_leases_and_nothing_e
         assert len(granted) == len(set(granted)) and granted
         await server.close()
         await fold.stop()
+
+
+def test_ppf_secrets_makes_the_fleets_secrets_once(ppf_bin: str, tmp_path: Path) -> None:
+    """`ppf secrets FILE` makes the file once (0600) and prints the same nats.env lines
+    on every run; a node started on that file takes the printed service password."""
+    import shutil
+    import stat
+    import subprocess
+
+    from ops.nats.server import NatsServer, free_port
+
+    path = tmp_path / "auth.json"
+    runs = [
+        subprocess.run([ppf_bin, "secrets", str(path)], capture_output=True, timeout=30, check=True)
+        for _ in range(2)
+    ]
+    assert runs[0].stdout == runs[1].stdout
+    env = dict(line.split("=", 1) for line in runs[0].stdout.decode().split())
+    assert set(env) == {"PPF_NATS_PASSWORD", "PPF_NATS_SYS_PASSWORD", "PPF_NATS_ISSUER"}
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    (tmp_path / "node").mkdir()
+    shutil.copy(path, tmp_path / "node" / "auth.json")
+    node = NatsServer(tmp_path / "node", port=free_port())
+    node.start()
+    try:
+        assert node.url == f"nats://ppf:{env['PPF_NATS_PASSWORD']}@127.0.0.1:{node.port}"
+
+        async def login() -> None:
+            lg = await Log.connect(node.url)
+            await lg.close()
+
+        asyncio.run(login())
+    finally:
+        node.stop()

@@ -31,8 +31,10 @@ __all__ = [
     "NatsServerError",
     "ServerTls",
     "find_binary",
+    "fleet_secrets",
     "free_port",
     "local_address",
+    "server_env",
     "with_credentials",
 ]
 
@@ -98,6 +100,39 @@ def local_address(store_dir: Path) -> str | None:
         return path.read_text().strip() or None
     except OSError:
         return None
+
+
+def fleet_secrets(path: Path) -> dict[str, str]:
+    """The fleet's NATS secrets in ``path`` (an ``auth.json``), made where missing and
+    kept (mode 0600): the service's and the system user's passwords, the callout's
+    issuer seed. One file for every node and gateway of a cluster."""
+    made: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+    missing = [name for name in _SECRETS if name not in made]
+    if not missing:
+        return made
+    for name in missing:
+        if name == "issuer":
+            seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT)
+            made[name] = seed.decode()
+        else:  # a letter first: nats.conf would read an all-digit value as a number
+            made[name] = "p" + secrets.token_hex(16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(made, f)
+    tmp.replace(path)
+    return made
+
+
+def server_env(made: dict[str, str]) -> dict[str, str]:
+    """What nats.conf reads from the environment, from the secrets."""
+    issuer = nkeys.from_seed(bytearray(made["issuer"].encode())).public_key.decode()
+    return {
+        "PPF_NATS_PASSWORD": made["ppf"],
+        "PPF_NATS_SYS_PASSWORD": made["sys"],
+        "PPF_NATS_ISSUER": issuer,
+    }
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -182,26 +217,10 @@ class NatsServer:
         return f"{self.scheme}://{user}:{self._passwords()[user]}@{self.host}:{self.port}"
 
     def _passwords(self) -> dict[str, str]:
-        """Made at the first start and kept, so restarts and agents agree on them; a
-        secret an older store lacks is added to it."""
-        path = self.cluster.secrets if self.cluster is not None else self.store_dir / "auth.json"
-        made: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
-        missing = [name for name in _SECRETS if name not in made]
-        if not missing:
-            return made
-        for name in missing:
-            if name == "issuer":
-                seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_ACCOUNT)
-                made[name] = seed.decode()
-            else:  # a letter first: nats.conf would read an all-digit value as a number
-                made[name] = "p" + secrets.token_hex(16)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(made, f)
-        tmp.replace(path)
-        return made
+        """Made at the first start and kept, so restarts and agents agree on them."""
+        return fleet_secrets(
+            self.cluster.secrets if self.cluster is not None else self.store_dir / "auth.json"
+        )
 
     def _command(self) -> list[str]:
         cmd = [find_binary()]
@@ -225,12 +244,7 @@ class NatsServer:
         self.store_dir.mkdir(parents=True, exist_ok=True)
         logfile = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115
         env = {**os.environ, "PPF_NATS_STORE": str(self.store_dir)}
-        made = self._passwords()
-        env["PPF_NATS_PASSWORD"] = made["ppf"]
-        env["PPF_NATS_SYS_PASSWORD"] = made["sys"]
-        env["PPF_NATS_ISSUER"] = nkeys.from_seed(
-            bytearray(made["issuer"].encode())
-        ).public_key.decode()
+        env |= server_env(self._passwords())
         self.proc = subprocess.Popen(
             self._command(),
             stdout=logfile,
