@@ -88,8 +88,8 @@ class Snapshots:
             log.info("snapshot_loaded", seq=seq, proxies=len(loaded.proxies))
             break
         at = loaded.last_seq if loaded is not None else state.last_seq
-        first = self.span.first_seq
-        if self.span.last_seq >= first and first > at + 1:
+        first = self.span.first_seq  # of an empty, trimmed stream: its last + 1
+        if first > at + 1:
             raise GapError(
                 f"the log starts at seq {first}, after this fold's seq {at}: messages "
                 f"{at + 1}-{first - 1} were trimmed and no readable snapshot covers them "

@@ -118,3 +118,12 @@ async def test_ppf_replay_from_a_snapshot_checks_itself_against_a_full_replay(
     assert (await log_client.snapshots.span()).first_seq == 271
     out = ppf("replay", "--db", str(tmp_path / "b.duckdb"), "--from-snapshot")
     assert out == {"seq": 270, "digest": live, "from_snapshot": 270, "full_replay": None}
+    for seq in await log_client.snapshots.seqs():  # an empty, trimmed log and no snapshot
+        await log_client.snapshots.drop(seq)
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "ops.cli", "replay", "--db", str(tmp_path / "c.duckdb"),
+         "--from-snapshot", "--nats", nats_server.url],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1 and b"the log starts at seq 271" in done.stderr

