@@ -48,7 +48,7 @@ def test_a_damaged_or_forged_snapshot_is_refused() -> None:
     rows = msgspec.msgpack.decode(snap.tables["proxies"])
     rows[0]["latency_ema"] = 1.0  # one proxy's latency, changed
     tampered = msgspec.structs.replace(
-        snap, tables={**snap.tables, "proxies": msgspec.msgpack.encode(rows)}
+        snap, tables={**snap.tables, "proxies": msgspec.Raw(msgspec.msgpack.encode(rows))}
     )
     with pytest.raises(SnapshotError, match="gives digest"):
         load(msgspec.msgpack.encode(tampered))

@@ -117,8 +117,18 @@ class Firehose:
     """Iterate ``batches()`` from ``start_seq`` on, in stream order, forever or ``until``."""
 
     def __init__(
-        self, url: str, start_seq: int = 1, *, heartbeat_s: float = 2.0, buffer_bytes: int = _BUFFER
+        self,
+        url: str,
+        start_seq: int = 1,
+        *,
+        heartbeat_s: float = 2.0,
+        buffer_bytes: int = _BUFFER,
+        stream: str = STREAM,
+        filter_subject: str = "",
     ) -> None:
+        # ``stream`` and ``filter_subject``: another stream read the same way (an
+        # object's chunks: ops/nats/objects.py reads a snapshot so).
+        self.stream, self.filter_subject = stream, filter_subject
         # One URL or a cluster's several, comma-separated: each session dials the next
         # after one that failed.
         self._servers = []
@@ -161,7 +171,7 @@ class Firehose:
             return
         try:
             if self._consumer:
-                api = f"$JS.API.CONSUMER.DELETE.{STREAM}.{self._consumer}"
+                api = f"$JS.API.CONSUMER.DELETE.{self.stream}.{self._consumer}"
                 self._consumer = ""
                 await asyncio.wait_for(self._send(sock, f"PUB {api} 0\r\n\r\n".encode()), 5)
         except (OSError, TimeoutError):
@@ -232,8 +242,9 @@ class Firehose:
         if self._user is not None:
             connect |= {"user": unquote(self._user), "pass": unquote(self._password or "")}
         config = {
-            "stream_name": STREAM,
+            "stream_name": self.stream,
             "config": {
+                **({"filter_subject": self.filter_subject} if self.filter_subject else {}),
                 "deliver_subject": self._inbox,
                 "deliver_policy": "by_start_sequence",
                 "opt_start_seq": self.next_seq,
@@ -247,7 +258,7 @@ class Firehose:
             },
         }
         req = json.dumps(config).encode()
-        api = f"$JS.API.CONSUMER.CREATE.{STREAM}"
+        api = f"$JS.API.CONSUMER.CREATE.{self.stream}"
         await self._send(
             sock,
             b"CONNECT "
