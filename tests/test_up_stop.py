@@ -182,6 +182,7 @@ def test_sigterm_stops_ppf_up_within_10_s_while_its_agents_hold_leases(
                 return code, exited, gone, int(rate)
 
             code, exited, gone, rate = asyncio.run(load_then_stop())
+            print(f"SIGTERM: exited in {exited:.2f} s, session empty in {gone:.2f} s, {rate}/s")
             assert rate >= 1_000  # messages of 500 observations each: far more observations
             assert code == 0 and exited < 10
             assert not _session_alive(up.proc.pid if up.proc else 0) and gone < 10
