@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import Callable, Generator
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -26,6 +26,7 @@ from projections.readmodels import (
     status_at,
 )
 from projections.snapshot import CENSUS_MS, ProxySnapshot, ProxyView, building, dropping
+from projections.snapshot_policy import drive
 from reducers import ProxyRow, State, trust
 from reducers.pool import lease_live
 from reducers.reports import hidden_from
@@ -34,7 +35,6 @@ from reducers.state import latency_samples, unpack_samples
 __all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
 
 routes = web.RouteTableDef()
-T = TypeVar("T")
 
 
 class SnapshotKeeper:
@@ -108,7 +108,7 @@ class SnapshotKeeper:
         return self._task
 
     async def _build(self, state: State) -> ProxySnapshot:
-        snap, self._took = await self._drive(building(state, now_ms()))
+        snap, self._took = await drive(building(state, now_ms()), self.slice_s, self.clock)
         self._built = self.clock()
         old, self.current = self.current, snap  # readers see the old or the new one
         self._age_s = min(self.max_age_s, max(self.min_age_s, self._took / self.share))
@@ -116,24 +116,12 @@ class SnapshotKeeper:
             # Freeing a hundred thousand views at once held the loop 36 ms: the last
             # references go a step at a time (unless a request still reads the old one).
             views, old = list(old.by_latency), None
-            task = asyncio.get_running_loop().create_task(self._drive(dropping(views)))
+            task = asyncio.get_running_loop().create_task(
+                drive(dropping(views), self.slice_s, self.clock)
+            )
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
         return snap
-
-    async def _drive(self, steps: Generator[None, None, T]) -> tuple[T, float]:
-        """Run ``steps`` to their end, giving the loop back every ``slice_s``; their value
-        and the loop's time they took (their slices summed)."""
-        took, mark = 0.0, self.clock()
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return done.value, took + self.clock() - mark
-            if self.clock() - mark >= self.slice_s:
-                took += self.clock() - mark
-                await asyncio.sleep(0)
-                mark = self.clock()
 
 
 SNAPSHOT = web.AppKey("snapshot", SnapshotKeeper)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -40,17 +40,23 @@ class SnapshotPolicy:
     trim: bool = False
 
 
-async def drive(steps: Generator[None, None, T], step_s: float = STEP_S) -> T:
-    """Run ``steps`` to their end, giving the loop back every ``step_s``."""
-    mark = time.monotonic()
+async def drive(
+    steps: Generator[None, None, T],
+    slice_s: float,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[T, float]:
+    """Every step, giving the loop back every ``slice_s`` of ``clock``; the generator's
+    value and the loop's time the steps took (their slices summed)."""
+    took, mark = 0.0, clock()
     while True:
         try:
             next(steps)
         except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        if time.monotonic() - mark >= step_s:
+            return done.value, took + clock() - mark
+        if clock() - mark >= slice_s:
+            took += clock() - mark
             await asyncio.sleep(0)
-            mark = time.monotonic()
+            mark = clock()
 
 
 class Snapshots:
@@ -108,7 +114,8 @@ class Snapshots:
 
     async def encode(self, state: State) -> bytes:
         """The snapshot of ``state`` now; the caller keeps the fold still meanwhile."""
-        return await drive(taking(state))
+        blob, _ = await drive(taking(state), STEP_S)
+        return blob
 
     async def keep(self, seq: int, blob: bytes, applied: int) -> None:
         """Store a snapshot encoded at ``seq``, then drop the ones past ``keep`` and trim

@@ -86,7 +86,7 @@ def taking(state: State) -> Generator[None, None, bytes]:
 
 
 def take(state: State) -> bytes:
-    """``taking`` at once (tests, the one-off ``ppf snapshot``)."""
+    """``taking`` at once (tests)."""
     steps = taking(state)
     while True:
         try:
