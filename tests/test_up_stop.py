@@ -61,6 +61,10 @@ def _slow_lists(count: int) -> Iterator[list[str]]:
     finally:
         for server in servers:
             server.shutdown()
+            # The serving thread's target holds the server: unclosed, its listening
+            # socket would be collected whenever that thread is, with a ResourceWarning
+            # that fails whatever test runs then.
+            server.server_close()
 
 
 def _holders(base: str) -> set[str]:
