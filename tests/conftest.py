@@ -71,8 +71,9 @@ def ppf_bin() -> str:
 
 # Modules that build the world in a box (network namespaces and one route for the
 # world's public-looking addresses): two boxes at once take each other's route, so they
-# are marked `box`, and `make test` runs them in one process after the rest, which it
-# spreads over two (pytest-xdist).
+# are marked `box`, and `make test` runs them one after another in a process of their
+# own beside the rest, which it spreads over two (pytest-xdist). (xdist's `loadgroup`
+# would say it better, but with pytest 9 it no longer groups anything.)
 _BOX_MODULES = {
     "test_churn_box",
     "test_seed_world",
