@@ -308,7 +308,7 @@ def make_app(
         config.anonymous_reports_per_hour / 3600, config.anonymous_reports_burst
     )
     app[TRUSTED] = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
-    app[SNAPSHOT] = SnapshotKeeper()
+    app[SNAPSHOT] = SnapshotKeeper(foreground=fold.foreground)
     app[GRANTER] = Granter(
         fold,
         app[LOG],

@@ -230,8 +230,9 @@ async def _held(request: web.Request, caller: Caller) -> tuple[str, str]:
     state = fold.state
     if lease not in state.lease_owner:
         # Granted ahead of this fold (a sure claim, gateway/leases.py) or by another
-        # gateway, and not folded here yet: look once more at the head.
-        await fold.wait_for(await fold.head_seq(), request.app[GRANTER].wait_s)
+        # gateway, and not folded here yet: wait for the head as it is now (the cached
+        # head may predate the grant: a release at once after it was then refused).
+        await fold.wait_for(await fold.head_seq(max_age_s=0.0), request.app[GRANTER].wait_s)
     target = state.lease_owner.get(lease)
     row = state.leases.get(target) if target is not None else None
     if row is None or not lease_live(row, now_ms()) or row.holder != caller.name:

@@ -162,7 +162,8 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(peer=client_address(request))
     started = time.perf_counter()
-    response = await _answer(request, handler)
+    with request.app[FOLD].foreground.running():  # the fold waits for it between slices
+        response = await _answer(request, handler)
     ms = round((time.perf_counter() - started) * 1000, 2)
     status = response.status
     level = "debug" if status < 400 and ms < 100 else "warning" if status >= 500 else "info"

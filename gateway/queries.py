@@ -18,6 +18,7 @@ from events.wire import AgentMe
 from gateway.formats import FORMATS
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
 from gateway.judge import JUDGE_DOOR
+from projections.foreground import Foreground
 from projections.readmodels import (
     ProxyFilter,
     due_sources,
@@ -58,14 +59,19 @@ class SnapshotKeeper:
         slice_s: float = 0.002,
         wait_s: float = 0.01,
         clock: Callable[[], float] = time.monotonic,
+        foreground: Foreground | None = None,
     ) -> None:
         self.share, self.min_age_s, self.max_age_s = share, min_age_s, max_age_s
+        # A build nobody waits for (a big pool's) and the old views' release yield to
+        # the requests in flight between their steps; a build a request waits for not.
+        self.foreground = foreground
         self.slice_s, self.wait_s = slice_s, wait_s
         self.clock = clock
         self.current: ProxySnapshot | None = None
         self._built = 0.0
         self._age_s = min_age_s  # how long the current one stays fresh
         self._took = 0.0  # the loop's time the last build took, its slices summed
+        self._rows = 0  # the proxies it built from
         self._task: asyncio.Task[ProxySnapshot] | None = None
         self._retiring: set[asyncio.Task[tuple[None, float]]] = set()
 
@@ -93,7 +99,7 @@ class SnapshotKeeper:
             return await asyncio.shield(self._start(state))
         if snap.seq == state.last_seq or idle is False:
             return snap
-        cheap = self._took <= self.wait_s
+        cheap = self._cheap(state)
         if not (self.stale(state) or (idle and cheap)):
             return snap
         task = self._start(state)
@@ -102,13 +108,23 @@ class SnapshotKeeper:
                 await asyncio.wait_for(asyncio.shield(task), self.wait_s)
         return self.current or snap
 
+    def _cheap(self, state: State) -> bool:
+        """Whether the next build is one to wait for: the last one was short and the pool
+        has not grown much since (a catch-up that brings a hundred thousand proxies
+        into a pool of ten would otherwise be waited for on the last one's figure)."""
+        return self._took <= self.wait_s and len(state.proxies) <= 2 * self._rows + 1_024
+
     def _start(self, state: State) -> asyncio.Task[ProxySnapshot]:
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._build(state))
+            waited = self.current is None or self._cheap(state)
+            self._task = asyncio.get_running_loop().create_task(self._build(state, waited))
         return self._task
 
-    async def _build(self, state: State) -> ProxySnapshot:
-        snap, self._took = await drive(building(state, now_ms()), self.slice_s, self.clock)
+    async def _build(self, state: State, waited: bool) -> ProxySnapshot:
+        fg = None if waited else self.foreground
+        rows = len(state.proxies)
+        snap, self._took = await drive(building(state, now_ms()), self.slice_s, self.clock, fg)
+        self._rows = rows
         self._built = self.clock()
         old, self.current = self.current, snap  # readers see the old or the new one
         self._age_s = min(self.max_age_s, max(self.min_age_s, self._took / self.share))
@@ -117,7 +133,7 @@ class SnapshotKeeper:
             # references go a step at a time (unless a request still reads the old one).
             views, old = list(old.by_latency), None
             task = asyncio.get_running_loop().create_task(
-                drive(dropping(views), self.slice_s, self.clock)
+                drive(dropping(views), self.slice_s, self.clock, self.foreground)
             )
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)

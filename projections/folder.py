@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from events import DLQ_PREFIX, OBSERVATIONS, DecodeError, decode
+from projections.foreground import Foreground
 from projections.log import Message
 from projections.store import collect_async
 from projections.writer import ProcessWriter
@@ -118,8 +119,10 @@ class Checkpointer:
         every_events: int = 500_000,
         every_ms: int = 5_000,
         keep_digest: bool = True,
+        foreground: Foreground | None = None,
     ) -> None:
         self.writer = ProcessWriter(path, keep_digest=keep_digest)
+        self.foreground = foreground  # the cut yields to its requests between chunks
         self.every_events = every_events
         self.every_ms = every_ms
         self._inflight: asyncio.Task[int] | None = None
@@ -159,7 +162,7 @@ class Checkpointer:
 
     async def checkpoint(self, state: State) -> None:
         async with self._lock:
-            cp = await collect_async(state)
+            cp = await collect_async(state, self.foreground)
             self._since_seq = state.last_seq
             self._since_t = time.monotonic()
             if self._inflight is not None:

@@ -19,6 +19,7 @@ import structlog
 
 from events import DecodeError, dlq_subject
 from projections.folder import Checkpointer, Folder, Message
+from projections.foreground import Foreground
 from projections.log import DepositStore, EventLog, GapError, LogError
 from projections.rates import PipelineStats
 from projections.snapshot_policy import Snapshots
@@ -34,7 +35,7 @@ log = structlog.get_logger("ppf.fold")
 HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find it read
 DLQ_COPY_BYTES = 16_384  # of a rejected message, copied into its DLQ entry
 # The longest the fold holds the event loop at a time (projections/folder.py apply_for).
-SLICE_S = 0.004
+SLICE_S = 0.002
 
 
 class Sink(Protocol):
@@ -80,8 +81,14 @@ class FoldService:
                 self.state = store.restore()
             finally:
                 store.close()
+        # The requests answered on this loop (the gateway's middleware counts them):
+        # between slices the fold and its checkpoint's cut wait for them a little.
+        self.foreground = Foreground()
         self.checkpointer = Checkpointer(
-            db if db is not None else MEMORY, every_events=every_events, every_ms=every_ms
+            db if db is not None else MEMORY,
+            every_events=every_events,
+            every_ms=every_ms,
+            foreground=self.foreground,
         )
         self.folder = Folder(self.state, self._reject if dlq else None)
         self.tap = tap
@@ -237,7 +244,7 @@ class FoldService:
                     i = self.folder.apply_for(messages, i, SLICE_S)
                 self._wake()
                 self.between_slices()
-                await asyncio.sleep(0)  # let queries and publishes in between slices
+                await self.foreground.yield_to(SLICE_S)  # queries, publishes go first
             async with self._cut:
                 if self.tap is not None:
                     self.tap.feed(messages)

@@ -21,6 +21,7 @@ from typing import TypeVar
 
 import structlog
 
+from projections.foreground import Foreground
 from projections.log import GapError, SnapshotStore, Span
 from projections.state_snapshot import SnapshotError, load, taking
 from reducers import State
@@ -44,9 +45,11 @@ async def drive(
     steps: Generator[None, None, T],
     slice_s: float,
     clock: Callable[[], float] = time.monotonic,
+    foreground: Foreground | None = None,
 ) -> tuple[T, float]:
-    """Every step, giving the loop back every ``slice_s`` of ``clock``; the generator's
-    value and the loop's time the steps took (their slices summed)."""
+    """Every step, giving the loop back every ``slice_s`` of ``clock`` (to the requests in
+    flight in ``foreground``, when given); the generator's value and the loop's time the
+    steps took (their slices summed)."""
     took, mark = 0.0, clock()
     while True:
         try:
@@ -55,7 +58,10 @@ async def drive(
             return done.value, took + clock() - mark
         if clock() - mark >= slice_s:
             took += clock() - mark
-            await asyncio.sleep(0)
+            if foreground is None:
+                await asyncio.sleep(0)
+            else:
+                await foreground.yield_to(slice_s)
             mark = clock()
 
 

@@ -91,18 +91,19 @@ class ProcessWriter:
         """Send one checkpoint and wait until it is committed; returns its last_seq."""
         assert self._proc is not None and self._proc.stdin is not None
         stdin = self._proc.stdin
-        head = _encode(msgspec.structs.replace(cp, tables={}, pending={}))
+        head = _encode(msgspec.structs.replace(cp, tables={}, pending={}, parts={}))
         stdin.write(_FRAME.pack(len(head)))
         stdin.write(head)
         for name in TABLES:
-            blob = memoryview(cp.tables[name])
-            stdin.write(_FRAME.pack(len(blob)))
+            pieces = [memoryview(piece) for piece in cp.table(name)]
+            stdin.write(_FRAME.pack(sum(len(piece) for piece in pieces)))
             # In slices: what the pipe does not take at once is copied into the
             # transport's buffer, and a checkpoint of 100,000 rows (20 MB) copied in
             # one write held the loop 10-20 ms.
-            for start in range(0, len(blob), _PIPE_SLICE):
-                stdin.write(blob[start : start + _PIPE_SLICE])
-                await stdin.drain()
+            for blob in pieces:
+                for start in range(0, len(blob), _PIPE_SLICE):
+                    stdin.write(blob[start : start + _PIPE_SLICE])
+                    await stdin.drain()
         self.last_seq = await self._answer()
         return self.last_seq
 

@@ -221,9 +221,11 @@ async def _backlog(
                 *publisher([server.url], "r", observations, proxies, seed, setup=False),
                 stdout=subprocess.DEVNULL,
             )
+            target = 0  # the log's head once the backlog is in it
             if not burst:
                 await load.wait()
-                gateway.send_signal(signal.SIGCONT)
+                target = await _head(server.url)
+                gateway.send_signal(signal.SIGCONT)  # its cached head is the old one yet
             stats_ms: list[float] = []
             lease_ms: list[float] = []
             statuses: dict[int, int] = {}
@@ -244,7 +246,11 @@ async def _backlog(
                 published = load.returncode is not None
                 if published and load.returncode != 0:
                     raise RuntimeError("publishing the backlog failed")
-                caught_up = stats["applied_seq"] == stats["head_seq"] and not _unlocated(stats)
+                if published and not target:
+                    target = await _head(server.url)
+                caught_up = stats["applied_seq"] == stats["head_seq"] >= target and not _unlocated(
+                    stats
+                )
                 if published and caught_up:
                     break
                 left = max(0.0, POLL_S - (time.perf_counter() - t))
@@ -267,6 +273,14 @@ async def _backlog(
         "stats": _summary(stats_ms),
         "lease": {**_summary(lease_ms), "statuses": statuses},
     }
+
+
+async def _head(url: str) -> int:
+    lg = await Log.connect(url)
+    try:
+        return await lg.head_seq()
+    finally:
+        await lg.close()
 
 
 def _unlocated(stats: dict[str, Any]) -> int:
