@@ -498,3 +498,35 @@ async def test_a_lease_on_a_free_target_is_granted_without_waiting_for_the_fold(
     row = fold.state.leases[grant["target"]]
     assert (row.status, row.lease, row.epoch) == ("leased", grant["lease"], grant["epoch"])
     assert row.expires_at >= grant["expires_at"] > now_ms()
+
+
+async def test_a_lease_released_at_once_after_its_grant_is_released(
+    gw: Any, log_client: Log
+) -> None:
+    """A worker with nothing to do releases the lease it was just granted, before the
+    fold has applied the grant: the gateway waits for the log's head as it is now (its
+    cached head, read every 250 ms, predates the grant) and releases it; no 409."""
+    client, fold, tokens = gw
+    url = "http://lists.example/at-once.txt"
+    r = await client.post("/v1/sources", json={"urls": [url]}, headers=auth(tokens["admin"]))
+    assert r.status == 200
+    await caught_up(fold, log_client)
+    await asyncio.sleep(0.3)  # the cached head is this head: the grant comes after it
+    body = {"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60}
+    await fold._cut.acquire()  # the fold applies nothing while this is held
+    try:
+        r = await client.post("/v1/leases", json=body, headers=auth(tokens["w1"]))
+        (grant,) = (await r.json())["leases"]
+        assert fold.applied_seq < grant["epoch"]
+        asyncio.get_running_loop().call_later(0.3, fold._cut.release)  # the fold goes on
+        r = await client.post(
+            f"/v1/leases/{grant['lease']}/release",
+            json={"outcome": "done"},
+            headers=auth(tokens["w1"]),
+        )
+    finally:
+        await asyncio.sleep(0.4)
+        assert not fold._cut.locked()
+    assert r.status == 200, await r.text()
+    await caught_up(fold, log_client)
+    assert fold.state.leases[grant["target"]].status != "leased"
