@@ -76,6 +76,7 @@ def ppf_bin() -> str:
 # would say it better, but with pytest 9 it no longer groups anything.)
 _BOX_MODULES = {
     "test_churn_box",
+    "test_failover_box",
     "test_seed_world",
     "test_serve_box",
     "test_world",
