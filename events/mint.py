@@ -49,6 +49,8 @@ def enrollment(name: str, role: Role, *, by: str = "admin") -> tuple[str, AgentE
     operator who asked for it, and kept nowhere.
     """
     token = secrets.token_urlsafe(32)
+    while token.startswith("-"):  # `--token -x...` reads as an option to argparse
+        token = secrets.token_urlsafe(32)
     event = AgentEnrolled(
         id=fresh_id(), agent=by, at=now_ms(), name=name, role=role, token_sha256=token_sha256(token)
     )

@@ -150,3 +150,11 @@ def test_uuid7_layout_and_order() -> None:
     assert a < b
     with pytest.raises(ValueError):
         ev.uuid7(1, b"short")
+
+
+def test_a_token_never_starts_with_a_dash() -> None:
+    """`ppf agent --token -x...` would read the token as an option: a 64th of URL-safe
+    tokens began with one."""
+    from events.mint import enrollment
+
+    assert not [t for t, _ in (enrollment("w1", "worker") for _ in range(2_000)) if t[0] == "-"]

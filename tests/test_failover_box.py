@@ -175,8 +175,9 @@ async def test_a_nats_node_and_a_gateway_killed_while_the_fleet_works(
             for name in ("w1", "c1"):
                 role = "worker" if name == "w1" else "checker"
                 cmd = [
-                    ppf_bin, "agent", role, "--gateway", f"{g2},{up.base}", "--token", tokens[name],
-                    *judges, "--https-target", world.https_url, "--data", str(tmp_path / name),
+                    ppf_bin, "agent", role, "--gateway", f"{g2},{up.base}",
+                    f"--token={tokens[name]}", *judges, "--https-target", world.https_url,
+                    "--data", str(tmp_path / name),
                     "--lease-ttl", str(LEASE_TTL_S),
                 ]  # fmt: skip
                 procs.append(_spawn(cmd, tmp_path / f"{name}.log"))
