@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Foreground"]
+__all__ = ["Foreground", "give_way"]
 
 # Rounds of the loop given before looking: a request whose bytes came during the slice
 # is read in the first, its handler's first step (which counts it in flight) runs in
@@ -56,3 +56,12 @@ class Foreground:
                 await self._quiet.wait()
         except TimeoutError:
             pass
+
+
+async def give_way(foreground: Foreground | None, at_most_s: float) -> None:
+    """Between two steps of background work: ``foreground.yield_to`` when there is a
+    foreground to yield to, else one round of the loop."""
+    if foreground is None:
+        await asyncio.sleep(0)
+    else:
+        await foreground.yield_to(at_most_s)

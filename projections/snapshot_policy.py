@@ -21,7 +21,7 @@ from typing import TypeVar
 
 import structlog
 
-from projections.foreground import Foreground
+from projections.foreground import Foreground, give_way
 from projections.log import GapError, SnapshotStore, Span
 from projections.state_snapshot import SnapshotError, load, taking
 from reducers import State
@@ -58,10 +58,7 @@ async def drive(
             return done.value, took + clock() - mark
         if clock() - mark >= slice_s:
             took += clock() - mark
-            if foreground is None:
-                await asyncio.sleep(0)
-            else:
-                await foreground.yield_to(slice_s)
+            await give_way(foreground, slice_s)
             mark = clock()
 
 

@@ -24,7 +24,7 @@ import msgspec
 
 from events.catalogue import Settings
 from projections.digest import DigestKeeper, meta_digest
-from projections.foreground import Foreground
+from projections.foreground import Foreground, give_way
 from reducers.marks import Mark
 from reducers.state import AgentRow, DepositRow, LeaseRow, ProxyKey, ProxyRow, SourceRow, State
 
@@ -188,14 +188,6 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
     on while a checkpoint of a big pool is cut (a single pass over 50,000 changed rows
     held the loop past /v1/stats' p99). The caller keeps the fold from running until it
     returns: the rows must not change mid-cut."""
-    import asyncio
-
-    async def pause() -> None:
-        if foreground is None:
-            await asyncio.sleep(0)
-        else:
-            await foreground.yield_to(_CUT_YIELD_S)
-
     dirty, state.dirty_proxies = state.dirty_proxies, set()
     try:
         keys = list(dirty)
@@ -209,7 +201,7 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
                     gone.append(key)
                 else:
                     found.append(row)
-            await pause()
+            await give_way(foreground, _CUT_YIELD_S)
     except BaseException:  # cancelled mid-cut: the rows are still to be written
         state.dirty_proxies |= dirty
         raise
@@ -219,7 +211,7 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
             blobs = []
             for start in range(0, len(pending), _CHUNK):
                 blobs.append(_encode(pending[start : start + _CHUNK]))
-                await pause()
+                await give_way(foreground, _CUT_YIELD_S)
             cp.parts[name] = _pieces(blobs, len(pending)) if blobs else [_encode([])]
     except BaseException:  # cancelled mid-cut: the rows are still to be written
         state.dirty_proxies |= {(r.ip, r.port) for r in cp.pending["proxies"]}

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import aiohttp
@@ -55,14 +55,16 @@ def _status(url: str) -> int:
         return 0
 
 
-async def _until(what: str, cond: object, timeout: float) -> None:
+async def _until(what: str, cond: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while not await asyncio.to_thread(cond):  # type: ignore[arg-type]
+    while not await asyncio.to_thread(cond):
         assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
         await asyncio.sleep(0.5)
 
 
-async def _probe(base: str, token: str, grants: list[tuple[float, int]], stop: asyncio.Event):  # type: ignore[no-untyped-def]
+async def _probe(
+    base: str, token: str, grants: list[tuple[float, int]], stop: asyncio.Event
+) -> None:
     """A third checker asking for one shard every 0.3 s and giving it back at once,
     uncounted: when grants stop and start again."""
     body = {"agent": "c9", "kind": "recheck", "count": 1, "ttl_s": 30}
@@ -82,7 +84,7 @@ async def _probe(base: str, token: str, grants: list[tuple[float, int]], stop: a
                         timeout=aiohttp.ClientTimeout(total=5),
                     ):
                         pass
-                status = status if leases or status != 200 else 204
+                status = status if leases or status != 200 else 204  # 200, but none free
             grants.append((time.monotonic(), status))
             await asyncio.sleep(0.3)
 
