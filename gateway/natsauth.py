@@ -38,6 +38,7 @@ import structlog
 from nats.aio.client import Client
 
 from events import AGENT_INBOX, AGENT_PREFIX, MAX_MESSAGE
+from ops.nats.dial import dial
 from reducers.state import State
 
 __all__ = ["AUTH_SUBJECT", "Callout", "Kicker", "NatsAuth", "grant", "login_name"]
@@ -155,7 +156,7 @@ class Callout:
         self.refused = 0
 
     async def start(self) -> None:
-        self._nc = await nats.connect(
+        self._nc = await dial(
             servers(self.auth.service_url),
             name="ppf-callout",
             max_reconnect_attempts=-1,
@@ -294,7 +295,7 @@ class Kicker:
     async def start(self) -> None:
         """Log in as the system user (written in nats.conf, not put to the callout), once;
         nats-py reconnects it for the gateway's life."""
-        self._sys = await nats.connect(
+        self._sys = await dial(
             servers(self.auth.login_url(SYS_USER, self.auth.sys_password)),
             name="ppf-kicker",
             max_reconnect_attempts=-1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 
 import pytest
@@ -150,3 +151,38 @@ async def test_firehose_survives_a_server_restart(nats_server: NatsServer) -> No
     await lg.close()
     await asyncio.wait_for(task, 30)
     assert seen == list(range(1, 201))
+
+
+async def test_a_server_that_never_greets_costs_the_client_no_socket(
+    nats_server: NatsServer,
+) -> None:
+    """While its server is away, a listener on its port takes connections and never says
+    INFO (a node still starting); the client dials it again and again, then gets its
+    server back. nats-py would drop each of those sockets open (its transport dials the
+    next server over the last one); ops/nats/dial.py closes them, so the garbage
+    collector finds no unclosed stream here (warnings are errors in this suite)."""
+    lg = await Log.connect(nats_server.url, timeout=0.5)
+    await lg.ensure_stream()
+    await nats_server.astop()
+    dialled: list[int] = []
+
+    def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        dialled.append(1)
+        held.append(writer)
+
+    held: list[asyncio.StreamWriter] = []
+    listener = await asyncio.start_server(mute, "127.0.0.1", nats_server.port)
+    for _ in range(60):  # bounded: 6 s at most
+        if len(dialled) >= 2:
+            break
+        await asyncio.sleep(0.1)
+    listener.close()
+    for writer in held:
+        writer.close()
+    await listener.wait_closed()
+    assert len(dialled) >= 2, "the client did not dial the mute listener twice"
+    gc.collect()  # a socket dropped open is reported here, as a ResourceWarning
+    await nats_server.astart()
+    await lg.publish(worked())
+    assert await lg.head_seq() >= 1
+    await lg.close()

@@ -30,12 +30,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import nats
-
 from events import Deposited
 from events.keys import page_key
 from events.mint import fresh_id, now_ms
 from ops.nats.client import Log
+from ops.nats.dial import dial
 from ops.nats.objects import BUCKET
 from ops.nats.server import NatsServer, free_port
 from projections.ingest import DepositIngest
@@ -85,7 +84,7 @@ async def bench_ingest(
         server = NatsServer(Path(tmp) / "nats", port=free_port())
         server.start()
         audit = _Audit()
-        watch = await nats.connect(server.url, name="ppf-bench-audit")
+        watch = await dial([server.url], name="ppf-bench-audit")
         lg = await Log.connect(server.url, name="ppf-bench-depositor")
         fold_log = await Log.connect(server.url, name=FOLD_CLIENT)
         fold = FoldService(fold_log, db=Path(tmp) / "ppf.duckdb")

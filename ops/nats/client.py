@@ -36,6 +36,7 @@ from events import (
     subject_for,
 )
 from events.mint import fresh_id, now_ms
+from ops.nats.dial import dial
 from ops.nats.objects import DepositBucket, SnapshotBucket
 from ops.nats.ordered import ordered_batches
 from ops.nats.stream import Firehose
@@ -188,7 +189,7 @@ class Log:
             # Reconnect forever once connected, but a first connect that fails is an
             # operator's error to report now, not to retry silently.
             nc = await asyncio.wait_for(
-                nats.connect(
+                dial(
                     [one.strip() for one in url.split(",") if one.strip()],
                     name=name,
                     **({"tls": tls.context()} if tls is not None else {}),
