@@ -161,9 +161,7 @@ class Callout:
             name="ppf-callout",
             max_reconnect_attempts=-1,
             # Back before the agents (1 s) after a server restart: a login asked
-            # while no callout listens waits out the server's auth timeout. Not
-            # faster: every try at a server still starting may cost a socket that
-            # nats-py does not close (seen as ResourceWarnings in the restart test).
+            # while no callout listens waits out the server's auth timeout.
             reconnect_time_wait=0.5,
             error_cb=_quiet("callout"),
         )
