@@ -1,4 +1,6 @@
-"""Every nats-py connection ppf opens is dialled here.
+"""Every nats-py connection ppf opens is dialled here: the log client's
+(ops/nats/client.py) and the gateway's callout and kicker (gateway/natsauth.py), which
+may not import ops/.
 
 nats-py keeps one transport for a client's life and, when a connection to a server is
 made but its handshake fails (a node still starting, a callout not yet answering, a
