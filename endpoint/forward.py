@@ -1,168 +1,469 @@
-"""Plain HTTP through an upstream, kept alive at both ends.
+"""Plain HTTP through an upstream, kept alive at both ends, on asyncio protocols.
 
 A scraper sends request after request on one connection to its proxy; each goes to an
 upstream the strategy picks, on a connection kept from an earlier request to that
 upstream when one is idle (``Idle``): an HTTP proxy's own connection (absolute URIs),
-or a SOCKS tunnel to the same site. h11 reads both sides (framing, chunked bodies, HEAD,
-1xx), so the client's connection stays open exactly as long as HTTP allows. What
-refuses or says nothing is the proxy's failure (``Forwarder.failed``); an idle
-connection that went stale is tried once more on a fresh one and blames nobody.
+or a SOCKS tunnel to the same site. httptools (llhttp, Node.js's parser) reads both
+sides: framing, chunked bodies, 1xx, keep-alive. The hot path (a request whose login the
+connection already showed, an idle link to its upstream) runs in the protocols'
+callbacks with no task and no stream between them: that is what brought the endpoint's
+own CPU from 270-330 µs a request (h11 over streams) to 60-100 µs, most of it the
+kernel's sends (BENCHMARKS.md, ``ppf bench serve``). A new login, a new upstream connection, CONNECT
+and SOCKS take the slow path: CONNECT and SOCKS hand the client's connection over to
+streams (``Endpoint.tunnel_http``, ``Endpoint.socks``) for good.
+
+What refuses or says nothing is the proxy's failure (``Endpoint.failed``): avoided at
+once, and the request tried through another while its method is idempotent; an idle
+link that went stale is tried once more on a fresh one and blames nobody. A request is
+sent upstream only once its body is whole (at most ``MAX_BODY``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import h11
+import httptools
 
 from endpoint.choose import Upstream
+from endpoint.login import Want
+from endpoint.uplink import HOP, UpLink
 
-__all__ = ["Idle", "Link", "relay_response", "send_request"]
+if TYPE_CHECKING:
+    from endpoint.relay import Endpoint
 
-_HOP = frozenset(
-    {
-        b"proxy-authorization",
-        b"proxy-connection",
-        b"connection",
-        b"keep-alive",
-        b"te",
-        b"trailer",
-        b"upgrade",
-        b"proxy-authenticate",
-    }
-)
+__all__ = [
+    "CHALLENGE",
+    "LOGIN_NEEDED",
+    "MAX_BODY",
+    "ClientSide",
+    "Request",
+    "answer",
+    "basic_login",
+]
+
+MAX_HEAD = 65_536
+MAX_BODY = 16 * 1024 * 1024
+_FLUSH = 65_536  # an answer goes to the client in writes of this size at least
+_FIRST_BYTE_S = 10.0
+_IDLE_S = 30.0  # a client connection with no request in flight for this long is closed
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
+
+
+def answer(status: int, text: str, extra: bytes = b"") -> bytes:
+    """A short answer of the endpoint's own, closing the connection."""
+    body = (text + "\n").encode()
+    return (
+        b"HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n%s\r\n%s"
+        % (status, _REASONS.get(status, b"Error"), len(body), extra, body)
+    )
+
+
+_REASONS = {
+    400: b"Bad Request",
+    407: b"Proxy Authentication Required",
+    413: b"Content Too Large",
+    429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
+    502: b"Bad Gateway",
+    503: b"Service Unavailable",
+}
 
 
 @dataclass(slots=True)
-class Link:
-    """One connection to an upstream, with its own h11 client state."""
+class Request:
+    """One client request, whole, and what became of it so far."""
 
-    up: Upstream
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
-    forward: bool  # an HTTP proxy: send it absolute URIs
-    conn: h11.Connection = field(default_factory=lambda: h11.Connection(h11.CLIENT))
-    idle_since: float = 0.0
-    reused: bool = False
-    opened_at: float = field(default_factory=time.monotonic)
+    method: bytes
+    target: bytes  # the absolute URI the client sent
+    host: str
+    port: int
+    lines: bytes  # its header lines but the hop-by-hop ones, each ending in CRLF
+    body: bytes
+    keep_alive: bool
+    authorization: bytes
+    read_at: float = field(default_factory=time.perf_counter)
+    origin: bytes = b"/"  # the target in origin form, for a SOCKS tunnel to the site
+    tried: frozenset[tuple[str, int]] = frozenset()
+    failures: int = 0
+    fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
 
-    def close(self) -> None:
-        self.writer.close()
+    def head(self, forward: bool) -> bytes:
+        """To an HTTP proxy the absolute URI; through a SOCKS tunnel the origin form."""
+        target = self.target if forward else self.origin
+        return b"%s %s HTTP/1.1\r\n%s\r\n" % (self.method, target, self.lines)
 
 
-@dataclass
-class Idle:
-    """Idle links by (upstream, site): taken for the next request, given back after it."""
+class ClientSide(asyncio.Protocol):
+    """One client connection: its requests read with httptools, one at a time through
+    an upstream, answers relayed as they come."""
 
-    per_key: int = 64
-    max_idle_s: float = 20.0
-    # A link is reused for this long after it opened, then a fresh one is made: an
-    # upstream that died for new connections (a tarpit, a restart) would otherwise keep
-    # serving through old ones, and the endpoint never learn it, nor tell the fleet.
-    max_age_s: float = 3.0
-    links: dict[tuple[object, ...], list[Link]] = field(default_factory=dict)
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.pending: deque[Request] = deque()
+        self.current: Request | None = None
+        self.link: UpLink | None = None
+        self.want: Want | None = None
+        self.password = ""
+        self.said = b""  # the Proxy-Authorization the connection logged in with
+        self.seen = False  # a first byte came
+        self.closing = False
+        self.out = bytearray()
+        self.last = time.monotonic()
+        self.timer: asyncio.TimerHandle | None = None
+        # The request being parsed.
+        self._url = b""
+        self._lines: list[bytes] = []
+        self._head_size = 0
+        self._auth = b""
+        self._body: list[bytes] = []
+        self._body_size = 0
+        self._keep_alive = True
 
-    def take(self, key: tuple[object, ...], now: float) -> Link | None:
-        stack = self.links.get(key)
-        while stack:
-            link = stack.pop()
-            fresh = (
-                now - link.idle_since <= self.max_idle_s and now - link.opened_at <= self.max_age_s
+    # -- the client's bytes -------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self._arm(_FIRST_BYTE_S)
+
+    def data_received(self, data: bytes) -> None:
+        self.last = time.monotonic()
+        if not self.seen:
+            self.seen = True
+            if data[:1] == b"\x05":  # SOCKS5
+                self._hand_over(data[1:], self.endpoint.socks)
+                return
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade as upgrade:  # CONNECT: a tunnel from here on
+            self._tunnel(data[upgrade.args[0] :])
+        except httptools.HttpParserCallbackError as exc:  # raised in one of ours below
+            if not isinstance(exc.__context__, _TooLarge):
+                raise
+            self.refuse(exc.__context__.status, str(exc.__context__))
+        except httptools.HttpParserError:
+            self.endpoint.outcomes.count("client_error")
+            self.close()
+
+    def on_message_begin(self) -> None:
+        self._url, self._lines, self._auth, self._body = b"", [], b"", []
+        self._head_size = self._body_size = 0
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        self._head_size += len(url)
+        if self._head_size > MAX_HEAD:
+            raise _TooLarge(431, f"request heads up to {MAX_HEAD} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_size += len(name) + len(value) + 4
+        if self._head_size > MAX_HEAD:
+            raise _TooLarge(431, f"request heads up to {MAX_HEAD} bytes")
+        lower = name.lower()
+        if lower == b"proxy-authorization":
+            self._auth = value
+            return
+        if lower == b"content-length" and value.strip().isdigit() and int(value) > MAX_BODY:
+            raise _TooLarge(413, f"bodies up to {MAX_BODY} bytes")
+        if lower not in HOP:
+            self._lines.append(b"%s: %s\r\n" % (name, value))
+
+    def on_headers_complete(self) -> None:
+        self._keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > MAX_BODY:
+            raise _TooLarge(413, f"bodies up to {MAX_BODY} bytes")
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.parser.get_method() == b"CONNECT":
+            return  # feed_data raises HttpParserUpgrade next
+        self.pending.append(
+            Request(
+                method=self.parser.get_method(),
+                target=self._url,
+                host="",
+                port=0,
+                lines=b"".join(self._lines),
+                body=b"".join(self._body),
+                keep_alive=self._keep_alive,
+                authorization=self._auth,
             )
-            if fresh and not link.writer.is_closing():
-                link.reused = True
-                return link
+        )
+        if self.current is None:
+            self._next()
+        elif self.transport is not None:
+            self.transport.pause_reading()  # one in flight: the rest wait in the socket
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.link is not None:  # the client went away mid-answer
+            self.link.client = None
+            self.link.close()
+            self.link = None
+        self.endpoint.leave(self.want)
+        self.want = None
+
+    def pause_writing(self) -> None:
+        if self.link is not None and not self.link.closed:
+            self.link.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.link is not None and not self.link.closed:
+            self.link.transport.resume_reading()
+
+    # -- one request after another ------------------------------------------------------
+
+    def _next(self) -> None:
+        if self.closing or not self.pending:
+            return
+        req = self.current = self.pending.popleft()
+        try:
+            url = httptools.parse_url(req.target)
+            if url.schema != b"http" or not url.host:
+                raise ValueError("not an absolute http:// URI")
+            req.host, req.port = url.host.decode("idna"), url.port or 80
+            req.origin = (url.path or b"/") + (b"?" + url.query if url.query else b"")
+        except (httptools.HttpParserInvalidURLError, ValueError, UnicodeError):
+            self.refuse(400, "an absolute http:// URI (https goes through CONNECT)")
+            return
+        if self.want is None or req.authorization != self.said:
+            self._slow(self._login_then_route(req))
+        else:
+            self.route(req)
+
+    async def _login_then_route(self, req: Request) -> None:
+        want, password = await self.endpoint.http_login(req.authorization)
+        if self.closing:
+            return
+        if want is None:
+            self.endpoint.outcomes.count("login_refused")
+            self.refuse(407, LOGIN_NEEDED, CHALLENGE)
+            return
+        if self.want is None or want.consumer != self.want.consumer:
+            self.endpoint.leave(self.want)
+            self.want = None
+            if not self.endpoint.enter(want):
+                self.refuse(429, f"{want.consumer} has its connections open already")
+                return
+        self.want, self.password, self.said = want, password, req.authorization
+        self.route(req)
+
+    def route(self, req: Request) -> None:
+        """Through an idle link when the picked upstream has one; else a new one."""
+        assert self.want is not None
+        endpoint = self.endpoint
+        now = time.monotonic()
+        if len(req.tried) >= endpoint.attempts:
+            self._no_proxy(req)
+            return
+        up = endpoint.pool.pick(self.want, tunnel=False, now=now, exclude=req.tried)
+        if up is None:
+            self._no_proxy(req)
+            return
+        key = _idle_key(up, req.host, req.port)
+        link = None if req.fresh_only else endpoint.idle.take(key, now)
+        if link is not None:
+            self.send(req, link)
+        else:
+            self._slow(self._open_then_send(req, up, key))
+
+    async def _open_then_send(self, req: Request, up: Upstream, key: tuple[object, ...]) -> None:
+        assert self.want is not None
+        try:
+            link = await self.endpoint.open_link(up, req.host, req.port, key)
+        except Exception as exc:  # python-socks raises its own errors too: all the proxy's
+            req.tried |= {up.key}
+            self.endpoint.failed(self.want, self.password, up, f"connect: {exc!r}")
+            if not self.closing:
+                self.route(req)
+            return
+        if self.closing:
             link.close()
-        return None
+            return
+        self.send(req, link)
+
+    def send(self, req: Request, link: UpLink) -> None:
+        self.link = link
+        link.begin(self, req)
+        self.endpoint.outcomes.added_ms.append((time.perf_counter() - req.read_at) * 1000)
+
+    # -- what the upstream answers (UpLink calls these) ---------------------------------
+
+    def write(self, data: bytes | bytearray, *, flush: bool = False) -> None:
+        self.out += data
+        if (flush or len(self.out) >= _FLUSH) and self.transport is not None:
+            self.transport.write(bytes(self.out))
+            self.out.clear()
+
+    def answered(self, link: UpLink, reusable: bool) -> None:
+        """The whole answer went to the client."""
+        req = self.current
+        assert req is not None and self.want is not None
+        self.link = None
+        endpoint = self.endpoint
+        endpoint.outcomes.count("forwarded")
+        endpoint.worked(self.want, self.password, link.up, req.read_at)
+        if reusable:
+            endpoint.idle.give(link, time.monotonic())
+        else:
+            link.close()
+        self.write(b"", flush=True)
+        self.current = None
+        if not req.keep_alive or link.cut_client:
+            self.close()
+            return
+        self.last = time.monotonic()
+        if self.transport is not None:
+            self.transport.resume_reading()
+        self._next()
+
+    def unanswered(self, link: UpLink, why: str) -> None:
+        """Nothing came back: the proxy's failure (a stale idle link's, nobody's), and
+        the request tried again while that is safe."""
+        req = self.current
+        assert req is not None and self.want is not None
+        self.link = None
+        link.close()
+        if self.closing:
+            return
+        if link.reused:
+            if req.method not in _IDEMPOTENT:
+                self.refuse(502, "the proxy took the request and gave no answer")
+                return
+            req.fresh_only = True
+        else:
+            req.failures += 1
+            req.tried |= {link.up.key}
+            self.endpoint.failed(self.want, self.password, link.up, f"request: {why}")
+            tries = self.endpoint.attempts if req.method in _IDEMPOTENT else 1
+            if req.failures >= tries:
+                self.refuse(502, "the proxy took the request and gave no answer")
+                return
+        self.route(req)
+
+    def broken(self, link: UpLink) -> None:
+        """The answer broke off midway: what came is sent, and the client's connection
+        ends (it cannot tell where the answer stopped otherwise)."""
+        self.link = None
+        link.close()
+        self.write(b"", flush=True)
+        self.close()
+
+    # -- endings --------------------------------------------------------------------------
+
+    def _no_proxy(self, req: Request) -> None:
+        self.endpoint.outcomes.count("no_proxy")
+        tried = " and answers" if req.tried else ""
+        self.refuse(503, f"no proxy in the pool matches{tried}")
+
+    def refuse(self, status: int, why: str, extra: bytes = b"") -> None:
+        if self.transport is not None and not self.closing:
+            self.transport.write(answer(status, why, extra))
+        self.close()
 
     def close(self) -> None:
-        for stack in self.links.values():
-            for link in stack:
-                link.close()
-        self.links.clear()
+        self.closing = True
+        if self.transport is not None:
+            self.transport.close()
 
-    def give(self, key: tuple[object, ...], link: Link, now: float) -> None:
-        conn = link.conn
-        if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
-            link.close()
+    def _slow(self, work: Coroutine[object, object, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self.endpoint.tasks.add(task)
+        task.add_done_callback(self.endpoint.tasks.discard)
+
+    def _arm(self, after_s: float) -> None:
+        self.timer = asyncio.get_running_loop().call_later(after_s, self._idle_check)
+
+    def _idle_check(self) -> None:
+        """Closes a connection silent for ``_IDLE_S`` with nothing in flight (the first
+        byte: ``_FIRST_BYTE_S``); checked on a timer, not re-armed at every byte."""
+        if self.closing:
             return
-        conn.start_next_cycle()
-        stack = self.links.setdefault(key, [])
-        if len(stack) >= self.per_key:
-            link.close()
+        limit = _IDLE_S if self.seen else _FIRST_BYTE_S
+        quiet = time.monotonic() - self.last
+        if self.current is None and quiet >= limit:
+            self.close()
+        else:
+            self._arm(max(limit - quiet, 0.5))
+
+    def _hand_over(
+        self,
+        early: bytes,
+        then: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
+    ) -> None:
+        """The connection becomes a pair of streams, given to ``then``."""
+        assert self.transport is not None
+        self.closing = True  # this protocol is done with it
+        if self.timer is not None:
+            self.timer.cancel()
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=65_536)
+        protocol = asyncio.StreamReaderProtocol(reader)
+        self.transport.set_protocol(protocol)
+        protocol.connection_made(self.transport)
+        writer = asyncio.StreamWriter(self.transport, protocol, reader, loop)
+        if early:
+            reader.feed_data(early)
+        self.transport.resume_reading()
+
+        async def run() -> None:
+            try:
+                await then(reader, writer)
+            finally:
+                writer.close()
+
+        self._slow(run())
+
+    def _tunnel(self, early: bytes) -> None:
+        if self.current is not None or self.pending:
+            self.refuse(400, "CONNECT only on a connection with no request in flight")
             return
-        link.idle_since = now
-        stack.append(link)
+        target, auth, held = self._url, self._auth, self.want
+        self.want = None  # the tunnel holds the connection's slot from here on
+
+        async def tunnel(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self.endpoint.tunnel_http(target, auth, held, reader, writer)
+
+        self._hand_over(early, tunnel)
 
 
-def hop_free(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(n, v) for n, v in headers if n.lower() not in _HOP]
+class _TooLarge(Exception):
+    def __init__(self, status: int, why: str) -> None:
+        super().__init__(why)
+        self.status = status
 
 
-def send_request(link: Link, request: h11.Request, origin: bytes, body: bytes) -> None:
-    target = request.target if link.forward else origin
-    conn = link.conn
-    out = conn.send(
-        h11.Request(method=request.method, target=target, headers=hop_free(request.headers))
-    )
-    if body:
-        out += conn.send(h11.Data(data=body))
-    out += conn.send(h11.EndOfMessage())
-    link.writer.write(out)
+# What a client without a valid login is told (407), plain HTTP and CONNECT alike.
+LOGIN_NEEDED = "a consumer login is required: NAME[-options]:TOKEN"
+CHALLENGE = b'Proxy-Authenticate: Basic realm="ppf"\r\n'
 
 
-async def _event(conn: h11.Connection, reader: asyncio.StreamReader) -> object:
-    while True:
-        event = conn.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        conn.receive_data(await reader.read(65_536))
-
-
-async def relay_response(
-    link: Link, client: h11.Connection, writer: asyncio.StreamWriter, answer_s: float
-) -> bool | None:
-    """Read the upstream's answer and give it to the client through ``client``, within
-    ``answer_s`` for its head and as long again between pieces of its body. None:
-    nothing came (the proxy's failure, or a stale idle link); False: it broke off
-    mid-answer (the client's connection cannot go on); True: all of it was sent. What
-    goes to the client is gathered and written in pieces of up to 64 KiB: one send for a
-    small answer, not one per part of it."""
-    out = bytearray()
-    try:
-        async with asyncio.timeout(answer_s):
-            event = await _event(link.conn, link.reader)
-            while isinstance(event, h11.InformationalResponse):
-                out += client.send(event)
-                event = await _event(link.conn, link.reader)
-    except (OSError, TimeoutError, h11.RemoteProtocolError):
+def basic_login(authorization: bytes) -> tuple[str, str] | None:
+    """(user, password) of a ``Basic`` Proxy-Authorization, None for anything else."""
+    scheme, _, encoded = authorization.partition(b" ")
+    if scheme.lower() != b"basic":
         return None
-    if not isinstance(event, h11.Response):
-        return None
-    head = h11.Response(
-        status_code=event.status_code, headers=hop_free(event.headers), reason=event.reason
-    )
-    out += client.send(head)
     try:
-        while True:
-            async with asyncio.timeout(answer_s):
-                event = await _event(link.conn, link.reader)
-            if isinstance(event, h11.Data):
-                out += client.send(event)
-                if len(out) >= 65_536:
-                    writer.write(out)
-                    out = bytearray()
-                    await writer.drain()
-            elif isinstance(event, h11.EndOfMessage):
-                out += client.send(h11.EndOfMessage())
-                writer.write(out)
-                return True
-            else:  # closed mid-answer
-                writer.write(out)
-                return False
-    except (OSError, TimeoutError, h11.RemoteProtocolError, h11.LocalProtocolError):
-        writer.write(out)
-        return False
+        user, _, password = base64.b64decode(encoded.strip()).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return user, password
+
+
+def _idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
+    """An HTTP proxy carries any site on one connection; a SOCKS tunnel one site."""
+    return (up.key,) if up.proto in ("http", "https") else (up.key, host, port)

@@ -1,0 +1,232 @@
+"""One connection to an upstream proxy for plain HTTP, and the idle ones kept for reuse.
+
+An ``UpLink`` is an HTTP proxy's own connection (it is sent absolute URIs) or a SOCKS
+tunnel to one site. It sends a client's request and reads the answer with httptools
+(llhttp), writing it to the client as it comes: the head less its hop-by-hop fields,
+the body as it was framed (a chunked body is chunked again, as httptools hands it over
+de-chunked; an answer with neither length nor chunks ends with the connection, and so
+does the client's). A HEAD's answer has no body whatever its length says; llhttp cannot
+be told, so that link is not reused. ``ClientSide`` (endpoint/forward.py) hears what
+became of each request: ``answered``, ``unanswered`` (nothing came: the proxy's
+failure, or a stale idle link's) or ``broken`` (it stopped midway).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import httptools
+
+from endpoint.choose import Upstream
+
+if TYPE_CHECKING:
+    from endpoint.forward import ClientSide, Request
+
+__all__ = ["HOP", "Idle", "UpLink"]
+
+HOP = frozenset(
+    {
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"proxy-authenticate",
+    }
+)
+
+
+class UpLink(asyncio.Protocol):
+    """One connection to an upstream: an HTTP proxy (``forward``: it is sent absolute
+    URIs) or a SOCKS tunnel to one site. Its answers are read with httptools and written
+    to the client they are for as they come."""
+
+    def __init__(self, up: Upstream, forward: bool, key: tuple[object, ...], answer_s: float):
+        self.up, self.forward, self.key, self.answer_s = up, forward, key, answer_s
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]
+        self.parser = httptools.HttpResponseParser(self)
+        self.client: ClientSide | None = None
+        self.head_only = False  # a HEAD: the answer has no body, whatever it says
+        self.heard = False  # a byte of this answer came
+        self.in_body = False  # its head went to the client
+        self.chunked = False
+        self.until_close = False  # no length, not chunked: its end is the connection's
+        self.cut_client = False
+        self.closed = False
+        self.reused = False
+        self.opened_at = time.monotonic()
+        self.idle_since = 0.0
+        self.last = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+        self._lines: list[bytes] = []
+        self._reason = b""
+        self._framed = False
+        self._keep = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def begin(self, client: ClientSide, req: Request) -> None:
+        """Send ``req`` and wait for its answer, ``answer_s`` at most for the head and
+        between pieces of the body."""
+        self.client = client
+        self.head_only = req.method == b"HEAD"
+        self.heard = self.in_body = self.chunked = self.until_close = self.cut_client = False
+        self.last = time.monotonic()
+        self.transport.write(req.head(self.forward) + req.body)
+        self.timer = asyncio.get_running_loop().call_later(self.answer_s, self._quiet_check)
+
+    def _quiet_check(self) -> None:
+        if self.client is None or self.closed:
+            return
+        quiet = time.monotonic() - self.last
+        if quiet < self.answer_s:
+            self.timer = asyncio.get_running_loop().call_later(
+                self.answer_s - quiet, self._quiet_check
+            )
+            return
+        self._fail("no answer in time")
+
+    def data_received(self, data: bytes) -> None:
+        if self.client is None:  # bytes on an idle link: it cannot be trusted again
+            self.close()
+            return
+        self.heard = True
+        self.last = time.monotonic()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            raise  # ours, not the proxy's: asyncio logs it and closes the link
+        except httptools.HttpParserError as exc:
+            self._fail(f"a malformed answer: {exc}")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.client is None:
+            return
+        if self.until_close and self.in_body:  # the answer's end is this
+            self._done(reusable=False)
+        else:
+            self._fail("connection closed")
+
+    # httptools' callbacks
+    def on_message_begin(self) -> None:
+        self._lines, self._reason, self._framed = [], b"", False
+
+    def on_status(self, reason: bytes) -> None:
+        self._reason += reason
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        lower = name.lower()
+        if lower in HOP:
+            return
+        if lower == b"content-length":
+            self._framed = True
+        elif lower == b"transfer-encoding":
+            self._framed = self.chunked = b"chunked" in value.lower()
+        self._lines.append(b"%s: %s\r\n" % (name, value))
+
+    def on_headers_complete(self) -> None:
+        client = self.client
+        assert client is not None
+        status = self.parser.get_status_code()
+        self._keep = self.parser.should_keep_alive()  # llhttp forgets it by the end
+        head = b"HTTP/1.1 %d %s\r\n%s" % (status, self._reason, b"".join(self._lines))
+        if status < 200:  # 1xx: passed on; the answer follows
+            client.write(head + b"\r\n")
+            return
+        bodyless = self.head_only or status in (204, 304)
+        self.until_close = not self._framed and not bodyless
+        if self.until_close:  # the client learns the end the same way
+            head += b"Connection: close\r\n"
+            self.cut_client = True
+        client.write(head + b"\r\n")
+        self.in_body = True
+        if self.head_only:  # llhttp would wait for the body its length announces
+            self._done(reusable=False)
+
+    def on_body(self, body: bytes) -> None:
+        if self.client is None:
+            return
+        if self.chunked:  # httptools hands the body de-chunked: chunked again as it goes
+            self.client.write(b"%x\r\n%s\r\n" % (len(body), body))
+        else:
+            self.client.write(body)
+
+    def on_message_complete(self) -> None:
+        if self.client is None or not self.in_body:
+            return  # a 1xx ended, or an answer already done
+        if self.chunked:
+            self.client.write(b"0\r\n\r\n")
+        self._done(reusable=self._keep and not self.until_close)
+
+    def _done(self, reusable: bool) -> None:
+        client, self.client = self.client, None
+        if self.timer is not None:
+            self.timer.cancel()
+        if client is not None:
+            client.answered(self, reusable and not self.closed)
+
+    def _fail(self, why: str) -> None:
+        client, self.client = self.client, None
+        if self.timer is not None:
+            self.timer.cancel()
+        if client is None:
+            return
+        if self.in_body:
+            client.broken(self)
+        else:
+            client.unanswered(self, why)
+
+    def close(self) -> None:
+        self.closed = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass
+class Idle:
+    """Idle links by (upstream, site): taken for the next request, given back after it."""
+
+    per_key: int = 64
+    max_idle_s: float = 20.0
+    # A link is reused for this long after it opened, then a fresh one is made: an
+    # upstream that died for new connections (a tarpit, a restart) would otherwise keep
+    # serving through old ones, and the endpoint never learn it, nor tell the fleet.
+    max_age_s: float = 3.0
+    links: dict[tuple[object, ...], list[UpLink]] = field(default_factory=dict)
+
+    def take(self, key: tuple[object, ...], now: float) -> UpLink | None:
+        stack = self.links.get(key)
+        while stack:
+            link = stack.pop()
+            fresh = (
+                now - link.idle_since <= self.max_idle_s and now - link.opened_at <= self.max_age_s
+            )
+            if fresh and not link.closed and not link.transport.is_closing():
+                link.reused = True
+                return link
+            link.close()
+        return None
+
+    def give(self, link: UpLink, now: float) -> None:
+        stack = self.links.setdefault(link.key, [])
+        if len(stack) >= self.per_key or now - link.opened_at > self.max_age_s:
+            link.close()
+            return
+        link.idle_since = now
+        stack.append(link)
+
+    def close(self) -> None:
+        for stack in self.links.values():
+            for link in stack:
+                link.close()
+        self.links.clear()

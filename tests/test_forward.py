@@ -1,0 +1,228 @@
+"""Plain HTTP through the endpoint's protocols (endpoint/forward.py, endpoint/uplink.py),
+against the lab's real squid and its broken proxies (tarpit, garbage, closed), with a
+real aiohttp site behind: what HTTP allows a client to expect of a proxy, kept.
+
+The endpoint here has a pool of chosen upstreams and a login of one token, as in
+``ppf bench serve``: the gateway's part (its feed, its logins) is tested in
+tests/test_endpoint.py."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from endpoint.choose import Pool, Upstream
+from endpoint.relay import Endpoint, serve
+from ops.lab.testbed import ProxyLab
+from ops.nats.server import free_port
+
+TOKEN = "t0ken"
+AUTH = b"Proxy-Authorization: Basic " + base64.b64encode(f"shop:{TOKEN}".encode()) + b"\r\n"
+BIG = bytes(range(256)) * 4096  # 1 MiB
+
+
+@contextlib.asynccontextmanager
+async def _site() -> AsyncIterator[str]:
+    """A site: /echo answers the body it got, /big streams 1 MiB chunked, /status/N."""
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read(), headers={"X-Method": request.method})
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()  # no length: chunked
+        await response.prepare(request)
+        for i in range(0, len(BIG), 65_536):
+            await response.write(BIG[i : i + 65_536])
+        await response.write_eof()
+        return response
+
+    async def status(request: web.Request) -> web.Response:
+        return web.Response(status=int(request.match_info["n"]), text="as asked")
+
+    app = web.Application(client_max_size=32 * 1024 * 1024)
+    app.router.add_route("*", "/echo", echo)
+    app.router.add_get("/big", big)
+    app.router.add_get("/status/{n}", status)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def _endpoint(lab: ProxyLab, *names: str, **options: float) -> AsyncIterator[Endpoint]:
+    """An endpoint on a free port (``endpoint.port``) whose pool is the lab's ``names``,
+    each as an HTTP proxy."""
+    pool = Pool()
+    pool.replace(
+        Upstream("127.0.0.1", p.port, "http", latency_ms=5) for p in lab.proxies if p.name in names
+    )
+
+    async def login_ok(name: str, token: str) -> bool:
+        return token == TOKEN
+
+    relay = Endpoint(pool, login_ok, **options)  # type: ignore[arg-type]
+    port = free_port()
+    server = await serve(relay, "127.0.0.1", port)
+    relay.port = port  # type: ignore[attr-defined]
+    try:
+        yield relay
+    finally:
+        server.close()
+        await server.wait_closed()
+        relay.close()
+
+
+async def _raw(port: int, data: bytes, answers: int) -> list[bytes]:
+    """``data`` written at once on one connection; ``answers`` answers read back whole
+    (by their Content-Length), then the connection closed."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    got = []
+    try:
+        writer.write(data)
+        async with asyncio.timeout(15):
+            for _ in range(answers):
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                got.append(head + await reader.readexactly(length))
+    finally:
+        writer.close()
+    return got
+
+
+def _get(site: str, path: str, extra: bytes = b"") -> bytes:
+    return b"GET http://%s%s HTTP/1.1\r\nHost: %s\r\n%s%s\r\n" % (
+        site.encode(),
+        path.encode(),
+        site.encode(),
+        AUTH,
+        extra,
+    )
+
+
+async def test_pipelined_requests_on_one_connection_answered_in_order(lab: ProxyLab) -> None:
+    """Three requests in one write, a 404 among them, a POST with a body last: three
+    answers in their order on the one connection, each the site's own."""
+    async with _site() as site, _endpoint(lab, "squid") as relay:
+        post = b"POST http://%s/echo HTTP/1.1\r\nHost: %s\r\n%sContent-Length: 5\r\n\r\nhello" % (
+            site.encode(),
+            site.encode(),
+            AUTH,
+        )
+        answers = await _raw(
+            relay.port,  # type: ignore[attr-defined]
+            _get(site, "/status/200") + _get(site, "/status/404") + post,
+            3,
+        )
+    assert [a.split(b" ", 2)[1] for a in answers] == [b"200", b"404", b"200"]
+    assert answers[2].endswith(b"\r\n\r\nhello") and b"X-Method: POST" in answers[2]
+    assert relay.outcomes.counts["forwarded"] == 3
+
+
+async def test_a_chunked_megabyte_and_a_head_arrive_as_sent(lab: ProxyLab) -> None:
+    """aiohttp through the endpoint: a 1 MiB chunked answer byte for byte, a 4 MiB
+    upload echoed, a HEAD with no body, and the same client connection used again."""
+    async with _site() as site, _endpoint(lab, "squid") as relay:
+        proxy = f"http://shop:{TOKEN}@127.0.0.1:{relay.port}"  # type: ignore[attr-defined]
+        connector = aiohttp.TCPConnector(limit=1)  # one connection: each request reuses it
+        async with aiohttp.ClientSession(connector=connector) as http:
+            async with http.get(f"http://{site}/big", proxy=proxy) as r:
+                assert r.status == 200 and await r.read() == BIG
+            upload = BIG * 4
+            async with http.put(f"http://{site}/echo", data=io.BytesIO(upload), proxy=proxy) as r:
+                assert r.status == 200 and await r.read() == upload
+            async with http.head(f"http://{site}/echo", proxy=proxy) as r:
+                assert r.status == 200 and r.headers["X-Method"] == "HEAD"
+            async with http.get(f"http://{site}/status/201", proxy=proxy) as r:
+                assert r.status == 201 and await r.text() == "as asked"
+    assert relay.outcomes.counts["forwarded"] == 4
+
+
+async def test_what_the_endpoint_refuses_and_why(lab: ProxyLab) -> None:
+    """No login, a wrong token: 407 with the challenge; a relative URI or an https:// one:
+    400; a head past 64 KiB: 431; a body past the limit: 413. Nothing reaches the site."""
+    async with _site() as site, _endpoint(lab, "squid") as relay:
+        port = relay.port  # type: ignore[attr-defined]
+        bare = b"GET http://%s/echo HTTP/1.1\r\nHost: x\r\n\r\n" % site.encode()
+        wrong = bare.replace(b"\r\n\r\n", b"\r\nProxy-Authorization: Basic eDp5\r\n\r\n")
+        for request, status in (
+            (bare, b"407"),
+            (wrong, b"407"),
+            (b"GET /echo HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n", b"400"),
+            (b"GET https://x/ HTTP/1.1\r\nHost: x\r\n" + AUTH + b"\r\n", b"400"),
+            (_get(site, "/echo", b"X-Long: " + b"a" * 70_000 + b"\r\n"), b"431"),
+            (  # refused on its length, before its body comes
+                b"POST http://%s/echo HTTP/1.1\r\n%sContent-Length: %d\r\n\r\nxx"
+                % (site.encode(), AUTH, 17 * 1024 * 1024),
+                b"413",
+            ),
+        ):
+            (answer,) = await _raw(port, request, 1)
+            assert answer.split(b" ", 2)[1] == status, (request[:60], answer[:200])
+            assert b"Connection: close" in answer
+            if status == b"407":
+                assert b'Proxy-Authenticate: Basic realm="ppf"' in answer
+    assert "forwarded" not in relay.outcomes.counts
+
+
+@pytest.mark.parametrize("broken", ["tarpit", "garbage", "closed"])
+async def test_a_proxy_that_fails_a_request_costs_the_client_nothing(
+    lab: ProxyLab, broken: str
+) -> None:
+    """A pool of squid and one broken proxy (silent, answering garbage, refusing), picked
+    in turn: every GET is answered through squid, the broken one blamed once and avoided;
+    a POST sent to it alone is answered 502, never sent twice."""
+    async with _site() as site, _endpoint(lab, "squid", broken, answer_s=1.0) as relay:
+        port = relay.port  # type: ignore[attr-defined]
+        login = f"shop-strategy-roundrobin:{TOKEN}"
+        auth = b"Proxy-Authorization: Basic " + base64.b64encode(login.encode()) + b"\r\n"
+        for _ in range(4):
+            request = _get(site, "/status/200").replace(AUTH, auth)
+            (answer,) = await _raw(port, request, 1)
+            assert answer.split(b" ", 2)[1] == b"200", answer[:200]
+        assert relay.outcomes.counts["upstream_failed"] == 1
+        squid = next(p.port for p in lab.proxies if p.name == "squid")
+        bad = next(u for u in relay.pool.upstreams.values() if u.port != squid)
+        assert bad.avoid_until > 0
+    async with _site() as site, _endpoint(lab, broken, answer_s=1.0) as relay:
+        post = b"POST http://%s/echo HTTP/1.1\r\n%sContent-Length: 2\r\n\r\nhi" % (
+            site.encode(),
+            AUTH,
+        )
+        (answer,) = await _raw(relay.port, post, 1)  # type: ignore[attr-defined]
+        assert answer.split(b" ", 2)[1] in (b"502", b"503"), answer[:200]
+        assert relay.outcomes.counts["upstream_failed"] == 1
+
+
+async def test_a_client_gone_mid_answer_leaves_nothing_behind(lab: ProxyLab) -> None:
+    """A client that reads a little of a megabyte and hangs up: the upstream link is
+    closed (not kept idle) and the next client is answered."""
+    async with _site() as site, _endpoint(lab, "squid") as relay:
+        port = relay.port  # type: ignore[attr-defined]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_get(site, "/big"))
+        await reader.readexactly(1000)
+        writer.close()
+        await writer.wait_closed()
+        await asyncio.sleep(0.3)
+        assert not any(relay.idle.links.values())
+        (answer,) = await _raw(port, _get(site, "/status/200"), 1)
+        assert answer.split(b" ", 2)[1] == b"200"
