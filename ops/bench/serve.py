@@ -155,7 +155,7 @@ async def _tunnels(endpoint: str, target_port: int, count: int, pid: int) -> flo
 async def bench_serve(
     requests: int = 5_000,
     concurrency: int = 20,
-    runs: int = 3,
+    runs: int = 5,
     latency_requests: int = 400,
     tunnels: int = 1_000,
 ) -> dict[str, Any]:
@@ -218,6 +218,10 @@ async def bench_serve(
         "endpoint_vs_direct": round(endpoint_rate / direct_rate, 3),
         "spread_direct": [round(r) for r in rates["direct"]],
         "spread_endpoint": [round(r) for r in rates["endpoint"]],
+        # Each run's pair (direct, then through the endpoint): the machine drifts between.
+        "spread_ratio": [
+            round(e / d, 3) for d, e in zip(rates["direct"], rates["endpoint"], strict=True)
+        ],
         "endpoint_cpu_us_per_request": round(statistics.median(cpu_us), 1),
         "spread_cpu_us": [round(c, 1) for c in cpu_us],
         "added_latency_ms_median": added,

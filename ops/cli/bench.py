@@ -118,7 +118,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve = bench("serve", "the rotating endpoint against going directly", _serve)
     serve.add_argument("--requests", type=int, default=5_000, help="requests a run")
     serve.add_argument("--concurrency", type=int, default=20)
-    serve.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
+    serve.add_argument("--runs", type=int, default=5, help="runs of each, in turns")
     serve.add_argument("--tunnels", type=int, default=1_000, help="tunnels held open")
 
     marks = bench("marks", "the memory of the re-send window at many agents", _marks)
