@@ -19,7 +19,7 @@ import pytest
 
 import events as ev
 from ops.nats.client import Log, LogError
-from ops.nats.server import free_port, with_credentials
+from ops.nats.server import free_port, free_run, with_credentials
 from ops.schemas import generate
 from tests.helpers import worked
 
@@ -40,8 +40,11 @@ class Up:
     def __init__(self, ppf: str, data: Path, *extra: str) -> None:
         """No local agents unless ``extra`` asks something of them (``--lab``)."""
         self.data = data
+        # ppf up --cluster N listens on N ports from --nats-listen's: a run that no port
+        # the kernel hands out as free may fall in (it gives out neighbours).
+        nodes = int(extra[extra.index("--cluster") + 1]) if "--cluster" in extra else 1
+        self.nats_port = free_run(nodes)[0]
         self.http = free_port()
-        self.nats_port = free_port()
         self.serve_port = free_port()
         self.cmd = [
             ppf,

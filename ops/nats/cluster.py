@@ -16,6 +16,14 @@ from ops.nats.server import ClusterRole, NatsServer, free_port
 __all__ = ["LocalCluster"]
 
 
+def _free_ports(count: int, taken: set[int]) -> list[int]:
+    """``count`` distinct free ports, none in ``taken``."""
+    found: list[int] = []
+    while len(found) < count:
+        found.append(free_port(avoid=taken | set(found)))
+    return found
+
+
 class LocalCluster:
     """``size`` nodes under ``data``: ``data/node<i>`` each, ``data/auth.json`` shared.
     ``ports``: the client ports (free ones by default); route ports are free ones."""
@@ -24,8 +32,10 @@ class LocalCluster:
         self, data: Path, size: int = 3, host: str = "127.0.0.1", ports: list[int] | None = None
     ) -> None:
         self.data = data
-        ports = ports or [free_port() for _ in range(size)]
-        routes = [free_port() for _ in range(size)]
+        ports = ports or _free_ports(size, set())
+        # Never one of the client ports (``ppf up --cluster`` takes a run of them, which
+        # the kernel may hand out as free: seen as a node failing to bind in CI).
+        routes = _free_ports(size, set(ports))
         secrets = data / "auth.json"
         self.nodes = []
         for i in range(size):

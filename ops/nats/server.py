@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -33,6 +35,7 @@ __all__ = [
     "find_binary",
     "fleet_secrets",
     "free_port",
+    "free_run",
     "local_address",
     "server_env",
     "with_credentials",
@@ -135,10 +138,36 @@ def server_env(made: dict[str, str]) -> dict[str, str]:
     }
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+def free_port(host: str = "127.0.0.1", avoid: Container[int] = ()) -> int:
+    """A port the kernel says is free now, not one of ``avoid``."""
+    while True:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in avoid:
+            return port
+
+
+def free_run(count: int, host: str = "127.0.0.1") -> range:
+    """``count`` consecutive ports free now (``ppf up --cluster N`` listens on a run),
+    below the kernel's ephemeral range, so no ``free_port`` handed out beside it (a
+    test's other listeners) can fall in it."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(100):
+        first = rng.randrange(max(low // 2, 1024), low - count)
+        held: list[socket.socket] = []
+        try:
+            for port in range(first, first + count):
+                held.append(socket.socket())
+                held[-1].bind((host, port))
+            return range(first, first + count)
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise OSError(f"no {count} consecutive free ports on {host}")
 
 
 @dataclass(frozen=True, slots=True)
