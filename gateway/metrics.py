@@ -11,22 +11,34 @@ the format is lines of ``name{labels} value``, and a scrape must cost no more th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from endpoint.relay import Outcomes
 from events.mint import now_ms
 from gateway.http import FOLD, LOG
 from gateway.judge import JUDGE_DOOR
 from reducers import trust
 from reducers.pool import lease_live
 
-__all__ = ["ENDPOINT_OUTCOMES", "metrics_text", "routes"]
+__all__ = ["ENDPOINT_OUTCOMES", "EndpointCounts", "metrics_text", "routes"]
 
 routes = web.RouteTableDef()
-ENDPOINT_OUTCOMES = web.AppKey("endpoint_outcomes", Outcomes)
+
+
+class EndpointCounts(Protocol):
+    """What /metrics reads of the rotating endpoint (``endpoint.relay.Outcomes``): its
+    requests by outcome and the time it added to the latest ones."""
+
+    @property
+    def counts(self) -> Mapping[str, int]: ...
+
+    @property
+    def added_ms(self) -> Iterable[float]: ...
+
+
+ENDPOINT_OUTCOMES = web.AppKey("endpoint_outcomes", EndpointCounts)
 
 
 def _label(value: object) -> str:
