@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from reducers import trust
-from reducers.pool import liveness
+from reducers.pool import liveness, standing
 from reducers.state import ProxyRow, SourceRow, State
 
 __all__ = [
@@ -100,9 +100,7 @@ def status_at(last_seen: int, now: int, ttl_s: int, confirmed: bool, failed: boo
     band = liveness(now - last_seen, ttl_s)
     if band != "alive":
         return band
-    if failed:
-        return "suspect"
-    return "alive" if confirmed else "unconfirmed"
+    return standing(failed, confirmed, mitm=False)  # the status field: mitm apart
 
 
 def percentile(samples: Iterable[int], q: float) -> int | None:

@@ -19,7 +19,7 @@ import msgspec
 
 from projections.readmodels import ProxyFilter
 from reducers import State, trust
-from reducers.pool import band_edges
+from reducers.pool import band_edges, standing
 from reducers.state import ProxyRow
 
 __all__ = ["CENSUS_MS", "ProxySnapshot", "ProxyView", "build", "building", "dropping"]
@@ -61,12 +61,8 @@ _BY = (("by_proto", "proto"), ("by_anonymity", "anonymity"), ("by_country", "cou
 
 
 def _line(v: ProxyView) -> str:
-    """The census line of a row within the TTL (the order /v1/proxies' statuses use)."""
-    if v.fail_streak:
-        return "suspect"
-    if not v.confirmed:
-        return "unconfirmed"
-    return "mitm" if v.mitm else "alive"
+    """The census line of a row within the TTL."""
+    return standing(v.fail_streak > 0, v.confirmed, v.mitm)
 
 
 @dataclass(slots=True)
@@ -179,8 +175,8 @@ class ProxySnapshot:
             "stale": (stale_from, alive_from - 1),
             "dead": (None, stale_from - 1),
         }.get(f.status, (None, None))
-        # Within the TTL (readmodels.status_at): suspect when its latest check failed;
-        # else alive once an agent trusted now confirmed it, unconfirmed until then.
+        # A status asked for, as the rows that have it (reducers/pool.py standing: the
+        # scan walks the index by its parts rather than asking each row).
         failing = {"alive": False, "unconfirmed": False, "suspect": True}.get(f.status)
         confirmed = {"alive": True, "unconfirmed": False}.get(f.status)
         fresh = now - f.fresh_s * 1000 if f.fresh_s is not None else None

@@ -24,6 +24,7 @@ __all__ = [
     "band_edges",
     "lease_live",
     "liveness",
+    "standing",
 ]
 
 DEAD_AFTER_TTLS = 3
@@ -49,6 +50,21 @@ def liveness(age_ms: int, ttl_s: int) -> str:
     if age_ms <= DEAD_AFTER_TTLS * ttl:
         return "stale"
     return "dead"
+
+
+def standing(failing: bool, confirmed: bool, mitm: bool) -> str:
+    """Where a proxy seen within the TTL stands: ``suspect`` while its latest check
+    failed (back with its next success), ``unconfirmed`` until an agent trusted now
+    confirmed it (reducers/trust.py), ``mitm`` when seen tampering, else ``alive``.
+    ``/v1/proxies`` serves ``alive`` alone by default; its ``status`` field says the
+    standing without the mitm line (``mitm`` is a field and a filter of its own). The
+    census of /v1/stats, the consumers' share (reducers/reports.py) and the status all
+    read it here."""
+    if failing:
+        return "suspect"
+    if not confirmed:
+        return "unconfirmed"
+    return "mitm" if mitm else "alive"
 
 
 def lease_live(row: LeaseRow | None, now: int) -> bool:

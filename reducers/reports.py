@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection
 
 from events.catalogue import ProxiesChecked, ProxyReported
 from reducers import trust
-from reducers.pool import band_edges
+from reducers.pool import band_edges, standing
 from reducers.state import AgentRow, ProxyKey, ProxyRow, State
 
 __all__ = ["ANONYMOUS", "cleared", "hidden_from", "reported", "served_now", "traffic"]
@@ -123,12 +123,9 @@ def _served_at(state: State, ts: int) -> Callable[[ProxyRow], bool]:
     vouched = trust.vouched(state)
 
     def served(row: ProxyRow) -> bool:
-        return (
-            row.last_seen >= alive_from
-            and not row.fail_streak
-            and not row.mitm
-            and vouched(row.agents)
-        )
+        if row.last_seen < alive_from:
+            return False
+        return standing(row.fail_streak > 0, vouched(row.agents), row.mitm) == "alive"
 
     return served
 
