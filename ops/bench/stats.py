@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import signal
 import statistics
 import subprocess
@@ -39,7 +40,7 @@ from typing import Any
 
 import aiohttp
 
-from events import AgentEnrolled, ProxyWorked, encode, subject_for, token_sha256
+from events import AgentEnrolled, Leased, ProxyWorked, encode, subject_for, token_sha256
 from events.mint import fresh_id, now_ms
 from ops.bench.gateway import _pct, _settled, _spawn_gateway
 from ops.bench.workload import PROTOS, _ip
@@ -226,6 +227,8 @@ async def _backlog(
                 await load.wait()
                 target = await _head(server.url)
                 gateway.send_signal(signal.SIGCONT)  # its cached head is the old one yet
+            probe_ms: list[float] = []
+            probe = asyncio.create_task(_probe_claims(server.url, probe_ms))
             stats_ms: list[float] = []
             lease_ms: list[float] = []
             statuses: dict[int, int] = {}
@@ -260,6 +263,9 @@ async def _backlog(
                     with contextlib.suppress(TimeoutError):  # and notice the publisher's end
                         await asyncio.wait_for(load.wait(), left)
             worked_off_s = time.monotonic() - t0
+            probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probe
             if load.returncode is None:
                 load.terminate()
             await load.wait()
@@ -272,7 +278,29 @@ async def _backlog(
         "max_lag_messages": lag,
         "stats": _summary(stats_ms),
         "lease": {**_summary(lease_ms), "statuses": statuses},
+        # The same claim as a grant's, from this process, not the gateway's: what
+        # JetStream's ack of a compare-and-set costs meanwhile, the gateway aside.
+        "claim_ack": _summary(probe_ms),
     }
+
+
+async def _probe_claims(url: str, samples: list[float]) -> None:
+    """A claim on a new source's lease subject (expected last subject sequence 0, as a
+    grant on a free target publishes) every ``POLL_S``, each ack's wait in ``samples``."""
+    lg = await Log.connect(url, name="ppf-bench-claims")
+    try:
+        for i in itertools.count():
+            lease = fresh_id()
+            claim = Leased(
+                id=lease, agent="bench-probe", at=now_ms(), lease=lease, kind="source",
+                target=f"probe-{i}", ttl_s=60,
+            )  # fmt: skip
+            t = time.perf_counter()
+            await lg.publish(claim, expected_last_subject_seq=0)
+            samples.append((time.perf_counter() - t) * 1000)
+            await asyncio.sleep(POLL_S)
+    finally:
+        await lg.close()
 
 
 async def _head(url: str) -> int:
