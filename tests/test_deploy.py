@@ -31,6 +31,8 @@ def _parses(argv: list[str]) -> None:
 
 
 def test_the_compose_file_runs_ppfs_own_commands() -> None:
+    """Each service of compose.yaml: a command ppf's parser takes (nats-server with
+    ppf's nats.conf), SIGTERM with 10 s, ports on the host's loopback only."""
     compose = yaml.safe_load((DEPLOY / "compose" / "compose.yaml").read_text())
     services = compose["services"]
     assert {"nats", "fold", "gateway", "serve", "worker", "checker"} <= set(services)
@@ -47,6 +49,8 @@ def test_the_compose_file_runs_ppfs_own_commands() -> None:
 
 
 def test_the_systemd_units_run_ppfs_own_commands() -> None:
+    """Each unit's ExecStart is a command ppf's parser takes; each is stopped by SIGTERM
+    within 10 s."""
     units = sorted((DEPLOY / "systemd").glob("*.service"))
     assert {u.name for u in units} >= {
         "ppf-nats.service",

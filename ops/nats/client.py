@@ -58,6 +58,14 @@ log = structlog.get_logger("ppf.log")
 
 # What a publish meets while a cluster loses a node or elects a stream leader: retried,
 # then a PublishError (the gateway's 503), never an error of nats-py's own.
+_NO_PEERS = 10005  # "no suitable peers for placement": fewer nodes known than replicas
+
+
+class _NoPeersYet(Exception):
+    """A cluster's meta leader does not know enough of its peers yet (just started):
+    a stream of N replicas cannot be placed for a moment."""
+
+
 _TRANSIENT = (
     nats.errors.TimeoutError,
     nats.errors.NoRespondersError,
@@ -260,7 +268,7 @@ class Log:
             try:
                 await self._add_or_update(config)
                 return
-            except _TRANSIENT as exc:  # a cluster still electing its meta leader
+            except (*_TRANSIENT, _NoPeersYet) as exc:  # a cluster still forming
                 if asyncio.get_running_loop().time() > deadline:
                     raise LogError(f"cannot create stream {STREAM}: {exc!r}") from exc
                 log.info("stream_waiting", error=repr(exc))
@@ -268,13 +276,19 @@ class Log:
 
     async def _add_or_update(self, config: StreamConfig) -> None:
         try:
-            await self.js.add_stream(config)
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError as exc:
+                if exc.err_code != 10058:  # 10058: exists with another config
+                    raise
+                if self.replicas is None:
+                    info = await self.js.stream_info(STREAM)
+                    config.num_replicas = info.config.num_replicas
+                await self.js.update_stream(config)
         except nats.js.errors.BadRequestError as exc:
-            if exc.err_code != 10058:  # 10058: exists with another config
-                raise LogError(f"cannot create stream {STREAM}: {exc}") from exc
-            if self.replicas is None:
-                config.num_replicas = (await self.js.stream_info(STREAM)).config.num_replicas
-            await self.js.update_stream(config)
+            if exc.err_code == _NO_PEERS:  # a node of a new cluster not known yet
+                raise _NoPeersYet(str(exc)) from exc
+            raise LogError(f"cannot create stream {STREAM}: {exc}") from exc
 
     async def head_seq(self) -> int:
         self.ops["stream_info"] += 1
