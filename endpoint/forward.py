@@ -88,6 +88,7 @@ class Request:
     body: bytes
     keep_alive: bool
     authorization: bytes
+    http11: bool = True  # an HTTP/1.0 client gets no chunked answer and no 1xx
     read_at: float = field(default_factory=time.perf_counter)
     origin: bytes = b"/"  # the target in origin form, for a SOCKS tunnel to the site
     tried: frozenset[tuple[str, int]] = frozenset()
@@ -126,7 +127,9 @@ class ClientSide(asyncio.Protocol):
         self._auth = b""
         self._body: list[bytes] = []
         self._body_size = 0
+        self._framed = False
         self._keep_alive = True
+        self._http11 = True
 
     # -- the client's bytes -------------------------------------------------------------
 
@@ -144,6 +147,9 @@ class ClientSide(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:  # CONNECT: a tunnel from here on
+            if self.parser.get_method() != b"CONNECT":  # Upgrade: websocket and the like
+                self.refuse(400, "protocol upgrades are not carried: use CONNECT")
+                return
             self._tunnel(data[upgrade.args[0] :])
         except httptools.HttpParserCallbackError as exc:  # raised in one of ours below
             if not isinstance(exc.__context__, _TooLarge):
@@ -156,6 +162,7 @@ class ClientSide(asyncio.Protocol):
     def on_message_begin(self) -> None:
         self._url, self._lines, self._auth, self._body = b"", [], b"", []
         self._head_size = self._body_size = 0
+        self._framed = False
 
     def on_url(self, url: bytes) -> None:
         self._url += url
@@ -170,14 +177,17 @@ class ClientSide(asyncio.Protocol):
         lower = name.lower()
         if lower == b"proxy-authorization":
             self._auth = value
-            return
-        if lower == b"content-length" and value.strip().isdigit() and int(value) > MAX_BODY:
-            raise _TooLarge(413, f"bodies up to {MAX_BODY} bytes")
-        if lower not in HOP:
+        elif lower in (b"content-length", b"transfer-encoding"):
+            # The body goes upstream whole, with its length (httptools de-chunks it).
+            self._framed = True
+            if lower == b"content-length" and value.strip().isdigit() and int(value) > MAX_BODY:
+                raise _TooLarge(413, f"bodies up to {MAX_BODY} bytes")
+        elif lower not in HOP:
             self._lines.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
         self._keep_alive = self.parser.should_keep_alive()
+        self._http11 = self.parser.get_http_version() != "1.0"
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
@@ -188,6 +198,9 @@ class ClientSide(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self.parser.get_method() == b"CONNECT":
             return  # feed_data raises HttpParserUpgrade next
+        body = b"".join(self._body)
+        if body or self._framed:
+            self._lines.append(b"Content-Length: %d\r\n" % len(body))
         self.pending.append(
             Request(
                 method=self.parser.get_method(),
@@ -195,9 +208,10 @@ class ClientSide(asyncio.Protocol):
                 host="",
                 port=0,
                 lines=b"".join(self._lines),
-                body=b"".join(self._body),
+                body=body,
                 keep_alive=self._keep_alive,
                 authorization=self._auth,
+                http11=self._http11,
             )
         )
         if self.current is None:

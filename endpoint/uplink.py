@@ -52,6 +52,7 @@ class UpLink(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.client: ClientSide | None = None
         self.head_only = False  # a HEAD: the answer has no body, whatever it says
+        self.http11 = True  # the client's HTTP version
         self.heard = False  # a byte of this answer came
         self.in_body = False  # its head went to the client
         self.chunked = False
@@ -76,6 +77,7 @@ class UpLink(asyncio.Protocol):
         between pieces of the body."""
         self.client = client
         self.head_only = req.method == b"HEAD"
+        self.http11 = req.http11
         self.heard = self.in_body = self.chunked = self.until_close = self.cut_client = False
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
@@ -127,8 +129,9 @@ class UpLink(asyncio.Protocol):
             return
         if lower == b"content-length":
             self._framed = True
-        elif lower == b"transfer-encoding":
+        elif lower == b"transfer-encoding":  # said again below, as the client can take it
             self._framed = self.chunked = b"chunked" in value.lower()
+            return
         self._lines.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
@@ -137,11 +140,19 @@ class UpLink(asyncio.Protocol):
         status = self.parser.get_status_code()
         self._keep = self.parser.should_keep_alive()  # llhttp forgets it by the end
         head = b"HTTP/1.1 %d %s\r\n%s" % (status, self._reason, b"".join(self._lines))
-        if status < 200:  # 1xx: passed on; the answer follows
-            client.write(head + b"\r\n")
+        if status < 200:  # 1xx: passed on (not to HTTP/1.0); the answer follows
+            if self.http11:
+                client.write(head + b"\r\n")
             return
         bodyless = self.head_only or status in (204, 304)
         self.until_close = not self._framed and not bodyless
+        if self.chunked and not bodyless:
+            if self.http11:
+                head += b"Transfer-Encoding: chunked\r\n"
+            else:  # an HTTP/1.0 client: the body as it is, and its end the connection's
+                self.chunked = False
+                self.cut_client = True
+                head += b"Connection: close\r\n"
         if self.until_close:  # the client learns the end the same way
             head += b"Connection: close\r\n"
             self.cut_client = True

@@ -156,6 +156,30 @@ async def test_a_chunked_megabyte_and_a_head_arrive_as_sent(lab: ProxyLab) -> No
     assert relay.outcomes.counts["forwarded"] == 4
 
 
+async def test_a_chunked_upload_and_an_http10_client_are_carried(lab: ProxyLab) -> None:
+    """A body sent chunked reaches the site whole (sent on with its length); an HTTP/1.0
+    client gets a chunked answer as plain bytes ending with the connection; an Upgrade
+    request is refused, not half carried."""
+    async with _site() as site, _endpoint(lab, "squid") as relay:
+        port = relay.port  # type: ignore[attr-defined]
+        chunked = (
+            b"POST http://%s/echo HTTP/1.1\r\nHost: %s\r\n%sTransfer-Encoding: chunked\r\n\r\n"
+            b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n" % (site.encode(), site.encode(), AUTH)
+        )
+        (answer,) = await _raw(port, chunked, 1)
+        assert answer.split(b" ", 2)[1] == b"200" and answer.endswith(b"\r\n\r\nhello world")
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_get(site, "/big").replace(b"HTTP/1.1", b"HTTP/1.0", 1))
+        async with asyncio.timeout(15):
+            whole = await reader.read(-1)  # to the end: the connection's
+        writer.close()
+        head, _, body = whole.partition(b"\r\n\r\n")
+        assert b" 200 " in head and b"chunked" not in head.lower() and body == BIG
+        upgrade = _get(site, "/echo", b"Connection: Upgrade\r\nUpgrade: websocket\r\n")
+        (answer,) = await _raw(port, upgrade, 1)
+        assert answer.split(b" ", 2)[1] == b"400"
+
+
 async def test_what_the_endpoint_refuses_and_why(lab: ProxyLab) -> None:
     """No login, a wrong token: 407 with the challenge; a relative URI or an https:// one:
     400; a head past 64 KiB: 431; a body past the limit: 413. Nothing reaches the site."""
