@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.lab.tls import nats_certs
 from ops.nats.client import Log, LogError, NatsTls
 from ops.nats.ordered import ordered_batches
 from ops.nats.server import NatsServer, ServerTls, free_port
@@ -22,33 +23,11 @@ from projections.live import FoldService
 from tests.helpers import worked
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
-def _certs(d: Path) -> dict[str, str]:
-    """A CA, a server certificate for 127.0.0.1 and a client certificate, both signed."""
-    d.mkdir(parents=True, exist_ok=True)
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-             "/CN=ppf test CA", "-keyout", "ca.key", "-out", "ca.pem", cwd=d)  # fmt: skip
-    (d / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=ppf {name}",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)  # fmt: skip
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-extfile", "san.ext",
-                 "-out", f"{name}.pem", cwd=d)  # fmt: skip
-    return {k: str(d / v) for k, v in {
-        "ca": "ca.pem", "cert": "server.pem", "key": "server.key",
-        "client": "client.pem", "client_key": "client.key",
-    }.items()}  # fmt: skip
-
-
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[tuple[NatsServer, dict[str, str]]]:
     if shutil.which("openssl") is None:
         pytest.skip("openssl not found: apt-get install openssl")
-    certs = _certs(tmp_path / "certs")
+    certs = nats_certs(tmp_path / "certs")
     tls = ServerTls(cert=certs["cert"], key=certs["key"], ca=certs["ca"], verify=True)
     server = NatsServer(tmp_path / "nats", port=free_port(), tls=tls)
     server.start()
@@ -201,3 +180,17 @@ def test_ppf_fold_and_gateway_over_tls_with_several_urls(
                 proc.kill()
                 proc.wait()
         log.close()
+
+
+async def test_bench_read_reads_every_message_three_ways() -> None:
+    """`ppf bench read`, small: each reader (lean in plain, nats-py in plain, the fold's
+    over TLS) took every message (it raises otherwise), and the ratios are its rates'."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not found: apt-get install openssl")
+    from ops.bench.read import bench_read
+
+    out = await bench_read(messages=3_000, runs=1)
+    assert out["messages"] == 3_000
+    rates = {k: out[f"{k}_per_s"] for k in ("lean_plain", "nats_py_plain", "fold_reader_tls")}
+    assert all(r > 0 for r in rates.values())
+    assert abs(out["tls_vs_lean_plain"] - rates["fold_reader_tls"] / rates["lean_plain"]) < 0.01

@@ -121,6 +121,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--runs", type=int, default=5, help="runs of each, in turns")
     serve.add_argument("--tunnels", type=int, default=1_000, help="tunnels held open")
 
+    read = bench("read", "the fold's reader, in plain and over TLS", _read)
+    read.add_argument("--messages", type=int, default=200_000)
+    read.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
+
     marks = bench("marks", "the memory of the re-send window at many agents", _marks)
     marks.add_argument("--agents", type=int, default=1_000)
     marks.add_argument("--window", type=int, default=512)
@@ -202,6 +206,12 @@ def _extract(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.extract import bench_extract
 
     return bench_extract(args.mb, args.seed)
+
+
+async def _read(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.read import bench_read
+
+    return await bench_read(args.messages, args.runs)
 
 
 async def _serve(args: argparse.Namespace) -> dict[str, Any]:
