@@ -295,12 +295,13 @@ class ClientSide(asyncio.Protocol):
             self._slow(self._open_then_send(req, up, key))
 
     async def _open_then_send(self, req: Request, up: Upstream, key: tuple[object, ...]) -> None:
-        assert self.want is not None
+        want, password = self.want, self.password  # the client may be gone after the wait
+        assert want is not None
         try:
             link = await self.endpoint.open_link(up, req.host, req.port, key)
         except Exception as exc:  # python-socks raises its own errors too: all the proxy's
             req.tried |= {up.key}
-            self.endpoint.failed(self.want, self.password, up, f"connect: {exc!r}")
+            self.endpoint.failed(want, password, up, f"connect: {exc!r}")
             if not self.closing:
                 self.route(req)
             return
