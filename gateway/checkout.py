@@ -73,7 +73,7 @@ async def take(request: web.Request, name: str, body: CheckoutRequest) -> Checko
     cid = checkout_id(name, body.idempotency_key or fresh_id())
     if body.idempotency_key:
         # Granted through another gateway a moment ago, maybe: look at the head first.
-        await fold.wait_for(await fold.head_seq(), 2.0)
+        await fold.caught_up_now(2.0)
         if cid in fold.state.checkouts:
             return _answer(fold.state, cid, now_ms())
     state = fold.state
@@ -133,7 +133,7 @@ async def release(request: web.Request) -> web.Response:
     state = fold.state
     cid = request.match_info["checkout"]
     if cid not in state.checkouts:  # granted through another gateway a moment ago?
-        await fold.wait_for(await fold.head_seq(), 2.0)
+        await fold.caught_up_now(2.0)
     entry = state.checkouts.get(cid)
     if entry is None or entry[1] != caller.name:
         raise ApiError(404, "not-found", f"no checkout {cid} of {caller.name}")

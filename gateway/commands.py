@@ -153,7 +153,7 @@ async def _foreign_release(request: web.Request, caller: Caller, event: Released
             return ""
         # Granted a moment ago by another gateway, maybe, and not applied here yet (the
         # granting one applied it before answering): look once more at the head.
-        await fold.wait_for(await fold.head_seq(), 2.0)
+        await fold.caught_up_now(2.0)
     target = state.lease_owner.get(event.lease)
     if target is None:
         return "" if ended() else "no such lease on this target"
@@ -232,7 +232,7 @@ async def _held(request: web.Request, caller: Caller) -> tuple[str, str]:
         # Granted ahead of this fold (a sure claim, gateway/leases.py) or by another
         # gateway, and not folded here yet: wait for the head as it is now (the cached
         # head may predate the grant: a release at once after it was then refused).
-        await fold.wait_for(await fold.head_seq(max_age_s=0.0), request.app[GRANTER].wait_s)
+        await fold.caught_up_now(request.app[GRANTER].wait_s)
     target = state.lease_owner.get(lease)
     row = state.leases.get(target) if target is not None else None
     if row is None or not lease_live(row, now_ms()) or row.holder != caller.name:

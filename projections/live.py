@@ -212,6 +212,12 @@ class FoldService:
             return False
         return True
 
+    async def caught_up_now(self, timeout: float) -> bool:
+        """Wait until the projection has applied the log as it is at this moment: for
+        what another gateway granted a moment ago (it answered once the log had it). The
+        head is read afresh: the cached one may predate that grant by 250 ms."""
+        return await self.wait_for(await self.head_seq(max_age_s=0.0), timeout)
+
     def _wake(self) -> None:
         applied = self.state.last_seq
         waiters = self._waiters
