@@ -53,7 +53,6 @@ class UpLink(asyncio.Protocol):
         self.client: ClientSide | None = None
         self.head_only = False  # a HEAD: the answer has no body, whatever it says
         self.http11 = True  # the client's HTTP version
-        self.heard = False  # a byte of this answer came
         self.in_body = False  # its head went to the client
         self.chunked = False
         self.until_close = False  # no length, not chunked: its end is the connection's
@@ -78,7 +77,7 @@ class UpLink(asyncio.Protocol):
         self.client = client
         self.head_only = req.method == b"HEAD"
         self.http11 = req.http11
-        self.heard = self.in_body = self.chunked = self.until_close = self.cut_client = False
+        self.in_body = self.chunked = self.until_close = self.cut_client = False
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
         self.timer = asyncio.get_running_loop().call_later(self.answer_s, self._quiet_check)
@@ -98,7 +97,6 @@ class UpLink(asyncio.Protocol):
         if self.client is None:  # bytes on an idle link: it cannot be trusted again
             self.close()
             return
-        self.heard = True
         self.last = time.monotonic()
         try:
             self.parser.feed_data(data)
