@@ -7,7 +7,7 @@ or a SOCKS tunnel to the same site. httptools (llhttp, Node.js's parser) reads b
 sides: framing, chunked bodies, 1xx, keep-alive. The hot path (a request whose login the
 connection already showed, an idle link to its upstream) runs in the protocols'
 callbacks with no task and no stream between them: that is what brought the endpoint's
-own CPU from 270-330 µs a request (h11 over streams) to 60-100 µs, most of it the
+own CPU from 270-330 µs a request (h11 over streams) to 54-120 µs, most of it the
 kernel's sends (BENCHMARKS.md, ``ppf bench serve``). A new login, a new upstream connection, CONNECT
 and SOCKS take the slow path: CONNECT and SOCKS hand the client's connection over to
 streams (``Endpoint.tunnel_http``, ``Endpoint.socks``) for good.
