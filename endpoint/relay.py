@@ -170,10 +170,7 @@ class Endpoint:
             if forward:
                 _, link = await loop.create_connection(made, up.ip, up.port)
             else:
-                proxy = Proxy.create(
-                    _TYPES.get(up.proto, ProxyType.HTTP), up.ip, up.port, rdns=True
-                )
-                sock = await proxy.connect(host, port, timeout=self.connect_s)
+                sock = await self._through(up, host, port)
                 _, link = await loop.create_connection(made, sock=sock)
         return link
 
