@@ -148,13 +148,13 @@ class ClientSide(asyncio.Protocol):
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade as upgrade:  # CONNECT: a tunnel from here on
             if self.parser.get_method() != b"CONNECT":  # Upgrade: websocket and the like
-                self.refuse(400, "protocol upgrades are not carried: use CONNECT")
+                self._client_error(400, "protocol upgrades are not carried: use CONNECT")
                 return
             self._tunnel(data[upgrade.args[0] :])
         except httptools.HttpParserCallbackError as exc:  # raised in one of ours below
             if not isinstance(exc.__context__, _TooLarge):
                 raise
-            self.refuse(exc.__context__.status, str(exc.__context__))
+            self._client_error(exc.__context__.status, str(exc.__context__))
         except httptools.HttpParserError:
             self.endpoint.outcomes.count("client_error")
             self.close()
@@ -251,7 +251,7 @@ class ClientSide(asyncio.Protocol):
             req.host, req.port = url.host.decode("idna"), url.port or 80
             req.origin = (url.path or b"/") + (b"?" + url.query if url.query else b"")
         except (httptools.HttpParserInvalidURLError, ValueError, UnicodeError):
-            self.refuse(400, "an absolute http:// URI (https goes through CONNECT)")
+            self._client_error(400, "an absolute http:// URI (https goes through CONNECT)")
             return
         if self.want is None or req.authorization != self.said:
             self._slow(self._login_then_route(req))
@@ -270,6 +270,7 @@ class ClientSide(asyncio.Protocol):
             self.endpoint.leave(self.want)
             self.want = None
             if not self.endpoint.enter(want):
+                self.endpoint.outcomes.count("over_limit")
                 self.refuse(429, f"{want.consumer} has its connections open already")
                 return
         self.want, self.password, self.said = want, password, req.authorization
@@ -384,6 +385,11 @@ class ClientSide(asyncio.Protocol):
         tried = " and answers" if req.tried else ""
         self.refuse(503, f"no proxy in the pool matches{tried}")
 
+    def _client_error(self, status: int, why: str) -> None:
+        """A request the endpoint will not carry: counted (/metrics), answered, closed."""
+        self.endpoint.outcomes.count("client_error")
+        self.refuse(status, why)
+
     def refuse(self, status: int, why: str, extra: bytes = b"") -> None:
         if self.transport is not None and not self.closing:
             self.transport.write(answer(status, why, extra))
@@ -444,7 +450,7 @@ class ClientSide(asyncio.Protocol):
 
     def _tunnel(self, early: bytes) -> None:
         if self.current is not None or self.pending:
-            self.refuse(400, "CONNECT only on a connection with no request in flight")
+            self._client_error(400, "CONNECT only on a connection with no request in flight")
             return
         target, auth, held = self._url, self._auth, self.want
         self.want = None  # the tunnel holds the connection's slot from here on

@@ -118,6 +118,7 @@ class Endpoint:
     @contextlib.asynccontextmanager
     async def _slot(self, want: Want):  # type: ignore[no-untyped-def]
         if not self.enter(want):
+            self.outcomes.count("over_limit")
             raise _Refused(429, 2, f"{want.consumer} has {self.max_per_consumer} connections open")
         try:
             yield

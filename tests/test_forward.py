@@ -205,6 +205,8 @@ async def test_what_the_endpoint_refuses_and_why(lab: ProxyLab) -> None:
             if status == b"407":
                 assert b'Proxy-Authenticate: Basic realm="ppf"' in answer
     assert "forwarded" not in relay.outcomes.counts
+    assert relay.outcomes.counts["client_error"] == 4  # 400, 400, 431, 413
+    assert relay.outcomes.counts["login_refused"] == 2
 
 
 @pytest.mark.parametrize("broken", ["tarpit", "garbage", "closed"])
