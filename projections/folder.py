@@ -146,6 +146,9 @@ class Checkpointer:
         """Start the writer; returns the last_seq committed in the file."""
         await self.writer.start()
         self._since_seq = self.writer.last_seq
+        # every_ms counts from here: a state loaded for seconds before (a snapshot's)
+        # was cut at the fold's first batch, as if a checkpoint were long overdue.
+        self._since_t = time.monotonic()
         return self.writer.last_seq
 
     def due(self, state: State) -> bool:

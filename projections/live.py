@@ -8,6 +8,7 @@ original sequence: kept, never folded, never a crash.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import time
@@ -101,6 +102,7 @@ class FoldService:
         self._waiter_ids = itertools.count()
         self._cut = asyncio.Lock()
         self._head = (0.0, 0)
+        self._whole_after = 0  # the head when a snapshot was adopted (_maybe_checkpoint)
         self.dlq_sent = 0
         # Called after each slice of the fold (the process's collector policy: ops/cli
         # passes ops/collector.py's young collection; nothing by default).
@@ -159,6 +161,8 @@ class FoldService:
             loaded = await self.snapshots.start_from(self.state)  # GapError: refused
             if loaded is not None:
                 self._adopt(loaded)
+                with contextlib.suppress(Exception):  # NATS away: no wait, as before
+                    self._whole_after = await self._read_head()
         await self.checkpointer.start()
         if self.tap is not None:
             await self.tap.start()
@@ -254,7 +258,7 @@ class FoldService:
             async with self._cut:
                 if self.tap is not None:
                     self.tap.feed(messages)
-                await self.checkpointer.maybe(self.state)
+                await self._maybe_checkpoint()
             if self.snapshots is not None and self.snapshots.due(self.folder.applied):
                 try:
                     await self.snapshot_now()
@@ -266,7 +270,18 @@ class FoldService:
         while True:
             await asyncio.sleep(self.checkpointer.every_ms / 1000)
             async with self._cut:
-                await self.checkpointer.maybe(self.state)
+                await self._maybe_checkpoint()
+
+    async def _maybe_checkpoint(self) -> None:
+        """A checkpoint when one is due; but a state adopted from a snapshot is dirty in
+        every row, and its first checkpoint cuts them all (a million rows: seconds of
+        the loop), so it waits until the fold has applied the log as it stood when the
+        snapshot was adopted: a gateway is ready first (it was cut after the few
+        messages of a short tail, 4-5 s before /readyz said 200). A crash before then
+        starts from the snapshot again."""
+        if self.state.last_seq < self._whole_after:
+            return
+        await self.checkpointer.maybe(self.state)
 
     async def _tick(self) -> None:
         """Sample the pipeline's rates; every 10 s, a metrics row for the tap."""

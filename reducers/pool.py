@@ -12,7 +12,8 @@ the rows on restore, never persisted, not part of the digest.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # state.py holds a Composition: the row types are for annotations only
     from reducers.state import LeaseRow, ProxyRow
@@ -22,6 +23,7 @@ __all__ = [
     "DEAD_AFTER_TTLS",
     "Composition",
     "band_edges",
+    "counted",
     "lease_live",
     "liveness",
     "standing",
@@ -75,6 +77,19 @@ def lease_live(row: LeaseRow | None, now: int) -> bool:
 Key = tuple[str, str, str]  # (proto, anonymity, country)
 
 
+def counted(rows: Iterable[Any]) -> tuple[Composition, Composition]:
+    """The pool's composition and its failing part, counted from the rows (a restore):
+    anything with a ProxyRow's ``last_seen``, ``proto``, ``anonymity``, ``country`` and
+    ``fail_streak`` (a snapshot's loader counts them in another process from those
+    columns alone)."""
+    composition, failing = Composition(), Composition()
+    for row in rows:
+        composition.add(row)
+        if row.fail_streak:
+            failing.add(row)
+    return composition, failing
+
+
 class Composition:
     """Proxies by (protocol, anonymity, country) per ``last_seen`` bucket, kept by the
     reducers."""
@@ -90,6 +105,16 @@ class Composition:
             counts = self.buckets[row.last_seen // BUCKET_MS] = {}
         key = (row.proto, row.anonymity, row.country)
         counts[key] = counts.get(key, 0) + 1
+
+    def counts(self) -> list[tuple[int, list[tuple[str, str, str, int]]]]:
+        """Plain data for another process: ``from_counts`` makes the same Composition."""
+        return [(b, [(*key, n) for key, n in keys.items()]) for b, keys in self.buckets.items()]
+
+    @classmethod
+    def from_counts(cls, counts: Iterable[Any]) -> Composition:
+        made = cls()
+        made.buckets = {b: {(p, a, c): n for p, a, c, n in keys} for b, keys in counts}
+        return made
 
     def remove(self, last_seen: int, proto: str, anonymity: str, country: str) -> None:
         bucket = last_seen // BUCKET_MS

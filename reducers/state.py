@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from events.catalogue import Settings
-from reducers import geo, trust
+from reducers import geo, pool, trust
 from reducers.marks import Mark
 from reducers.pool import Composition
 
@@ -299,8 +299,9 @@ class State:
         self.dirty_deposits: set[str] = set()
         self.settings_dirty = False
 
-    def reindex(self) -> None:
-        """Rebuild derived indexes after a restore."""
+    def reindex(self, counted: tuple[Composition, Composition] | None = None) -> None:
+        """Rebuild derived indexes after a restore; ``counted``: the composition and its
+        failing part when the caller has counted them already (``pool.counted``)."""
         self.lease_owner = {}
         self.holders = {}
         self.checked_out = set()
@@ -317,14 +318,10 @@ class State:
         for key, names in self.doubted.items():
             for name in names:
                 self.doubts.setdefault(name, set()).add(key)
-        self.composition = Composition()
-        self.failing = Composition()
+        self.composition, self.failing = counted or pool.counted(self.proxies.values())
         self.by_ip = {}
         self.unlocated = set()
         for proxy in self.proxies.values():
-            self.composition.add(proxy)
-            if proxy.fail_streak:
-                self.failing.add(proxy)
             geo.admitted(self, proxy)
 
     def mark_all_dirty(self) -> None:

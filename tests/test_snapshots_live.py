@@ -81,6 +81,34 @@ async def test_a_new_fold_starts_from_the_newest_snapshot_of_a_trimmed_log(
         await first.stop()
 
 
+async def test_a_fold_from_a_snapshot_cuts_its_whole_first_checkpoint_once_caught_up(
+    log_client: Log,
+) -> None:
+    """Adopted from a snapshot, every row is dirty: the first checkpoint cuts them all.
+    With a checkpoint due after every message, it still waits until the tail the log
+    held at the start is folded (a gateway is ready first), then has the live digest."""
+    await _publish(log_client, 0, 3_000)
+    first = FoldService(log_client, snapshots=Snapshots(log_client.snapshots))
+    await first.start()
+    try:
+        assert await first.wait_for(3_000, 30)
+        assert await first.snapshot_now() == 3_000
+        await _publish(log_client, 3_000, 6_000)  # a tail the reader hands out in batches
+        second = FoldService(
+            log_client, every_events=1, snapshots=Snapshots(log_client.snapshots)
+        )
+        await second.start()
+        try:
+            assert await second.wait_for(9_000, 30) and second.folder.applied == 6_000
+            assert second.checkpointer.written <= 1  # none cut mid-tail
+            assert await first.wait_for(9_000, 30)
+            assert (await second.checkpoint_now())[1] == (await first.checkpoint_now())[1]
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()
+
+
 async def test_ppf_replay_from_a_snapshot_checks_itself_against_a_full_replay(
     log_client: Log, nats_server: NatsServer, tmp_path: Path
 ) -> None:

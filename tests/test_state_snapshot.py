@@ -35,6 +35,10 @@ def test_a_snapshot_loads_back_to_the_state_and_digest_a_fold_gives() -> None:
     assert digest(loaded) == digest(log.state)
     assert len(loaded.proxies) == len(log.state.proxies) == 3_000
     assert loaded.settings == log.state.settings and loaded.marks == log.state.marks
+    # The derived counts, counted by the loader's child process: as the fold kept them.
+    assert loaded.failing.buckets and loaded.composition.buckets == log.state.composition.buckets
+    assert loaded.failing.buckets == log.state.failing.buckets
+    assert loaded.by_ip == log.state.by_ip
     log.report("w-own", "45.99.0.7", at_s=7_000)  # one more observation, on both
     Folder(loaded).apply([log.messages[-1]])
     assert digest(loaded) == digest(log.state)
