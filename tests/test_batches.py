@@ -221,3 +221,42 @@ def test_the_locators_batches_are_fixed_by_their_addresses() -> None:
     assert batched[0].more[0].country == "DE"
     again = _located(list(reversed(ips)), list(reversed(places)), 9, batches=True)
     assert {e.geo: e.id for e in again} == {e.geo: e.id for e in batched}  # order aside
+
+
+class _FoldAt:
+    """What the locator reads of a fold: its state, the log's head, the publish."""
+
+    def __init__(self, head: int, applied: int) -> None:
+        from projections.foreground import Foreground
+
+        self.head, self.state, self.foreground = head, State(), Foreground()
+        self.state.last_seq = applied
+        self.state.unlocated = {"45.1.1.1", "45.1.1.2"}
+        self.sent: list[ev.Located] = []
+        fold = self
+
+        class _Log:
+            async def publish_many(self, events: list[ev.Located]) -> list[int]:
+                fold.sent.extend(events)
+                return list(range(len(events)))
+
+        self.log = _Log()
+
+    async def head_seq(self) -> int:
+        return self.head
+
+
+async def test_the_locator_waits_while_the_fold_is_far_behind_the_log() -> None:
+    """In a catch-up the addresses not located yet mostly are, further on in the log:
+    the locator publishes nothing while more than BEHIND messages are left to fold,
+    and locates them once it is within that."""
+    from ops.geo import BEHIND, Locator
+
+    behind = _FoldAt(head=10_000, applied=10_000 - BEHIND - 1)
+    assert await Locator(behind).once() == 0 and behind.sent == []  # type: ignore[arg-type]
+    near = _FoldAt(head=10_000, applied=10_000 - BEHIND)
+    assert await Locator(near).once() > 0  # type: ignore[arg-type]
+    assert {ip for e in near.sent for ip in (e.ip, *(m.ip for m in e.more))} == {
+        "45.1.1.1",
+        "45.1.1.2",
+    }
