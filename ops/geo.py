@@ -136,9 +136,8 @@ class Locator:
         """The places of ``ips``, looked up on the loop in slices of about ``SLICE_S``,
         giving way to the requests in flight between them, as the fold does. Not in a
         thread: a lookup is Python that holds the GIL, and while a thread held it every
-        step of a request that gave the GIL up (each socket read and write) waited up
-        to the interpreter's switch interval (5 ms) to take it back; a lease grant's
-        eight or so steps made its p99 30-40 ms during a catch-up."""
+        step of a request that gave the GIL up (each socket read and write) could wait
+        up to the interpreter's switch interval (5 ms) to take it back."""
         places: list[Place] = []
         clock = time.perf_counter
         while len(places) < len(ips):

@@ -14,7 +14,7 @@ from pathlib import Path
 from events import DLQ_PREFIX, OBSERVATIONS, DecodeError, decode
 from projections.foreground import Foreground
 from projections.log import Message
-from projections.store import collect_async
+from projections.store import Checkpoint, collect_async
 from projections.writer import ProcessWriter
 from reducers import State, skip
 from reducers.admission import FORBIDDEN, refusal, refused_event
@@ -168,18 +168,28 @@ class Checkpointer:
             cp = await collect_async(state, self.foreground)
             self._since_seq = state.last_seq
             self._since_t = time.monotonic()
-            if self._inflight is not None:
-                await self._inflight
             self.written += 1
             self.rows += cp.rows
-            self._inflight = asyncio.create_task(self.writer.write(cp))
+            # The cut rows are handed to their write at once, behind the one in flight,
+            # and the wait for that one is shielded: a fold cancelled here (a stop)
+            # cancelled the write it awaited and dropped the rows it had cut, and the
+            # stop's own flush then raised CancelledError (`ppf snapshot` failed so).
+            previous = self._inflight
+            self._inflight = asyncio.create_task(self._write_after(previous, cp))
+            if previous is not None:  # at most one write waits: the fold's back-pressure
+                await asyncio.shield(previous)
+
+    async def _write_after(self, previous: asyncio.Task[int] | None, cp: Checkpoint) -> int:
+        if previous is not None:
+            await previous  # its failure is this one's too: checkpoints commit in order
+        return await self.writer.write(cp)
 
     async def flush(self, state: State) -> None:
         """Checkpoint what is left and wait until it is committed."""
         await self.checkpoint(state)
         async with self._lock:
             if self._inflight is not None:
-                await self._inflight
+                await asyncio.shield(self._inflight)
                 self._inflight = None
 
     async def close(self) -> None:

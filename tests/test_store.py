@@ -40,6 +40,39 @@ async def test_checkpointer_commits_through_the_child(tmp_path: Path) -> None:
     await again.close()
 
 
+async def test_a_fold_stopped_while_a_checkpoint_waits_loses_no_row(tmp_path: Path) -> None:
+    """A checkpoint that waits for the one in flight is cancelled (a fold stopped mid-
+    wait): the write in flight goes on, the rows the cancelled one cut are still
+    written, and the stop's flush commits the state with its digest."""
+    import asyncio
+
+    db = tmp_path / "p.duckdb"
+    state = State()
+    folder = Folder(state)
+    cp = Checkpointer(db, every_events=1, every_ms=60_000)
+    await cp.start()
+    for seq in range(1, 20_001):  # a first write the child takes a while to commit
+        folder.apply([message(seq, T0 + seq, worked(f"8.{seq // 250}.{seq % 250}.1"))])
+    await cp.checkpoint(state)
+    folder.apply([message(20_001, T0 + 20_001, worked("9.9.9.9"))])
+    waiting = asyncio.create_task(cp.checkpoint(state))  # cuts 9.9.9.9, waits for the first
+    for _ in range(100):  # until it has cut its rows and waits
+        if not state.dirty_proxies and cp.written == 2:
+            break
+        await asyncio.sleep(0)
+    assert cp.written == 2 and not state.dirty_proxies
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await cp.flush(state)  # raised CancelledError when the wait cancelled the write
+    assert cp.last_written_seq == 20_001
+    await cp.close()
+    store = Store(db)
+    restored = store.restore()
+    store.close()
+    assert digest(restored) == digest(state)
+
+
 async def test_a_replay_written_once_equals_one_checkpointed_on_the_way(tmp_path: Path) -> None:
     """A replay writes its file once, at the end, unless asked for checkpoints on the way;
     both files restore to the digest of the folded state, evictions included."""
