@@ -94,9 +94,7 @@ async def test_a_fold_from_a_snapshot_cuts_its_whole_first_checkpoint_once_caugh
         assert await first.wait_for(3_000, 30)
         assert await first.snapshot_now() == 3_000
         await _publish(log_client, 3_000, 6_000)  # a tail the reader hands out in batches
-        second = FoldService(
-            log_client, every_events=1, snapshots=Snapshots(log_client.snapshots)
-        )
+        second = FoldService(log_client, every_events=1, snapshots=Snapshots(log_client.snapshots))
         await second.start()
         try:
             assert await second.wait_for(9_000, 30) and second.folder.applied == 6_000
