@@ -17,7 +17,7 @@ from events.wire import FieldError, Problem, WireError
 from gateway.diskguard import DiskGuard
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
-from projections.live import FoldService
+from projections.live import LAG_BOUND, FoldService
 from projections.log import DepositStore, EventLog, LogError
 from projections.recheck import RecheckPolicy
 
@@ -60,7 +60,7 @@ class GatewayConfig:
     rate_per_s: float = 2_000.0
     burst: float = 4_000.0
     max_leases_per_agent: int = 64
-    lag_bound: int = 1_000
+    lag_bound: int = LAG_BOUND
     # None: the intervals the log's settings give (Configured recheck_*); a policy here
     # overrides them (tests that need everything due now).
     recheck: RecheckPolicy | None = None

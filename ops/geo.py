@@ -24,7 +24,7 @@ import structlog
 from events import Located, uuid7
 from events import Place as EventPlace
 from events.mint import now_ms
-from projections.live import SLICE_S, FoldService
+from projections.live import LAG_BOUND, SLICE_S, FoldService
 from projections.log import LogError
 from projections.tasks import stop_tasks
 
@@ -97,10 +97,6 @@ def _located(ips: list[str], places: list[Place], at: int, *, batches: bool) -> 
     return out
 
 
-# Messages behind the log's head past which the locator waits (/readyz's bound).
-BEHIND = 1_000
-
-
 class Locator:
     """Publishes ``Located`` for what the projection has not located yet."""
 
@@ -151,7 +147,7 @@ class Locator:
 
     async def once(self) -> int:
         """Locate up to ``batch`` addresses not asked in the last minute; how many. None
-        while the fold is more than ``BEHIND`` messages behind the log: in a catch-up
+        while the fold is more than ``LAG_BOUND`` messages behind the log: in a catch-up
         the addresses it has not seen located yet mostly are, further on (a gateway
         folding a 10M-observation log from sequence 1 put 151 batches of addresses
         located already into it, each a message every later start folds again)."""
@@ -159,7 +155,7 @@ class Locator:
             behind = await self.fold.head_seq() - self.fold.state.last_seq
         except Exception:  # NATS away: the publish below says so, as before
             behind = 0
-        if behind > BEHIND:
+        if behind > LAG_BOUND:
             return 0
         now = time.monotonic()
         unlocated = self.fold.state.unlocated

@@ -29,6 +29,7 @@ __all__ = [
     "digests",
     "meta_digest",
     "row_hash",
+    "table_sum",
 ]
 
 TABLES = ("proxies", "sources", "leases", "agents", "deposits")
@@ -40,7 +41,8 @@ def row_hash(encoded: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(encoded, digest_size=16).digest(), "big")
 
 
-def _sum(encoded_rows: Iterable[bytes]) -> int:
+def table_sum(encoded_rows: Iterable[bytes]) -> int:
+    """A table's part of the digest: the sum of its rows' hashes, mod 2**128."""
     return sum(map(row_hash, encoded_rows)) % MOD
 
 
@@ -113,7 +115,7 @@ def digests(state: State) -> dict[str, str]:
         "deposits": state.deposits,
         "agents": state.agents,
     }
-    out = {name: f"{_sum(_encode(r) for r in rows.values()):032x}" for name, rows in tables.items()}
+    out = {name: f"{table_sum(map(_encode, rows.values())):032x}" for name, rows in tables.items()}
     out["meta"] = meta_digest(state)
     return out
 

@@ -29,7 +29,7 @@ from projections.tasks import stop_tasks
 from projections.writer import MEMORY
 from reducers import State
 
-__all__ = ["FoldService", "Sink"]
+__all__ = ["LAG_BOUND", "SLICE_S", "FoldService", "Sink"]
 
 log = structlog.get_logger("ppf.fold")
 
@@ -37,6 +37,9 @@ HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find 
 DLQ_COPY_BYTES = 16_384  # of a rejected message, copied into its DLQ entry
 # The longest the fold holds the event loop at a time (projections/folder.py apply_for).
 SLICE_S = 0.002
+# Messages behind the log's head within which a fold counts as caught up: /readyz says
+# 200 within it (the gateway's default ``lag_bound``), and the locator works within it.
+LAG_BOUND = 1_000
 
 
 class Sink(Protocol):

@@ -31,8 +31,9 @@ from typing import Any
 
 import msgspec
 
-from projections.digest import MOD, TABLES, combine, meta_digest, row_hash
+from projections.digest import MOD, TABLES, combine, meta_digest, row_hash, table_sum
 from projections.store import ROWS, array_header, put_row, restore_meta, state_meta
+from projections.writer import read_frame
 from reducers.pool import Composition, counted
 from reducers.state import State
 
@@ -268,10 +269,10 @@ def serve_sums() -> None:
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     pool: tuple[Composition, Composition] = (Composition(), Composition())
     for table in TABLES:
-        (size,) = _FRAME.unpack(inp.read(_FRAME.size))
-        blob = inp.read(size)
-        total = sum(map(row_hash, _RAWS.decode(blob))) % MOD
-        out.write(total.to_bytes(16, "big"))
+        blob = read_frame(inp)
+        if blob is None:
+            sys.exit(1)  # a short frame: the loader is gone, or gave up on us
+        out.write(table_sum(_RAWS.decode(blob)).to_bytes(16, "big"))
         if table == "proxies":
             pool = counted(_COUNTED.decode(blob))
     out.write(msgspec.msgpack.encode((pool[0].counts(), pool[1].counts())))

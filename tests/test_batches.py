@@ -248,9 +248,10 @@ class _FoldAt:
 
 async def test_the_locator_waits_while_the_fold_is_far_behind_the_log() -> None:
     """In a catch-up the addresses not located yet mostly are, further on in the log:
-    the locator publishes nothing while more than BEHIND messages are left to fold,
+    the locator publishes nothing while more than LAG_BOUND messages are left to fold,
     and locates them once it is within that."""
-    from ops.geo import BEHIND, Locator
+    from ops.geo import Locator
+    from projections.live import LAG_BOUND as BEHIND
 
     behind = _FoldAt(head=10_000, applied=10_000 - BEHIND - 1)
     assert await Locator(behind).once() == 0 and behind.sent == []  # type: ignore[arg-type]
