@@ -52,6 +52,7 @@ __all__ = [
     "agent_subject",
     "deposit_key_id",
     "dlq_subject",
+    "lease_subject",
     "normalize_url",
     "proxy_of",
     "proxy_token",
@@ -201,6 +202,11 @@ def _token(value: str, what: str) -> str:
     return value
 
 
+def lease_subject(kind: str, target: str) -> str:
+    """The subject a target's leases are claimed, released and reset on."""
+    return f"ppf.lease.{kind}." + _token(target, "target")
+
+
 def dlq_subject(reason: str) -> str:
     return DLQ_PREFIX + _token(reason, "reason")
 
@@ -214,7 +220,7 @@ def subject_for(event: Event) -> str:
         case Discovered():
             return "ppf.source." + _token(event.parent, "parent")
         case Leased() | Released() | LeaseReset():
-            return f"ppf.lease.{event.kind}." + _token(event.target, "target")
+            return lease_subject(event.kind, event.target)
         case Deposited() | DepositFolded() | DepositRejected():
             return "ppf.deposit." + deposit_key_id(event.key)
         case Heartbeat():

@@ -155,7 +155,14 @@ async def stats(request: web.Request) -> web.Response:
             # Addresses the service has still to locate (ops/geo.py).
             "geo": {"unlocated": len(state.unlocated)},
             "dlq_sent": fold.dlq_sent,
-            "grants": {"granted": granter.granted, "lost": granter.lost},
+            "grants": {
+                "granted": granter.granted,
+                "lost": granter.lost,
+                # Lease subjects read ahead of the grants, and candidates passed over
+                # because the log had moved past the projection (gateway/lookahead.py).
+                "read_ahead": granter.lookahead.lookups,
+                "passed_over": granter.lookahead.passed_over,
+            },
             "nats_ops": dict(request.app[LOG].ops),
             # The deposit store's operations by outcome (put.ok, get.missing, ...).
             "deposit_ops": dict(store.ops) if store is not None else {},
@@ -260,6 +267,12 @@ async def _sampling(app: web.Application) -> AsyncIterator[None]:
     await stop_tasks([task], 5)
 
 
+async def _granting_ahead(app: web.Application) -> AsyncIterator[None]:
+    task = asyncio.create_task(app[GRANTER].prepare(), name="ppf-grants-ahead")
+    yield
+    await stop_tasks([task], 5)
+
+
 async def _nats_auth(app: web.Application) -> AsyncIterator[None]:
     """Answer the server's questions about agents' NATS logins, and cut the connections
     of agents whose token changes (gateway/natsauth.py)."""
@@ -324,6 +337,7 @@ def make_app(
         JudgeKeys(os.urandom(32)), enrolled_in(lambda: fold.state)
     )
     app.cleanup_ctx.append(_sampling)
+    app.cleanup_ctx.append(_granting_ahead)
     if config.disk_guard is not None:
         app.cleanup_ctx.append(_guarding)
     if config.agent_nats is not None and config.agent_nats.enforced:

@@ -14,6 +14,7 @@ Compare-and-set publishes are awaited ``js.publish`` calls issued concurrently: 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -26,11 +27,13 @@ from events import Leased, LeaseKind
 from events.mint import fresh_id, now_ms
 from events.subjects import proxy_of, proxy_token
 from events.wire import LeaseGrant, ProxyPayload, RecheckPayload, SeedPayload, SourcePayload
+from gateway.budget import CheckBudget
 from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
-from projections.live import FoldService
-from projections.log import ConflictError, DepositError, EventLog
-from projections.readmodels import due_score, due_sources
+from gateway.lookahead import Lookahead
+from projections.live import LAG_BOUND, FoldService
+from projections.log import ConflictError, DepositError, EventLog, LogError
+from projections.readmodels import due_score, due_sources, rank_due, scored_due
 from projections.recheck import (
     RecheckPolicy,
     due_in_shard,
@@ -40,24 +43,26 @@ from projections.recheck import (
     shards,
     spot_checks,
 )
-from projections.seeding import seed_status
+from projections.seeding import seed_candidates, seed_status
 from projections.snapshot import ProxyView
-from reducers import LeaseRow, ProxyRow, State
+from reducers import LeaseRow, ProxyRow, SourceRow, State
 from reducers.ledger import clamped_ttl, sure_claim
 from reducers.pool import lease_live
 from reducers.state import ProxyKey
 
-__all__ = ["SHARDS", "Granter", "live_holdings"]
-
-
-def _range_order(target: str) -> tuple[str, int]:
-    """``p1a2b-r500`` -> (``p1a2b``, 500): a plan's ranges in the order of their items."""
-    plan, _, rng = target.partition("-")
-    digits = rng.lstrip("r")
-    return plan, int(digits) if digits.isdigit() else 0
+__all__ = ["SHARDS", "CheckBudget", "Granter", "live_holdings"]
 
 
 log = structlog.get_logger("ppf.leases")
+
+# The work done ahead of the grants: how often, and for how long after a grant asked for
+# a kind (the look-ahead's own bounds are in gateway/lookahead.py).
+LOOK_EVERY_S = 0.25
+LOOK_ASKED_S = 60.0
+# The sources' ranking in the background: sources scored between two turns of the
+# loop, and how much older than ``due_refresh_s`` a grant takes it before ranking itself.
+RANK_STEP = 256
+RANK_SLACK_S = 1.0
 
 # Recheck targets: the shards events.shard_of() maps proxies to.
 SHARDS = tuple(f"s{i:03d}" for i in range(256))
@@ -73,44 +78,6 @@ def live_holdings(state: State, agent: str, now: int) -> int:
     """Leases ``agent`` holds that have not expired by ``now``."""
     held = state.holders.get(agent, ())
     return sum(1 for t in held if lease_live(state.leases[t], now))
-
-
-class CheckBudget:
-    """The operator's check budget (``recheck_budget_per_hour``), as a bucket that holds
-    five minutes' checks (at least one) and refills evenly: what this gateway hands out
-    to checkers. (It held an hour's: a gateway just started could hand out twice the
-    hour's budget in its first hour.) With several gateways each has the whole budget (a
-    fleet-wide one would be a ledger entry: not built)."""
-
-    BURST_S = 300
-
-    def __init__(self) -> None:
-        self._level: float | None = None  # checks that may go out now; None: full
-        self._at = 0.0
-
-    def _cap(self, per_hour: int) -> float:
-        return max(1.0, per_hour * self.BURST_S / 3_600)
-
-    def available(self, per_hour: int, now_s: float) -> float:
-        if not per_hour:
-            return float("inf")
-        cap = self._cap(per_hour)
-        level = cap if self._level is None else self._level
-        level = min(cap, level + (now_s - self._at) * per_hour / 3_600)
-        self._level, self._at = level, now_s
-        return level
-
-    def take(self, want: int, per_hour: int, now_s: float) -> int:
-        """Up to ``want`` checks (all of them while there is no budget)."""
-        if not per_hour:
-            return want
-        got = max(0, min(want, int(self.available(per_hour, now_s))))
-        self._level = (self._level or 0.0) - got
-        return got
-
-    def give_back(self, unused: int, per_hour: int) -> None:
-        if per_hour and unused > 0 and self._level is not None:
-            self._level = min(self._cap(per_hour), self._level + unused)
 
 
 class Granter:
@@ -159,31 +126,52 @@ class Granter:
         self.unreadable_inputs: dict[str, str] = {}  # seed input key -> why, for status
         self._seed: dict[str, Any] = {}
         self._seed_at = -1e9
+        self.lookahead = Lookahead()
+        self._asked: dict[str, float] = {}  # kind -> when a grant last asked for it
+        self._look_now = asyncio.Event()
 
     @property
     def recheck(self) -> RecheckPolicy:
         """The intervals: the log's settings, unless this gateway was given its own."""
         return self._recheck or RecheckPolicy.of(self.fold.state.settings)
 
-    def due_sources(self, now: int) -> list[tuple[float, str]]:
-        """Due sources by score, ranked at most every ``due_refresh_s``.
+    def due_sources(self, now: int, max_age_s: float | None = None) -> list[tuple[float, str]]:
+        """Due sources by score, as last ranked.
 
-        Scoring every source for every request would cost O(sources) per grant, so the
-        ranking is kept a moment; each candidate is scored again as it is taken (see
-        ``_candidates``), so a source fetched since the ranking is not leased again.
+        Scoring every source costs O(sources) (2,000 sources: 5-7 ms of the loop, which
+        every fifth lease request of ``ppf bench stats``' backlog paid), so the ranking
+        is kept a moment and made again in the background (``prepare``), in steps that
+        give the loop back, every ``due_refresh_s`` while sources are asked for. Ranked
+        here only when the last ranking is older than ``max_age_s`` (default: that
+        period and a second, the background being idle while none was asked for). Each
+        candidate is scored again as it is taken (``_due_free``), so a source fetched
+        since the ranking is not leased again.
         """
-        if self._due_at is None or time.monotonic() - self._due_at > self.due_refresh_s:
-            self._due = [(score, row.url_id) for score, row in due_sources(self.fold.state, now, 0)]
-            self._due_from = 0  # where _due_free starts: past the settled head
-            self._due_at = time.monotonic()
+        limit = self.due_refresh_s + RANK_SLACK_S if max_age_s is None else max_age_s
+        if self._due_at is None or time.monotonic() - self._due_at > limit:
+            self._ranked(due_sources(self.fold.state, now, 0))
         return self._due
+
+    def _ranked(self, ranking: list[tuple[float, SourceRow]]) -> None:
+        self._due = [(score, row.url_id) for score, row in ranking]
+        self._due_from = 0  # where _due_free starts: past the settled head
+        self._due_at = time.monotonic()
+
+    async def _rank_sources(self) -> None:
+        """``due_sources``' ranking, ``RANK_STEP`` sources at a time between turns of
+        the loop (the rows are the fold's: each is scored as it is at its turn)."""
+        now = now_ms()
+        rows = list(self.fold.state.sources.values())
+        scored: list[tuple[float, SourceRow]] = []
+        for i in range(0, len(rows), RANK_STEP):
+            scored += scored_due(rows[i : i + RANK_STEP], now)
+            await asyncio.sleep(0)
+        self._ranked(rank_due(scored))
 
     def due_count(self, now: int, max_age_s: float = 10.0) -> int:
         """How many sources the last ranking found due, ranked again when older than
         ``max_age_s``: ``/v1/stats`` reads it without scoring every source per call."""
-        if self._due_at is None or time.monotonic() - self._due_at > max_age_s:
-            self.due_sources(now)
-        return len(self._due)
+        return len(self.due_sources(now, max_age_s))
 
     def network_outages(self, now: int, max_age_s: float = 30.0) -> list[dict[str, object]]:
         """``projections.recheck.network_outages``, computed at most every ``max_age_s``
@@ -271,34 +259,7 @@ class Granter:
                 yield target, v.latency
 
     def _seed_candidates(self, now: int) -> Iterator[tuple[str, float]]:
-        """Free seed ranges, priorities taking turns: while a lower priority has ranges
-        waiting, a higher one holds at most half of the ranges in flight (its share and
-        everything below it), so a big urgent plan never starves the rest. Ranges of
-        one priority go in order, so a plan is worked from its start."""
-        waiting: dict[int, list[str]] = {}
-        flying: dict[int, int] = {}
-        for row in self.fold.state.leases.values():
-            if row.kind != "seed" or row.cursor > row.end or row.status == "failed":
-                continue
-            if lease_live(row, now) or row.target in self._claiming:
-                flying[row.priority] = flying.get(row.priority, 0) + 1
-            else:
-                waiting.setdefault(row.priority, []).append(row.target)
-        for queue in waiting.values():
-            queue.sort(key=_range_order)
-            queue.reverse()  # popped from the end
-        while waiting:
-            levels = sorted(waiting, reverse=True)
-            for i, level in enumerate(levels):
-                below = sum(n for p, n in flying.items() if p < level)
-                if i == len(levels) - 1 or flying.get(level, 0) + 1 <= below:
-                    break
-            queue = waiting[level]
-            target = queue.pop()
-            if not queue:
-                del waiting[level]
-            flying[level] = flying.get(level, 0) + 1
-            yield target, float(level)
+        return seed_candidates(self.fold.state, self._claiming, now)
 
     async def _readable(self, picked: list[tuple[str, float]]) -> list[tuple[str, float]]:
         """The picked ranges whose plan's input this gateway can read (kept after the
@@ -389,6 +350,35 @@ class Granter:
             else:
                 self._claiming.add(target)
 
+    async def _behind(self) -> bool:
+        """Whether the fold is far enough behind the log that its free-looking targets
+        cannot be trusted: then only targets read ahead a moment ago are claimed."""
+        head = await self.fold.head_seq()
+        return head - self.fold.applied_seq > LAG_BOUND
+
+    async def prepare(self) -> None:
+        """Forever, the work that keeps grants quick, done ahead of them, for the kinds
+        asked for lately: the sources' ranking every ``due_refresh_s``, in steps; and
+        while the fold is far behind, the look-ahead (gateway/lookahead.py), every
+        ``LOOK_EVERY_S`` or when a grant found too few. NATS away: tried next round."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._look_now.wait(), LOOK_EVERY_S)
+            self._look_now.clear()
+            now_s = time.monotonic()
+            asked = [kind for kind, at in self._asked.items() if now_s - at < LOOK_ASKED_S]
+            stale = self._due_at is None or now_s - self._due_at > self.due_refresh_s
+            if "source" in asked and stale:
+                await self._rank_sources()
+            self.lookahead.forget_old(now_s)
+            try:
+                if asked and await self._behind():
+                    for kind in asked:
+                        candidates = self._candidates(kind, now_ms())  # type: ignore[arg-type]
+                        await self.lookahead.look_up(kind, candidates, self.fold.state, self.log)
+            except (LogError, OSError, TimeoutError) as exc:
+                log.debug("look_ahead_failed", error=repr(exc))
+
     async def grant(
         self,
         agent: str,
@@ -410,9 +400,16 @@ class Granter:
             room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
         if kind == "proxy":
             candidates: Iterator[tuple[str, float]] = self._proxy_candidates(proxies or [], now)
+            read_first = False  # a checkout's candidates are the request's: none read ahead
         else:
+            self._asked[kind] = time.monotonic()
             candidates = self._candidates(kind, now)
-        picked = list(islice(candidates, max(0, min(count, room))))
+            read_first = await self._behind()
+        want = max(0, min(count, room))
+        claimable = self.lookahead.claimable(kind, candidates, self.fold.state, read_first)
+        picked = list(islice(claimable, want))
+        if read_first and len(picked) < want:
+            self._look_now.set()  # read more for the next grant
         if not picked:
             return []
         if kind == "seed":

@@ -56,6 +56,10 @@ class EventLog(Protocol):
 
     async def head_seq(self) -> int: ...
 
+    async def subject_msgs(self, subject: str) -> int:
+        """How many messages the log holds on ``subject``, from its index alone."""
+        ...
+
     async def publish(
         self, event: Event, *, expected_last_subject_seq: int | None = None
     ) -> Published: ...

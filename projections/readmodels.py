@@ -24,6 +24,8 @@ __all__ = [
     "percentile",
     "proxy_status",
     "query_proxies",
+    "rank_due",
+    "scored_due",
     "source_score",
     "status_at",
 ]
@@ -76,17 +78,30 @@ def due_score(row: SourceRow, now: int, w: ScoreWeights = ScoreWeights()) -> flo
     return score if _due(row, score, now) else None
 
 
+def scored_due(
+    rows: Iterable[SourceRow], now: int, w: ScoreWeights = ScoreWeights()
+) -> list[tuple[float, SourceRow]]:
+    """The due ones among ``rows`` with their scores, in no order (``rank_due``)."""
+    scored = []
+    for row in rows:
+        score = due_score(row, now, w)
+        if score is not None:
+            scored.append((score, row))
+    return scored
+
+
+def rank_due(scored: list[tuple[float, SourceRow]]) -> list[tuple[float, SourceRow]]:
+    """``scored`` in place, highest score first (never fetched first); ties by url_id."""
+    scored.sort(key=lambda pair: (-pair[0], pair[1].url_id))
+    return scored
+
+
 def due_sources(
     state: State, now: int, limit: int = 100, w: ScoreWeights = ScoreWeights()
 ) -> list[tuple[float, SourceRow]]:
     """Due sources, highest score first (never fetched first); ties by url_id."""
-    scored = []
-    for row in state.sources.values():
-        score = due_score(row, now, w)
-        if score is not None:
-            scored.append((score, row))
-    scored.sort(key=lambda pair: (-pair[0], pair[1].url_id))
-    return scored[:limit] if limit else scored
+    ranked = rank_due(scored_due(state.sources.values(), now, w))
+    return ranked[:limit] if limit else ranked
 
 
 def proxy_status(row: ProxyRow, now: int, ttl_s: int, confirmed: bool = True) -> str:

@@ -5,12 +5,13 @@ Pure: built from the ledger's seed ranges and the deposits projection at ``now``
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from reducers.pool import lease_live
 from reducers.state import State
 
-__all__ = ["seed_status"]
+__all__ = ["seed_candidates", "seed_status"]
 
 
 def seed_status(state: State, now: int) -> dict[str, Any]:
@@ -62,3 +63,42 @@ def seed_status(state: State, now: int) -> dict[str, Any]:
         "failed_ranges": sorted(failed, key=lambda f: f["range"]),
         "poisoned": sorted(poisoned, key=lambda p: p["key"])[:100],
     }
+
+
+def _range_order(target: str) -> tuple[str, int]:
+    """``p1a2b-r500`` -> (``p1a2b``, 500): a plan's ranges in the order of their items."""
+    plan, _, rng = target.partition("-")
+    digits = rng.lstrip("r")
+    return plan, int(digits) if digits.isdigit() else 0
+
+
+def seed_candidates(state: State, claiming: set[str], now: int) -> Iterator[tuple[str, float]]:
+    """Free seed ranges (none of ``claiming``, the claims in flight), priorities taking
+    turns: while a lower priority has ranges waiting, a higher one holds at most half of
+    the ranges in flight (its share and everything below it), so a big urgent plan never
+    starves the rest. Ranges of one priority go in order, so a plan is worked from its
+    start. Each with its priority, as a grant's score."""
+    waiting: dict[int, list[str]] = {}
+    flying: dict[int, int] = {}
+    for row in state.leases.values():
+        if row.kind != "seed" or row.cursor > row.end or row.status == "failed":
+            continue
+        if lease_live(row, now) or row.target in claiming:
+            flying[row.priority] = flying.get(row.priority, 0) + 1
+        else:
+            waiting.setdefault(row.priority, []).append(row.target)
+    for queue in waiting.values():
+        queue.sort(key=_range_order)
+        queue.reverse()  # popped from the end
+    while waiting:
+        levels = sorted(waiting, reverse=True)
+        for i, level in enumerate(levels):
+            below = sum(n for p, n in flying.items() if p < level)
+            if i == len(levels) - 1 or flying.get(level, 0) + 1 <= below:
+                break
+        queue = waiting[level]
+        target = queue.pop()
+        if not queue:
+            del waiting[level]
+        flying[level] = flying.get(level, 0) + 1
+        yield target, float(level)

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 
 from events import AgentEnrolled, Leased, ProxyWorked, encode, subject_for, token_sha256
 from events.mint import fresh_id, now_ms
@@ -232,6 +233,7 @@ async def _backlog(
             stats_ms: list[float] = []
             lease_ms: list[float] = []
             statuses: dict[int, int] = {}
+            granted = 0
             lag = 0
             body = {"agent": "wbench", "kind": "source", "count": 1, "ttl_s": 600}
             t0 = time.monotonic()
@@ -242,8 +244,10 @@ async def _backlog(
                 stats_ms.append((time.perf_counter() - t) * 1000)
                 t = time.perf_counter()
                 async with http.post(base + "/v1/leases", json=body) as r:
-                    await r.read()
+                    answer = await r.read()
                     statuses[r.status] = statuses.get(r.status, 0) + 1
+                if r.status == 200:  # a fast answer that grants nothing is no grant
+                    granted += len(msgspec.json.decode(answer)["leases"])
                 lease_ms.append((time.perf_counter() - t) * 1000)
                 lag = max(lag, stats["head_seq"] - stats["applied_seq"])
                 published = load.returncode is not None
@@ -277,7 +281,7 @@ async def _backlog(
         "worked_off_s": round(worked_off_s, 1),
         "max_lag_messages": lag,
         "stats": _summary(stats_ms),
-        "lease": {**_summary(lease_ms), "statuses": statuses},
+        "lease": {**_summary(lease_ms), "statuses": statuses, "granted": granted},
         # The same claim as a grant's, from this process, not the gateway's: what
         # JetStream's ack of a compare-and-set costs meanwhile, the gateway aside.
         "claim_ack": _summary(probe_ms),

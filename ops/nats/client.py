@@ -311,6 +311,13 @@ class Log:
             return None
         return decode(msg.data or b"")
 
+    async def subject_msgs(self, subject: str) -> int:
+        """How many messages the stream holds on ``subject``: from the server's index
+        of subjects, with no block of the store read (gateway/lookahead.py)."""
+        self.ops["stream_info"] += 1
+        info = await self.js.stream_info(STREAM, subjects_filter=subject)
+        return int((info.state.subjects or {}).get(subject, 0))
+
     async def publish(
         self, event: Event, *, expected_last_subject_seq: int | None = None
     ) -> Published:
