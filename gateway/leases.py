@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -352,8 +353,10 @@ class Granter:
 
     async def _behind(self) -> bool:
         """Whether the fold is far enough behind the log that its free-looking targets
-        cannot be trusted: then only targets read ahead a moment ago are claimed."""
-        head = await self.fold.head_seq()
+        cannot be trusted: then only those the look-ahead confirmed are claimed. From
+        the head as last read (every 250 ms): never a NATS round trip of its own, which
+        would fail a grant while the cluster elects (the claims have their retries)."""
+        head = await self.fold.head_seq(max_age_s=math.inf)
         return head - self.fold.applied_seq > LAG_BOUND
 
     async def prepare(self) -> None:
@@ -376,8 +379,10 @@ class Granter:
                     for kind in asked:
                         candidates = self._candidates(kind, now_ms())  # type: ignore[arg-type]
                         await self.lookahead.look_up(kind, candidates, self.fold.state, self.log)
-            except (LogError, OSError, TimeoutError) as exc:
+            except LogError as exc:  # NATS away: the next round tries again
                 log.debug("look_ahead_failed", error=repr(exc))
+            except Exception:  # a bug: said, and the grants go on without the look-ahead
+                log.exception("look_ahead_failed")
 
     async def grant(
         self,
@@ -398,18 +403,18 @@ class Granter:
             return []  # the disk budget: bulk imports wait (the reason is in /v1/stats)
         if room is None:
             room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
+        want = max(0, min(count, room))
         if kind == "proxy":
             candidates: Iterator[tuple[str, float]] = self._proxy_candidates(proxies or [], now)
-            read_first = False  # a checkout's candidates are the request's: none read ahead
+            confirmed_only = False  # a checkout's candidates are the request's own
         else:
             self._asked[kind] = time.monotonic()
             candidates = self._candidates(kind, now)
-            read_first = await self._behind()
-        want = max(0, min(count, room))
-        claimable = self.lookahead.claimable(kind, candidates, self.fold.state, read_first)
+            confirmed_only = want > 0 and await self._behind()
+        claimable = self.lookahead.claimable(kind, candidates, self.fold.state, confirmed_only)
         picked = list(islice(claimable, want))
-        if read_first and len(picked) < want:
-            self._look_now.set()  # read more for the next grant
+        if confirmed_only and len(picked) < want:
+            self._look_now.set()  # look further ahead for the next grant
         if not picked:
             return []
         if kind == "seed":

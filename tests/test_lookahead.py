@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
+import nats.errors
+
 from events import Heartbeat, Leased, Released
 from gateway.commands import GRANTER
 from gateway.http import GatewayConfig
@@ -124,3 +126,32 @@ def test_a_lookup_vouches_only_for_a_subject_without_messages_for_a_while() -> N
     assert not ahead.confirmed("ppf.lease.source.c", 0, now)
     ahead.forget_old(now + 1e6)
     assert len(ahead) == 0
+
+
+async def test_a_grant_never_asks_nats_for_the_head_itself(log_client: Log) -> None:
+    """Whether the fold is far behind is judged from the head as last read: while NATS
+    cannot say (a node killed, a leader being elected) and that reading grows old, a
+    grant still answers from its claims; it answered 500 when it asked for the head."""
+    tokens = {
+        "admin": await enroll(log_client, "root", "admin"),
+        "w1": await enroll(log_client, "w1", "worker"),
+    }
+    config = GatewayConfig(rate_per_s=1000, burst=1000)
+    async with serving(log_client, config) as (client, fold):
+        r = await client.post(
+            "/v1/sources",
+            json={"urls": ["http://lists.example/head.txt"]},
+            headers=auth(tokens["admin"]),
+        )
+        assert r.status == 200
+        await caught_up(fold, log_client)
+
+        async def no_answer() -> int:
+            raise nats.errors.NoRespondersError
+
+        log_client.head_seq = no_answer  # type: ignore[method-assign]
+        fold._head = (time.monotonic() - 60, fold._head[1])  # read a minute ago
+        body = {"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60}
+        r = await client.post("/v1/leases", json=body, headers=auth(tokens["w1"]))
+        assert r.status == 200
+        assert len((await r.json())["leases"]) == 1

@@ -315,7 +315,10 @@ class Log:
         """How many messages the stream holds on ``subject``: from the server's index
         of subjects, with no block of the store read (gateway/lookahead.py)."""
         self.ops["stream_info"] += 1
-        info = await self.js.stream_info(STREAM, subjects_filter=subject)
+        try:
+            info = await self.js.stream_info(STREAM, subjects_filter=subject)
+        except _TRANSIENT as exc:  # a node gone, a leader being elected
+            raise LogError(f"{subject}: no stream info: {exc!r}") from exc
         return int((info.state.subjects or {}).get(subject, 0))
 
     async def publish(
