@@ -158,9 +158,9 @@ async def stats(request: web.Request) -> web.Response:
             "grants": {
                 "granted": granter.granted,
                 "lost": granter.lost,
-                # Lease subjects read ahead of the grants, and candidates passed over
+                # Lease subjects looked up ahead of the grants, and candidates passed over
                 # because the log had moved past the projection (gateway/lookahead.py).
-                "read_ahead": granter.lookahead.lookups,
+                "looked_up": granter.lookahead.lookups,
                 "passed_over": granter.lookahead.passed_over,
             },
             "nats_ops": dict(request.app[LOG].ops),

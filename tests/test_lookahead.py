@@ -105,6 +105,9 @@ async def test_a_gateway_far_behind_claims_only_targets_the_log_has_not_moved(
         holders = {t: fold.state.leases[t].holder for t in targets}
         assert holders == {t: "w2" if t in moved else "w1" for t in targets}
         assert granter.lost == 0
+        r = await client.get("/v1/stats", headers=auth(tokens["admin"]))
+        grants = (await r.json())["grants"]
+        assert grants["looked_up"] >= 4 and grants["passed_over"] >= 1  # said where seen
 
 
 def test_a_lookup_vouches_only_for_a_subject_without_messages_for_a_while() -> None:
