@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -32,7 +31,7 @@ from gateway.budget import CheckBudget
 from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
 from gateway.lookahead import Lookahead
-from projections.live import LAG_BOUND, FoldService
+from projections.live import FoldService, far_behind
 from projections.log import ConflictError, DepositError, EventLog, LogError
 from projections.readmodels import due_score, due_sources, rank_due, scored_due
 from projections.recheck import (
@@ -149,9 +148,12 @@ class Granter:
         since the ranking is not leased again.
         """
         limit = self.due_refresh_s + RANK_SLACK_S if max_age_s is None else max_age_s
-        if self._due_at is None or time.monotonic() - self._due_at > limit:
+        if self._ranking_age() > limit:
             self._ranked(due_sources(self.fold.state, now, 0))
         return self._due
+
+    def _ranking_age(self) -> float:
+        return float("inf") if self._due_at is None else time.monotonic() - self._due_at
 
     def _ranked(self, ranking: list[tuple[float, SourceRow]]) -> None:
         self._due = [(score, row.url_id) for score, row in ranking]
@@ -351,14 +353,6 @@ class Granter:
             else:
                 self._claiming.add(target)
 
-    async def _behind(self) -> bool:
-        """Whether the fold is far enough behind the log that its free-looking targets
-        cannot be trusted: then only those the look-ahead confirmed are claimed. From
-        the head as last read (every 250 ms): never a NATS round trip of its own, which
-        would fail a grant while the cluster elects (the claims have their retries)."""
-        head = await self.fold.head_seq(max_age_s=math.inf)
-        return head - self.fold.applied_seq > LAG_BOUND
-
     async def prepare(self) -> None:
         """Forever, the work that keeps grants quick, done ahead of them, for the kinds
         asked for lately: the sources' ranking every ``due_refresh_s``, in steps; and
@@ -370,12 +364,11 @@ class Granter:
             self._look_now.clear()
             now_s = time.monotonic()
             asked = [kind for kind, at in self._asked.items() if now_s - at < LOOK_ASKED_S]
-            stale = self._due_at is None or now_s - self._due_at > self.due_refresh_s
-            if "source" in asked and stale:
+            if "source" in asked and self._ranking_age() > self.due_refresh_s:
                 await self._rank_sources()
             self.lookahead.forget_old(now_s)
             try:
-                if asked and await self._behind():
+                if asked and await far_behind(self.fold):
                     for kind in asked:
                         candidates = self._candidates(kind, now_ms())  # type: ignore[arg-type]
                         await self.lookahead.look_up(kind, candidates, self.fold.state, self.log)
@@ -410,7 +403,7 @@ class Granter:
         else:
             self._asked[kind] = time.monotonic()
             candidates = self._candidates(kind, now)
-            confirmed_only = want > 0 and await self._behind()
+            confirmed_only = want > 0 and await far_behind(self.fold)
         claimable = self.lookahead.claimable(kind, candidates, self.fold.state, confirmed_only)
         picked = list(islice(claimable, want))
         if confirmed_only and len(picked) < want:

@@ -24,7 +24,7 @@ import structlog
 from events import Located, uuid7
 from events import Place as EventPlace
 from events.mint import now_ms
-from projections.live import LAG_BOUND, SLICE_S, FoldService
+from projections.live import SLICE_S, FoldService, far_behind
 from projections.log import LogError
 from projections.tasks import stop_tasks
 
@@ -151,11 +151,7 @@ class Locator:
         the addresses it has not seen located yet mostly are, further on (a gateway
         folding a 10M-observation log from sequence 1 put 151 batches of addresses
         located already into it, each a message every later start folds again)."""
-        try:
-            behind = await self.fold.head_seq() - self.fold.state.last_seq
-        except Exception:  # NATS away: the publish below says so, as before
-            behind = 0
-        if behind > LAG_BOUND:
+        if await far_behind(self.fold):
             return 0
         now = time.monotonic()
         unlocated = self.fold.state.unlocated

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import heapq
 import itertools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,7 @@ from projections.tasks import stop_tasks
 from projections.writer import MEMORY
 from reducers import State
 
-__all__ = ["LAG_BOUND", "SLICE_S", "FoldService", "Sink"]
+__all__ = ["LAG_BOUND", "SLICE_S", "FoldService", "Sink", "far_behind"]
 
 log = structlog.get_logger("ppf.fold")
 
@@ -40,6 +41,14 @@ SLICE_S = 0.002
 # Messages behind the log's head within which a fold counts as caught up: /readyz says
 # 200 within it (the gateway's default ``lag_bound``), and the locator works within it.
 LAG_BOUND = 1_000
+
+
+async def far_behind(fold: FoldService) -> bool:
+    """Whether more than ``LAG_BOUND`` messages are left for ``fold`` to apply, by the
+    head as last read (every 250 ms): no NATS round trip of its own, so it neither waits
+    nor fails while NATS is away or a cluster elects (the reading is then old, and says
+    less). The lease granter and the locator hold back while it is so."""
+    return await fold.head_seq(max_age_s=math.inf) - fold.state.last_seq > LAG_BOUND
 
 
 class Sink(Protocol):

@@ -242,7 +242,7 @@ class _FoldAt:
 
         self.log = _Log()
 
-    async def head_seq(self) -> int:
+    async def head_seq(self, max_age_s: float = 5.0) -> int:
         return self.head
 
 
