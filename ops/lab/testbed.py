@@ -10,6 +10,7 @@ distinct exit addresses.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -99,6 +100,10 @@ def _read_head(conn: socket.socket) -> bytes:
     return head
 
 
+# How often a daemon is started on a fresh port after it exited before listening.
+TRIES = 3
+
+
 def _wait_port(port: int, proc: subprocess.Popen[bytes] | None, timeout: float = 15) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -145,23 +150,43 @@ class ProxyLab:
     def start(self) -> ProxyLab:
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o777)  # squid and tinyproxy drop root for their own users
-        self._squid()
-        self._tinyproxy("tinyproxy-via", self.exits["tinyproxy-via"], via=True)
-        self._tinyproxy("tinyproxy-elite", self.exits["tinyproxy-elite"], via=False)
-        port = free_port()
-        bind = self.exits["microsocks"]
-        proc = self._spawn(
-            "microsocks", ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-b", bind]
-        )
-        self.proxies.append(Proxy("microsocks", port, "socks5", "elite", bind, proc))
-        self._dante()
-        for p in self.proxies:
-            _wait_port(p.port, p.proc)
-        self.proxies += [self._mitm_tls(), self._mitm_body()]
-        self.proxies += [self._closed(), self._tarpit(), self._garbage()]
+        try:
+            self._daemons()
+            self.proxies += [self._mitm_tls(), self._mitm_body()]
+            self.proxies += [self._closed(), self._tarpit(), self._garbage()]
+        except BaseException:
+            self.stop()  # none of what did start outlives a lab that failed to
+            raise
         return self
 
-    def _squid(self) -> None:
+    def _daemons(self) -> None:
+        """The Debian daemons, started side by side, each listening when this returns.
+
+        A port the kernel called free can be taken before the daemon binds it (a
+        listener or an outgoing connection of a test beside us); the daemon then exits,
+        and is started again on another port, at most ``TRIES`` times in all."""
+        launchers: list[Callable[[], Proxy]] = [
+            self._squid,
+            lambda: self._tinyproxy("tinyproxy-via", self.exits["tinyproxy-via"], via=True),
+            lambda: self._tinyproxy("tinyproxy-elite", self.exits["tinyproxy-elite"], via=False),
+            self._microsocks,
+            self._dante,
+        ]
+        first = len(self.proxies)
+        self.proxies += [launch() for launch in launchers]  # in the list: stop() ends them
+        for i, launch in enumerate(launchers, first):
+            for attempt in range(1, TRIES + 1):
+                p = self.proxies[i]
+                try:
+                    _wait_port(p.port, p.proc)
+                    break
+                except RuntimeError as e:
+                    if attempt == TRIES:
+                        log = (self.root / f"{p.name}.log").read_text(errors="replace")
+                        raise RuntimeError(f"{p.name}: {e}; its log ends: {log[-600:]}") from e
+                    self.proxies[i] = launch()
+
+    def _squid(self) -> Proxy:
         port = free_port()
         conf = self.root / "squid.conf"
         conf.write_text(
@@ -179,9 +204,9 @@ class ProxyLab:
         binary = shutil.which("squid") or "/usr/sbin/squid"
         proc = self._spawn("squid", [binary, "-N", "-f", str(conf)])
         exit_ip = self.exits["squid"]
-        self.proxies.append(Proxy("squid", port, "http", "transparent", exit_ip, proc))
+        return Proxy("squid", port, "http", "transparent", exit_ip, proc)
 
-    def _tinyproxy(self, name: str, bind: str, *, via: bool) -> None:
+    def _tinyproxy(self, name: str, bind: str, *, via: bool) -> Proxy:
         port = free_port()
         conf = self.root / f"{name}.conf"
         conf.write_text(
@@ -191,9 +216,15 @@ class ProxyLab:
         )
         proc = self._spawn(name, ["tinyproxy", "-d", "-c", str(conf)])
         anonymity = "anonymous" if via else "elite"
-        self.proxies.append(Proxy(name, port, "http", anonymity, bind, proc))
+        return Proxy(name, port, "http", anonymity, bind, proc)
 
-    def _dante(self) -> None:
+    def _microsocks(self) -> Proxy:
+        port = free_port()
+        bind = self.exits["microsocks"]
+        cmd = ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-b", bind]
+        return Proxy("microsocks", port, "socks5", "elite", bind, self._spawn("microsocks", cmd))
+
+    def _dante(self) -> Proxy:
         port = free_port()
         conf = self.root / "danted.conf"
         conf.write_text(
@@ -205,7 +236,7 @@ class ProxyLab:
         )
         binary = shutil.which("danted") or "/usr/sbin/danted"
         proc = self._spawn("danted", [binary, "-f", str(conf)])
-        self.proxies.append(Proxy("dante", port, "socks5", "elite", self.exits["dante"], proc))
+        return Proxy("dante", port, "socks5", "elite", self.exits["dante"], proc)
 
     def _listen(self) -> socket.socket:
         s = socket.socket()
@@ -343,4 +374,6 @@ class ProxyLab:
                     os.killpg(p.proc.pid, signal.SIGTERM)
                     p.proc.wait(10)
                 except (ProcessLookupError, subprocess.TimeoutExpired):
-                    os.killpg(p.proc.pid, signal.SIGKILL)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(p.proc.pid, signal.SIGKILL)
+                    p.proc.wait(10)
