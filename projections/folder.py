@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 
 from events import DLQ_PREFIX, OBSERVATIONS, DecodeError, decode
@@ -18,7 +18,7 @@ from projections.store import Checkpoint, collect_async
 from projections.writer import ProcessWriter
 from reducers import State, skip
 from reducers.admission import FORBIDDEN, refusal, refused_event
-from reducers.fold import fold
+from reducers.fold import folding
 
 __all__ = ["Checkpointer", "Folder", "Message", "Rejected"]
 
@@ -26,6 +26,11 @@ Rejected = Callable[[int, bytes, bytes, DecodeError], None]
 
 _DLQ = DLQ_PREFIX.encode()
 _OBSERVED = frozenset(OBSERVATIONS)
+# A round part-applied: its steps, and what its end needs (seq, ts, subject, payload,
+# agent, refused results).
+_Midway = tuple[
+    Generator[None, None, bool], int, int, bytes, bytes, str, list[tuple[int, str, str]]
+]
 
 
 class Folder:
@@ -38,6 +43,7 @@ class Folder:
         self.rejected = 0
         self.resent = 0
         self.last_ts = 0
+        self._midway: _Midway | None = None
 
     def apply(self, batch: Iterable[Message]) -> int:
         """Fold every message of ``batch``; how many were applied."""
@@ -46,16 +52,24 @@ class Folder:
         return self.applied - before
 
     def apply_for(self, messages: list[Message], start: int, seconds: float) -> int:
-        """Fold ``messages[start:]`` until done or ``seconds`` have passed (at least one
-        message each call); the index to go on from. The live fold gives its event loop
-        back between such slices, so queries answer however long the backlog is."""
+        """Fold ``messages[start:]`` until done or ``seconds`` have passed; the index to
+        go on from. The live fold gives its event loop back between such slices, so
+        queries answer however long the backlog is. A slice may end inside a round of
+        results (``reducers.fold.folding``): ``midway`` is then true, the index is that
+        round's, and the next call goes on with it (the same ``messages``)."""
         deadline = time.perf_counter() + seconds
         applied = 0
         i, n = start, len(messages)
         last_ts = 0
         while i < n:
             seq, ts, subject, payload = messages[i]
-            applied += self._apply_one(seq, ts, subject, payload)
+            if self._midway is not None:
+                done = self._go_on(deadline)
+            else:
+                done = self._apply_one(seq, ts, subject, payload, deadline)
+            if done is None:
+                break  # midway through a round
+            applied += done
             last_ts = ts
             i += 1
             if time.perf_counter() >= deadline:
@@ -65,8 +79,26 @@ class Folder:
         self.applied += applied
         return i
 
-    def _apply_one(self, seq: int, ts: int, subject: bytes, payload: bytes) -> int:
-        """One message: 1 when applied, 0 when skipped, rejected or a re-send."""
+    @property
+    def midway(self) -> bool:
+        """Whether a round is part-applied: no checkpoint or snapshot may cut the state
+        now, and nothing else may fold until ``apply_for`` or ``finish`` ends it."""
+        return self._midway is not None
+
+    def finish(self) -> None:
+        """End a part-applied round at once (a stop: what is cut after is whole)."""
+        if self._midway is not None:
+            ts = self._midway[2]
+            done = self._go_on(float("inf"))
+            assert done is not None  # no deadline: it ran to its end
+            self.applied += done
+            self.last_ts = ts
+
+    def _apply_one(
+        self, seq: int, ts: int, subject: bytes, payload: bytes, deadline: float
+    ) -> int | None:
+        """One message: 1 when applied, 0 when skipped, rejected or a re-send; None
+        when ``deadline`` came midway through it (``_go_on`` goes on)."""
         state = self.state
         if seq <= state.last_seq:
             return 0  # redelivered: applied already
@@ -86,9 +118,36 @@ class Folder:
             self._reject(seq, ts, subject, payload, DecodeError(reason, why))
             return 0
         refused: list[tuple[int, str, str]] = []
-        applied = fold(state, event, seq, ts, refused)  # type: ignore[arg-type]
+        steps = folding(state, event, seq, ts, refused)  # type: ignore[arg-type]
+        applied = _drive(steps, deadline)
+        agent = event.agent
+        if applied is None:
+            self._midway = (steps, seq, ts, subject, payload, agent, refused)
+            return None
+        return self._settle(applied, seq, subject, payload, agent, refused)
+
+    def _go_on(self, deadline: float) -> int | None:
+        """The round in hand, on until it is whole (then as ``_apply_one``) or the
+        deadline has come (None)."""
+        assert self._midway is not None
+        steps, seq, _, subject, payload, agent, refused = self._midway
+        applied = _drive(steps, deadline)
+        if applied is None:
+            return None
+        self._midway = None
+        return self._settle(applied, seq, subject, payload, agent, refused)
+
+    def _settle(
+        self,
+        applied: bool,
+        seq: int,
+        subject: bytes,
+        payload: bytes,
+        agent: str,
+        refused: list[tuple[int, str, str]],
+    ) -> int:
         for index, reason, why in refused:  # results of a round, each kept with its reason
-            state.refusals[event.agent] = f"{reason}: {why}"
+            self.state.refusals[agent] = f"{reason}: {why}"
             self.rejected += 1
             if self.on_reject is not None:
                 self.on_reject(seq, subject, payload, DecodeError(reason, why, index))
@@ -102,6 +161,17 @@ class Folder:
         if self.on_reject is not None:
             self.on_reject(seq, subject, payload, exc)
         skip(self.state, seq, ts)
+
+
+def _drive(steps: Generator[None, None, bool], deadline: float) -> bool | None:
+    """A fold's steps until it returns (what it returns) or ``deadline`` (None)."""
+    try:
+        while True:
+            next(steps)
+            if time.perf_counter() >= deadline:
+                return None
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
 
 
 class Checkpointer:

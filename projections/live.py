@@ -210,6 +210,7 @@ class FoldService:
         if left := await stop_tasks(self._tasks, 10):
             log.warning("fold_tasks_left_running", count=left)
         self._tasks = []
+        self.folder.finish()  # a round the stop came midway through: whole before the cut
         await self.checkpointer.flush(self.state)
         await self.checkpointer.close()
         if self.tap is not None:
@@ -258,12 +259,17 @@ class FoldService:
             while i < len(messages):
                 # The cut lock: a checkpoint encodes its rows in chunks and yields
                 # between them (queries go on), and no slice may change those rows
-                # meanwhile.
+                # meanwhile. A slice that ends midway through a round of results keeps
+                # it until the round is whole: no cut sees part of a message.
                 async with self._cut:
                     # A slice of bounded time, not of a bounded count: a round of 500
-                    # results, a catch-up or a burst of locations all give the loop
+                    # new proxies, a catch-up or a burst of locations all give the loop
                     # back within about SLICE_S.
                     i = self.folder.apply_for(messages, i, SLICE_S)
+                    while self.folder.midway:
+                        self.between_slices()
+                        await self.foreground.yield_to(SLICE_S)
+                        i = self.folder.apply_for(messages, i, SLICE_S)
                 self._wake()
                 self.between_slices()
                 await self.foreground.yield_to(SLICE_S)  # queries, publishes go first

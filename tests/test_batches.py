@@ -14,6 +14,7 @@ from events.validate import result_problems
 from projections import Folder
 from projections.digest import digests
 from reducers import State
+from reducers.fold import PIECE
 from tests.helpers import message, worked
 
 T0 = 1_800_000_000_000
@@ -261,3 +262,31 @@ async def test_the_locator_waits_while_the_fold_is_far_behind_the_log() -> None:
         "45.1.1.1",
         "45.1.1.2",
     }
+
+
+def test_a_round_is_folded_in_pieces_that_add_up_to_the_whole() -> None:
+    """A slice of no time at all ends after each ``PIECE`` results of a round: the pool
+    grows piece by piece, the state stays at the sequence before the round until it is
+    whole, and the pieces build what one fold builds (digest)."""
+    size = 3 * PIECE + 4
+    results = [
+        ev.CheckResult(ip=f"53.0.{i // 250}.{i % 250 + 1}", port=80, proto="http", latency_ms=9)
+        for i in range(size)
+    ]
+    batch = ev.ProxiesChecked(id=_id(T0, 1), agent="c1", at=0, key="s001", results=results)
+    msgs = [message(1, T0, worked("8.8.8.8")), message(2, T0 + 1, batch)]
+    whole = State()
+    Folder(whole).apply(msgs)
+    state = State()
+    folder = Folder(state)
+    assert folder.apply_for(msgs, 0, 0.0) == 1
+    grown = []
+    while True:
+        nxt = folder.apply_for(msgs, 1, 0.0)
+        grown.append(len(state.proxies) - 1)
+        if nxt == 2:
+            break
+        assert folder.midway and state.last_seq == 1
+    assert grown == [PIECE, 2 * PIECE, 3 * PIECE, size]
+    assert not folder.midway and state.last_seq == 2 and folder.applied == 2
+    assert digests(state) == digests(whole)

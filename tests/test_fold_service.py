@@ -216,3 +216,66 @@ async def test_queries_read_the_stream_head_without_a_round_trip(log_client: Log
         assert await fold.head_seq() == head
     finally:
         await fold.stop()
+
+
+async def _midway(fold: FoldService) -> None:
+    """Wait (on the fold's own loop) until a slice has ended inside a round."""
+    for _ in range(20_000):
+        if fold.folder.midway:
+            return
+        await asyncio.sleep(0)
+    pytest.fail("the fold never stopped midway through a round")
+
+
+def _rounds(count: int) -> list[ev.ProxiesChecked]:
+    """``count`` checker rounds of 500 new proxies each: tens of ms of the fold each."""
+    return [
+        ev.ProxiesChecked(
+            id=fresh_id(),
+            agent="c1",
+            at=now_ms(),
+            key="s001",
+            results=[
+                ev.CheckResult(ip=f"54.{r}.{i // 250}.{i % 250 + 1}", port=80, proto="http")
+                for i in range(500)
+            ],
+        )
+        for r in range(count)
+    ]
+
+
+async def test_no_checkpoint_and_no_stop_cuts_a_round_in_pieces(
+    log_client: Log, tmp_path: Path
+) -> None:
+    """The fold gives the loop back inside a round of 500 new proxies; a checkpoint
+    asked for then waits until the round is whole (its digest is a replay's at its
+    sequence), and a stop that comes midway finishes the round before its last cut: a
+    restart folds on from there to the digest of the whole log, nothing applied twice."""
+    await log_client.publish_many(_rounds(6))
+    db = tmp_path / "p.duckdb"
+    msgs = []
+    async for batch in Firehose(log_client.url).batches(until=6):
+        msgs.extend(batch)
+    fold = FoldService(log_client, db=db, every_events=10**9, every_ms=10**9)
+    await fold.start()
+    try:
+        await _midway(fold)
+        seq, found = await fold.checkpoint_now()
+        reference = State()
+        Folder(reference).apply(msgs[:seq])
+        assert found == digest(reference) and len(fold.state.proxies) == 500 * seq
+        await _midway(fold)
+    finally:
+        await fold.stop()
+    stopped = fold.state.last_seq
+    assert len(fold.state.proxies) == 500 * stopped  # whole rounds only
+    again = FoldService(log_client, db=db)
+    assert again.applied_seq == stopped < 6
+    await again.start()
+    try:
+        await _caught_up(again, log_client)
+        reference = State()
+        Folder(reference).apply(msgs)
+        assert (await again.checkpoint_now())[1] == digest(reference)
+    finally:
+        await again.stop()
