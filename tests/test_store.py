@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from projections import Checkpointer, Folder, Store, StoreError, digest
 from projections.log import Message
 from projections.store import TABLES, Checkpoint
+from projections.writer import NICE, ProcessWriter
 from reducers import State
 from tests.helpers import message, worked
 
@@ -38,6 +40,20 @@ async def test_checkpointer_commits_through_the_child(tmp_path: Path) -> None:
     again = Checkpointer(db)
     assert await again.start() == 100
     await again.close()
+
+
+async def test_the_writer_child_runs_below_the_fold(tmp_path: Path) -> None:
+    """The checkpoint writer is background work: its child runs ``NICE`` steps nicer
+    than the process that folds, so where cores are few the fold and its requests go
+    first."""
+    writer = ProcessWriter(tmp_path / "p.duckdb")
+    await writer.start()
+    try:
+        assert writer._proc is not None
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, writer._proc.pid) == min(19, mine + NICE)
+    finally:
+        await writer.close()
 
 
 async def test_a_fold_stopped_while_a_checkpoint_waits_loses_no_row(tmp_path: Path) -> None:
