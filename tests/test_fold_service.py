@@ -227,6 +227,11 @@ async def _midway(fold: FoldService) -> None:
     pytest.fail("the fold never stopped midway through a round")
 
 
+# Enough rounds that the fold, which may start on them while ``start()`` still awaits
+# its writer, is still inside one after a checkpoint has waited for another.
+ROUNDS = 20
+
+
 def _rounds(count: int) -> list[ev.ProxiesChecked]:
     """``count`` checker rounds of 500 new proxies each: tens of ms of the fold each."""
     return [
@@ -251,10 +256,10 @@ async def test_no_checkpoint_and_no_stop_cuts_a_round_in_pieces(
     asked for then waits until the round is whole (its digest is a replay's at its
     sequence), and a stop that comes midway finishes the round before its last cut: a
     restart folds on from there to the digest of the whole log, nothing applied twice."""
-    await log_client.publish_many(_rounds(6))
+    await log_client.publish_many(_rounds(ROUNDS))
     db = tmp_path / "p.duckdb"
     msgs = []
-    async for batch in Firehose(log_client.url).batches(until=6):
+    async for batch in Firehose(log_client.url).batches(until=ROUNDS):
         msgs.extend(batch)
     fold = FoldService(log_client, db=db, every_events=10**9, every_ms=10**9)
     await fold.start()
@@ -265,12 +270,14 @@ async def test_no_checkpoint_and_no_stop_cuts_a_round_in_pieces(
         Folder(reference).apply(msgs[:seq])
         assert found == digest(reference) and len(fold.state.proxies) == 500 * seq
         await _midway(fold)
+        before = fold.state.last_seq  # the stop comes inside the round after this one
     finally:
         await fold.stop()
     stopped = fold.state.last_seq
+    assert stopped == before + 1  # that round finished, and no further one begun
     assert len(fold.state.proxies) == 500 * stopped  # whole rounds only
     again = FoldService(log_client, db=db)
-    assert again.applied_seq == stopped < 6
+    assert again.applied_seq == stopped
     await again.start()
     try:
         await _caught_up(again, log_client)
