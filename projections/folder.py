@@ -131,7 +131,11 @@ class Folder:
         deadline has come (None)."""
         assert self._midway is not None
         steps, seq, _, subject, payload, agent, refused = self._midway
-        applied = _drive(steps, deadline)
+        try:
+            applied = _drive(steps, deadline)
+        except BaseException:
+            self._midway = None  # a round whose rule raised is not gone on with
+            raise
         if applied is None:
             return None
         self._midway = None
