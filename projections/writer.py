@@ -44,7 +44,7 @@ _CHILD = (
 )
 _ERROR = 2**64 - 1
 MEMORY = ":memory:"
-NICE = 10  # the child's niceness: below the fold's process, which stays at 0
+NICE = 10  # how much nicer than the fold's process the child runs (os.nice increments)
 _encode = msgspec.msgpack.Encoder().encode
 _decode = msgspec.msgpack.Decoder(Checkpoint).decode
 
