@@ -108,7 +108,7 @@ def take(state: State) -> bytes:
             return done.value  # type: ignore[no-any-return]
 
 
-def peek(blob: bytes) -> tuple[int, int, str]:
+def peek(blob: bytes | bytearray) -> tuple[int, int, str]:
     """(format, seq, digest) of a snapshot, without decoding its rows."""
     try:
         head = msgspec.msgpack.decode(blob, type=_Head)
@@ -117,7 +117,7 @@ def peek(blob: bytes) -> tuple[int, int, str]:
     return head.format, head.seq, head.digest
 
 
-def load(blob: bytes) -> State:
+def load(blob: bytes | bytearray) -> State:
     """The state a snapshot holds, checked: its format is this ppf's, and its rows, as
     the bytes they are stored as (each row's canonical encoding: what the digest hashes),
     sum to the digest it recorded with its meta. Hashing the stored bytes rather than
@@ -139,7 +139,7 @@ def load(blob: bytes) -> State:
             gc.enable()
 
 
-def _load(blob: bytes) -> State:
+def _load(blob: bytes | bytearray) -> State:
     # One pass over the document, not a peek at its head first: finding the head's
     # fields walks the whole 500 MB as surely as decoding it does (0.35 s).
     try:

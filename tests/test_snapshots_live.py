@@ -5,6 +5,7 @@ that would start on a gap refuses."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from projections import digest
 from projections.live import FoldService
-from projections.log import GapError
+from projections.log import GapError, LogError
 from projections.snapshot_policy import SnapshotPolicy, Snapshots
 from tests.helpers import worked
 
@@ -164,3 +165,25 @@ async def test_the_bucket_hands_back_what_it_was_given(log_client: Log) -> None:
     assert await log_client.snapshots.get(7) == big
     assert await log_client.snapshots.get(8) == b""
     assert await log_client.snapshots.seqs() == [7, 8]
+
+
+@pytest.mark.parametrize("lie", ["digest", "size_short", "size_long"])
+async def test_the_bucket_refuses_an_object_that_is_not_what_its_meta_says(
+    log_client: Log, lie: str
+) -> None:
+    """The object's meta rewritten (as anyone who can write the bucket could): another
+    digest, or a size short or long of its chunks. The read is refused, never handed on
+    as a snapshot."""
+    big = bytes(range(256)) * 12_000
+    await log_client.snapshots.put(9, big)
+    name = f"{9:012d}"
+    store = await log_client.js.object_store("ppf-snapshots")
+    info = (await store.get_info(name)).as_dict()
+    if lie == "digest":
+        info["digest"] = "SHA-256=" + base64.urlsafe_b64encode(bytes(32)).decode()
+    else:
+        info["size"] += -1 if lie == "size_short" else 1
+    subject = "$O.ppf-snapshots.M." + base64.urlsafe_b64encode(name.encode()).decode()
+    await log_client.js.publish(subject, json.dumps(info).encode(), headers={"Nats-Rollup": "sub"})
+    with pytest.raises(LogError, match=f"snapshot {name}"):
+        await log_client.snapshots.get(9)

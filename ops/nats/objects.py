@@ -188,28 +188,37 @@ class SnapshotBucket:
             return []  # an empty bucket
         return sorted(int(info.name) for info in infos if info.name.isdigit())
 
-    async def get(self, seq: int) -> bytes:
+    async def get(self, seq: int) -> bytes | bytearray:
         name = f"{seq:012d}"
         store = await self._bucket()
         url = self._log.url if self._log is not None else ""
         if not url or "tls://" in url or getattr(self._log, "tls", None) is not None:
             return await _read_whole(store, name)
         # The chunks through the lean reader (ops/nats/stream.py): nats-py's parser
-        # read a 560 MB snapshot at 65 MB/s, the loaded gateway's longest wait.
+        # read a 560 MB snapshot at 65 MB/s, the loaded gateway's longest wait. Each
+        # chunk is copied once, into a buffer of the object's size, and hashed as it
+        # comes (joining a list of chunks faulted in and copied every byte again:
+        # 0.27 s of 1.3 at 560 MB).
         info = await store.get_info(name)
         if not info.chunks:  # nothing to read: the reader would wait for a first chunk
             return b""
         subject = f"$O.{SNAPSHOTS}.C.{info.nuid}"
-        parts: list[bytes] = []
+        size, left = info.size or 0, info.chunks
+        data, sha, at = bytearray(size), hashlib.sha256(), 0
         reader = Firehose(url, 1, stream=f"OBJ_{SNAPSHOTS}", filter_subject=subject)
         async for batch in reader.batches():
-            parts.extend(payload for _, _, _, payload in batch)
-            if len(parts) >= info.chunks:
+            for _, _, _, payload in batch[:left]:
+                if at + len(payload) > size:
+                    raise LogError(f"snapshot {name}: more than the object's {size} bytes")
+                data[at : at + len(payload)] = payload
+                sha.update(payload)
+                at += len(payload)
+            left -= min(left, len(batch))
+            if not left:
                 break
-        data = b"".join(parts[: info.chunks])
         wanted = base64.urlsafe_b64decode((info.digest or "").removeprefix("SHA-256="))
-        if len(data) != info.size or hashlib.sha256(data).digest() != wanted:
-            raise LogError(f"snapshot {name}: {len(data)} bytes not the object's {info.size}")
+        if at != size or sha.digest() != wanted:
+            raise LogError(f"snapshot {name}: {at} bytes not the object's {size}")
         return data
 
     async def drop(self, seq: int) -> None:
