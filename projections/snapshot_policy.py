@@ -23,7 +23,7 @@ import structlog
 
 from projections.foreground import Foreground, give_way
 from projections.log import GapError, SnapshotStore, Span
-from projections.state_snapshot import SnapshotError, load, taking
+from projections.state_snapshot import RowSums, SnapshotError, load, taking
 from reducers import State
 
 __all__ = ["SnapshotPolicy", "Snapshots", "drive"]
@@ -88,12 +88,15 @@ class Snapshots:
         for seq in reversed(self.kept):
             if seq <= state.last_seq:
                 break
+            sums = RowSums()  # its interpreter starts while the snapshot is fetched
             try:
                 blob = await self.store.get(seq)
-                loaded = await asyncio.to_thread(load, blob)
+                loaded = await asyncio.to_thread(load, blob, sums)
             except (SnapshotError, OSError) as exc:
                 log.warning("snapshot_unreadable", seq=seq, error=str(exc))
                 continue
+            finally:
+                sums.close()  # ended already by a load; not when the fetch failed
             log.info("snapshot_loaded", seq=seq, proxies=len(loaded.proxies))
             break
         at = loaded.last_seq if loaded is not None else state.last_seq

@@ -9,8 +9,10 @@ the digest a full replay gives at that sequence), the checkpoint's meta
 encodings, the very bytes a DuckDB checkpoint keeps. Loading checks the format and
 recomputes the digest: a snapshot that does not give back its own digest is refused.
 The rows' hashes are summed, and the pool's composition counted, by a child process on
-the other core while this one decodes the rows (``_RowSums``): at a million proxies
-they are 1.7 s and 0.85 s of the load.
+the other core while this one decodes the rows and files them (``RowSums``): at a
+million proxies they are 1.7 s and 0.85 s of the load. The child is started before the
+snapshot is fetched, so its interpreter's start (0.3 s) is not on the way, and nothing
+waits for it until the rows are decoded and filed by address.
 
 Encoding is in steps (``taking``), as a checkpoint's cut is: the caller keeps the fold
 from running until it is done, and the loop goes on between steps.
@@ -39,6 +41,7 @@ from reducers.state import State
 
 __all__ = [
     "FORMAT",
+    "RowSums",
     "SnapshotError",
     "StateSnapshot",
     "load",
@@ -117,29 +120,33 @@ def peek(blob: bytes | bytearray) -> tuple[int, int, str]:
     return head.format, head.seq, head.digest
 
 
-def load(blob: bytes | bytearray) -> State:
+def load(blob: bytes | bytearray, sums: RowSums | None = None) -> State:
     """The state a snapshot holds, checked: its format is this ppf's, and its rows, as
     the bytes they are stored as (each row's canonical encoding: what the digest hashes),
     sum to the digest it recorded with its meta. Hashing the stored bytes rather than
     encoding the decoded rows again saves a second of a million rows; the bytes are
     the object store's, whose SHA-256 it checks, and only the service's login writes
     the bucket. The collector is held off meanwhile: a million rows' tuples would cost
-    it hundreds of young collections, and the serving process freezes them after."""
+    it hundreds of young collections, and the serving process freezes them after.
+    ``sums``: the child to count with, started ahead (one is started here otherwise);
+    it is ended either way."""
+    sums = sums if sums is not None else RowSums()
     enabled = gc.isenabled()
     gc.disable()
     try:
-        state = _load(blob)
+        state = _load(blob, sums)
         # What was made here is the state, which lives as long as the process: frozen
         # out of the collector's reach before it is let back (re-enabled with millions
         # of new tracked tuples, it ran a full collection of them at once, ~0.7 s).
         gc.freeze()
         return state
     finally:
+        sums.close()
         if enabled:
             gc.enable()
 
 
-def _load(blob: bytes | bytearray) -> State:
+def _load(blob: bytes | bytearray, sums: RowSums) -> State:
     # One pass over the document, not a peek at its head first: finding the head's
     # fields walks the whole 500 MB as surely as decoding it does (0.35 s).
     try:
@@ -153,7 +160,7 @@ def _load(blob: bytes | bytearray) -> State:
         raise SnapshotError(f"snapshot format {snap.format}, this ppf reads {FORMAT}")
     seq = snap.seq
     tables = {table: snap.tables.get(table, msgspec.Raw(b"\x90")) for table in TABLES}
-    sums = _RowSums(tables)
+    sums.send(tables)
     try:
         state = State()
         restore_meta(state, snap.meta)
@@ -166,17 +173,17 @@ def _load(blob: bytes | bytearray) -> State:
                     put_row(state, table, row)
         if state.last_seq != seq:
             raise SnapshotError(f"snapshot of seq {seq} holds a state at {state.last_seq}")
-        summed, pool = sums.result()
+        # Filed while the child may still be summing (at a million rows it is as slow
+        # as the decode); the pool's composition is its count, set once it answered.
+        state.reindex(counted=(Composition(), Composition()))
+        summed, (state.composition, state.failing) = sums.result()
     except msgspec.DecodeError as exc:
         raise SnapshotError(f"damaged snapshot: {exc}") from exc
-    finally:
-        sums.close()
     found = combine(summed, meta_digest(state))
     if found != snap.digest:
         raise SnapshotError(
             f"snapshot of seq {seq} gives digest {found[:12]}, not {snap.digest[:12]}"
         )
-    state.reindex(pool)
     return state
 
 
@@ -201,19 +208,23 @@ _COUNTED = msgspec.msgpack.Decoder(list[_Counted])
 _COUNTS = msgspec.msgpack.Decoder(tuple[list[Any], list[Any]])
 
 
-class _RowSums:
+class RowSums:
     """Each table's sum of row hashes (``projections/digest.py``) and the pool's
     composition, computed by a child process from the snapshot's own bytes while the
-    caller decodes the rows. A blocking write of a whole table holds no GIL (one
-    ``os.write``, which releases it), so the child reads at memory speed while the
-    decoding thread runs."""
+    caller decodes the rows. Started (``RowSums()``) before the snapshot is at hand, so
+    the child's interpreter is up by then; ``send`` hands it the tables. A blocking
+    write of a whole table holds no GIL (one ``os.write``, which releases it), so the
+    child reads at memory speed while the decoding thread runs."""
 
-    def __init__(self, tables: dict[str, msgspec.Raw]) -> None:
+    def __init__(self) -> None:
         self._proc = subprocess.Popen(
             [sys.executable, "-c", _SUMS_CHILD],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
         )
+        self._sender: threading.Thread | None = None
+
+    def send(self, tables: dict[str, msgspec.Raw]) -> None:
         self._sender = threading.Thread(
             target=self._send, args=(tables,), name="ppf-snapshot-sums", daemon=True
         )
@@ -242,7 +253,8 @@ class _RowSums:
         stdout = self._proc.stdout
         assert stdout is not None
         out = stdout.read()  # until the child ends
-        self._sender.join()
+        if self._sender is not None:
+            self._sender.join()
         code = self._proc.wait()
         head = 16 * len(TABLES)
         if code != 0 or len(out) <= head:
@@ -256,7 +268,8 @@ class _RowSums:
         if self._proc.poll() is None:
             self._proc.kill()
         self._proc.wait()
-        self._sender.join()
+        if self._sender is not None:
+            self._sender.join()
         for pipe in (self._proc.stdin, self._proc.stdout):
             if pipe is not None:
                 with contextlib.suppress(OSError):
@@ -264,7 +277,7 @@ class _RowSums:
 
 
 def serve_sums() -> None:
-    """The child of ``_RowSums``: a table's length and bytes in, its sum out, in
+    """The child of ``RowSums``: a table's length and bytes in, its sum out, in
     ``TABLES`` order; then the proxies' composition and failing part as msgpack."""
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     pool: tuple[Composition, Composition] = (Composition(), Composition())

@@ -3,12 +3,18 @@ when damaged, forged or of another format."""
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import msgspec
 import pytest
 
 import events as ev
 from projections import Folder, digest
+from projections.log import Span
+from projections.snapshot_policy import Snapshots
 from projections.state_snapshot import FORMAT, SnapshotError, StateSnapshot, load, peek, take
+from reducers import State
 from tests.folded import FoldedLog
 from tests.helpers import eid
 
@@ -64,3 +70,44 @@ def test_a_damaged_or_forged_snapshot_is_refused() -> None:
         load(msgspec.msgpack.encode(newer))
     with pytest.raises(SnapshotError, match="not a snapshot"):
         load(b"\x92\x01\x02")
+
+
+class _Store:
+    """A snapshot store in memory: ``blobs`` by sequence; a blob that is an exception
+    is raised by ``get`` (a fetch that failed)."""
+
+    def __init__(self, blobs: dict[int, bytes | Exception]) -> None:
+        self.blobs = blobs
+
+    async def seqs(self) -> list[int]:
+        return sorted(self.blobs)
+
+    async def get(self, seq: int) -> bytes:
+        blob = self.blobs[seq]
+        if isinstance(blob, Exception):
+            raise blob
+        return blob
+
+    async def span(self) -> Span:
+        return Span(first_seq=1, last_seq=10_000, bytes=0, first_ts=0)
+
+
+async def test_a_fold_starts_from_the_newest_snapshot_it_can_read_and_leaves_no_child() -> None:
+    """The newest snapshot's fetch fails, the next is damaged: the third is loaded.
+    Each try started a child to sum with (ahead of its fetch); none is left running."""
+    log = _log()
+    good = take(log.state)
+    store = _Store({3: good, 5: b"\x92\x01\x02", 9: OSError("connection reset")})
+    before = set(_children())
+    loaded = await Snapshots(store).start_from(State())  # type: ignore[arg-type]
+    assert loaded is not None and digest(loaded) == digest(log.state)
+    assert set(_children()) == before
+    store.blobs = {5: b"\x92\x01\x02", 9: OSError("connection reset")}
+    assert await Snapshots(store).start_from(State()) is None  # type: ignore[arg-type]
+    assert set(_children()) == before
+
+
+def _children() -> list[str]:
+    """This process's child processes, by pid, as the kernel lists them."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return [pid for t in tasks.iterdir() for pid in (t / "children").read_text().split()]
