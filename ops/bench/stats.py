@@ -223,6 +223,7 @@ async def _backlog(
                 *publisher([server.url], "r", observations, proxies, seed, setup=False),
                 stdout=subprocess.DEVNULL,
             )
+            published_s = 0.0  # from the gateway's go to the publisher's end
             target = 0  # the log's head once the backlog is in it
             if not burst:
                 await load.wait()
@@ -251,6 +252,8 @@ async def _backlog(
                 lease_ms.append((time.perf_counter() - t) * 1000)
                 lag = max(lag, stats["head_seq"] - stats["applied_seq"])
                 published = load.returncode is not None
+                if published and not published_s:
+                    published_s = time.monotonic() - t0
                 if published and load.returncode != 0:
                     raise RuntimeError("publishing the backlog failed")
                 if published and not target:
@@ -278,6 +281,7 @@ async def _backlog(
     return {
         "observations": observations,
         "new_proxies": proxies,
+        "published_s": round(published_s, 1),  # 0.0: all published before the go
         "worked_off_s": round(worked_off_s, 1),
         "max_lag_messages": lag,
         "stats": _summary(stats_ms),
