@@ -23,6 +23,7 @@ __all__ = [
     "Message",
     "PublishError",
     "Published",
+    "SnapshotError",
     "SnapshotStore",
     "Span",
 ]
@@ -120,6 +121,12 @@ class DepositStore(Protocol):
 class GapError(LogError):
     """The log no longer holds the messages a fold must start from: trimmed behind a
     snapshot the fold did not start from."""
+
+
+class SnapshotError(ValueError):
+    """A snapshot that cannot be used: another format, damaged, not its own digest, or
+    an object whose bytes are not what the store's meta says. A fold passes over it to
+    an older one, or to the log."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from projections.digest import MOD, TABLES, combine, meta_digest, row_hash, table_sum
+from projections.log import SnapshotError
 from projections.store import ROWS, array_header, put_row, restore_meta, state_meta
 from projections.writer import read_frame
 from reducers.pool import Composition, counted
@@ -54,10 +55,6 @@ __all__ = [
 FORMAT = 1
 _STEP = 2_000  # rows a step: ~2 ms of this machine to encode
 _encode = msgspec.msgpack.Encoder().encode
-
-
-class SnapshotError(ValueError):
-    """A snapshot that cannot be used: another format, damaged, or not its own digest."""
 
 
 class StateSnapshot(msgspec.Struct, kw_only=True):

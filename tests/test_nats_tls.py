@@ -5,6 +5,7 @@ give the same messages), and the commands that take ``--nats-ca``."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import subprocess
@@ -20,6 +21,7 @@ from ops.nats.server import NatsServer, ServerTls, free_port
 from ops.nats.stream import Firehose
 from projections import Folder, digest
 from projections.live import FoldService
+from projections.log import SnapshotError
 from tests.helpers import worked
 
 
@@ -194,3 +196,28 @@ async def test_bench_read_reads_every_message_three_ways() -> None:
     rates = {k: out[f"{k}_per_s"] for k in ("lean_plain", "nats_py_plain", "fold_reader_tls")}
     assert all(r > 0 for r in rates.values())
     assert abs(out["tls_vs_lean_plain"] - rates["fold_reader_tls"] / rates["lean_plain"]) < 0.01
+
+
+async def test_over_tls_a_snapshot_object_that_lies_is_unusable(
+    tls_server: tuple[NatsServer, dict[str, str]],
+) -> None:
+    """Over TLS the snapshot is read by nats-py, which checks the object's digest: one
+    whose meta was rewritten is an unusable snapshot (the fold passes over it), as
+    through the lean reader, not an error that stops the fold."""
+    server, certs = tls_server
+    lg = await Log.connect(
+        server.url, tls=NatsTls(ca=certs["ca"], cert=certs["client"], key=certs["client_key"])
+    )
+    try:
+        await lg.ensure_stream()
+        await lg.snapshots.put(5, bytes(range(256)) * 4_000)
+        assert await lg.snapshots.get(5) == bytes(range(256)) * 4_000
+        store = await lg.js.object_store("ppf-snapshots")
+        info = (await store.get_info(f"{5:012d}")).as_dict()
+        info["digest"] = "SHA-256=" + base64.urlsafe_b64encode(bytes(32)).decode()
+        meta = "$O.ppf-snapshots.M." + base64.urlsafe_b64encode(f"{5:012d}".encode()).decode()
+        await lg.js.publish(meta, json.dumps(info).encode(), headers={"Nats-Rollup": "sub"})
+        with pytest.raises(SnapshotError, match=f"snapshot {5:012d}"):
+            await lg.snapshots.get(5)
+    finally:
+        await lg.close()

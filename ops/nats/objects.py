@@ -25,7 +25,7 @@ from nats.js.object_store import ObjectStore
 
 from events.subjects import STREAM
 from ops.nats.stream import Firehose
-from projections.log import DepositError, LogError, Span
+from projections.log import DepositError, LogError, SnapshotError, Span
 
 __all__ = ["BUCKET", "SNAPSHOTS", "DepositBucket", "SnapshotBucket"]
 
@@ -193,7 +193,10 @@ class SnapshotBucket:
         store = await self._bucket()
         url = self._log.url if self._log is not None else ""
         if not url or "tls://" in url or getattr(self._log, "tls", None) is not None:
-            return await _read_whole(store, name)
+            try:
+                return await _read_whole(store, name)  # nats-py checks its digest
+            except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as e:
+                raise SnapshotError(f"snapshot {name}: {type(e).__name__}") from e
         # The chunks through the lean reader (ops/nats/stream.py): nats-py's parser
         # read a 560 MB snapshot at 65 MB/s, the loaded gateway's longest wait. Each
         # chunk is copied once, into a buffer of the object's size, and hashed as it
@@ -209,7 +212,7 @@ class SnapshotBucket:
         async for batch in reader.batches():
             for _, _, _, payload in batch[:left]:
                 if at + len(payload) > size:
-                    raise LogError(f"snapshot {name}: more than the object's {size} bytes")
+                    raise SnapshotError(f"snapshot {name}: more than the object's {size} bytes")
                 data[at : at + len(payload)] = payload
                 sha.update(payload)
                 at += len(payload)
@@ -218,7 +221,7 @@ class SnapshotBucket:
                 break
         wanted = base64.urlsafe_b64decode((info.digest or "").removeprefix("SHA-256="))
         if at != size or sha.digest() != wanted:
-            raise LogError(f"snapshot {name}: {at} bytes not the object's {size}")
+            raise SnapshotError(f"snapshot {name}: {at} bytes not the object's {size}")
         return data
 
     async def drop(self, seq: int) -> None:
