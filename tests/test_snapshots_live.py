@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from ops.nats import objects
 from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from projections import digest
@@ -208,4 +209,28 @@ async def test_a_fold_passes_over_a_snapshot_whose_object_lies_to_the_one_before
     await log_client.snapshots.put(1002, blob)
     await _lie_about(log_client, 1002, "digest")
     loaded = await Snapshots(log_client.snapshots).start_from(State())
+    assert loaded is not None and digest(loaded) == digest(log.state)
+
+
+async def test_an_object_missing_a_chunk_is_refused_not_waited_for(
+    log_client: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bucket lost the last chunk of a snapshot's object: the read gives up once no
+    chunk has come for ``CHUNK_WAIT_S`` and says how many came, and a fold starting from
+    the snapshots passes over it, rather than waiting for the chunk for ever."""
+    monkeypatch.setattr(objects, "CHUNK_WAIT_S", 0.5)
+    blob = bytes(range(256)) * 12_000  # four chunks
+    await log_client.snapshots.put(2001, blob)
+    store = await log_client.js.object_store("ppf-snapshots")
+    info = await store.get_info(f"{2001:012d}")
+    last = await log_client.js.get_last_msg("OBJ_ppf-snapshots", f"$O.ppf-snapshots.C.{info.nuid}")
+    await log_client.js.delete_msg("OBJ_ppf-snapshots", last.seq)
+    t = asyncio.get_running_loop().time()
+    with pytest.raises(SnapshotError, match=r"3 of its 4 chunks, then none for 0\.5 s"):
+        await log_client.snapshots.get(2001)
+    assert asyncio.get_running_loop().time() - t < 5
+    log = FoldedLog()
+    log.report("w-own", "45.7.1.1", at_s=1)
+    await log_client.snapshots.put(2000, take(log.state))
+    loaded = await asyncio.wait_for(Snapshots(log_client.snapshots).start_from(State()), 10)
     assert loaded is not None and digest(loaded) == digest(log.state)

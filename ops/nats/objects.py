@@ -9,6 +9,7 @@ read here is checked again against the digest the log recorded (``Deposited``).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
@@ -147,6 +148,9 @@ class DepositBucket:
 
 SNAPSHOTS = "ppf-snapshots"
 SNAPSHOT_CHUNK = 768 * 1024
+# A snapshot's chunks come back to back; none for this long means the bucket lost some
+# (the reader would otherwise wait for them for ever, and the start with it).
+CHUNK_WAIT_S = 10.0
 
 
 class SnapshotBucket:
@@ -209,16 +213,26 @@ class SnapshotBucket:
         size, left = info.size or 0, info.chunks
         data, sha, at = bytearray(size), hashlib.sha256(), 0
         reader = Firehose(url, 1, stream=f"OBJ_{SNAPSHOTS}", filter_subject=subject)
-        async for batch in reader.batches():
-            for _, _, _, payload in batch[:left]:
-                if at + len(payload) > size:
-                    raise SnapshotError(f"snapshot {name}: more than the object's {size} bytes")
-                data[at : at + len(payload)] = payload
-                sha.update(payload)
-                at += len(payload)
-            left -= min(left, len(batch))
-            if not left:
-                break
+        batches = reader.batches()
+        try:
+            while left:
+                try:
+                    batch = await asyncio.wait_for(anext(batches), CHUNK_WAIT_S)
+                except TimeoutError:
+                    got = info.chunks - left
+                    raise SnapshotError(
+                        f"snapshot {name}: {got} of its {info.chunks} chunks, then none for "
+                        f"{CHUNK_WAIT_S:g} s"
+                    ) from None
+                for _, _, _, payload in batch[:left]:
+                    if at + len(payload) > size:
+                        raise SnapshotError(f"snapshot {name}: more than the object's {size} bytes")
+                    data[at : at + len(payload)] = payload
+                    sha.update(payload)
+                    at += len(payload)
+                left -= min(left, len(batch))
+        finally:
+            await batches.aclose()
         wanted = base64.urlsafe_b64decode((info.digest or "").removeprefix("SHA-256="))
         if at != size or sha.digest() != wanted:
             raise SnapshotError(f"snapshot {name}: {at} bytes not the object's {size}")

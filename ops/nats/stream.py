@@ -20,7 +20,7 @@ import json
 import os
 import re
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from urllib.parse import unquote, urlsplit
 
 import structlog
@@ -145,7 +145,7 @@ class Firehose:
         self._consumer = ""
         self._sock: socket.socket | None = None
 
-    async def batches(self, until: int | None = None) -> AsyncIterator[list[Message]]:
+    async def batches(self, until: int | None = None) -> AsyncGenerator[list[Message], None]:
         """Batches of messages; stops after ``until`` (a stream sequence) when given."""
         backoff = 0.2
         while until is None or self.next_seq <= until:
