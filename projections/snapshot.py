@@ -21,6 +21,7 @@ from projections.readmodels import ProxyFilter
 from reducers import State, trust
 from reducers.pool import band_edges, standing
 from reducers.state import ProxyRow
+from reducers.steps import at_once
 
 __all__ = ["CENSUS_MS", "ProxySnapshot", "ProxyView", "build", "building", "dropping"]
 
@@ -235,12 +236,7 @@ Building = Generator[None, None, ProxySnapshot]
 
 def build(state: State) -> ProxySnapshot:
     """The snapshot of ``state`` at once (tests, replays; the gateway drives ``building``)."""
-    steps = building(state)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    return at_once(building(state))
 
 
 def building(state: State, now: int | None = None) -> Building:

@@ -39,6 +39,7 @@ from projections.store import ROWS, array_header, put_row, restore_meta, state_m
 from projections.writer import read_frame
 from reducers.pool import Composition, counted
 from reducers.state import State
+from reducers.steps import at_once
 
 __all__ = [
     "FORMAT",
@@ -100,12 +101,7 @@ def taking(state: State) -> Generator[None, None, bytes]:
 
 def take(state: State) -> bytes:
     """``taking`` at once (tests)."""
-    steps = taking(state)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    return at_once(taking(state))
 
 
 def peek(blob: bytes | bytearray) -> tuple[int, int, str]:

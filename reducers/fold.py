@@ -42,6 +42,7 @@ from events.validate import result_problems
 from reducers import agents, deposits, geo, ledger, marks, proxies, reports, sources, trust
 from reducers.admission import INVALID, result_refusal, round_types
 from reducers.state import AgentRow, State
+from reducers.steps import at_once
 
 __all__ = ["PIECE", "fold", "folding", "skip"]
 
@@ -78,12 +79,7 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int, refused: Refused | No
     A ``ProxiesChecked`` is applied result by result, each as the single event it stands
     for; a result the rules refuse (reducers/admission.py) changes nothing and is added
     to ``refused`` as (index, DLQ reason, why), for the caller to keep in the DLQ."""
-    steps = folding(state, event, seq, ts, refused)
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
+    return at_once(folding(state, event, seq, ts, refused))
 
 
 def folding(
