@@ -15,6 +15,7 @@ from projections.log import Span
 from projections.snapshot_policy import Snapshots
 from projections.state_snapshot import FORMAT, SnapshotError, StateSnapshot, load, peek, take
 from reducers import State
+from reducers.state import ProxyRow
 from tests.folded import FoldedLog
 from tests.helpers import eid
 
@@ -48,6 +49,30 @@ def test_a_snapshot_loads_back_to_the_state_and_digest_a_fold_gives() -> None:
     log.report("w-own", "45.99.0.7", at_s=7_000)  # one more observation, on both
     Folder(loaded).apply([log.messages[-1]])
     assert digest(loaded) == digest(log.state)
+
+
+def test_loaded_rows_share_their_repeated_strings_and_are_the_folds_rows() -> None:
+    """The loader makes each string of the rows' repeated fields once: two rows' agent
+    and protocol are one object each, as in the fold that built them, and the rows are
+    ``ProxyRow``s equal to the fold's, taken again to the same bytes. A snapshot whose
+    list lacks a value, or that has none (written before the list), loads the same
+    state plainly, each row with strings of its own."""
+    log = _log()
+    blob = take(log.state)
+    loaded = load(blob)
+    first, second = loaded.proxies[("45.0.0.7", 8080)], loaded.proxies[("45.0.1.7", 8080)]
+    assert first.agents[0] == second.agents[0] == "w-own" and first.agents[0] is second.agents[0]
+    assert first.proto is second.proto and first.protos[0] is second.proto
+    assert {type(row) for row in loaded.proxies.values()} == {ProxyRow}
+    assert loaded.proxies == log.state.proxies
+    assert take(loaded) == blob
+    snap = msgspec.msgpack.decode(blob, type=StateSnapshot)
+    assert snap.strings == ["", "c-own", "http", "w-own"]
+    for strings in ([], ["", "c-own", "http"]):
+        plain = load(msgspec.msgpack.encode(msgspec.structs.replace(snap, strings=strings)))
+        assert digest(plain) == digest(log.state) and plain.proxies == log.state.proxies
+        first, second = plain.proxies[("45.0.0.7", 8080)], plain.proxies[("45.0.1.7", 8080)]
+        assert first.agents[0] == second.agents[0] and first.agents[0] is not second.agents[0]
 
 
 def test_a_damaged_or_forged_snapshot_is_refused() -> None:
