@@ -89,16 +89,19 @@ def taking(state: State) -> Generator[None, None, bytes]:
     tables, sums, strings = {}, {}, set[str]()
     for table in TABLES:
         rows: list[Any] = list(getattr(state, table).values())
-        parts, total = [], 0
+        # Grown a step at a time, not joined at the end: at a million rows a join and
+        # its header's concatenation were two more copies of 560 MB in one step (their
+        # first touch most of it), a loop held 0.9 s.
+        array, total = bytearray(array_header(len(rows))), 0
         for i in range(0, len(rows), _STEP):
             step = rows[i : i + _STEP]
             encoded = [_encode(r) for r in step]
             total += sum(map(row_hash, encoded))
-            parts.append(b"".join(encoded))
+            array += b"".join(encoded)
             if table == "proxies":
                 row_strings.gather(strings, step)
             yield
-        tables[table] = msgspec.Raw(array_header(len(rows)) + b"".join(parts))
+        tables[table] = msgspec.Raw(array)
         sums[table] = total % MOD
     meta = state_meta(state)
     snap = StateSnapshot(
