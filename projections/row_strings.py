@@ -24,16 +24,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import chain
 from operator import attrgetter
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 
 from reducers.state import ProxyRow
 
-__all__ = ["SINGLE", "TUPLES", "decode", "gather"]
+__all__ = ["SINGLE", "TUPLES", "decode", "decode_as", "gather"]
 
 SINGLE = ("proto", "anonymity", "https", "country", "as_org", "geo")
 TUPLES = ("protos", "agents", "sources", "failed_by")
+_S = TypeVar("_S", bound=msgspec.Struct)
 _single = attrgetter(*SINGLE)
 _tuples = attrgetter(*TUPLES)
 
@@ -47,32 +48,38 @@ def gather(into: set[str], rows: Sequence[ProxyRow]) -> None:
 def decode(raw: msgspec.Raw, strings: list[str]) -> tuple[list[ProxyRow], bool]:
     """The rows of a table of proxy rows, and whether they share ``strings`` (False: a
     value was not among them, or there were none, and each row has its own)."""
+    rows, shared = decode_as(ProxyRow, raw, strings)
+    if shared:
+        for row in rows:
+            row.__class__ = ProxyRow
+    return rows, shared
+
+
+def decode_as(
+    base: type[_S], raw: msgspec.Raw | bytes, strings: list[str]
+) -> tuple[list[_S], bool]:
+    """A table of proxy rows decoded as ``base`` (a Struct of some of a row's fields):
+    those of its fields that are repeated ones take their strings from ``strings``
+    where they all are there, and then the rows are of a subclass of ``base``."""
     if strings:
         try:
-            rows = _sharing(tuple(strings)).decode(raw)
+            return _sharing(base, tuple(strings)).decode(raw), True
         except msgspec.ValidationError:
             pass  # a value the list lacks; a damaged table fails the plain decode too
-        else:
-            for row in rows:
-                row.__class__ = ProxyRow
-            return rows, True
-    return _PLAIN.decode(raw), False
+    return msgspec.msgpack.decode(raw, type=list[base]), False  # type: ignore[valid-type]
 
 
-_PLAIN = msgspec.msgpack.Decoder(list[ProxyRow])
-
-
-def _sharing(strings: tuple[str, ...]) -> msgspec.msgpack.Decoder[list[ProxyRow]]:
-    """A decoder of proxy rows as a subclass whose repeated fields are ``Literal`` of
+def _sharing(base: type[_S], strings: tuple[str, ...]) -> msgspec.msgpack.Decoder[list[_S]]:
+    """A decoder of ``base`` as a subclass whose repeated fields are ``Literal`` of
     ``strings`` (the same fields in the same order, their defaults kept)."""
     literal: Any = Literal[strings]
-    defaults = {f.name: f.default for f in msgspec.structs.fields(ProxyRow)}
+    kinds = {**dict.fromkeys(SINGLE, literal), **dict.fromkeys(TUPLES, tuple[literal, ...])}
     fields = [
-        (name, kind) if defaults[name] is msgspec.NODEFAULT else (name, kind, defaults[name])
-        for name, kind in chain(
-            ((name, literal) for name in SINGLE),
-            ((name, tuple[literal, ...]) for name in TUPLES),
-        )
+        (f.name, kinds[f.name])
+        if f.default is msgspec.NODEFAULT
+        else (f.name, kinds[f.name], f.default)
+        for f in msgspec.structs.fields(base)
+        if f.name in kinds
     ]
-    sharing = msgspec.defstruct("SharingRow", fields, bases=(ProxyRow,), gc=False)
+    sharing = msgspec.defstruct(f"Sharing{base.__name__}", fields, bases=(base,), gc=False)
     return msgspec.msgpack.Decoder(list[sharing])  # type: ignore[valid-type]

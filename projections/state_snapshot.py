@@ -169,7 +169,7 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
         raise SnapshotError(f"snapshot format {snap.format}, this ppf reads {FORMAT}")
     seq = snap.seq
     tables = {table: snap.tables.get(table, msgspec.Raw(b"\x90")) for table in TABLES}
-    sums.send(tables)
+    sums.send(tables, snap.strings)
     try:
         state = State()
         restore_meta(state, snap.meta)
@@ -215,7 +215,7 @@ class _Counted(msgspec.Struct):
     fail_streak: int = 0
 
 
-_COUNTED = msgspec.msgpack.Decoder(list[_Counted])
+_STRINGS = msgspec.msgpack.Decoder(list[str])
 _COUNTS = msgspec.msgpack.Decoder(tuple[list[Any], list[Any]])
 
 
@@ -235,21 +235,22 @@ class RowSums:
         )
         self._sender: threading.Thread | None = None
 
-    def send(self, tables: dict[str, msgspec.Raw]) -> None:
+    def send(self, tables: dict[str, msgspec.Raw], strings: list[str]) -> None:
+        """Hand the child the tables and the snapshot's list of the rows' strings."""
         self._sender = threading.Thread(
-            target=self._send, args=(tables,), name="ppf-snapshot-sums", daemon=True
+            target=self._send, args=(tables, strings), name="ppf-snapshot-sums", daemon=True
         )
         self._sender.start()
 
-    def _send(self, tables: dict[str, msgspec.Raw]) -> None:
+    def _send(self, tables: dict[str, msgspec.Raw], strings: list[str]) -> None:
         stdin = self._proc.stdin
         assert stdin is not None
         fd = stdin.fileno()
         with contextlib.suppress(OSError):  # not Linux, or a lower limit: the default
             fcntl.fcntl(fd, _F_SETPIPE_SZ, 1 << 20)
         try:
-            for table in TABLES:
-                view = memoryview(tables[table])
+            for frame in [msgspec.msgpack.encode(strings), *(tables[t] for t in TABLES)]:
+                view = memoryview(frame)
                 os.write(fd, _FRAME.pack(len(view)))
                 while view:
                     view = view[os.write(fd, view) :]
@@ -288,16 +289,23 @@ class RowSums:
 
 
 def serve_sums() -> None:
-    """The child of ``RowSums``: a table's length and bytes in, its sum out, in
-    ``TABLES`` order; then the proxies' composition and failing part as msgpack."""
+    """The child of ``RowSums``: the snapshot's list of the rows' strings in, then a
+    table's length and bytes in and its sum out, in ``TABLES`` order; then the proxies'
+    composition and failing part as msgpack. The composition's columns share the
+    list's strings as the loader's rows do (0.2 s of decoding and 0.15 s of counting
+    at a million rows)."""
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     pool: tuple[Composition, Composition] = (Composition(), Composition())
+    head = read_frame(inp)
+    if head is None:
+        sys.exit(1)  # a short frame: the loader is gone, or gave up on us
+    strings = _STRINGS.decode(head)
     for table in TABLES:
         blob = read_frame(inp)
         if blob is None:
-            sys.exit(1)  # a short frame: the loader is gone, or gave up on us
+            sys.exit(1)
         out.write(table_sum(_RAWS.decode(blob)).to_bytes(16, "big"))
         if table == "proxies":
-            pool = counted(_COUNTED.decode(blob))
+            pool = counted(row_strings.decode_as(_Counted, blob, strings)[0])
     out.write(msgspec.msgpack.encode((pool[0].counts(), pool[1].counts())))
     out.flush()
