@@ -10,10 +10,18 @@ import msgspec
 import pytest
 
 import events as ev
-from projections import Folder, digest
+from projections import Folder, digest, row_strings
 from projections.log import Span
 from projections.snapshot_policy import Snapshots
-from projections.state_snapshot import FORMAT, SnapshotError, StateSnapshot, load, peek, take
+from projections.state_snapshot import (
+    FORMAT,
+    SnapshotError,
+    StateSnapshot,
+    _Counted,
+    load,
+    peek,
+    take,
+)
 from reducers import State
 from reducers.state import ProxyRow
 from tests.folded import FoldedLog
@@ -68,6 +76,9 @@ def test_loaded_rows_share_their_repeated_strings_and_are_the_folds_rows() -> No
     assert take(loaded) == blob
     snap = msgspec.msgpack.decode(blob, type=StateSnapshot)
     assert snap.strings == ["", "c-own", "http", "w-own"]
+    # The summing child's columns of the composition share them as well.
+    columns, shared = row_strings.decode_as(_Counted, snap.tables["proxies"], snap.strings)
+    assert shared and len(columns) == 3_000 and columns[0].proto is columns[1].proto
     for strings in ([], ["", "c-own", "http"]):
         plain = load(msgspec.msgpack.encode(msgspec.structs.replace(snap, strings=strings)))
         assert digest(plain) == digest(log.state) and plain.proxies == log.state.proxies
