@@ -5,8 +5,9 @@ vouch for it are a few thousand distinct strings across a million rows. The fold
 one object per value (``reducers.proxies.SHARED``, the sources' and agents' own names,
 ``reducers.geo.PLACES``), but msgspec decodes a fresh string for every field of every
 row: a million rows loaded from a snapshot took 2.3 GB, 1.2 KB a row of it the
-``agents`` and ``sources`` tuples' strings, where the fold that built them had 0.8 GB,
-and their first touch (590,000 page faults) was most of the decode.
+``agents`` and ``sources`` tuples' strings (the gateway so loaded held 2.8 GB, and
+holds 1.27 GB with them shared), and their first touch (590,000 page faults) was most
+of the decode.
 
 So a snapshot lists the distinct strings of those fields (``gather``, while it is
 taken), and the loader decodes the rows as a subclass of ``ProxyRow`` whose fields of
@@ -58,9 +59,10 @@ def decode(raw: msgspec.Raw, strings: list[str]) -> tuple[list[ProxyRow], bool]:
 def decode_as(
     base: type[_S], raw: msgspec.Raw | bytes, strings: list[str]
 ) -> tuple[list[_S], bool]:
-    """A table of proxy rows decoded as ``base`` (a Struct of some of a row's fields):
-    those of its fields that are repeated ones take their strings from ``strings``
-    where they all are there, and then the rows are of a subclass of ``base``."""
+    """A table of proxy rows decoded as ``base`` (a Struct of some of a row's fields),
+    and whether its repeated fields took their strings from ``strings`` (then the rows
+    are of a subclass of ``base``; False: a value was not there, or there were none,
+    and each row has strings of its own)."""
     if strings:
         try:
             return _sharing(base, tuple(strings)).decode(raw), True
