@@ -1,29 +1,30 @@
 """Immutable query snapshots of the proxy pool, swapped whole.
 
-Rows in the live state are mutated by the fold; a query reads a snapshot instead: plain
-tuples copied from the rows at one applied sequence, pre-sorted by latency and by last
-seen, and the text lines of ``format=txt`` pre-rendered. A new snapshot replaces the
+Rows in the live state are mutated by the fold; a query reads a snapshot instead: views
+copied from the rows at one applied sequence, pre-sorted by latency and by last seen
+(each order held in parts of a step's rows, ``projections/chunks.py``), and the text
+lines of ``format=txt`` pre-rendered. A new snapshot replaces the
 old one in a single assignment, so a reader sees one sequence or the next, never half.
 """
 
 from __future__ import annotations
 
-import bisect
 import heapq
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import chain, islice
 from typing import Any
 
 import msgspec
 
+from projections.chunks import Chunks
 from projections.readmodels import ProxyFilter
 from reducers import State, trust
 from reducers.pool import band_edges, standing
 from reducers.state import ProxyRow
 from reducers.steps import at_once
 
-__all__ = ["CENSUS_MS", "ProxySnapshot", "ProxyView", "build", "building", "dropping"]
+__all__ = ["CENSUS_MS", "ProxySnapshot", "ProxyView", "build", "building", "dropping", "held"]
 
 CENSUS_MS = 5_000
 
@@ -56,7 +57,9 @@ class ProxyView(msgspec.Struct, gc=False):
     confirmed: bool  # an agent trusted now confirmed it (reducers/trust.py)
 
 
-Index = dict[object, tuple[ProxyView, ...]]
+Views = Chunks[ProxyView]
+Index = dict[object, Views]
+_NONE: Views = Chunks()
 _LINES = ("alive", "unconfirmed", "suspect", "mitm")
 _BY = (("by_proto", "proto"), ("by_anonymity", "anonymity"), ("by_country", "country"))
 
@@ -78,16 +81,16 @@ class Tally:
     by: dict[str, dict[str, int]] = field(default_factory=lambda: {k: {} for k, _ in _BY})
     answer: dict[str, Any] | None = None
 
-    def moving(self, rows: tuple[ProxyView, ...], edge: int) -> Generator[None, None, None]:
+    def moving(self, rows: Views, edge: int) -> Generator[None, None, None]:
         """Move the edge to ``edge``, ``STEP`` rows a step."""
         while self.edge != edge:
             step = max(-STEP, min(STEP, edge - self.edge))
             lo, hi = sorted((self.edge, self.edge + step))
-            self._count(rows[lo:hi], 1 if step > 0 else -1)
+            self._count(rows.between(lo, hi), 1 if step > 0 else -1)
             self.edge += step
             yield
 
-    def _count(self, rows: tuple[ProxyView, ...], sign: int) -> None:
+    def _count(self, rows: Iterable[ProxyView], sign: int) -> None:
         counts, by = self.counts, self.by
         for v in rows:
             line = _line(v)
@@ -111,8 +114,8 @@ class Tally:
 class ProxySnapshot:
     seq: int
     ttl_s: int
-    by_latency: tuple[ProxyView, ...]
-    by_last_seen: tuple[ProxyView, ...]
+    by_latency: Views
+    by_last_seen: Views
     # Views by proto, anonymity, country and ASN, each sorted by latency: a selective
     # filter scans its own short list instead of the whole pool.
     indexes: dict[str, Index]
@@ -138,16 +141,16 @@ class ProxySnapshot:
         if tally.at != at:
             alive_from, _ = band_edges(at * CENSUS_MS, self.ttl_s)
             # by_last_seen is newest first: the rows within the TTL are a prefix of it.
-            edge = bisect.bisect_right(self.by_last_seen, -alive_from, key=_newest_first)
+            edge = self.by_last_seen.bisect_right(-alive_from, key=_newest_first)
             yield from tally.moving(self.by_last_seen, edge)
             tally.at, tally.answer = at, None
         if tally.answer is None:
             tally.answer = {"seq": self.seq, **tally.answer_counts()}
 
-    def _base(self, f: ProxyFilter) -> tuple[ProxyView, ...] | None:
+    def _base(self, f: ProxyFilter) -> Views | None:
         one_country = f.country[0] if f.country is not None and len(f.country) == 1 else None
         keys = {"proto": f.proto, "anonymity": f.anonymity, "country": one_country, "asn": f.asn}
-        lists = [self.indexes[k].get(v, ()) for k, v in keys.items() if v is not None]
+        lists = [self.indexes[k].get(v, _NONE) for k, v in keys.items() if v is not None]
         return min(lists, key=len) if lists else None
 
     def select(
@@ -166,7 +169,7 @@ class ProxySnapshot:
         yield from self._scan(base, f, now, sort, limit)
 
     def _scan(
-        self, rows: tuple[ProxyView, ...], f: ProxyFilter, now: int, sort: str, limit: int
+        self, rows: Views, f: ProxyFilter, now: int, sort: str, limit: int
     ) -> Iterator[ProxyView]:
         alive_from, stale_from = band_edges(now, self.ttl_s)
         oldest, newest = {
@@ -249,10 +252,11 @@ def building(state: State, now: int | None = None) -> Building:
     vouched = trust.vouched(state)
     seq, ttl_s = state.last_seq, state.settings.proxy_ttl_s
     rows = list(state.proxies.values())
-    views: list[ProxyView] = []
+    views: list[tuple[ProxyView, ...]] = []  # a step's each
     for i in range(0, len(rows), STEP):
-        views.extend(_view(r, vouched) for r in rows[i : i + STEP])
+        views.append(tuple(_view(r, vouched) for r in rows[i : i + STEP]))
         yield
+    del rows
     by_latency = yield from _sorting(views, _by_latency)
     by_last_seen = yield from _sorting(views, _by_last_seen)
     indexes = {}
@@ -291,45 +295,52 @@ def _view(r: ProxyRow, vouched: Callable[[tuple[str, ...]], bool]) -> ProxyView:
 
 
 def _sorting(
-    views: list[ProxyView], key: Callable[[ProxyView], tuple[Any, ...]]
-) -> Generator[None, None, tuple[ProxyView, ...]]:
-    """``tuple(sorted(views, key=key))`` in steps: runs of ``STEP`` sorted one a step,
-    then merged ``STEP`` at a time (keys are unique: ip and port end every key)."""
+    views: list[tuple[ProxyView, ...]], key: Callable[[ProxyView], tuple[Any, ...]]
+) -> Generator[None, None, Views]:
+    """``sorted(views, key=key)`` in steps: each part sorted a step, then merged ``STEP``
+    at a time (keys are unique: ip and port end every key)."""
     runs = []
-    for i in range(0, len(views), STEP):
-        runs.append(sorted(views[i : i + STEP], key=key))
+    for part in views:
+        runs.append(sorted(part, key=key))
         yield
-    if len(runs) <= 1:
-        return tuple(runs[0]) if runs else ()
     merged = heapq.merge(*runs, key=key)
-    out: list[ProxyView] = []
-    while chunk := list(islice(merged, STEP)):
-        out.extend(chunk)
+    out = []
+    while chunk := tuple(islice(merged, STEP)):
+        out.append(chunk)
         yield
-    return tuple(out)
+    return Chunks(out)
 
 
-def _indexing(views: tuple[ProxyView, ...], key: str) -> Generator[None, None, Index]:
-    groups: dict[object, list[ProxyView]] = {}
-    for i in range(0, len(views), STEP):
+def _indexing(views: Views, key: str) -> Generator[None, None, Index]:
+    """The views by the values of ``key``, each value's in the order of ``views``: a
+    step's part of it at a time, a tuple for each value it holds."""
+    groups: dict[object, list[tuple[ProxyView, ...]]] = {}
+    for part in views.parts:
+        found: dict[object, list[ProxyView]] = {}
         if key == "proto":
-            for v in views[i : i + STEP]:
+            for v in part:
                 for p in v.protos:
-                    groups.setdefault(p, []).append(v)
+                    found.setdefault(p, []).append(v)
         else:
-            for v in views[i : i + STEP]:
-                groups.setdefault(getattr(v, key), []).append(v)
+            for v in part:
+                found.setdefault(getattr(v, key), []).append(v)
+        for k, vs in found.items():
+            groups.setdefault(k, []).append(tuple(vs))
         yield
-    index = {}
-    for k, vs in groups.items():
-        index[k] = tuple(vs)
-        yield
-    return index
+    return {k: Chunks(parts) for k, parts in groups.items()}
 
 
-def dropping(views: list[ProxyView]) -> Generator[None, None, None]:
-    """Let go of a retired snapshot's views (its last references: ``views`` is the one
-    list that holds them), ``STEP`` at a time."""
-    while views:
-        del views[-STEP:]
+def held(snap: ProxySnapshot) -> list[tuple[ProxyView, ...]]:
+    """Every part of ``snap``'s orders and indexes: what holds its views."""
+    indexed = (c.parts for index in snap.indexes.values() for c in index.values())
+    return [*snap.by_latency.parts, *snap.by_last_seen.parts, *chain.from_iterable(indexed)]
+
+
+def dropping(parts: list[tuple[ProxyView, ...]]) -> Generator[None, None, None]:
+    """Let go of a retired snapshot's views (``parts``, from ``held``, is what is left
+    holding them), about ``STEP`` references a step."""
+    while parts:
+        let_go = 0
+        while parts and let_go < STEP:
+            let_go += len(parts.pop())
         yield

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # events/mint.py is the edges' clock and entropy: the core must not import it (below).
 EDGE_IN_EVENTS = ROOT / "events" / "mint.py"
-READ_MODELS = ["readmodels.py", "snapshot.py", "digest.py", "recheck.py"]
+READ_MODELS = ["readmodels.py", "snapshot.py", "chunks.py", "digest.py", "recheck.py"]
 CORE = (
     sorted((ROOT / "reducers").rglob("*.py"))
     + [p for p in sorted((ROOT / "events").glob("*.py")) if p != EDGE_IN_EVENTS]

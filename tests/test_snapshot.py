@@ -144,7 +144,8 @@ def test_a_snapshot_built_in_steps_is_the_one_built_at_once() -> None:
     assert len(views) == len(state.proxies)
     for v in snap.indexes["proto"]["socks5"]:
         assert "socks5" in v.protos
-    assert snap.indexes["anonymity"]["elite"] == tuple(v for v in views if v.anonymity == "elite")
+    elite = snap.indexes["anonymity"]["elite"]
+    assert tuple(elite) == tuple(v for v in views if v.anonymity == "elite")
 
 
 def test_a_census_moved_with_the_ttls_edge_equals_one_counted_afresh() -> None:

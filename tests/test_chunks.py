@@ -1,0 +1,65 @@
+"""A sequence held in parts answers as the one tuple of its items would."""
+
+from __future__ import annotations
+
+import bisect
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from projections import snapshot
+from projections.chunks import Chunks
+from projections.snapshot import build, dropping, held
+from tests.test_snapshot import _big_pool
+
+parts_of_sorted = st.lists(st.lists(st.integers(0, 50), max_size=6), max_size=8).map(
+    lambda parts: [tuple(p) for p in parts]
+)
+
+
+def _sorted_parts(parts: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    items = iter(sorted(x for p in parts for x in p))
+    return [tuple(next(items) for _ in p) for p in parts]
+
+
+@given(parts=parts_of_sorted, lo=st.integers(-2, 60), hi=st.integers(-2, 60))
+def test_parts_answer_as_the_whole(parts: list[tuple[int, ...]], lo: int, hi: int) -> None:
+    """Length, order, a range of positions: the same as of the items in one tuple."""
+    whole = tuple(x for p in parts for x in p)
+    chunks = Chunks(parts)
+    assert len(chunks) == len(whole) and tuple(chunks) == whole
+    lo, hi = max(0, lo), max(0, hi)
+    assert tuple(chunks.between(lo, hi)) == whole[lo:hi]
+
+
+@given(parts=parts_of_sorted, x=st.integers(-1, 52), newest_first=st.booleans())
+def test_bisect_of_parts_is_bisect_of_the_whole(
+    parts: list[tuple[int, ...]], x: int, newest_first: bool
+) -> None:
+    """Sorted across its parts by a key (ties across a border included), the insertion
+    point after ``x`` is the whole's."""
+    parts = _sorted_parts(parts)
+    if newest_first:  # descending, as by_last_seen is, bisected by the negated value
+        parts = [p[::-1] for p in reversed(parts)]
+    whole = tuple(v for p in parts for v in p)
+
+    def key(v: int) -> int:
+        return -v if newest_first else v
+
+    assert Chunks(parts).bisect_right(x, key=key) == bisect.bisect_right(whole, x, key=key)
+
+
+def test_a_snapshot_holds_no_container_longer_than_a_step() -> None:
+    """Every order and index of a snapshot of several steps' rows is held in parts of at
+    most ``STEP`` views (the collector walks each once, a step's at a time), and a
+    retired snapshot's parts are let go a step's references at a time."""
+    state = _big_pool(3 * snapshot.STEP + 17)
+    snap = build(state)
+    parts = held(snap)
+    assert len(snap.by_latency) == len(snap.by_last_seen) == len(state.proxies)
+    assert len(snap.by_latency.parts) == -(-len(state.proxies) // snapshot.STEP) > 1
+    assert max(len(p) for p in parts) <= snapshot.STEP
+    refs = sum(len(p) for p in parts)
+    steps = sum(1 for _ in dropping(parts))
+    # Each step lets go of whole parts, at least STEP references but the last step's.
+    assert not parts and refs // (2 * snapshot.STEP) <= steps <= -(-refs // snapshot.STEP)
