@@ -47,7 +47,9 @@ def freeze_state() -> None:
 
 
 def collect_young() -> None:
-    """A young collection, between two slices of the fold of a serving process.
+    """A young collection, between two steps of the work a serving process does beside
+    its requests (the fold's slices, a snapshot build's or a checkpoint's steps:
+    ``projections.foreground.Foreground.between``).
 
     CPython counts the young generation as allocations minus deallocations of any
     tracked object, old ones included. The fold frees an old tuple for every new one it

@@ -95,8 +95,11 @@ class FoldService:
             finally:
                 store.close()
         # The requests answered on this loop (the gateway's middleware counts them):
-        # between slices the fold and its checkpoint's cut wait for them a little.
-        self.foreground = Foreground()
+        # between slices the fold and its checkpoint's cut wait for them a little, and
+        # ``slices``, the process's collector policy (ops/cli passes ops/collector.py's
+        # young collection; nothing by default), runs between any two steps of work
+        # that yields to them.
+        self.foreground = Foreground(slices)
         self.checkpointer = Checkpointer(
             db if db is not None else MEMORY,
             every_events=every_events,
@@ -116,9 +119,6 @@ class FoldService:
         self._head = (0.0, 0)
         self._whole_after = 0  # the head when a snapshot was adopted (_maybe_checkpoint)
         self.dlq_sent = 0
-        # Called after each slice of the fold (the process's collector policy: ops/cli
-        # passes ops/collector.py's young collection; nothing by default).
-        self.between_slices = slices
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
 
     @property
@@ -267,11 +267,9 @@ class FoldService:
                     # back within about SLICE_S.
                     i = self.folder.apply_for(messages, i, SLICE_S)
                     while self.folder.midway:
-                        self.between_slices()
                         await self.foreground.yield_to(SLICE_S)
                         i = self.folder.apply_for(messages, i, SLICE_S)
                 self._wake()
-                self.between_slices()
                 await self.foreground.yield_to(SLICE_S)  # queries, publishes go first
             async with self._cut:
                 if self.tap is not None:

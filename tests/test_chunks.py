@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import bisect
+import gc
 
 from hypothesis import given
 from hypothesis import strategies as st
 
+from ops.collector import collect_young
 from projections import snapshot
 from projections.chunks import Chunks
-from projections.snapshot import build, dropping, held
+from projections.foreground import Foreground
+from projections.snapshot import build, building, dropping, held
+from projections.snapshot_policy import drive
 from tests.test_snapshot import _big_pool
 
 parts_of_sorted = st.lists(st.lists(st.integers(0, 50), max_size=6), max_size=8).map(
@@ -63,3 +67,20 @@ def test_a_snapshot_holds_no_container_longer_than_a_step() -> None:
     steps = sum(1 for _ in dropping(parts))
     # Each step lets go of whole parts, at least STEP references but the last step's.
     assert not parts and refs // (2 * snapshot.STEP) <= steps <= -(-refs // snapshot.STEP)
+
+
+async def test_a_build_beside_requests_leaves_at_most_a_steps_parts_young() -> None:
+    """Driven beside a foreground whose ``between`` is the serving processes' young
+    collection, a build's steps are collected as they go: no young collection meets
+    more than the parts of a step or two (left to the collector's own count, it met
+    them all at once)."""
+    state = _big_pool(6 * snapshot.STEP)
+    young: list[int] = []
+
+    def between() -> None:
+        young.append(sum(len(o) for o in gc.get_objects(0) if type(o) is tuple))
+        collect_young()
+
+    snap, _ = await drive(building(state), 0.0, foreground=Foreground(between))
+    assert len(young) > 6 * 2 and max(young) <= 3 * snapshot.STEP
+    assert len(snap.by_latency) == len(state.proxies)
