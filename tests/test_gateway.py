@@ -468,3 +468,34 @@ async def test_a_source_fetched_since_the_ranking_is_not_leased_again(
     assert r.status == 200
     again = await _json(await client.post("/v1/leases", json=body, headers=auth(tokens["w1"])))
     assert again["leases"] == []
+
+
+async def test_the_ranking_stays_fresh_while_a_look_ahead_round_waits(
+    gw: Any, log_client: Log, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sources' ranking is kept fresh in the background even while a round of the
+    look-ahead waits on the server (here, for good): a grant does not rank the sources
+    itself on the request's time."""
+    client, fold, tokens = gw
+    granter = client.app[GRANTER]
+    granter.due_refresh_s = 0.2
+    looked = asyncio.Event()
+
+    async def far_behind(_fold: Any) -> bool:
+        return True
+
+    async def stuck(*_args: Any) -> None:
+        looked.set()
+        await asyncio.sleep(3600)
+
+    monkeypatch.setattr("gateway.leases.far_behind", far_behind)
+    monkeypatch.setattr(granter.lookahead, "look_up", stuck)
+    await caught_up(fold, log_client)
+    body = {"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60}
+    assert (await client.post("/v1/leases", json=body, headers=auth(tokens["w1"]))).status == 200
+    await asyncio.wait_for(looked.wait(), 5)
+    ranked = []
+    for _ in range(10):
+        await asyncio.sleep(0.25)
+        ranked.append(granter._ranking_age())
+    assert max(ranked) <= 2 * granter.due_refresh_s, ranked
