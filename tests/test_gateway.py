@@ -481,14 +481,11 @@ async def test_the_ranking_stays_fresh_while_a_look_ahead_round_waits(
     granter.due_refresh_s = 0.2
     looked = asyncio.Event()
 
-    async def far_behind(_fold: Any) -> bool:
-        return True
-
     async def stuck(*_args: Any) -> None:
         looked.set()
         await asyncio.sleep(3600)
 
-    monkeypatch.setattr("gateway.leases.far_behind", far_behind)
+    monkeypatch.setattr("gateway.leases.far_behind", lambda _fold: asyncio.sleep(0, True))
     monkeypatch.setattr(granter.lookahead, "look_up", stuck)
     await caught_up(fold, log_client)
     body = {"agent": "w1", "kind": "source", "count": 1, "ttl_s": 60}
