@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -331,17 +331,24 @@ def _indexing(views: Views, key: str) -> Generator[None, None, Index]:
     return {k: Chunks(parts) for k, parts in groups.items()}
 
 
-def held(snap: ProxySnapshot) -> list[tuple[ProxyView, ...]]:
-    """Every part of ``snap``'s orders and indexes: what holds its views."""
+def held(snap: ProxySnapshot) -> list[tuple[tuple[ProxyView, ...], ...]]:
+    """What holds ``snap``'s views: the parts of each of its orders and index values, a
+    tuple of them each (one reference a sequence, so the list stays short)."""
     indexed = (c.parts for index in snap.indexes.values() for c in index.values())
-    return [*snap.by_latency.parts, *snap.by_last_seen.parts, *chain.from_iterable(indexed)]
+    return [snap.by_latency.parts, snap.by_last_seen.parts, *indexed]
 
 
-def dropping(parts: list[tuple[ProxyView, ...]]) -> Generator[None, None, None]:
-    """Let go of a retired snapshot's views (``parts``, from ``held``, is what is left
-    holding them), about ``STEP`` references a step."""
-    while parts:
+def dropping(held: list[tuple[tuple[ProxyView, ...], ...]]) -> Generator[None, None, None]:
+    """Let go of a retired snapshot's views (``held``, from ``held``, is what is left
+    holding them), about ``STEP`` references a step: a sequence's parts are taken out
+    of their tuple into a list first, so no step frees a whole order at once."""
+    parts: list[tuple[ProxyView, ...]] = []
+    while held or parts:
         let_go = 0
-        while parts and let_go < STEP:
-            let_go += len(parts.pop())
+        while let_go < STEP and (held or parts):
+            if parts:
+                let_go += len(parts.pop())
+            else:
+                parts = list(held.pop())
+                let_go += len(parts)
         yield
