@@ -328,7 +328,15 @@ def _indexing(views: Views, key: str) -> Generator[None, None, Index]:
         for k, vs in found.items():
             groups.setdefault(k, []).append(tuple(vs))
         yield
-    return {k: Chunks(parts) for k, parts in groups.items()}
+    index: Index = {}
+    made = 0
+    for k, parts in groups.items():  # about STEP parts a step (a value's all in one)
+        index[k] = Chunks(parts)
+        made += len(parts)
+        if made >= STEP:
+            made = 0
+            yield
+    return index
 
 
 def held(snap: ProxySnapshot) -> list[tuple[tuple[ProxyView, ...], ...]]:
@@ -338,17 +346,17 @@ def held(snap: ProxySnapshot) -> list[tuple[tuple[ProxyView, ...], ...]]:
     return [snap.by_latency.parts, snap.by_last_seen.parts, *indexed]
 
 
-def dropping(held: list[tuple[tuple[ProxyView, ...], ...]]) -> Generator[None, None, None]:
-    """Let go of a retired snapshot's views (``held``, from ``held``, is what is left
+def dropping(holding: list[tuple[tuple[ProxyView, ...], ...]]) -> Generator[None, None, None]:
+    """Let go of a retired snapshot's views (``holding``, from ``held``, is what is left
     holding them), about ``STEP`` references a step: a sequence's parts are taken out
     of their tuple into a list first, so no step frees a whole order at once."""
     parts: list[tuple[ProxyView, ...]] = []
-    while held or parts:
+    while holding or parts:
         let_go = 0
-        while let_go < STEP and (held or parts):
+        while let_go < STEP and (holding or parts):
             if parts:
                 let_go += len(parts.pop())
             else:
-                parts = list(held.pop())
+                parts = list(holding.pop())
                 let_go += len(parts)
         yield
