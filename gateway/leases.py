@@ -354,12 +354,12 @@ class Granter:
                 self._claiming.add(target)
 
     async def prepare(self) -> None:
-        """Forever, for the kinds asked for lately, the work that keeps grants quick: the
-        sources' ranking every ``due_refresh_s``, in steps, and while the fold is far
-        behind the look-ahead (gateway/lookahead.py); apart, as a look-ahead round awaits
-        the server per subject, and a ranking behind it grew so old that grants ranked
-        2,000 sources themselves (4-6 ms of a lease request in a catch-up)."""
-        await asyncio.gather(self._keep_ranked(), self._look_ahead())
+        """Forever, for the kinds asked for lately, in two loops: the sources' ranking (in
+        steps, every ``due_refresh_s``) apart from the look-ahead (gateway/lookahead.py),
+        whose rounds wait on the server and left it stale (grants then ranked, 4-6 ms)."""
+        async with asyncio.TaskGroup() as group:  # one failing stops both, as one did
+            group.create_task(self._keep_ranked())
+            group.create_task(self._look_ahead())
 
     def _asked_lately(self) -> list[str]:
         now_s = time.monotonic()
