@@ -80,7 +80,7 @@ class FoldService:
         every_ms: int = 5_000,
         tap: Sink | None = None,
         deposits: DepositStore | None = None,
-        slices: Callable[[], None] = lambda: None,
+        between: Callable[[], None] = lambda: None,
         snapshots: Snapshots | None = None,
     ) -> None:
         self.log = log_client
@@ -96,10 +96,10 @@ class FoldService:
                 store.close()
         # The requests answered on this loop (the gateway's middleware counts them):
         # between slices the fold and its checkpoint's cut wait for them a little, and
-        # ``slices``, the process's collector policy (ops/cli passes ops/collector.py's
+        # ``between``, the process's collector policy (ops/cli passes ops/collector.py's
         # young collection; nothing by default), runs between any two steps of work
         # that yields to them.
-        self.foreground = Foreground(slices)
+        self.foreground = Foreground(between)
         self.checkpointer = Checkpointer(
             db if db is not None else MEMORY,
             every_events=every_events,

@@ -56,7 +56,7 @@ async def test_a_request_in_flight_meets_no_slice_of_a_backlog(log_client: Log) 
     def count() -> None:
         slices[0] += 1
 
-    fold = FoldService(log_client, db=None, dlq=False, slices=count)
+    fold = FoldService(log_client, db=None, dlq=False, between=count)
     await fold.start()
     try:
         while slices[0] < 3:  # the fold is working the backlog off

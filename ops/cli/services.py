@@ -193,7 +193,7 @@ async def fold_service(
         tap = Tap(config) if config is not None else None
     snaps = snapshots_for(lg, args)
     fold = FoldService(
-        lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits, slices=collect_young, snapshots=snaps
+        lg, db=db, dlq=dlq, tap=tap, deposits=lg.deposits, between=collect_young, snapshots=snaps
     )
     freeze_state()  # its containers, restored: no collection walks them again
     await fold.start()
