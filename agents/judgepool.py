@@ -160,6 +160,7 @@ class JudgePool:
     async def _ask(self, state: JudgeState, *, quiet: bool = False) -> bool:
         """One direct ask: discovery the first time, a health check after."""
         started = time.perf_counter()
+        asked = time.monotonic()  # it was alive after this, not after its answer came
         try:
             if state.judge is None:
                 tls = self.tls_url if state.own else None
@@ -177,7 +178,7 @@ class JudgePool:
             log.info("judge_healthy", judge=state.url, latency_ms=state.latency_ms)
         state.healthy, state.failures, state.last_error = True, 0, ""
         state.cooldown_s = 0.0
-        state._answered_at = time.monotonic()
+        state._answered_at = asked
         return True
 
     def _bench(self, state: JudgeState, why: str, *, quiet: bool = False) -> None:
@@ -239,28 +240,34 @@ class JudgePool:
         return True
 
     async def answers(self, judge: Judge, since: float) -> bool:
-        """Whether ``judge`` answered directly at some point after ``since`` (monotonic:
-        when the failed check began), asking it now if not; a judge that does not answer
-        is benched, and the checks that failed through it are void. Concurrent failures
-        through one judge share one ask."""
+        """Whether ``judge`` answered a direct ask sent after ``since`` (monotonic: when
+        the failed check began), asking it now if not; a judge that does not answer is
+        benched, and the checks that failed through it are void. Concurrent failures
+        through one judge share one ask. An answer to an ask sent before ``since`` does
+        not do: the judge may have died between sending it and the check (a health
+        check answered as the judge stopped made the checks through it the proxies'
+        failures)."""
         state = next((s for s in self.states if s.judge is judge), None)
         if state is None:
             return True
-        if state._answered_at >= since:
-            return True
-        # A public judge we do not own is asked at most once a second, however many
-        # checks fail through it (politeness, at the cost of a second's doubt).
-        recent = time.monotonic() - state._answered_at < 1.0
-        if state.healthy and recent and state.public and not state.own:
-            return True
-        if not state.healthy and state.benched_until > since:
-            return False
-        asking = self._asking.get(state.url)
-        if asking is None:
-            asking = asyncio.ensure_future(self._ask(state))
-            self._asking[state.url] = asking
-            asking.add_done_callback(lambda _: self._asking.pop(state.url, None))
-        return await asyncio.shield(asking)
+        for _ in range(2):  # an ask in flight from before ``since``, then one of our own
+            if state._answered_at >= since:
+                return True
+            # A public judge we do not own is asked at most once a second, however many
+            # checks fail through it (politeness, at the cost of a second's doubt).
+            recent = time.monotonic() - state._answered_at < 1.0
+            if state.healthy and recent and state.public and not state.own:
+                return True
+            if not state.healthy and state.benched_until > since:
+                return False
+            asking = self._asking.get(state.url)
+            if asking is None:
+                asking = asyncio.ensure_future(self._ask(state))
+                self._asking[state.url] = asking
+                asking.add_done_callback(lambda _: self._asking.pop(state.url, None))
+            if not await asyncio.shield(asking):
+                return False
+        return state._answered_at >= since
 
     def rows(self) -> list[dict[str, object]]:
         return [s.row() for s in self.states]

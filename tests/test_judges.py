@@ -154,3 +154,45 @@ async def test_the_judge_answers_only_nonces_minted_for_it_once_in_time(tmp_path
         assert (await _get(host, port, f"/judge?n={minted()}", here))[0] == 403
     finally:
         await server.close()
+
+
+async def test_an_answer_to_an_ask_sent_before_a_check_does_not_clear_the_judge() -> None:
+    """A health ask reaches the judge, a check begins, the judge answers the ask and then
+    dies: the check's failure is the judge's (``answers`` is False), since nothing sent
+    after the check began was answered. Counting the answer's arrival made it the
+    proxy's (tests/test_world.py's killed judge, now and then)."""
+    from aiohttp.test_utils import TestServer
+
+    from agents.judgepool import JudgePool
+
+    gate, reached = asyncio.Event(), asyncio.Event()
+    gate.set()
+
+    async def get(request: web.Request) -> web.Response:
+        reached.set()
+        await gate.wait()
+        echo = {"args": dict(request.query), "headers": dict(request.headers)}
+        return web.json_response({**echo, "origin": request.remote, "url": str(request.url)})
+
+    app = web.Application()
+    app.router.add_get("/get", get)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    url = str(server.make_url("/get"))
+    pool = await JudgePool([url], own=[url], health_every_s=3600, timeout_s=2).start()
+    try:
+        judge = pool.states[0].judge
+        assert judge is not None and judge.format == "httpbin"
+        gate.clear()
+        reached.clear()
+        held = asyncio.ensure_future(pool.answers(judge, time.monotonic()))  # an ask...
+        await asyncio.wait_for(reached.wait(), 5)  # ...at the judge, which holds its answer
+        began = time.monotonic()  # a check begins
+        gate.set()
+        assert await asyncio.wait_for(held, 5)  # the judge answered that ask
+        await server.close()  # and died
+        assert not await asyncio.wait_for(pool.answers(judge, began), 5)
+        assert not pool.states[0].healthy
+    finally:
+        await pool.stop()
+        await server.close()
