@@ -23,7 +23,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from events import Leased, LeaseKind
+from events import Leased, LeaseKind, Released
 from events.mint import fresh_id, now_ms
 from events.subjects import proxy_of, proxy_token
 from events.wire import LeaseGrant, ProxyPayload, RecheckPayload, SeedPayload, SourcePayload
@@ -471,6 +471,22 @@ class Granter:
                 if sure and seq > applied:
                     self._ahead[ev.target] = seq
         self._settle_ahead()
+        try:
+            grants = self._answer(agent, kind, acked, sent)
+        except BaseException:
+            # The claims are stored and the agent will never hear of them: given back at
+            # once (uncounted), not left to hold their targets until their TTL.
+            await self._give_back(agent, kind, acked)
+            raise
+        self.granted += len(grants)
+        self.lost += len(claims) - len(acked)
+        return grants
+
+    def _answer(
+        self, agent: str, kind: LeaseKind, acked: list[tuple[Leased, int, float, bool]], sent: int
+    ) -> list[LeaseGrant]:
+        """The grants for the acked claims the ledger gives ``agent``, with their payloads."""
+        state = self.fold.state
         grants = []
         # Once a grant, not once a shard: it looks over the agents and the outages.
         aside = self._left_to_others(agent, now_ms()) if kind == "recheck" and acked else set()
@@ -495,6 +511,26 @@ class Granter:
                     payload=self._payload(kind, ev.target, score, agent, aside),
                 )
             )
-        self.granted += len(grants)
-        self.lost += len(claims) - len(acked)
         return grants
+
+    async def _give_back(
+        self, agent: str, kind: LeaseKind, acked: list[tuple[Leased, int, float, bool]]
+    ) -> None:
+        """``Released`` ``abandoned``, uncounted, for claims a failed grant stored."""
+        for ev, _, _, _ in acked:
+            release = Released(
+                id=fresh_id(),
+                agent=agent,
+                at=now_ms(),
+                lease=ev.lease,
+                target=ev.target,
+                outcome="abandoned",
+                counted=False,
+                error="the gateway failed to answer the grant",
+                kind=kind,
+            )
+            try:
+                await self.log.publish(release)
+            except LogError as exc:  # the claim then expires at its TTL, as before
+                log.warning("claim_not_given_back", target=ev.target, error=repr(exc))
+        log.exception("grant_failed_after_claims", agent=agent, kind=kind, given_back=len(acked))

@@ -10,6 +10,7 @@ one network's outage does not fill a checker's whole batch.
 
 from __future__ import annotations
 
+import ipaddress
 from collections import deque
 from collections.abc import Container
 from dataclasses import dataclass
@@ -106,12 +107,15 @@ def spot_checks(state: State) -> set[ProxyKey]:
 def network(row: ProxyRow) -> str:
     """What "the same network" means for spreading rechecks: the AS number or, as the
     offline data gives it, the AS organisation when known, else the /16 the address is
-    in. Without this, a shard from one big hosting range would be rechecked all at once,
-    and a range-wide outage would read as hundreds of dead proxies."""
+    in (an IPv6 address: the /32, what a registry hands one provider). Without this, a
+    shard from one big hosting range would be rechecked all at once, and a range-wide
+    outage would read as hundreds of dead proxies."""
     if row.asn:
         return f"as{row.asn}"
     if row.as_org:
         return f"org:{row.as_org}"
+    if ":" in row.ip:
+        return f"net6:{ipaddress.IPv6Address(row.ip).exploded[:9]}"
     a, b, *_ = row.ip.split(".")
     return f"net:{a}.{b}"
 
