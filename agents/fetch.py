@@ -24,7 +24,8 @@ from aiohttp.resolver import ThreadedResolver
 from aiohttp_socks import ProxyConnectionError, ProxyConnector, ProxyError, ProxyTimeoutError
 from yarl import URL
 
-from events.validate import legacy_ipv4, local_name
+from events.address import ADDRESS_RULE, address_public
+from events.validate import host_can_be_public, legacy_ipv4
 
 __all__ = ["FetchResult", "Fetcher"]
 
@@ -48,13 +49,6 @@ class FetchResult:
 MAX_REDIRECTS = 5
 
 
-def _public(addr: str) -> bool:
-    try:
-        return ipaddress.ip_address(addr).is_global
-    except ValueError:
-        return False
-
-
 class _PublicOnlyResolver(AbstractResolver):
     """Refuses, at connect time, a name that resolves to any non-public address.
 
@@ -71,7 +65,7 @@ class _PublicOnlyResolver(AbstractResolver):
     ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
         for info in found:
-            if not _public(info["host"]) and info["host"] not in self._admitted:
+            if not address_public(info["host"]) and info["host"] not in self._admitted:
                 # (errno, text): aiohttp shows only the strerror of what a resolver raised
                 why = f"refused: {host} resolves to non-public {info['host']}"
                 raise OSError(errno.EACCES, why)
@@ -139,11 +133,11 @@ class Fetcher:
                 # upstream resolves it where we cannot look (never locally: that would
                 # leak every source to local DNS, and .onion names do not resolve), so
                 # what cannot be public is refused by its form.
-                if self.upstream and local_name(host):
+                if self.upstream and not host_can_be_public(host, rule=ADDRESS_RULE):
                     return f"refused: {host} cannot be a public name"
                 return None
             host = legacy
-        if not _public(host) and host not in self.admitted:
+        if not address_public(host) and host not in self.admitted:
             return f"refused: {host} is not a public address"
         return None
 

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import structlog
 
 from agents.check import Judge, _request
-from events.address import parse_ipv4, proxy_address_ok
+from events.address import address_public, internal_name, parse_ipv4
 
 __all__ = ["BUILTIN_JUDGES", "JudgePool", "JudgeState", "is_public_host"]
 
@@ -45,11 +45,12 @@ BUILTIN_JUDGES = (
 
 
 def is_public_host(host: str) -> bool:
-    """False for a loopback or private address; a name counts as public (we do not
-    resolve names here: the proxy does, at the other end)."""
+    """False for an address the address rule refuses or an internal name; any other
+    name counts as public (we do not resolve names here: the proxy does, at the other
+    end)."""
     if parse_ipv4(host) is None and ":" not in host:
-        return host not in ("localhost",) and not host.endswith((".local", ".localhost"))
-    return proxy_address_ok(host, 1)
+        return not internal_name(host)
+    return address_public(host.strip("[]"))
 
 
 @dataclass

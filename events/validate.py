@@ -14,10 +14,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from events.address import proxy_address_ok
+from events.address import embedded_ipv4, internal_name, proxy_address_ok, public
 from events.batches import MAX_RESULTS
 from events.catalogue import (
     CheckResult,
@@ -33,7 +33,7 @@ from events.catalogue import (
     ProxyWorked,
     SourceAdded,
 )
-from events.hosts import embedded_ipv4, rules_host, spelled_address
+from events.hosts import rules_host, spelled_address
 from events.keys import DERIVED_PREFIX, parse_key
 from events.subjects import url_id
 
@@ -120,12 +120,12 @@ def legacy_ipv4(host: str) -> str | None:
     return str(ipaddress.IPv4Address(number))
 
 
-def host_can_be_public(host: str, *, guarded: bool = False) -> bool:
-    """Whether ``host`` (a URL's, without port) could be on the public internet: not a
-    private, loopback, link-local or reserved address in any notation, not
-    ``localhost``, a single label or a local suffix. ``guarded``: nor an IPv6 address
+def host_can_be_public(host: str, *, guarded: bool = False, rule: int = 0) -> bool:
+    """Whether ``host`` (a URL's, without port) could be on the public internet: not an
+    address the address rule refuses (events/address.py) in any notation, not
+    ``localhost``, a single label or an internal suffix. ``guarded``: nor an IPv6 address
     that carries a non-public IPv4, nor a name that spells one for wildcard DNS
-    (events/hosts.py). Names are not resolved here."""
+    (events/hosts.py); from rule 1 always so. Names are not resolved here."""
     host = host.strip("[]").rstrip(".").lower()
     if not host:
         return False
@@ -137,29 +137,30 @@ def host_can_be_public(host: str, *, guarded: bool = False) -> bool:
             address = ipaddress.ip_address(literal)
         except ValueError:
             return False
-        if guarded and isinstance(address, ipaddress.IPv6Address):
-            inner = embedded_ipv4(address)
-            if inner is not None and not inner.is_global:
-                return False
-        return address.is_global
-    if local_name(host):
+        if rule:
+            return public(address, rule=rule)
+        inside = embedded_ipv4(address, 0) if isinstance(address, ipaddress.IPv6Address) else ()
+        if guarded and not all(public(inner, rule=0) for inner in inside):
+            return False
+        return public(address, rule=0)
+    if internal_name(host) if rule else local_name(host):
         return False
-    if guarded:
+    if guarded or rule:
         spelled = spelled_address(host)
-        return spelled is None or spelled.is_global
+        return spelled is None or public(spelled, rule=rule)
     return True
 
 
 def local_name(host: str) -> bool:
-    """``localhost``, a single label (``intranet``), or a name under a local suffix:
-    never public, whatever a resolver would say."""
+    """Address rule 0's internal names: ``localhost``, a single label (``intranet``), or
+    a name under one of its few local suffixes (rule 1: ``address.internal_name``)."""
     name = host.rstrip(".").lower()
     return "." not in name or name.endswith(_LOCAL_SUFFIXES)
 
 
-def url_problem(url: str, *, lab: bool, guarded: bool = False) -> str:
-    """Why ``url`` may not be a source ("" when it may). ``guarded``: its host is
-    judged by what it reaches (events/hosts.py), not only by its spelling."""
+def url_problem(url: str, *, lab: bool, guarded: bool = False, rule: int = 0) -> str:
+    """Why ``url`` may not be a source ("" when it may). ``guarded`` (or address rule 1):
+    its host is judged by what it reaches (events/hosts.py), not only by its spelling."""
     if why := _text(url, MAX_URL):
         return why
     try:
@@ -172,13 +173,13 @@ def url_problem(url: str, *, lab: bool, guarded: bool = False) -> str:
     host = parts.hostname or ""
     if not host:
         return "no host"
-    if guarded:
+    if guarded or rule:
         host, why = rules_host(host)
         if why:
             return why
         if not host:
             return "no host"
-    if not lab and not host_can_be_public(host, guarded=guarded):
+    if not lab and not host_can_be_public(host, guarded=guarded, rule=rule):
         return f"host {host!r} cannot be public"
     return ""
 
@@ -186,26 +187,33 @@ def url_problem(url: str, *, lab: bool, guarded: bool = False) -> str:
 _OK = ("", "")
 
 
+class Admit(NamedTuple):
+    """What the address rule admits: lab mode, and the rule's revision (``address_rule``)."""
+
+    lab: bool
+    rule: int
+
+
 def _hex(value: str, length: int) -> bool:
     """Lower-case hex of exactly ``length`` digits (``strip`` with a set runs in C)."""
     return len(value) == length and not value.strip(_HEXDIGITS)
 
 
-def _proxy_fields(ip: str, port: int, lab: bool) -> tuple[str, str]:
+def _proxy_fields(ip: str, port: int, admit: Admit) -> tuple[str, str]:
     """An address that can be a public proxy (events/address.py), named by its field:
     the rule the fold applies when it admits a proxy, asked up front once ``guarded``."""
     if not 0 < port <= 65535:
         return "port", "out of range 1-65535"
-    if not proxy_address_ok(ip, port, lab=lab):
+    if not proxy_address_ok(ip, port, lab=admit.lab, rule=admit.rule):
         return "ip", "not an address a public proxy can have" + (
-            "" if lab else " (outside lab mode)"
+            "" if admit.lab else " (outside lab mode)"
         )
     return _OK
 
 
-def _worked_fields(e: ProxyWorked | CheckResult, lab: bool, guarded: bool) -> tuple[str, str]:
+def _worked_fields(e: ProxyWorked | CheckResult, admit: Admit, guarded: bool) -> tuple[str, str]:
     """The facts of one confirmation, whether a single event's or a round's result."""
-    if guarded and (found := _proxy_fields(e.ip, e.port, lab))[1]:
+    if guarded and (found := _proxy_fields(e.ip, e.port, admit))[1]:
         return found
     if e.proto not in PROTOS:
         return "proto", _PROTO_REASON
@@ -220,9 +228,9 @@ def _worked_fields(e: ProxyWorked | CheckResult, lab: bool, guarded: bool) -> tu
     return _OK
 
 
-def _failed_fields(e: ProxyFailed | CheckResult, lab: bool, guarded: bool) -> tuple[str, str]:
+def _failed_fields(e: ProxyFailed | CheckResult, admit: Admit, guarded: bool) -> tuple[str, str]:
     """The facts of one failed check, whether a single event's or a round's result."""
-    if guarded and (found := _proxy_fields(e.ip, e.port, lab))[1]:
+    if guarded and (found := _proxy_fields(e.ip, e.port, admit))[1]:
         return found
     if e.proto not in PROTOS:
         return "proto", _PROTO_REASON
@@ -231,8 +239,8 @@ def _failed_fields(e: ProxyFailed | CheckResult, lab: bool, guarded: bool) -> tu
     return _OK
 
 
-def _proxy_worked(e: ProxyWorked, lab: bool, guarded: bool) -> tuple[str, str]:
-    field, why = _worked_fields(e, lab, guarded)
+def _proxy_worked(e: ProxyWorked, admit: Admit, guarded: bool) -> tuple[str, str]:
+    field, why = _worked_fields(e, admit, guarded)
     if why:
         return field, why
     if e.source and not _hex(e.source, 16):
@@ -240,22 +248,22 @@ def _proxy_worked(e: ProxyWorked, lab: bool, guarded: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
-def _proxy_failed(e: ProxyFailed, lab: bool, guarded: bool) -> tuple[str, str]:
-    field, why = _failed_fields(e, lab, guarded)
+def _proxy_failed(e: ProxyFailed, admit: Admit, guarded: bool) -> tuple[str, str]:
+    field, why = _failed_fields(e, admit, guarded)
     if why:
         return field, why
     return _envelope(e.id, e.lease)
 
 
-def _proxy_reported(e: ProxyReported, lab: bool, guarded: bool) -> tuple[str, str]:
-    if guarded and (found := _proxy_fields(e.ip, e.port, lab))[1]:
+def _proxy_reported(e: ProxyReported, admit: Admit, guarded: bool) -> tuple[str, str]:
+    if guarded and (found := _proxy_fields(e.ip, e.port, admit))[1]:
         return found
     if e.detail and (why := _text(e.detail, MAX_TEXT)):
         return "detail", why
     return _envelope(e.id, "")
 
 
-def _fetched(e: Fetched, lab: bool, guarded: bool) -> tuple[str, str]:
+def _fetched(e: Fetched, admit: Admit, guarded: bool) -> tuple[str, str]:
     if not _hex(e.url_id, 16):
         return "url_id", "not a url_id"
     if not 0 <= e.http_status <= 999:
@@ -271,7 +279,7 @@ def _fetched(e: Fetched, lab: bool, guarded: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
-def _extracted(e: Extracted, lab: bool, guarded: bool) -> tuple[str, str]:
+def _extracted(e: Extracted, admit: Admit, guarded: bool) -> tuple[str, str]:
     if not _hex(e.url_id, 16):
         return "url_id", "not a url_id"
     if not 0 <= e.count <= 10_000_000:
@@ -292,26 +300,26 @@ def _extracted(e: Extracted, lab: bool, guarded: bool) -> tuple[str, str]:
     return _envelope(e.id, e.lease)
 
 
-def _discovered(e: Discovered, lab: bool, guarded: bool) -> tuple[str, str]:
+def _discovered(e: Discovered, admit: Admit, guarded: bool) -> tuple[str, str]:
     if not _hex(e.parent, 16):
         return "parent", "not a url_id"
     if len(e.urls) > MAX_URLS:
         return "urls", f"more than {MAX_URLS}"
     for url in e.urls:
-        if why := url_problem(url, lab=lab, guarded=guarded):
+        if why := url_problem(url, lab=admit.lab, guarded=guarded, rule=admit.rule):
             return "urls", f"{url[:100]!r}: {why}"
     return _envelope(e.id, "")
 
 
-def _source_added(e: SourceAdded, lab: bool, guarded: bool) -> tuple[str, str]:
-    if why := url_problem(e.url, lab=lab, guarded=guarded):
+def _source_added(e: SourceAdded, admit: Admit, guarded: bool) -> tuple[str, str]:
+    if why := url_problem(e.url, lab=admit.lab, guarded=guarded, rule=admit.rule):
         return "url", why
     if e.url_id != url_id(e.url):
         return "url_id", "not the url_id of url"
     return _envelope(e.id, "")
 
 
-def _deposited(e: Deposited, lab: bool, guarded: bool) -> tuple[str, str]:
+def _deposited(e: Deposited, admit: Admit, guarded: bool) -> tuple[str, str]:
     if why := _text(e.key, MAX_URL):
         return "key", why
     if not _hex(e.sha256, 64):
@@ -331,7 +339,7 @@ def _deposited(e: Deposited, lab: bool, guarded: bool) -> tuple[str, str]:
 _KEY = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _proxies_checked(e: ProxiesChecked, lab: bool, guarded: bool) -> tuple[str, str]:
+def _proxies_checked(e: ProxiesChecked, admit: Admit, guarded: bool) -> tuple[str, str]:
     """The round's envelope; its results are each checked as the single event they
     stand for (``result_problems``), so one bad result costs only itself."""
     if not _KEY.fullmatch(e.key):
@@ -345,7 +353,7 @@ def _proxies_checked(e: ProxiesChecked, lab: bool, guarded: bool) -> tuple[str, 
     return _envelope(e.id, e.lease)
 
 
-def _located(e: Located, lab: bool, guarded: bool) -> tuple[str, str]:
+def _located(e: Located, admit: Admit, guarded: bool) -> tuple[str, str]:
     if len(e.more) >= MAX_RESULTS:
         return "more", f"at most {MAX_RESULTS} addresses in all"
     for i, place in enumerate(e.more):
@@ -357,14 +365,17 @@ def _located(e: Located, lab: bool, guarded: bool) -> tuple[str, str]:
 
 
 def result_problems(
-    batch: ProxiesChecked, *, lab: bool, guarded: bool = False
+    batch: ProxiesChecked, *, lab: bool, guarded: bool = False, rule: int = 0
 ) -> list[tuple[int, str, str]]:
     """(index, field, why) of each result of ``batch`` that is wrong, as the single event
     it stands for would be (its envelope is the round's, checked by ``problem``); the
     field reads ``results[j].<field>``."""
+    admit = Admit(lab, rule)
     out = []
     for j, r in enumerate(batch.results):
-        field, why = _worked_fields(r, lab, guarded) if r.ok else _failed_fields(r, lab, guarded)
+        field, why = (
+            _worked_fields(r, admit, guarded) if r.ok else _failed_fields(r, admit, guarded)
+        )
         if why:
             out.append((j, f"results[{j}].{field}", why))
     return out
@@ -378,7 +389,7 @@ def _envelope(event_id: str, lease: str) -> tuple[str, str]:
     return _OK
 
 
-_CHECKS: dict[type, Callable[[Any, bool, bool], tuple[str, str]]] = {
+_CHECKS: dict[type, Callable[[Any, Admit, bool], tuple[str, str]]] = {
     ProxyWorked: _proxy_worked,
     ProxyFailed: _proxy_failed,
     ProxyReported: _proxy_reported,
@@ -392,14 +403,15 @@ _CHECKS: dict[type, Callable[[Any, bool, bool], tuple[str, str]]] = {
 }
 
 
-def problem(event: Event, *, lab: bool, guarded: bool = False) -> tuple[str, str]:
+def problem(event: Event, *, lab: bool, guarded: bool = False, rule: int = 0) -> tuple[str, str]:
     """(field, why) of the first thing wrong with ``event``; ("", "") when nothing is.
-    ``guarded``: the settings' switch of that name (events/catalogue.py Settings). A
-    table by type, not a chain of isinstance: the fold asks it of every event."""
+    ``guarded`` and ``rule`` (``address_rule``): the settings of those names
+    (events/catalogue.py Settings). A table by type, not a chain of isinstance: the fold
+    asks it of every event."""
     check = _CHECKS.get(type(event))
     if check is None:
         return _envelope(event.id, "")
-    return check(event, lab, guarded)
+    return check(event, Admit(lab, rule), guarded)
 
 
 def id_problem(event_id: str, at_ms: int, skew_ms: int) -> str:

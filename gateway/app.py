@@ -242,7 +242,7 @@ async def outages(request: web.Request) -> web.Response:
     pool scan, so computed at most every 30 s, and kept out of /v1/stats, which must
     cost nothing."""
     open_query(request)
-    return reply({"networks": request.app[GRANTER].network_outages(now_ms())})
+    return reply({"networks": request.app[GRANTER].rechecks.network_outages(now_ms())})
 
 
 @routes.get("/v1/stats/series")

@@ -28,7 +28,7 @@ from events import (
     subject_for,
     url_id,
 )
-from events.batches import expand
+from events.batches import TRAFFIC_KEY, expand
 from events.mint import fresh_id, now_ms
 from events.roles import ROLE_KINDS, may_publish
 from events.validate import id_problem, problem, result_problems, url_problem
@@ -93,7 +93,7 @@ def _field(message: str) -> str:
 def _check(caller: Caller, index: int, event: Event, settings: Settings) -> FieldError | None:
     """The fold's own rules (events/validate.py, under the log's settings), asked before
     publishing: what the fold would refuse is answered 400 here, naming the field."""
-    lab, guarded = settings.lab, settings.guarded
+    lab, guarded, rule = settings.lab, settings.guarded, settings.address_rule
     if not may_publish(caller.role, type(event).__name__):
         return FieldError(
             index=index, field="type", reason=f"role {caller.role} may not publish it"
@@ -106,7 +106,7 @@ def _check(caller: Caller, index: int, event: Event, settings: Settings) -> Fiel
         subject_for(event)
     except SubjectError as exc:
         return FieldError(index=index, field="", reason=str(exc))
-    field, why = problem(event, lab=lab, guarded=guarded)
+    field, why = problem(event, lab=lab, guarded=guarded, rule=rule)
     if why:
         return FieldError(index=index, field=field, reason=why)
     # The fold measures from the message's log time; ours is within ms of it.
@@ -118,9 +118,14 @@ def _check(caller: Caller, index: int, event: Event, settings: Settings) -> Fiel
     ):
         return FieldError(index=index, field="id", reason=why)
     if isinstance(event, ProxiesChecked):
+        if caller.role == "consumer" and event.key != TRAFFIC_KEY:
+            # Its rounds are its traffic's, on ppf.checked.traffic: never a checker's shard.
+            return FieldError(
+                index=index, field="key", reason=f"a consumer's rounds are keyed {TRAFFIC_KEY!r}"
+            )
         # Each result as the single event it stands for: its facts, and what the
         # caller's role may say (a worker reports working proxies only).
-        bad = result_problems(event, lab=lab, guarded=guarded)
+        bad = result_problems(event, lab=lab, guarded=guarded, rule=rule)
         if bad:
             _, field, why = bad[0]
             return FieldError(index=index, field=field, reason=why)
@@ -337,7 +342,9 @@ async def publish_report(
         outcome=outcome,  # type: ignore[arg-type]
         detail=detail,
     )
-    field, why = problem(event, lab=state.settings.lab, guarded=guarded)
+    field, why = problem(
+        event, lab=state.settings.lab, guarded=guarded, rule=state.settings.address_rule
+    )
     if why:
         raise ApiError(400, "bad-parameter", f"{field}: {why}", parameter=field)
     now = now_ms()
@@ -376,7 +383,8 @@ async def add_sources(request: web.Request) -> web.Response:
     for url in body.urls:
         # The rule the fold applies to SourceAdded (events/validate.py): refused here
         # with its reason, never published to be refused there.
-        if why := url_problem(url, lab=lab, guarded=state.settings.guarded):
+        settings = state.settings
+        if why := url_problem(url, lab=lab, guarded=settings.guarded, rule=settings.address_rule):
             raise ApiError(400, "bad-url", f"{url[:200]!r}: {why}")
         uid = url_id(url)
         if uid in state.sources and state.sources[uid].url:

@@ -31,24 +31,16 @@ from gateway.budget import CheckBudget
 from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
 from gateway.lookahead import Lookahead
+from gateway.rechecks import RecheckWork
 from projections.live import FoldService, far_behind
 from projections.log import ConflictError, DepositError, EventLog, LogError
 from projections.readmodels import due_score, due_sources, rank_due, scored_due
-from projections.recheck import (
-    RecheckPolicy,
-    due_in_shard,
-    for_another_vantage,
-    has_due,
-    network_outages,
-    shards,
-    spot_checks,
-)
+from projections.recheck import RecheckPolicy
 from projections.seeding import seed_candidates, seed_status
 from projections.snapshot import ProxyView
-from reducers import LeaseRow, ProxyRow, SourceRow, State
+from reducers import LeaseRow, SourceRow, State
 from reducers.ledger import clamped_ttl, sure_claim
 from reducers.pool import lease_live
-from reducers.state import ProxyKey
 
 __all__ = ["SHARDS", "CheckBudget", "Granter", "live_holdings"]
 
@@ -114,26 +106,13 @@ class Granter:
         self._due_at: float | None = None
         self.granted = 0
         self.lost = 0
-        self.recheck_batch = 500
-        self._recheck = recheck
-        self.budget = CheckBudget()
-        self.shards_refresh_s = 5.0
-        self._shard_rows: dict[str, list[ProxyRow]] = {}
-        self._spot: set[ProxyKey] = set()  # spot-checks to take first (projections/recheck)
-        self._shards_at = -1e9
-        self._outages: list[dict[str, object]] = []
-        self._outages_at = -1e9
+        self.rechecks = RecheckWork(fold, recheck)
         self.unreadable_inputs: dict[str, str] = {}  # seed input key -> why, for status
         self._seed: dict[str, Any] = {}
         self._seed_at = -1e9
         self.lookahead = Lookahead()
         self._asked: dict[str, float] = {}  # kind -> when a grant last asked for it
         self._look_now = asyncio.Event()
-
-    @property
-    def recheck(self) -> RecheckPolicy:
-        """The intervals: the log's settings, unless this gateway was given its own."""
-        return self._recheck or RecheckPolicy.of(self.fold.state.settings)
 
     def due_sources(self, now: int, max_age_s: float | None = None) -> list[tuple[float, str]]:
         """Due sources by score, as last ranked.
@@ -175,27 +154,6 @@ class Granter:
         """How many sources the last ranking found due, ranked again when older than
         ``max_age_s``: ``/v1/stats`` reads it without scoring every source per call."""
         return len(self.due_sources(now, max_age_s))
-
-    def network_outages(self, now: int, max_age_s: float = 30.0) -> list[dict[str, object]]:
-        """``projections.recheck.network_outages``, computed at most every ``max_age_s``
-        (a pool scan): ``GET /v1/outages`` serves it."""
-        if time.monotonic() - self._outages_at > max_age_s:
-            self._outages = network_outages(self.fold.state, now)
-            self._outages_at = time.monotonic()
-        return self._outages
-
-    def _left_to_others(self, agent: str, now: int) -> set[str]:
-        """Networks in an outage only ``agent`` has seen, while another checker has been
-        active in the last two minutes: their failing proxies wait for that one (a second
-        vantage). With no other checker, nothing waits."""
-        since = now - 120_000
-        others = any(
-            a.role == "checker" and a.name != agent and a.last_seen >= since
-            for a in self.fold.state.agents.values()
-        )
-        if not others:
-            return set()
-        return {str(o["network"]) for o in self.network_outages(now) if not o["confirmed"]}
 
     def seed_status(self, now: int, max_age_s: float = 5.0) -> dict[str, Any]:
         """``projections.seeding.seed_status``, computed at most every ``max_age_s`` (a
@@ -248,7 +206,7 @@ class Granter:
         # have checkers spin), longest since last leased first.
         leases = self.fold.state.leases
         shards = sorted(
-            self._due_shards(now),
+            self.rechecks.due_shards(now),
             key=lambda t: (leases[t].leased_at if t in leases else 0, t),
         )
         return ((t, 0.0) for t in shards if t not in self._claiming and _free(leases.get(t), now))
@@ -284,7 +242,7 @@ class Granter:
         self, kind: str, target: str, score: float, agent: str, aside: set[str]
     ) -> dict[str, Any]:
         """What the holder of ``target`` works on; ``aside``: networks whose failing
-        proxies ``agent`` leaves to another checker (``_left_to_others``)."""
+        proxies ``agent`` leaves to another checker (``RecheckWork.left_to_others``)."""
         state = self.fold.state
         payload: SourcePayload | SeedPayload | RecheckPayload | ProxyPayload
         row = state.leases.get(target)
@@ -312,37 +270,8 @@ class Granter:
             proxy = state.proxies.get((ip, port))
             payload = ProxyPayload(ip=ip, port=port, proto=proxy.proto if proxy else "")
         else:
-            rows = self._shards().get(target, [])
-            if aside:
-                rows = [r for r in rows if not for_another_vantage(r, agent, aside)]
-            per_hour = state.settings.recheck_budget_per_hour
-            room = self.budget.take(self.recheck_batch, per_hour, time.monotonic())
-            due = due_in_shard(rows, now_ms(), room, self.recheck, self._spot) if room else []
-            self.budget.give_back(room - len(due), per_hour)
-            payload = RecheckPayload(
-                shard=target,
-                proxies=[(p.ip, p.port, p.proto) for p in due],
-                latency_ms=[round(p.latency_ema) for p in due],
-            )
+            payload = self.rechecks.payload(target, agent, aside)
         return msgspec.structs.asdict(payload)
-
-    def _due_shards(self, now: int) -> list[str]:
-        per_hour = self.fold.state.settings.recheck_budget_per_hour
-        if per_hour and self.budget.available(per_hour, time.monotonic()) < 1:
-            return []  # the budget's checks are handed out: no shard is work until it refills
-        return [
-            shard
-            for shard, rows in self._shards().items()
-            if has_due(rows, now, self.recheck, self._spot)
-        ]
-
-    def _shards(self) -> dict[str, list[ProxyRow]]:
-        """Proxies by shard, recomputed at most every ``shards_refresh_s``."""
-        if time.monotonic() - self._shards_at > self.shards_refresh_s:
-            self._shard_rows = shards(self.fold.state)
-            self._spot = spot_checks(self.fold.state)
-            self._shards_at = time.monotonic()
-        return self._shard_rows
 
     def _settle_ahead(self) -> None:
         applied = self.fold.applied_seq
@@ -489,7 +418,9 @@ class Granter:
         state = self.fold.state
         grants = []
         # Once a grant, not once a shard: it looks over the agents and the outages.
-        aside = self._left_to_others(agent, now_ms()) if kind == "recheck" and acked else set()
+        aside = (
+            self.rechecks.left_to_others(agent, now_ms()) if kind == "recheck" and acked else set()
+        )
         for ev, seq, score, sure in acked:
             row = state.leases.get(ev.target)
             if row is not None and row.lease == ev.lease and row.epoch == seq:

@@ -94,6 +94,7 @@ _LATER = (
     "guarded",
     "id_skew_s",
     "report_share",
+    "address_rule",
 )
 _DEFAULTS = msgspec.structs.asdict(Settings())
 

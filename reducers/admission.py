@@ -66,7 +66,9 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
         why = _forbidden(state, subject, event)
         if why:
             return FORBIDDEN, why
-        field, why = problem(event, lab=settings.lab, guarded=settings.guarded)
+        field, why = problem(
+            event, lab=settings.lab, guarded=settings.guarded, rule=settings.address_rule
+        )
         if why:
             return INVALID, f"{field}: {why}"
     if (
@@ -171,7 +173,9 @@ def _plainly_admitted(
     elif said[4:] != tail(event) or not said.startswith("ppf."):
         return False
     settings = state.settings
-    return not problem(event, lab=settings.lab, guarded=settings.guarded)[1]
+    return not problem(
+        event, lab=settings.lab, guarded=settings.guarded, rule=settings.address_rule
+    )[1]
 
 
 # Event type -> the roles that may publish it on their own subjects.

@@ -145,7 +145,9 @@ def _checked(
     settings = state.settings
     agent = state.agents.get(batch.agent) or agents.row(state, batch.agent)
     counted = settings.trust and agent.name not in state.operators
-    found = result_problems(batch, lab=settings.lab, guarded=settings.guarded)
+    found = result_problems(
+        batch, lab=settings.lab, guarded=settings.guarded, rule=settings.address_rule
+    )
     invalid = {j: f"{field}: {why}" for j, field, why in found}
     if settings.guarded and agent.role == "consumer":  # its traffic: reports, never checks
         for j, why in invalid.items():
@@ -269,12 +271,14 @@ def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
             if state.settings.trust:  # a revoked agent vouches for nothing more
                 trust.reindex(state)
         case Configured():
-            lab_ends = state.settings.lab and not event.settings.lab
+            narrower = (state.settings.lab and not event.settings.lab) or (
+                event.settings.address_rule > state.settings.address_rule
+            )
             state.settings = event.settings
             state.settings_dirty = True
             trust.reindex(state)
-            if lab_ends:
-                proxies.purge_lab(state)
+            if narrower:
+                proxies.purge_refused(state)
         case ProxyReported():
             if not proxies.reported(state, event, ts, agent):
                 agent.rejected += 1  # unknown, not failed, suspect already, or over budget

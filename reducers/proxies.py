@@ -17,7 +17,7 @@ __all__ = [
     "SHARED",
     "SWEEP_MS",
     "failed",
-    "purge_lab",
+    "purge_refused",
     "reported",
     "reports_left",
     "sweep",
@@ -48,16 +48,17 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     """Record a confirmation: True for a new proxy, False for a known one, None if rejected.
 
     Addresses are validated when a proxy is admitted; a known key passed that check
-    under the settings of its time, and ``purge_lab`` removes lab admissions when lab
-    mode ends. ``agent`` and ``source`` are the projection's own copies of those names
-    (shared, not copied per row). This is the hottest path of the fold.
+    under the settings of its time, and ``purge_refused`` removes what lab mode or an
+    older address rule admitted when the settings narrow. ``agent`` and ``source`` are
+    the projection's own copies of those names (shared, not copied per row). This is
+    the hottest path of the fold.
     """
     key: ProxyKey = (event.ip, event.port)
     row = state.proxies.get(key)
     settings = state.settings
     latency = event.latency_ms if event.latency_ms > 0 else 0
     if row is None:
-        if not proxy_address_ok(event.ip, event.port, lab=settings.lab):
+        if not proxy_address_ok(event.ip, event.port, lab=settings.lab, rule=settings.address_rule):
             return None
         proto = SHARED.get(event.proto, event.proto)
         row = ProxyRow(
@@ -127,9 +128,11 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     return new
 
 
-def purge_lab(state: State) -> int:
-    """Lab mode ended: drop every proxy that only lab mode admitted."""
-    gone = [key for key in state.proxies if not proxy_address_ok(key[0], key[1])]
+def purge_refused(state: State) -> int:
+    """Lab mode ended, or the address rule narrowed: drop every proxy the settings now
+    refuse."""
+    lab, rule = state.settings.lab, state.settings.address_rule
+    gone = [k for k in state.proxies if not proxy_address_ok(k[0], k[1], lab=lab, rule=rule)]
     _evict(state, gone)
     return len(gone)
 

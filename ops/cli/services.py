@@ -15,6 +15,7 @@ import msgspec
 import structlog
 
 from events import Settings
+from events.address import ADDRESS_RULE
 from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
@@ -146,7 +147,8 @@ async def configure(lg: Log, lab: bool) -> None:
     the local agents as the operator's own (reducers/trust.py), from which any other
     agent's reports are served once checked or once it has earned trust; a re-send
     window per agent (reducers/marks.py), check rounds as one message each
-    (events/batches.py), and the guarded rules (events/catalogue.py Settings)."""
+    (events/batches.py), the guarded rules (events/catalogue.py Settings) and the
+    newest address rule (events/address.py)."""
     local = tuple(name for name, _ in LOCAL_AGENTS)
 
     def change(s: Settings) -> Settings:
@@ -160,6 +162,7 @@ async def configure(lg: Log, lab: bool) -> None:
             resend_window=s.resend_window or RESEND_WINDOW,
             batches=True,
             guarded=True,
+            address_rule=max(s.address_rule, ADDRESS_RULE),
         )
 
     if await reconfigure(lg, change) is not None:
@@ -170,6 +173,7 @@ async def configure(lg: Log, lab: bool) -> None:
             trust=True,
             batches=True,
             guarded=True,
+            address_rule=ADDRESS_RULE,
         )
 
 
