@@ -4,8 +4,12 @@ The pool comes as the gateways serve it (``GET /v1/proxies?limit=0&mitm=any``), 
 in the background every ``every_s`` with the ``ETag`` of the last answer (a gateway
 answers 304 while its snapshot has not moved), from the first gateway of the list that
 answers: a gateway restarting leaves the endpoint with the pool it has. A login is a
-consumer's name and token, checked with ``GET /v1/agents/me`` once a minute per token
-(a revoked token stops working within that minute). What a consumer's traffic met
+consumer's name and token, checked with ``GET /v1/agents/me`` on its own connections
+(a flood of bad logins, which the gateway answers slowly, never holds up the pool's
+refresh or the traffic): one ask however many connections log in with it at once; a
+login that worked is checked again in the background once it is ``LOGIN_FRESH_S`` old
+(so a revoked token stops working within seconds) and kept at most ``LOGIN_TTL_S``
+while no gateway answers; a refusal is never kept. What a consumer's traffic met
 goes back under its token, once a second, as one ``ProxiesChecked`` round (``POST
 /v1/events``): the fold takes a consumer's failures as its reports, within its budget,
 and its successes as counts only (reducers/reports.py ``traffic``).
@@ -24,7 +28,7 @@ import msgspec
 import structlog
 
 from endpoint.choose import Pool, Upstream
-from events.batches import MAX_RESULTS
+from events.batches import MAX_RESULTS, TRAFFIC_KEY
 from events.catalogue import CheckResult, ProxiesChecked
 from events.mint import fresh_id, now_ms
 
@@ -32,7 +36,10 @@ __all__ = ["Feed"]
 
 log = structlog.get_logger("ppf.serve")
 
+LOGIN_FRESH_S = 5.0
 LOGIN_TTL_S = 60.0
+LOGINS_KEPT = 10_000  # the logins that worked, the least recently checked dropped first
+LOGIN_ASKS = 16  # gateway connections for logins, apart from the pool's and the traffic's
 TRAFFIC_S = 1.0  # a consumer's outcomes go to the log once a second, as one round
 _ROLES = ("consumer", "admin")
 
@@ -65,8 +72,12 @@ class Feed:
         self.failures = 0
         self.reports = 0
         self._etag = ""
-        self._logins: dict[str, tuple[bool, float]] = {}  # sha256(name:token) -> (ok, when)
+        # sha256(name:token) -> when a gateway last said it is a login (oldest first)
+        self._logins: dict[str, float] = {}
+        self._asking: dict[str, asyncio.Future[bool | None]] = {}  # one ask per login
+        self.login_asks = 0
         self._http: aiohttp.ClientSession | None = None
+        self._login_http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
         # A consumer's outcomes not sent yet, by its token: (its name, results).
@@ -75,6 +86,10 @@ class Feed:
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        self._login_http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=10),
+            connector=aiohttp.TCPConnector(limit=LOGIN_ASKS),
+        )
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="ppf-serve-feed")
         self._sender = asyncio.create_task(self._send_traffic(), name="ppf-serve-traffic")
@@ -85,8 +100,11 @@ class Feed:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self.flush_traffic()
-        if self._http is not None:
-            await self._http.close()
+        for pending in list(self._asking.values()):
+            pending.cancel()
+        for session in (self._http, self._login_http):
+            if session is not None:
+                await session.close()
 
     async def _run(self) -> None:
         while True:
@@ -131,22 +149,44 @@ class Feed:
             return True
         return False  # every gateway away: the pool we have stays
 
+    def login_known(self, name: str, token: str) -> bool:
+        """Whether ``name``:``token`` worked within ``LOGIN_TTL_S`` (nothing asked)."""
+        checked = self._logins.get(hashlib.sha256(f"{name}:{token}".encode()).hexdigest())
+        return checked is not None and time.monotonic() - checked < LOGIN_TTL_S
+
     async def login_ok(self, name: str, token: str) -> bool:
         """Whether ``name``:``token`` is a consumer's (or the admin's) login now."""
         key = hashlib.sha256(f"{name}:{token}".encode()).hexdigest()
-        cached = self._logins.get(key)
-        now = time.monotonic()
-        if cached is not None and now - cached[1] < LOGIN_TTL_S:
-            return cached[0]
-        me = await self._ask("GET", "/v1/agents/me", token)
-        if me is None:  # no gateway answers: a login we knew holds a little longer
-            return cached[0] if cached is not None else False
+        checked = self._logins.get(key)
+        age = time.monotonic() - checked if checked is not None else LOGIN_TTL_S
+        if age < LOGIN_FRESH_S:
+            return True
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._check(key, name, token))
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        if age < LOGIN_TTL_S:
+            return True  # answered as it was; the ask in the background decides the next
+        said = await asyncio.shield(asking)
+        # No gateway answers: a login that worked once holds until one does.
+        return said is True or (said is None and checked is not None)
+
+    async def _check(self, key: str, name: str, token: str) -> bool | None:
+        """One ask of the gateways: True a login, False not (forgotten at once), None
+        when no gateway answers (a login that worked holds until ``LOGIN_TTL_S``)."""
+        self.login_asks += 1
+        me = await self._ask("GET", "/v1/agents/me", token, session=self._login_http)
+        if me is None:
+            return None
         status, body = me
-        ok = status == 200 and body.get("name") == name and body.get("role") in _ROLES
-        if len(self._logins) > 10_000:
-            self._logins.clear()
-        self._logins[key] = (ok, now)
-        return ok
+        if status == 200 and body.get("name") == name and body.get("role") in _ROLES:
+            self._logins.pop(key, None)
+            self._logins[key] = time.monotonic()
+            while len(self._logins) > LOGINS_KEPT:
+                del self._logins[next(iter(self._logins))]
+            return True
+        self._logins.pop(key, None)
+        return False
 
     def record(
         self, token: str, name: str, up: Upstream, ok: bool, latency_ms: float, why: str
@@ -181,7 +221,7 @@ class Feed:
                     id=fresh_id(),
                     agent=name,
                     at=now_ms(),
-                    key="traffic",
+                    key=TRAFFIC_KEY,
                     results=results[start : start + MAX_RESULTS],
                 )
                 answer = await self._ask(
@@ -194,13 +234,20 @@ class Feed:
                     log.warning("traffic_not_sent", consumer=name, answer=str(answer)[:200])
 
     async def _ask(
-        self, method: str, path: str, token: str, body: Any = None
+        self,
+        method: str,
+        path: str,
+        token: str,
+        body: Any = None,
+        *,
+        session: aiohttp.ClientSession | None = None,
     ) -> tuple[int, dict[str, Any]] | None:
-        assert self._http is not None
+        http = session or self._http
+        assert http is not None
         headers = {"Authorization": f"Bearer {token}"}
         for base in self.gateways:
             try:
-                async with self._http.request(method, base + path, json=body, headers=headers) as r:
+                async with http.request(method, base + path, json=body, headers=headers) as r:
                     data = await r.read()
                     try:
                         decoded = msgspec.json.decode(data) if data else {}

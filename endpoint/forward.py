@@ -67,6 +67,7 @@ def answer(status: int, text: str, extra: bytes = b"") -> bytes:
 
 _REASONS = {
     400: b"Bad Request",
+    403: b"Forbidden",
     407: b"Proxy Authentication Required",
     413: b"Content Too Large",
     429: b"Too Many Requests",
@@ -115,10 +116,14 @@ class ClientSide(asyncio.Protocol):
         self.want: Want | None = None
         self.password = ""
         self.said = b""  # the Proxy-Authorization the connection logged in with
+        self.login_at = 0.0  # when its login was last found good
         self.seen = False  # a first byte came
         self.closing = False
         self.out = bytearray()
         self.last = time.monotonic()
+        # When the head being read began (None between heads): it must end within
+        # ``Endpoint.head_s`` however slowly its bytes come, as the API's must.
+        self.head_since: float | None = self.last
         self.timer: asyncio.TimerHandle | None = None
         # The request being parsed.
         self._url = b""
@@ -135,7 +140,7 @@ class ClientSide(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._arm(_FIRST_BYTE_S)
+        self._arm(min(_FIRST_BYTE_S, self.endpoint.head_s))
 
     def data_received(self, data: bytes) -> None:
         self.last = time.monotonic()
@@ -160,6 +165,8 @@ class ClientSide(asyncio.Protocol):
             self.close()
 
     def on_message_begin(self) -> None:
+        if self.head_since is None:
+            self.head_since = time.monotonic()
         self._url, self._lines, self._auth, self._body = b"", [], b"", []
         self._head_size = self._body_size = 0
         self._framed = False
@@ -186,6 +193,7 @@ class ClientSide(asyncio.Protocol):
             self._lines.append(b"%s: %s\r\n" % (name, value))
 
     def on_headers_complete(self) -> None:
+        self.head_since = None
         self._keep_alive = self.parser.should_keep_alive()
         self._http11 = self.parser.get_http_version() != "1.0"
 
@@ -253,13 +261,15 @@ class ClientSide(asyncio.Protocol):
         except (httptools.HttpParserInvalidURLError, ValueError, UnicodeError):
             self._client_error(400, "an absolute http:// URI (https goes through CONNECT)")
             return
-        if self.want is None or req.authorization != self.said:
+        stale = time.monotonic() - self.login_at >= self.endpoint.login_recheck_s
+        if self.want is None or req.authorization != self.said or stale:
             self._slow(self._login_then_route(req))
         else:
             self.route(req)
 
     async def _login_then_route(self, req: Request) -> None:
-        want, password = await self.endpoint.http_login(req.authorization)
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        want, password = await self.endpoint.http_login(req.authorization, peer_address(peer))
         if self.closing:
             return
         if want is None:
@@ -274,12 +284,16 @@ class ClientSide(asyncio.Protocol):
                 self.refuse(429, f"{want.consumer} has its connections open already")
                 return
         self.want, self.password, self.said = want, password, req.authorization
+        self.login_at = time.monotonic()
         self.route(req)
 
     def route(self, req: Request) -> None:
         """Through an idle link when the picked upstream has one; else a new one."""
         assert self.want is not None
         endpoint = self.endpoint
+        if not req.tried and (why := endpoint.refused_destination(req.host)):
+            self.refuse(403, why)
+            return
         now = time.monotonic()
         if len(req.tried) >= endpoint.attempts:
             self._no_proxy(req)
@@ -410,15 +424,25 @@ class ClientSide(asyncio.Protocol):
 
     def _idle_check(self) -> None:
         """Closes a connection silent for ``_IDLE_S`` with nothing in flight (the first
-        byte: ``_FIRST_BYTE_S``); checked on a timer, not re-armed at every byte."""
+        byte: ``_FIRST_BYTE_S``), or whose request head is not whole ``head_s`` after it
+        began; checked on a timer, not re-armed at every byte."""
         if self.closing:
             return
+        now = time.monotonic()
+        head_s = self.endpoint.head_s
+        if self.current is None and self.head_since is not None and now - self.head_since >= head_s:
+            self.endpoint.outcomes.count("slow_head")
+            self.close()
+            return
         limit = _IDLE_S if self.seen else _FIRST_BYTE_S
-        quiet = time.monotonic() - self.last
+        quiet = now - self.last
         if self.current is None and quiet >= limit:
             self.close()
-        else:
-            self._arm(max(limit - quiet, 0.5))
+            return
+        wait = limit - quiet
+        if self.head_since is not None:
+            wait = min(wait, self.head_since + head_s - now)
+        self._arm(max(wait, 0.05))
 
     def _hand_over(
         self,
@@ -470,6 +494,11 @@ class _TooLarge(Exception):
 # What a client without a valid login is told (407), plain HTTP and CONNECT alike.
 LOGIN_NEEDED = "a consumer login is required: NAME[-options]:TOKEN"
 CHALLENGE = b'Proxy-Authenticate: Basic realm="ppf"\r\n'
+
+
+def peer_address(peername: object) -> str:
+    """The client's address, from a transport's ``peername``."""
+    return str(peername[0]) if isinstance(peername, tuple) and peername else ""
 
 
 def basic_login(authorization: bytes) -> tuple[str, str] | None:

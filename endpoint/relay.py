@@ -32,9 +32,18 @@ from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from endpoint.choose import Pool, Upstream
-from endpoint.forward import CHALLENGE, LOGIN_NEEDED, ClientSide, answer, basic_login
+from endpoint.forward import (
+    CHALLENGE,
+    LOGIN_NEEDED,
+    ClientSide,
+    answer,
+    basic_login,
+    peer_address,
+)
 from endpoint.login import LoginError, Want, parse_login
 from endpoint.uplink import Idle, UpLink
+from events.address import ADDRESS_RULE
+from events.validate import host_can_be_public
 
 __all__ = ["Endpoint", "Outcomes"]
 
@@ -68,17 +77,32 @@ class _Refused(Exception):
 class Endpoint:
     pool: Pool
     login_ok: Callable[[str, str], Awaitable[bool]]
+    # Whether a login worked lately (asking nobody): such a login passes an address's
+    # limit of failed logins, so a flood from one address refuses no consumer known there.
+    login_known: Callable[[str, str], bool] = lambda name, token: False
     # Each outcome of a consumer's traffic (its token, its name, the upstream, worked,
     # latency ms, why it failed): the log's evidence, sent in rounds (endpoint/feed.py).
     record: Callable[[str, str, Upstream, bool, float, str], None] | None = None
     attempts: int = 3
     connect_s: float = 5.0
     answer_s: float = 30.0
+    head_s: float = 10.0  # a client's request head is read whole within this, or closed
+    # A connection's login is asked again (of the feed's cache) when it is this old.
+    login_recheck_s: float = 5.0
+    # Failed logins per client address: a burst, then one per period; past them a login
+    # is refused without asking the gateway (as the gateway limits its own callers).
+    login_failures_burst: int = 20
+    login_failures_per_s: float = 1.0
     max_per_consumer: int = 64
+    # Loopback, private and internal destinations carried (a lab's own origins); never
+    # otherwise: through a proxy they reach that proxy host's metadata service or admin.
+    lab: bool = False
     outcomes: Outcomes = field(default_factory=Outcomes)
     active: dict[str, int] = field(default_factory=dict)
     idle: Idle = field(default_factory=Idle)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # the slow paths running
+    _failures: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, when
+    _asking: dict[tuple[str, str], asyncio.Future[bool]] = field(default_factory=dict)
 
     def close(self) -> None:
         """Close the idle upstream links and end the slow paths (the server itself is
@@ -89,20 +113,51 @@ class Endpoint:
 
     # -- logins and limits ------------------------------------------------------------
 
-    async def _login(self, user: str, password: str) -> Want | None:
+    async def _login(self, user: str, password: str, peer: str) -> Want | None:
         try:
             want = parse_login(user)
         except LoginError as exc:
             log.info("serve_login_refused", why=str(exc))
+            self._failed(peer)
             return None
-        return want if await self.login_ok(want.consumer, password) else None
+        key = (want.consumer, password)
+        asking = self._asking.get(key)
+        if asking is not None:  # the same login asked already: its answer, uncharged
+            return want if await asyncio.shield(asking) else None
+        # An unknown login is charged to its address before it is asked (logins asked at
+        # once would all pass a count made after), and given back when it works.
+        charged = not self.login_known(want.consumer, password)
+        if charged:
+            if self._failures_left(peer, time.monotonic()) < 1:
+                self.outcomes.count("login_limited")
+                return None
+            self._failed(peer)
+        asking = self._asking[key] = asyncio.ensure_future(self.login_ok(*key))
+        asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        ok = await asyncio.shield(asking)
+        if ok and charged:
+            self._failed(peer, -1)
+        return want if ok else None
 
-    async def http_login(self, authorization: bytes) -> tuple[Want | None, str]:
+    def _failures_left(self, peer: str, now: float) -> float:
+        tokens, at = self._failures.get(peer, (float(self.login_failures_burst), now))
+        burst = float(self.login_failures_burst)
+        return min(burst, tokens + (now - at) * self.login_failures_per_s)
+
+    def _failed(self, peer: str, count: int = 1) -> None:
+        now = time.monotonic()
+        self._failures[peer] = (self._failures_left(peer, now) - count, now)
+        if len(self._failures) > 10_000:  # a bound: addresses refilled whole are dropped
+            burst = self.login_failures_burst
+            for key in [k for k in self._failures if self._failures_left(k, now) >= burst]:
+                del self._failures[key]
+
+    async def http_login(self, authorization: bytes, peer: str) -> tuple[Want | None, str]:
         """The login a ``Proxy-Authorization`` header carries, checked."""
         basic = basic_login(authorization)
         if basic is None:
             return None, ""
-        return await self._login(*basic), basic[1]
+        return await self._login(*basic, peer), basic[1]
 
     def enter(self, want: Want) -> bool:
         """One more connection of ``want``'s consumer, unless it has its fill."""
@@ -125,11 +180,22 @@ class Endpoint:
         finally:
             self.leave(want)
 
+    def refused_destination(self, host: str) -> str:
+        """Why ``host`` may not be a destination ("" when it may): the address rule
+        (events/address.py) for an address in any notation, and internal names or names
+        that spell a non-public address; other names are resolved by the upstream."""
+        if self.lab or host_can_be_public(host, rule=ADDRESS_RULE):
+            return ""
+        self.outcomes.count("destination_refused")
+        return f"destination {host[:100]!r} is not on the public internet"
+
     # -- upstreams ----------------------------------------------------------------------
 
     async def _tunnel(self, want: Want, password: str, host: str, port: int) -> Stream:
         """A tunnel to ``host:port`` through an upstream that can tunnel, retried through
-        others; 503 when nothing (more) matches."""
+        others; 503 when nothing (more) matches; 403 for a destination not public."""
+        if why := self.refused_destination(host):
+            raise _Refused(403, 2, why)
         tried: set[tuple[str, int]] = set()
         for _ in range(self.attempts):
             up = self.pool.pick(want, tunnel=True, now=time.monotonic(), exclude=frozenset(tried))
@@ -211,7 +277,9 @@ class Endpoint:
             user = (await reader.readexactly(ulen)).decode(errors="replace")
             (plen,) = await reader.readexactly(1)
             password = (await reader.readexactly(plen)).decode(errors="replace")
-            want = await self._login(user, password)
+            want = await self._login(
+                user, password, peer_address(writer.get_extra_info("peername"))
+            )
             if want is None:
                 self.outcomes.count("login_refused")
                 writer.write(b"\x01\x01")
@@ -254,7 +322,9 @@ class Endpoint:
         """A CONNECT, its head read (``endpoint/forward.py``); ``held``: the login the
         connection showed before, whose slot this now holds."""
         try:
-            want, password = await self.http_login(authorization)
+            want, password = await self.http_login(
+                authorization, peer_address(writer.get_extra_info("peername"))
+            )
             if want is None:
                 self.outcomes.count("login_refused")
                 writer.write(answer(407, LOGIN_NEEDED, CHALLENGE))

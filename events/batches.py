@@ -16,12 +16,14 @@ import msgspec
 from events.catalogue import CheckResult, Event, ProxiesChecked, ProxyFailed, ProxyWorked
 from events.subjects import shard_of
 
-__all__ = ["MAX_RESULTS", "MAX_RESULTS_BYTES", "expand", "group"]
+__all__ = ["MAX_RESULTS", "MAX_RESULTS_BYTES", "TRAFFIC_KEY", "expand", "group"]
 
 MAX_RESULTS = 500  # results one ProxiesChecked may carry
 # Of a message's encoded results: well under the stream's 256 KiB message limit, with
 # room for the envelope and the agent's subject.
 MAX_RESULTS_BYTES = 128 * 1024
+# The one key of a consumer's rounds (its traffic through the rotating endpoint).
+TRAFFIC_KEY = "traffic"
 
 _encode = msgspec.json.Encoder().encode
 

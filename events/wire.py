@@ -300,10 +300,19 @@ def _nonce_tag(key: bytes, judge: str, expires_s: int, random_part: str) -> str:
     return hmac.new(key, said, hashlib.sha256).hexdigest()[:32]
 
 
+# An agent's name (64), the expiry (12 digits), the random part (64), the tag (32).
+MAX_NONCE = 64 + 12 + 64 + 32 + 3
+
+
 def nonce_parts(nonce: str) -> tuple[str, int, str, str] | None:
-    """(agent, expires_s, random, tag) of a nonce in ``judge_nonce``'s form, else None."""
+    """(agent, expires_s, random, tag) of a nonce in ``judge_nonce``'s form, else None:
+    also for one longer than any ppf mints (refused before it is split)."""
+    if len(nonce) > MAX_NONCE:
+        return None
     parts = nonce.split(".")
     if len(parts) != 4 or not all(parts) or not parts[1].isdigit() or len(parts[1]) > 12:
+        return None
+    if len(parts[0]) > 64 or len(parts[2]) > 64 or len(parts[3]) != 32:
         return None
     return parts[0], int(parts[1]), parts[2], parts[3]
 

@@ -81,12 +81,17 @@ class JudgeDoor:
         enrolled: Callable[[str], bool] | None = None,
         *,
         max_remembered: int = 1_000_000,
+        share: float = 0.1,
     ) -> None:
         self.keys = keys
         self.enrolled = enrolled
         self.max_remembered = max_remembered
+        # One agent's nonces in use, at most: one agent filling the memory would have
+        # every other agent's checks refused.
+        self.max_per_agent = max(1, int(max_remembered * share))
         self._used: set[str] = set()
-        self._expiring: deque[tuple[int, str]] = deque()
+        self._by_agent: dict[str, int] = {}
+        self._expiring: deque[tuple[int, str, str]] = deque()
         self.refused = 0
         self.answered = 0
 
@@ -109,16 +114,25 @@ class JudgeDoor:
             return b"", "used already"
         if len(self._used) >= self.max_remembered:
             return b"", "too many checks in flight; try again"
+        held = self._by_agent.get(agent, 0)
+        if held >= self.max_per_agent:
+            return b"", f"{agent} has {held} checks in flight, its share; try again"
         self._used.add(nonce)
-        self._expiring.append((expires_s + NONCE_GRACE_S, nonce))
+        self._by_agent[agent] = held + 1
+        self._expiring.append((expires_s + NONCE_GRACE_S, nonce, agent))
         return key, ""
 
     def _forget(self, now_s: float) -> None:
         """Nonces past use (expiry plus grace) need not be remembered: the expiry check
         refuses them. Expiries come nearly in order; one out of order waits a little."""
-        expiring = self._expiring
+        expiring, by_agent = self._expiring, self._by_agent
         while expiring and expiring[0][0] < now_s:
-            self._used.discard(expiring.popleft()[1])
+            _, nonce, agent = expiring.popleft()
+            self._used.discard(nonce)
+            if by_agent[agent] > 1:
+                by_agent[agent] -= 1
+            else:
+                del by_agent[agent]
 
 
 JUDGE_DOOR = web.AppKey("judge_door", JudgeDoor)

@@ -132,7 +132,9 @@ async def _endpoint(
         pool = Pool()
         feed = Feed([gateway], pool, every_s=0.5)
         await feed.start()
-        relay = Endpoint(pool, feed.login_ok, record=feed.record, outcomes=outcomes, **endpoint)
+        relay = Endpoint(
+            pool, feed.login_ok, record=feed.record, outcomes=outcomes, lab=True, **endpoint
+        )
         port = free_port()
         server = await serve(relay, "127.0.0.1", port)
         try:

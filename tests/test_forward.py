@@ -72,7 +72,7 @@ async def _endpoint(lab: ProxyLab, *names: str, **options: float) -> AsyncIterat
     async def login_ok(name: str, token: str) -> bool:
         return token == TOKEN
 
-    relay = Endpoint(pool, login_ok, **options)  # type: ignore[arg-type]
+    relay = Endpoint(pool, login_ok, lab=True, **options)  # type: ignore[arg-type]
     port = free_port()
     server = await serve(relay, "127.0.0.1", port)
     relay.port = port  # type: ignore[attr-defined]

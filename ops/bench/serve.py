@@ -70,7 +70,7 @@ def child(port: int, upstream: int) -> None:
         async def login_ok(name: str, token: str) -> bool:
             return token == TOKEN
 
-        endpoint = Endpoint(pool, login_ok, max_per_consumer=100_000)
+        endpoint = Endpoint(pool, login_ok, max_per_consumer=100_000, lab=True)  # loopback origin
         await serve(endpoint, "127.0.0.1", port)
         print("ready", flush=True)
         await asyncio.Event().wait()

@@ -29,6 +29,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="gateway URL(s), comma-separated: the pool comes from the first that answers",
     )
     sv.add_argument("--listen", default=DEFAULT_SERVE, type=listen)
+    sv.add_argument(
+        "--lab",
+        action="store_true",
+        help="carry requests to loopback, private and internal destinations (a lab's own)",
+    )
     serve_options(sv)
     sv.set_defaults(run=_serve)
 
@@ -74,8 +79,10 @@ async def endpoint_site(
     endpoint = Endpoint(
         pool,
         feed.login_ok,
+        login_known=feed.login_known,
         record=feed.record,
         max_per_consumer=args.serve_max_conns,
+        lab=args.lab,
         outcomes=outcomes or Outcomes(),
     )
     try:
