@@ -230,16 +230,18 @@ class GatewayClient:
         except msgspec.ValidationError as exc:
             raise GatewayError(status, f"lease: {exc}") from None
 
-    async def deposit(self, key: str, data: bytes) -> tuple[int, str]:
+    async def deposit(self, key: str, data: bytes, lease: str = "") -> tuple[int, str]:
         """Store ``data`` under ``key`` through the gateway: (200, its SHA-256 as stored)
-        or (status, why). The caller announces it after, with ``Deposited``."""
+        or (status, why); a page under the source ``lease`` it was fetched for. The
+        caller announces it after, with ``Deposited``."""
         assert self._http is not None
         digest = hashlib.sha256(data).hexdigest()
+        headers = {"X-Content-SHA256": digest, "Content-Type": "application/octet-stream"}
+        if lease:
+            headers["Ppf-Lease"] = lease
         try:
             async with self._http.put(
-                f"{self.base}/v1/deposits/{key}",
-                data=data,
-                headers={"X-Content-SHA256": digest, "Content-Type": "application/octet-stream"},
+                f"{self.base}/v1/deposits/{key}", data=data, headers=headers
             ) as r:
                 status, raw = r.status, await r.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:

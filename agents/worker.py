@@ -124,7 +124,9 @@ class Worker(Agent):
             for uid, (sha, lease, items) in deposit.items()
             if 0 < len(pages[uid]) <= cap and not self._deposits_off
         ]
-        stored = await asyncio.gather(*(gw.deposit(page_key(t[1]), pages[t[0]]) for t in todo))
+        stored = await asyncio.gather(
+            *(gw.deposit(page_key(sha), pages[uid], lease) for uid, sha, lease, _ in todo)
+        )
         out: list[Event] = []
         for (uid, sha, lease, items), (status, said) in zip(todo, stored, strict=True):
             if status == 200:

@@ -23,7 +23,7 @@ from gateway.api import openapi
 from gateway.checkout import routes as checkout_routes
 from gateway.commands import ANONYMOUS_REPORTS, GRANTER
 from gateway.commands import routes as command_routes
-from gateway.deposits import Inputs
+from gateway.deposits import PAGES, Inputs, Pages, sweeping
 from gateway.deposits import routes as deposit_routes
 from gateway.dropin import routes as dropin_routes
 from gateway.http import (
@@ -336,8 +336,10 @@ def make_app(
     app[JUDGE_DOOR] = config.judge or JudgeDoor(
         JudgeKeys(os.urandom(32)), enrolled_in(lambda: fold.state)
     )
+    app[PAGES] = Pages()
     app.cleanup_ctx.append(_sampling)
     app.cleanup_ctx.append(_granting_ahead)
+    app.cleanup_ctx.append(sweeping)
     if config.disk_guard is not None:
         app.cleanup_ctx.append(_guarding)
     if config.agent_nats is not None and config.agent_nats.enforced:

@@ -4,7 +4,11 @@ key, and announces it itself with ``Deposited``.
 Agents have no NATS permission on the bucket: the gateway is the one writer, and it
 stores only what the key allows the caller. A seed batch's key names the range the
 caller holds a live lease on, at the cursor the range stands at now; a page's key is
-its own SHA-256, so junk cannot be stored under a page's key. (The fold checks both
+its own SHA-256, so junk cannot be stored under a page's key, and a page is stored only
+under a live source lease its depositor holds (``Ppf-Lease``, or any it holds), within
+``PAGE_BYTES_PER_LEASE`` a lease; a page not announced (``Deposited``) by the time its
+lease ends, and a minute after, is deleted by ``Pages.sweep``. Refusals are counted per
+agent (``deposits_refused`` in ``/v1/agents``; this gateway's). (The fold checks both
 again from the log, and every read against the recorded digest: reducers/deposits.py,
 projections/ingest.py.) Seed inputs are stored by the operator (``ppf seed plan``).
 
@@ -14,7 +18,11 @@ the key) and kept, so a seed lease carries its range's items.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 import structlog
 from aiohttp import web
@@ -24,15 +32,96 @@ from events.mint import now_ms
 from events.wire import DepositReply
 from gateway.http import CONFIG, FOLD, ApiError, authorize, reply
 from projections.log import DepositError, DepositStore
+from reducers import State
 from reducers.pool import lease_live
 
-__all__ = ["Inputs", "routes"]
+__all__ = ["PAGES", "Inputs", "Pages", "routes", "sweeping"]
 
 log = structlog.get_logger("ppf.deposits")
 
 routes = web.RouteTableDef()
 
 MAX_PAGE = 4 * 1024 * 1024  # the request cap (GatewayConfig.max_body) bounds it too
+PAGE_BYTES_PER_LEASE = 2 * MAX_PAGE  # a source lease is one fetch: its page, and a retry
+UNANNOUNCED_GRACE_MS = 60_000  # after its lease ends, a page not announced is deleted
+SWEEP_EVERY_S = 15.0
+
+
+@dataclass
+class Pages:
+    """The pages this gateway stored: bytes by lease, and those not announced yet by the
+    time they must be (key -> unix ms), swept from the store after; refusals by agent."""
+
+    by_lease: dict[str, int] = field(default_factory=dict)
+    due: dict[str, int] = field(default_factory=dict)
+    refused: dict[str, int] = field(default_factory=dict)
+    swept: int = 0
+
+    def refuse(self, agent: str, status: int, kind: str, detail: str) -> ApiError:
+        self.refused[agent] = self.refused.get(agent, 0) + 1
+        return ApiError(status, kind, detail)
+
+    async def sweep(self, state: State, store: DepositStore | None, now: int) -> int:
+        """Delete the pages past their time that no ``Deposited`` announced; forget the
+        ones announced. How many were deleted."""
+        gone = 0
+        for key, deadline in list(self.due.items()):
+            if key in state.deposits:
+                del self.due[key]
+            elif deadline <= now and store is not None:
+                with contextlib.suppress(DepositError):
+                    await store.delete(key)
+                    gone += 1
+                    log.info("page_swept", key=key, why="never announced under its lease")
+                del self.due[key]
+        live = {lease for lease in self.by_lease if lease in state.lease_owner}
+        for lease in [k for k in self.by_lease if k not in live]:
+            del self.by_lease[lease]  # released or expired and folded: its bytes are done
+        self.swept += gone
+        return gone
+
+
+PAGES = web.AppKey("pages", Pages)
+
+
+async def sweeping(app: web.Application) -> AsyncIterator[None]:
+    """``Pages.sweep`` every ``SWEEP_EVERY_S`` while the app runs."""
+
+    async def loop() -> None:
+        while True:
+            await asyncio.sleep(SWEEP_EVERY_S)
+            try:
+                await app[PAGES].sweep(app[FOLD].state, app[CONFIG].deposits, now_ms())
+            except Exception:  # a bug: said, and the sweep goes on at the next round
+                log.exception("page_sweep_failed")
+
+    task = asyncio.create_task(loop(), name="ppf-page-sweep")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def _page_lease(request: web.Request, agent: str, size: int) -> tuple[str, int]:
+    """(the live source lease ``agent`` stores this page under, when it ends): the one
+    ``Ppf-Lease`` names, else any it holds with room for ``size`` bytes."""
+    state, pages, now = request.app[FOLD].state, request.app[PAGES], now_ms()
+    named = request.headers.get("Ppf-Lease", "")
+    targets = sorted(state.holders.get(agent, ()))
+    held = [named] if named else [state.leases[t].lease for t in targets]
+    for lease in held:
+        target = state.lease_owner.get(lease)
+        row = state.leases.get(target) if target is not None else None
+        if row is None or row.holder != agent or row.kind != "source" or not lease_live(row, now):
+            continue
+        if pages.by_lease.get(lease, 0) + size <= PAGE_BYTES_PER_LEASE:
+            return lease, row.expires_at
+    if not held:
+        why = "no live source lease" if not named else f"no live source lease {named[:64]!r}"
+        raise pages.refuse(agent, 403, "no-lease", f"{agent} holds {why}: pages need one")
+    raise pages.refuse(
+        agent, 413, "lease-full", f"{PAGE_BYTES_PER_LEASE} bytes of pages a lease at most"
+    )
 
 
 def _store(request: web.Request) -> DepositStore:
@@ -49,16 +138,28 @@ async def put_deposit(request: web.Request) -> web.Response:
     parts = parse_key(key)
     if parts is None or parts.form == "input":
         raise ApiError(400, "bad-key", "a deposit key is <plan>/<range>/<cursor> or page/<sha256>")
+    pages = request.app[PAGES]
+    lease, due = "", 0
+    if parts.form == "page":  # before the body is read: a caller without a lease sends none
+        size = request.content_length or 0
+        if size > MAX_PAGE:
+            raise pages.refuse(caller.name, 413, "too-large", f"pages up to {MAX_PAGE} bytes")
+        lease, due = _page_lease(request, caller.name, size)
     data = await request.read()
     digest = hashlib.sha256(data).hexdigest()
     said = request.headers.get("X-Content-SHA256", "")
     if said and said != digest:
-        raise ApiError(400, "digest", f"the body's SHA-256 is {digest}, not {said}")
+        raise pages.refuse(
+            caller.name, 400, "digest", f"the body's SHA-256 is {digest}, not {said}"
+        )
     if parts.form == "page":
         if parts.sha256 != digest:
-            raise ApiError(403, "not-this-page", "a page's key is the SHA-256 of its content")
+            raise pages.refuse(
+                caller.name, 403, "not-this-page", "a page's key is the SHA-256 of its content"
+            )
         if len(data) > MAX_PAGE:
-            raise ApiError(413, "too-large", f"pages are kept up to {MAX_PAGE} bytes")
+            raise pages.refuse(caller.name, 413, "too-large", f"pages up to {MAX_PAGE} bytes")
+        lease, due = _page_lease(request, caller.name, len(data))
     else:
         state = request.app[FOLD].state
         target = range_target(parts.plan, parts.range)
@@ -75,6 +176,10 @@ async def put_deposit(request: web.Request) -> web.Response:
         stored = await _store(request).put(key, data)
     except DepositError as exc:
         raise ApiError(503, "store", f"the deposit was not stored: {exc}") from exc
+    if lease:
+        pages.by_lease[lease] = pages.by_lease.get(lease, 0) + len(data)
+        if key not in request.app[FOLD].state.deposits:
+            pages.due[key] = max(pages.due.get(key, 0), due + UNANNOUNCED_GRACE_MS)
     return reply(DepositReply(key=key, sha256=stored, bytes=len(data)))
 
 

@@ -32,17 +32,18 @@ from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
 from gateway.lookahead import Lookahead
 from gateway.rechecks import RecheckWork
+from projections.holdings import live_holdings, untested_room
 from projections.live import FoldService, far_behind
 from projections.log import ConflictError, DepositError, EventLog, LogError
 from projections.readmodels import due_score, due_sources, rank_due, scored_due
 from projections.recheck import RecheckPolicy
 from projections.seeding import seed_candidates, seed_status
 from projections.snapshot import ProxyView
-from reducers import LeaseRow, SourceRow, State
+from reducers import LeaseRow, SourceRow
 from reducers.ledger import clamped_ttl, sure_claim
 from reducers.pool import lease_live
 
-__all__ = ["SHARDS", "CheckBudget", "Granter", "live_holdings"]
+__all__ = ["SHARDS", "CheckBudget", "Granter"]
 
 
 log = structlog.get_logger("ppf.leases")
@@ -64,12 +65,6 @@ def _free(row: LeaseRow | None, now: int) -> bool:
     if row is None:
         return True
     return row.status != "failed" and not lease_live(row, now)
-
-
-def live_holdings(state: State, agent: str, now: int) -> int:
-    """Leases ``agent`` holds that have not expired by ``now``."""
-    held = state.holders.get(agent, ())
-    return sum(1 for t in held if lease_live(state.leases[t], now))
 
 
 class Granter:
@@ -211,6 +206,15 @@ class Granter:
         )
         return ((t, 0.0) for t in shards if t not in self._claiming and _free(leases.get(t), now))
 
+    def _targets(self, kind: LeaseKind) -> int:
+        """How many targets of ``kind`` there are: what an untested share is of."""
+        state = self.fold.state
+        if kind == "recheck":
+            return len(SHARDS)
+        if kind == "source":
+            return len(state.sources)
+        return sum(1 for row in state.leases.values() if row.kind == kind)
+
     def _proxy_candidates(self, views: list[ProxyView], now: int) -> Iterator[tuple[str, float]]:
         """Proxies not checked out by anyone (nor being claimed here), in the order given."""
         leases = self.fold.state.leases
@@ -334,8 +338,11 @@ class Granter:
         now = now_ms()
         if kind == "seed" and self.guard is not None and self.guard.reason:
             return []  # the disk budget: bulk imports wait (the reason is in /v1/stats)
+        state = self.fold.state
         if room is None:
-            room = self.max_per_agent - live_holdings(self.fold.state, agent, now)
+            room = self.max_per_agent - live_holdings(state, agent, now)
+        if kind != "proxy" and state.settings.trust and agent not in state.trusted:
+            room = min(room, untested_room(state, agent, kind, self._targets(kind), now))
         want = max(0, min(count, room))
         if kind == "proxy":
             candidates: Iterator[tuple[str, float]] = self._proxy_candidates(proxies or [], now)
@@ -352,7 +359,6 @@ class Granter:
             return []
         if kind == "seed":
             picked = await self._readable(picked)
-        state = self.fold.state
         claims = []
         for target, score in picked:
             lease = fresh_id()

@@ -15,6 +15,7 @@ from aiohttp import web
 from events.mint import now_ms
 from events.subjects import proxy_of
 from events.wire import AgentMe
+from gateway.deposits import PAGES
 from gateway.formats import FORMATS
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
 from gateway.judge import JUDGE_DOOR
@@ -422,5 +423,7 @@ async def agents(request: web.Request) -> web.Response:
         # Re-sends of what it sent before, met and ignored (reducers/marks.py): counted,
         # so an observation dropped can be told from a true re-send.
         item["resent"] = state.resent.get(a.name, 0)
+        if refused := request.app[PAGES].refused.get(a.name, 0):
+            item["deposits_refused"] = refused  # this gateway's (gateway/deposits.py)
         items.append(item)
     return reply({"count": len(items), "agents": items})

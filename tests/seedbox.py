@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 import events as ev
+from agents.gateway_client import GatewayClient
 from gateway.app import make_app
 from gateway.diskguard import DiskGuard
 from gateway.http import GatewayConfig
@@ -32,6 +34,7 @@ class Box:
     ingest: DepositIngest
     gateway: str
     tokens: dict[str, str]
+    app: web.Application | None = None  # the gateway's, for what it keeps in memory
 
 
 @contextlib.asynccontextmanager
@@ -51,11 +54,12 @@ async def deposit_box(
     if disk_share is not None:
         guard = DiskGuard(lg.stored_bytes, nats.store_dir, disk_share, every_s=0.1)
     config = GatewayConfig(agent_nats=nats.agent_auth(), deposits=lg.deposits, disk_guard=guard)
-    server = TestServer(make_app(fold, lg, config), host="127.0.0.1")
+    app = make_app(fold, lg, config)
+    server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
         assert await fold.wait_for(await lg.head_seq(), 10)
-        yield Box(lg, fold, ingest, str(server.make_url("")).rstrip("/"), tokens)
+        yield Box(lg, fold, ingest, str(server.make_url("")).rstrip("/"), tokens, app)
     finally:
         await server.close()
         await ingest.stop()
@@ -69,3 +73,16 @@ async def until(cond: object, timeout: float) -> bool:
             return True
         await asyncio.sleep(0.1)
     return False
+
+
+async def source_lease(box: Box, gw: GatewayClient) -> str:
+    """A live source lease for ``gw``'s worker, on a source of its own: the lease a page
+    is stored under (gateway/deposits.py)."""
+    url = f"http://lists-{gw.agent}.example.net/{fresh_id()}.txt"
+    added = ev.SourceAdded(
+        id=fresh_id(), agent="admin", at=now_ms(), url=url, url_id=ev.url_id(url)
+    )
+    await box.log.publish(added)
+    assert await box.fold.wait_for(await box.log.head_seq(), 10)
+    (grant,) = await gw.lease("source", 1, 600)
+    return grant.lease

@@ -25,7 +25,7 @@ from projections.ingest import DepositIngest
 from projections.live import FoldService
 from projections.log import DepositError
 from reducers.deposits import ATTEMPTS
-from tests.seedbox import deposit_box, until
+from tests.seedbox import deposit_box, source_lease, until
 
 
 async def test_a_deposit_lost_behind_the_folds_back_is_poisoned_across_a_restart(
@@ -102,7 +102,7 @@ async def test_junk_under_another_range_or_a_pages_key_is_refused_and_the_honest
             pkey = page_key(hashlib.sha256(page).hexdigest())
             status, _ = await gw_rogue.deposit(pkey, b"junk")
             assert status == 403
-            status, psha = await gw_worker.deposit(pkey, page)
+            status, psha = await gw_worker.deposit(pkey, page, await source_lease(box, gw_worker))
             assert status == 200
             await gw_worker.publish(
                 [ev.Deposited(id=fresh_id(), agent="w1", at=now_ms(), key=pkey, sha256=psha,
@@ -139,7 +139,7 @@ async def test_reparse_extracts_again_from_a_deposited_page_fetching_nothing(
         sha = hashlib.sha256(page).hexdigest()
         gw = GatewayClient(box.gateway, box.tokens["w1"], "w1", tmp_path / "w.jsonl")
         async with gw:
-            status, _ = await gw.deposit(page_key(sha), page)
+            status, _ = await gw.deposit(page_key(sha), page, await source_lease(box, gw))
             assert status == 200
             known = ev.ProxyWorked(
                 id=fresh_id(), agent="w1", at=now_ms(), ip="8.8.8.8", port=3128, proto="http",
@@ -244,8 +244,11 @@ async def test_retention_deletes_old_deposits_by_key_once_and_keeps_a_page_store
         gw = GatewayClient(box.gateway, box.tokens["w1"], "w1", tmp_path / "w.jsonl")
         state = box.fold.state
 
+        leases: list[str] = []
+
         async def deposit(page: bytes, key: str) -> None:
-            status, sha = await gw.deposit(key, page)
+            leases[:] = leases or [await source_lease(box, gw)]  # one fetch's lease for all
+            status, sha = await gw.deposit(key, page, leases[0])
             assert status == 200
             announce = ev.Deposited(
                 id=fresh_id(), agent="w1", at=now_ms(), key=key, sha256=sha, bytes=len(page)

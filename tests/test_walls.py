@@ -429,3 +429,105 @@ async def test_endpoint_logins_ask_once_forget_refusals_and_see_revocation(
             await server.wait_closed()
             relay.close()
             await feed.stop()
+
+
+async def test_untested_agents_together_hold_a_bounded_share_of_the_leases(
+    log_client: Log,
+) -> None:
+    """Ten untested checkers each asking for 64 recheck shards (and heartbeating them,
+    as one did to hold 64 of 256 for ever) get at most 16 each and half of the shards
+    together; the operator's checker is granted from the rest."""
+
+    from gateway.leases import SHARDS
+    from projections.holdings import UNTESTED_EACH, UNTESTED_SHARE
+
+    await _configure(log_client, recheck_fresh_s=0, trust=True, trusted_agents=("c-op",))
+    proxies = [
+        ev.ProxyWorked(
+            id=fresh_id(),
+            agent="w-any",
+            at=0,
+            ip=f"45.{62 + i // 250}.{i % 250}.1",
+            port=80,
+            proto="http",
+            latency_ms=90,
+        )
+        for i in range(2_000)
+    ]
+    await log_client.publish_many(proxies)
+    roles = {f"c{i}": "checker" for i in range(10)} | {"c-op": "checker"}
+    async with _gateway(log_client, roles) as (client, fold, tokens):
+        assert await fold.wait_for(await log_client.head_seq(), 10)
+
+        async def lease(name: str) -> int:
+            body = {"agent": name, "kind": "recheck", "count": 64, "ttl_s": 600}
+            auth = {"Authorization": f"Bearer {tokens[name]}"}
+            r = await client.post("/v1/leases", json=body, headers=auth)
+            assert r.status == 200, await r.text()
+            return len((await r.json())["leases"])
+
+        held = [await lease(f"c{i}") for i in range(10)]
+        assert max(held) <= UNTESTED_EACH and held[0] == UNTESTED_EACH, held
+        assert sum(held) <= int(len(SHARDS) * UNTESTED_SHARE), held
+        again = [await lease(f"c{i}") for i in range(10)]  # asking again takes no more
+        assert sum(again) == 0, again
+        assert await lease("c-op") == 64
+
+
+async def test_pages_are_stored_only_under_a_lease_within_its_bytes_and_swept_unannounced(
+    nats_server: Any, tmp_path: Any
+) -> None:
+    """A worker holding no lease stores no page (403 before its body is read, counted in
+    ``/v1/agents``); under a lease, pages up to the lease's byte cap (413 past it); a
+    page stored and never announced is deleted from the store once its lease has ended,
+    an announced one is kept."""
+    import hashlib
+    import os
+
+    import aiohttp
+
+    from agents.gateway_client import GatewayClient
+    from events.keys import page_key
+    from gateway.deposits import PAGE_BYTES_PER_LEASE, PAGES, UNANNOUNCED_GRACE_MS
+    from tests.seedbox import deposit_box, source_lease
+
+    async with deposit_box(nats_server, tmp_path, {"w1": "worker"}) as box:
+        gw = GatewayClient(box.gateway, box.tokens["w1"], "w1", tmp_path / "w.jsonl")
+        store = box.log.deposits
+
+        def page(size: int) -> tuple[str, bytes]:
+            data = os.urandom(size)
+            return page_key(hashlib.sha256(data).hexdigest()), data
+
+        async with gw:
+            size = 1_000_000  # aiohttp warns of a body over a MiB given as bytes
+            for _ in range(20):
+                status, why = await gw.deposit(*page(size))
+                assert status == 403 and "no-lease" in why, (status, why)
+            assert not {k for k in await store.keys() if k.startswith("page/")}
+            lease = await source_lease(box, gw)
+            stored = []
+            for _ in range(PAGE_BYTES_PER_LEASE // size):
+                key, data = page(size)
+                assert (await gw.deposit(key, data, lease))[0] == 200
+                stored.append((key, data))
+            status, why = await gw.deposit(*page(size), lease)
+            assert status == 413 and "lease-full" in why, (status, why)
+            announced_key, announced = stored[0]
+            sha = hashlib.sha256(announced).hexdigest()
+            assert await gw.publish(
+                [ev.Deposited(id=fresh_id(), agent="w1", at=now_ms(), key=announced_key,
+                              sha256=sha, bytes=len(announced), lease=lease)]
+            )  # fmt: skip
+            assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        async with aiohttp.ClientSession() as http, http.get(f"{box.gateway}/v1/agents") as r:
+            [agent] = [a for a in (await r.json())["agents"] if a["name"] == "w1"]
+        assert agent["deposits_refused"] == 21
+        assert box.app is not None
+        pages = box.app[PAGES]
+        row = box.fold.state.leases[box.fold.state.lease_owner[lease]]
+        later = row.expires_at + UNANNOUNCED_GRACE_MS + 1
+        assert await pages.sweep(box.fold.state, store, row.expires_at) == 0  # not yet
+        assert await pages.sweep(box.fold.state, store, later) == len(stored) - 1
+        kept = {k for k in await store.keys() if k.startswith("page/")}
+        assert kept == {announced_key}
