@@ -39,12 +39,13 @@ lint: $(STAMP)
 
 # pytest exits 5 when it collected no test: make treats that as a failure, as it should.
 # The suite waits far more than it computes: the world-in-a-box tests (two boxes at once
-# take each other's route) run one at a time in one process, beside the rest in two;
+# take each other's route) and the floods run one at a time in one process, beside the
+# rest in two;
 # the box's output follows the rest's, and either failing fails the target.
 test: lint system-deps
 	@log=$$(mktemp); \
-	$(BIN)/pytest -m box -p no:cacheprovider >"$$log" 2>&1 & box=$$!; \
-	$(BIN)/pytest -n 2 -m "not box"; rest=$$?; \
+	$(BIN)/pytest -m "box or flood" -p no:cacheprovider >"$$log" 2>&1 & box=$$!; \
+	$(BIN)/pytest -n 2 -m "not box and not flood"; rest=$$?; \
 	wait $$box; boxed=$$?; \
 	echo "--- the world-in-a-box tests, run beside the rest (exit $$boxed) ---"; \
 	cat "$$log"; rm -f "$$log"; \

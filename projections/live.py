@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import msgspec
 import structlog
 
 from events import DecodeError, dlq_subject
@@ -36,6 +37,8 @@ log = structlog.get_logger("ppf.fold")
 
 HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find it read
 DLQ_COPY_BYTES = 16_384  # of a rejected message, copied into its DLQ entry
+DLQ_SMALL = 256  # of a message, copied whatever its entry's headers weigh
+_json = msgspec.json.Encoder().encode
 # The longest the fold holds the event loop at a time (projections/folder.py apply_for).
 SLICE_S = 0.002
 # Messages behind the log's head within which a fold counts as caught up: /readyz says
@@ -109,7 +112,10 @@ class FoldService:
         self.folder = Folder(self.state, self._reject if dlq else None)
         self.tap = tap
         self.stats = PipelineStats()
-        self._dlq: asyncio.Queue[tuple[int, bytes, bytes, DecodeError]] = asyncio.Queue()
+        # A message's refusals (a round's results, one by one), kept until it is whole,
+        # then written as one DLQ entry: by sequence, (subject, payload, refusals).
+        self._refused: dict[int, tuple[bytes, bytes, list[DecodeError]]] = {}
+        self._refusing = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # Waiters for a sequence, in a heap: each batch wakes only those it satisfied
         # (a Condition's notify_all woke every waiting request on every batch).
@@ -339,7 +345,7 @@ class FoldService:
 
     @property
     def dlq_pending(self) -> int:
-        return self._dlq.qsize()
+        return len(self._refused)
 
     def lag_s(self, head: int) -> float:
         """How far behind the head the fold is, in seconds of the log's own time."""
@@ -356,35 +362,59 @@ class FoldService:
             detail=exc.detail[:200],
             **({"index": exc.index} if exc.index >= 0 else {}),
         )
-        self._dlq.put_nowait((seq, subject, payload, exc))
+        refused = self._refused.get(seq)
+        if refused is None:
+            refused = self._refused[seq] = (subject, payload, [])
+        refused[2].append(exc)
+        self._refusing.set()
 
     async def _send_dlq(self) -> None:
+        """One DLQ entry a refused message, once the fold has applied it whole (a round's
+        refused results are gathered): at most the size of the message it names, so
+        refused input grows the log by at most its own size again."""
         while True:
-            seq, subject, payload, exc = await self._dlq.get()
-            headers = {
-                "Ppf-Seq": str(seq),
-                "Ppf-Subject": subject.decode(errors="replace"),
-                "Ppf-Reason": exc.reason,
-                "Ppf-Error": exc.detail[:500],
-                "Ppf-Size": str(len(payload)),
-            }
-            # One entry per refused result of a round: Ppf-Index names it.
-            entry = f"dlq-{seq}"
-            if exc.index >= 0:
-                headers["Ppf-Index"] = str(exc.index)
-                entry = f"dlq-{seq}-{exc.index}"
-            # The original stays in the log at Ppf-Seq; the copy is for reading, and a
-            # megabyte of junk must not be stored twice.
-            payload = payload[:DLQ_COPY_BYTES]
-            while True:
-                try:
-                    # The id is derived from the original sequence: a fold that restarts
-                    # and meets the same bad message again stores its DLQ entry once.
-                    await self.log.publish_raw(
-                        dlq_subject(exc.reason), payload, msg_id=entry, headers=headers
-                    )
-                    self.dlq_sent += 1
-                    break
-                except LogError as err:
-                    log.warning("dlq_publish_retried", seq=seq, error=str(err))
-                    await asyncio.sleep(1.0)
+            await self._refusing.wait()
+            self._refusing.clear()
+            whole = [seq for seq in self._refused if seq <= self.state.last_seq]
+            if len(whole) < len(self._refused):
+                self._refusing.set()  # a round still being folded: looked at again
+                await asyncio.sleep(0.05)
+            for seq in whole:
+                subject, payload, refusals = self._refused[seq]
+                await self._write_dlq(seq, subject, payload, refusals)
+                del self._refused[seq]
+
+    async def _write_dlq(
+        self, seq: int, subject: bytes, payload: bytes, refusals: list[DecodeError]
+    ) -> None:
+        first = refusals[0]
+        headers = {
+            "Ppf-Seq": str(seq),
+            "Ppf-Subject": subject.decode(errors="replace"),
+            "Ppf-Reason": first.reason,
+            "Ppf-Error": first.detail[:500],
+            "Ppf-Size": str(len(payload)),
+        }
+        if first.index >= 0:  # a round's results: which were refused, and why
+            headers["Ppf-Index"] = str(first.index)
+            headers["Ppf-Refused"] = str(len(refusals))
+            said = [[r.index, r.reason, r.detail[:120]] for r in refusals]
+            headers["Ppf-Refusals"] = _json(said)[:DLQ_COPY_BYTES].decode(errors="replace")
+        # The original stays in the log at Ppf-Seq; the copy is for reading, cut so the
+        # entry is no larger than the message (a megabyte of junk is not stored twice,
+        # nor a round's 16 KiB once for each of its 500 results), but for the first
+        # DLQ_SMALL bytes, which a small message keeps whole.
+        room = len(payload) - sum(len(k) + len(v) + 4 for k, v in headers.items())
+        copy = payload[: min(DLQ_COPY_BYTES, max(room, DLQ_SMALL))]
+        while True:
+            try:
+                # The id is the original sequence's: a fold that restarts and meets the
+                # same bad message again stores its DLQ entry once.
+                await self.log.publish_raw(
+                    dlq_subject(first.reason), copy, msg_id=f"dlq-{seq}", headers=headers
+                )
+                self.dlq_sent += 1
+                return
+            except LogError as err:
+                log.warning("dlq_publish_retried", seq=seq, error=str(err))
+                await asyncio.sleep(1.0)

@@ -1,0 +1,73 @@
+"""What one agent's refused input costs the log, tried as an agent would: its own NATS
+login, publishing on its own subjects what the fold refuses. These floods run apart
+from the rest of the suite (marker ``flood``: in the serial run beside the boxes)."""
+
+from __future__ import annotations
+
+import pytest
+
+import events as ev
+from events.mint import fresh_id, now_ms
+from ops.nats.client import Log
+from ops.nats.server import NatsServer
+from tests.test_agent_identity import Agent, _fleet, _me
+
+pytestmark = pytest.mark.flood
+
+
+async def _grown(lg: Log, since: int) -> int:
+    return (await lg.stored_bytes())[0] - since
+
+
+async def test_refused_rounds_and_junk_grow_the_log_by_at_most_twice_what_was_sent(
+    log_client: Log, nats_server: NatsServer
+) -> None:
+    """A worker sends 10 rounds of 500 failed results (which workers may not report) and
+    200 junk messages of 100 KB on its own subjects: every one is refused, each message
+    gets one DLQ entry naming what it refused, and the stream grows by at most twice
+    the bytes sent (a round's 500 results made 500 entries of 16 KiB each before)."""
+    async with _fleet(log_client, nats_server) as (client, fold, tokens):
+        w1 = await Agent.connect((await _me(client, tokens["w1"]))["nats"], "w1")
+        before = (await log_client.stored_bytes())[0]
+        sent = 0
+        try:
+            for r in range(10):
+                results = [
+                    ev.CheckResult(
+                        ip=f"45.70.{r}.{i % 250}",
+                        port=1000 + i,
+                        proto="http",
+                        ok=False,
+                        error="refused by the worker's own rule",
+                    )
+                    for i in range(500)
+                ]
+                round_ = ev.ProxiesChecked(
+                    id=fresh_id(), agent="w1", at=now_ms(), key="0" * 16, source="0" * 16,
+                    results=results,
+                )  # fmt: skip
+                sent += len(ev.encode(round_))
+                await w1.publish(ev.agent_subject(round_), round_)
+            junk = b"x" * 100_000
+            for i in range(200):
+                ack = await w1.js.publish(
+                    f"ppf.in.w1.proxy.45-70-99-{i}_80", junk, headers={"Nats-Msg-Id": f"w1:j{i}"}
+                )
+                sent += len(junk)
+            assert await fold.wait_for(int(ack.seq), 10)
+        finally:
+            await w1.close()
+        for _ in range(200):
+            if fold.dlq_sent >= 210 and not fold.dlq_pending:
+                break
+            await _sleep()
+        assert fold.dlq_sent == 210, fold.dlq_sent
+        grown = await _grown(log_client, before)
+        assert grown <= 2 * sent, (grown, sent)
+        assert not fold.state.proxies
+
+
+async def _sleep() -> None:
+    import asyncio
+
+    await asyncio.sleep(0.05)
