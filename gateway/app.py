@@ -44,6 +44,7 @@ from gateway.leases import Granter
 from gateway.metrics import ENDPOINT_OUTCOMES
 from gateway.metrics import routes as metrics_routes
 from gateway.natsauth import Callout, Kicker
+from gateway.penalty import PENALTIES, Penalties, watching
 from gateway.queries import SNAPSHOT, SnapshotKeeper
 from gateway.queries import routes as query_routes
 from projections.live import FoldService
@@ -279,8 +280,9 @@ async def _nats_auth(app: web.Application) -> AsyncIterator[None]:
     auth = app[CONFIG].agent_nats
     assert auth is not None
     fold = app[FOLD]
-    callout = Callout(auth, lambda: fold.state)
-    kicker = Kicker(auth, lambda: fold.state)
+    penalized = app[PENALTIES].penalized
+    callout = Callout(auth, lambda: fold.state, penalized)
+    kicker = Kicker(auth, lambda: fold.state, cut_off=penalized)
     await callout.start()
     await kicker.start()
     task = asyncio.create_task(kicker.run(), name="ppf-kicker")
@@ -337,9 +339,11 @@ def make_app(
         JudgeKeys(os.urandom(32)), enrolled_in(lambda: fold.state)
     )
     app[PAGES] = Pages()
+    app[PENALTIES] = Penalties(lambda: fold.refused_bytes)
     app.cleanup_ctx.append(_sampling)
     app.cleanup_ctx.append(_granting_ahead)
     app.cleanup_ctx.append(sweeping)
+    app.cleanup_ctx.append(watching)
     if config.disk_guard is not None:
         app.cleanup_ctx.append(_guarding)
     if config.agent_nats is not None and config.agent_nats.enforced:

@@ -17,6 +17,7 @@ from events.wire import FieldError, Problem, WireError
 from gateway.diskguard import DiskGuard
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
+from gateway.penalty import PENALTIES
 from projections.live import LAG_BOUND, FoldService
 from projections.log import DepositStore, EventLog, LogError
 from projections.recheck import RecheckPolicy
@@ -305,6 +306,9 @@ def authorize(request: web.Request, *roles: str) -> Caller:
             raise retry_later(wait, "too-many-failures", "too many wrong tokens from this address")
         raise ApiError(401, "unauthorized", "unknown or revoked token")
     structlog.contextvars.bind_contextvars(agent=name)
+    if (cut_off := request.app.get(PENALTIES)) is not None and (left := cut_off.penalized(name)):
+        why = f"{name} is cut off for its refused input, {int(left)} s more"
+        raise ApiError(403, "cut-off", why, headers={"Retry-After": str(max(1, round(left)))})
     agent = state.agents[name]
     if agent.role != ROLE_ADMIN and agent.role not in roles:
         raise ApiError(403, "forbidden", f"role {agent.role} may not do this")

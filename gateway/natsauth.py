@@ -146,9 +146,15 @@ def grant(auth: NatsAuth, state: State, user: str, password: str) -> dict[str, A
 class Callout:
     """Answers the server's authorization requests from the gateway's own projection."""
 
-    def __init__(self, auth: NatsAuth, state: Callable[[], State]) -> None:
+    def __init__(
+        self,
+        auth: NatsAuth,
+        state: Callable[[], State],
+        cut_off: Callable[[str], float] = lambda agent: 0.0,
+    ) -> None:
         self.auth = auth
         self._state = state
+        self._cut_off = cut_off  # seconds an agent stays cut off (gateway/penalty.py)
         self._key = nkeys.from_seed(bytearray(auth.issuer_seed))
         self._issuer = self._key.public_key.decode()
         self._nc: Client | None = None
@@ -182,6 +188,8 @@ class Callout:
         iat = int(time.time()) if now is None else now
         response: dict[str, Any] = {"type": "authorization_response", "version": 2}
         decided = grant(self.auth, self._state(), user, password)
+        if not isinstance(decided, str) and (left := self._cut_off(user)):
+            decided = f"cut off for its refused input, {int(left)} s more"
         if isinstance(decided, str):
             self.refused += 1
             log.warning("nats_auth_refused", user=user[:64], reason=decided)
@@ -232,9 +240,16 @@ class Kicker:
     login goes to the callout again and is refused.
     """
 
-    def __init__(self, auth: NatsAuth, state: Callable[[], State], every_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        auth: NatsAuth,
+        state: Callable[[], State],
+        every_s: float = 1.0,
+        cut_off: Callable[[str], float] = lambda agent: 0.0,
+    ) -> None:
         self.auth = auth
         self._state = state
+        self._cut_off = cut_off
         self.every_s = every_s
         self._sys: Client | None = None
         self.kicked = 0
@@ -245,7 +260,9 @@ class Kicker:
         if not sep:
             return False  # the service's own, or the system user: not an agent's login
         row = self._state().agents.get(agent)
-        return row is None or not row.token_sha256 or row.token_sha256[:16] != fingerprint
+        if row is None or not row.token_sha256 or row.token_sha256[:16] != fingerprint:
+            return True
+        return bool(self._cut_off(agent))
 
     async def run(self) -> None:
         while True:

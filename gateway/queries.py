@@ -19,6 +19,7 @@ from gateway.deposits import PAGES
 from gateway.formats import FORMATS
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
 from gateway.judge import JUDGE_DOOR
+from gateway.penalty import PENALTIES
 from projections.foreground import Foreground
 from projections.readmodels import (
     ProxyFilter,
@@ -425,5 +426,9 @@ async def agents(request: web.Request) -> web.Response:
         item["resent"] = state.resent.get(a.name, 0)
         if refused := request.app[PAGES].refused.get(a.name, 0):
             item["deposits_refused"] = refused  # this gateway's (gateway/deposits.py)
+        penalties = request.app[PENALTIES]
+        if cut := penalties.cut_off.get(a.name, 0):  # this gateway's (gateway/penalty.py)
+            item["cut_off"] = cut
+            item["cut_off_s"] = round(penalties.penalized(a.name))
         items.append(item)
     return reply({"count": len(items), "agents": items})

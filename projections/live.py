@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
-from events import DecodeError, dlq_subject
+from events import AGENT_PREFIX, DecodeError, dlq_subject
 from projections.folder import Checkpointer, Folder, Message
 from projections.foreground import Foreground
 from projections.log import DepositStore, EventLog, GapError, LogError
@@ -38,6 +38,7 @@ log = structlog.get_logger("ppf.fold")
 HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find it read
 DLQ_COPY_BYTES = 16_384  # of a rejected message, copied into its DLQ entry
 DLQ_SMALL = 256  # of a message, copied whatever its entry's headers weigh
+_AGENT_PREFIX = AGENT_PREFIX.encode()
 _json = msgspec.json.Encoder().encode
 # The longest the fold holds the event loop at a time (projections/folder.py apply_for).
 SLICE_S = 0.002
@@ -125,6 +126,9 @@ class FoldService:
         self._head = (0.0, 0)
         self._whole_after = 0  # the head when a snapshot was adopted (_maybe_checkpoint)
         self.dlq_sent = 0
+        # Bytes of refused messages on each agent's own subjects, this process's count:
+        # what cuts an agent off (gateway/penalty.py).
+        self.refused_bytes: dict[str, int] = {}
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
 
     @property
@@ -365,6 +369,9 @@ class FoldService:
         refused = self._refused.get(seq)
         if refused is None:
             refused = self._refused[seq] = (subject, payload, [])
+            if subject.startswith(_AGENT_PREFIX):  # an agent's own subject: its input
+                agent = subject[len(_AGENT_PREFIX) :].partition(b".")[0].decode(errors="replace")
+                self.refused_bytes[agent] = self.refused_bytes.get(agent, 0) + len(payload)
         refused[2].append(exc)
         self._refusing.set()
 

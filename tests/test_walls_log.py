@@ -71,3 +71,52 @@ async def _sleep() -> None:
     import asyncio
 
     await asyncio.sleep(0.05)
+
+
+async def test_an_agent_flooding_refused_input_is_cut_off_and_its_login_refused(
+    log_client: Log, nats_server: NatsServer
+) -> None:
+    """A worker publishes junk of 100 KB on its own subject as fast as its link takes
+    it: once its refused bytes pass the bound a minute it is cut (its connection
+    kicked, its login refused, its HTTP calls 403, counted in /v1/agents), within a few
+    seconds; the stream grows by at most twice what it got out before the cut."""
+    import asyncio
+    import time
+
+    import nats.errors
+
+    from gateway.penalty import PENALTIES, REFUSED_BYTES_PER_MIN
+    from tests.test_agent_identity import _refused_login
+
+    async with _fleet(log_client, nats_server) as (client, _, tokens):
+        url = (await _me(client, tokens["w1"]))["nats"]
+        w1 = await Agent.connect(url, "w1")
+        before = (await log_client.stored_bytes())[0]
+        junk, sent, passed_at = b"x" * 100_000, 0, 0.0
+        started = time.monotonic()
+        try:
+            while time.monotonic() - started < 10 and not w1.nc.is_closed:
+                subject = f"ppf.in.w1.proxy.45-70-98-{sent // len(junk)}_80"
+                msg_id = f"w1:f{sent // len(junk)}"
+                try:
+                    await w1.js.publish(subject, junk, headers={"Nats-Msg-Id": msg_id})
+                except (nats.errors.Error, TimeoutError):
+                    break
+                sent += len(junk)
+                if not passed_at and sent > REFUSED_BYTES_PER_MIN:
+                    passed_at = time.monotonic()
+        finally:
+            cut_at = time.monotonic()
+            await w1.close()
+        assert w1.nc.is_closed and passed_at, (sent, w1.disconnects)
+        assert cut_at - passed_at < 5.0, cut_at - passed_at
+        assert client.app[PENALTIES].penalized("w1") > 0
+        assert "authorization violation" in (await _refused_login(url)).lower()
+        r = await client.get("/v1/agents/me", headers={"Authorization": f"Bearer {tokens['w1']}"})
+        assert r.status == 403 and "Retry-After" in r.headers
+        r = await client.get("/v1/agents")
+        [row] = [a for a in (await r.json())["agents"] if a["name"] == "w1"]
+        assert row["cut_off"] == 1 and row["cut_off_s"] > 0
+        await asyncio.sleep(0.5)
+        grown = (await log_client.stored_bytes())[0] - before
+        assert grown <= 2 * sent + 64 * 1024, (grown, sent)
