@@ -123,6 +123,7 @@ async def stats(request: web.Request) -> web.Response:
     active = sum(1 for a in state.agents.values() if now - a.last_seen <= 300_000)
     tap = fold.tap.stats if fold.tap is not None else None
     store = request.app[CONFIG].deposits
+    guard = request.app[CONFIG].disk_guard
     return reply(
         {
             "applied_seq": fold.applied_seq,
@@ -177,6 +178,7 @@ async def stats(request: web.Request) -> web.Response:
                 "errors": tap.errors,
                 "last_error": tap.last_error,
             },
+            "warnings": [w for w in (guard.warning if guard else "",) if w],
             "log": _log_span(fold, now),
             "settings": state.settings,
         }

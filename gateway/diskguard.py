@@ -4,7 +4,9 @@ Seed leases are not granted, and ``ppf seed plan`` refuses, while the deposit bu
 the log's stream holds more than ``share`` of the disk the NATS store lives on; both
 resume once below it. Everyday work (sources, rechecks) goes on: the guard only holds
 back what can grow the store by gigabytes. The reason is in ``/v1/stats`` (``seed
-.paused``), on the dashboard and in ``ppf seed status``.
+.paused``), on the dashboard and in ``ppf seed status``. Before that, from ``WARN_AT``
+of the limit, ``warning`` says so (``/v1/stats`` ``warnings``, ``/metrics``
+``ppf_store_used_ratio``): the log grows from what agents send, refused input too.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import structlog
 
 from projections.tasks import stop_tasks
 
-__all__ = ["DiskGuard", "DiskUse", "verdict"]
+__all__ = ["WARN_AT", "DiskGuard", "DiskUse", "verdict"]
 
 log = structlog.get_logger("ppf.diskguard")
 
@@ -28,6 +30,9 @@ class DiskUse(NamedTuple):
     disk_bytes: int  # the size of the disk the store is on
     stream_bytes: int
     deposit_bytes: int
+
+
+WARN_AT = 0.8  # of the limit, the store's use is warned of
 
 
 def _gb(n: int) -> str:
@@ -85,8 +90,29 @@ class DiskGuard:
         self.reason = reason
         return reason
 
+    @property
+    def used_ratio(self) -> float:
+        """The larger of the log's and the deposits' bytes over the limit (1: paused)."""
+        limit = self.share * self.use.disk_bytes
+        if limit <= 0:
+            return 0.0
+        return max(self.use.stream_bytes, self.use.deposit_bytes) / limit
+
+    @property
+    def warning(self) -> str:
+        """Said from ``WARN_AT`` of the limit ("" below it)."""
+        ratio = self.used_ratio
+        if ratio < WARN_AT:
+            return ""
+        return (
+            f"the store is at {ratio:.0%} of its limit ({self.share:.0%} of the disk's "
+            f"{_gb(self.use.disk_bytes)}): bulk imports pause at 100%; trim the log "
+            "(snapshots) or give the store more room"
+        )
+
     def status(self) -> dict[str, object]:
         return {
+            "warning": self.warning,
             "paused": self.reason,
             "share": self.share,
             "disk_bytes": self.use.disk_bytes,

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from events.mint import now_ms
-from gateway.http import FOLD, LOG
+from gateway.http import CONFIG, FOLD, LOG
 from gateway.judge import JUDGE_DOOR
 from reducers import trust
 from reducers.pool import lease_live
@@ -99,6 +99,13 @@ def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str
         [({}, fold.folder.resent)],
     )
     lines += _family("ppf_dlq_sent_total", "counter", "DLQ entries written", [({}, fold.dlq_sent)])
+    if (guard := app[CONFIG].disk_guard) is not None:
+        lines += _family(
+            "ppf_store_used_ratio",
+            "gauge",
+            "the log's or the deposits' bytes over the disk guard's limit (warned at 0.8)",
+            [({}, round(guard.used_ratio, 4))],
+        )
     lines += _family(
         "ppf_leases",
         "gauge",

@@ -5,7 +5,9 @@ A fold starts from the newest snapshot it can read when that is ahead of its own
 checkpoint (a new gateway: from the snapshot, not from sequence 1), and refuses to
 start on a gap: when the log no longer holds the message after its state, it says
 which snapshot it would need. The fold that writes snapshots (``SnapshotPolicy``) takes
-one every ``every_messages`` messages or ``every_s`` seconds of folding, keeps the
+one every ``every_messages`` messages or ``every_s`` seconds of folding, or early once
+the stream has grown by ``every_bytes`` since the last (byte pressure: large messages,
+refused input, that a count of messages would let pile up), keeps the
 newest ``keep``, and with ``trim``, once it keeps that many, purges the stream below the
 oldest: history goes only where a snapshot covers it, and ``keep - 1`` intervals of it
 stay behind the newest.
@@ -37,6 +39,7 @@ STEP_S = 0.004  # the loop is given back this often while a snapshot is encoded
 class SnapshotPolicy:
     every_messages: int = 1_000_000
     every_s: float = 600.0
+    every_bytes: int = 1 << 30
     keep: int = 3
     trim: bool = False
 
@@ -73,6 +76,7 @@ class Snapshots:
         self.span: Span | None = None  # the stream, as last read
         self.taken = 0
         self._last = (0, time.monotonic())  # (messages applied, when) at the last one
+        self._last_bytes: int | None = None  # the stream's bytes then (None: not read yet)
 
     async def refresh(self) -> None:
         self.kept = await self.store.seqs()
@@ -114,8 +118,13 @@ class Snapshots:
         if p is None:
             return False
         messages, at = self._last
-        return applied - messages >= p.every_messages or (
-            applied > messages and time.monotonic() - at >= p.every_s
+        if self.span is not None and self._last_bytes is None:
+            self._last_bytes = self.span.bytes  # the first reading: what the fold met
+        grown = self.span.bytes - (self._last_bytes or 0) if self.span is not None else 0
+        return (
+            applied - messages >= p.every_messages
+            or (applied > messages and time.monotonic() - at >= p.every_s)
+            or (applied > messages and p.every_bytes > 0 and grown >= p.every_bytes)
         )
 
     async def encode(self, state: State) -> bytes:
@@ -142,3 +151,4 @@ class Snapshots:
                 await self.store.trim(self.kept[0] + 1)
                 log.info("log_trimmed", below=self.kept[0] + 1, was_first=span.first_seq)
         self.span = await self.store.span()
+        self._last_bytes = self.span.bytes

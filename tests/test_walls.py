@@ -308,3 +308,48 @@ async def test_pages_are_stored_only_under_a_lease_within_its_bytes_and_swept_un
         assert await pages.sweep(box.fold.state, store, later) == len(stored) - 1
         kept = {k for k in await store.keys() if k.startswith("page/")}
         assert kept == {announced_key}
+
+
+def test_byte_pressure_takes_a_snapshot_early() -> None:
+    """The stream grown by ``every_bytes`` since the last snapshot (large refused
+    messages, say) makes one due however few messages came: trimming can then free what
+    the snapshot covers."""
+    from projections.log import Span
+    from projections.snapshot_policy import SnapshotPolicy, Snapshots
+
+    policy = SnapshotPolicy(every_messages=1_000_000, every_s=3_600, every_bytes=100 << 20)
+    snaps = Snapshots(store=None, policy=policy)  # type: ignore[arg-type]
+    snaps.span = Span(first_seq=1, last_seq=10, bytes=5 << 20, first_ts=0)
+    assert not snaps.due(10)
+    snaps.span = Span(first_seq=1, last_seq=1_010, bytes=(5 << 20) + (99 << 20), first_ts=0)
+    assert not snaps.due(1_010)
+    snaps.span = Span(first_seq=1, last_seq=1_020, bytes=(5 << 20) + (100 << 20), first_ts=0)
+    assert snaps.due(1_020)
+
+
+async def test_the_store_is_warned_of_before_its_limit(log_client: Log, tmp_path: Any) -> None:
+    """At 85 % of the disk guard's limit, ``/v1/stats`` carries a warning and
+    ``/metrics`` the ratio; below 80 %, neither warns."""
+    import shutil
+
+    from gateway.diskguard import DiskGuard
+
+    disk = shutil.disk_usage(tmp_path).total
+    held = [int(0.5 * disk * 0.5)]
+
+    async def stored() -> tuple[int, int]:
+        return held[0], 0
+
+    guard = DiskGuard(stored, tmp_path, share=0.5, every_s=0.05)
+    await guard.start()
+    try:
+        async with _gateway(log_client, {}, GatewayConfig(disk_guard=guard)) as (client, _, _):
+            assert (await (await client.get("/v1/stats")).json())["warnings"] == []
+            held[0] = int(0.5 * disk * 0.85)
+            await guard.weigh()
+            [warning] = (await (await client.get("/v1/stats")).json())["warnings"]
+            assert "85%" in warning and not guard.reason
+            text = await (await client.get("/metrics")).text()
+            assert "ppf_store_used_ratio 0.85" in text
+    finally:
+        await guard.stop()
