@@ -102,13 +102,19 @@ async def sweeping(app: web.Application) -> AsyncIterator[None]:
         await task
 
 
-def _page_lease(request: web.Request, agent: str, size: int) -> tuple[str, int]:
+async def _page_lease(request: web.Request, agent: str, size: int) -> tuple[str, int]:
     """(the live source lease ``agent`` stores this page under, when it ends): the one
-    ``Ppf-Lease`` names, else any it holds with room for ``size`` bytes."""
-    state, pages, now = request.app[FOLD].state, request.app[PAGES], now_ms()
+    ``Ppf-Lease`` names, else any it holds with room for ``size`` bytes. A lease named
+    but not folded here yet (granted a moment ago, by another gateway or ahead of the
+    fold) is looked for once more at the head."""
+    fold, pages = request.app[FOLD], request.app[PAGES]
     named = request.headers.get("Ppf-Lease", "")
+    if named and named not in fold.state.lease_owner:
+        await fold.caught_up_now(2.0)
+    state, now = fold.state, now_ms()
     targets = sorted(state.holders.get(agent, ()))
     held = [named] if named else [state.leases[t].lease for t in targets]
+    full = False
     for lease in held:
         target = state.lease_owner.get(lease)
         row = state.leases.get(target) if target is not None else None
@@ -116,12 +122,13 @@ def _page_lease(request: web.Request, agent: str, size: int) -> tuple[str, int]:
             continue
         if pages.by_lease.get(lease, 0) + size <= PAGE_BYTES_PER_LEASE:
             return lease, row.expires_at
-    if not held:
-        why = "no live source lease" if not named else f"no live source lease {named[:64]!r}"
-        raise pages.refuse(agent, 403, "no-lease", f"{agent} holds {why}: pages need one")
-    raise pages.refuse(
-        agent, 413, "lease-full", f"{PAGE_BYTES_PER_LEASE} bytes of pages a lease at most"
-    )
+        full = True
+    if full:
+        raise pages.refuse(
+            agent, 413, "lease-full", f"{PAGE_BYTES_PER_LEASE} bytes of pages a lease at most"
+        )
+    why = f"no live source lease {named[:64]!r}" if named else "no live source lease"
+    raise pages.refuse(agent, 403, "no-lease", f"{agent} holds {why}: pages need one")
 
 
 def _store(request: web.Request) -> DepositStore:
@@ -144,7 +151,7 @@ async def put_deposit(request: web.Request) -> web.Response:
         size = request.content_length or 0
         if size > MAX_PAGE:
             raise pages.refuse(caller.name, 413, "too-large", f"pages up to {MAX_PAGE} bytes")
-        lease, due = _page_lease(request, caller.name, size)
+        lease, due = await _page_lease(request, caller.name, size)
     data = await request.read()
     digest = hashlib.sha256(data).hexdigest()
     said = request.headers.get("X-Content-SHA256", "")
@@ -159,7 +166,7 @@ async def put_deposit(request: web.Request) -> web.Response:
             )
         if len(data) > MAX_PAGE:
             raise pages.refuse(caller.name, 413, "too-large", f"pages up to {MAX_PAGE} bytes")
-        lease, due = _page_lease(request, caller.name, len(data))
+        lease, due = await _page_lease(request, caller.name, len(data))
     else:
         state = request.app[FOLD].state
         target = range_target(parts.plan, parts.range)

@@ -149,7 +149,9 @@ async def test_a_worker_reporting_ten_thousand_fabricated_proxies_gets_none_serv
     """Mallory, a worker with its own token and NATS login, reports 10,000 proxies that
     do not exist (ports nobody listens on, at the world's own addresses) while ppf's own
     agents harvest the world's real ones: none of Mallory's is served, its trust falls
-    on the spot-checks of ppf's checker, and the real proxies are served as ever."""
+    on the spot-checks of ppf's checker, and the real proxies are served as ever. Past
+    its quota its reports are refused, and once they pass a megabyte in a minute it is
+    cut off (gateway/penalty.py): what it sent after is not stored, and it is told so."""
     up = _up_in(world, ppf_bin, tmp_path)
     await asyncio.to_thread(up.start)
     nc = None
@@ -159,6 +161,7 @@ async def test_a_worker_reporting_ten_thousand_fabricated_proxies_gets_none_serv
         addrs = sorted({p.addr for p in world.proxies})
         fake = [(addrs[i % len(addrs)], 20_000 + i // len(addrs)) for i in range(10_000)]
         acks = []
+        cut = False
         last = ""  # ids rise, as an agent's client stamps them: else a re-send to the fold
         for i, (ip, port) in enumerate(fake):
             last = fresh_id_after(last)
@@ -174,8 +177,12 @@ async def test_a_worker_reporting_ten_thousand_fabricated_proxies_gets_none_serv
                 )
             )
             if len(acks) == 200 or i == len(fake) - 1:
-                await asyncio.gather(*acks)  # every one stored: folded or refused, not lost
+                # Every one stored (folded or refused, not lost) until it is cut off.
+                answers = await asyncio.gather(*acks, return_exceptions=True)
                 acks = []
+                if any(isinstance(a, BaseException) for a in answers):
+                    cut = True
+                    break
         added = await asyncio.create_subprocess_exec(
             ppf_bin, "sources", "add", world.page_url, "--nats", up.nats,
             stdout=asyncio.subprocess.DEVNULL,
@@ -195,6 +202,7 @@ async def test_a_worker_reporting_ten_thousand_fabricated_proxies_gets_none_serv
             assert not set(pool) & fakes, "a fabricated proxy was served"
             await asyncio.sleep(1)
         assert mallory["trust"] == "fallen", mallory
+        assert not cut or mallory.get("cut_off", 0) >= 1, mallory
         assert mallory["spot_failed"] >= 10 > mallory["spot_checks"] - mallory["spot_failed"]
         assert set(pool) == real  # the honest harvest, whole
         waiting = await asyncio.to_thread(

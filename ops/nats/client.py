@@ -309,14 +309,26 @@ class Log:
         info = await self.js.stream_info(STREAM)
         return int(info.state.bytes), await self.deposits.size()
 
-    async def last_event(self, subject: str) -> Event | None:
-        """The last event on ``subject`` (direct get), or None when there is none."""
-        self.ops["direct_get"] += 1
-        try:
-            msg = await self.js.get_last_msg(STREAM, subject, direct=True)
-        except nats.js.errors.NotFoundError:
-            return None
-        return decode(msg.data or b"")
+    async def last_event(self, subject: str, *, wait_s: float = 60.0) -> Event | None:
+        """The last event on ``subject`` (direct get), or None when there is none. A
+        stream just made in a cluster answers direct gets only once its replicas have
+        formed (NoResponders until then): asked again with backoff, said, for ``wait_s``."""
+        deadline = asyncio.get_running_loop().time() + wait_s
+        pause = 0.1
+        while True:
+            self.ops["direct_get"] += 1
+            try:
+                msg = await self.js.get_last_msg(STREAM, subject, direct=True)
+            except nats.js.errors.NotFoundError:
+                return None
+            except _TRANSIENT as exc:
+                if asyncio.get_running_loop().time() + pause > deadline:
+                    raise LogError(f"{subject}: no answer in {wait_s:.0f} s: {exc!r}") from exc
+                log.info("direct_get_waiting", subject=subject, error=repr(exc))
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 2.0)
+                continue
+            return decode(msg.data or b"")
 
     async def subject_msgs(self, subject: str) -> int:
         """How many messages the stream holds on ``subject``: from the server's index
