@@ -39,6 +39,8 @@ __all__ = [
     "AGENT_INBOX",
     "AGENT_PREFIX",
     "DLQ_PREFIX",
+    "DLQ_STREAM",
+    "LOG_SUBJECTS",
     "MAX_MESSAGE",
     "RESERVED_AGENT_NAMES",
     "STREAM",
@@ -62,7 +64,22 @@ __all__ = [
 ]
 
 STREAM = "PPF"
-STREAM_SUBJECTS = "ppf.>"
+STREAM_SUBJECTS = "ppf.>"  # what readers of the log ask for (the DLQ is not in it)
+# The log's own subjects: every one of ppf's but the DLQ's, which is a stream of its own
+# (``DLQ_STREAM``), bounded, dropping its oldest entries.
+LOG_SUBJECTS = (
+    "ppf.in.>",
+    "ppf.source.>",
+    "ppf.proxy.>",
+    "ppf.checked.>",
+    "ppf.deposit.>",
+    "ppf.lease.>",
+    "ppf.agent.>",
+    "ppf.geo.>",
+    "ppf.config",
+    "ppf.seed.>",
+)
+DLQ_STREAM = "PPF_DLQ"
 DLQ_PREFIX = "ppf.dlq."
 # An agent's own subjects: ``ppf.in.<agent>.<entity>.<key>``, the entity subject with the
 # publisher's name in front, so a NATS permission can bind each agent to its own.

@@ -73,3 +73,11 @@ def ppf_judge_app(key_file: Path) -> tuple[Any, tuple[str, bytes]]:
     app[JUDGE_DOOR] = JudgeDoor(keys)
     app.router.add_get("/judge", judge)
     return app, keys.operator()
+
+
+async def dlq_messages(lg: Any) -> list[Any]:
+    """Every entry the DLQ's stream holds, oldest first (``ev.DLQ_STREAM``)."""
+    from events import DLQ_STREAM
+
+    last = (await lg.js.stream_info(DLQ_STREAM)).state.last_seq
+    return [await lg.js.get_msg(DLQ_STREAM, seq) for seq in range(1, last + 1)]

@@ -27,7 +27,7 @@ from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from projections.live import FoldService
 from tests.fleet import serving
-from tests.helpers import worked
+from tests.helpers import dlq_messages, worked
 
 
 def _configured(**settings: Any) -> ev.Configured:
@@ -236,8 +236,7 @@ async def test_forgeries_on_an_agents_own_subjects_reach_only_the_dlq(
         await asyncio.sleep(0.05)
     assert fold.dlq_sent == len(forgeries)
     entries = {}
-    for seq in range(seqs[0], await log_client.head_seq() + 1):
-        msg = await log_client.js.get_msg("PPF", seq)
+    for msg in await dlq_messages(log_client):
         if msg.subject == "ppf.dlq.forbidden" and msg.headers:
             entries[int(msg.headers["Ppf-Seq"])] = msg.headers["Ppf-Error"]
     assert sorted(entries) == seqs
@@ -389,8 +388,7 @@ async def test_nonsense_facts_are_refused_over_nats_and_over_http(
     while fold.dlq_sent < len(seqs) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     reasons = []
-    for seq in range(seqs[0], await log_client.head_seq() + 1):
-        msg = await log_client.js.get_msg("PPF", seq)
+    for msg in await dlq_messages(log_client):
         if msg.subject.startswith("ppf.dlq.") and msg.headers:
             reasons.append((msg.subject, msg.headers["Ppf-Error"].split(":")[0]))
     assert reasons == [

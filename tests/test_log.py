@@ -7,7 +7,7 @@ import gc
 import os
 
 import pytest
-from nats.js.api import StorageType, StoreCompression, StreamConfig
+from nats.js.api import DiscardPolicy, StorageType, StoreCompression, StreamConfig
 
 import events as ev
 from events.subjects import MAX_MESSAGE
@@ -23,7 +23,10 @@ async def test_stream_is_created_idempotently_with_the_contracted_settings(log_c
     await log_client.ensure_stream()
     await log_client.ensure_stream()
     info = await log_client.js.stream_info(ev.STREAM)
-    assert info.config.subjects == ["ppf.>"]
+    assert info.config.subjects == list(ev.LOG_SUBJECTS)  # the DLQ apart
+    dlq = await log_client.js.stream_info(ev.DLQ_STREAM)
+    assert dlq.config.subjects == ["ppf.dlq.>"] and dlq.config.max_bytes > 0
+    assert dlq.config.discard == DiscardPolicy.OLD  # bounded: its oldest entries go first
     assert info.config.storage == StorageType.FILE
     assert info.config.compression == StoreCompression.NONE  # ops/nats/client.py: why
     assert info.config.allow_direct
@@ -100,13 +103,13 @@ async def test_firehose_reads_a_frame_larger_than_its_buffer(log_client: Log) ->
     the small ones around it stay in order."""
     big = os.urandom(MAX_MESSAGE - 4096)
     await log_client.publish(worked("8.8.1.1"))
-    await log_client.js.publish("ppf.dlq.too_big", big)
+    await log_client.js.publish("ppf.proxy.too_big", big)
     await log_client.publish(worked("8.8.1.2"))
     got = []
     async for chunk in Firehose(log_client.url, buffer_bytes=4096).batches(until=3):
         got.extend(chunk)
     assert [m[0] for m in got] == [1, 2, 3]
-    assert got[1][2] == b"ppf.dlq.too_big" and got[1][3] == big
+    assert got[1][2] == b"ppf.proxy.too_big" and got[1][3] == big
     assert ev.decode(got[2][3]).ip == "8.8.1.2"  # type: ignore[attr-defined]
 
 
@@ -167,7 +170,7 @@ async def test_a_stream_made_with_s2_is_stored_plain_and_reads_whole(
     await lg.js.add_stream(old)
     body = os.urandom(100_000).hex().encode()  # 200 KB; 45 of them seal an 8 MB block
     for i in range(45):
-        await lg.publish_raw("ppf.test.blob", body, msg_id=f"old-{i}")
+        await lg.publish_raw("ppf.proxy.blob", body, msg_id=f"old-{i}")
     await lg.ensure_stream()
     info = await lg.js.stream_info(ev.STREAM)
     assert info.config.compression == StoreCompression.NONE
@@ -183,7 +186,7 @@ async def test_a_stream_made_with_s2_is_stored_plain_and_reads_whole(
     await nats_server.astart()
     lg = await Log.connect(nats_server.url)
     for i in range(5):
-        await lg.publish_raw("ppf.test.blob", body, msg_id=f"new-{i}")
+        await lg.publish_raw("ppf.proxy.blob", body, msg_id=f"new-{i}")
     await lg.close()
     hose = Firehose(nats_server.url, start_seq=1)
     seen: list[tuple[int, bytes]] = []

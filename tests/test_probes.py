@@ -27,6 +27,7 @@ from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from projections.live import FoldService
 from tests.fleet import serving
+from tests.helpers import dlq_messages
 from tests.test_agent_identity import Agent, _me
 
 OPERATOR = ("w-own", "c-own")
@@ -113,9 +114,8 @@ async def _dlq(log_client: Log, fold: FoldService, since: int, count: int) -> li
     while fold.dlq_sent < count and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     out = []
-    for seq in range(since, await log_client.head_seq() + 1):
-        msg = await log_client.js.get_msg("PPF", seq)
-        if msg.subject.startswith("ppf.dlq.") and msg.headers:
+    for msg in await dlq_messages(log_client):  # those of what was refused from ``since``
+        if msg.headers and int(msg.headers.get("Ppf-Seq", 0)) >= since:
             out.append(f"{msg.subject} {msg.headers['Ppf-Error']}")
     return out
 

@@ -24,12 +24,14 @@ import nats.js.errors
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import StorageType, StoreCompression, StreamConfig
+from nats.js.api import DiscardPolicy, StorageType, StoreCompression, StreamConfig
 
 from events import (
+    DLQ_PREFIX,
+    DLQ_STREAM,
+    LOG_SUBJECTS,
     MAX_MESSAGE,
     STREAM,
-    STREAM_SUBJECTS,
     Event,
     decode,
     encode,
@@ -74,6 +76,7 @@ _TRANSIENT = (
 )
 
 DUPLICATE_WINDOW_S = 300.0
+DLQ_MAX_BYTES = 256 * 1024 * 1024  # the DLQ's entries, its oldest dropped past it
 RETRIES = 3
 
 
@@ -249,7 +252,7 @@ class Log:
         """Create stream PPF, or bring its settings to ours; idempotent."""
         config = StreamConfig(
             name=STREAM,
-            subjects=[STREAM_SUBJECTS],
+            subjects=list(LOG_SUBJECTS),
             storage=StorageType.FILE,
             duplicate_window=DUPLICATE_WINDOW_S,
             allow_direct=True,
@@ -270,10 +273,26 @@ class Log:
             # the update below, and keeps its own where none is asked.
             num_replicas=self.replicas or 1,
         )
+        # The DLQ, apart (a stream over ppf.> held it before: its subjects are narrowed
+        # first, so the two never overlap): bounded, its oldest entries dropped first,
+        # while the refused originals stay in the log at their sequences.
+        dlq = StreamConfig(
+            name=DLQ_STREAM,
+            subjects=[f"{DLQ_PREFIX}>"],
+            storage=StorageType.FILE,
+            max_bytes=DLQ_MAX_BYTES,
+            discard=DiscardPolicy.OLD,
+            duplicate_window=DUPLICATE_WINDOW_S,
+            max_msg_size=MAX_MESSAGE,
+            num_replicas=config.num_replicas,
+        )
         deadline = asyncio.get_running_loop().time() + 60
         while True:
             try:
                 await self._add_or_update(config)
+                if self.replicas is None:  # the log's own, as found
+                    dlq.num_replicas = (await self.js.stream_info(STREAM)).config.num_replicas
+                await self._add_or_update(dlq)
                 return
             except (*_TRANSIENT, _NoPeersYet) as exc:  # a cluster still forming
                 if asyncio.get_running_loop().time() > deadline:
