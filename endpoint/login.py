@@ -70,7 +70,12 @@ class Want:
         )
 
 
+MAX_LOGIN = 512  # characters of a login's name and options
+
+
 def parse_login(user: str) -> Want:
+    if len(user) > MAX_LOGIN:
+        raise LoginError(f"a login of more than {MAX_LOGIN} characters")
     parts = user.split("-")
     start = next((i for i, p in enumerate(parts) if i and p in _KEYWORDS), len(parts))
     name = "-".join(parts[:start])

@@ -44,6 +44,7 @@ from endpoint.login import LoginError, Want, parse_login
 from endpoint.uplink import Idle, UpLink
 from events.address import ADDRESS_RULE
 from events.validate import host_can_be_public
+from events.wire import MAX_TOKEN
 
 __all__ = ["Endpoint", "Outcomes"]
 
@@ -114,6 +115,9 @@ class Endpoint:
     # -- logins and limits ------------------------------------------------------------
 
     async def _login(self, user: str, password: str, peer: str) -> Want | None:
+        if len(password) > MAX_TOKEN:  # no token of ppf's is longer: refused unasked
+            self._failed(peer)
+            return None
         try:
             want = parse_login(user)
         except LoginError as exc:

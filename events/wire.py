@@ -15,6 +15,8 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "MAX_NONCE",
+    "MAX_TOKEN",
     "NONCE_GRACE_S",
     "NONCE_LIFETIME_S",
     "OPERATOR",
@@ -302,6 +304,7 @@ def _nonce_tag(key: bytes, judge: str, expires_s: int, random_part: str) -> str:
 
 # An agent's name (64), the expiry (12 digits), the random part (64), the tag (32).
 MAX_NONCE = 64 + 12 + 64 + 32 + 3
+MAX_TOKEN = 256  # characters of a bearer token or a login's password (ppf's own: 43)
 
 
 def nonce_parts(nonce: str) -> tuple[str, int, str, str] | None:

@@ -353,3 +353,19 @@ async def test_the_store_is_warned_of_before_its_limit(log_client: Log, tmp_path
             assert "ppf_store_used_ratio 0.85" in text
     finally:
         await guard.stop()
+
+
+async def test_tokens_and_logins_longer_than_any_issued_are_refused_unread(
+    log_client: Log,
+) -> None:
+    """A bearer token of 8,000 characters is a 401 (never hashed); a login name of 1,000
+    characters is refused by the endpoint's grammar before anyone is asked."""
+    from endpoint.login import LoginError, parse_login
+
+    async with _gateway(log_client, {"shop": "consumer"}) as (client, _, tokens):
+        r = await client.get("/v1/agents/me", headers={"Authorization": "Bearer " + "a" * 8_000})
+        assert r.status == 401
+        r = await client.get("/v1/agents/me", headers={"Authorization": f"Bearer {tokens['shop']}"})
+        assert r.status == 200
+    with pytest.raises(LoginError, match="more than"):
+        parse_login("shop" + "-session-x" * 100)
