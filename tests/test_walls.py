@@ -178,10 +178,12 @@ async def test_a_consumers_round_goes_out_under_key_traffic_only(log_client: Log
         assert await log_client.head_seq() == head + 1
 
 
-async def test_judge_nonces_are_short_and_each_agents_share_is_bounded(tmp_path: Any) -> None:
-    """A nonce longer than any ppf mints is refused before it is read further, however
-    validly signed, and nothing of it is kept; one agent's nonces in use stop at its
-    share of the judge's memory while another agent's are still answered."""
+async def test_judge_nonces_are_short_and_each_agents_share_is_bounded(
+    log_client: Log, tmp_path: Any
+) -> None:
+    """At the real gateway's ``/judge``: a nonce longer than any ppf mints is refused
+    (403) however validly signed, and nothing of it is kept; one agent's nonces in use
+    stop at its share of the judge's memory while another agent's are still answered."""
     import os
     import time
 
@@ -190,20 +192,27 @@ async def test_judge_nonces_are_short_and_each_agents_share_is_bounded(tmp_path:
 
     keys = JudgeKeys.load(tmp_path / "judge.key")
     door = JudgeDoor(keys, lambda name: name in ("shop", "c1"), max_remembered=100)
-    here, now = "127.0.0.1:8080", time.time()
+    async with _gateway(log_client, {}, GatewayConfig(judge=door)) as (client, _, _):
+        here = f"127.0.0.1:{client.port}"
 
-    def nonce(agent: str, random_part: str) -> str:
-        expires = int(now) + NONCE_LIFETIME_S
-        return judge_nonce(agent, keys.agent_key(agent), here, expires, random_part)
+        def nonce(agent: str, random_part: str, now: float) -> str:
+            expires = int(now) + NONCE_LIFETIME_S
+            return judge_nonce(agent, keys.agent_key(agent), here, expires, random_part)
 
-    long = nonce("shop", "a" * 8_000)
-    assert len(long) > MAX_NONCE
-    assert door.admit(long, here, now) == (b"", "not a ppf check's nonce")
-    admitted = [door.admit(nonce("shop", os.urandom(8).hex()), here, now)[1] for _ in range(20)]
-    assert admitted[:10] == [""] * 10
-    assert all("share" in why for why in admitted[10:])
-    assert door.admit(nonce("c1", os.urandom(8).hex()), here, now)[1] == ""
-    later = now + NONCE_LIFETIME_S + 120  # spent nonces forgotten: the share is free again
+        async def ask(n: str) -> tuple[int, str]:
+            r = await client.get("/judge", params={"n": n}, headers={"Host": here})
+            return r.status, await r.text()
+
+        long = nonce("shop", "a" * 8_000, time.time())
+        assert len(long) > MAX_NONCE
+        status, said = await ask(long)
+        assert status == 403 and "not a ppf check" in said
+        assert door.admit(long, here, time.time())[1] == "not a ppf check's nonce"
+        answers = [await ask(nonce("shop", os.urandom(8).hex(), time.time())) for _ in range(20)]
+        assert [s for s, _ in answers[:10]] == [200] * 10
+        assert all(s == 403 and "share" in said for s, said in answers[10:])
+        assert (await ask(nonce("c1", os.urandom(8).hex(), time.time())))[0] == 200
+    later = time.time() + NONCE_LIFETIME_S + 120  # spent nonces forgotten: room again
     fresh = judge_nonce("shop", keys.agent_key("shop"), here, int(later) + 60, "ab")
     assert door.admit(fresh, here, later)[1] == ""
 

@@ -1,11 +1,13 @@
 """Walls of the rotating endpoint an attacker could walk through, tried as one would:
 the real endpoint on a port, a recording upstream behind it, the real gateway for
-logins."""
+logins. The floods among them (marker ``flood``) run apart from the rest of the suite."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+
+import pytest
 
 import events as ev
 from events.mint import fresh_id, now_ms
@@ -101,6 +103,7 @@ async def test_the_endpoint_carries_no_request_to_an_inside_destination() -> Non
             relay.close()
 
 
+@pytest.mark.flood
 async def test_the_endpoint_closes_a_head_that_trickles() -> None:
     """50 connections each sending a request head one byte at a time (every byte resets
     an idle timer) are closed once ``head_s`` has passed since their head began; a
@@ -159,6 +162,7 @@ async def test_the_endpoint_closes_a_head_that_trickles() -> None:
             relay.close()
 
 
+@pytest.mark.flood
 async def test_endpoint_logins_ask_once_forget_refusals_and_see_revocation(
     log_client: Log,
 ) -> None:
