@@ -110,7 +110,9 @@ class FoldService:
             every_ms=every_ms,
             foreground=self.foreground,
         )
-        self.folder = Folder(self.state, self._reject if dlq else None)
+        # Without a DLQ to write (a gateway beside the fold that writes it), refusals are
+        # still counted per agent: the cut-off (gateway/penalty.py) is every gateway's.
+        self.folder = Folder(self.state, self._reject if dlq else self._count_refused)
         self.tap = tap
         self.stats = PipelineStats()
         # A message's refusals (a round's results, one by one), kept until it is whole,
@@ -129,6 +131,7 @@ class FoldService:
         # Bytes of refused messages on each agent's own subjects, this process's count:
         # what cuts an agent off (gateway/penalty.py).
         self.refused_bytes: dict[str, int] = {}
+        self._counted_seq = 0
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
 
     @property
@@ -369,11 +372,18 @@ class FoldService:
         refused = self._refused.get(seq)
         if refused is None:
             refused = self._refused[seq] = (subject, payload, [])
-            if subject.startswith(_AGENT_PREFIX):  # an agent's own subject: its input
-                agent = subject[len(_AGENT_PREFIX) :].partition(b".")[0].decode(errors="replace")
-                self.refused_bytes[agent] = self.refused_bytes.get(agent, 0) + len(payload)
+        self._count_refused(seq, subject, payload, exc)
         refused[2].append(exc)
         self._refusing.set()
+
+    def _count_refused(self, seq: int, subject: bytes, payload: bytes, _: DecodeError) -> None:
+        """A refused message's bytes, once (a round's refused results come one by one),
+        to the agent whose own subject it came on."""
+        if seq == self._counted_seq or not subject.startswith(_AGENT_PREFIX):
+            return
+        self._counted_seq = seq
+        agent = subject[len(_AGENT_PREFIX) :].partition(b".")[0].decode(errors="replace")
+        self.refused_bytes[agent] = self.refused_bytes.get(agent, 0) + len(payload)
 
     async def _send_dlq(self) -> None:
         """One DLQ entry a refused message, once the fold has applied it whole (a round's
