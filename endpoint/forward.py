@@ -440,9 +440,9 @@ class ClientSide(asyncio.Protocol):
             self.close()
             return
         wait = limit - quiet
-        if self.head_since is not None:
+        if self.current is None and self.head_since is not None:
             wait = min(wait, self.head_since + head_s - now)
-        self._arm(max(wait, 0.05))
+        self._arm(max(wait, 0.05 if self.current is None else 0.5))
 
     def _hand_over(
         self,
