@@ -261,7 +261,10 @@ async def serve(config: dict[str, Any]) -> None:
             churn = Churn(config["churn"], root, _relay, _tarpit)
             t0 = await churn.start()
         ready = {"proxies": served, "pid": os.getpid(), "churn_t0": t0}
-        (root / "ready.json").write_text(json.dumps(ready))
+        # Whole or not at all: the lab reads it the moment it exists (written in place,
+        # it was once read empty).
+        (root / "ready.json.part").write_text(json.dumps(ready))
+        (root / "ready.json.part").rename(root / "ready.json")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
