@@ -99,12 +99,12 @@ def test_rule_0_kept_what_it_took() -> None:
 
 @pytest.mark.skipif(sys.version_info[:3] != (3, 11, 7), reason="compares with 3.11.7's own")
 def test_rule_0_is_python_3_11_7_written_out() -> None:
-    """On 3.11.7 itself: revision 0's answers are ``is_global``'s, for 200,000 addresses
+    """On 3.11.7 itself: revision 0's answers are ``is_global``'s, for 60,000 addresses
     drawn over both families and the special blocks."""
     rng = random.Random(7)
     blocks = ["::ffff:0:0/96", "2001::/23", "2001:db8::/32", "fc00::/7", "fe80::/10"]
     blocks += ["ff00::/8", "::/96", "64:ff9b::/96", "2002::/16", "100::/64", "2000::/3"]
-    for i in range(100_000):
+    for i in range(30_000):
         if i % 2:
             net = ipaddress.IPv6Network(rng.choice(blocks))
             v6 = ipaddress.IPv6Address(
