@@ -4,11 +4,12 @@ The address rules (events/validate.py ``url_problem``) refuse sources on hosts t
 cannot be public. A host can pass them by its spelling alone: percent-encoded
 (``%31%32%37.0.0.1``), in full-width digits an IDNA resolver folds to ASCII, an IPv6
 literal that carries a private IPv4 inside it (NAT64 ``64:ff9b::7f00:1``, 6to4
-``2002:7f00:1::``, mapped, compatible, Teredo), or a name whose wildcard DNS answers
-with the address its labels spell (``127.0.0.1.nip.io``, ``10-0-0-1.sslip.io``,
-``7f000001.nip.io``), or a name that always answers loopback (``lvh.me``). These rules
-judge a copy of the host normalised for that purpose only: ``normalize_url`` and
-``url_id`` keep the URL as it was given. Pure: nothing here resolves a name.
+``2002:7f00:1::``, mapped, compatible, Teredo: ``events.address.embedded_ipv4``), or
+a name whose wildcard DNS answers with the address its labels spell
+(``127.0.0.1.nip.io``, ``10-0-0-1.sslip.io``, ``7f000001.nip.io``), or a name that
+always answers loopback (``lvh.me``). These rules judge a copy of the host normalised
+for that purpose only: ``normalize_url`` and ``url_id`` keep the URL as it was given.
+Pure: nothing here resolves a name.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from urllib.parse import unquote
 __all__ = [
     "ALWAYS_LOOPBACK",
     "WILDCARD_DNS",
-    "embedded_ipv4",
     "rules_host",
     "spelled_address",
 ]
@@ -42,8 +42,6 @@ _QUAD = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
 _DOTTED = re.compile(rf"(?:^|\.)({_QUAD}(?:\.{_QUAD}){{3}})(?:\.|$)")
 _DASHED = re.compile(rf"(?:^|[.-])({_QUAD}(?:-{_QUAD}){{3}})(?:\.|$)")
 _HEX = re.compile(r"(?:^|[.-])([0-9a-f]{8})\.")
-_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
-_COMPATIBLE = ipaddress.IPv6Network("::/96")
 
 
 def rules_host(hostname: str) -> tuple[str, str]:
@@ -59,21 +57,6 @@ def rules_host(hostname: str) -> tuple[str, str]:
         except UnicodeError:
             return "", "the host is not a valid international name"
     return host, ""
-
-
-def embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 one carries and reaches (mapped, 6to4, Teredo's client,
-    NAT64, the old compatible form), or None."""
-    if address.ipv4_mapped is not None:
-        return address.ipv4_mapped
-    if address.sixtofour is not None:
-        return address.sixtofour
-    if address.teredo is not None:
-        return address.teredo[1]
-    value = int(address)
-    if any(address in net for net in _NAT64) or (address in _COMPATIBLE and value > 1):
-        return ipaddress.IPv4Address(value & 0xFFFFFFFF)
-    return None
 
 
 def spelled_address(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:

@@ -18,6 +18,7 @@ from ops.cli.admin import enroll
 from ops.nats.client import Log
 from projections.live import FoldService
 from tests.fleet import serving
+from tests.helpers import worked
 
 IPV6_PROXIES = ("2a00:1450:4001:80b::200e", "2606:4700:4700::1111", "2001:4860:4860::8888")
 
@@ -87,17 +88,7 @@ async def test_a_grant_that_fails_after_its_claims_gives_them_back(
     is free for the next grant at once (it was held until the claim's TTL)."""
     await _configure(log_client, recheck_fresh_s=0)
     for i in range(3):
-        await log_client.publish(
-            ev.ProxyWorked(
-                id=fresh_id(),
-                agent="w-any",
-                at=0,
-                ip=f"45.61.{i}.1",
-                port=80,
-                proto="http",
-                latency_ms=90,
-            )
-        )
+        await log_client.publish(worked(f"45.61.{i}.1", 80, agent="w-any"))
     async with _gateway(log_client, {"c1": "checker"}) as (client, fold, tokens):
         auth = {"Authorization": f"Bearer {tokens['c1']}"}
         body = {"agent": "c1", "kind": "recheck", "count": 64, "ttl_s": 600}
@@ -228,18 +219,7 @@ async def test_untested_agents_together_hold_a_bounded_share_of_the_leases(
     from projections.holdings import UNTESTED_EACH, UNTESTED_SHARE
 
     await _configure(log_client, recheck_fresh_s=0, trust=True, trusted_agents=("c-op",))
-    proxies = [
-        ev.ProxyWorked(
-            id=fresh_id(),
-            agent="w-any",
-            at=0,
-            ip=f"45.{62 + i // 250}.{i % 250}.1",
-            port=80,
-            proto="http",
-            latency_ms=90,
-        )
-        for i in range(2_000)
-    ]
+    proxies = [worked(f"45.{62 + i // 250}.{i % 250}.1", 80, agent="w-any") for i in range(2_000)]
     await log_client.publish_many(proxies)
     roles = {f"c{i}": "checker" for i in range(10)} | {"c-op": "checker"}
     async with _gateway(log_client, roles) as (client, fold, tokens):
