@@ -33,7 +33,8 @@ from events import (
     encode,
 )
 from events.batches import group
-from events.mint import fresh_id_after
+from events.ids import uuid7_ms
+from events.mint import fresh_id_after, now_ms
 from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, WireError
 from ops.nats.client import Log, LogError, redact
 
@@ -53,6 +54,12 @@ def _invalid_indexes(problem: str, count: int) -> dict[int, str]:
 log = structlog.get_logger("ppf.agent")
 
 
+class _Dated(msgspec.Struct):
+    """What the outbox's expiry reads of an event."""
+
+    id: str = ""
+
+
 class GatewayError(WireError):
     """The gateway said no, or could not be reached (status 0)."""
 
@@ -64,6 +71,10 @@ NATS_CHUNK = 200
 # ids past its skew setting, 5 minutes by default); asked again every STANDING_S.
 CLOCK_WARN_MS = 2_000
 STANDING_S = 600.0
+# How long after its id's date an event may still be sent from the outbox: past it the
+# fleet's re-send window (a setting at least this plus the skew allowed) may have
+# forgotten it, so it is set aside in ``outbox.rejected`` as expired, not sent twice.
+OUTBOX_REPLAY_S = 3_600
 
 
 class GatewayClient:
@@ -279,7 +290,7 @@ class GatewayClient:
         so it neither blocks everything after it nor is lost."""
         async with self._sending:
             await self._ask_for_nats()
-            outbox = self._read_outbox()
+            outbox = self._unexpired(self._read_outbox())
             if self.batches:  # a round's results as one message (events/batches.py)
                 events = group(events)
             pending = [*outbox, *(encode(e) for e in self._stamp(events, outbox))]
@@ -291,6 +302,21 @@ class GatewayClient:
                 return False
             self.outbox.unlink(missing_ok=True)
             return True
+
+    def _unexpired(self, outbox: list[bytes]) -> list[bytes]:
+        """The outbox less what is past ``OUTBOX_REPLAY_S``, which is set aside."""
+        oldest = now_ms() - OUTBOX_REPLAY_S * 1000
+        kept = []
+        for line in outbox:
+            try:
+                dated = uuid7_ms(msgspec.json.decode(line, type=_Dated).id)
+            except msgspec.DecodeError:
+                dated = oldest  # left to the send, which sets a damaged line aside
+            if 0 <= dated < oldest:
+                self._set_aside(line, f"expired: older than the outbox's {OUTBOX_REPLAY_S} s")
+            else:
+                kept.append(line)
+        return kept
 
     def _stamp(self, events: list[Event], outbox: list[bytes]) -> list[Event]:
         """Each event gets a fresh id after the last one sent, as it is sent: the fold

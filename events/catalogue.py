@@ -114,6 +114,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # written before this setting did; N keeps each agent's N newest ids, so ids out of
     # order (within a millisecond, two processes on one token, clocks apart) are folded.
     resend_window: int = 0
+    # The re-send window in log time (reducers/marks.py ``Recent``): from the Configured
+    # that sets it, it takes over from ``resend_window``. An agent's ids folded within
+    # the last W seconds of log time are remembered; an id dated before that is stale.
+    resend_window_s: int = 0
     # Agents, the deposit ingest and the locator publish a round's results as one
     # ProxiesChecked and many locations as one Located (docs/architecture.md §4).
     batches: bool = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-__all__ = ["token_sha256", "uuid7", "uuid7_after"]
+__all__ = ["token_sha256", "uuid7", "uuid7_after", "uuid7_ms"]
 
 
 def token_sha256(token: str) -> str:
@@ -36,3 +36,14 @@ def uuid7_after(candidate: str, previous: str) -> str:
     value = int(previous.replace("-", ""), 16) + 1
     h = f"{value:032x}"
     return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def uuid7_ms(event_id: str) -> int:
+    """The unix ms a UUIDv7 in its canonical form is dated at; -1 for anything else."""
+    head = event_id[:8] + event_id[9:13]
+    if len(event_id) != 36 or event_id[14] != "7" or not _HEX.issuperset(head):
+        return -1
+    return int(head, 16)

@@ -34,6 +34,7 @@ from events.catalogue import (
     SourceAdded,
 )
 from events.hosts import rules_host, spelled_address
+from events.ids import uuid7_ms
 from events.keys import DERIVED_PREFIX, parse_key
 from events.subjects import url_id
 
@@ -422,9 +423,10 @@ def id_problem(event_id: str, at_ms: int, skew_ms: int) -> str:
     deposit (events/keys.py) would pass it by."""
     if event_id.startswith(DERIVED_PREFIX):
         return f"{DERIVED_PREFIX!r} starts only the ids the fold derives from deposits"
-    if len(event_id) != 36 or event_id[14] != "7" or not _hex(event_id[:8] + event_id[9:13], 12):
+    dated = uuid7_ms(event_id)
+    if dated < 0:
         return "not a UUIDv7 (RFC 9562) in its canonical form"
-    ahead = int(event_id[:8] + event_id[9:13], 16) - at_ms
+    ahead = dated - at_ms
     if ahead > skew_ms:
         return (
             f"dated {ahead} ms past its message's time (skew allowed: {skew_ms} ms):"

@@ -59,6 +59,8 @@ def meta_digest(state: State) -> str:
         parts["high_water"] = sorted(state.high_water.items())
     if state.marks:  # and only logs with the re-send window have windows
         parts["marks"] = sorted((a, m.floor, m.ids) for a, m in state.marks.items())
+    if state.recent:  # and only logs with the window in log time have these
+        parts["recent"] = sorted((a, list(r.until.items())) for a, r in state.recent.items())
     if state.settings.trust:  # and only logs with trust have a baseline
         parts["trust_base"] = state.trust_base
     if state.doubted:  # and only guarded logs have consumers' doubts and takes
@@ -95,6 +97,7 @@ _LATER = (
     "id_skew_s",
     "report_share",
     "address_rule",
+    "resend_window_s",
 )
 _DEFAULTS = msgspec.structs.asdict(Settings())
 

@@ -25,7 +25,7 @@ import msgspec
 from events.catalogue import Settings
 from projections.digest import DigestKeeper, meta_digest
 from projections.foreground import Foreground, give_way
-from reducers.marks import Mark
+from reducers.marks import Mark, Recent
 from reducers.state import AgentRow, DepositRow, LeaseRow, ProxyKey, ProxyRow, SourceRow, State
 
 __all__ = [
@@ -126,6 +126,7 @@ def state_meta(state: State) -> dict[str, str]:
         "settings": _json(state.settings).decode(),
         "high_water": _json(state.high_water).decode(),
         "marks": _json(state.marks).decode(),
+        "recent": _json(state.recent).decode(),
         "trust_base": _json(state.trust_base).decode(),
         "doubted": _json(
             [(ip, port, names) for (ip, port), names in state.doubted.items()]
@@ -148,6 +149,8 @@ def restore_meta(state: State, meta: dict[str, str]) -> None:
         state.high_water = msgspec.json.decode(meta["high_water"], type=dict[str, str])
     if "marks" in meta:
         state.marks = msgspec.json.decode(meta["marks"], type=dict[str, Mark])
+    if "recent" in meta:
+        state.recent = msgspec.json.decode(meta["recent"], type=dict[str, Recent])
     if "trust_base" in meta:
         state.trust_base = msgspec.json.decode(meta["trust_base"], type=list[int])
     if "doubted" in meta:

@@ -31,6 +31,7 @@ from events.keys import DERIVED_PREFIX
 from events.roles import ROLE_NATS_EVENTS, may_publish, may_publish_on_nats
 from events.validate import id_problem, problem
 from reducers import marks, trust
+from reducers.proxies import SWEEP_MS
 from reducers.state import State
 
 __all__ = [
@@ -77,7 +78,11 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
         and (why := _id_refused(subject, event, ts, settings.id_skew_s * 1000))
     ):
         return INVALID, f"id: {why}"
-    if kind in _OBSERVED and settings.resend_window and event.id[:4] != DERIVED_PREFIX:
+    if kind in _OBSERVED and settings.resend_window_s and event.id[:4] != DERIVED_PREFIX:
+        what, why = _outside_window(state, event, ts)
+        if what:
+            return what, why
+    elif kind in _OBSERVED and settings.resend_window and event.id[:4] != DERIVED_PREFIX:
         floor = marks.stale(state.marks, event.agent, event.id)
         if floor:
             return STALE, (
@@ -93,6 +98,18 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
 
 _OBSERVED = frozenset(OBSERVATIONS)
 _AGENTS = AGENT_PREFIX.encode()
+
+
+def _outside_window(state: State, event: Event, ts: int) -> tuple[str, str]:
+    """(DLQ reason, why) when the re-send window in log time may not take the event's
+    id (reducers/marks.py): no date, older than the window, or a window full."""
+    s = state.settings
+    quota = s.quota_events_per_min if s.trust and event.agent not in state.operators else 0
+    cap = marks.recent_cap(quota, s.resend_window_s, SWEEP_MS)
+    what, why = marks.recent_refusal(
+        state.recent, event.agent, event.id, ts, s.resend_window_s, cap
+    )
+    return {"invalid": INVALID, "stale": STALE, "full": trust.QUOTA}.get(what, ""), why
 
 
 def _id_refused(subject: bytes, event: Event, ts: int, skew_ms: int) -> str:

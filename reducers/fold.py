@@ -65,6 +65,8 @@ def _tick(state: State, ts: int) -> None:
     if bucket > state.sweep_bucket:
         if state.sweep_bucket:
             proxies.sweep(state, ts)
+        if state.recent:
+            marks.expire(state.recent, ts)
         state.sweep_bucket = bucket
         state.settings_dirty = True
 
@@ -108,7 +110,7 @@ def folding(
         kind in _OBSERVED
         and settings.agent_subjects
         and event.id[:4] != DERIVED_PREFIX
-        and not _first_time(state, event.agent, event.id)
+        and not _first_time(state, event.agent, event.id, ts)
     ):
         state.resent[event.agent] = state.resent.get(event.agent, 0) + 1
         state.last_seq = seq
@@ -121,10 +123,13 @@ def folding(
     return True
 
 
-def _first_time(state: State, agent: str, eid: str) -> bool:
+def _first_time(state: State, agent: str, eid: str, ts: int) -> bool:
     """Whether an agent's observation is folded for the first time. Ids are the agent's
     own: each agent has its own mark, so nobody else's ids can shadow its events."""
-    window = state.settings.resend_window
+    settings = state.settings
+    if settings.resend_window_s:  # reducers/marks.py: a window of log time
+        return marks.remember(state.recent, agent, eid, ts, settings.resend_window_s)
+    window = settings.resend_window
     if window:  # reducers/marks.py: ids out of order are folded, re-sends are not
         return marks.see(state.marks, agent, eid, window) == marks.NEW
     # Before the window: its client stamps ids in order as it sends, and its outbox

@@ -15,7 +15,7 @@ import msgspec
 
 from events.catalogue import Settings
 from reducers import geo, pool, trust
-from reducers.marks import Mark
+from reducers.marks import Mark, Recent
 from reducers.pool import Composition
 
 __all__ = [
@@ -217,6 +217,7 @@ class State:
         "operators",
         "pending_deposits",
         "proxies",
+        "recent",
         "refusals",
         "resent",
         "settings",
@@ -261,6 +262,9 @@ class State:
         # From the resend_window setting, the mark is a window of each agent's newest
         # ids instead (reducers/marks.py); persisted and digested like high_water.
         self.marks: dict[str, Mark] = {}
+        # From the resend_window_s setting, a window of log time instead: each agent's
+        # ids with the log time each is forgotten at (reducers/marks.py ``Recent``).
+        self.recent: dict[str, Recent] = {}
         # agent -> re-sends met and ignored by this replica since it started: a count
         # for /v1/agents and /v1/stats, neither persisted nor digested (a re-send
         # changes no projection: its digest is the log's without it).

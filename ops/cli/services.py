@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from agents.gateway_client import OUTBOX_REPLAY_S
 from events import Settings
 from events.address import ADDRESS_RULE
 from gateway.guard import GuardedRunner, listen
@@ -138,6 +139,10 @@ async def open_log(stack: AsyncExitStack, url: str, name: str, replicas: int | N
 # Ids each agent's re-send mark keeps (reducers/marks.py): with batched rounds, minutes
 # of a busy agent's messages; about 48 KB an agent.
 RESEND_WINDOW = 512
+# The re-send window in log time (reducers/marks.py): what an agent's outbox may still
+# send (OUTBOX_REPLAY_S after its id's date) reaches the log within that plus the skew
+# its clock may have (``id_skew_s``): past both, nothing honest comes again.
+RESEND_WINDOW_S = OUTBOX_REPLAY_S + Settings().id_skew_s
 
 
 async def configure(lg: Log, lab: bool) -> None:
@@ -160,6 +165,7 @@ async def configure(lg: Log, lab: bool) -> None:
             trust=True,
             trusted_agents=trusted,
             resend_window=s.resend_window or RESEND_WINDOW,
+            resend_window_s=s.resend_window_s or RESEND_WINDOW_S,
             batches=True,
             guarded=True,
             address_rule=max(s.address_rule, ADDRESS_RULE),
