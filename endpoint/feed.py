@@ -31,6 +31,7 @@ from endpoint.choose import Pool, Upstream
 from events.batches import MAX_RESULTS, TRAFFIC_KEY
 from events.catalogue import CheckResult, ProxiesChecked
 from events.mint import fresh_id, now_ms
+from events.wire import AGENT_HEADER
 
 __all__ = ["Feed"]
 
@@ -175,7 +176,7 @@ class Feed:
         """One ask of the gateways: True a login, False not (forgotten at once), None
         when no gateway answers (a login that worked holds until ``LOGIN_TTL_S``)."""
         self.login_asks += 1
-        me = await self._ask("GET", "/v1/agents/me", token, session=self._login_http)
+        me = await self._ask("GET", "/v1/agents/me", token, session=self._login_http, agent=name)
         if me is None:
             return None
         status, body = me
@@ -241,10 +242,13 @@ class Feed:
         body: Any = None,
         *,
         session: aiohttp.ClientSession | None = None,
+        agent: str = "",
     ) -> tuple[int, dict[str, Any]] | None:
         http = session or self._http
         assert http is not None
         headers = {"Authorization": f"Bearer {token}"}
+        if agent:  # a token issued a moment ago is looked up under its name
+            headers[AGENT_HEADER] = agent
         for base in self.gateways:
             try:
                 async with http.request(method, base + path, json=body, headers=headers) as r:

@@ -54,6 +54,7 @@ __all__ = [
     "agent_subject",
     "deposit_key_id",
     "dlq_subject",
+    "enrolment_subject",
     "lease_subject",
     "normalize_url",
     "proxy_of",
@@ -219,6 +220,11 @@ def _token(value: str, what: str) -> str:
     return value
 
 
+def enrolment_subject(name: str) -> str:
+    """Where agent ``name``'s enrolments (and its heartbeats) are: ``ppf.agent.<name>``."""
+    return "ppf.agent." + _token(name, "agent")
+
+
 def lease_subject(kind: str, target: str) -> str:
     """The subject a target's leases are claimed, released and reset on."""
     return f"ppf.lease.{kind}." + _token(target, "target")
@@ -243,7 +249,7 @@ def subject_for(event: Event) -> str:
         case Heartbeat():
             return "ppf.agent." + _token(event.agent, "agent")
         case AgentEnrolled():
-            return "ppf.agent." + _token(event.name, "agent")
+            return enrolment_subject(event.name)
         case Configured():
             return "ppf.config"
         case SeedPlanned():

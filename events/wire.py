@@ -15,6 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 __all__ = [
+    "AGENT_HEADER",
     "MAX_NONCE",
     "MAX_TOKEN",
     "NONCE_GRACE_S",
@@ -305,6 +306,9 @@ def _nonce_tag(key: bytes, judge: str, expires_s: int, random_part: str) -> str:
 # An agent's name (64), the expiry (12 digits), the random part (64), the tag (32).
 MAX_NONCE = 64 + 12 + 64 + 32 + 3
 MAX_TOKEN = 256  # characters of a bearer token or a login's password (ppf's own: 43)
+# The agent a bearer token is said to be (optional): a gateway that has not folded the
+# token's enrolment yet looks it up under this name before it answers 401.
+AGENT_HEADER = "Ppf-Agent"
 
 
 def nonce_parts(nonce: str) -> tuple[str, int, str, str] | None:

@@ -12,8 +12,9 @@ import msgspec
 import structlog
 from aiohttp import web
 
-from events import token_sha256
-from events.wire import MAX_TOKEN, FieldError, Problem, WireError
+from events import AgentEnrolled, agent_name_ok, token_sha256
+from events.subjects import enrolment_subject
+from events.wire import AGENT_HEADER, MAX_TOKEN, FieldError, Problem, WireError
 from gateway.diskguard import DiskGuard
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
@@ -164,6 +165,7 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     structlog.contextvars.bind_contextvars(peer=client_address(request))
     started = time.perf_counter()
     with request.app[FOLD].foreground.running():  # the fold waits for it between slices
+        await _newly_issued(request)
         response = await _answer(request, handler)
     ms = round((time.perf_counter() - started) * 1000, 2)
     status = response.status
@@ -172,6 +174,39 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         "request_answered", method=request.method, path=request.path, status=status, ms=ms
     )
     return response
+
+
+# How long a request with a token not folded yet waits for the fold to reach it.
+ENROLMENT_WAIT_S = 2.0
+
+
+async def _newly_issued(request: web.Request) -> None:
+    """A bearer token the fold does not know may have been issued a moment ago
+    (``ppf token issue`` speaks only to the log): before ``authorize`` answers 401, the
+    enrolment is looked for in the log, by a direct get on the subject of the agent the
+    request names (``Ppf-Agent``), and the fold is waited for up to it; without a name,
+    or under another last message, up to the log's head as it is now. Only while the
+    caller's address has failed logins left (a guesser's are refused unlooked-for), and
+    never past ``ENROLMENT_WAIT_S``."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip() or len(token) > MAX_TOKEN:
+        return
+    digest = token_sha256(token)
+    fold = request.app[FOLD]
+    if digest in fold.state.tokens or request.app[AUTH_FAILURES].wait(client_address(request)):
+        return
+    name = request.headers.get(AGENT_HEADER, "")
+    try:
+        if agent_name_ok(name):
+            found = await fold.log.last_entry(enrolment_subject(name), wait_s=0.0)
+            if found is not None:
+                seq, event = found
+                if isinstance(event, AgentEnrolled) and event.token_sha256 == digest:
+                    await fold.wait_for(seq, ENROLMENT_WAIT_S)
+                    return
+        await fold.caught_up_now(ENROLMENT_WAIT_S)
+    except LogError as exc:  # the log away: the token is judged by what is folded
+        log.info("enrolment_lookup_failed", error=repr(exc))
 
 
 async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:

@@ -57,6 +57,10 @@ class EventLog(Protocol):
 
     async def head_seq(self) -> int: ...
 
+    async def last_entry(self, subject: str, *, wait_s: float = ...) -> tuple[int, Event] | None:
+        """The last event on ``subject`` and its sequence (a direct get), None when none."""
+        ...
+
     async def subject_msgs(self, subject: str) -> int:
         """How many messages the log holds on ``subject``, from its index alone."""
         ...

@@ -300,3 +300,45 @@ def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:
     pool.failed(socks, now=0)
     assert pool.pick(only, tunnel=True, now=1) is socks  # all out: the soonest back
     assert pool.pick(parse_login("shop-country-de"), tunnel=False, now=0) is None
+
+
+BUSY = 60_000
+
+
+async def test_a_token_works_the_moment_ppf_token_issue_prints_it(
+    lab: ProxyLab, log_client: Log, nats_server: Any
+) -> None:
+    """`ppf token issue` (the command, in its own process) while the gateway's fold has
+    ``BUSY`` messages in hand, and the consumer's first request through the endpoint less
+    than 50 ms after the token is printed: answered by the site, each of three times,
+    never a 407."""
+    import sys
+    import time
+
+    async with (
+        _target() as (site, seen),
+        _endpoint(log_client, lab) as (addr, _, _, _),
+        aiohttp.ClientSession() as http,
+    ):
+        for n in range(3):
+            name = f"fresh{n}"
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "ops.cli", "token", "issue", name, "--role", "consumer",
+                "--nats", nats_server.url, stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            # The fold has work in hand as the token is issued (a busy fleet's gateway):
+            # messages published while the command starts, its enrolment among them.
+            beat = ev.Heartbeat(id=fresh_id(), agent="c-own", at=now_ms())
+            subject, payload = ev.subject_for(beat), ev.encode(beat)
+            for _ in range(BUSY):
+                await log_client.nc.publish(subject, payload)
+            assert proc.stdout is not None
+            token = (await proc.stdout.readline()).decode().strip()
+            printed = time.monotonic()
+            proxy = f"http://{name}:{token}@{addr}"
+            request = http.get(f"http://{site}/{name}", proxy=proxy)
+            assert time.monotonic() - printed < 0.05  # what the test is about
+            async with request as r:
+                assert r.status == 200, (name, r.status)
+            assert await proc.wait() == 0
+        assert len(seen) == 3

@@ -426,7 +426,8 @@ async def test_agent_outbox_sets_aside_what_the_log_will_never_take(
 
     outbox = tmp_path / "by-nats" / "outbox.jsonl"
     outbox.parent.mkdir()
-    outbox.write_bytes(b'{"type": "Fetched", "id": \n' + ev.encode(worked(agent="w1")) + b"\n")
+    fresh = worked(agent="w1", id=fresh_id())  # an outbox keeps an hour's events, no more
+    outbox.write_bytes(b'{"type": "Fetched", "id": \n' + ev.encode(fresh) + b"\n")
     async with GatewayClient(base, tokens["w1"], "w1", outbox) as agent:
         assert agent.via == "nats" and await agent.flush()
     assert await log_client.head_seq() == head + 121

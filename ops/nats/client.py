@@ -332,6 +332,11 @@ class Log:
         """The last event on ``subject`` (direct get), or None when there is none. A
         stream just made in a cluster answers direct gets only once its replicas have
         formed (NoResponders until then): asked again with backoff, said, for ``wait_s``."""
+        entry = await self.last_entry(subject, wait_s=wait_s)
+        return None if entry is None else entry[1]
+
+    async def last_entry(self, subject: str, *, wait_s: float = 60.0) -> tuple[int, Event] | None:
+        """``last_event`` with its stream sequence."""
         deadline = asyncio.get_running_loop().time() + wait_s
         pause = 0.1
         while True:
@@ -347,7 +352,7 @@ class Log:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 2.0)
                 continue
-            return decode(msg.data or b"")
+            return int(msg.seq or 0), decode(msg.data or b"")
 
     async def subject_msgs(self, subject: str) -> int:
         """How many messages the stream holds on ``subject``: from the server's index
