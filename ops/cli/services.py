@@ -29,6 +29,7 @@ from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.cluster import LocalCluster
 from ops.nats.server import NatsServer
+from ops.nats.waiting import START_WAIT_S
 from projections.live import FoldService
 
 __all__ = [
@@ -129,7 +130,7 @@ async def nats_server(
 
 
 async def open_log(stack: AsyncExitStack, url: str, name: str, replicas: int | None = None) -> Log:
-    lg = await Log.connect(url, name=name)
+    lg = await Log.connect(url, name=name, wait_s=START_WAIT_S)
     lg.replicas = replicas
     stack.push_async_callback(lg.close)
     await lg.ensure_stream()

@@ -42,6 +42,8 @@ from gateway.natsdial import dial
 from ops.nats.objects import DepositBucket, SnapshotBucket
 from ops.nats.ordered import ordered_batches
 from ops.nats.stream import Firehose
+from ops.nats.waiting import START_WAIT_S, until_answered
+from ops.nats.waiting import TRANSIENT as _TRANSIENT
 from projections.log import ConflictError, LogError, Message, Published, PublishError
 
 __all__ = [
@@ -58,8 +60,6 @@ __all__ = [
 
 log = structlog.get_logger("ppf.log")
 
-# What a publish meets while a cluster loses a node or elects a stream leader: retried,
-# then a PublishError (the gateway's 503), never an error of nats-py's own.
 _NO_PEERS = 10005  # "no suitable peers for placement": fewer nodes known than replicas
 
 
@@ -68,14 +68,9 @@ class _NoPeersYet(Exception):
     a stream of N replicas cannot be placed for a moment."""
 
 
-_TRANSIENT = (
-    nats.errors.TimeoutError,
-    nats.errors.NoRespondersError,
-    nats.js.errors.NoStreamResponseError,
-    nats.js.errors.ServiceUnavailableError,
-)
-
 DUPLICATE_WINDOW_S = 300.0
+
+
 DLQ_MAX_BYTES = 256 * 1024 * 1024  # the DLQ's entries, its oldest dropped past it
 RETRIES = 3
 
@@ -176,10 +171,13 @@ class Log:
         timeout: float = 5.0,
         inbox_prefix: str | None = None,
         tls: NatsTls | None = None,
+        wait_s: float = 0.0,
     ) -> Log:
         """``url``: one URL or several, comma-separated (a cluster's: nats-py reconnects to
         another when one goes). ``inbox_prefix``: where replies come; an agent's NATS user
-        may read only its own. ``tls``: the CA (and client certificate) for ``tls://``."""
+        may read only its own. ``tls``: the CA (and client certificate) for ``tls://``.
+        ``wait_s``: how long a service starting beside its servers waits for one to
+        accept a connection (0: a command fails at once, naming what it could not reach)."""
         shown = redact(url)
         tls = tls if tls is not None else NatsTls.from_env()
 
@@ -195,7 +193,9 @@ class Log:
         async def reconnected_cb() -> None:
             log.info("nats_reconnected", url=shown)
 
-        await _probe(url, timeout)
+        await until_answered(
+            f"NATS at {shown}", lambda: _probe(url, timeout), wait_s=wait_s, transient=(LogError,)
+        )
         try:
             # Reconnect forever once connected, but a first connect that fails is an
             # operator's error to report now, not to retry silently.
@@ -286,19 +286,15 @@ class Log:
             max_msg_size=MAX_MESSAGE,
             num_replicas=config.num_replicas,
         )
-        deadline = asyncio.get_running_loop().time() + 60
-        while True:
-            try:
-                await self._add_or_update(config)
-                if self.replicas is None:  # the log's own, as found
-                    dlq.num_replicas = (await self.js.stream_info(STREAM)).config.num_replicas
-                await self._add_or_update(dlq)
-                return
-            except (*_TRANSIENT, _NoPeersYet) as exc:  # a cluster still forming
-                if asyncio.get_running_loop().time() > deadline:
-                    raise LogError(f"cannot create stream {STREAM}: {exc!r}") from exc
-                log.info("stream_waiting", error=repr(exc))
-                await asyncio.sleep(0.5)
+
+        async def both() -> None:
+            await self._add_or_update(config)
+            if self.replicas is None:  # the log's own, as found
+                dlq.num_replicas = (await self.js.stream_info(STREAM)).config.num_replicas
+            await self._add_or_update(dlq)
+
+        # A cluster still forming: no leader yet, or not all peers known.
+        await until_answered(f"stream {STREAM}", both, transient=(*_TRANSIENT, _NoPeersYet))
 
     async def _add_or_update(self, config: StreamConfig) -> None:
         try:
@@ -328,31 +324,27 @@ class Log:
         info = await self.js.stream_info(STREAM)
         return int(info.state.bytes), await self.deposits.size()
 
-    async def last_event(self, subject: str, *, wait_s: float = 60.0) -> Event | None:
+    async def last_event(self, subject: str, *, wait_s: float = START_WAIT_S) -> Event | None:
         """The last event on ``subject`` (direct get), or None when there is none. A
         stream just made in a cluster answers direct gets only once its replicas have
         formed (NoResponders until then): asked again with backoff, said, for ``wait_s``."""
         entry = await self.last_entry(subject, wait_s=wait_s)
         return None if entry is None else entry[1]
 
-    async def last_entry(self, subject: str, *, wait_s: float = 60.0) -> tuple[int, Event] | None:
+    async def last_entry(
+        self, subject: str, *, wait_s: float = START_WAIT_S
+    ) -> tuple[int, Event] | None:
         """``last_event`` with its stream sequence."""
-        deadline = asyncio.get_running_loop().time() + wait_s
-        pause = 0.1
-        while True:
+
+        async def ask() -> tuple[int, Event] | None:
             self.ops["direct_get"] += 1
             try:
                 msg = await self.js.get_last_msg(STREAM, subject, direct=True)
             except nats.js.errors.NotFoundError:
                 return None
-            except _TRANSIENT as exc:
-                if asyncio.get_running_loop().time() + pause > deadline:
-                    raise LogError(f"{subject}: no answer in {wait_s:.0f} s: {exc!r}") from exc
-                log.info("direct_get_waiting", subject=subject, error=repr(exc))
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 2.0)
-                continue
             return int(msg.seq or 0), decode(msg.data or b"")
+
+        return await until_answered(f"the last message on {subject}", ask, wait_s=wait_s)
 
     async def subject_msgs(self, subject: str) -> int:
         """How many messages the stream holds on ``subject``: from the server's index

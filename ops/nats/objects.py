@@ -26,6 +26,7 @@ from nats.js.object_store import ObjectStore
 
 from events.subjects import STREAM
 from ops.nats.stream import Firehose
+from ops.nats.waiting import START_WAIT_S, until_answered
 from projections.log import DepositError, LogError, SnapshotError, Span
 
 __all__ = ["BUCKET", "SNAPSHOTS", "DepositBucket", "SnapshotBucket"]
@@ -52,6 +53,23 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+async def _bucket(
+    js: JetStreamContext, name: str, about: str, replicas: int, wait_s: float = START_WAIT_S
+) -> ObjectStore:
+    """The object store ``name``, made on first use; asked again while a cluster forms
+    (for ``wait_s``: a request's first use waits less than a start)."""
+
+    async def ask() -> ObjectStore:
+        try:
+            return await js.object_store(name)
+        except nats.js.errors.BucketNotFoundError:
+            return await js.create_object_store(
+                name, storage=StorageType.FILE, description=about, replicas=replicas
+            )
+
+    return await until_answered(f"bucket {name}", ask, wait_s=wait_s)
+
+
 class DepositBucket:
     """Implements ``projections.log.DepositStore``; the bucket is made on first use."""
 
@@ -67,15 +85,8 @@ class DepositBucket:
 
     async def _bucket(self) -> ObjectStore:
         if self._store is None:
-            try:
-                self._store = await self._js.object_store(BUCKET)
-            except nats.js.errors.BucketNotFoundError:
-                self._store = await self._js.create_object_store(
-                    BUCKET,
-                    storage=StorageType.FILE,
-                    description="ppf deposits",
-                    replicas=(self._log.replicas if self._log is not None else None) or 1,
-                )
+            replicas = (self._log.replicas if self._log is not None else None) or 1
+            self._store = await _bucket(self._js, BUCKET, "ppf deposits", replicas, wait_s=10)
         return self._store
 
     async def put(self, key: str, data: bytes) -> str:
@@ -165,15 +176,8 @@ class SnapshotBucket:
 
     async def _bucket(self) -> ObjectStore:
         if self._store is None:
-            try:
-                self._store = await self._js.object_store(SNAPSHOTS)
-            except nats.js.errors.BucketNotFoundError:
-                self._store = await self._js.create_object_store(
-                    SNAPSHOTS,
-                    storage=StorageType.FILE,
-                    description="ppf state snapshots",
-                    replicas=(self._log.replicas if self._log is not None else None) or 1,
-                )
+            replicas = (self._log.replicas if self._log is not None else None) or 1
+            self._store = await _bucket(self._js, SNAPSHOTS, "ppf state snapshots", replicas)
         return self._store
 
     async def put(self, seq: int, blob: bytes) -> None:
