@@ -132,6 +132,8 @@ async def stats(request: web.Request) -> web.Response:
             "lag_s": fold.lag_s(head),
             "digest": digest,
             "digest_seq": digest_seq,
+            # Its parts (`projections.digests`): which table a differing replay differs in.
+            "digests": fold.checkpointer.digest_parts,
             "rates": fold.stats.rates(),
             "proxies": {"known": pool["known"], "alive": pool["alive"]},
             "pool": pool,

@@ -152,3 +152,20 @@ class DigestKeeper:
 
     def value(self, meta: str) -> str:
         return combine(self.sums, meta)
+
+    def parts(self, meta: str) -> bytes:
+        """Each table's sum (16 bytes, in ``TABLES`` order), then the meta part's 32:
+        what ``digests`` says, as the writer sends it (``parts_of`` reads it)."""
+        return b"".join(self.sums[name].to_bytes(16, "big") for name in TABLES) + bytes.fromhex(
+            meta
+        )
+
+
+PARTS_BYTES = 16 * len(TABLES) + 32
+
+
+def parts_of(raw: bytes) -> dict[str, str]:
+    """``DigestKeeper.parts`` as ``digests`` gives them: hex per table, and the meta."""
+    out = {name: raw[16 * i : 16 * i + 16].hex() for i, name in enumerate(TABLES)}
+    out["meta"] = raw[16 * len(TABLES) :].hex()
+    return out

@@ -216,6 +216,11 @@ class Checkpointer:
         """(sequence, digest of the projections at it) of the last committed checkpoint."""
         return self.writer.last_seq, self.writer.digest
 
+    @property
+    def digest_parts(self) -> dict[str, str]:
+        """Each part of ``digest`` (``projections.digests``' names and form)."""
+        return self.writer.parts
+
     async def start(self) -> int:
         """Start the writer; returns the last_seq committed in the file."""
         await self.writer.start()

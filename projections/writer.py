@@ -8,7 +8,8 @@ Protocol over the child's stdin/stdout: the parent sends ``>Q length`` + a msgpa
 ``Checkpoint`` without its tables, then each table's blob as ``>Q length`` + bytes, in
 ``TABLES`` order (blobs are written as they are, never copied into one frame: at a
 million rows each copy is hundreds of MB). The child commits and answers
-``>Q last_seq`` and the 32-byte digest of the projections at it, or ``>Q 2**64-1``,
+``>Q last_seq``, the 32-byte digest of the projections at it and its parts (each
+table's 16-byte sum, then the meta part's 32 bytes), or ``>Q 2**64-1``,
 ``>Q length`` and an error text. The child answers its restored ``last_seq`` first.
 
 The digest is kept here, on the other core, from the rows each checkpoint carries
@@ -30,7 +31,7 @@ from typing import BinaryIO
 
 import msgspec
 
-from projections.digest import DigestKeeper, meta_digest
+from projections.digest import PARTS_BYTES, DigestKeeper, meta_digest, parts_of
 from projections.store import TABLES, Checkpoint, Store, StoreError, keep_digest
 from reducers.state import State
 
@@ -59,6 +60,7 @@ class ProcessWriter:
         self.keep_digest = keep_digest
         self.last_seq = 0
         self.digest = ""  # of the projections at last_seq, as the child computed it
+        self.parts: dict[str, str] = {}  # and its parts, as projections.digests names them
         self._proc: asyncio.subprocess.Process | None = None
 
     async def start(self) -> None:
@@ -85,6 +87,7 @@ class ProcessWriter:
                 text = (await self._proc.stdout.readexactly(size)).decode(errors="replace")
                 raise StoreError(f"checkpoint writer: {text}")
             self.digest = (await self._proc.stdout.readexactly(32)).hex()
+            self.parts = parts_of(await self._proc.stdout.readexactly(PARTS_BYTES))
         except asyncio.IncompleteReadError:
             code = await self._proc.wait()
             raise StoreError(f"checkpoint writer for {self.path} exited with {code}") from None
@@ -160,7 +163,7 @@ def serve(path: str, digests: bool = True) -> int:
         out.flush()
         return 1
     meta = meta or meta_digest(State())
-    out.write(_FRAME.pack(last_seq) + bytes.fromhex(keeper.value(meta)))
+    out.write(_FRAME.pack(last_seq) + bytes.fromhex(keeper.value(meta)) + keeper.parts(meta))
     out.flush()
     try:
         while (data := read_frame(inp)) is not None:
@@ -176,8 +179,13 @@ def serve(path: str, digests: bool = True) -> int:
                     store.write(cp)
                 if digests:
                     keep_digest(keeper, cp)
-                digest = keeper.value(cp.meta_digest) if digests else "0" * 64
-                out.write(_FRAME.pack(cp.last_seq) + bytes.fromhex(digest))
+                if digests:
+                    said = bytes.fromhex(keeper.value(cp.meta_digest)) + keeper.parts(
+                        cp.meta_digest
+                    )
+                else:
+                    said = bytes(32 + PARTS_BYTES)
+                out.write(_FRAME.pack(cp.last_seq) + said)
             except Exception as exc:  # reported to the parent, which stops its fold
                 text = repr(exc).encode()
                 out.write(_FRAME.pack(_ERROR) + _FRAME.pack(len(text)) + text)

@@ -125,7 +125,10 @@ async def _load(url: str, stop: asyncio.Event) -> int:
     try:
         i = 0
         while not stop.is_set():
-            batch = [worked(f"8.{i % 200 + 1}.{j // 250}.{j % 250 + 1}") for j in range(500)]
+            batch = [
+                worked(f"8.{i % 200 + 1}.{j // 250}.{j % 250 + 1}", id=fresh_id())
+                for j in range(500)
+            ]
             i += 1
             try:
                 await lg.publish_many(batch, timeout=2)

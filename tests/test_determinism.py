@@ -8,13 +8,16 @@ from the file and folds on from ``last_seq + 1`` with redeliveries, like the liv
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import events as ev
+from events.ids import uuid7
 from projections import Folder, Store, digest
 from projections.store import collect
 from reducers import State
@@ -22,104 +25,167 @@ from reducers.fold import PIECE
 from tests.helpers import message
 
 T0 = 1_800_000_000_000
-IPS = ["8.8.8.8", "1.1.1.1", "9.9.9.9", "10.0.0.1", "127.0.0.1", "999.1.1.1"]
-TARGETS = ["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "s001"]
-AGENTS = ["w1", "w2", "c1"]
+IPS = ["8.8.8.8", "1.1.1.1", "9.9.9.9", "10.0.0.1", "127.0.0.1", "999.1.1.1", "2001:db8::1"]
+TARGETS = ["aaaaaaaaaaaaaaaa", "bbbbbbbbbbbbbbbb", "s001", "8-8-8-8_8080"]
+AGENTS = ["w1", "w2", "c1", "s1", "shop"]
+ROLES: dict[str, ev.Role] = {
+    "w1": "worker", "w2": "worker", "c1": "checker", "s1": "seed", "shop": "consumer"
+}  # fmt: skip
 URLS = ["http://a.example/1", "http://b.example/2"]
+KEYS = ["pages/aaaaaaaaaaaaaaaa/1", "seed/p1/r1"]
 
 _n = st.integers(min_value=0, max_value=10**6)
 
 
 def _id(draw: st.DrawFn) -> str:
-    return f"00000000-0000-7000-8000-{draw(_n):012d}"
+    """A UUIDv7 near the log's time (an hour either way): ids the re-send windows and
+    the guarded skew rule take, and some they refuse."""
+    ms = T0 + draw(st.integers(-3_600_000, 3_600_000))
+    return uuid7(ms, draw(_n).to_bytes(10, "big"))
+
+
+def _settings(draw: st.DrawFn) -> ev.Settings:
+    """Settings as logs have had them: from none of the later rules to all of them."""
+    return ev.Settings(
+        lab=draw(st.booleans()),
+        proxy_ttl_s=draw(st.sampled_from([60, 600, 14_400])),
+        agent_subjects=draw(st.booleans()),
+        trust=draw(st.booleans()),
+        trusted_agents=tuple(draw(st.lists(st.sampled_from(AGENTS), max_size=2, unique=True))),
+        spot_window_s=draw(st.sampled_from([0, 1_800])),
+        trust_after=draw(st.sampled_from([1, 10])),
+        quota_events_per_min=draw(st.sampled_from([0, 3, 3_000])),
+        report_budget_per_hour=draw(st.sampled_from([1, 100])),
+        resend_window=draw(st.sampled_from([0, 4, 512])),
+        resend_window_s=draw(st.sampled_from([0, 60, 3_900])),
+        batches=draw(st.booleans()),
+        guarded=draw(st.booleans()),
+        address_rule=draw(st.sampled_from([0, 1])),
+        recheck_fresh_s=draw(st.sampled_from([0, 900])),
+    )
+
+
+def _result(draw: st.DrawFn) -> ev.CheckResult:
+    return ev.CheckResult(
+        ip=draw(st.sampled_from(IPS)),
+        port=draw(st.sampled_from([8080, 3128])),
+        proto=draw(st.sampled_from(["http", "socks5"])),
+        ok=draw(st.booleans()),
+        latency_ms=draw(st.integers(0, 5000)),
+    )
+
+
+def _builders(draw: st.DrawFn) -> dict[type[ev.Event], Callable[[], ev.Event]]:
+    """One way to make each event type (``test_the_property_draws_every_event_type``
+    holds it to every one the catalogue has)."""
+    agent = draw(st.sampled_from(AGENTS))
+    lease = f"00000000-0000-7000-9000-{draw(st.integers(0, 5)):012d}"
+    target = draw(st.sampled_from(TARGETS))
+    kind = draw(st.sampled_from(LEASE_KINDS))
+    url = draw(st.sampled_from(URLS))
+    key = draw(st.sampled_from(KEYS))
+    ip = draw(st.sampled_from(IPS))
+    base = {"id": _id(draw), "agent": agent, "at": 0}
+    return {
+        ev.Leased: lambda: ev.Leased(
+            **base, lease=lease, kind=kind, target=target,
+            ttl_s=draw(st.sampled_from([10, 30, 60])),
+            checkout=draw(st.sampled_from(["", "co1"])) if kind == "proxy" else "",
+        ),
+        ev.Released: lambda: ev.Released(
+            **base, lease=lease, target=target, kind=kind,
+            outcome=draw(st.sampled_from(["done", "failed", "abandoned"])),
+            counted=draw(st.booleans()),
+        ),
+        ev.Heartbeat: lambda: ev.Heartbeat(
+            **base, leases=[lease], outage=draw(st.sampled_from(["", "no route"]))
+        ),
+        ev.LeaseReset: lambda: ev.LeaseReset(**base, target=target, kind=kind),
+        ev.Fetched: lambda: ev.Fetched(
+            **base, url_id=ev.url_id(url), lease=lease, ok=draw(st.booleans()),
+            changed=draw(st.booleans()), content_hash=str(draw(_n)),
+            fetch_ms=draw(st.integers(0, 9999)),
+        ),
+        ev.Extracted: lambda: ev.Extracted(
+            **base, url_id=ev.url_id(url), count=draw(st.integers(0, 500)), lease=lease
+        ),
+        ev.SourceAdded: lambda: ev.SourceAdded(**base, url=url, url_id=ev.url_id(url)),
+        ev.Discovered: lambda: ev.Discovered(
+            **base, parent=ev.url_id(url), urls=draw(st.lists(st.sampled_from(URLS), max_size=2))
+        ),
+        ev.ProxyWorked: lambda: ev.ProxyWorked(
+            **base, ip=ip, port=draw(st.sampled_from([8080, 3128, 0])),
+            proto=draw(st.sampled_from(["http", "socks5"])),
+            latency_ms=draw(st.integers(0, 5000)), source=ev.url_id(url), lease=lease,
+            anonymity=draw(st.sampled_from(["", "elite"])),
+        ),
+        ev.ProxyFailed: lambda: ev.ProxyFailed(**base, ip=ip, port=8080, proto="http"),
+        ev.ProxyReported: lambda: ev.ProxyReported(
+            **base, ip=ip, port=8080, outcome=draw(st.sampled_from(["worked", "failed"]))
+        ),
+        # A round long enough to be folded in pieces (PIECE).
+        ev.ProxiesChecked: lambda: ev.ProxiesChecked(
+            **base, key=draw(st.sampled_from(["s001", "traffic"])), lease=lease,
+            results=[_result(draw) for _ in range(draw(st.integers(0, 3 * PIECE)))],
+        ),
+        ev.Located: lambda: ev.Located(
+            **base, ip=ip, country=draw(st.sampled_from(["", "DE"])), asn=draw(st.integers(0, 9))
+        ),
+        ev.Deposited: lambda: ev.Deposited(
+            **base, lease=lease, key=key, sha256="ab" * 32, bytes=draw(st.integers(1, 9999)),
+            items=draw(st.integers(0, 9)), cursor=draw(st.sampled_from([None, 0, 5])),
+        ),
+        ev.DepositFolded: lambda: ev.DepositFolded(**base, key=key),
+        ev.DepositRejected: lambda: ev.DepositRejected(**base, key=key, reason="digest"),
+        ev.SeedPlanned: lambda: ev.SeedPlanned(
+            **base, plan="p1", input="input/" + "cd" * 32, ranges=[("r1", 0, 9), ("r2", 10, 19)],
+            kind=draw(st.sampled_from(["proxies", "sources"])),
+        ),
+        ev.AgentEnrolled: lambda: ev.AgentEnrolled(
+            **{**base, "agent": "admin"}, name=agent, role=ROLES[agent],
+            token_sha256=draw(st.sampled_from(["", "0" * 64, "1" * 64])),
+        ),
+        ev.Configured: lambda: ev.Configured(
+            **{**base, "agent": "admin"}, settings=_settings(draw)
+        ),
+    }  # fmt: skip
+
+
+LEASE_KINDS: list[ev.LeaseKind] = list(get_args(ev.LeaseKind))
 
 
 @st.composite
 def events(draw: st.DrawFn) -> ev.Event:
-    agent = draw(st.sampled_from(AGENTS))
-    lease = f"00000000-0000-7000-9000-{draw(st.integers(0, 5)):012d}"
-    target = draw(st.sampled_from(TARGETS))
-    url = draw(st.sampled_from(URLS))
-    kind = draw(st.integers(0, 12))
-    base = {"id": _id(draw), "agent": agent, "at": 0}
-    if kind == 0:
-        return ev.Leased(
-            **base,
-            lease=lease,
-            kind="source",
-            target=target,
-            ttl_s=draw(st.sampled_from([10, 30, 60])),
-        )
-    if kind == 1:
-        return ev.Released(
-            **base,
-            lease=lease,
-            target=target,
-            outcome=draw(st.sampled_from(["done", "failed", "abandoned"])),
-            counted=draw(st.booleans()),
-        )
-    if kind == 2:
-        return ev.Heartbeat(**base, leases=[lease])
-    if kind == 3:
-        return ev.Fetched(
-            **base,
-            url_id=ev.url_id(url),
-            lease=lease,
-            ok=draw(st.booleans()),
-            changed=draw(st.booleans()),
-            content_hash=str(draw(_n)),
-            fetch_ms=draw(st.integers(0, 9999)),
-        )
-    if kind == 4:
-        return ev.Extracted(
-            **base, url_id=ev.url_id(url), count=draw(st.integers(0, 500)), lease=lease
-        )
-    if kind == 5:
-        return ev.SourceAdded(**base, url=url, url_id=ev.url_id(url))
-    if kind == 6:
-        return ev.ProxyFailed(**base, ip=draw(st.sampled_from(IPS)), port=8080, proto="http")
-    if kind == 7:
-        return ev.Configured(
-            **base,
-            settings=ev.Settings(
-                lab=draw(st.booleans()), proxy_ttl_s=draw(st.sampled_from([60, 600]))
-            ),
-        )
-    if kind == 8:
-        return ev.LeaseReset(**base, target=target)
-    if kind == 12:  # a checker's round: long enough to be folded in pieces (PIECE)
-        result = st.builds(
-            ev.CheckResult,
-            ip=st.sampled_from(IPS),
-            port=st.sampled_from([8080, 3128]),
-            proto=st.sampled_from(["http", "socks5"]),
-            ok=st.booleans(),
-            latency_ms=st.integers(0, 5000),
-        )
-        results = draw(st.lists(result, max_size=3 * PIECE))
-        return ev.ProxiesChecked(**base, key="s001", results=results, lease=lease)
-    return ev.ProxyWorked(
-        **base,
-        ip=draw(st.sampled_from(IPS)),
-        port=draw(st.sampled_from([8080, 3128, 0])),
-        proto=draw(st.sampled_from(["http", "socks5"])),
-        latency_ms=draw(st.integers(0, 5000)),
-        source=ev.url_id(url),
-        lease=lease,
-        anonymity=draw(st.sampled_from(["", "elite"])),
-    )
+    builders = _builders(draw)
+    return builders[draw(st.sampled_from(sorted(builders, key=lambda t: t.__name__)))]()
+
+
+def _on_own_subject(event: ev.Event) -> bool:
+    try:
+        ev.agent_subject(event)
+    except ev.SubjectError:
+        return False
+    return True
 
 
 @st.composite
 def logs(draw: st.DrawFn) -> list[tuple[int, int, bytes, bytes]]:
-    """A log: events at non-decreasing server times (sometimes hours apart), some garbage."""
-    items = draw(st.lists(st.one_of(events(), st.just(None)), min_size=1, max_size=60))
-    if draw(st.booleans()):
-        # Per-agent subjects switched on somewhere: agents' high-water marks then drop
-        # re-sends, and must survive checkpoints and crashes like everything else.
-        switch = ev.Configured(
-            id=_id(draw), agent="admin", at=0, settings=ev.Settings(agent_subjects=True)
+    """A log: events at non-decreasing server times (sometimes hours apart), some garbage,
+    each agent enrolled, settings with the later rules on somewhere, and observations
+    on their agents' own subjects or the service's."""
+    items: list[ev.Event | None] = draw(
+        st.lists(st.one_of(events(), st.just(None)), min_size=1, max_size=60)
+    )
+    enrolments: list[ev.Event | None] = [
+        ev.AgentEnrolled(
+            id=_id(draw), agent="admin", at=0, name=name, role=role,
+            token_sha256=f"{n:064x}",
         )
+        for n, (name, role) in enumerate(ROLES.items())
+    ]  # fmt: skip
+    items[0:0] = enrolments
+    if draw(st.booleans()):
+        switch = ev.Configured(id=_id(draw), agent="admin", at=0, settings=_settings(draw))
         items.insert(draw(st.integers(0, len(items))), switch)
     ts = T0
     out = []
@@ -127,9 +193,22 @@ def logs(draw: st.DrawFn) -> list[tuple[int, int, bytes, bytes]]:
         ts += draw(st.sampled_from([0, 1, 5_000, 70_000, 3_600_000]))
         if event is None:
             out.append((seq, ts, b"ppf.proxy.x", b'{"type": "Bogus"}'))
+        elif _on_own_subject(event) and draw(st.booleans()):
+            out.append((seq, ts, ev.agent_subject(event).encode(), ev.encode(event)))
         else:
             out.append(message(seq, ts, event))
     return out
+
+
+@settings(max_examples=5, deadline=None, database=None)
+@given(st.data())
+def test_the_property_draws_every_event_type_and_lease_kind(data: st.DataObject) -> None:
+    """What the properties below fold covers the whole catalogue: a way to make every
+    event type, leases of every kind, so no rule is left out of what they check."""
+    builders = data.draw(st.composite(_builders)())
+    assert set(builders) == set(ev.EVENT_TYPES)
+    assert set(LEASE_KINDS) == {"source", "recheck", "seed", "proxy"}
+    assert all(isinstance(make(), kind) for kind, make in builders.items())
 
 
 def _fold_all(msgs: list[tuple[int, int, bytes, bytes]]) -> State:

@@ -58,12 +58,15 @@ async def _traffic(
     endpoint: str, token: str, plain: str, secure: str, count: int, exits: set[str]
 ) -> tuple[int, list[str]]:
     """``count`` requests through the endpoint, alternately plain and through CONNECT, at
-    CONCURRENCY at once: (answered with the page, what went wrong otherwise)."""
+    CONCURRENCY at once: (answered with the page, what went wrong otherwise). A page
+    whose caller was not a proxy's exit (a direct connection, another origin) fails the
+    test at once: no answer may come from anywhere else."""
     proxy = f"http://shop:{token}@{endpoint}"
     context = ssl.create_default_context()
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
     answered = 0
     wrong: list[str] = []
+    elsewhere: list[str] = []
     queue = iter(range(count))
     timeout = aiohttp.ClientTimeout(total=30)
     connector = aiohttp.TCPConnector(limit=CONCURRENCY)
@@ -82,16 +85,15 @@ async def _traffic(
                             )
                             continue
                         seen = json.loads(text)["origin"] if url == plain else text.strip()
-                        if r.status == 200 and seen in exits:
-                            answered += 1
-                        else:
-                            wrong.append(f"{r.status} {seen[:60]}")
+                        elsewhere.extend([] if seen in exits else [f"{url}: {seen[:60]}"])
+                        answered += 1
                 except aiohttp.ClientHttpProxyError as exc:
                     wrong.append(f"proxy {exc.status} {exc.message[:50]}")
                 except (aiohttp.ClientError, TimeoutError, ValueError, KeyError) as exc:
                     wrong.append(repr(exc)[:120])
 
         await asyncio.gather(*(one() for _ in range(CONCURRENCY)))
+    assert not elsewhere, f"answered from elsewhere than a proxy's exit: {elsewhere[:5]}"
     return answered, wrong
 
 

@@ -21,6 +21,8 @@ interpreter, as deployed), all on loopback:
    gateway's own ``Located`` for every new address. Until it has applied them all and
    located every address, the bench asks ``/v1/stats`` and ``POST /v1/leases`` (one
    source, as an enrolled worker) every 100 ms.
+
+The single-events phase is ops/bench/singles.py (``ppf bench stats`` runs it after).
 """
 
 from __future__ import annotations

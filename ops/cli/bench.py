@@ -84,6 +84,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=1_000_000,
         help="observations, as rounds over --proxies new proxies, of the backlog phase (0: none)",
     )
+    stats.add_argument(
+        "--singles",
+        type=int,
+        default=300_000,
+        help="observations over --proxies new proxies, as single events and as rounds, of the "
+        "single-events phase (0: none)",
+    )
+    stats.add_argument("--singles-runs", type=int, default=5, help="runs of each form, interleaved")
 
     extract = bench("extract", "extraction of a dense list", _extract)
     extract.add_argument("--mb", type=int, default=30, help="size of the dense list")
@@ -189,11 +197,17 @@ async def _query(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _stats(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.singles import bench_singles
     from ops.bench.stats import bench_stats
 
-    return await bench_stats(
+    out = await bench_stats(
         args.proxies, args.seconds, rate=args.rate, backlog_observations=args.backlog_rounds
     )
+    if args.singles:
+        out["single_events"] = await bench_singles(
+            args.singles, args.proxies, runs=args.singles_runs
+        )
+    return out
 
 
 async def _snapshot(args: argparse.Namespace) -> dict[str, Any]:

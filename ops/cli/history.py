@@ -51,11 +51,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 async def _replay(args: argparse.Namespace) -> int:
     from ops.collector import for_folding
     from ops.progress import Progress
-    from projections import digest
+    from projections import digest, digests
     from projections.replay import replay
 
     for_folding()
     expected = None
+    expected_parts: dict[str, str] = {}
     lg = await Log.connect(args.nats)
     try:
         head = await lg.head_seq()
@@ -70,6 +71,7 @@ async def _replay(args: argparse.Namespace) -> int:
             # The gateway's digest belongs to its last checkpoint (digest_seq), not to
             # what it has applied since: compare there.
             to, expected = int(stats["digest_seq"]), stats["digest"]
+            expected_parts = stats.get("digests") or {}
             if to <= 0:
                 print("ppf replay: the gateway has no digest yet; try again", file=sys.stderr)
                 return 1
@@ -100,7 +102,10 @@ async def _replay(args: argparse.Namespace) -> int:
         out["full_replay"] = None if full is None else digest(full.state)
     print(json.dumps(out))
     if expected is not None and dig != expected:
-        print(f"ppf replay: digest differs from {expected}", file=sys.stderr)
+        ours = digests(folder.state)
+        differ = [name for name, part in expected_parts.items() if ours.get(name) != part]
+        where = f" in {', '.join(differ)}" if differ else ""
+        print(f"ppf replay: digest differs from {expected}{where}", file=sys.stderr)
         return 1
     return 0
 
