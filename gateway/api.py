@@ -136,7 +136,10 @@ def openapi() -> dict[str, Any]:
         _query("https", {"enum": ["true", "false"]}),
         _query("limit", {"type": "integer", "minimum": 0}),
         _query("sort", {"enum": ["latency", "last_seen"]}),
-        _query("format", {"enum": ["json", "txt", "csv", "proxychains", "clash", "singbox"]}),
+        _query(
+            "format",
+            {"enum": ["json", "ndjson", "txt", "csv", "proxychains", "clash", "singbox"]},
+        ),
     ]
     paths: dict[str, Any] = {
         "/v1/events": {
@@ -213,6 +216,8 @@ def openapi() -> dict[str, Any]:
                         "description": "OK",
                         "content": {
                             "application/json": {"schema": {"type": "object"}},
+                            # a proxy's object (as in application/json's) a line
+                            "application/x-ndjson": {"schema": {"type": "string"}},
                             "text/plain": {"schema": {"type": "string"}},
                             "text/csv": {"schema": {"type": "string"}},
                             "text/yaml": {"schema": {}},  # a mapping, once parsed

@@ -1,24 +1,30 @@
-"""``ppf bench stats``, its single-events phase: ``/v1/stats`` while a gateway catches
+"""``ppf bench stats``, its single-events phase: ``/v1/stats`` while ``ppf up`` catches
 up with a backlog of single events, and right after, against the same observations as
 rounds.
 
-Each run, on a server of its own: a gateway up and caught up with the pinned workload's
-setup (ops/bench/workload.py), paused (SIGSTOP) while ``observations`` checks over
-``proxies`` new proxies are published, as single events (``ProxyWorked`` and
-``ProxyFailed`` each a message, as third-party clients and older agents send them) or
-as rounds; then let go. ``/v1/stats`` is asked every 20 ms while it works them off and
-locates every new address, and ``after`` times more once it has. Runs alternate rounds
-and single events (A B A B), so the machine's drift falls on both.
+Each run, a ``ppf up --no-agents`` of its own (its fold persisting, its endpoint's feed
+polling the pool, its locator), caught up with the pinned workload's setup
+(ops/bench/workload.py: 25 agents, trust on; its ids carry the workload's fixed dates,
+so its settings keep the count window, not ``ppf up``'s window in log time); paused
+(SIGSTOP) while ``observations`` checks over ``proxies`` new proxies are published, as
+single events (``ProxyWorked`` and ``ProxyFailed`` each a message, as third-party
+clients and older agents send them) or as rounds; then let go. ``/v1/stats`` is asked
+every 20 ms while it works them off and locates every new address, and ``after`` times
+more once it has. Runs alternate rounds and single events (A B A B), so the machine's
+drift falls on both.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +32,8 @@ import aiohttp
 
 from ops.bench.gateway import _settled
 from ops.bench.rounds import publisher
-from ops.bench.stats import _gateway_process, _head, _summary, _unlocated, _wait_up
-from ops.nats.server import NatsServer, free_port
+from ops.bench.stats import _head, _summary, _unlocated, _wait_up
+from ops.nats.server import free_port, with_credentials
 
 __all__ = ["bench_singles"]
 
@@ -35,55 +41,78 @@ EVERY_S = 0.02
 FORMS = {"rounds": "r", "singles": "s"}
 
 
+@contextlib.asynccontextmanager
+async def _up(workdir: Path) -> AsyncIterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    """``ppf up --no-agents`` on loopback ports of its own: (API base, service NATS URL,
+    process). As users run it: the fold persisting to DuckDB, the rotating endpoint's
+    feed polling the whole pool, the locator."""
+    data = workdir / "data"
+    http, nats = free_port(), free_port()
+    argv = [
+        sys.executable, "-m", "ops.cli", "up", "--no-agents", "--data", str(data),
+        "--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}",
+        "--serve-listen", f"127.0.0.1:{free_port()}",
+        "--judge-tls-listen", f"127.0.0.1:{free_port()}",
+    ]  # fmt: skip
+    proc = await asyncio.to_thread(_spawn, argv, workdir / "up.log")
+    base = f"http://127.0.0.1:{http}"
+    try:
+        async with aiohttp.ClientSession() as session:
+            await _wait_up(session, base)
+        yield base, with_credentials(f"nats://127.0.0.1:{nats}", data / "nats"), proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a paused one too
+        proc.send_signal(signal.SIGINT)
+        await asyncio.to_thread(proc.wait, 60)
+
+
+def _spawn(argv: list[str], logfile: Path) -> subprocess.Popen[bytes]:
+    with open(logfile, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=out)
+
+
 async def _run(
     workdir: Path, form: str, observations: int, proxies: int, after: int, seed: int
 ) -> dict[str, Any]:
-    server = NatsServer(workdir / f"nats-{form}", port=free_port())
-    server.start()
-    try:
+    async with aiohttp.ClientSession() as http, _up(workdir) as (base, url, up):
         setup = await asyncio.create_subprocess_exec(
-            *publisher([server.url], FORMS[form], 0, proxies, seed)
+            *publisher([url], FORMS[form], 0, proxies, seed)
         )
         if await setup.wait() != 0:
             raise RuntimeError("publishing the workload's setup failed")
-        async with (
-            aiohttp.ClientSession() as http,
-            _gateway_process(server.url, workdir, f"singles-{form}") as (base, gateway),
-        ):
-            await _wait_up(http, base)
-            await _settled(base, quiet_s=1.0, timeout=300)
-            gateway.send_signal(signal.SIGSTOP)
-            load = await asyncio.create_subprocess_exec(
-                *publisher([server.url], FORMS[form], observations, proxies, seed, setup=False),
-                stdout=subprocess.DEVNULL,
-            )
-            if await load.wait() != 0:
-                raise RuntimeError("publishing the backlog failed")
-            target = await _head(server.url)
-            gateway.send_signal(signal.SIGCONT)
-            during: list[float] = []
-            past: list[float] = []
-            t0 = time.monotonic()
-            caught_up_s = 0.0
-            while len(past) < after and time.monotonic() - t0 < 900:
-                t = time.perf_counter()
-                async with http.get(base + "/v1/stats") as r:
-                    stats = await r.json()
-                took = (time.perf_counter() - t) * 1000
-                (past if caught_up_s else during).append(took)
-                if not caught_up_s and (
-                    stats["applied_seq"] == stats["head_seq"] >= target and not _unlocated(stats)
-                ):
-                    caught_up_s = time.monotonic() - t0
-                await asyncio.sleep(max(0.0, EVERY_S - (time.perf_counter() - t)))
-    finally:
-        server.stop()
+        await _settled(base, quiet_s=1.0, timeout=300)
+        up.send_signal(signal.SIGSTOP)
+        load = await asyncio.create_subprocess_exec(
+            *publisher([url], FORMS[form], observations, proxies, seed, setup=False),
+            stdout=subprocess.DEVNULL,
+        )
+        if await load.wait() != 0:
+            raise RuntimeError("publishing the backlog failed")
+        target = await _head(url)
+        up.send_signal(signal.SIGCONT)
+        during: list[float] = []
+        past: list[float] = []
+        t0 = time.monotonic()
+        caught_up_s = 0.0
+        while len(past) < after and time.monotonic() - t0 < 900:
+            t = time.perf_counter()
+            async with http.get(base + "/v1/stats") as r:
+                stats = await r.json()
+            took = (time.perf_counter() - t) * 1000
+            (past if caught_up_s else during).append(took)
+            if not caught_up_s and (
+                stats["applied_seq"] == stats["head_seq"] >= target and not _unlocated(stats)
+            ):
+                caught_up_s = time.monotonic() - t0
+            await asyncio.sleep(max(0.0, EVERY_S - (time.perf_counter() - t)))
     if not caught_up_s:
-        raise RuntimeError(f"{form}: the gateway did not catch up in 900 s")
+        raise RuntimeError(f"{form}: ppf up did not catch up in 900 s")
     whole = during + past
     return {
         "caught_up_s": round(caught_up_s, 1),
         "messages": target,
+        "known": stats["proxies"]["known"],
         "while_catching_up": _summary(during),
         "after": _summary(past),
         "p99_ms": _summary(whole)["p99_ms"],
