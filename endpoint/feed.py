@@ -38,7 +38,7 @@ __all__ = ["Feed"]
 log = structlog.get_logger("ppf.serve")
 
 LOGIN_FRESH_S = 5.0
-PIECE = 2_000  # proxies of a new pool made between two turns of the loop
+PIECE = 500  # proxies of a new pool taken in between two turns of the loop
 LOGIN_TTL_S = 60.0
 LOGINS_KEPT = 10_000  # the logins that worked, the least recently checked dropped first
 LOGIN_ASKS = 16  # gateway connections for logins, apart from the pool's and the traffic's
@@ -73,7 +73,7 @@ def _json_page(body: bytes) -> bytes:
     return b"".join(bytes(raw) + b"\n" for raw in _page.decode(body).proxies)
 
 
-PIECE_BYTES = 128 * 1024  # of the gateway's answer (ndjson), decoded at a time
+PIECE_BYTES = 32 * 1024  # of the gateway's answer (ndjson), decoded at a time
 
 
 async def _rows_of(content: aiohttp.StreamReader) -> list[_Row]:

@@ -41,10 +41,13 @@ async def fleet(
     *,
     unserved: Sequence[str] = (),
     hints: dict[str, str] | None = None,
+    trusted: Sequence[str] | None = None,
+    others: dict[str, ev.Role] | None = None,
 ) -> AsyncIterator[Fleet]:
     """Pages (path -> text) served and added as sources (with ``hints``: path ->
     protocol hint), and ``unserved`` URLs added as sources too (keyed by URL in
-    ``url_ids``); a worker "w1" enrolled."""
+    ``url_ids``); a worker "w1" enrolled, and ``others`` (name -> role). With
+    ``trusted``, trust is on and those are the operator's agents (as ``ppf up`` runs)."""
 
     async def serve(request: web.Request) -> web.Response:
         return web.Response(text=pages[request.path])
@@ -56,7 +59,14 @@ async def fleet(
     lg = await Log.connect(nats_server.url)
     await lg.ensure_stream()
     token = await enroll(lg, "w1", "worker")
-    settings = ev.Settings(lab=True, agent_subjects=True)
+    for name, role in (others or {}).items():
+        await enroll(lg, name, role)
+    settings = ev.Settings(
+        lab=True,
+        agent_subjects=True,
+        trust=trusted is not None,
+        trusted_agents=tuple(trusted or ()),
+    )
     await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
     urls = {path: str(lists.make_url(path)) for path in pages} | {u: u for u in unserved}
     url_ids = {key: ev.url_id(url) for key, url in urls.items()}

@@ -39,12 +39,20 @@ class Box:
 
 @contextlib.asynccontextmanager
 async def deposit_box(
-    nats: NatsServer, tmp: Path, agents: dict[str, str], disk_share: float | None = None
+    nats: NatsServer,
+    tmp: Path,
+    agents: dict[str, str],
+    disk_share: float | None = None,
+    trusted: tuple[str, ...] | None = None,
 ) -> AsyncIterator[Box]:
+    """The system, ``agents`` (name -> role) enrolled; with ``trusted``, trust is on and
+    those are the operator's agents (as ``ppf up`` runs)."""
     lg = await Log.connect(nats.url)
     await lg.ensure_stream()
     tokens = {name: await enroll(lg, name, role) for name, role in agents.items()}  # type: ignore[arg-type]
-    settings = ev.Settings(lab=True, agent_subjects=True)
+    settings = ev.Settings(
+        lab=True, agent_subjects=True, trust=trusted is not None, trusted_agents=trusted or ()
+    )
     await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
     fold = FoldService(lg, db=tmp / "ppf.duckdb")
     await fold.start()

@@ -29,8 +29,10 @@ POOL = 60
 
 
 @contextlib.asynccontextmanager
-async def _gateways(lg: Log, consumers: int) -> AsyncIterator[tuple[list[str], list[str]]]:
-    """Two gateways over one log, a guarded fleet with ``POOL`` served proxies and
+async def _gateways(
+    lg: Log, consumers: int, pool: int = POOL
+) -> AsyncIterator[tuple[list[str], list[str]]]:
+    """Two gateways over one log, a guarded fleet with ``pool`` served proxies and
     ``consumers`` consumer tokens: (gateway URLs, tokens)."""
     settings = ev.Settings(
         agent_subjects=True, trust=True, trusted_agents=("c-own",), guarded=True, batches=True
@@ -43,7 +45,7 @@ async def _gateways(lg: Log, consumers: int) -> AsyncIterator[tuple[list[str], l
             id=fresh_id(), agent="c-own", at=now_ms(), ip=ip(i), port=8080, proto="http",
             latency_ms=10 + i,
         )
-        for i in range(POOL)
+        for i in range(pool)
     ]  # fmt: skip
     for event in group(worked):
         await lg.publish_raw(ev.agent_subject(event), ev.encode(event), msg_id=event.id)
@@ -179,3 +181,29 @@ async def test_a_checkout_past_its_ttl_is_served_again(log_client: Log) -> None:
         assert taken not in await served()
         await asyncio.sleep(max(0.0, got["proxies"][0]["expires_at"] / 1000 - time.time()) + 1)
         assert taken in await served()
+
+
+async def test_the_cap_is_reached_by_holding_not_by_asking(log_client: Log) -> None:
+    """A consumer holds 100 proxies (60, then 40 more, through either gateway): the
+    101st is a 429 naming the cap, on both gateways; releasing the first checkout makes
+    room again. (A count of 101 in one ask is a parameter's 400, not the cap.)"""
+    fleet = _gateways(log_client, 1, pool=120)
+    async with fleet as (gateways, tokens), aiohttp.ClientSession() as http:
+        first, second = gateways
+        url = "/v1/checkout"
+        status, a = await _post(http, first + url, tokens[0], {"count": 60, "ttl_s": 600})
+        assert status == 200 and len(a["proxies"]) == 60
+        status, b = await _post(http, second + url, tokens[0], {"count": 40, "ttl_s": 600})
+        assert status == 200 and len(b["proxies"]) == 40
+        for gateway in gateways:
+            status, over = await _post(http, gateway + url, tokens[0], {"count": 1, "ttl_s": 600})
+            assert status == 429 and over["type"].endswith("checkout-cap"), over
+            assert "holds 100 proxies" in over["detail"]
+        one = a["proxies"][0]
+        release = f"{first}/v1/checkout/{a['checkout']}/release"
+        status, done = await _post(
+            http, release, tokens[0], {"outcomes": {f"{one['ip']}:{one['port']}": "worked"}}
+        )
+        assert status == 200 and done["released"] == 60
+        status, again = await _post(http, second + url, tokens[0], {"count": 1, "ttl_s": 600})
+        assert status == 200 and len(again["proxies"]) == 1
