@@ -44,8 +44,8 @@ lint: $(STAMP)
 # the box's output follows the rest's, and either failing fails the target.
 test: lint system-deps
 	@log=$$(mktemp); \
-	$(BIN)/pytest -m "box or flood" -p no:cacheprovider >"$$log" 2>&1 & box=$$!; \
-	$(BIN)/pytest -n 2 -m "not box and not flood"; rest=$$?; \
+	$(BIN)/pytest -m "box or flood" -p no:cacheprovider --durations=8 >"$$log" 2>&1 & box=$$!; \
+	$(BIN)/pytest -n 2 -m "not box and not flood" --durations=15; rest=$$?; \
 	wait $$box; boxed=$$?; \
 	echo "--- the world-in-a-box tests, run beside the rest (exit $$boxed) ---"; \
 	cat "$$log"; rm -f "$$log"; \

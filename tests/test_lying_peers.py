@@ -6,12 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import events as ev
+from agents.check import Check, Target
+from agents.judgepool import JudgePool
+from agents.seednode import SeedConfig, SeedNode
 from agents.worker import Worker, WorkerConfig
 from events.batches import group
 from ops.cli.seed import plan
@@ -87,33 +91,59 @@ async def test_a_worker_with_trust_on_beside_a_lying_worker(
         state = f.fold.state
         assert all(("127.0.0.1", port) in state.proxies for port in made_up)  # known
         await _serves(f.gateway, {("127.0.0.1", p.port) for p in real})
+        # Its failures were refused: the real proxies stand as w1 found them.
         assert state.agents["liar"].counts.get("ProxyFailed", 0) == 0
-        assert state.refusals["liar"].startswith("forbidden") or state.agents["liar"].rejected
+        assert all(state.proxies[("127.0.0.1", p.port)].fail_streak == 0 for p in real)
+
+
+class _LyingNode(SeedNode):
+    """A seed node whose checks say every candidate works: what a peer that wants its
+    addresses served would deposit."""
+
+    async def _check(
+        self,
+        targets: Sequence[Target],
+        judges: JudgePool,
+        on_result: Callable[[int, Check], None] | None = None,
+        timeouts: Sequence[float] = (),
+    ) -> list[Check]:
+        return [
+            Check(addr=f"{t[0]}:{t[1]}", ok=True, proto="http", latency_ms=5, anonymity="elite")
+            for t in targets
+        ]
 
 
 @pytest.mark.timeout(150)
 async def test_seed_nodes_with_trust_on_beside_a_lying_seed_node(
     lab: ProxyLab, nats_server: NatsServer, tmp_path: Path
 ) -> None:
-    """Trust on, the operator's seed node s1 trusted and a seed node that is not: the
-    liar says the dump's refusing addresses work; s1 works the whole dump. Served:
-    exactly the real proxies of the dump; every refusing address the liar named is
-    known and never served."""
+    """Trust on, the operator's seed node s1 trusted and a seed node that is not, whose
+    checks say every candidate works: the liar works the dump's first range (refusing
+    addresses only), s1 the rest. Every range is worked to its end; what the liar
+    deposited is folded (its addresses known) and never served; served is exactly the
+    real proxies, which s1 checked."""
     real = [p for p in lab.proxies if p.name in ("squid", "microsocks")]
     refusing = _refusing_ports(60)
     lines = [f"127.0.0.1:{port}" for port in refusing]
-    for i, p in enumerate(real):
-        lines.insert(17 + 20 * i, f"{p.proto}://127.0.0.1:{p.port}")
+    lines += [f"{p.proto}://127.0.0.1:{p.port}" for p in real]  # in the last range
     dump = ("\n".join(lines) + "\n").encode()
     agents = {"s1": "seed", "liar": "seed"}
     async with deposit_box(nats_server, tmp_path, agents, trusted=("s1",)) as box:
-        planned, _ = await plan(box.log, dump, "proxies", 40, 0)
+        planned, _ = await plan(box.log, dump, "proxies", 20, 0)
         assert planned is not None
-        await _lie(box.log, "liar", refusing)
+        config = SeedConfig(lab=True, idle_s=0.2, check_timeout_s=3, https_targets=(), batch=20)
+        liar = _LyingNode(
+            box.gateway, box.tokens["liar"], "liar", box.gateway + "/judge", tmp_path / "liar",
+            config,
+        )  # fmt: skip
+        await asyncio.wait_for(liar.run(asyncio.Event(), cycles=1), 60)
+        state = box.fold.state
+        assert await until(lambda: not state.pending_deposits, 30)
+        lied = [port for port in refusing if ("127.0.0.1", port) in state.proxies]
+        assert lied  # its deposit was folded: the addresses it named are known
         node = _node(box, "s1", tmp_path, batch=20)
         stop = asyncio.Event()
         working = asyncio.create_task(node.run(stop))
-        state = box.fold.state
         try:
             done = await until(
                 lambda: (
@@ -127,5 +157,4 @@ async def test_seed_nodes_with_trust_on_beside_a_lying_seed_node(
             await asyncio.wait_for(working, 30)
         assert done, state.leases
         assert await box.fold.wait_for(await box.log.head_seq(), 10)
-        assert all(("127.0.0.1", port) in state.proxies for port in refusing)  # known
         await _serves(box.gateway, {("127.0.0.1", p.port) for p in real})
