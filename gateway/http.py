@@ -164,8 +164,8 @@ async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     structlog.contextvars.clear_contextvars()
     structlog.contextvars.bind_contextvars(peer=client_address(request))
     started = time.perf_counter()
+    await _newly_issued(request)  # not in the foreground: it waits for the fold to move
     with request.app[FOLD].foreground.running():  # the fold waits for it between slices
-        await _newly_issued(request)
         response = await _answer(request, handler)
     ms = round((time.perf_counter() - started) * 1000, 2)
     status = response.status
@@ -205,7 +205,7 @@ async def _newly_issued(request: web.Request) -> None:
                     await fold.wait_for(seq, ENROLMENT_WAIT_S)
                     return
         await fold.caught_up_now(ENROLMENT_WAIT_S)
-    except LogError as exc:  # the log away: the token is judged by what is folded
+    except Exception as exc:  # a courtesy: whatever fails, the token is judged by the fold
         log.info("enrolment_lookup_failed", error=repr(exc))
 
 

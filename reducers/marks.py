@@ -36,7 +36,7 @@ forgotten at, the later of its message's log time and its own UUIDv7 date, plus 
 
 A re-send from an agent's outbox reaches the log within the outbox's longest replay
 (``OUTBOX_REPLAY_S``, of the agent's clock) plus how far ahead its clock may be, so W
-is at least that sum (docs/architecture.md "The re-send window"). Memory: what is past
+is at least that sum (docs/architecture.md §4, Agents). Memory: what is past
 its time leaves at the fold's sweep (every ``SWEEP_MS`` of log time); an agent's window
 holds at most what its quota lets it send in W and a sweep, and an agent without a
 quota (the operator's own) at most ``RECENT_CAP`` ids; an id past that is refused as
