@@ -1,4 +1,5 @@
-"""The seed node: works through the ranges of a planned bulk import (ARCHITECTURE.md §1).
+"""The seed node: works through the ranges of a planned bulk import (docs/operations.md,
+"Bulk imports").
 
 It leases a range, works it from the resume cursor the lease carries, batch by batch:
 each batch is checked (candidate proxies through the judge pool; candidate source URLs

@@ -1,7 +1,7 @@
 """The event catalogue: every observation the fleet can publish, as one tagged union.
 
-Rules of evolution (STYLE.md §1): add fields only at the end and only with defaults;
-never change a field's type or reuse a tag. A breaking change is a new tag plus an
+Rules of evolution (docs/architecture.md §2): add fields only at the end and only with
+defaults; never change a field's type or reuse a tag. A breaking change is a new tag plus an
 upcaster in ``codec``.
 """
 
@@ -63,7 +63,7 @@ SCHEMA_VERSION = 1
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):
-    """Every setting that changes what a reducer does (ARCHITECTURE.md §5 Settings)."""
+    """Every setting that changes what a reducer does (docs/architecture.md §3, Settings)."""
 
     lab: bool = False
     ema_alpha: float = 0.3
@@ -75,7 +75,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     proxy_ttl_s: int = 14_400
     latency_samples: int = 16
     provenance_cap: int = 16
-    # Identity bound to the publisher (ARCHITECTURE.md "Changes"): from the Configured
+    # Identity bound to the publisher (docs/architecture.md §5): from the Configured
     # that sets it, agents publish only on ``ppf.in.<agent>.<entity>.<key>`` and the
     # entity subjects are the service's. Off in logs written before it existed, which
     # replay as they always did.

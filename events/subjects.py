@@ -1,4 +1,4 @@
-"""Subjects of the log (ARCHITECTURE.md §3) and the ids they are built from.
+"""Subjects of the log (docs/architecture.md §2) and the ids they are built from.
 
 The last token of every subject is its partition key, so the stream can be split
 later. A token never holds ``.``, ``*``, ``>`` or white space.

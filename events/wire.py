@@ -1,7 +1,7 @@
 """The HTTP wire between agents and the gateway: request and response bodies, typed.
 
 Pure msgspec Structs that ``gateway/`` serves and ``agents/`` read, so both sides decode
-the same types (requests reject unknown fields: STYLE.md §1; replies are read leniently,
+the same types (requests reject unknown fields; replies are read leniently,
 so a newer gateway may add fields). ``gateway/api.py`` builds the OpenAPI document from
 them. Every error either side raises about this wire derives from ``WireError``.
 """

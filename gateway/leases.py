@@ -1,4 +1,4 @@
-"""Lease granting (ARCHITECTURE.md §7): the gateway proposes, the log decides.
+"""Lease granting (docs/architecture.md §7): the gateway proposes, the log decides.
 
 A grant publishes one ``Leased`` claim per picked target on its lease subject with
 ``Nats-Expected-Last-Subject-Sequence`` set from the projection: a claim raced by
@@ -8,7 +8,7 @@ the claims its own projection shows granted, so any number of gateways may run, 
 no leader and never a double lease.
 
 Compare-and-set publishes are awaited ``js.publish`` calls issued concurrently: nats-py's
-``publish_async`` never resolves when the server rejects one (FIELD-NOTES.md).
+``publish_async`` never resolves when the server rejects one (nats-py 2.16).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ RESEED_MS = 6 * 3600 * 1000
 
 @dataclass(frozen=True, slots=True)
 class ScoreWeights:
-    """Query-time weights of the source score (ARCHITECTURE.md §5); configuration."""
+    """Query-time weights of the source score (docs/architecture.md §4); configuration."""
 
     yield_divisor: float = 100.0
     working: float = 0.5

@@ -1,14 +1,14 @@
 """DuckDB checkpoints of the projections: the only module that imports duckdb.
 
 A checkpoint writes the rows changed since the last one and ``last_seq`` in one
-transaction (STYLE.md §5: position is stored with the data), so a crash at any point
+transaction (the position is stored with the data), so a crash at any point
 leaves the file at some earlier checkpoint, from which the fold resumes at
 ``last_seq + 1`` and double-counts nothing.
 
 Each row is kept whole as its canonical msgpack (a BLOB) beside a few plain columns
 for SQL, so a restore rebuilds exactly the Struct that was written, floats included.
 msgpack, not JSON: encoding floats as JSON text cost 2.4 us a row, msgpack a tenth.
-Measured (FIELD-NOTES.md): ``executemany`` upserts crawl; appender upserts are fast,
+Measured with duckdb 2.0: ``executemany`` upserts crawl; appender upserts are fast,
 and a duplicate key inside one flush silently keeps the first row, so every batch
 here carries each key once (the dirty sets guarantee it).
 """

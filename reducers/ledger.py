@@ -1,6 +1,6 @@
 """The lease ledger: which agent holds which target, decided by log order alone.
 
-Rules (ARCHITECTURE.md §5): the first valid claim on a target with no live lease wins;
+Rules (docs/architecture.md §4 and §7): the first valid claim on a target with no live lease wins;
 events naming the live lease extend it; a release frees it; expiry and failed or
 abandoned releases count attempts; at the attempt budget the target is failed until
 a LeaseReset. Expiry is applied lazily, when the next message touches the target, at

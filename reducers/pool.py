@@ -1,6 +1,6 @@
 """Liveness bands, lease liveness, and the pool's composition kept by deltas.
 
-The bands (ARCHITECTURE.md §5) are written here once: ``alive`` while seen within the
+The bands (docs/architecture.md §4) are written here once: ``alive`` while seen within the
 TTL, ``stale`` up to three TTLs, ``dead`` after, and evicted from memory when the log's
 own time passes that. The reducers evict by them, the read models answer by them.
 

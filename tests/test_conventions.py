@@ -1,8 +1,10 @@
-"""House rules of the suite itself (STYLE.md): every test says the behaviour it holds."""
+"""House rules of the suite and the tree: every test says the behaviour it holds."""
 
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -61,3 +63,62 @@ def test_the_size_rule_finds_a_long_module(tmp_path: Path) -> None:
     (tmp_path / "ops" / "cli").mkdir(parents=True)
     (tmp_path / "ops" / "cli" / "big.py").write_text("x = 1\n" * 301)
     assert _too_long(tmp_path) == ["ops/cli/big.py: 301 > 300"]
+
+
+# The team's documents live beside the repository, not in it: a clone of ppf alone has
+# none of them, so nothing in it may cite one (tests read data fixtures there, and skip
+# when they are absent: data, not a reference).
+_OUTSIDE = re.compile(r"ARCHITECTURE\.md|FIELD-NOTES|STYLE\.md|\.\./shared/(?!fixtures)")
+_DOC = re.compile(r"docs/([a-z-]+)\.md(?:,? ?(§\d+)(?:\s*(?:,|and)\s*(§\d+))*)?")
+
+
+def _tracked() -> list[Path]:
+    out = subprocess.run(
+        ["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
+    keep = (".py", ".md", ".json", ".conf", ".toml", ".sql", ".yml", ".yaml", "Makefile")
+    this = "tests/test_conventions.py"  # names what it forbids
+    return [
+        REPO / p
+        for p in out
+        if p.endswith(keep) and not p.startswith("tests/fixtures") and p != this
+    ]
+
+
+def _broken_references(files: list[Path]) -> list[str]:
+    """Each cited document of ours that does not exist, a section of the contract it has
+    not, and every citation of a document outside the repository."""
+    sections = {
+        m.group(1)
+        for m in re.finditer(r"^## (\d+)\. ", (REPO / "docs/architecture.md").read_text(), re.M)
+    }
+    broken = []
+    for path in files:
+        text = path.read_text(errors="replace")
+        name = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
+        broken += [f"{name}: {m.group(0)}" for m in _OUTSIDE.finditer(text)]
+        for m in _DOC.finditer(text):
+            if not (REPO / "docs" / f"{m.group(1)}.md").exists():
+                broken.append(f"{name}: {m.group(0)}")
+            elif m.group(1) == "architecture":
+                cited = re.findall(r"§(\d+)", m.group(0))
+                broken += [f"{name}: §{n}" for n in cited if n not in sections]
+    return broken
+
+
+def test_every_reference_resolves_inside_the_repository() -> None:
+    """No file cites a document outside the repository; every ``docs/*.md`` cited exists,
+    and every section of the contract cited (``docs/architecture.md §N``) is one it has."""
+    assert _broken_references(_tracked()) == []
+
+
+def test_the_reference_rule_finds_what_does_not_resolve(tmp_path: Path) -> None:
+    """The rule is not vacuous: a team document, a missing doc and a missing section
+    are each found; a fixture path and a real section are not."""
+    bad = tmp_path / "x.py"
+    bad.write_text(
+        '"""See ARCHITECTURE.md, docs/nowhere.md and docs/architecture.md §12; the rows\n'
+        'of docs/architecture.md §4 hold; data in ../shared/fixtures/sources."""\n'
+    )
+    found = _broken_references([bad])
+    assert found == ["x.py: ARCHITECTURE.md", "x.py: docs/nowhere.md", "x.py: §12"], found

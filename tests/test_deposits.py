@@ -1,6 +1,6 @@
 """Deposits: stored through the gateway, read by key against the log's digest, folded
 once whoever ingests them, poisoned after five failed reads, kept for reparse, retired
-by retention, reconciled daily behind a flag (ARCHITECTURE.md §3, §5).
+by retention, reconciled daily behind a flag (docs/architecture.md §2, §4).
 
 Real parts (tests/seedbox.py): nats-server with its object store, the gateway app on a
 port, the fold with its DuckDB file and the deposit ingest.

@@ -76,7 +76,7 @@ def test_round_trip_and_subject(event: ev.Event) -> None:
 
 
 def test_subjects_follow_the_contract() -> None:
-    """Subjects are exactly those of ARCHITECTURE.md §3."""
+    """Subjects are exactly those of docs/architecture.md §2."""
     assert ev.subject_for(worked("203.0.113.7", 8080)) == "ppf.proxy.203-0-113-7_8080"
     assert ev.subject_for(leased("s042", kind="recheck")) == "ppf.lease.recheck.s042"
     assert ev.subject_for(SAMPLES[-2]) == "ppf.config"

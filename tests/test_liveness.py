@@ -1,5 +1,5 @@
 """Liveness follows the evidence: a proxy whose latest check failed is suspect, not
-served, until its next success (ARCHITECTURE.md, Changes: status ``suspect``)."""
+served, until its next success (docs/architecture.md §4: status ``suspect``)."""
 
 from __future__ import annotations
 

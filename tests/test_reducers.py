@@ -1,4 +1,4 @@
-"""The reducers' rules (ARCHITECTURE.md §5), one fact at a time, on pure state."""
+"""The reducers' rules (docs/architecture.md §4), one fact at a time, on pure state."""
 
 from __future__ import annotations
 

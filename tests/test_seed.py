@@ -1,5 +1,6 @@
 """Seed nodes: a dump planned into ranges, worked by seed nodes against real proxies,
-priorities taking turns, status, and the disk budget guard (ARCHITECTURE.md §1, §5).
+priorities taking turns, status, and the disk budget guard (docs/operations.md, "Bulk
+imports"; docs/architecture.md §4).
 
 Real parts (tests/seedbox.py): nats-server with its object store, the gateway app on a
 port, the fold with its DuckDB file and the deposit ingest, the proxy lab on loopback.

@@ -1,7 +1,7 @@
 """``ppf bench check``: checks per second through the real proxy lab, and memory.
 
 The judge runs in its own process (an async aiohttp app: a threaded judge capped
-checks at 450-500/s in FIELD-NOTES.md), the proxies in theirs, the checks here.
+checks at 450-500/s on this machine), the proxies in theirs, the checks here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""``ppf``: the command line (ARCHITECTURE.md §9).
+"""``ppf``: the command line (docs/architecture.md §9).
 
 One module per command group, each registering its own subcommands with the function
 that runs them (``set_defaults(run=...)``); ``main`` only parses, sets up logging and

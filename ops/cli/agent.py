@@ -16,7 +16,7 @@ import structlog
 
 __all__ = ["register"]
 
-# What `ppf check --json` prints of a check (ARCHITECTURE.md §9).
+# What `ppf check --json` prints of a check (docs/architecture.md §9).
 
 log = structlog.get_logger("ppf")
 

@@ -1,5 +1,6 @@
 """``ppf seed plan|status``, ``ppf import proxies``: bulk imports, cut into resumable
-ranges for seed nodes (ARCHITECTURE.md §1, §4 ``SeedPlanned``)."""
+ranges for seed nodes (docs/operations.md, "Bulk imports"; docs/architecture.md §3
+``SeedPlanned``)."""
 
 from __future__ import annotations
 

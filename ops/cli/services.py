@@ -148,7 +148,7 @@ RESEND_WINDOW_S = OUTBOX_REPLAY_S + Settings().id_skew_s
 
 async def configure(lg: Log, lab: bool) -> None:
     """Publish ``Configured`` when the log's last settings disagree with ``--lab`` or
-    predate what ``ppf up`` runs with: per-agent subjects (ARCHITECTURE.md "Changes"),
+    predate what ``ppf up`` runs with: per-agent subjects (docs/architecture.md §5),
     from which the fold refuses what an agent says as someone else; and trust, with
     the local agents as the operator's own (reducers/trust.py), from which any other
     agent's reports are served once checked or once it has earned trust; a re-send

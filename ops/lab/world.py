@@ -6,7 +6,7 @@ to ours by one veth link, and the caller (ppf, a test) stays in its own: a proxy
 for ``127.0.0.1`` reaches the internet namespace's loopback, never ours, as a public
 proxy would. No lab mode is needed: every address is public-looking.
 
-Routing, not one flat link (FIELD-NOTES.md): the public-looking addresses sit on the
+Routing, not one flat link: the public-looking addresses sit on the
 inner namespace's ``lo`` as /32s and our side routes ``45.68.0.0/16`` over the /30 of
 the link, so thousands of addresses cost one neighbour entry, and an address nobody
 owns inside is dropped silently (a connect that times out, like most dead proxies).

@@ -1,6 +1,6 @@
 """The JetStream log client: the one module that imports nats.
 
-Publishing rules measured on this machine (FIELD-NOTES.md):
+Publishing rules measured on this machine:
 - every publish carries ``Nats-Msg-Id`` = the event id, so a retried publish is stored
   once (the server answers ``duplicate=True`` with the original sequence);
 - a compare-and-set publish (``Nats-Expected-Last-Subject-Sequence``) is always an

@@ -1,5 +1,5 @@
 """The deposit store on a JetStream Object Store bucket, ``ppf-deposits``
-(ARCHITECTURE.md §3): raw pages, seed inputs and seed batches under keys minted from
+(docs/architecture.md §2): raw pages, seed inputs and seed batches under keys minted from
 the ledger (events/keys.py), read and deleted by key, never listed.
 
 nats-py's object store checks a read against the digest the *writer* put in the

@@ -1,7 +1,7 @@
 """A lean, in-order reader of the PPF stream, speaking the NATS protocol itself.
 
 Why not nats-py here: its per-message parser and Msg objects cap an ordered consumer
-at about 130-180k msg/s on this machine (FIELD-NOTES.md), and the fold needs that time
+at about 130-180k msg/s on this machine, and the fold needs that time
 for itself. This reader opens its own connection, creates an ephemeral push consumer
 (no acks, flow control answered by hand, idle heartbeats), and hands out batches of
 ``(stream_seq, server_ts_ms, subject, payload)`` parsed straight from the socket

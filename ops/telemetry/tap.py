@@ -10,7 +10,7 @@ them, and sends with axiom-py. Nothing ever reads Axiom back.
 axiom-py retries 5xx and connection errors itself (about 3 s) and sets no timeout of
 its own, so the child gives its session one: a server that accepts and never answers
 costs a bounded wait, and the rows behind it are dropped and counted, not queued
-without end (FIELD-NOTES.md).
+without end.
 """
 
 from __future__ import annotations
