@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
+import structlog
 from aiohttp import web
 
 from events.mint import now_ms
@@ -45,6 +46,7 @@ from reducers.state import latency_samples, unpack_samples
 __all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
 
 routes = web.RouteTableDef()
+log = structlog.get_logger("ppf.gateway")
 
 
 class SnapshotKeeper:
@@ -320,10 +322,13 @@ async def _lines(
     response = web.StreamResponse(headers={"ETag": etag})
     response.content_type = "application/x-ndjson"
     await response.prepare(request)
-    while chunk := list(itertools.islice(selected, ANSWER_CHUNK)):
-        await response.write(_json_lines([_view_json(v, now, ttl_s) for v in chunk]))
-        await asyncio.sleep(0)
-    await response.write_eof()
+    try:
+        while chunk := list(itertools.islice(selected, ANSWER_CHUNK)):
+            await response.write(_json_lines([_view_json(v, now, ttl_s) for v in chunk]))
+            await asyncio.sleep(0)
+        await response.write_eof()
+    except ConnectionResetError:  # the client went away mid-answer: nothing to say to it
+        log.info("answer_abandoned", path=request.path, by="client")
     return response
 
 
