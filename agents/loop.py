@@ -121,7 +121,7 @@ class AgentConfig:
     citizen: Citizen | None = None
 
 
-# The longest a result waits, batched, before it goes out (docs/architecture.md §4).
+# The longest a result waits, batched, before it goes out (docs/architecture.md §3).
 BATCH_GATHER_S = 1.0
 
 

@@ -119,7 +119,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # the last W seconds of log time are remembered; an id dated before that is stale.
     resend_window_s: int = 0
     # Agents, the deposit ingest and the locator publish a round's results as one
-    # ProxiesChecked and many locations as one Located (docs/architecture.md §4).
+    # ProxiesChecked and many locations as one Located (docs/architecture.md §3).
     batches: bool = False
     # What a hostile probe found (docs/trust.md "Guarded"): from the Configured that sets
     # it, the fold refuses to the DLQ, with its reason and in the agent's ``rejected``,
