@@ -15,7 +15,7 @@ import pytest
 import events as ev
 from agents.check import Check, Target
 from agents.judgepool import JudgePool
-from agents.seednode import SeedConfig, SeedNode
+from agents.seednode import SeedNode
 from agents.worker import Worker, WorkerConfig
 from events.batches import group
 from ops.cli.seed import plan
@@ -24,7 +24,7 @@ from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
 from tests.fleet import fleet
 from tests.seedbox import deposit_box, until
-from tests.test_seed import _node, _refusing_ports
+from tests.test_seed import _node, _refusing_ports, _work_to_the_end
 
 
 def _served(base: str) -> set[tuple[str, int]]:
@@ -131,30 +131,13 @@ async def test_seed_nodes_with_trust_on_beside_a_lying_seed_node(
     async with deposit_box(nats_server, tmp_path, agents, trusted=("s1",)) as box:
         planned, _ = await plan(box.log, dump, "proxies", 20, 0)
         assert planned is not None
-        config = SeedConfig(lab=True, idle_s=0.2, check_timeout_s=3, https_targets=(), batch=20)
-        liar = _LyingNode(
-            box.gateway, box.tokens["liar"], "liar", box.gateway + "/judge", tmp_path / "liar",
-            config,
-        )  # fmt: skip
+        liar = _node(box, "liar", tmp_path, _LyingNode, batch=20)
         await asyncio.wait_for(liar.run(asyncio.Event(), cycles=1), 60)
         state = box.fold.state
         assert await until(lambda: not state.pending_deposits, 30)
         lied = [port for port in refusing if ("127.0.0.1", port) in state.proxies]
         assert lied  # its deposit was folded: the addresses it named are known
-        node = _node(box, "s1", tmp_path, batch=20)
-        stop = asyncio.Event()
-        working = asyncio.create_task(node.run(stop))
-        try:
-            done = await until(
-                lambda: (
-                    all(r.cursor > r.end for r in state.leases.values() if r.kind == "seed")
-                    and not state.pending_deposits
-                ),
-                90,
-            )
-        finally:
-            stop.set()
-            await asyncio.wait_for(working, 30)
+        done = await _work_to_the_end(box, _node(box, "s1", tmp_path, batch=20))
         assert done, state.leases
         assert await box.fold.wait_for(await box.log.head_seq(), 10)
         await _serves(box.gateway, {("127.0.0.1", p.port) for p in real})

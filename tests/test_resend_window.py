@@ -17,20 +17,11 @@ from reducers import State
 from reducers.marks import RECENT_CAP, Recent, expire, recent_cap, recent_refusal, remember
 from reducers.proxies import SWEEP_MS
 from tests.helpers import message, worked
+from tests.test_resend import MIN, T0, _id, _on_own
 
-T0 = 1_800_000_000_000
-MIN = 60_000
 WINDOW_S = 3_900
 
 Msg = tuple[int, int, bytes, bytes]
-
-
-def _id(ms: int, n: int) -> str:
-    return uuid7(ms, n.to_bytes(10, "big"))
-
-
-def _on_own(seq: int, ts: int, event: ev.Event) -> Msg:
-    return (seq, ts, ev.agent_subject(event).encode(), ev.encode(event))
 
 
 def _preamble(window_s: int = WINDOW_S, **more: object) -> list[Msg]:

@@ -47,9 +47,30 @@ def _refusing_ports(count: int) -> list[int]:
     return ports
 
 
-def _node(box: Box, name: str, tmp: Path, **kw: object) -> SeedNode:
+def _node(
+    box: Box, name: str, tmp: Path, kind: type[SeedNode] = SeedNode, **kw: object
+) -> SeedNode:
     config = SeedConfig(lab=True, idle_s=0.2, check_timeout_s=3, https_targets=(), **kw)  # type: ignore[arg-type]
-    return SeedNode(box.gateway, box.tokens[name], name, box.gateway + "/judge", tmp / name, config)
+    return kind(box.gateway, box.tokens[name], name, box.gateway + "/judge", tmp / name, config)
+
+
+async def _work_to_the_end(box: Box, node: SeedNode) -> bool:
+    """Run ``node`` until every seed range is worked to its end and every deposit
+    folded (90 s at most); whether they were."""
+    state = box.fold.state
+    stop = asyncio.Event()
+    working = asyncio.create_task(node.run(stop))
+    try:
+        return await until(
+            lambda: (
+                all(r.cursor > r.end for r in state.leases.values() if r.kind == "seed")
+                and not state.pending_deposits
+            ),
+            90,
+        )
+    finally:
+        stop.set()
+        await asyncio.wait_for(working, 30)
 
 
 def _covered_once(state: State, plan_name: str) -> list[str]:
@@ -131,22 +152,9 @@ async def test_seed_nodes_work_a_dump_once_and_resume_a_dead_nodes_range(
         held = [r for r in box.fold.state.leases.values() if r.holder == "s1"]
         assert len(held) == 1 and held[0].cursor > held[0].start
         orphan, cursor = held[0].target, held[0].cursor
-        s2 = _node(box, "s2", tmp_path, batch=15)
-        stop = asyncio.Event()
-        working = asyncio.create_task(s2.run(stop))
         state = box.fold.state
-        try:
-            done = await until(
-                lambda: (
-                    all(r.cursor > r.end for r in state.leases.values() if r.kind == "seed")
-                    and not state.pending_deposits
-                ),
-                90,
-            )
-        finally:
-            stop.set()
-            await asyncio.wait_for(working, 30)
-        assert done, box.fold.state.leases
+        done = await _work_to_the_end(box, _node(box, "s2", tmp_path, batch=15))
+        assert done, state.leases
         assert await box.fold.wait_for(await box.log.head_seq(), 10)
         assert _covered_once(state, planned.plan) == []
         resumed = [d for d in state.deposits.values() if d.target == orphan and d.agent == "s2"]
