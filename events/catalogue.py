@@ -13,6 +13,7 @@ import msgspec
 
 __all__ = [
     "EVENT_TYPES",
+    "LAST_FIRST_SETTING",
     "OBSERVATIONS",
     "AgentEnrolled",
     "Anonymity",
@@ -60,6 +61,13 @@ Tried = Literal["yes", "no", ""]
 Role = Literal["worker", "checker", "seed", "consumer", "admin", "gateway", "fold"]
 
 SCHEMA_VERSION = 1
+
+
+# The last setting the first logs were written with. Every setting declared after it is
+# left out of the meta digest while at its default (reducers/state.py ``settings_part``),
+# so a log written before it keeps its digest: a new setting goes at the end, with the
+# default that keeps the rule as it was.
+LAST_FIRST_SETTING = "provenance_cap"
 
 
 class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=False):

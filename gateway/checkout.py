@@ -41,9 +41,9 @@ def checkout_id(consumer: str, key: str) -> str:
 
 def _answer(state: State, cid: str, now: int) -> CheckoutReply:
     """A checkout as the log holds it: each proxy, its lease, and whether it holds now."""
-    _, _, leases, targets = state.checkouts[cid]
+    entry = state.checkouts[cid]
     out = []
-    for lease, target in zip(leases, targets, strict=True):
+    for lease, target in zip(entry.leases, entry.targets, strict=True):
         ip, port = proxy_of(target)
         row = state.leases.get(target)
         held = row is not None and row.lease == lease and lease_live(row, now)
@@ -135,11 +135,11 @@ async def release(request: web.Request) -> web.Response:
     if cid not in state.checkouts:  # granted through another gateway a moment ago?
         await fold.caught_up_now(2.0)
     entry = state.checkouts.get(cid)
-    if entry is None or entry[1] != caller.name:
+    if entry is None or entry.consumer != caller.name:
         raise ApiError(404, "not-found", f"no checkout {cid} of {caller.name}")
     now = now_ms()
     releases = []
-    for lease, target in zip(entry[2], entry[3], strict=True):
+    for lease, target in zip(entry.leases, entry.targets, strict=True):
         row = state.leases.get(target)
         if row is not None and row.lease == lease and lease_live(row, now):
             releases.append(

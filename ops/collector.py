@@ -74,8 +74,7 @@ def freeze_projections(state: State) -> None:
     which tracks it, before the freeze; a tracked dict is only untracked by a full
     collection, and a frozen one is never collected."""
     gc.collect()
-    for name in State.__slots__:
-        value = getattr(state, name, None)
+    for value in vars(state).values():
         if isinstance(value, dict):
             value[_PIN] = []
             del value[_PIN]

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Hashable, Iterable
-from typing import Any
 
 import msgspec
 
-from events.catalogue import Settings
-from reducers.state import State
+from reducers.state import KEPT, TABLES, State
 
 __all__ = [
     "MOD",
@@ -32,7 +30,6 @@ __all__ = [
     "table_sum",
 ]
 
-TABLES = ("proxies", "sources", "leases", "agents", "deposits")
 MOD = 1 << 128
 _encode = msgspec.msgpack.Encoder().encode
 
@@ -47,59 +44,10 @@ def table_sum(encoded_rows: Iterable[bytes]) -> int:
 
 
 def meta_digest(state: State) -> str:
-    """The settings and sweep point reducers depend on, and the agents' high-water marks."""
-    settings = msgspec.structs.asdict(state.settings)
-    for name in _LATER:
-        if settings[name] == _DEFAULTS[name]:
-            # A setting added later, left out while at its default: a log written
-            # before it existed keeps the digest it always had.
-            del settings[name]
-    parts: dict[str, Any] = {"settings": settings, "sweep_bucket": state.sweep_bucket}
-    if state.high_water:  # likewise: only logs with per-agent subjects have marks
-        parts["high_water"] = sorted(state.high_water.items())
-    if state.marks:  # and only logs with the re-send window have windows
-        parts["marks"] = sorted((a, m.floor, m.ids) for a, m in state.marks.items())
-    if state.recent:  # and only logs with the window in log time have these
-        parts["recent"] = sorted((a, list(r.until.items())) for a, r in state.recent.items())
-    if state.settings.trust:  # and only logs with trust have a baseline
-        parts["trust_base"] = state.trust_base
-    if state.doubted:  # and only guarded logs have consumers' doubts and takes
-        parts["doubted"] = sorted((list(k), list(v)) for k, v in state.doubted.items())
-    if state.takes:
-        parts["takes"] = sorted((k, v) for k, v in state.takes.items())
-    if state.checkouts:  # and only logs with checkouts have them
-        parts["checkouts"] = sorted((k, v) for k, v in state.checkouts.items())
+    """The meta's part of the digest: each piece ``KEPT`` counts now, in its canonical
+    form, in declaration order (reducers/state.py)."""
+    parts = {p.name: p.canonical(getattr(state, p.name)) for p in KEPT if p.counts(state)}
     return hashlib.sha256(_encode(parts)).hexdigest()
-
-
-# Settings added after the first logs were written (in the order they came).
-_LATER = (
-    "agent_subjects",
-    "trust",
-    "trusted_agents",
-    "spot_window_s",
-    "spot_share",
-    "trust_after",
-    "trust_margin",
-    "quota_events_per_min",
-    "quota_proxies_per_hour",
-    "quota_sources_per_hour",
-    "report_budget_per_hour",
-    "recheck_failing_s",
-    "recheck_fresh_s",
-    "recheck_settled_s",
-    "recheck_veteran_s",
-    "recheck_dead_s",
-    "recheck_budget_per_hour",
-    "resend_window",
-    "batches",
-    "guarded",
-    "id_skew_s",
-    "report_share",
-    "address_rule",
-    "resend_window_s",
-)
-_DEFAULTS = msgspec.structs.asdict(Settings())
 
 
 def combine(sums: dict[str, int], meta: str) -> str:
@@ -112,14 +60,9 @@ def combine(sums: dict[str, int], meta: str) -> str:
 
 def digests(state: State) -> dict[str, str]:
     """One digest per projection, plus the meta part."""
-    tables: dict[str, dict[Any, Any]] = {
-        "proxies": state.proxies,
-        "sources": state.sources,
-        "leases": state.leases,
-        "deposits": state.deposits,
-        "agents": state.agents,
+    out = {
+        name: f"{table_sum(map(_encode, getattr(state, name).values())):032x}" for name in TABLES
     }
-    out = {name: f"{table_sum(map(_encode, rows.values())):032x}" for name, rows in tables.items()}
     out["meta"] = meta_digest(state)
     return out
 

@@ -37,12 +37,13 @@ import msgspec
 import structlog
 
 from projections import row_strings
-from projections.digest import MOD, TABLES, combine, meta_digest, row_hash, table_sum
+from projections.digest import MOD, combine, meta_digest, row_hash, table_sum
 from projections.log import SnapshotError
-from projections.store import ROWS, array_header, put_row, restore_meta, state_meta
+from projections.store import array_header, put_row, restore_meta, state_meta
 from projections.writer import read_frame
+from reducers.indexes import reindex
 from reducers.pool import Composition, counted
-from reducers.state import State
+from reducers.state import TABLES, State
 from reducers.steps import at_once
 
 __all__ = [
@@ -69,7 +70,7 @@ class StateSnapshot(msgspec.Struct, kw_only=True):
     seq: int
     digest: str
     meta: dict[str, str]
-    # Each table as one msgpack array of its rows (ROWS' Structs), embedded as it is:
+    # Each table as one msgpack array of its rows (reducers/state.py), embedded as it is:
     # decoded, each is a view into the snapshot's bytes, not a copy of 500 MB.
     tables: dict[str, msgspec.Raw]
     # The distinct strings of the proxy rows' repeated fields, sorted: each is made once
@@ -188,7 +189,7 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
             raise SnapshotError(f"snapshot of seq {seq} holds a state at {state.last_seq}")
         # Filed while the child may still be summing (at a million rows it is as slow
         # as the decode); the pool's composition is its count, set once it answered.
-        state.reindex(counted=(Composition(), Composition()))
+        reindex(state, counted=(Composition(), Composition()))
         summed, (state.composition, state.failing) = sums.result()
     except msgspec.DecodeError as exc:
         raise SnapshotError(f"damaged snapshot: {exc}") from exc
@@ -203,8 +204,8 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
 _RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])
 # The other tables' (the proxies' are row_strings.decode's).
 _DECODERS = {
-    table: msgspec.msgpack.Decoder(list[row])  # type: ignore[valid-type]
-    for table, row in ROWS.items()
+    table: msgspec.msgpack.Decoder(list[declared.row])  # type: ignore[name-defined]
+    for table, declared in TABLES.items()
     if table != "proxies"
 }
 _FRAME = struct.Struct(">Q")

@@ -22,16 +22,13 @@ from typing import Any
 import duckdb
 import msgspec
 
-from events.catalogue import Settings
 from projections.digest import DigestKeeper, meta_digest
 from projections.foreground import Foreground, give_way
-from reducers.marks import Mark, Recent
-from reducers.state import AgentRow, DepositRow, LeaseRow, ProxyKey, ProxyRow, SourceRow, State
+from reducers.indexes import reindex
+from reducers.state import KEPT, TABLES, ProxyKey, ProxyRow, State
 
 __all__ = [
     "DDL",
-    "ROWS",
-    "TABLES",
     "Checkpoint",
     "Store",
     "StoreError",
@@ -118,71 +115,27 @@ def _pieces(blobs: list[bytes], count: int) -> list[bytes | memoryview]:
 
 
 def state_meta(state: State) -> dict[str, str]:
-    """What a checkpoint (and a snapshot) keeps of the state beside its rows."""
-    meta = meta_digest(state)
-    return {
-        "last_seq": str(state.last_seq),
-        "sweep_bucket": str(state.sweep_bucket),
-        "settings": _json(state.settings).decode(),
-        "high_water": _json(state.high_water).decode(),
-        "marks": _json(state.marks).decode(),
-        "recent": _json(state.recent).decode(),
-        "trust_base": _json(state.trust_base).decode(),
-        "doubted": _json(
-            [(ip, port, names) for (ip, port), names in state.doubted.items()]
-        ).decode(),
-        "takes": _json(state.takes).decode(),
-        "checkouts": _json(state.checkouts).decode(),
-        "schema": SCHEMA_VERSION,
-        "meta_digest": meta,
-    }
+    """What a checkpoint (and a snapshot) keeps of the state beside its rows: the fold's
+    position first, then the rest of ``KEPT`` in its order (reducers/state.py)."""
+    ordered = [p for p in KEPT if p.position] + [p for p in KEPT if not p.position]
+    meta = {p.name: p.dump(getattr(state, p.name)) for p in ordered}
+    meta["schema"] = SCHEMA_VERSION
+    meta["meta_digest"] = meta_digest(state)
+    return meta
 
 
 def restore_meta(state: State, meta: dict[str, str]) -> None:
-    """Put back what ``state_meta`` kept (keys a file written before them lacks stay at
-    their defaults)."""
-    state.last_seq = int(meta.get("last_seq", "0"))
-    state.sweep_bucket = int(meta.get("sweep_bucket", "0"))
-    if "settings" in meta:
-        state.settings = msgspec.json.decode(meta["settings"], type=Settings)
-    if "high_water" in meta:
-        state.high_water = msgspec.json.decode(meta["high_water"], type=dict[str, str])
-    if "marks" in meta:
-        state.marks = msgspec.json.decode(meta["marks"], type=dict[str, Mark])
-    if "recent" in meta:
-        state.recent = msgspec.json.decode(meta["recent"], type=dict[str, Recent])
-    if "trust_base" in meta:
-        state.trust_base = msgspec.json.decode(meta["trust_base"], type=list[int])
-    if "doubted" in meta:
-        rows = msgspec.json.decode(meta["doubted"], type=list[tuple[str, int, tuple[str, ...]]])
-        state.doubted = {(ip, port): names for ip, port, names in rows}
-    if "takes" in meta:
-        state.takes = msgspec.json.decode(meta["takes"], type=dict[str, list[int]])
-    if "checkouts" in meta:
-        state.checkouts = msgspec.json.decode(meta["checkouts"], type=dict[str, list[Any]])
-
-
-ROWS: dict[str, type[msgspec.Struct]] = {
-    "proxies": ProxyRow,
-    "sources": SourceRow,
-    "leases": LeaseRow,
-    "agents": AgentRow,
-    "deposits": DepositRow,
-}
+    """Put back what ``state_meta`` kept (pieces a file written before them lacks stay
+    as a new state has them)."""
+    for piece in KEPT:
+        if piece.name in meta:
+            setattr(state, piece.name, piece.load(meta[piece.name]))
 
 
 def put_row(state: State, table: str, row: Any) -> None:
     """One decoded row into its projection, under its key."""
-    if table == "proxies":
-        state.proxies[(row.ip, row.port)] = row
-    elif table == "sources":
-        state.sources[row.url_id] = row
-    elif table == "leases":
-        state.leases[row.target] = row
-    elif table == "agents":
-        state.agents[row.name] = row
-    else:
-        state.deposits[row.key] = row
+    declared = TABLES[table]
+    getattr(state, table)[declared.key_of(row)] = row
 
 
 async def collect_async(state: State, foreground: Foreground | None = None) -> Checkpoint:
@@ -335,7 +288,8 @@ def _tuples(table: str, blob: bytes) -> list[tuple[Any, ...]]:
 
 def _key(table: str, values: tuple[Any, ...]) -> Any:
     """A row's key for the digest keeper: (ip, port) for proxies, else the one column."""
-    return values[:2] if table == "proxies" else values[0]
+    width = len(TABLES[table].key)
+    return values[:width] if width > 1 else values[0]
 
 
 def keep_digest(keeper: DigestKeeper, cp: Checkpoint) -> None:
@@ -348,14 +302,7 @@ def keep_digest(keeper: DigestKeeper, cp: Checkpoint) -> None:
             keeper.delete(table, _key(table, tuple(key)))
 
 
-TABLES = ("proxies", "sources", "leases", "agents", "deposits")
-_KEYS = {
-    "proxies": ["ip", "port"],
-    "sources": ["url_id"],
-    "leases": ["target"],
-    "agents": ["name"],
-    "deposits": ["key"],
-}
+_KEYS = {name: list(t.key) for name, t in TABLES.items()}
 
 
 class Store:
@@ -415,11 +362,11 @@ class Store:
         state = State()
         with self._lock:
             restore_meta(state, self._meta())
-            for table, row_type in ROWS.items():
-                decoder = msgspec.msgpack.Decoder(row_type)
+            for table, declared in TABLES.items():
+                decoder = msgspec.msgpack.Decoder(declared.row)
                 for (raw,) in self._con.execute(f"SELECT row FROM {table}").fetchall():
                     put_row(state, table, decoder.decode(raw))
-        state.reindex()
+        reindex(state)
         return state
 
     def digest_keeper(self) -> tuple[DigestKeeper, str]:

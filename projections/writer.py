@@ -32,8 +32,8 @@ from typing import BinaryIO
 import msgspec
 
 from projections.digest import PARTS_BYTES, DigestKeeper, meta_digest, parts_of
-from projections.store import TABLES, Checkpoint, Store, StoreError, keep_digest
-from reducers.state import State
+from projections.store import Checkpoint, Store, StoreError, keep_digest
+from reducers.state import TABLES, State
 
 __all__ = ["ProcessWriter", "end_child", "read_frame"]
 

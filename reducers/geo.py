@@ -14,12 +14,8 @@ garbage collector, whose passes over them cost the fold a fifth of its rate (mea
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from events.catalogue import Located
-
-if TYPE_CHECKING:
-    from reducers.state import ProxyRow, State
+from reducers.state import ProxyRow, State
 
 __all__ = ["PLACES", "admitted", "evicted", "located"]
 

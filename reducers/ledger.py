@@ -10,6 +10,7 @@ that message's timestamp, so every replica and replay sees it at the same point.
 from __future__ import annotations
 
 from events.catalogue import Heartbeat, Leased, LeaseReset, Released, SeedPlanned, Settings
+from reducers.rows import Checkout
 from reducers.state import LeaseRow, State
 
 __all__ = [
@@ -112,12 +113,12 @@ def _checked_out(state: State, event: Leased, ts: int) -> None:
     if entry is None:
         if len(state.checkouts) % 64 == 0:  # now and then, in log time: deterministic
             horizon = ts - CHECKOUT_KEEP_MS
-            for cid in [c for c, e in state.checkouts.items() if e[0] < horizon]:
+            for cid in [c for c, e in state.checkouts.items() if e.first_at < horizon]:
                 del state.checkouts[cid]
-        entry = state.checkouts[event.checkout] = [ts, event.agent, [], []]
-    if entry[1] == event.agent:
-        entry[2].append(event.lease)
-        entry[3].append(event.target)
+        entry = state.checkouts[event.checkout] = Checkout(ts, event.agent, [], [])
+    if entry.consumer == event.agent:
+        entry.leases.append(event.lease)
+        entry.targets.append(event.target)
     state.settings_dirty = True  # meta holds it
 
 

@@ -13,10 +13,9 @@ the rows on restore, never persisted, not part of the digest.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # state.py holds a Composition: the row types are for annotations only
-    from reducers.state import LeaseRow, ProxyRow
+from reducers.rows import LeaseRow, ProxyRow
 
 __all__ = [
     "BUCKET_MS",

@@ -10,7 +10,7 @@ and tokens are handed out freely. So a report acts on three levels:
 - **for everyone**: it leaves ``alive`` (suspect, as after a failed check) when the
   reporter is one the operator trusts (``ppf token trust``), or while an untrusted
   reporter's takes this hour stay within ``report_share`` of the served pool as it was
-  at the first take of that hour (``takes``: [hour, taken, cap]). One token cannot empty
+  at the first take of that hour (``takes``). One token cannot empty
   a pool of 50 (2 %: one proxy an hour) nor of 5,000 (100 an hour).
 
 A report without a token (``ANONYMOUS``: the drop-in ``/delete/`` that tools call
@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection
 from events.catalogue import ProxiesChecked, ProxyReported
 from reducers import trust
 from reducers.pool import band_edges, standing
+from reducers.rows import Take
 from reducers.state import AgentRow, ProxyKey, ProxyRow, State
 
 __all__ = ["ANONYMOUS", "cleared", "hidden_from", "reported", "served_now", "traffic"]
@@ -98,12 +99,12 @@ def _doubt(state: State, key: ProxyKey, name: str) -> None:
 def _take(state: State, name: str, hour: int, ts: int) -> bool:
     """Whether an untrusted consumer may take one more proxy out of alive this hour."""
     take = state.takes.get(name)
-    if take is None or take[0] != hour:
+    if take is None or take.hour != hour:
         cap = int(state.settings.report_share * served_now(state, ts))
-        take = state.takes[name] = [hour, 0, cap]
-    if take[1] >= take[2]:
+        take = state.takes[name] = Take(hour, 0, cap)
+    if take.taken >= take.cap:
         return False
-    take[1] += 1
+    take.taken += 1
     return True
 
 

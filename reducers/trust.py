@@ -33,12 +33,9 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from events.catalogue import Discovered, Event, ProxyWorked
-
-if TYPE_CHECKING:  # state.py calls reindex on restore
-    from reducers.state import AgentRow, ProxyKey, ProxyRow, State
+from reducers.state import AgentRow, ProxyKey, ProxyRow, State
 
 __all__ = [
     "EARNED",
@@ -129,7 +126,7 @@ def sampled(key: ProxyKey, share: float) -> bool:
 
 def baseline(state: State) -> float:
     """The failed share of checks of proxies the operator's agents had just confirmed."""
-    checks, failed = state.trust_base
+    checks, failed = state.trust_base.checks, state.trust_base.failed
     return (failed + _PRIOR_FAILED) / (checks + _PRIOR_CHECKS)
 
 
@@ -143,11 +140,11 @@ def checked(state: State, row: ProxyRow, ts: int, worked: bool) -> None:
     operators = state.operators
     if any(a in operators for a in row.agents):
         base = state.trust_base
-        base[0] += 1
-        base[1] += not worked
-        if base[0] >= _BASE_HALVES_AT:
-            base[0] //= 2
-            base[1] //= 2
+        base.checks += 1
+        base.failed += not worked
+        if base.checks >= _BASE_HALVES_AT:
+            base.checks //= 2
+            base.failed //= 2
         return
     changed = False
     for name in row.agents:

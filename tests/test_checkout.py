@@ -155,7 +155,7 @@ def test_a_checkout_is_found_by_its_key_for_a_day_of_log_time() -> None:
         )  # fmt: skip
 
     lease("c1", at_s=2)
-    assert log.state.checkouts["c1"][1] == "shop"
+    assert log.state.checkouts["c1"].consumer == "shop"
     assert msgspec.json.encode(log.state.checkouts["c1"])
     log.report("c-own", ip(1), at_s=25 * 3_600)
     assert "c1" in log.state.checkouts

@@ -7,6 +7,7 @@ import events as ev
 from projections.readmodels import ProxyFilter, query_proxies
 from projections.recheck import due_in_shard
 from projections.snapshot import build
+from reducers.indexes import reindex
 from tests.folded import T0, FoldedLog, ip
 from tests.helpers import eid
 
@@ -163,7 +164,7 @@ def test_stats_count_what_is_served() -> None:
         assert pool["suspect"] == len(_by_status(log, "suspect", at_s))
     assert build(log.state).census(T0 + 400_000)["suspect"] == 10
     before = dict(log.state.failing.buckets)
-    log.state.reindex()
+    reindex(log.state)
     assert log.state.failing.buckets == before
     log.report("w-own", ip(99), at_s=8_000)  # the sweep evicts the rest, failing ones too
     assert log.state.failing.buckets == {} and len(log.state.proxies) == 1

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from events import Located, ProxyFailed
 from reducers import State, fold
+from reducers.indexes import reindex
 from reducers.pool import BUCKET_MS, band_edges
 from tests.helpers import eid, worked
 
@@ -59,5 +60,5 @@ def test_composition_equals_a_scan_and_survives_a_restore(
         fold(state, event, seq, ts)
     now = ts + later
     assert state.composition.bands(now, state.settings.proxy_ttl_s) == _scanned(state, now)
-    state.reindex()
+    reindex(state)
     assert state.composition.bands(now, state.settings.proxy_ttl_s) == _scanned(state, now)

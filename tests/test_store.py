@@ -10,9 +10,10 @@ import pytest
 
 from projections import Checkpointer, Folder, Store, StoreError, digest
 from projections.log import Message
-from projections.store import TABLES, Checkpoint
+from projections.store import Checkpoint
 from projections.writer import NICE, ProcessWriter
 from reducers import State
+from reducers.state import TABLES
 from tests.helpers import message, worked
 
 T0 = 1_800_000_000_000

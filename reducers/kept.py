@@ -1,0 +1,154 @@
+"""How each piece of the fold's state is kept, declared once beside its type in ``State``
+(reducers/state.py); the checkpoint, the snapshot, the restore and the meta digest are
+derived from the declarations (projections/store.py, projections/digest.py).
+
+- ``table(Row, *key)``: a projection of rows, checkpointed row by row, with its own
+  part of the digest (the sum of its rows' hashes);
+- ``kept(new, ...)``: a piece of the meta, kept whole as JSON in every checkpoint and
+  counted in the meta digest by its rule: ``ALWAYS``; ``WHILE_ANY`` (left out while
+  empty, so a log written before the piece existed keeps its digest); ``when=`` a
+  setting (left out until the setting is on); or ``NEVER`` (the fold's position);
+- ``derived(new)``: rebuilt from the rest on restore (reducers/indexes.py), never kept;
+- ``replica(new)``: this replica's own counts and dirty sets, never kept or digested.
+
+New state goes in a new table or a ``kept`` piece left out of the digest while empty
+(docs/architecture.md §3): every log written before it then replays to the digest it had.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = [
+    "ALWAYS",
+    "NEVER",
+    "WHILE_ANY",
+    "Kept",
+    "Piece",
+    "Table",
+    "declared",
+    "derived",
+    "kept",
+    "replica",
+    "table",
+]
+
+ALWAYS, WHILE_ANY, NEVER = "always", "while any", "never"
+
+_json = msgspec.json.Encoder().encode
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+class Piece:
+    """One attribute of the state: what a fresh one holds (``new()``)."""
+
+    __slots__ = ("name", "new")
+
+    def __init__(self, new: Callable[[], Any]) -> None:
+        self.new = new
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+
+class Table(Piece):
+    """A projection of rows of ``row``, keyed by the fields ``key``."""
+
+    __slots__ = ("key", "row")
+
+    def __init__(self, row: type[msgspec.Struct], key: tuple[str, ...]) -> None:
+        super().__init__(dict)
+        self.row = row
+        self.key = key
+
+    def key_of(self, row: Any) -> Any:
+        """The row's key in its projection: its one key field, or a tuple of them."""
+        if len(self.key) == 1:
+            return getattr(row, self.key[0])
+        return tuple(getattr(row, name) for name in self.key)
+
+
+class Kept(Piece):
+    """A piece of the meta; see the module's docstring for ``digest`` and ``when``.
+    ``canonical``: its form in the digest; ``stored``: its form in a checkpoint when that
+    is not its own (the type, and the conversions there and back)."""
+
+    __slots__ = ("canonical", "digest", "from_stored", "load_as", "position", "to_stored", "when")
+
+    def __init__(
+        self,
+        new: Callable[[], Any],
+        *,
+        digest: str,
+        when: str,
+        canonical: Callable[[Any], Any],
+        stored: tuple[Any, Callable[[Any], Any], Callable[[Any], Any]] | None,
+        position: bool,
+    ) -> None:
+        super().__init__(new)
+        self.digest = digest
+        self.when = when
+        self.canonical = canonical
+        self.position = position
+        self.load_as: Any = stored[0] if stored else None  # None: the declared type
+        self.to_stored, self.from_stored = (stored[1], stored[2]) if stored else (_same, _same)
+
+    def counts(self, state: Any) -> bool:
+        """Whether it is part of the meta digest of ``state`` now."""
+        if self.when:
+            return bool(getattr(state.settings, self.when))
+        if self.digest == WHILE_ANY:
+            return bool(getattr(state, self.name))
+        return self.digest == ALWAYS
+
+    def dump(self, value: Any) -> str:
+        return _json(self.to_stored(value)).decode()
+
+    def load(self, text: str) -> Any:
+        return self.from_stored(msgspec.json.decode(text, type=self.load_as))
+
+
+def table(row: type[msgspec.Struct], *key: str) -> Any:
+    return Table(row, key)
+
+
+def kept(
+    new: Callable[[], Any],
+    *,
+    digest: str = ALWAYS,
+    when: str = "",
+    canonical: Callable[[Any], Any] = _same,
+    stored: tuple[Any, Callable[[Any], Any], Callable[[Any], Any]] | None = None,
+    position: bool = False,
+) -> Any:
+    """A piece of the meta. ``position``: where the fold is (written first in a
+    checkpoint, before the rest in declaration order)."""
+    return Kept(
+        new, digest=digest, when=when, canonical=canonical, stored=stored, position=position
+    )
+
+
+def derived(new: Callable[[], Any]) -> Any:
+    return Piece(new)
+
+
+def replica(new: Callable[[], Any]) -> Any:
+    return Piece(new)
+
+
+def declared(cls: type) -> tuple[Piece, ...]:
+    """The pieces ``cls`` declares, in order; each ``Kept`` piece learns its type."""
+    hints = typing.get_type_hints(cls)
+    pieces = tuple(v for v in vars(cls).values() if isinstance(v, Piece))
+    for piece in pieces:
+        if isinstance(piece, Kept) and piece.load_as is None:
+            piece.load_as = hints[piece.name]
+    return pieces
