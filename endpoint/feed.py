@@ -2,7 +2,7 @@
 
 The pool comes as the gateways serve it (``GET /v1/proxies?limit=0&mitm=any``), asked
 in the background every ``every_s`` with the ``ETag`` of the last answer (a gateway
-answers 304 while its snapshot has not moved), from the first gateway of the list that
+answers 304 while its pool view has not moved), from the first gateway of the list that
 answers: a gateway restarting leaves the endpoint with the pool it has. A login is a
 consumer's name and token, checked with ``GET /v1/agents/me`` on its own connections
 (a flood of bad logins, which the gateway answers slowly, never holds up the pool's

@@ -45,7 +45,7 @@ from gateway.metrics import ENDPOINT_OUTCOMES
 from gateway.metrics import routes as metrics_routes
 from gateway.natsauth import Callout, Kicker
 from gateway.penalty import PENALTIES, Penalties, watching
-from gateway.queries import SNAPSHOT, SnapshotKeeper
+from gateway.queries import POOL_VIEW, PoolViewKeeper
 from gateway.queries import routes as query_routes
 from projections.live import FoldService
 from projections.log import EventLog
@@ -79,15 +79,15 @@ async def readyz(request: web.Request) -> web.Response:
 async def pool_census(
     app: web.Application, state: State, now: int, *, idle: bool
 ) -> dict[str, Any]:
-    """The pool as ``GET /v1/proxies`` serves it (``ProxySnapshot.census``: alive is
-    what it serves; unconfirmed, suspect and mitm on their own lines), at the snapshot's
+    """The pool as ``GET /v1/proxies`` serves it (``PoolView.census``: alive is
+    what it serves; unconfirmed, suspect and mitm on their own lines), at the view's
     ``seq``; stale from the counts the fold keeps (``reducers/pool.py``). While the fold
-    moves (not ``idle``) the snapshot there is answers, rebuilt by the queries' own
+    moves (not ``idle``) the view there is answers, rebuilt by the queries' own
     rhythm, so /v1/stats costs nothing; idle, the applied sequence's once it is built
-    (``SnapshotKeeper.snapshot``: a large pool's is built while the old one answers)."""
-    snap = await app[SNAPSHOT].snapshot(state, idle=idle)
+    (``PoolViewKeeper.view``: a large pool's is built while the old one answers)."""
+    view = await app[POOL_VIEW].view(state, idle=idle)
     stale = state.composition.bands(now, state.settings.proxy_ttl_s)["stale"]
-    return {**snap.census(now), "stale": sum(stale.values()), "known": len(state.proxies)}
+    return {**view.census(now), "stale": sum(stale.values()), "known": len(state.proxies)}
 
 
 def _activity(state: Any, now: int, limit: int = 50) -> list[dict[str, Any]]:
@@ -221,9 +221,9 @@ class Series:
 
     def sample(self, app: web.Application, head: int) -> None:
         fold = app[FOLD]
-        # The snapshot the queries built, if any: a sample builds none of its own.
-        snap = app[SNAPSHOT].current
-        by_proto = snap.census(now_ms())["by_proto"] if snap is not None else {}
+        # The pool view the queries built, if any: a sample builds none of its own.
+        view = app[POOL_VIEW].current
+        by_proto = view.census(now_ms())["by_proto"] if view is not None else {}
         rates = fold.stats.rates()["1m"]
         self.points.append(
             {
@@ -327,7 +327,7 @@ def make_app(
         config.anonymous_reports_per_hour / 3600, config.anonymous_reports_burst
     )
     app[TRUSTED] = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
-    app[SNAPSHOT] = SnapshotKeeper(foreground=fold.foreground)
+    app[POOL_VIEW] = PoolViewKeeper(foreground=fold.foreground)
     app[GRANTER] = Granter(
         fold,
         app[LOG],

@@ -23,7 +23,7 @@ from events.subjects import proxy_of
 from events.wire import CheckoutProxy, CheckoutRelease, CheckoutReply, CheckoutRequest
 from gateway.commands import GRANTER, publish_report
 from gateway.http import FOLD, LOG, ApiError, authorize, decode_body, reply
-from gateway.queries import SNAPSHOT, hidden_for
+from gateway.queries import POOL_VIEW, hidden_for
 from projections.readmodels import ProxyFilter
 from reducers.pool import lease_live
 from reducers.state import State
@@ -97,8 +97,8 @@ async def take(request: web.Request, name: str, body: CheckoutRequest) -> Checko
         mitm=False,
     )
     hidden = hidden_for(request)
-    snap = await request.app[SNAPSHOT].get(request)
-    views = [v for v in snap.select(f, now, limit=0) if (v.ip, v.port) not in hidden]
+    view = await request.app[POOL_VIEW].get(request)
+    views = [v for v in view.select(f, now, limit=0) if (v.ip, v.port) not in hidden]
     grants = await request.app[GRANTER].grant(
         name, "proxy", body.count, body.ttl_s, proxies=views, checkout=cid, room=room
     )

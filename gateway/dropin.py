@@ -24,9 +24,9 @@ from events.wire import CheckoutRequest
 from gateway.checkout import take
 from gateway.commands import anonymous_reporter, proxy_address, publish_report
 from gateway.http import FOLD, ApiError, authorize, open_query, reply
-from gateway.queries import SNAPSHOT, hidden_for
+from gateway.queries import POOL_VIEW, hidden_for
+from projections.poolview import ProxyView
 from projections.readmodels import ProxyFilter
-from projections.snapshot import ProxyView
 from reducers.state import ProxyRow
 
 __all__ = ["routes"]
@@ -39,11 +39,11 @@ async def _served(request: web.Request) -> list[ProxyView]:
     """HTTP proxies served now (``type=https``: those that carried HTTPS)."""
     hidden = hidden_for(request)
     https = request.query.get("type", "").lower() == "https"
-    snap = await request.app[SNAPSHOT].get(request)
+    view = await request.app[POOL_VIEW].get(request)
     f = ProxyFilter(mitm=False, https=True if https else None)
     return [
         v
-        for v in snap.select(f, now_ms(), limit=0)
+        for v in view.select(f, now_ms(), limit=0)
         if v.proto in _HTTP and (v.ip, v.port) not in hidden
     ]
 
@@ -54,7 +54,7 @@ def _address(v: ProxyView | ProxyRow) -> str:
 
 def _as_proxy_pool(v: ProxyView | ProxyRow) -> dict[str, Any]:
     """One proxy in proxy_pool's ``Proxy.to_dict`` shape (``last_time``: when it was last
-    confirmed), from the snapshot's view or the projection's row alike."""
+    confirmed), from the pool view or the projection's row alike."""
     return {
         "proxy": _address(v),
         "https": v.https == "yes",

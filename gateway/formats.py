@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from projections.snapshot import ProxyView
+from projections.poolview import ProxyView
 
 __all__ = ["FORMATS"]
 

@@ -35,10 +35,10 @@ from gateway.rechecks import RecheckWork
 from projections.holdings import live_holdings, untested_room
 from projections.live import FoldService, far_behind
 from projections.log import ConflictError, DepositError, EventLog, LogError
+from projections.poolview import ProxyView
 from projections.readmodels import due_score, due_sources, rank_due, scored_due
 from projections.recheck import RecheckPolicy
 from projections.seeding import seed_candidates, seed_status
-from projections.snapshot import ProxyView
 from reducers import LeaseRow, SourceRow
 from reducers.ledger import clamped_ttl, sure_claim
 from reducers.pool import lease_live

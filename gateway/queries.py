@@ -21,7 +21,15 @@ from gateway.formats import FORMATS
 from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
 from gateway.judge import JUDGE_DOOR
 from gateway.penalty import PENALTIES
-from projections.foreground import Foreground
+from projections.foreground import Foreground, drive
+from projections.poolview import (
+    CENSUS_MS,
+    PoolView,
+    ProxyView,
+    building,
+    dropping,
+    held,
+)
 from projections.readmodels import (
     ProxyFilter,
     due_sources,
@@ -29,35 +37,26 @@ from projections.readmodels import (
     source_score,
     status_at,
 )
-from projections.snapshot import (
-    CENSUS_MS,
-    ProxySnapshot,
-    ProxyView,
-    building,
-    dropping,
-    held,
-)
-from projections.snapshot_policy import drive
 from reducers import ProxyRow, State, trust
 from reducers.pool import lease_live
 from reducers.reports import hidden_from
 from reducers.state import latency_samples, unpack_samples
 
-__all__ = ["SNAPSHOT", "SnapshotKeeper", "routes"]
+__all__ = ["POOL_VIEW", "PoolViewKeeper", "routes"]
 
 routes = web.RouteTableDef()
 log = structlog.get_logger("ppf.gateway")
 
 
-class SnapshotKeeper:
-    """Holds the current proxy snapshot; rebuilds it when the fold moved and it is stale.
+class PoolViewKeeper:
+    """Holds the current pool view; rebuilds it when the fold moved and it is stale.
 
     Stale means older than ``1 / share`` times its own build took (within ``min_age_s``
     and ``max_age_s``), so rebuilding takes at most ``share`` of the event loop's time: a
-    small pool's snapshot follows the fold within a tenth of a second (a death served a
+    small pool's view follows the fold within a tenth of a second (a death served a
     second longer cost the churn lab's precision), a million proxies' (seconds to build)
     is not rebuilt every second while the fold moves. A build gives the loop back every
-    ``slice_s`` (``projections.snapshot.building``), so the other requests (a lease,
+    ``slice_s`` (``projections.poolview.building``), so the other requests (a lease,
     /v1/stats) are answered meanwhile. One build at a time.
     """
 
@@ -78,46 +77,46 @@ class SnapshotKeeper:
         self.foreground = foreground
         self.slice_s, self.wait_s = slice_s, wait_s
         self.clock = clock
-        self.current: ProxySnapshot | None = None
+        self.current: PoolView | None = None
         self._built = 0.0
         self._age_s = min_age_s  # how long the current one stays fresh
         self._took = 0.0  # the loop's time the last build took, its slices summed
         self._rows = 0  # the proxies it built from
-        self._task: asyncio.Task[ProxySnapshot] | None = None
+        self._task: asyncio.Task[PoolView] | None = None
         self._retiring: set[asyncio.Task[tuple[None, float]]] = set()
 
-    async def get(self, request: web.Request) -> ProxySnapshot:
-        return await self.snapshot(request.app[FOLD].state)
+    async def get(self, request: web.Request) -> PoolView:
+        return await self.view(request.app[FOLD].state)
 
     def stale(self, state: State) -> bool:
-        snap = self.current
-        if snap is None:
+        view = self.current
+        if view is None:
             return True
-        return snap.seq != state.last_seq and self.clock() - self._built >= self._age_s
+        return view.seq != state.last_seq and self.clock() - self._built >= self._age_s
 
-    async def snapshot(self, state: State, *, idle: bool | None = None) -> ProxySnapshot:
-        """The current snapshot, or a newer one when one is due and cheap to build.
+    async def view(self, state: State, *, idle: bool | None = None) -> PoolView:
+        """The current view, or a newer one when one is due and cheap to build.
 
         Due: for a query (``idle`` None), once the current one is stale; for /v1/stats,
         which says the ``seq`` it saw, never while the fold moves (``idle`` False) and
         as soon as it moved once the fold is idle (True). A build that last took at most
         ``wait_s`` (a small pool's) is waited for; a longer one (a big pool's) runs
-        while the current snapshot answers: every await costs a round of the loop's
+        while the current view answers: every await costs a round of the loop's
         other work (the fold's slices, the build's own), and a query at 100,000 proxies
         that waited for a build took 660 ms at p99 (``ppf bench stats``)."""
-        snap = self.current
-        if snap is None:
+        view = self.current
+        if view is None:
             return await asyncio.shield(self._start(state))
-        if snap.seq == state.last_seq or idle is False:
-            return snap
+        if view.seq == state.last_seq or idle is False:
+            return view
         cheap = self._cheap(state)
         if not (self.stale(state) or (idle and cheap)):
-            return snap
+            return view
         task = self._start(state)
         if cheap:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), self.wait_s)
-        return self.current or snap
+        return self.current or view
 
     def _cheap(self, state: State) -> bool:
         """Whether the next build is one to wait for: the last one was short and the pool
@@ -125,19 +124,19 @@ class SnapshotKeeper:
         into a pool of ten would otherwise be waited for on the last one's figure)."""
         return self._took <= self.wait_s and len(state.proxies) <= 2 * self._rows + 1_024
 
-    def _start(self, state: State) -> asyncio.Task[ProxySnapshot]:
+    def _start(self, state: State) -> asyncio.Task[PoolView]:
         if self._task is None or self._task.done():
             waited = self.current is None or self._cheap(state)
             self._task = asyncio.get_running_loop().create_task(self._build(state, waited))
         return self._task
 
-    async def _build(self, state: State, waited: bool) -> ProxySnapshot:
+    async def _build(self, state: State, waited: bool) -> PoolView:
         fg = None if waited else self.foreground
         rows = len(state.proxies)
-        snap, self._took = await drive(building(state, now_ms()), self.slice_s, self.clock, fg)
+        view, self._took = await drive(building(state, now_ms()), self.slice_s, self.clock, fg)
         self._rows = rows
         self._built = self.clock()
-        old, self.current = self.current, snap  # readers see the old or the new one
+        old, self.current = self.current, view  # readers see the old or the new one
         self._age_s = min(self.max_age_s, max(self.min_age_s, self._took / self.share))
         if old is not None:
             # Freeing a hundred thousand views at once held the loop 36 ms: the parts
@@ -149,10 +148,10 @@ class SnapshotKeeper:
             )
             self._retiring.add(task)
             task.add_done_callback(self._retiring.discard)
-        return snap
+        return view
 
 
-SNAPSHOT = web.AppKey("snapshot", SnapshotKeeper)
+POOL_VIEW = web.AppKey("pool_view", PoolViewKeeper)
 _encode = msgspec.json.Encoder().encode
 _json_lines = msgspec.json.Encoder().encode_lines
 
@@ -278,19 +277,19 @@ async def proxies(request: web.Request) -> web.StreamResponse:
     sort = choice(request, "sort", ("latency", "last_seen"), "latency")
     fmt = choice(request, "format", ("json", "ndjson", "txt", *FORMATS), "json")
     limit = integer(request, "limit", 100) or 0
-    snap = await request.app[SNAPSHOT].get(request)
+    view = await request.app[POOL_VIEW].get(request)
     now = now_ms()
-    # The same answer while the snapshot, the TTL's edge (5 s slices) and what is hidden
+    # The same answer while the view, the TTL's edge (5 s slices) and what is hidden
     # from the caller stay: pollers (the rotating endpoint's feed) get 304 for nothing.
-    etag = f'W/"{snap.seq}.{now // CENSUS_MS}.{len(hidden)}"'
+    etag = f'W/"{view.seq}.{now // CENSUS_MS}.{len(hidden)}"'
     if request.headers.get("If-None-Match") == etag:
         return web.Response(status=304, headers={"ETag": etag})
-    selected = snap.select(f, now, sort=sort, limit=limit + len(hidden) if limit else 0)
+    selected = view.select(f, now, sort=sort, limit=limit + len(hidden) if limit else 0)
     if hidden:
         selected = (v for v in selected if (v.ip, v.port) not in hidden)
     selected = itertools.islice(selected, limit or None)
     if fmt == "ndjson":  # written as it is made: no copy of the whole answer is held
-        return await _lines(request, selected, now, snap.ttl_s, etag)
+        return await _lines(request, selected, now, view.ttl_s, etag)
     views: list[ProxyView] = []
     while chunk := list(itertools.islice(selected, ANSWER_CHUNK)):
         views.extend(chunk)
@@ -307,7 +306,7 @@ async def proxies(request: web.Request) -> web.StreamResponse:
     # with msgpack).
     pieces = []
     for start in range(0, len(views), ANSWER_CHUNK):
-        rows = [_view_json(v, now, snap.ttl_s) for v in views[start : start + ANSWER_CHUNK]]
+        rows = [_view_json(v, now, view.ttl_s) for v in views[start : start + ANSWER_CHUNK]]
         pieces.append(_encode(rows)[1:-1])
         await asyncio.sleep(0)
     body = b'{"count":%d,"proxies":[%b]}' % (len(views), b",".join(pieces))

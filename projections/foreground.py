@@ -4,13 +4,13 @@ The fold gives the loop back after every slice of about ``SLICE_S``, but one req
 takes several rounds of the loop (its read, its handler's steps, a publish and its ack,
 its write), and every round let one more slice in: at 4 ms a slice, a request of eight
 rounds waited 32 ms for the fold in a backlog. So between slices the fold (and any
-stepped work driven by ``projections/snapshot_policy.drive``) waits while a request is
+stepped work driven by ``drive``) waits while a request is
 in flight, for at most ``at_most_s``: however busy the API, the fold keeps its share of
 the loop, and a request mostly meets no slice at all.
 
 Between two steps is also where the process's collector policy runs (``between``: the
 serving commands pass ``ops/collector.py``'s young collection), so what a step made
-young is walked before the next step adds to it: a snapshot build's steps make tracked
+young is walked before the next step adds to it: a pool view's build's steps make tracked
 tuples but few allocations, and left to the collector's own count, a young collection
 came after hundreds of them and walked them all at once (10-16 ms).
 """
@@ -18,16 +18,19 @@ came after hundreds of them and walked them all at once (10-16 ms).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
-__all__ = ["Foreground", "give_way"]
+__all__ = ["Foreground", "drive", "give_way"]
 
 # Rounds of the loop given before looking: a request whose bytes came during the slice
 # is read in the first, its handler's first step (which counts it in flight) runs in
 # the second, after the yielder's own wake-up; so by the third it is counted. With one
 # round, two more slices ran before every request's handler began.
 ROUNDS = 3
+T = TypeVar("T")
 
 
 class Foreground:
@@ -73,3 +76,24 @@ async def give_way(foreground: Foreground | None, at_most_s: float) -> None:
         await asyncio.sleep(0)
     else:
         await foreground.yield_to(at_most_s)
+
+
+async def drive(
+    steps: Generator[None, None, T],
+    slice_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    foreground: Foreground | None = None,
+) -> tuple[T, float]:
+    """Every step, giving the loop back every ``slice_s`` of ``clock`` (to the requests in
+    flight in ``foreground``, when given); the generator's value and the loop's time the
+    steps took (their slices summed)."""
+    took, mark = 0.0, clock()
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value, took + clock() - mark
+        if clock() - mark >= slice_s:
+            took += clock() - mark
+            await give_way(foreground, slice_s)
+            mark = clock()

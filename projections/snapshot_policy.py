@@ -1,5 +1,5 @@
 """When state snapshots are taken, which are kept, how far the log is trimmed behind
-them, and how a fold starts from one (the format: ``projections/state_snapshot.py``).
+them, and how a fold starts from one (the format: ``projections/snapshot.py``).
 
 A fold starts from the newest snapshot it can read when that is ahead of its own
 checkpoint (a new gateway: from the snapshot, not from sequence 1), and refuses to
@@ -17,21 +17,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import structlog
 
-from projections.foreground import Foreground, give_way
+from projections.foreground import drive
 from projections.log import GapError, SnapshotStore, Span
-from projections.state_snapshot import RowSums, SnapshotError, load, taking
+from projections.snapshot import RowSums, SnapshotError, load, taking
 from reducers import State
 
-__all__ = ["SnapshotPolicy", "Snapshots", "drive"]
+__all__ = ["SnapshotPolicy", "Snapshots"]
 
 log = structlog.get_logger("ppf.snapshots")
-T = TypeVar("T")
 STEP_S = 0.004  # the loop is given back this often while a snapshot is encoded
 
 
@@ -42,27 +39,6 @@ class SnapshotPolicy:
     every_bytes: int = 1 << 30
     keep: int = 3
     trim: bool = False
-
-
-async def drive(
-    steps: Generator[None, None, T],
-    slice_s: float,
-    clock: Callable[[], float] = time.monotonic,
-    foreground: Foreground | None = None,
-) -> tuple[T, float]:
-    """Every step, giving the loop back every ``slice_s`` of ``clock`` (to the requests in
-    flight in ``foreground``, when given); the generator's value and the loop's time the
-    steps took (their slices summed)."""
-    took, mark = 0.0, clock()
-    while True:
-        try:
-            next(steps)
-        except StopIteration as done:
-            return done.value, took + clock() - mark
-        if clock() - mark >= slice_s:
-            took += clock() - mark
-            await give_way(foreground, slice_s)
-            mark = clock()
 
 
 class Snapshots:

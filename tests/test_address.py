@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 import events as ev
 from events.address import address_public, proxy_address_ok, public
 from events.validate import url_problem
-from projections import snapshot
+from projections import poolview
 from projections.digest import digest
 from projections.readmodels import ProxyFilter, query_proxies
 from projections.recheck import due_in_shard, network_outages, shards, spot_checks
@@ -177,7 +177,7 @@ def test_every_projection_takes_rows_of_both_families(
     network_outages(state, now, min_failing=1, share=0.0)
     admitted = {ip for ip in ips if proxy_address_ok(ip, 8080, rule=rule)}
     assert {ip for ip, _ in state.proxies} == admitted
-    assert snapshot.build(state) is not None
+    assert poolview.build(state) is not None
     served = query_proxies(state, now, ProxyFilter(status="all"), limit=0)
     assert {row.ip for row in served} <= admitted
     assert digest(state)

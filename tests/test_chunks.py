@@ -9,12 +9,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ops.collector import collect_young
-from projections import snapshot
+from projections import poolview
 from projections.chunks import Chunks
-from projections.foreground import Foreground
-from projections.snapshot import build, building, dropping, held
-from projections.snapshot_policy import drive
-from tests.test_snapshot import _big_pool
+from projections.foreground import Foreground, drive
+from projections.poolview import build, building, dropping, held
+from tests.test_poolview import _big_pool
 
 parts_of_sorted = st.lists(st.lists(st.integers(0, 50), max_size=6), max_size=8).map(
     lambda parts: [tuple(p) for p in parts]
@@ -57,17 +56,17 @@ def test_a_snapshot_holds_no_container_longer_than_a_step() -> None:
     """Every order and index of a snapshot of several steps' rows is held in parts of at
     most ``STEP`` views (the collector walks each once, a step's at a time), and a
     retired snapshot's parts are let go a step's references at a time."""
-    state = _big_pool(3 * snapshot.STEP + 17)
-    snap = build(state)
-    holding = held(snap)
+    state = _big_pool(3 * poolview.STEP + 17)
+    view = build(state)
+    holding = held(view)
     parts = [p for sequence in holding for p in sequence]
-    assert len(snap.by_latency) == len(snap.by_last_seen) == len(state.proxies)
-    assert len(snap.by_latency.parts) == -(-len(state.proxies) // snapshot.STEP) > 1
-    assert max(len(p) for p in parts) <= snapshot.STEP
+    assert len(view.by_latency) == len(view.by_last_seen) == len(state.proxies)
+    assert len(view.by_latency.parts) == -(-len(state.proxies) // poolview.STEP) > 1
+    assert max(len(p) for p in parts) <= poolview.STEP
     refs = sum(len(p) for p in parts) + len(parts)  # the views', and the parts' own
     steps = sum(1 for _ in dropping(holding))
     # Each step lets go of whole parts, at least STEP references but the last step's.
-    assert not holding and refs // (2 * snapshot.STEP) <= steps <= -(-refs // snapshot.STEP)
+    assert not holding and refs // (2 * poolview.STEP) <= steps <= -(-refs // poolview.STEP)
 
 
 async def test_a_build_beside_requests_leaves_at_most_a_steps_parts_young() -> None:
@@ -75,13 +74,13 @@ async def test_a_build_beside_requests_leaves_at_most_a_steps_parts_young() -> N
     collection, a build's steps are collected as they go: no young collection meets
     more than the parts of a step or two (left to the collector's own count, it met
     them all at once)."""
-    state = _big_pool(6 * snapshot.STEP)
+    state = _big_pool(6 * poolview.STEP)
     young: list[int] = []
 
     def between() -> None:
         young.append(sum(len(o) for o in gc.get_objects(0) if type(o) is tuple))
         collect_young()
 
-    snap, _ = await drive(building(state), 0.0, foreground=Foreground(between))
-    assert len(young) > 6 * 2 and max(young) <= 3 * snapshot.STEP
-    assert len(snap.by_latency) == len(state.proxies)
+    view, _ = await drive(building(state), 0.0, foreground=Foreground(between))
+    assert len(young) > 6 * 2 and max(young) <= 3 * poolview.STEP
+    assert len(view.by_latency) == len(state.proxies)

@@ -1,190 +1,149 @@
-"""Query snapshots answer exactly what the plain read model answers, for any filter."""
+"""State snapshots: taken in steps, loaded back to the digest a full fold gives, refused
+when damaged, forged or of another format."""
 
 from __future__ import annotations
 
-import asyncio
-import random
-from typing import Any
+import os
+from pathlib import Path
 
 import msgspec
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
-from projections import snapshot
-from projections.readmodels import ProxyFilter, query_proxies
-from projections.snapshot import build
-from reducers import State, fold
-from tests.helpers import worked
-
-T0 = 1_800_000_000_000
-PROTOS = ["http", "https", "socks4", "socks5"]
-ANON = ["transparent", "anonymous", "elite"]
-
-
-@st.composite
-def pools(draw: st.DrawFn) -> State:
-    state = State()
-    n = draw(st.integers(1, 30))
-    for seq in range(1, n + 1):
-        p = draw(st.integers(0, 40))
-        event = worked(
-            f"8.8.{p // 200}.{p % 200 + 1}",
-            1000 + p % 7,
-            proto=draw(st.sampled_from(PROTOS)),
-            latency_ms=draw(st.integers(0, 3000)),
-            anonymity=draw(st.sampled_from(ANON)),
-            mitm=draw(st.booleans()),
-            https=draw(st.sampled_from(["yes", "no", ""])),
-        )
-        fold(state, event, seq, T0 + draw(st.integers(0, 40_000_000)))
-    return state
-
-
-filters = st.builds(
-    ProxyFilter,
-    proto=st.none() | st.sampled_from(PROTOS),
-    anonymity=st.none() | st.sampled_from(ANON),
-    max_latency_ms=st.none() | st.floats(0, 3000),
-    status=st.sampled_from(["alive", "stale", "dead", "all"]),
-    fresh_s=st.none() | st.integers(0, 50_000),
-    mitm=st.none() | st.booleans(),
-    https=st.none() | st.booleans(),
-    country=st.none() | st.sampled_from([("",), ("BO",), ("", "BO")]),
+import events as ev
+from projections import Folder, digest, row_strings
+from projections.log import Span
+from projections.snapshot import (
+    FORMAT,
+    SnapshotError,
+    StateSnapshot,
+    _Counted,
+    load,
+    peek,
+    take,
 )
+from projections.snapshot_policy import Snapshots
+from reducers import State
+from reducers.state import ProxyRow
+from tests.folded import FoldedLog
+from tests.helpers import eid
 
 
-@settings(max_examples=100, deadline=None)
-@given(
-    state=pools(),
-    f=filters,
-    sort=st.sampled_from(["latency", "last_seen"]),
-    limit=st.integers(0, 30),
-    later=st.integers(0, 100_000_000),
-)
-def test_snapshot_select_equals_the_read_model(
-    state: State, f: ProxyFilter, sort: str, limit: int, later: int
-) -> None:
-    """A snapshot query answers exactly what the read model answers."""
-    now = T0 + later
-    expected = [(r.ip, r.port) for r in query_proxies(state, now, f, sort=sort, limit=limit)]
-    got = [(v.ip, v.port) for v in build(state).select(f, now, sort=sort, limit=limit)]
-    assert got == expected
+def _log() -> FoldedLog:
+    log = FoldedLog()
+    for i in range(3_000):  # more than a step of rows
+        log.report("w-own", f"45.{i // 250}.{i % 250}.7", at_s=i)
+    for i in range(0, 3_000, 3):
+        log.check(f"45.{i // 250}.{i % 250}.7", ok=i % 2 == 0, at_s=3_100 + i)
+    src = ev.SourceAdded(id=eid(), agent="admin", at=0, url="http://198.51.100.7/l", url_id="u1")
+    log.service(src, at_s=6_500)
+    return log
 
 
-async def test_a_snapshot_stays_fresh_ten_times_as_long_as_it_took_to_build(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The gateway's snapshot is rebuilt when the fold moved and it is older than ten
-    times its build took (at least 0.1 s, at most 30 s): a small pool's follows the fold
-    within a tenth of a second, a pool that takes 2 s to build is kept 20 s, and its
-    next build runs while the old one answers."""
-    from gateway import queries
-
-    now = [100.0]
-    build_s = [0.001]
-
-    def slow_building(state: State, at: int | None = None) -> Any:
-        now[0] += build_s[0]  # the build's own time passes on the keeper's clock
-        return (yield from snapshot.building(state, at))
-
-    monkeypatch.setattr(queries, "building", slow_building)
-    state = State()
-    fold(state, worked("8.8.8.8"), 1, T0)
-    keeper = queries.SnapshotKeeper(clock=lambda: now[0], slice_s=10.0)
-    first = await keeper.snapshot(state)
-    fold(state, worked("8.8.4.4"), 2, T0)
-    now[0] += 0.05
-    assert await keeper.snapshot(state) is first  # 0.05 s old: fresh for 0.1 s
-    now[0] += 0.06
-    second = await keeper.snapshot(state)
-    assert second is not first and second.seq == 2
-    build_s[0] = 2.0  # a big pool: the next build takes 2 s
-    fold(state, worked("8.8.4.5"), 3, T0)
-    now[0] += 0.2
-    third = await keeper.snapshot(state)  # the last build was cheap: waited for
-    assert third.seq == 3
-    fold(state, worked("8.8.4.6"), 4, T0)
-    now[0] += 15.0
-    assert await keeper.snapshot(state) is third  # 15 s old, fresh for 20 s
-    now[0] += 6.0
-    assert await keeper.snapshot(state) is third  # stale: rebuilt while it answers
-    assert keeper._task is not None
-    assert (await keeper._task).seq == 4
-    fourth = await keeper.snapshot(state)
-    assert fourth.seq == 4
-    now[0] += 100.0
-    assert await keeper.snapshot(state) is fourth  # not moved since: kept however old
+def test_a_snapshot_loads_back_to_the_state_and_digest_a_fold_gives() -> None:
+    """Every table, the meta (settings, marks, trust) and the digest come back; the
+    loaded state folds on exactly as the original does."""
+    log = _log()
+    blob = take(log.state)
+    fmt, seq, recorded = peek(blob)
+    assert (fmt, seq, recorded) == (FORMAT, log.state.last_seq, digest(log.state))
+    loaded = load(blob)
+    assert digest(loaded) == digest(log.state)
+    assert len(loaded.proxies) == len(log.state.proxies) == 3_000
+    assert loaded.settings == log.state.settings and loaded.marks == log.state.marks
+    # The derived counts, counted by the loader's child process: as the fold kept them.
+    assert loaded.failing.buckets and loaded.composition.buckets == log.state.composition.buckets
+    assert loaded.failing.buckets == log.state.failing.buckets
+    assert loaded.by_ip == log.state.by_ip
+    log.report("w-own", "45.99.0.7", at_s=7_000)  # one more observation, on both
+    Folder(loaded).apply([log.messages[-1]])
+    assert digest(loaded) == digest(log.state)
 
 
-def _big_pool(n: int, seed: int = 7) -> State:
-    rng = random.Random(seed)
-    state = State()
-    for seq in range(1, n + 1):
-        i = rng.randrange(4 * n)
-        event = worked(
-            f"45.{i >> 16 & 255}.{i >> 8 & 255}.{i & 255}",
-            1000 + i % 5,
-            proto=rng.choice(PROTOS),
-            latency_ms=rng.choice([50, 120, 800]),  # ties: ip and port decide the order
-            anonymity=rng.choice(ANON),
-        )
-        fold(state, event, seq, T0 + rng.randrange(600_000))
-    return state
+def test_loaded_rows_share_their_repeated_strings_and_are_the_folds_rows() -> None:
+    """The loader makes each string of the rows' repeated fields once: two rows' agent
+    and protocol are one object each, as in the fold that built them, and the rows are
+    ``ProxyRow``s equal to the fold's, taken again to the same bytes. A snapshot whose
+    list lacks a value, or that has none (written before the list), loads the same
+    state plainly, each row with strings of its own."""
+    log = _log()
+    blob = take(log.state)
+    loaded = load(blob)
+    first, second = loaded.proxies[("45.0.0.7", 8080)], loaded.proxies[("45.0.1.7", 8080)]
+    assert first.agents[0] == second.agents[0] == "w-own" and first.agents[0] is second.agents[0]
+    assert first.proto is second.proto and first.protos[0] is second.proto
+    assert {type(row) for row in loaded.proxies.values()} == {ProxyRow}
+    assert loaded.proxies == log.state.proxies
+    assert take(loaded) == blob
+    snap = msgspec.msgpack.decode(blob, type=StateSnapshot)
+    assert snap.strings == ["", "c-own", "http", "w-own"]
+    # The summing child's columns of the composition share them as well.
+    columns, shared = row_strings.decode_as(_Counted, snap.tables["proxies"], snap.strings)
+    assert shared and len(columns) == 3_000 and columns[0].proto is columns[1].proto
+    for strings in ([], ["", "c-own", "http"]):
+        plain = load(msgspec.msgpack.encode(msgspec.structs.replace(snap, strings=strings)))
+        assert digest(plain) == digest(log.state) and plain.proxies == log.state.proxies
+        first, second = plain.proxies[("45.0.0.7", 8080)], plain.proxies[("45.0.1.7", 8080)]
+        assert first.agents[0] == second.agents[0] and first.agents[0] is not second.agents[0]
 
 
-def test_a_snapshot_built_in_steps_is_the_one_built_at_once() -> None:
-    """Runs sorted a step each and merged give the very orders (and indexes) of one
-    sort of the whole pool, ties included."""
-    state = _big_pool(3 * snapshot.STEP + 17)
-    snap = build(state)
-    views = list(snap.by_latency)
-    assert list(snap.by_latency) == sorted(views, key=lambda v: (v.latency, v.ip, v.port))
-    assert list(snap.by_last_seen) == sorted(views, key=lambda v: (-v.last_seen, v.ip, v.port))
-    assert len(views) == len(state.proxies)
-    for v in snap.indexes["proto"]["socks5"]:
-        assert "socks5" in v.protos
-    elite = snap.indexes["anonymity"]["elite"]
-    assert tuple(elite) == tuple(v for v in views if v.anonymity == "elite")
+def test_a_damaged_or_forged_snapshot_is_refused() -> None:
+    """A row changed under the recorded digest, a digest that is not the state's, a
+    format this ppf does not read, and bytes that are not a snapshot: each refused."""
+    log = _log()
+    snap = msgspec.msgpack.decode(take(log.state), type=StateSnapshot)
+    rows = msgspec.msgpack.decode(snap.tables["proxies"])
+    rows[0]["latency_ema"] = 1.0  # one proxy's latency, changed
+    tampered = msgspec.structs.replace(
+        snap, tables={**snap.tables, "proxies": msgspec.Raw(msgspec.msgpack.encode(rows))}
+    )
+    with pytest.raises(SnapshotError, match="gives digest"):
+        load(msgspec.msgpack.encode(tampered))
+    forged = msgspec.structs.replace(snap, digest="0" * 64)
+    with pytest.raises(SnapshotError, match="gives digest"):
+        load(msgspec.msgpack.encode(forged))
+    newer = msgspec.structs.replace(snap, format=FORMAT + 1)
+    with pytest.raises(SnapshotError, match="format"):
+        load(msgspec.msgpack.encode(newer))
+    with pytest.raises(SnapshotError, match="not a snapshot"):
+        load(b"\x92\x01\x02")
 
 
-def test_a_census_moved_with_the_ttls_edge_equals_one_counted_afresh() -> None:
-    """As time moves on (and back), the running tally counts what a fresh snapshot's
-    first census counts at the same moment."""
-    state = _big_pool(2_000)
-    state.settings = msgspec.structs.replace(state.settings, proxy_ttl_s=300)
-    moving = build(state)
-    for later in (0, 200_000, 450_000, 610_000, 330_000, 900_000, 5_000):
-        now = T0 + later
-        assert moving.census(now) == build(state).census(now)
-    assert moving.census(T0 + 900_000)["alive"] == 0 and build(state).census(T0)["alive"] > 0
+class _Store:
+    """A snapshot store in memory: ``blobs`` by sequence; a blob that is an exception
+    is raised by ``get`` (a fetch that failed)."""
+
+    def __init__(self, blobs: dict[int, bytes | Exception]) -> None:
+        self.blobs = blobs
+
+    async def seqs(self) -> list[int]:
+        return sorted(self.blobs)
+
+    async def get(self, seq: int) -> bytes:
+        blob = self.blobs[seq]
+        if isinstance(blob, Exception):
+            raise blob
+        return blob
+
+    async def span(self) -> Span:
+        return Span(first_seq=1, last_seq=10_000, bytes=0, first_ts=0)
 
 
-async def test_a_big_pools_build_gives_the_loop_back_and_stats_do_not_wait_for_it() -> None:
-    """While a pool of several steps is built, other coroutines run between its steps;
-    /v1/stats and queries take the snapshot there is rather than wait for a slow build."""
-    from gateway import queries
+async def test_a_fold_starts_from_the_newest_snapshot_it_can_read_and_leaves_no_child() -> None:
+    """The newest snapshot's fetch fails, the next is damaged: the third is loaded.
+    Each try started a child to sum with (ahead of its fetch); none is left running."""
+    log = _log()
+    good = take(log.state)
+    store = _Store({3: good, 5: b"\x92\x01\x02", 9: OSError("connection reset")})
+    before = set(_children())
+    loaded = await Snapshots(store).start_from(State())  # type: ignore[arg-type]
+    assert loaded is not None and digest(loaded) == digest(log.state)
+    assert set(_children()) == before
+    store.blobs = {5: b"\x92\x01\x02", 9: OSError("connection reset")}
+    assert await Snapshots(store).start_from(State()) is None  # type: ignore[arg-type]
+    assert set(_children()) == before
 
-    state = _big_pool(4 * snapshot.STEP)
-    keeper = queries.SnapshotKeeper(slice_s=0.0, wait_s=0.0)
-    first = await keeper.snapshot(state)
-    keeper._took = 1.0  # as a big pool's build: stale rules, not the wait
-    keeper._built -= 60.0
-    fold(state, worked("8.8.8.8"), state.last_seq + 1, T0)
-    ticks = 0
 
-    async def ticking() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(ticking())
-    answered = await keeper.snapshot(state, idle=True)
-    assert answered is first  # the new one is not ready yet
-    assert await keeper.snapshot(state) is first  # nor for a query
-    assert keeper._task is not None
-    second = await keeper._task
-    ticker.cancel()
-    assert second.seq == state.last_seq and second is not first
-    assert ticks > 20  # the loop ran others between the build's steps
+def _children() -> list[str]:
+    """This process's child processes, by pid, as the kernel lists them."""
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    return [pid for t in tasks.iterdir() for pid in (t / "children").read_text().split()]

@@ -19,8 +19,8 @@ from ops.nats.server import NatsServer
 from projections import digest
 from projections.live import FoldService
 from projections.log import GapError, SnapshotError
+from projections.snapshot import take
 from projections.snapshot_policy import SnapshotPolicy, Snapshots
-from projections.state_snapshot import take
 from reducers import State
 from tests.folded import FoldedLog
 from tests.helpers import worked

@@ -14,9 +14,9 @@ import msgspec
 import events as ev
 from projections.digest import digest
 from projections.folder import Folder
+from projections.poolview import build
 from projections.readmodels import ProxyFilter
 from projections.recheck import due_in_shard, shards, spot_checks
-from projections.snapshot import build
 from projections.store import Store, collect
 from reducers import State
 from reducers.rows import TrustBase

@@ -168,7 +168,7 @@ class SnapshotBucket:
     """Implements ``projections.log.SnapshotStore`` on the ``ppf-snapshots`` bucket: one
     object a snapshot, named by its sequence. Only the service's login may write it
     (agents publish on their own subjects only: gateway/natsauth.py); what is read is
-    checked again by its digest (projections/state_snapshot.py)."""
+    checked again by its digest (projections/snapshot.py)."""
 
     def __init__(self, nc: Client, js: JetStreamContext, log: _Replicated | None = None) -> None:
         self._nc, self._js, self._log = nc, js, log
