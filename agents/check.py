@@ -25,20 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import itertools
 import os
-import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from python_socks import ProxyType
-from python_socks.async_.asyncio import Proxy
-
+from agents.https import tunnels_https
 from agents.judges import Echo, read_echo
+from agents.tunnel import CONNECT_SHARE, TUNNELS, Stream, Tls, connect
 from events.wire import NONCE_LIFETIME_S, judge_nonce
 
 __all__ = [
@@ -66,7 +63,6 @@ PROXY_HEADERS = (
 # greeting waits for the rest of a request line until the timeout. CONNECT next, for
 # proxies that tunnel but refuse to forward.
 AUTO = ("http", "https", "socks5", "socks4")
-TUNNELS = {"https": ProxyType.HTTP, "socks4": ProxyType.SOCKS4, "socks5": ProxyType.SOCKS5}
 MAX_RESPONSE = 64 * 1024
 
 
@@ -136,7 +132,7 @@ class Judge:
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"judge must be an http:// URL: {url!r}")
         judge = cls(parts.hostname, parts.port or 80, parts.path or "/", "", signer=signer)
-        async with asyncio.timeout(timeout):  # not wait_for: see _connect
+        async with asyncio.timeout(timeout):  # not wait_for: see agents/tunnel.py connect
             reader, writer = await asyncio.open_connection(judge.host, judge.port)
         try:
             nonce = judge.nonce()
@@ -167,84 +163,6 @@ async def judge_answers(judge: Judge, timeout: float = 5.0) -> bool:
             writer.close()
 
 
-def _client_tls() -> ssl.SSLContext:
-    """No chain verification: the judge's certificate is pinned instead (a lab or a
-    private judge has no public chain, and what matters is whether it changed)."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.check_hostname = False
-    ctx.verify_mode = ssl.CERT_NONE
-    return ctx
-
-
-_TLS = _client_tls()
-
-
-class _Stream(Protocol):
-    """What ``_request`` needs of a connection: a StreamReader/Writer pair, or TLS."""
-
-    def write(self, data: bytes) -> None: ...
-    async def drain(self) -> None: ...
-    async def read(self, n: int) -> bytes: ...
-
-
-class _Tls:
-    """TLS over an open stream with memory BIOs, instead of asyncio's SSL transport.
-
-    Why: asyncio's transport gives every connection a 256 KiB read buffer; at 5,000
-    checks at once that was 1,079 MB RSS (``ppf bench check --tls``). Here OpenSSL's
-    own buffers are all there is, and a check reads at most 64 KiB anyway."""
-
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hostname: str
-    ) -> None:
-        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self._tls = _TLS.wrap_bio(self._incoming, self._outgoing, server_hostname=hostname)
-        self._reader, self._writer = reader, writer
-
-    async def _pump(self) -> None:
-        """Send what TLS has to say, then feed it what the peer said."""
-        await self.drain()
-        data = await self._reader.read(16384)
-        if data:
-            self._incoming.write(data)
-        else:
-            self._incoming.write_eof()
-
-    async def handshake(self) -> str:
-        """Complete the handshake; the SHA-256 of the certificate the peer showed."""
-        while True:
-            try:
-                self._tls.do_handshake()
-                break
-            except ssl.SSLWantReadError:
-                if self._incoming.eof:
-                    raise ConnectionError("TLS: closed during the handshake") from None
-                await self._pump()
-        await self.drain()
-        der = self._tls.getpeercert(binary_form=True)
-        return hashlib.sha256(der).hexdigest() if der else ""
-
-    def write(self, data: bytes) -> None:
-        self._tls.write(data)
-
-    async def drain(self) -> None:
-        data = self._outgoing.read()
-        if data:
-            self._writer.write(data)
-            await self._writer.drain()
-
-    async def read(self, n: int) -> bytes:
-        while True:
-            try:
-                return self._tls.read(n)
-            except ssl.SSLWantReadError:
-                if self._incoming.eof:
-                    return b""
-                await self._pump()
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
-                return b""
-
-
 async def _discover_tls(
     url: str, timeout: float, signer: tuple[str, bytes] | None = None
 ) -> TlsJudge:
@@ -252,10 +170,10 @@ async def _discover_tls(
     if parts.scheme != "https" or not parts.hostname:
         raise ValueError(f"TLS judge must be an https:// URL: {url!r}")
     host, port, path = parts.hostname, parts.port or 443, parts.path or "/judge"
-    async with asyncio.timeout(timeout):  # not wait_for: see _connect
+    async with asyncio.timeout(timeout):  # not wait_for: see agents/tunnel.py connect
         reader, writer = await asyncio.open_connection(host, port)
     try:
-        tls = _Tls(reader, writer, host)
+        tls = Tls(reader, writer, host)
         pin = await asyncio.wait_for(tls.handshake(), timeout)
         plain = Judge(host, port, path, "", signer=signer)
         nonce = plain.nonce()
@@ -268,8 +186,8 @@ async def _discover_tls(
 
 
 async def _request(
-    reader: _Stream | asyncio.StreamReader,
-    writer: _Stream | asyncio.StreamWriter,
+    reader: Stream | asyncio.StreamReader,
+    writer: Stream | asyncio.StreamWriter,
     judge: Judge,
     nonce: str,
     origin_form: bool,
@@ -304,31 +222,6 @@ def _classify(echo: Echo, own_ip: str) -> str:
     return "anonymous" if revealing else "elite"
 
 
-# A proxy that has not let us in (TCP, and its tunnel to the judge) within this share of
-# the check's time is of no use; most dead candidates never answer a SYN, and this, not
-# the whole timeout, is what each of them costs (3 s of the default 5).
-CONNECT_SHARE = 0.6
-
-
-async def _connect(
-    ip: str, port: int, proto: str, target: Judge, timeout: float
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A stream to the proxy (``http``) or through it to ``target`` (CONNECT, SOCKS).
-    ``asyncio.timeout``, never ``wait_for``: on 3.11 a ``wait_for`` cancelled as its
-    connection completes leaves it unclosed (a ResourceWarning at teardown)."""
-    async with asyncio.timeout(timeout):
-        if proto == "http":
-            return await asyncio.open_connection(ip, port)
-        sock = await Proxy(TUNNELS.get(proto, ProxyType.HTTP), ip, port).connect(
-            target.host, target.port
-        )
-    try:
-        return await asyncio.open_connection(sock=sock)
-    except BaseException:  # a tunnel's socket that never became a stream
-        sock.close()
-        raise
-
-
 Step = tuple[str, str, str]  # (what, passed/failed/unavailable/skipped, why): --explain
 
 
@@ -352,14 +245,14 @@ async def _once(
     step = f"{proto}: connect"
     try:
         async with asyncio.timeout(timeout):
-            connect = CONNECT_SHARE * timeout
+            connect_s = CONNECT_SHARE * timeout
             origin_form = proto != "http"
-            reader, writer = await _connect(ip, port, proto, target, connect)
+            reader, writer = await connect(ip, port, proto, target.host, target.port, connect_s)
             _note(trace, step, "passed", "connected, and the proxy took the request")
-            stream: _Stream | None = None
+            stream: Stream | None = None
             if tls is not None:
                 step = f"{proto}: TLS to the judge"
-                stream = _Tls(reader, writer, tls.host)
+                stream = Tls(reader, writer, tls.host)
                 altered_certificate = await stream.handshake() != tls.pin
                 _note(
                     trace,
@@ -479,8 +372,6 @@ async def check_many(
                 result = dataclasses.replace(result, judge=chosen.url, void=void)
             if result.ok and result.proto is not None and https:
                 url = https[next(turn) % len(https)]
-                from agents.https import tunnels_https  # it builds on this module
-
                 carried = await tunnels_https(ip, port, result.proto, url, timeout)
                 result = dataclasses.replace(result, https="yes" if carried else "no")
             return result

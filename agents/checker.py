@@ -1,7 +1,7 @@
 """The checker: lease recheck shards, re-test the proxies that are due, report both ways.
 
 The gateway's lease payload lists the shard's due proxies (graduated intervals, spread
-across ASNs: projections/recheck.py); the checker keeps up to ``batch`` of them in
+across ASNs: projections/core/recheck.py); the checker keeps up to ``batch`` of them in
 flight, tests each with the protocol it was confirmed with, publishes ``ProxyWorked``
 or ``ProxyFailed`` under its lease as each check ends, and gives each shard back as
 soon as its own checks are done.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from urllib.parse import urlsplit
 
-from agents.check import Judge, _connect, _Tls
+from agents.tunnel import Tls, connect
 
 __all__ = ["HTTPS_TARGETS", "tunnels_https"]
 
@@ -30,10 +30,9 @@ async def tunnels_https(ip: str, port: int, proto: str, url: str, timeout: float
     writer = None
     try:
         async with asyncio.timeout(timeout):
-            tunnel = Judge(host, target_port, "/", "")
             via = "https" if proto == "http" else proto  # an HTTP proxy tunnels by CONNECT
-            reader, writer = await _connect(ip, port, via, tunnel, timeout)
-            tls = _Tls(reader, writer, host)
+            reader, writer = await connect(ip, port, via, host, target_port, timeout)
+            tls = Tls(reader, writer, host)
             await tls.handshake()
             tls.write(
                 f"GET {parts.path or '/'} HTTP/1.1\r\nHost: {host}\r\n"

@@ -17,8 +17,8 @@ from agents.citizen import Citizen
 from agents.gateway_client import GatewayClient
 from agents.https import HTTPS_TARGETS
 from agents.judgepool import JudgePool
-from events import Event, Heartbeat, ProxyWorked
-from events.batches import MAX_RESULTS
+from events import Event, Heartbeat
+from events.batches import MAX_RESULTS, observation
 from events.mint import fresh_id, now_ms
 from events.wire import DEFAULT_LEASE_TTL_S, LeaseGrant
 
@@ -347,17 +347,7 @@ class Agent:
 
     def _worked(self, ip: str, port: int, result: Check, lease: str, source: str = "") -> Event:
         """The observation a successful check makes (worker and checker alike)."""
-        return self._ev(
-            ProxyWorked,
-            ip=ip,
-            port=port,
-            proto=result.proto,
-            latency_ms=result.latency_ms,
-            exit_ip=result.exit_ip,
-            anonymity=result.anonymity,
-            mitm=result.mitm,
-            source=source,
-            judge=result.judge,
-            https=result.https,
-            lease=lease,
-        )
+        return observation(
+            True, result, id=fresh_id(), agent=self.name, at=now_ms(), ip=ip, port=port,
+            source=source, lease=lease,
+        )  # fmt: skip

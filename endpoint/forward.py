@@ -21,21 +21,17 @@ sent upstream only once its body is whole (at most ``MAX_BODY``).
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 import httptools
 
 from endpoint.choose import Upstream
-from endpoint.login import Want
-from endpoint.uplink import HOP, UpLink
-
-if TYPE_CHECKING:
-    from endpoint.relay import Endpoint
+from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want, basic_login
+from endpoint.serving import Serving
+from endpoint.uplink import HOP, Request, UpLink
 
 __all__ = [
     "CHALLENGE",
@@ -77,36 +73,11 @@ _REASONS = {
 }
 
 
-@dataclass(slots=True)
-class Request:
-    """One client request, whole, and what became of it so far."""
-
-    method: bytes
-    target: bytes  # the absolute URI the client sent
-    host: str
-    port: int
-    lines: bytes  # its header lines but the hop-by-hop ones, each ending in CRLF
-    body: bytes
-    keep_alive: bool
-    authorization: bytes
-    http11: bool = True  # an HTTP/1.0 client gets no chunked answer and no 1xx
-    read_at: float = field(default_factory=time.perf_counter)
-    origin: bytes = b"/"  # the target in origin form, for a SOCKS tunnel to the site
-    tried: frozenset[tuple[str, int]] = frozenset()
-    failures: int = 0
-    fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
-
-    def head(self, forward: bool) -> bytes:
-        """To an HTTP proxy the absolute URI; through a SOCKS tunnel the origin form."""
-        target = self.target if forward else self.origin
-        return b"%s %s HTTP/1.1\r\n%s\r\n" % (self.method, target, self.lines)
-
-
 class ClientSide(asyncio.Protocol):
     """One client connection: its requests read with httptools, one at a time through
     an upstream, answers relayed as they come."""
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Serving) -> None:
         self.endpoint = endpoint
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
@@ -491,26 +462,9 @@ class _TooLarge(Exception):
         self.status = status
 
 
-# What a client without a valid login is told (407), plain HTTP and CONNECT alike.
-LOGIN_NEEDED = "a consumer login is required: NAME[-options]:TOKEN"
-CHALLENGE = b'Proxy-Authenticate: Basic realm="ppf"\r\n'
-
-
 def peer_address(peername: object) -> str:
     """The client's address, from a transport's ``peername``."""
     return str(peername[0]) if isinstance(peername, tuple) and peername else ""
-
-
-def basic_login(authorization: bytes) -> tuple[str, str] | None:
-    """(user, password) of a ``Basic`` Proxy-Authorization, None for anything else."""
-    scheme, _, encoded = authorization.partition(b" ")
-    if scheme.lower() != b"basic":
-        return None
-    try:
-        user, _, password = base64.b64decode(encoded.strip()).decode().partition(":")
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return user, password
 
 
 def _idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:

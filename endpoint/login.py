@@ -21,12 +21,21 @@ letters and digits: the same upstream while it works, ``sessmin`` minutes, defau
 
 from __future__ import annotations
 
+import base64
 import re
 from dataclasses import dataclass
 
 from events import agent_name_ok
 
-__all__ = ["STRATEGIES", "LoginError", "Want", "parse_login"]
+__all__ = [
+    "CHALLENGE",
+    "LOGIN_NEEDED",
+    "STRATEGIES",
+    "LoginError",
+    "Want",
+    "basic_login",
+    "parse_login",
+]
 
 STRATEGIES = ("weighted", "roundrobin", "lru")
 _FLAGS = frozenset({"https", "mitm"})
@@ -126,3 +135,20 @@ def _value(key: str, raw: str) -> object:
     if choices is not None and raw not in choices:
         raise LoginError(f"{key}: one of {', '.join(choices)}")
     return raw
+
+
+# What a client without a valid login is told (407), plain HTTP and CONNECT alike.
+LOGIN_NEEDED = "a consumer login is required: NAME[-options]:TOKEN"
+CHALLENGE = b'Proxy-Authenticate: Basic realm="ppf"\r\n'
+
+
+def basic_login(authorization: bytes) -> tuple[str, str] | None:
+    """(user, password) of a ``Basic`` Proxy-Authorization, None for anything else."""
+    scheme, _, encoded = authorization.partition(b" ")
+    if scheme.lower() != b"basic":
+        return None
+    try:
+        user, _, password = base64.b64decode(encoded.strip()).decode().partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return user, password

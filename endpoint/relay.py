@@ -23,7 +23,6 @@ import contextlib
 import ipaddress
 import socket
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -32,15 +31,9 @@ from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from endpoint.choose import Pool, Upstream
-from endpoint.forward import (
-    CHALLENGE,
-    LOGIN_NEEDED,
-    ClientSide,
-    answer,
-    basic_login,
-    peer_address,
-)
-from endpoint.login import LoginError, Want, parse_login
+from endpoint.forward import ClientSide, answer, peer_address
+from endpoint.login import CHALLENGE, LOGIN_NEEDED, LoginError, Want, basic_login, parse_login
+from endpoint.serving import Outcomes
 from endpoint.uplink import Idle, UpLink
 from events.address import ADDRESS_RULE
 from events.validate import host_can_be_public
@@ -52,18 +45,6 @@ log = structlog.get_logger("ppf.serve")
 
 _TYPES = {"socks5": ProxyType.SOCKS5, "socks4": ProxyType.SOCKS4}
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-@dataclass
-class Outcomes:
-    """What the endpoint did, by outcome: for ``/metrics`` and ``ppf bench serve``."""
-
-    counts: dict[str, int] = field(default_factory=dict)
-    # Our own time from a request read to its sending upstream, the latest 1,000.
-    added_ms: deque[float] = field(default_factory=lambda: deque(maxlen=1_000))
-
-    def count(self, outcome: str) -> None:
-        self.counts[outcome] = self.counts.get(outcome, 0) + 1
 
 
 class _Refused(Exception):

@@ -16,16 +16,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import Protocol, cast
 
 import httptools
 
 from endpoint.choose import Upstream
 
-if TYPE_CHECKING:
-    from endpoint.forward import ClientSide, Request
-
-__all__ = ["HOP", "Idle", "UpLink"]
+__all__ = ["HOP", "Client", "Idle", "Request", "UpLink"]
 
 HOP = frozenset(
     {
@@ -41,6 +38,41 @@ HOP = frozenset(
 )
 
 
+@dataclass(slots=True)
+class Request:
+    """One client request, whole, and what became of it so far."""
+
+    method: bytes
+    target: bytes  # the absolute URI the client sent
+    host: str
+    port: int
+    lines: bytes  # its header lines but the hop-by-hop ones, each ending in CRLF
+    body: bytes
+    keep_alive: bool
+    authorization: bytes
+    http11: bool = True  # an HTTP/1.0 client gets no chunked answer and no 1xx
+    read_at: float = field(default_factory=time.perf_counter)
+    origin: bytes = b"/"  # the target in origin form, for a SOCKS tunnel to the site
+    tried: frozenset[tuple[str, int]] = frozenset()
+    failures: int = 0
+    fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
+
+    def head(self, forward: bool) -> bytes:
+        """To an HTTP proxy the absolute URI; through a SOCKS tunnel the origin form."""
+        target = self.target if forward else self.origin
+        return b"%s %s HTTP/1.1\r\n%s\r\n" % (self.method, target, self.lines)
+
+
+class Client(Protocol):
+    """The client connection a link answers (``ClientSide``, endpoint/forward.py): what
+    it hears of each request."""
+
+    def write(self, data: bytes) -> None: ...
+    def answered(self, link: UpLink, reusable: bool) -> None: ...
+    def broken(self, link: UpLink) -> None: ...
+    def unanswered(self, link: UpLink, why: str) -> None: ...
+
+
 class UpLink(asyncio.Protocol):
     """One connection to an upstream: an HTTP proxy (``forward``: it is sent absolute
     URIs) or a SOCKS tunnel to one site. Its answers are read with httptools and written
@@ -50,7 +82,7 @@ class UpLink(asyncio.Protocol):
         self.up, self.forward, self.key, self.answer_s = up, forward, key, answer_s
         self.transport: asyncio.Transport = None  # type: ignore[assignment]
         self.parser = httptools.HttpResponseParser(self)
-        self.client: ClientSide | None = None
+        self.client: Client | None = None
         self.head_only = False  # a HEAD: the answer has no body, whatever it says
         self.http11 = True  # the client's HTTP version
         self.in_body = False  # its head went to the client
@@ -71,7 +103,7 @@ class UpLink(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
 
-    def begin(self, client: ClientSide, req: Request) -> None:
+    def begin(self, client: Client, req: Request) -> None:
         """Send ``req`` and wait for its answer, ``answer_s`` at most for the head and
         between pieces of the body."""
         self.client = client

@@ -106,7 +106,7 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # Failed reports per consumer per hour that take a proxy out of alive (ProxyReported):
     # one token cannot empty the pool.
     report_budget_per_hour: int = 100
-    # Rechecks (projections/recheck.py): a proxy whose latest check failed comes back
+    # Rechecks (projections/core/recheck.py): a proxy whose latest check failed comes back
     # after failing_s, doubling with each further failure up to dead_s (dead ones
     # rarely); fresh (few confirmations) and flapping ones every fresh_s; settled ones
     # every settled_s, and those alive for over a day every veteran_s. The budget caps

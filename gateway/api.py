@@ -29,6 +29,7 @@ from events.wire import (
     SourcesAdded,
     SourcesRequest,
 )
+from gateway.queries import PROXY_PARAMS
 
 __all__ = ["openapi"]
 
@@ -123,24 +124,7 @@ def openapi() -> dict[str, Any]:
     # named by its index); say so in the document rather than "any value".
     components["EventsRequest"]["properties"]["events"]["items"] = event_schema
     lease_path = {"name": "lease", "in": "path", "required": True, "schema": {"type": "string"}}
-    proxy_filters = [
-        _query("proto", {"type": "string"}),
-        _query("country", {"type": "string"}),
-        _query("asn", {"type": "integer", "minimum": 0}),
-        _query("as_org", {"type": "string"}),
-        _query("anonymity", {"type": "string"}),
-        _query("max_latency_ms", {"type": "integer", "minimum": 0}),
-        _query("status", {"enum": ["alive", "suspect", "unconfirmed", "stale", "dead", "all"]}),
-        _query("fresh_s", {"type": "integer", "minimum": 0}),
-        _query("mitm", {"enum": ["false", "true", "any"]}),
-        _query("https", {"enum": ["true", "false"]}),
-        _query("limit", {"type": "integer", "minimum": 0}),
-        _query("sort", {"enum": ["latency", "last_seen"]}),
-        _query(
-            "format",
-            {"enum": ["json", "ndjson", "txt", "csv", "proxychains", "clash", "singbox"]},
-        ),
-    ]
+    proxy_filters = [p.openapi() for p in PROXY_PARAMS]
     paths: dict[str, Any] = {
         "/v1/events": {
             "post": {

@@ -45,12 +45,11 @@ from gateway.metrics import ENDPOINT_OUTCOMES
 from gateway.metrics import routes as metrics_routes
 from gateway.natsauth import Callout, Kicker
 from gateway.penalty import PENALTIES, Penalties, watching
-from gateway.queries import POOL_VIEW, PoolViewKeeper
 from gateway.queries import routes as query_routes
+from gateway.views import POOL_VIEW, PoolViewKeeper, pool_census
 from projections.live import FoldService
 from projections.log import EventLog
 from projections.tasks import stop_tasks
-from reducers import State
 from reducers.pool import lease_live
 
 __all__ = ["FOLD", "make_app"]
@@ -74,20 +73,6 @@ async def readyz(request: web.Request) -> web.Response:
     ready = fold.running and head - fold.applied_seq <= request.app[CONFIG].lag_bound
     body = {"ready": ready, "applied_seq": fold.applied_seq, "head_seq": head}
     return reply(body, 200 if ready else 503)
-
-
-async def pool_census(
-    app: web.Application, state: State, now: int, *, idle: bool
-) -> dict[str, Any]:
-    """The pool as ``GET /v1/proxies`` serves it (``PoolView.census``: alive is
-    what it serves; unconfirmed, suspect and mitm on their own lines), at the view's
-    ``seq``; stale from the counts the fold keeps (``reducers/pool.py``). While the fold
-    moves (not ``idle``) the view there is answers, rebuilt by the queries' own
-    rhythm, so /v1/stats costs nothing; idle, the applied sequence's once it is built
-    (``PoolViewKeeper.view``: a large pool's is built while the old one answers)."""
-    view = await app[POOL_VIEW].view(state, idle=idle)
-    stale = state.composition.bands(now, state.settings.proxy_ttl_s)["stale"]
-    return {**view.census(now), "stale": sum(stale.values()), "known": len(state.proxies)}
 
 
 def _activity(state: Any, now: int, limit: int = 50) -> list[dict[str, Any]]:
@@ -156,7 +141,7 @@ async def stats(request: web.Request) -> web.Response:
             "rejected": fold.folder.rejected,
             "resent": fold.folder.resent,  # agents' re-sends met and ignored
             "resent_by_agent": dict(state.resent),
-            # Addresses the service has still to locate (ops/geo.py).
+            # Addresses the service has still to locate (projections/locator.py).
             "geo": {"unlocated": len(state.unlocated)},
             "dlq_sent": fold.dlq_sent,
             "grants": {
@@ -243,7 +228,7 @@ SERIES = web.AppKey("series", Series)
 @routes.get("/v1/outages")
 async def outages(request: web.Request) -> web.Response:
     """Networks where many proxies failed at once while the checkers' own way out held:
-    real deaths, applied, shown as that network's outage (projections/recheck.py). A
+    real deaths, applied, shown as that network's outage (projections/core/recheck.py). A
     pool scan, so computed at most every 30 s, and kept out of /v1/stats, which must
     cost nothing."""
     open_query(request)

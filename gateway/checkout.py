@@ -23,8 +23,9 @@ from events.subjects import proxy_of
 from events.wire import CheckoutProxy, CheckoutRelease, CheckoutReply, CheckoutRequest
 from gateway.commands import GRANTER, publish_report
 from gateway.http import FOLD, LOG, ApiError, authorize, decode_body, reply
-from gateway.queries import POOL_VIEW, hidden_for
-from projections.readmodels import ProxyFilter
+from gateway.queries import hidden_for
+from gateway.views import POOL_VIEW
+from projections.core.readmodels import ProxyFilter
 from reducers.pool import lease_live
 from reducers.state import State
 

@@ -60,7 +60,7 @@ from gateway.http import (
     retry_later,
 )
 from gateway.leases import Granter
-from projections.readmodels import proxy_status
+from projections.core.readmodels import proxy_status
 from reducers import trust
 from reducers.pool import lease_live
 from reducers.proxies import reports_left

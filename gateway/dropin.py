@@ -24,9 +24,10 @@ from events.wire import CheckoutRequest
 from gateway.checkout import take
 from gateway.commands import anonymous_reporter, proxy_address, publish_report
 from gateway.http import FOLD, ApiError, authorize, open_query, reply
-from gateway.queries import POOL_VIEW, hidden_for
-from projections.poolview import ProxyView
-from projections.readmodels import ProxyFilter
+from gateway.queries import hidden_for
+from gateway.views import POOL_VIEW
+from projections.core.poolview import ProxyView
+from projections.core.readmodels import ProxyFilter
 from reducers.state import ProxyRow
 
 __all__ = ["routes"]

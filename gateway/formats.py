@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 import msgspec
 
-from projections.poolview import ProxyView
+from projections.core.poolview import ProxyView
 
 __all__ = ["FORMATS"]
 

@@ -19,9 +19,9 @@ from gateway.diskguard import DiskGuard
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
 from gateway.penalty import PENALTIES
+from projections.core.recheck import RecheckPolicy
 from projections.live import LAG_BOUND, FoldService
 from projections.log import DepositStore, EventLog, LogError
-from projections.recheck import RecheckPolicy
 
 __all__ = [
     "AUTH_FAILURES",
@@ -33,6 +33,7 @@ __all__ = [
     "ApiError",
     "Caller",
     "GatewayConfig",
+    "Param",
     "RateLimiter",
     "authorize",
     "choice",
@@ -273,6 +274,35 @@ def choice(request: web.Request, name: str, allowed: tuple[str, ...], default: s
         detail = f"{name}: one of {', '.join(allowed)}"
         raise ApiError(400, "bad-parameter", detail, parameter=name)
     return value
+
+
+@dataclass(frozen=True, slots=True)
+class Param:
+    """A query parameter, declared once: how it is read and what the API document says
+    of it. ``choices``: the values it takes, in the order the document lists them."""
+
+    name: str
+    integer: bool = False  # a count or bound: >= 0
+    choices: tuple[str, ...] = ()
+    default: Any = None
+
+    def read(self, request: web.Request) -> Any:
+        if self.integer:
+            return integer(request, self.name, self.default)
+        if self.choices:
+            if self.default is None and self.name not in request.query:
+                return None
+            return choice(request, self.name, self.choices, self.default)
+        return request.query.get(self.name) or self.default
+
+    def openapi(self) -> dict[str, Any]:
+        if self.integer:
+            schema: dict[str, Any] = {"type": "integer", "minimum": 0}
+        elif self.choices:
+            schema = {"enum": list(self.choices)}
+        else:
+            schema = {"type": "string"}
+        return {"name": self.name, "in": "query", "required": False, "schema": schema}
 
 
 @dataclass(frozen=True, slots=True)

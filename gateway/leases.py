@@ -32,12 +32,12 @@ from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
 from gateway.lookahead import Lookahead
 from gateway.rechecks import RecheckWork
+from projections.core.poolview import ProxyView
+from projections.core.readmodels import due_score, due_sources, rank_due, scored_due
+from projections.core.recheck import RecheckPolicy
 from projections.holdings import live_holdings, untested_room
 from projections.live import FoldService, far_behind
 from projections.log import ConflictError, DepositError, EventLog, LogError
-from projections.poolview import ProxyView
-from projections.readmodels import due_score, due_sources, rank_due, scored_due
-from projections.recheck import RecheckPolicy
 from projections.seeding import seed_candidates, seed_status
 from reducers import LeaseRow, SourceRow
 from reducers.ledger import clamped_ttl, sure_claim

@@ -19,8 +19,9 @@ from aiohttp import web
 from events.mint import now_ms
 from gateway.http import CONFIG, FOLD, LOG
 from gateway.judge import JUDGE_DOOR
+from gateway.views import pool_census
 from reducers import trust
-from reducers.pool import lease_live
+from reducers.pool import STANDINGS, lease_live
 
 __all__ = ["ENDPOINT_OUTCOMES", "EndpointCounts", "metrics_text", "routes"]
 
@@ -112,7 +113,7 @@ def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str
         "lease targets by kind and status",
         [({"kind": k, "status": s}, n) for (k, s), n in sorted(leases.items())],
     )
-    statuses = ("alive", "unconfirmed", "suspect", "mitm", "stale")
+    statuses = (*STANDINGS, "stale")
     lines += _family(
         "ppf_pool_proxies",
         "gauge",
@@ -168,8 +169,6 @@ def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str
 
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
-    from gateway.app import pool_census  # the census /v1/stats reads
-
     fold = request.app[FOLD]
     head = await fold.head_seq()
     census = await pool_census(request.app, fold.state, now_ms(), idle=head <= fold.applied_seq)

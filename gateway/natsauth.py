@@ -38,7 +38,7 @@ import structlog
 from nats.aio.client import Client
 
 from events import AGENT_INBOX, AGENT_PREFIX, MAX_MESSAGE
-from gateway.natsdial import dial
+from ops.nats.dial import dial
 from reducers.state import State
 
 __all__ = ["AUTH_SUBJECT", "Callout", "Kicker", "NatsAuth", "grant", "login_name"]

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -18,140 +16,40 @@ from events.subjects import proxy_of
 from events.wire import AgentMe
 from gateway.deposits import PAGES
 from gateway.formats import FORMATS
-from gateway.http import CONFIG, FOLD, ApiError, authorize, choice, integer, open_query, reply
+from gateway.http import (
+    CONFIG,
+    FOLD,
+    ApiError,
+    Param,
+    authorize,
+    choice,
+    integer,
+    open_query,
+    reply,
+)
 from gateway.judge import JUDGE_DOOR
 from gateway.penalty import PENALTIES
-from projections.foreground import Foreground, drive
-from projections.poolview import (
+from gateway.views import POOL_VIEW
+from projections.core.poolview import (
     CENSUS_MS,
-    PoolView,
     ProxyView,
-    building,
-    dropping,
-    held,
 )
-from projections.readmodels import (
+from projections.core.readmodels import (
     ProxyFilter,
     due_sources,
     nearest_rank,
     source_score,
     status_at,
 )
-from reducers import ProxyRow, State, trust
-from reducers.pool import lease_live
+from reducers import ProxyRow, trust
+from reducers.pool import STATUSES, lease_live
 from reducers.reports import hidden_from
 from reducers.state import latency_samples, unpack_samples
 
-__all__ = ["POOL_VIEW", "PoolViewKeeper", "routes"]
+__all__ = ["PROXY_PARAMS", "routes"]
 
 routes = web.RouteTableDef()
 log = structlog.get_logger("ppf.gateway")
-
-
-class PoolViewKeeper:
-    """Holds the current pool view; rebuilds it when the fold moved and it is stale.
-
-    Stale means older than ``1 / share`` times its own build took (within ``min_age_s``
-    and ``max_age_s``), so rebuilding takes at most ``share`` of the event loop's time: a
-    small pool's view follows the fold within a tenth of a second (a death served a
-    second longer cost the churn lab's precision), a million proxies' (seconds to build)
-    is not rebuilt every second while the fold moves. A build gives the loop back every
-    ``slice_s`` (``projections.poolview.building``), so the other requests (a lease,
-    /v1/stats) are answered meanwhile. One build at a time.
-    """
-
-    def __init__(
-        self,
-        *,
-        share: float = 0.1,
-        min_age_s: float = 0.1,
-        max_age_s: float = 30.0,
-        slice_s: float = 0.002,
-        wait_s: float = 0.01,
-        clock: Callable[[], float] = time.monotonic,
-        foreground: Foreground | None = None,
-    ) -> None:
-        self.share, self.min_age_s, self.max_age_s = share, min_age_s, max_age_s
-        # A build nobody waits for (a big pool's) and the old views' release yield to
-        # the requests in flight between their steps; a build a request waits for not.
-        self.foreground = foreground
-        self.slice_s, self.wait_s = slice_s, wait_s
-        self.clock = clock
-        self.current: PoolView | None = None
-        self._built = 0.0
-        self._age_s = min_age_s  # how long the current one stays fresh
-        self._took = 0.0  # the loop's time the last build took, its slices summed
-        self._rows = 0  # the proxies it built from
-        self._task: asyncio.Task[PoolView] | None = None
-        self._retiring: set[asyncio.Task[tuple[None, float]]] = set()
-
-    async def get(self, request: web.Request) -> PoolView:
-        return await self.view(request.app[FOLD].state)
-
-    def stale(self, state: State) -> bool:
-        view = self.current
-        if view is None:
-            return True
-        return view.seq != state.last_seq and self.clock() - self._built >= self._age_s
-
-    async def view(self, state: State, *, idle: bool | None = None) -> PoolView:
-        """The current view, or a newer one when one is due and cheap to build.
-
-        Due: for a query (``idle`` None), once the current one is stale; for /v1/stats,
-        which says the ``seq`` it saw, never while the fold moves (``idle`` False) and
-        as soon as it moved once the fold is idle (True). A build that last took at most
-        ``wait_s`` (a small pool's) is waited for; a longer one (a big pool's) runs
-        while the current view answers: every await costs a round of the loop's
-        other work (the fold's slices, the build's own), and a query at 100,000 proxies
-        that waited for a build took 660 ms at p99 (``ppf bench stats``)."""
-        view = self.current
-        if view is None:
-            return await asyncio.shield(self._start(state))
-        if view.seq == state.last_seq or idle is False:
-            return view
-        cheap = self._cheap(state)
-        if not (self.stale(state) or (idle and cheap)):
-            return view
-        task = self._start(state)
-        if cheap:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), self.wait_s)
-        return self.current or view
-
-    def _cheap(self, state: State) -> bool:
-        """Whether the next build is one to wait for: the last one was short and the pool
-        has not grown much since (a catch-up that brings a hundred thousand proxies
-        into a pool of ten would otherwise be waited for on the last one's figure)."""
-        return self._took <= self.wait_s and len(state.proxies) <= 2 * self._rows + 1_024
-
-    def _start(self, state: State) -> asyncio.Task[PoolView]:
-        if self._task is None or self._task.done():
-            waited = self.current is None or self._cheap(state)
-            self._task = asyncio.get_running_loop().create_task(self._build(state, waited))
-        return self._task
-
-    async def _build(self, state: State, waited: bool) -> PoolView:
-        fg = None if waited else self.foreground
-        rows = len(state.proxies)
-        view, self._took = await drive(building(state, now_ms()), self.slice_s, self.clock, fg)
-        self._rows = rows
-        self._built = self.clock()
-        old, self.current = self.current, view  # readers see the old or the new one
-        self._age_s = min(self.max_age_s, max(self.min_age_s, self._took / self.share))
-        if old is not None:
-            # Freeing a hundred thousand views at once held the loop 36 ms: the parts
-            # that hold them go a step at a time (unless a request still reads the old
-            # one), and with them the views.
-            holding, old = held(old), None
-            task = asyncio.get_running_loop().create_task(
-                drive(dropping(holding), self.slice_s, self.clock, self.foreground)
-            )
-            self._retiring.add(task)
-            task.add_done_callback(self._retiring.discard)
-        return view
-
-
-POOL_VIEW = web.AppKey("pool_view", PoolViewKeeper)
 _encode = msgspec.json.Encoder().encode
 _json_lines = msgspec.json.Encoder().encode_lines
 
@@ -230,27 +128,43 @@ def _countries(raw: str | None) -> tuple[str, ...] | None:
     return codes
 
 
-def _filter(request: web.Request) -> ProxyFilter:
+# GET /v1/proxies' parameters, declared once: read here, listed in the API document.
+PROXY_PARAMS = (
+    Param("proto"),
+    Param("country"),
+    Param("asn", integer=True),
+    Param("as_org"),
+    Param("anonymity"),
+    Param("max_latency_ms", integer=True),
+    Param("status", choices=(*STATUSES, "all"), default="alive"),
+    Param("fresh_s", integer=True),
     # Proxies seen tampering with pages or certificates are left out unless asked for:
     # mitm=true serves only them, mitm=any serves everything.
-    mitm = choice(request, "mitm", ("false", "true", "any"), "false")
-    https = request.query.get("https")
-    if https not in (None, "true", "false"):
-        raise ApiError(400, "bad-parameter", "https: true or false", parameter="https")
-    latency = integer(request, "max_latency_ms")
+    Param("mitm", choices=("false", "true", "any"), default="false"),
+    Param("https", choices=("true", "false")),
+    Param("limit", integer=True, default=100),
+    Param("sort", choices=("latency", "last_seen"), default="latency"),
+    Param("format", choices=("json", "ndjson", "txt", *FORMATS), default="json"),
+)
+
+
+def _params(request: web.Request) -> dict[str, Any]:
+    return {p.name: p.read(request) for p in PROXY_PARAMS}
+
+
+def _filter(q: dict[str, Any]) -> ProxyFilter:
+    latency = q["max_latency_ms"]
     return ProxyFilter(
-        proto=request.query.get("proto") or None,
-        country=_countries(request.query.get("country")),
-        as_org=request.query.get("as_org") or None,
-        asn=integer(request, "asn"),
-        anonymity=request.query.get("anonymity") or None,
+        proto=q["proto"],
+        country=_countries(q["country"]),
+        as_org=q["as_org"],
+        asn=q["asn"],
+        anonymity=q["anonymity"],
         max_latency_ms=float(latency) if latency is not None else None,
-        status=choice(
-            request, "status", ("alive", "suspect", "unconfirmed", "stale", "dead", "all"), "alive"
-        ),
-        fresh_s=integer(request, "fresh_s"),
-        mitm=None if mitm == "any" else mitm == "true",
-        https=None if https is None else https == "true",
+        status=q["status"],
+        fresh_s=q["fresh_s"],
+        mitm=None if q["mitm"] == "any" else q["mitm"] == "true",
+        https=None if q["https"] is None else q["https"] == "true",
     )
 
 
@@ -273,10 +187,9 @@ def hidden_for(request: web.Request) -> set[tuple[str, int]]:
 @routes.get("/v1/proxies")
 async def proxies(request: web.Request) -> web.StreamResponse:
     hidden = hidden_for(request)
-    f = _filter(request)
-    sort = choice(request, "sort", ("latency", "last_seen"), "latency")
-    fmt = choice(request, "format", ("json", "ndjson", "txt", *FORMATS), "json")
-    limit = integer(request, "limit", 100) or 0
+    q = _params(request)
+    f = _filter(q)
+    sort, fmt, limit = q["sort"], q["format"], q["limit"] or 0
     view = await request.app[POOL_VIEW].get(request)
     now = now_ms()
     # The same answer while the view, the TTL's edge (5 s slices) and what is hidden
@@ -302,7 +215,7 @@ async def proxies(request: web.Request) -> web.StreamResponse:
         text, content_type = FORMATS[fmt](views)
         return web.Response(text=text, content_type=content_type, headers=tag)
     # The rows in arrays of ANSWER_CHUNK, each encoded between two turns of the loop,
-    # joined as the one array they are the pieces of (projections/chunks.py does the same
+    # joined as the one array they are the pieces of (projections/core/chunks.py does the same
     # with msgpack).
     pieces = []
     for start in range(0, len(views), ANSWER_CHUNK):

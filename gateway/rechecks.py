@@ -1,6 +1,6 @@
 """The checkers' work as this gateway hands it out: which recheck shards are work now,
 what a granted shard carries, and which networks' outages wait for a second vantage
-(projections/recheck.py holds the rules; this keeps their costly inputs a moment)."""
+(projections/core/recheck.py holds the rules; this keeps their costly inputs a moment)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import time
 from events.mint import now_ms
 from events.wire import RecheckPayload
 from gateway.budget import CheckBudget
-from projections.live import FoldService
-from projections.recheck import (
+from projections.core.recheck import (
     RecheckPolicy,
     due_in_shard,
     for_another_vantage,
@@ -19,6 +18,7 @@ from projections.recheck import (
     shards,
     spot_checks,
 )
+from projections.live import FoldService
 from reducers import ProxyRow
 from reducers.state import ProxyKey
 
@@ -72,7 +72,7 @@ class RecheckWork:
         )
 
     def network_outages(self, now: int, max_age_s: float = 30.0) -> list[dict[str, object]]:
-        """``projections.recheck.network_outages``, computed at most every ``max_age_s``
+        """``projections.core.recheck.network_outages``, computed at most every ``max_age_s``
         (a pool scan): ``GET /v1/outages`` serves it."""
         if time.monotonic() - self._outages_at > max_age_s:
             self._outages = network_outages(self.fold.state, now)

@@ -1,6 +1,6 @@
 """State containers, read models, digests, DuckDB checkpoints and the replay driver."""
 
-from projections.digest import digest, digests
+from projections.core.digest import digest, digests
 from projections.folder import Checkpointer, Folder
 from projections.store import DDL, Store, StoreError
 

@@ -1,7 +1,7 @@
 """Snapshots of the whole fold state at one sequence: what a new gateway or fold starts
 from instead of sequence 1, and what lets the log be trimmed behind it.
 
-Not the query snapshots of ``projections/poolview.py`` (copies of the pool for
+Not the query snapshots of ``projections/core/poolview.py`` (copies of the pool for
 ``/v1/proxies``): a state snapshot is one msgpack document, ``StateSnapshot``, holding
 the format version, the sequence, the digest of the state there (``projections/digest``:
 the digest a full replay gives at that sequence), the checkpoint's meta
@@ -37,7 +37,7 @@ import msgspec
 import structlog
 
 from projections import row_strings
-from projections.digest import MOD, combine, meta_digest, row_hash, table_sum
+from projections.core.digest import MOD, combine, meta_digest, row_hash, table_sum
 from projections.log import SnapshotError
 from projections.store import array_header, put_row, restore_meta, state_meta
 from projections.writer import read_frame
@@ -228,7 +228,7 @@ _COUNTS = msgspec.msgpack.Decoder(tuple[list[Any], list[Any]])
 
 
 class RowSums:
-    """Each table's sum of row hashes (``projections/digest.py``) and the pool's
+    """Each table's sum of row hashes (``projections/core/digest.py``) and the pool's
     composition, computed by a child process from the snapshot's own bytes while the
     caller decodes the rows. Started (``RowSums()``) before the snapshot is at hand, so
     the child's interpreter is up by then; ``send`` hands it the tables. A blocking

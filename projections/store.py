@@ -22,7 +22,7 @@ from typing import Any
 import duckdb
 import msgspec
 
-from projections.digest import DigestKeeper, meta_digest
+from projections.core.digest import DigestKeeper, meta_digest
 from projections.foreground import Foreground, give_way
 from reducers.indexes import reindex
 from reducers.state import KEPT, TABLES, ProxyKey, ProxyRow, State
@@ -78,7 +78,7 @@ class Checkpoint(msgspec.Struct):
     tables: dict[str, bytes] = {}
     deletes: dict[str, list[tuple[Any, ...]]] = {}
     rows: int = 0
-    meta_digest: str = ""  # the settings' part of the digest (projections/digest.py)
+    meta_digest: str = ""  # the settings' part of the digest (projections/core/digest.py)
     # Rows not encoded yet (collect_async encodes them in chunks); never sent.
     pending: dict[str, list[Any]] = {}
     # A table as collect_async encodes it, in pieces that make its array when sent one

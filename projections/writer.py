@@ -13,7 +13,7 @@ table's 16-byte sum, then the meta part's 32 bytes), or ``>Q 2**64-1``,
 ``>Q length`` and an error text. The child answers its restored ``last_seq`` first.
 
 The digest is kept here, on the other core, from the rows each checkpoint carries
-(``projections.digest.DigestKeeper``): the fold pays nothing for it. The path
+(``projections.core.digest.DigestKeeper``): the fold pays nothing for it. The path
 ``:memory:`` keeps the digest only, with no database (a gateway replica's fold).
 A parent that dies mid-send leaves a short frame: the child commits nothing of it and
 exits at end of input.
@@ -31,7 +31,7 @@ from typing import BinaryIO
 
 import msgspec
 
-from projections.digest import PARTS_BYTES, DigestKeeper, meta_digest, parts_of
+from projections.core.digest import PARTS_BYTES, DigestKeeper, meta_digest, parts_of
 from projections.store import Checkpoint, Store, StoreError, keep_digest
 from reducers.state import TABLES, State
 

@@ -1,6 +1,6 @@
 """How each piece of the fold's state is kept, declared once beside its type in ``State``
 (reducers/state.py); the checkpoint, the snapshot, the restore and the meta digest are
-derived from the declarations (projections/store.py, projections/digest.py).
+derived from the declarations (projections/store.py, projections/core/digest.py).
 
 - ``table(Row, *key)``: a projection of rows, checkpointed row by row, with its own
   part of the digest (the sum of its rows' hashes);

@@ -18,17 +18,27 @@ from typing import Any
 from reducers.rows import LeaseRow, ProxyRow
 
 __all__ = [
+    "BANDS",
     "BUCKET_MS",
     "DEAD_AFTER_TTLS",
+    "STANDINGS",
+    "STATUSES",
     "Composition",
     "band_edges",
     "counted",
     "lease_live",
     "liveness",
+    "seen_bounds",
     "standing",
 ]
 
 DEAD_AFTER_TTLS = 3
+BANDS = ("alive", "stale", "dead")  # by age (``liveness``)
+STANDINGS = ("alive", "unconfirmed", "suspect", "mitm")  # within the TTL (``standing``)
+# What /v1/proxies' ``status`` says of a row and selects by, in the order the API
+# document lists them: a standing within the TTL (mitm apart: a field and a filter of its
+# own), else the band.
+STATUSES = ("alive", "suspect", "unconfirmed", "stale", "dead")
 # Counts are kept per 30 s of last_seen: a band edge falls inside one bucket, which is
 # counted whole on the fresher side (at most 30 s of confirmations misplaced), and a
 # stats call sums (3 TTLs + 10 min) / 30 s buckets: about 1,500 at the default TTL.
@@ -40,6 +50,19 @@ def band_edges(now: int, ttl_s: int) -> tuple[int, int]:
     second stale, before it dead (and evicted once the log's time passes it)."""
     ttl = ttl_s * 1000
     return now - ttl, now - DEAD_AFTER_TTLS * ttl
+
+
+def seen_bounds(status: str, now: int, ttl_s: int) -> tuple[int | None, int | None]:
+    """The ``last_seen`` range (oldest, newest; None where open) of the rows whose status
+    is ``status`` at ``now``: a standing's is the alive band's."""
+    alive_from, stale_from = band_edges(now, ttl_s)
+    if status in STANDINGS:
+        return alive_from, None
+    if status == "stale":
+        return stale_from, alive_from - 1
+    if status == "dead":
+        return None, stale_from - 1
+    return None, None
 
 
 def liveness(age_ms: int, ttl_s: int) -> str:

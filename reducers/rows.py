@@ -77,11 +77,11 @@ class ProxyRow(msgspec.Struct, gc=False):
     # Log time of the latest consumer report that it failed (ProxyReported) that took it
     # out of alive: checked ahead of routine rechecks until a check comes after it.
     reported_at: int = 0
-    # Times it came back after failing (projections/recheck.py: flapping proxies are
+    # Times it came back after failing (projections/core/recheck.py: flapping proxies are
     # rechecked often).
     flaps: int = 0
     # The agents whose checks failed it since its last success (at most four): how many
-    # vantages saw it die (projections/recheck.py: a network's outage seen from one
+    # vantages saw it die (projections/core/recheck.py: a network's outage seen from one
     # checker only is confirmed by another where one exists).
     failed_by: tuple[str, ...] = ()
 

@@ -57,7 +57,7 @@ async def log_client(nats_server: NatsServer) -> AsyncIterator[Log]:
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyLab]:
-    """The real proxy lab (ops/lab.py), once per module."""
+    """The real proxy lab (ops/lab/testbed.py), once per module."""
     absent = missing()
     if absent:
         pytest.skip(f"proxy servers missing: apt-get install {' '.join(absent)} (make test does)")

@@ -12,8 +12,8 @@ import msgspec
 
 import events as ev
 from events import agent_subject, subject_for
+from projections.core.readmodels import ProxyFilter, query_proxies
 from projections.folder import Folder
-from projections.readmodels import ProxyFilter, query_proxies
 from reducers import State, trust
 from tests.helpers import eid, worked
 

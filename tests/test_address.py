@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 import events as ev
 from events.address import address_public, proxy_address_ok, public
 from events.validate import url_problem
-from projections import poolview
-from projections.digest import digest
-from projections.readmodels import ProxyFilter, query_proxies
-from projections.recheck import due_in_shard, network_outages, shards, spot_checks
+from projections.core import poolview
+from projections.core.digest import digest
+from projections.core.readmodels import ProxyFilter, query_proxies
+from projections.core.recheck import due_in_shard, network_outages, shards, spot_checks
 from reducers import State
 from reducers.fold import fold
 from tests.helpers import worked

@@ -12,7 +12,7 @@ from events.batches import MAX_RESULTS, MAX_RESULTS_BYTES, expand, group
 from events.ids import uuid7
 from events.validate import result_problems
 from projections import Folder
-from projections.digest import digests
+from projections.core.digest import digests
 from reducers import State
 from reducers.fold import PIECE
 from tests.helpers import message, worked
@@ -204,7 +204,7 @@ def test_the_locators_batches_are_fixed_by_their_addresses() -> None:
     """One Located an address (under the id it always had), or with batches one per
     data version, its addresses sorted and its id fixed by them: replicas that look up
     the same addresses publish one message."""
-    from ops.geo import Place, _located, located_id
+    from projections.locator import Place, _located, located_id
 
     ips = ["2.2.2.2", "1.1.1.1", "3.3.3.3"]
     places = [Place("DE", "o1", "v1"), Place("FR", "o2", "v1"), Place("NL", "", "v2")]
@@ -251,8 +251,8 @@ async def test_the_locator_waits_while_the_fold_is_far_behind_the_log() -> None:
     """In a catch-up the addresses not located yet mostly are, further on in the log:
     the locator publishes nothing while more than LAG_BOUND messages are left to fold,
     and locates them once it is within that."""
-    from ops.geo import Locator
     from projections.live import LAG_BOUND as BEHIND
+    from projections.locator import Locator
 
     behind = _FoldAt(head=10_000, applied=10_000 - BEHIND - 1)
     assert await Locator(behind).once() == 0 and behind.sent == []  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 
-from ops.bench.versus import median_ci, pct_by_run, pct_of_medians
+from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
 
 
 def test_median_ci_takes_the_order_statistics_of_the_tables() -> None:

@@ -23,8 +23,8 @@ from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys
 from ops.cli import enroll
 from ops.lab.testbed import Proxy, ProxyLab
 from ops.nats.client import Log, fresh_id, now_ms
+from projections.core.recheck import RecheckPolicy, due_in_shard
 from projections.live import FoldService
-from projections.recheck import RecheckPolicy, due_in_shard
 from reducers import ProxyRow
 from tests.helpers import worked
 

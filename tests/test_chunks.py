@@ -9,10 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ops.collector import collect_young
-from projections import poolview
-from projections.chunks import Chunks
+from projections.core import poolview
+from projections.core.chunks import Chunks
+from projections.core.poolview import build, building, dropping, held
 from projections.foreground import Foreground, drive
-from projections.poolview import build, building, dropping, held
 from tests.test_poolview import _big_pool
 
 parts_of_sorted = st.lists(st.lists(st.integers(0, 50), max_size=6), max_size=8).map(

@@ -37,7 +37,7 @@ def test_the_docstring_rule_finds_a_bare_test(tmp_path: Path) -> None:
 
 
 REPO = TESTS.parent
-PACKAGES = ("agents", "events", "gateway", "ops", "projections", "reducers", "tests")
+PACKAGES = ("agents", "endpoint", "events", "gateway", "ops", "projections", "reducers", "tests")
 
 
 def _too_long(root: Path) -> list[str]:
@@ -70,6 +70,10 @@ def test_the_size_rule_finds_a_long_module(tmp_path: Path) -> None:
 # when they are absent: data, not a reference).
 _OUTSIDE = re.compile(r"ARCHITECTURE\.md|FIELD-NOTES|STYLE\.md|\.\./shared/(?!fixtures)")
 _DOC = re.compile(r"docs/([a-z-]+)\.md(?:,? ?(§\d+)(?:\s*(?:,|and)\s*(§\d+))*)?")
+# A module or document of the repository cited by its path (the changelog is history: it names what
+# was, so it is not held to what is).
+_FOLDERS = "agents|deploy|docs|endpoint|events|gateway|ops|projections|reducers|schemas|tests"
+_PATH = re.compile(rf"(?<![\w/.])((?:{_FOLDERS})/[\w./-]*?\.(?:py|md|c))\b")
 
 
 def _tracked() -> list[Path]:
@@ -86,8 +90,8 @@ def _tracked() -> list[Path]:
 
 
 def _broken_references(files: list[Path]) -> list[str]:
-    """Each cited document of ours that does not exist, a section of the contract it has
-    not, and every citation of a document outside the repository."""
+    """Each cited file or document of ours that does not exist, a section of the
+    contract it has not, and every citation of a document outside the repository."""
     sections = {
         m.group(1)
         for m in re.finditer(r"^## (\d+)\. ", (REPO / "docs/architecture.md").read_text(), re.M)
@@ -97,6 +101,11 @@ def _broken_references(files: list[Path]) -> list[str]:
         text = path.read_text(errors="replace")
         name = path.relative_to(REPO) if path.is_relative_to(REPO) else path.name
         broken += [f"{name}: {m.group(0)}" for m in _OUTSIDE.finditer(text)]
+        if str(name) != "CHANGELOG.md":
+            cited = {m.group(1) for m in _PATH.finditer(text)} - {
+                m.group(0) for m in _DOC.finditer(text)
+            }
+            broken += [f"{name}: {c}" for c in sorted(cited) if not (REPO / c).exists()]
         for m in _DOC.finditer(text):
             if not (REPO / "docs" / f"{m.group(1)}.md").exists():
                 broken.append(f"{name}: {m.group(0)}")
@@ -113,12 +122,91 @@ def test_every_reference_resolves_inside_the_repository() -> None:
 
 
 def test_the_reference_rule_finds_what_does_not_resolve(tmp_path: Path) -> None:
-    """The rule is not vacuous: a team document, a missing doc and a missing section
-    are each found; a fixture path and a real section are not."""
+    """The rule is not vacuous: a team document, a missing file, a missing doc and a
+    missing section are each found; a fixture path, a file and a section that exist
+    are not."""
     bad = tmp_path / "x.py"
     bad.write_text(
         '"""See ARCHITECTURE.md, docs/nowhere.md and docs/architecture.md §12; the rows\n'
-        'of docs/architecture.md §4 hold; data in ../shared/fixtures/sources."""\n'
+        "of docs/architecture.md §4 hold (reducers/fold.py, not reducers/gone.py); data in\n"
+        '../shared/fixtures/sources."""\n'
     )
     found = _broken_references([bad])
-    assert found == ["x.py: ARCHITECTURE.md", "x.py: docs/nowhere.md", "x.py: §12"], found
+    want = ["x.py: ARCHITECTURE.md", "x.py: reducers/gone.py", "x.py: docs/nowhere.md", "x.py: §12"]
+    assert found == want, found
+
+
+# The product's modules, and the imports between them: every ``import`` and ``from``,
+# under ``TYPE_CHECKING`` and inside functions too. ``from package import name`` is an
+# import of the module ``package.name`` when there is one, else of the package.
+PRODUCT = ("agents", "endpoint", "events", "gateway", "ops", "projections", "reducers")
+
+
+def _imports(root: Path) -> dict[str, set[str]]:
+    modules = {}
+    for package in PRODUCT:
+        for path in (root / package).rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                targets = [t for t in subs if t in modules]
+                targets += [node.module] if len(targets) < len(subs) else []
+            else:
+                continue
+            edges[name] |= {t for t in targets if t in modules and t != name}
+    return edges
+
+
+def _circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            if group:
+                out.append(sorted([v, *group]))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_needs_one_that_needs_it() -> None:
+    """No import circle among the product's modules: a shared name lives in the module
+    that owns it, below the ones that use it."""
+    assert _circles(_imports(REPO)) == []
+
+
+def test_the_circle_rule_finds_a_circle(tmp_path: Path) -> None:
+    """The rule is not vacuous: a circle through a function-level import and a
+    ``TYPE_CHECKING`` one is found; ``from package import module`` is no circle."""
+    pkg = tmp_path / "reducers"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from reducers.a import A\n")
+    (pkg / "a.py").write_text("from reducers import b\nA = 1\n")
+    (pkg / "b.py").write_text("def f():\n    from reducers.c import C\n")
+    (pkg / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import reducers.b\n"
+    )
+    assert _circles(_imports(tmp_path)) == [["reducers.b", "reducers.c"]]

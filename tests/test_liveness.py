@@ -4,9 +4,9 @@ served, until its next success (docs/architecture.md §4: status ``suspect``).""
 from __future__ import annotations
 
 import events as ev
-from projections.poolview import build
-from projections.readmodels import ProxyFilter, query_proxies
-from projections.recheck import due_in_shard
+from projections.core.poolview import build
+from projections.core.readmodels import ProxyFilter, query_proxies
+from projections.core.recheck import due_in_shard
 from reducers.indexes import reindex
 from tests.folded import T0, FoldedLog, ip
 from tests.helpers import eid

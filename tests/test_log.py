@@ -202,7 +202,7 @@ async def test_a_server_that_never_greets_costs_the_client_no_socket(
     """While its server is away, a listener on its port takes connections and never says
     INFO (a node still starting); the client dials it again and again, then gets its
     server back. nats-py would drop each of those sockets open (its transport dials the
-    next server over the last one); gateway/natsdial.py closes them, so the garbage
+    next server over the last one); ops/nats/dial.py closes them, so the garbage
     collector finds no unclosed stream here (warnings are errors in this suite)."""
     lg = await Log.connect(nats_server.url, timeout=0.5)
     await lg.ensure_stream()

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from projections import poolview
-from projections.poolview import build
-from projections.readmodels import ProxyFilter, query_proxies
+from projections.core import poolview
+from projections.core.poolview import build
+from projections.core.readmodels import ProxyFilter, query_proxies
 from reducers import State, fold
 from tests.helpers import worked
 

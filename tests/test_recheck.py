@@ -10,7 +10,7 @@ import events as ev
 from gateway.leases import CheckBudget
 from ops.cli import enroll
 from ops.nats.client import Log, fresh_id
-from projections.recheck import (
+from projections.core.recheck import (
     RecheckPolicy,
     due_in_shard,
     flapping,
@@ -219,7 +219,7 @@ def test_a_network_outage_is_confirmed_by_a_second_vantage() -> None:
     for ip in ips:
         fail(ip, "c1")
     fail(ips[0], "c1")  # twice from one vantage is still one
-    from projections.recheck import network_outages
+    from projections.core.recheck import network_outages
 
     [outage] = network_outages(state, NOW + seq)
     assert (outage["vantages"], outage["confirmed"]) == (["c1"], False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import events as ev
-from projections.readmodels import (
+from projections.core.readmodels import (
     ProxyFilter,
     due_sources,
     percentile,

@@ -12,11 +12,11 @@ from typing import Any
 import msgspec
 
 import events as ev
-from projections.digest import digest
+from projections.core.digest import digest
+from projections.core.poolview import build
+from projections.core.readmodels import ProxyFilter
+from projections.core.recheck import due_in_shard, shards, spot_checks
 from projections.folder import Folder
-from projections.poolview import build
-from projections.readmodels import ProxyFilter
-from projections.recheck import due_in_shard, shards, spot_checks
 from projections.store import Store, collect
 from reducers import State
 from reducers.rows import TrustBase

@@ -16,9 +16,9 @@ import pytest
 
 import events as ev
 from events.mint import fresh_id_after
-from ops.geo import lookup
 from ops.lab.world import LINK_HOST, World, unavailable
 from ops.nats.server import free_port
+from projections.locator import lookup
 from tests.test_cli import Up
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))

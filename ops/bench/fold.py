@@ -24,9 +24,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from events import Fetched, Located, ProxiesChecked, ProxyFailed, ProxyWorked, decode
+from events import Fetched, ProxiesChecked, ProxyFailed, ProxyWorked, decode
 from events.batches import expand
-from ops.bench.versus import median_ci, pct_by_run, pct_of_medians
+from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
+from ops.bench.streams import publish_synthetic, publisher, synthetic_in_lockstep
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 from ops.nats.stream import Firehose, native_frames
@@ -36,51 +37,11 @@ from projections.folder import Checkpointer, Folder
 from projections.replay import replay
 from reducers import State
 
-__all__ = ["bench_fold", "bench_located", "publish_paired", "publish_synthetic"]
+__all__ = ["bench_fold", "bench_located"]
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-async def publish_synthetic(
-    url: str, n: int, proxies: int, seed: int, located: bool = False
-) -> int:
-    """Publish with core NATS (no per-message ack wait), then wait for the stream head."""
-    return (await publish_paired([url], n, proxies, seed, located_in=0 if located else None))[0]
-
-
-async def publish_paired(
-    urls: list[str], n: int, proxies: int, seed: int, located_in: int | None = None
-) -> list[int]:
-    """Publish the synthetic stream to every server of ``urls`` in lockstep (each event
-    to all of them in turn, the ``Located`` only to ``urls[located_in]``); returns their
-    stream heads.
-
-    Why in lockstep: a message's time is the server's clock when it stores it, and the
-    reducers act on it (30 s buckets of the pool's composition, quota windows). Streams
-    published one after the other, at whatever pace the publisher keeps, get timelines
-    of their own: one crosses a bucket's edge mid-stream where the other does not, and
-    the fold of every other event differs with it (measured, BENCHMARKS.md, issue 10).
-    Published together, the same event has the same time in each, within tens of ms.
-    """
-    from ops.bench import synthetic
-    from ops.bench.streams import Streams
-
-    streams = await Streams.open(urls)
-    progress = Progress("publish", n)
-    events = synthetic.events(n, proxies=proxies, seed=seed, located=located_in is not None)
-    for made, ev in enumerate(events, 1):
-        only = located_in if isinstance(ev, Located) else None
-        for i in range(len(urls)):
-            if only is None or i == only:
-                await streams.send(i, ev)
-        if made % 20_000 == 0:
-            await streams.keep_up(40_000)
-            progress.update(min(made, n))
-    heads = await streams.close()
-    progress.close()
-    return heads
 
 
 async def _ceiling_nats_py(url: str, head: int) -> float:
@@ -205,8 +166,6 @@ async def bench_fold(
             nats_url = server.url
         try:
             if rounds:  # the workload as the fleet sends it: events counts observations
-                from ops.bench.rounds import publisher
-
                 child = await asyncio.create_subprocess_exec(
                     *publisher([nats_url], "r", events, proxies, seed)
                 )
@@ -216,7 +175,7 @@ async def bench_fold(
                 head = await lg.head_seq()
                 await lg.close()
             else:
-                head = await _publish(nats_url, events, proxies, seed, located=False)
+                head = await publish_synthetic(nats_url, events, proxies, seed)
             ceiling = await _ceiling_nats_py(nats_url, head)
             lean = await _firehose_raw(nats_url, head)
             rss_before = _rss_mb()
@@ -275,35 +234,6 @@ async def bench_fold(
         "speedup_vs_sqlite": round(observations / fold_s / baseline["reports_per_s"], 1),
         "digest": live_digest,
     }
-
-
-async def _publish(url: str, events: int, proxies: int, seed: int, located: bool) -> int:
-    return (await _publish_paired([url], events, proxies, seed, 0 if located else None))[0]
-
-
-async def _publish_paired(
-    urls: list[str], events: int, proxies: int, seed: int, located_in: int | None
-) -> list[int]:
-    """publish_paired in a child process (its memory and CPU are not the fold's)."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "ops.bench.fold",
-        "publish",
-        ",".join(urls),
-        str(events),
-        str(proxies),
-        str(seed),
-        *([] if located_in is None else [f"located={located_in}"]),
-    )
-    if await child.wait() != 0:
-        raise RuntimeError("publishing the synthetic events failed")
-    heads = []
-    for url in urls:
-        lg = await Log.connect(url)
-        heads.append(await lg.head_seq())
-        await lg.close()
-    return heads
 
 
 async def _fold_interleaved(
@@ -393,7 +323,7 @@ async def bench_located(
             for server in servers:
                 server.start()
             urls = [server.url for server in servers]
-            heads = await _publish_paired(urls, events, proxies, seed, located_in=1)
+            heads = await synthetic_in_lockstep(urls, events, proxies, seed, located_in=1)
             timelines: list[list[int]] = [[0, 0], [0, 0]]
             side_wall: list[list[float]] = [[], []]
             side_cpu: list[list[float]] = [[], []]
@@ -426,7 +356,7 @@ async def bench_located(
         "seed": seed,
     }
     if interleaved:
-        # Published in lockstep (publish_paired): the timelines agree within tens of ms.
+        # Published in lockstep (ops/bench/streams.py): the timelines agree within tens of ms.
         (first0, last0), (first1, last1) = timelines
         result |= {
             "timeline_seconds": round((last0 - first0) / 1000, 2),
@@ -468,19 +398,3 @@ def print_fold(result: dict[str, Any], as_json: bool) -> None:
         return
     for key, value in result.items():
         print(f"{key:36} {value}")
-
-
-if __name__ == "__main__" and len(sys.argv) in (6, 7) and sys.argv[1] == "publish":
-    from ops.telemetry import logs
-
-    logs.configure()
-    _, _, urls, n, px, sd, *located = sys.argv
-    asyncio.run(
-        publish_paired(
-            urls.split(","),
-            int(n),
-            int(px),
-            int(sd),
-            int(located[0].removeprefix("located=")) if located else None,
-        )
-    )

@@ -33,8 +33,8 @@ from typing import Any
 from events import Deposited
 from events.keys import page_key
 from events.mint import fresh_id, now_ms
-from gateway.natsdial import dial
 from ops.nats.client import Log
+from ops.nats.dial import dial
 from ops.nats.objects import BUCKET
 from ops.nats.server import NatsServer, free_port
 from projections.ingest import DepositIngest

@@ -19,53 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ops.bench.versus import Side, median_ci, pct_by_run, side_by_side
+from ops.bench.compare import median_ci, pct_by_run
+from ops.bench.streams import publisher
+from ops.bench.versus import Side, side_by_side
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
-from ops.progress import Progress
 
-__all__ = ["bench_rounds", "publish_workload", "publisher"]
+__all__ = ["bench_rounds"]
 
 HERE = Path(__file__).resolve().parents[2]
-
-
-async def publish_workload(
-    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
-) -> int:
-    """Publish the workload's steps to each server of ``urls`` in lockstep, each in its
-    form (``forms``: ``s`` single events, ``r`` rounds, one letter a server); without
-    ``setup``, the first step (enrolments, settings, sources) is left out. Returns the
-    observations made."""
-    from ops.bench.streams import Streams
-    from ops.bench.workload import steps
-
-    streams = await Streams.open(urls)
-    made = 0
-    progress = Progress("publish", observations)
-    for n, step in enumerate(steps(observations, proxies=proxies, seed=seed)):
-        if n == 0 and not setup:
-            continue
-        for i, form in enumerate(forms):
-            for event in step.singles if form == "s" else step.rounds:
-                await streams.send(i, event)
-        made += step.observations
-        if n % 50 == 49:
-            await streams.keep_up(20_000)
-            progress.update(made)
-    await streams.close(others=True)  # a gateway may publish there too (its Located)
-    progress.close()
-    return made
-
-
-def publisher(
-    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
-) -> list[str]:
-    """The command that publishes the workload from a child process (its memory and CPU
-    are not the fold's)."""
-    return [
-        sys.executable, "-m", "ops.bench.rounds", "publish", ",".join(urls), forms,
-        str(observations), str(proxies), str(seed), "setup" if setup else "nosetup",
-    ]  # fmt: skip
 
 
 def _pool(db: Path) -> tuple[str, str] | None:
@@ -79,7 +41,7 @@ def _pool(db: Path) -> tuple[str, str] | None:
     import msgspec
 
     from projections import Store
-    from projections.digest import digests
+    from projections.core.digest import digests
     from projections.store import StoreError
 
     try:
@@ -184,13 +146,3 @@ async def bench_rounds(
         old, new = pools.get("old_singles"), pools["singles"]
         result["singles_table_equal_old"] = None if old is None or new is None else old[0] == new[0]
     return result
-
-
-if __name__ == "__main__" and len(sys.argv) == 8 and sys.argv[1] == "publish":
-    from ops.telemetry import logs as _logs
-
-    _logs.configure()
-    _, _, urls, forms, n, px, sd, setup = sys.argv
-    asyncio.run(
-        publish_workload(urls.split(","), forms, int(n), int(px), int(sd), setup=setup == "setup")
-    )

@@ -31,8 +31,8 @@ from typing import Any
 import aiohttp
 
 from ops.bench.gateway import _settled
-from ops.bench.rounds import publisher
 from ops.bench.stats import _head, _summary, _unlocated, _wait_up
+from ops.bench.streams import publisher
 from ops.nats.server import free_port, with_credentials
 
 __all__ = ["bench_singles"]

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from ops.bench.gateway import _settled
-from ops.bench.rounds import publisher
+from ops.bench.streams import publisher
 from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 

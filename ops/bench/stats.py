@@ -195,7 +195,7 @@ async def _backlog(
     ``burst``, the backlog is published while the gateway runs, as fast as the stream
     takes it: the publisher and nats-server then take the machine's two cores from the
     gateway, and every lease waits for JetStream's ack behind the burst."""
-    from ops.bench.rounds import publisher
+    from ops.bench.streams import publisher
 
     server = NatsServer(workdir / f"nats-backlog-{burst}", port=free_port())
     server.start()

@@ -1,4 +1,7 @@
-"""Publishing a benchmark's events to one or more servers' streams, kept in step.
+"""Publishing a benchmark's events to one or more servers' streams, kept in step: the
+synthetic stream (``ops/bench/synthetic.py``) and the workload's steps
+(``ops/bench/workload.py``), each from a child process (``publish_synthetic``,
+``synthetic_in_lockstep``, ``publisher``).
 
 Core NATS publishes (no ack awaited per message), each under the subject and
 ``Nats-Msg-Id`` the fleet uses (``ops.bench.synthetic.route``); ``keep_up`` holds the
@@ -9,13 +12,17 @@ stream holds what was sent.
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
-from events import Event, encode
+from events import Event, Located, encode
+from ops.bench import synthetic
 from ops.bench.synthetic import route
+from ops.bench.workload import steps
 from ops.nats.client import Log
+from ops.progress import Progress
 
-__all__ = ["Streams"]
+__all__ = ["Streams", "publish_synthetic", "publisher", "synthetic_in_lockstep"]
 
 
 class Streams:
@@ -60,3 +67,108 @@ class Streams:
                 raise RuntimeError(f"a stream holds {head - start} of {count} published messages")
             heads.append(head)
         return heads
+
+
+async def publish_synthetic(url: str, n: int, proxies: int, seed: int) -> int:
+    """The synthetic stream published to ``url`` from a child process; the head."""
+    return (await synthetic_in_lockstep([url], n, proxies, seed))[0]
+
+
+async def synthetic_in_lockstep(
+    urls: list[str], n: int, proxies: int, seed: int, located_in: int | None = None
+) -> list[int]:
+    """``_synthetic`` in a child process (its memory and CPU are not the fold's); the
+    streams' heads."""
+    command = [sys.executable, "-m", "ops.bench.streams", "synthetic", ",".join(urls)]
+    command += [str(n), str(proxies), str(seed)]
+    command += [] if located_in is None else [f"located={located_in}"]
+    child = await asyncio.create_subprocess_exec(*command)
+    if await child.wait() != 0:
+        raise RuntimeError("publishing the synthetic events failed")
+    heads = []
+    for url in urls:
+        lg = await Log.connect(url)
+        heads.append(await lg.head_seq())
+        await lg.close()
+    return heads
+
+
+async def _synthetic(
+    urls: list[str], n: int, proxies: int, seed: int, located_in: int | None = None
+) -> list[int]:
+    """Publish the synthetic stream to every server of ``urls`` in lockstep (each event
+    to all of them in turn, the ``Located`` only to ``urls[located_in]``); returns their
+    stream heads.
+
+    Why in lockstep: a message's time is the server's clock when it stores it, and the
+    reducers act on it (30 s buckets of the pool's composition, quota windows). Streams
+    published one after the other, at whatever pace the publisher keeps, get timelines
+    of their own: one crosses a bucket's edge mid-stream where the other does not, and
+    the fold of every other event differs with it (measured, BENCHMARKS.md, issue 10).
+    Published together, the same event has the same time in each, within tens of ms.
+    """
+    streams = await Streams.open(urls)
+    progress = Progress("publish", n)
+    events = synthetic.events(n, proxies=proxies, seed=seed, located=located_in is not None)
+    for made, ev in enumerate(events, 1):
+        only = located_in if isinstance(ev, Located) else None
+        for i in range(len(urls)):
+            if only is None or i == only:
+                await streams.send(i, ev)
+        if made % 20_000 == 0:
+            await streams.keep_up(40_000)
+            progress.update(min(made, n))
+    heads = await streams.close()
+    progress.close()
+    return heads
+
+
+async def _workload(
+    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
+) -> int:
+    """Publish the workload's steps to each server of ``urls`` in lockstep, each in its
+    form (``forms``: ``s`` single events, ``r`` rounds, one letter a server); without
+    ``setup``, the first step (enrolments, settings, sources) is left out. Returns the
+    observations made."""
+    streams = await Streams.open(urls)
+    made = 0
+    progress = Progress("publish", observations)
+    for n, step in enumerate(steps(observations, proxies=proxies, seed=seed)):
+        if n == 0 and not setup:
+            continue
+        for i, form in enumerate(forms):
+            for event in step.singles if form == "s" else step.rounds:
+                await streams.send(i, event)
+        made += step.observations
+        if n % 50 == 49:
+            await streams.keep_up(20_000)
+            progress.update(made)
+    await streams.close(others=True)  # a gateway may publish there too (its Located)
+    progress.close()
+    return made
+
+
+def publisher(
+    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
+) -> list[str]:
+    """The command that publishes the workload from a child process (its memory and CPU
+    are not the fold's)."""
+    return [
+        sys.executable, "-m", "ops.bench.streams", "workload", ",".join(urls), forms,
+        str(observations), str(proxies), str(seed), "setup" if setup else "nosetup",
+    ]  # fmt: skip
+
+
+if __name__ == "__main__":
+    from ops.telemetry import logs
+
+    logs.configure()
+    what, urls, *args = sys.argv[1:]
+    if what == "synthetic":  # URLS N PROXIES SEED [located=I]
+        n, px, sd, *located = args
+        at = int(located[0].removeprefix("located=")) if located else None
+        asyncio.run(_synthetic(urls.split(","), int(n), int(px), int(sd), at))
+    else:  # workload URLS FORMS N PROXIES SEED setup|nosetup
+        forms, n, px, sd, setup = args
+        run = _workload(urls.split(","), forms, int(n), int(px), int(sd), setup=setup == "setup")
+        asyncio.run(run)

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,10 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
+from ops.bench.streams import publish_synthetic
 from ops.collector import THRESHOLDS
 from ops.nats.server import NatsServer, free_port
 
-__all__ = ["Side", "bench_versus", "median_ci", "pct_by_run", "pct_of_medians", "side_by_side"]
+__all__ = ["Side", "bench_versus", "side_by_side"]
 
 # Runs inside either tree (cwd), as `python -c`: folds the stream, a batch per turn; the
 # parent says "g" on stdin for each turn, the child answers "d", or "e" and its figures.
@@ -123,8 +123,6 @@ async def bench_versus(
 ) -> dict[str, Any]:
     """Fold the synthetic stream with this tree and ``other`` side by side, ``runs`` times
     (which starts first alternates); medians and run-by-run ratios, new against old."""
-    from ops.bench.fold import _publish
-
     here = Path(__file__).resolve().parents[2]
     trees = {"old": Path(other).resolve(), "new": here}
     if not (trees["old"] / "projections" / "replay.py").exists():
@@ -135,7 +133,7 @@ async def bench_versus(
         server = NatsServer(workdir / "nats", port=free_port())
         server.start()
         try:
-            head = await _publish(server.url, events, proxies, seed, located=False)
+            head = await publish_synthetic(server.url, events, proxies, seed)
             for run in range(runs):
                 t = time.perf_counter()
                 sides = {name: (tree, server.url, head) for name, tree in trees.items()}
@@ -154,36 +152,3 @@ async def bench_versus(
         by_run = result[f"new_vs_old_{kind}_pct_by_run"] = pct_by_run(old, new)
         result[f"new_vs_old_{kind}_pct_by_run_ci95"] = median_ci(by_run)  # None under 6 runs
     return result
-
-
-def pct_of_medians(before: list[float], after: list[float]) -> float:
-    """How much ``after``'s median is above ``before``'s, in percent (one decimal)."""
-    return round((statistics.median(after) / statistics.median(before) - 1) * 100, 1)
-
-
-def pct_by_run(before: list[float], after: list[float]) -> list[float]:
-    """The same, run by run: each run's two sides saw the same moments of the machine."""
-    return [round((b / a - 1) * 100, 1) for a, b in zip(before, after, strict=True)]
-
-
-def median_ci(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """A confidence interval for the median of what ``values`` sample, from their order
-    statistics alone (no assumption of a distribution): the k-th smallest and the k-th
-    largest, k the largest for which the chance that fewer than k of n values fall below
-    the median, ``P(Binomial(n, 1/2) < k)``, is at most half of ``1 - level``. None when
-    there are too few values for that (fewer than 6 at 95 %).
-
-    Why: a run-by-run median says where the runs lie, not how sure it is; a bar such as
-    "adds < 5 %" is met as measured when the whole interval lies under it.
-    """
-    n = len(values)
-    tail, below, k = (1 - level) / 2, 0.0, 0
-    while k < n // 2:
-        below += math.comb(n, k) / 2**n  # P(B = k): now P(B <= k) = P(B < k + 1)
-        if below > tail:
-            break
-        k += 1
-    if k == 0:
-        return None
-    ordered = sorted(values)
-    return ordered[k - 1], ordered[n - k]

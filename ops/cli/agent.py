@@ -117,7 +117,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _geo(args: argparse.Namespace) -> int:
-    from ops.geo import lookup
+    from projections.locator import lookup
 
     for ip in args.ips:
         place = lookup(ip)

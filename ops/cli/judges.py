@@ -86,8 +86,7 @@ async def tls_judge_site(
 ) -> str | None:
     """``/judge`` alone over TLS, for agents that watch tunnels for interception; its URL,
     or None where openssl is missing or the port is taken (checks then see pages only)."""
-    from gateway.judge import JUDGE_DOOR, judge
-    from ops.lab.tls import judge_context
+    from gateway.judge import JUDGE_DOOR, judge, judge_context
 
     ctx = judge_context(certs)
     if ctx is None:

@@ -25,12 +25,12 @@ from ops.cli.common import hostport, wait_for_signal
 from ops.cli.local import LOCAL_AGENTS
 from ops.cli.snapshots import snapshots_for
 from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
-from ops.geo import Locator
 from ops.nats.client import Log
 from ops.nats.cluster import LocalCluster
 from ops.nats.server import NatsServer
 from ops.nats.waiting import START_WAIT_S
 from projections.live import FoldService
+from projections.locator import Locator
 
 __all__ = [
     "configure",

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from ops.lab.tls import self_signed
+from gateway.judge import self_signed
 from ops.nats.server import free_port
 
 __all__ = ["LOOPBACK_EXITS", "PACKAGES", "Proxy", "ProxyLab", "missing", "self_signed"]

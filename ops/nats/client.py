@@ -38,7 +38,7 @@ from events import (
     subject_for,
 )
 from events.mint import fresh_id, now_ms
-from gateway.natsdial import dial
+from ops.nats.dial import dial
 from ops.nats.objects import DepositBucket, SnapshotBucket
 from ops.nats.ordered import ordered_batches
 from ops.nats.stream import Firehose

@@ -6,7 +6,7 @@ orders hold every view of the pool, and in latency order they lie scattered in m
 a young collection that met two tuples of 100,000 views and three of 33,000 took
 22-25 ms, and in ``ppf bench stats``' catch-up those walks, a few after every
 pool view's build, were the longest holds of the gateway's loop (6-17 ms each). Held as
-parts of at most ``projections.poolview.STEP`` items, made a step at a time, each
+parts of at most ``projections.core.poolview.STEP`` items, made a step at a time, each
 young collection walks only the parts made since the one before; once walked, a part
 of untracked views is untracked itself and never walked again.
 """

@@ -2,7 +2,7 @@
 
 Rows in the live state are mutated by the fold; a query reads a view instead: views
 copied from the rows at one applied sequence, pre-sorted by latency and by last seen
-(each order and index held in parts of at most a step's views, ``projections/chunks.py``:
+(each order and index held in parts of at most a step's views, ``projections/core/chunks.py``:
 at 88,000 rows with 3,000 ASNs, 32.2 MB where whole tuples took 27.8), and the text lines
 of ``format=txt`` pre-rendered. A new view replaces the old one in a single
 assignment, so a reader sees one sequence or the next, never half.
@@ -18,10 +18,10 @@ from typing import Any
 
 import msgspec
 
-from projections.chunks import Chunks
-from projections.readmodels import ProxyFilter
+from projections.core.chunks import Chunks
+from projections.core.readmodels import ProxyFilter
 from reducers import State, trust
-from reducers.pool import band_edges, standing
+from reducers.pool import STANDINGS, band_edges, seen_bounds, standing
 from reducers.state import ProxyRow
 from reducers.steps import at_once
 
@@ -61,7 +61,26 @@ class ProxyView(msgspec.Struct, gc=False):
 Views = Chunks[ProxyView]
 Index = dict[object, Views]
 _NONE: Views = Chunks()
-_LINES = ("alive", "unconfirmed", "suspect", "mitm")
+
+
+def _standing_terms(status: str) -> tuple[bool | None, bool | None]:
+    """(failing, confirmed) a row within the TTL needs for ``standing`` to say ``status``
+    with mitm apart (None: either), found by asking ``standing`` itself, so a scan
+    tests two fields a row rather than calling it."""
+    cases = [
+        (f, c) for f in (False, True) for c in (False, True) if standing(f, c, False) == status
+    ]
+    failing = {f for f, _ in cases}
+    confirmed = {c for _, c in cases}
+    if len(cases) != len(failing) * len(confirmed):
+        raise AssertionError(f"status {status} is not a pair of conditions")
+    return (
+        failing.pop() if len(failing) == 1 else None,
+        confirmed.pop() if len(confirmed) == 1 else None,
+    )
+
+
+_STANDING_TERMS = {s: _standing_terms(s) for s in STANDINGS if s != "mitm"}
 _BY = (("by_proto", "proto"), ("by_anonymity", "anonymity"), ("by_country", "country"))
 
 
@@ -78,7 +97,7 @@ class Tally:
 
     edge: int = 0
     at: int = -1
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_LINES, 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STANDINGS, 0))
     by: dict[str, dict[str, int]] = field(default_factory=lambda: {k: {} for k, _ in _BY})
     answer: dict[str, Any] | None = None
 
@@ -172,18 +191,8 @@ class PoolView:
     def _scan(
         self, rows: Views, f: ProxyFilter, now: int, sort: str, limit: int
     ) -> Iterator[ProxyView]:
-        alive_from, stale_from = band_edges(now, self.ttl_s)
-        oldest, newest = {
-            "alive": (alive_from, None),
-            "suspect": (alive_from, None),
-            "unconfirmed": (alive_from, None),
-            "stale": (stale_from, alive_from - 1),
-            "dead": (None, stale_from - 1),
-        }.get(f.status, (None, None))
-        # A status asked for, as the rows that have it (reducers/pool.py standing: the
-        # scan walks the index by its parts rather than asking each row).
-        failing = {"alive": False, "unconfirmed": False, "suspect": True}.get(f.status)
-        confirmed = {"alive": True, "unconfirmed": False}.get(f.status)
+        oldest, newest = seen_bounds(f.status, now, self.ttl_s)
+        failing, confirmed = _STANDING_TERMS.get(f.status, (None, None))
         fresh = now - f.fresh_s * 1000 if f.fresh_s is not None else None
         taken = 0
         for v in rows:
