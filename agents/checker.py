@@ -34,8 +34,8 @@ class CheckerConfig(AgentConfig):
     shards: int = 8  # shards leased at a time
     # A cycle leases shards until it holds this many due proxies (or no shard has any):
     # with a small pool a shard holds one proxy or none, and eight a cycle, each cycle
-    # as long as its slowest check, rechecked 200 proxies about three times an hour
-    # whatever the intervals asked (BENCHMARKS.md, issue 12).
+    # as long as its slowest check, rechecked a small pool far less often than its
+    # intervals asked (docs/decisions.md, Agents).
     batch: int = 500
     max_shards: int = 64  # the gateway's leases per agent
     # Lease requests at most this often: shards going back one by one must not each
@@ -85,8 +85,8 @@ class Checker(Agent):
         released as soon as its own checks end and their results are out; meanwhile
         the checker leases more as soon as it has room (``batch`` proxies in flight,
         ``max_shards`` leases). A round that waited for its slowest check (a dead
-        proxy's timeout) held every other proxy's next check back by that long: in the
-        churn lab, 25 checks an hour where 60 were asked (BENCHMARKS.md, issue 12)."""
+        proxy's timeout) held every other proxy's next check back by that long
+        (docs/decisions.md, Agents)."""
         async with self._gateway_client() as gw, self._judges() as judge:
             self.cycles += await self._flow(gw, judge, stop, cycles)
 

@@ -47,7 +47,7 @@ PROTOS = {
 
 class Candidate(NamedTuple):
     """A NamedTuple, not a dataclass: a dense list yields millions, and a frozen
-    dataclass cost 1.8 us each to build (measured in ``ppf bench extract``)."""
+    dataclass costs several times as much to build (docs/decisions.md, Agents)."""
 
     ip: str
     port: int
@@ -66,7 +66,7 @@ _IP = rf"{_OCTET}\.{_OCTET}\.{_OCTET}\.{_OCTET}"
 # after a column separator (spaces, tab, comma, semicolon, a markdown pipe). The
 # user:pass part is bounded (64 characters each; a longer one leaves the address found,
 # its protocol to be detected) and tried only on lines with an '@': unbounded, it
-# rescanned a long run of punctuated text from every position (40 KB took 13 s).
+# rescans a long run of punctuated text from every position (docs/decisions.md).
 _SCHEME = r"(?<![\w.])(?:(?P<scheme>[A-Za-z][A-Za-z0-9]*)://)?"
 _USER = r"(?:[^\s:@/]{1,64}(?::[^\s@/]{0,64})?@)?"
 _ADDR = rf"(?P<ip>{_IP})(?:(?P<colon>:)|[ \t]*[,;|\t][ \t]*|[ \t]+)(?P<port>\d{{1,5}})(?![\d.:])"
@@ -78,7 +78,7 @@ _WORD = re.compile(
 )
 # HTML by splitting at tags, never by matching a tag to its closing one: HTML lets
 # </tr> and </td> be left out, and a lazy `<tr>(.*?)</tr>` then scans to the end of the
-# page from every row (a 40 KB page took 13 s; 8 MB would never end). Every pattern
+# page from every row: quadratic in the page (docs/decisions.md). Every pattern
 # here stops at the next '<', so a page costs time in proportion to its length.
 _ROW_START = re.compile(r"<tr\b[^<>]*>", re.IGNORECASE)
 _CELL_START = re.compile(r"<t[dh]\b[^<>]*>", re.IGNORECASE)

@@ -214,8 +214,8 @@ class Fetcher:
             return FetchResult(
                 ok=False, status=r.status, fetch_ms=elapsed(), error=f"HTTP {r.status}"
             )
-        # Read to the end: `content.read(n)` answers with what has arrived, up to n, and
-        # took a 3.3 MB list for its first 128 KB.
+        # Read to the end: `content.read(n)` answers with what has arrived, up to n,
+        # which may be the first chunk of a long list.
         chunks: list[bytes] = []
         size = 0
         async for chunk in r.content.iter_chunked(1 << 16):

@@ -40,9 +40,9 @@ class Stream(Protocol):
 class Tls:
     """TLS over an open stream with memory BIOs, instead of asyncio's SSL transport.
 
-    Why: asyncio's transport gives every connection a 256 KiB read buffer; at 5,000
-    checks at once that was 1,079 MB RSS (``ppf bench check --tls``). Here OpenSSL's
-    own buffers are all there is, and a check reads at most 64 KiB anyway."""
+    Why: asyncio's transport gives every connection a 256 KiB read buffer, thousands
+    of checks at once (docs/decisions.md, Agents). Here OpenSSL's own buffers are all
+    there is, and a check reads at most 64 KiB anyway."""
 
     def __init__(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hostname: str

@@ -6,11 +6,11 @@ upstream when one is idle (``Idle``): an HTTP proxy's own connection (absolute U
 or a SOCKS tunnel to the same site. httptools (llhttp, Node.js's parser) reads both
 sides: framing, chunked bodies, 1xx, keep-alive. The hot path (a request whose login the
 connection already showed, an idle link to its upstream) runs in the protocols'
-callbacks with no task and no stream between them: that is what brought the endpoint's
-own CPU from 270-330 µs a request (h11 over streams) to 54-120 µs, most of it the
-kernel's sends (BENCHMARKS.md, ``ppf bench serve``). A new login, a new upstream connection, CONNECT
-and SOCKS take the slow path: CONNECT and SOCKS hand the client's connection over to
-streams (``Endpoint.tunnel_http``, ``Endpoint.socks``) for good.
+callbacks with no task and no stream between them, which is what keeps the endpoint's
+own CPU a request a fraction of what streams cost (docs/decisions.md, The endpoint).
+A new login, a new upstream connection, CONNECT and SOCKS take the slow path: CONNECT
+and SOCKS hand the client's connection over to streams (``Endpoint.tunnel_http``,
+``Endpoint.socks``) for good.
 
 What refuses or says nothing is the proxy's failure (``Endpoint.failed``): avoided at
 once, and the request tried through another while its method is idempotent; an idle

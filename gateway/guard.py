@@ -2,7 +2,7 @@
 
 aiohttp has neither: a client that opens a connection and sends a request's headers a
 byte a minute (or nothing at all) holds it forever, and 1,500 of them held the gateway
-(issue 11). ``GuardedRunner`` wraps each connection's protocol: past ``max_connections``
+``GuardedRunner`` wraps each connection's protocol: past ``max_connections``
 a new one gets a 503 and is closed; one that has sent part of a request (or nothing
 since it connected) without completing its headers within ``header_timeout_s`` is
 closed. An idle keep-alive connection between requests is left to aiohttp's own

@@ -112,8 +112,7 @@ class Granter:
     def due_sources(self, now: int, max_age_s: float | None = None) -> list[tuple[float, str]]:
         """Due sources by score, as last ranked.
 
-        Scoring every source costs O(sources) (2,000 sources: 5-7 ms of the loop, which
-        every fifth lease request of ``ppf bench stats``' backlog paid), so the ranking
+        Scoring every source costs O(sources) (docs/decisions.md, The gateway), so the ranking
         is kept a moment and made again in the background (``prepare``), in steps that
         give the loop back, every ``due_refresh_s`` while sources are asked for. Ranked
         here only when the last ranking is older than ``max_age_s`` (default: that
@@ -468,6 +467,6 @@ class Granter:
             )
             try:
                 await self.log.publish(release)
-            except LogError as exc:  # the claim then expires at its TTL, as before
+            except LogError as exc:  # the claim then expires at its TTL
                 log.warning("claim_not_given_back", target=ev.target, error=repr(exc))
         log.exception("grant_failed_after_claims", agent=agent, kind=kind, given_back=len(acked))

@@ -5,7 +5,7 @@ A claim is a compare-and-set on its target's lease subject. While the fold works
 backlog, its projection shows targets free that the log has leased since, and a claim
 on one is refused, after nats-server has loaded the block holding the subject's last
 message to check it (it loads the whole message, and drops the block again when it was
-not cached: 10-60 ms here while the stream was S2-compressed, 8-13 ms without). A
+not cached: docs/decisions.md, The log). A
 projection that far behind can vouch only for a target the log has never leased: its
 subject holds no message, which the server's index of subjects says without reading a
 block, and a claim on it is checked the same way. So while the fold is more than
@@ -30,7 +30,7 @@ __all__ = ["FRESH_S", "Lookahead"]
 Candidates = Iterator[tuple[str, float]]  # (target, score), best first
 
 # A lookup counts this long: another gateway may claim the target meanwhile, and then
-# the claim is refused as before, on a subject the index answers for.
+# the claim is refused, on a subject the index answers for.
 FRESH_S = 8.0
 # What is forgotten after this long (a subject still wanted is looked up again).
 FORGET_S = 120.0

@@ -137,8 +137,8 @@ def grant(auth: NatsAuth, state: State, user: str, password: str) -> dict[str, A
         "name": login_name(user, agent.token_sha256),
         "pub": {"allow": [f"{AGENT_PREFIX}{user}.>"]},
         "sub": {"allow": [f"{AGENT_INBOX}.{user}.>"]},
-        # Asked for, but nats-server 2.15.1 does not apply a callout user's payload
-        # limit in config mode (measured): the stream's max_msg_size is what refuses.
+        # Asked for, but nats-server does not apply a callout user's payload limit in
+        # config mode (docs/decisions.md, The log): the stream's max_msg_size refuses.
         "payload": MAX_MESSAGE,
     }
 

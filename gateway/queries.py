@@ -245,8 +245,8 @@ async def _lines(
 
 
 # Rows of a pool's answer made at a time: the whole pool in one go (the rotating
-# endpoint's feed asks for all of it every 5 s) held the loop 600-700 ms at 100,000
-# proxies, stalling every other request for as long.
+# endpoint's feed asks for all of it every 5 s) stalls every other request for as
+# long as it takes (docs/decisions.md, The gateway).
 ANSWER_CHUNK = 100
 
 

@@ -77,8 +77,8 @@ class PoolViewKeeper:
         as soon as it moved once the fold is idle (True). A build that last took at most
         ``wait_s`` (a small pool's) is waited for; a longer one (a big pool's) runs
         while the current view answers: every await costs a round of the loop's
-        other work (the fold's slices, the build's own), and a query at 100,000 proxies
-        that waited for a build took 660 ms at p99 (``ppf bench stats``)."""
+        other work (the fold's slices, the build's own), which a big pool's build has
+        many of (docs/decisions.md, The gateway)."""
         view = self.current
         if view is None:
             return await asyncio.shield(self._start(state))
@@ -114,7 +114,7 @@ class PoolViewKeeper:
         old, self.current = self.current, view  # readers see the old or the new one
         self._age_s = min(self.max_age_s, max(self.min_age_s, self._took / self.share))
         if old is not None:
-            # Freeing a hundred thousand views at once held the loop 36 ms: the parts
+            # Freeing a big pool's views at once holds the loop: the parts
             # that hold them go a step at a time (unless a request still reads the old
             # one), and with them the views.
             holding, old = held(old), None

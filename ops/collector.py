@@ -17,13 +17,9 @@ from reducers.state import State
 __all__ = ["collect_young", "for_folding", "freeze_projections", "freeze_state"]
 
 # Young collections every 10,000 net allocations, not 700: every request allocates, and
-# at 700 the collector's pauses set the lease p99 (`ppf bench lease`: 78 ms -> 59 ms);
-# a replay of 1,000,000 events takes ~6 % less time, and in memory the 100,000
-# `Located` of `ppf bench fold --located` cost +4.7 % where they cost +7.4-8.9 % at the
-# default (BENCHMARKS.md, issue 10). Not 100,000 either: the fold's changed-row keys are
-# young tuples, and a collection of 100,000 of them held the loop 100-160 ms at a
-# 100,000-proxy pool (/v1/stats' max); at 10,000 the longest young collection measured
-# 9-12 ms.
+# at 700 the collector's pauses set the lease p99. Not 100,000 either: the fold's
+# changed-row keys are young tuples, and collecting that many at once holds the loop
+# (docs/decisions.md, The fold).
 THRESHOLDS = (10_000, 50, 1000)
 
 
@@ -37,9 +33,8 @@ def freeze_state() -> None:
     """Once a serving process has built its state (restored from its checkpoint, before
     the fold starts): collect once, then freeze everything that exists, so no later
     collection walks the projections' containers. A full collection visits every entry
-    of every tracked dict and set, untracked rows included: at 100,000 proxies it held
-    the loop 15-30 ms (in a backlog, a round's fold took 29 ms where it takes 8 ms with
-    the collector off), at a million ten times that. Frozen objects are never
+    of every tracked dict and set, untracked rows included, so it grows with the pool
+    (docs/decisions.md, The fold). Frozen objects are never
     collected; what exists at this point is the state, which lives as long as the
     process."""
     gc.collect()
@@ -54,8 +49,8 @@ def collect_young() -> None:
     CPython counts the young generation as allocations minus deallocations of any
     tracked object, old ones included. The fold frees an old tuple for every new one it
     makes (a row's agents, sources, samples), so the count stays low while the young
-    list grows: collections came at 200,000-240,000 young objects instead of 10,000 and
-    held the loop 30-60 ms in one go (`ppf bench stats`, backlog phase). Collected
+    list grows, and a collection came at twenty times the threshold, in one go
+    (docs/decisions.md, The fold). Collected
     after every slice (a few milliseconds of allocations), the same work is done in
     pieces of a millisecond or so."""
     gc.collect(0)

@@ -186,7 +186,7 @@ class FoldService:
             loaded = await self.snapshots.start_from(self.state)  # GapError: refused
             if loaded is not None:
                 self._adopt(loaded)
-                with contextlib.suppress(Exception):  # NATS away: no wait, as before
+                with contextlib.suppress(Exception):  # NATS away: no wait
                     self._whole_after = await self._read_head()
         await self.checkpointer.start()
         if self.tap is not None:

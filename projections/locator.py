@@ -158,7 +158,7 @@ class Locator:
         todo = []
         # A bounded look (the asked ones wait for their Located to come back): walking
         # the whole set, or rebuilding the asked map over the whole pool, every tick
-        # held the event loop 100-170 ms a second (/v1/stats p99, asyncio debug mode).
+        # holds the event loop in proportion to the pool (docs/decisions.md).
         for seen, ip in enumerate(unlocated):
             if now - self._asked.get(ip, -1e9) >= 60:
                 todo.append(ip)

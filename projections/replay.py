@@ -28,9 +28,8 @@ async def replay(
 
     The file is written once, at the end, unless ``every_events`` or ``every_ms`` ask for
     checkpoints on the way: nothing reads a replay's file before it is complete, and a
-    checkpoint on the way writes rows that later events change again (the live fold's
-    cadence, every 500,000 events or 5 s, cost a tenth of a 1,000,000-event replay:
-    BENCHMARKS.md).
+    checkpoint on the way writes rows that later events change again
+    (docs/decisions.md, The fold).
     """
     path = Path(db)
     if path.exists():

@@ -92,9 +92,9 @@ def taking(state: State) -> Generator[None, None, bytes]:
     tables, sums, strings = {}, {}, set[str]()
     for table in TABLES:
         rows: list[Any] = list(getattr(state, table).values())
-        # Grown a step at a time, not joined at the end: at a million rows a join and
-        # its header's concatenation were two more copies of 560 MB in one step (their
-        # first touch most of it), a loop held 0.9 s.
+        # Grown a step at a time, not joined at the end: a join and its header's
+        # concatenation are two more copies of the whole in one step
+        # (docs/decisions.md, Snapshots).
         array, total = bytearray(array_header(len(rows))), 0
         for i in range(0, len(rows), _STEP):
             step = rows[i : i + _STEP]

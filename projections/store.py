@@ -7,10 +7,9 @@ leaves the file at some earlier checkpoint, from which the fold resumes at
 
 Each row is kept whole as its canonical msgpack (a BLOB) beside a few plain columns
 for SQL, so a restore rebuilds exactly the Struct that was written, floats included.
-msgpack, not JSON: encoding floats as JSON text cost 2.4 us a row, msgpack a tenth.
-Measured with duckdb 2.0: ``executemany`` upserts crawl; appender upserts are fast,
-and a duplicate key inside one flush silently keeps the first row, so every batch
-here carries each key once (the dirty sets guarantee it).
+msgpack, not JSON (docs/decisions.md, The fold). ``executemany`` upserts crawl;
+appender upserts are fast, and a duplicate key inside one flush silently keeps the
+first row, so every batch here carries each key once (the dirty sets guarantee it).
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ class Checkpoint(msgspec.Struct):
     # Rows not encoded yet (collect_async encodes them in chunks); never sent.
     pending: dict[str, list[Any]] = {}
     # A table as collect_async encodes it, in pieces that make its array when sent one
-    # after another (``table``): joined on the loop, 20 MB were one copy of 10-18 ms.
+    # after another (``table``): never joined on the loop, where one copy holds it.
     parts: dict[str, list[Any]] = {}  # bytes and memoryviews; never sent as a field
 
     def table(self, name: str) -> list[Any]:

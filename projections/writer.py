@@ -1,7 +1,7 @@
 """The checkpoint writer: a child process that owns the DuckDB file while the fold runs.
 
 Why a process: DuckDB's appender converts Python values while holding the GIL, so in a
-thread it slowed the fold by about 10% (BENCHMARKS.md). In a child on the other core
+thread it slows the fold (docs/decisions.md, The fold). In a child on the other core
 it costs the fold only the encode at the cut and a pipe write.
 
 Protocol over the child's stdin/stdout: the parent sends ``>Q length`` + a msgpack
@@ -104,8 +104,8 @@ class ProcessWriter:
             pieces = [memoryview(piece) for piece in cp.table(name)]
             stdin.write(_FRAME.pack(sum(len(piece) for piece in pieces)))
             # In slices: what the pipe does not take at once is copied into the
-            # transport's buffer, and a checkpoint of 100,000 rows (20 MB) copied in
-            # one write held the loop 10-20 ms.
+            # transport's buffer, and a big checkpoint copied in one write holds the
+            # loop for as long.
             for blob in pieces:
                 for start in range(0, len(blob), _PIPE_SLICE):
                     stdin.write(blob[start : start + _PIPE_SLICE])
@@ -144,8 +144,7 @@ def read_frame(inp: BinaryIO) -> bytes | None:
 def serve(path: str, digests: bool = True) -> int:
     """The child's loop (see the module docstring)."""
     # Checkpoints are background work: where cores are few, the fold and the requests it
-    # serves go first (the gateway's slices of 2 ms took 8-16 ms of wall time, 1-2 ms of
-    # CPU, while this child and nats-server shared the other core with them).
+    # serves go first (docs/decisions.md, The fold).
     with contextlib.suppress(OSError):
         os.nice(NICE)
     out, inp = sys.stdout.buffer, sys.stdin.buffer

@@ -49,7 +49,7 @@ __all__ = ["PIECE", "fold", "folding", "skip"]
 _OBSERVED = frozenset(OBSERVATIONS)
 
 # Results of a round applied between two steps of ``folding``: about a millisecond of
-# new proxies on this machine (a round of 500 new ones held the loop 10-17 ms at once).
+# new proxies (docs/decisions.md, The fold).
 PIECE = 32
 
 

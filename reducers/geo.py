@@ -8,8 +8,8 @@ no row carries any more is forgotten, as it would be after a restore, so the two
 ``State.unlocated`` lists the addresses the service still has to look up.
 
 Entries are tuples, replaced whole, never lists: a million lists would be tracked by the
-garbage collector, whose passes over them cost the fold a fifth of its rate (measured in
-``ppf bench fold``); tuples of strings and ints are untracked after their first pass.
+garbage collector, whose passes over them slow the fold (docs/decisions.md, The fold);
+tuples of strings and ints are untracked after their first pass.
 """
 
 from __future__ import annotations

@@ -19,8 +19,8 @@ A late re-send is always met (in the window, or at or below the floor), however 
 honest id is lost only when N newer ids of the same agent were folded before it arrived:
 with batched reports (``ProxiesChecked``: one id per round) that is more than a minute of
 a busy agent's messages. A future id cannot mute anyone: the floor rises only to ids let
-go, the smallest first. Memory: N ids of 36 characters per agent that ever sent one (at
-N = 512, about 48 KB an agent, 48 MB at 1,000; BENCHMARKS.md).
+go, the smallest first. Memory: N ids of 36 characters per agent that ever sent one
+(docs/decisions.md, The re-send window).
 
 A count is the wrong measure, though: 20 ids a millisecond from two processes 80 ms
 apart let 1,600 newer ids in before an honest late one. From the ``Configured`` that

@@ -250,7 +250,7 @@ async def _fold_interleaved(
     ``timelines[i]`` is set to stream i's first and last message times (server ms).
 
     Why: runs of one stream alone, seconds apart, differ by 5-10 % on this machine
-    (BENCHMARKS.md, issue 10), as much as the cost measured. Side by side, every moment
+    (BENCHMARKS.md), as much as the cost measured. Side by side, every moment
     of the machine's weather is shared by both streams, a batch (about 2,500 messages,
     milliseconds) at a time. Waiting on a server is still each stream's own: while one
     stream folds, the other's server fills its socket, as a server does for a fold that

@@ -104,7 +104,7 @@ async def _synthetic(
     reducers act on it (30 s buckets of the pool's composition, quota windows). Streams
     published one after the other, at whatever pace the publisher keeps, get timelines
     of their own: one crosses a bucket's edge mid-stream where the other does not, and
-    the fold of every other event differs with it (measured, BENCHMARKS.md, issue 10).
+    the fold of every other event differs with it.
     Published together, the same event has the same time in each, within tens of ms.
     """
     streams = await Streams.open(urls)

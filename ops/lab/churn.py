@@ -1,4 +1,4 @@
-"""The churn lab's schedule: which proxy is up when, and how each one dies (issue 12).
+"""The churn lab's schedule: which proxy is up when, and how each one dies.
 
 This module is the plan only, pure and seeded: the same seed gives the same schedule,
 to the millisecond. The runner that plays it in the world in a box (real proxies on

@@ -257,7 +257,7 @@ async def serve(config: dict[str, Any]) -> None:
         target = config["https_target"]
         await _site(app, target["addr"], target["port"], runners, ctx)
         t0 = 0.0
-        if "churn" in config:  # the churn lab (issue 12): its proxies, then its clock
+        if "churn" in config:  # the churn lab: its proxies, then its clock
             churn = Churn(config["churn"], root, _relay, _tarpit)
             t0 = await churn.start()
         ready = {"proxies": served, "pid": os.getpid(), "churn_t0": t0}

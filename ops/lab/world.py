@@ -126,7 +126,7 @@ class World:
     garbage: tuple[str, int] = ("45.68.5.2", 8080)
     page_url: str = ""
     https_url: str = "https://45.68.9.1/generate_204"
-    # The churn lab (issue 12, ops/lab/churn.py): its proxies at 45.68.96.0/20, played
+    # The churn lab (ops/lab/churn.py): its proxies at 45.68.96.0/20, played
     # at ``speed`` simulated seconds a second from ``churn_t0`` (wall clock), listed on
     # ``churn_page_url``.
     churn: Plan | None = None

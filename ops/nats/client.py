@@ -1,6 +1,6 @@
 """The JetStream log client: the one module that imports nats.
 
-Publishing rules measured on this machine:
+Publishing rules:
 - every publish carries ``Nats-Msg-Id`` = the event id, so a retried publish is stored
   once (the server answers ``duplicate=True`` with the original sequence);
 - a compare-and-set publish (``Nats-Expected-Last-Subject-Sequence``) is always an
@@ -258,16 +258,14 @@ class Log:
             allow_direct=True,
             # Uncompressed: a reader that meets a block not in the server's cache (a
             # fold catching up, a replay) has it S2-decompressed while the store's lock
-            # is held, and every publish waits behind it: in a backlog, a lease claim's
-            # ack waited up to 22-44 ms at such moments, 5-17 ms without S2. Costs disk:
-            # 147 MB for 1,000,000 observations as rounds, against 35 MB with S2
-            # (BENCHMARKS.md, stats backlog). An existing stream is updated; its old
+            # is held, and every publish waits behind it. It costs disk, four times S2's
+            # (docs/decisions.md, The log). An existing stream is updated; its old
             # blocks stay compressed and still read.
             compression=StoreCompression.NONE,
             # No event comes near it: a larger message is junk, refused before it is
             # stored (the service's DLQ copies are cut at 16 KiB). A per-login payload
-            # limit in the callout's user JWT was measured not to apply (nats-server
-            # 2.15.1, config mode): the stream is where it holds.
+            # limit in the callout's user JWT does not apply in config mode
+            # (docs/decisions.md, The log): the stream is where it holds.
             max_msg_size=MAX_MESSAGE,
             # 3 in a cluster (--replicas); an existing stream is moved to as many by
             # the update below, and keeps its own where none is asked.

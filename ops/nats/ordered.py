@@ -5,8 +5,7 @@ this module only turns its messages into the fold's ``(stream_seq, server_ts_ms,
 subject, payload)`` batches, read from the same ack reply subject the lean reader reads,
 so the two hand the fold the same messages (tests/test_nats_tls.py checks it).
 
-Slower: nats-py parses each message into a ``Msg`` (BENCHMARKS.md: its ordered consumer
-reads about 0.4-0.7 of the lean reader's rate on this machine).
+Slower: nats-py parses each message into a ``Msg`` (docs/decisions.md, The log).
 """
 
 from __future__ import annotations

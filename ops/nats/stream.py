@@ -214,8 +214,8 @@ class Firehose:
             if filled == len(buf):
                 buf.extend(bytes(len(buf)))
             with memoryview(buf) as view:
-                # At most _READ a time, as before: batches stay ~2,500 messages, so the
-                # live fold hands out what it folded as often as it did.
+                # At most _READ a time: batches stay ~2,500 messages, so the live fold
+                # hands out what it folded often.
                 into = view[filled : filled + _READ]
                 n = await asyncio.wait_for(loop.sock_recv_into(sock, into), timeout)
             if not n:

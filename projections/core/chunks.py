@@ -2,10 +2,9 @@
 
 CPython's collector walks a new tuple whole at its first young collection (reading
 each item's type, to see whether it may stop tracking the tuple). A pool view's
-orders hold every view of the pool, and in latency order they lie scattered in memory:
-a young collection that met two tuples of 100,000 views and three of 33,000 took
-22-25 ms, and in ``ppf bench stats``' catch-up those walks, a few after every
-pool view's build, were the longest holds of the gateway's loop (6-17 ms each). Held as
+orders hold every view of the pool, and in latency order they lie scattered in memory,
+so those walks were the longest holds of the gateway's loop (docs/decisions.md, The
+gateway). Held as
 parts of at most ``projections.core.poolview.STEP`` items, made a step at a time, each
 young collection walks only the parts made since the one before; once walked, a part
 of untracked views is untracked itself and never walked again.

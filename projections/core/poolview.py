@@ -2,8 +2,8 @@
 
 Rows in the live state are mutated by the fold; a query reads a view instead: views
 copied from the rows at one applied sequence, pre-sorted by latency and by last seen
-(each order and index held in parts of at most a step's views, ``projections/core/chunks.py``:
-at 88,000 rows with 3,000 ASNs, 32.2 MB where whole tuples took 27.8), and the text lines
+(each order and index held in parts of at most a step's views,
+``projections/core/chunks.py``), and the text lines
 of ``format=txt`` pre-rendered. A new view replaces the old one in a single
 assignment, so a reader sees one sequence or the next, never half.
 """
