@@ -78,9 +78,9 @@ PIECE_BYTES = 32 * 1024  # of the gateway's answer (ndjson), decoded at a time
 
 async def _rows_of(content: aiohttp.StreamReader) -> list[_Row]:
     """The pool in the gateway's ndjson answer, its whole lines decoded as they arrive,
-    a piece at a time: the whole of 100,000 proxies at once (one JSON document, read,
-    decoded and made into upstreams) held the loop, the gateway's in ``ppf up``,
-    150-250 ms."""
+    a piece at a time: the whole pool at once (one JSON document, read, decoded and
+    made into upstreams) holds the loop, the gateway's in ``ppf up`` (docs/decisions.md,
+    The endpoint)."""
     rows: list[_Row] = []
     rest = b""
     async for piece in content.iter_chunked(PIECE_BYTES):

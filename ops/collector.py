@@ -64,8 +64,7 @@ def freeze_projections(state: State) -> None:
     million proxies) for good: ``gc.freeze`` exempts what exists, but a full collection
     first untracks a dict whose entries are all untracked (rows are gc=False Structs),
     and the next new key tracks it again as a young object, walked whole by each young
-    collection (54 ms at a million proxies in isolation; /v1/stats saw 100-160 ms at
-    100,000 and 1.06 s at a million). So each dict holds a tracked value for a moment,
+    collection (docs/decisions.md, The fold). So each dict holds a tracked value for a moment,
     which tracks it, before the freeze; a tracked dict is only untracked by a full
     collection, and a frozen one is never collected."""
     gc.collect()

@@ -315,9 +315,8 @@ class Store:
             raise StoreError(f"cannot open {self.path}: {exc}") from exc
         self._lock = threading.Lock()
         # DuckDB folds its WAL into the file whenever the WAL passes 16 MB, inside
-        # whichever commit crosses it: a 0.3 s checkpoint then took 2.6 s, and the fold
-        # waits for it (bench fold: +15 % with three more short fields a row, +70 % with
-        # Located). The WAL is as durable as the file; it is folded in at close instead.
+        # whichever commit crosses it, and the fold waits for it (docs/decisions.md, The
+        # fold). The WAL is as durable as the file; it is folded in at close instead.
         self._con.execute("SET checkpoint_threshold = '1GB'")
         self._con.execute(DDL)
         found = self._meta().get("schema", SCHEMA_VERSION)

@@ -79,7 +79,7 @@ async def test_a_pool_view_stays_fresh_ten_times_as_long_as_it_took_to_build(
     times its build took (at least 0.1 s, at most 30 s): a small pool's follows the fold
     within a tenth of a second, a pool that takes 2 s to build is kept 20 s, and its
     next build runs while the old one answers."""
-    from gateway import queries
+    from gateway import views
 
     now = [100.0]
     build_s = [0.001]
@@ -88,10 +88,10 @@ async def test_a_pool_view_stays_fresh_ten_times_as_long_as_it_took_to_build(
         now[0] += build_s[0]  # the build's own time passes on the keeper's clock
         return (yield from poolview.building(state, at))
 
-    monkeypatch.setattr(queries, "building", slow_building)
+    monkeypatch.setattr(views, "building", slow_building)
     state = State()
     fold(state, worked("8.8.8.8"), 1, T0)
-    keeper = queries.PoolViewKeeper(clock=lambda: now[0], slice_s=10.0)
+    keeper = views.PoolViewKeeper(clock=lambda: now[0], slice_s=10.0)
     first = await keeper.view(state)
     fold(state, worked("8.8.4.4"), 2, T0)
     now[0] += 0.05
@@ -163,10 +163,10 @@ def test_a_census_moved_with_the_ttls_edge_equals_one_counted_afresh() -> None:
 async def test_a_big_pools_build_gives_the_loop_back_and_stats_do_not_wait_for_it() -> None:
     """While a pool of several steps is built, other coroutines run between its steps;
     /v1/stats and queries take the view there is rather than wait for a slow build."""
-    from gateway import queries
+    from gateway import views
 
     state = _big_pool(4 * poolview.STEP)
-    keeper = queries.PoolViewKeeper(slice_s=0.0, wait_s=0.0)
+    keeper = views.PoolViewKeeper(slice_s=0.0, wait_s=0.0)
     first = await keeper.view(state)
     keeper._took = 1.0  # as a big pool's build: stale rules, not the wait
     keeper._built -= 60.0

@@ -42,8 +42,8 @@ class _Replicated(Protocol):
 
 async def _read_whole(store: ObjectStore, name: str) -> bytes:
     """An object's bytes. nats-py's ``get`` without ``writeinto`` appends each chunk to a
-    ``bytes`` (``result.data += msg.data``): quadratic, a 600 MB snapshot did not arrive
-    in ten minutes. Into a BytesIO, each chunk is copied once."""
+    ``bytes`` (``result.data += msg.data``): quadratic (docs/decisions.md, The log).
+    Into a BytesIO, each chunk is copied once."""
     sink = io.BytesIO()
     await store.get(name, writeinto=sink)
     return sink.getvalue()
@@ -181,9 +181,9 @@ class SnapshotBucket:
         return self._store
 
     async def put(self, seq: int, blob: bytes) -> None:
-        # 768 KiB chunks, not nats-py's 128 KiB: a million proxies' snapshot is ~600 MB,
-        # and each chunk is a message to store and to read back; under a default
-        # server's 1 MB max_payload still.
+        # 768 KiB chunks, not nats-py's 128 KiB: each chunk of a snapshot of hundreds of
+        # MB is a message to store and to read back (docs/decisions.md, The log); under a
+        # default server's 1 MB max_payload still.
         meta = ObjectMeta(
             name=f"{seq:012d}", options=ObjectMetaOptions(max_chunk_size=SNAPSHOT_CHUNK)
         )
@@ -205,11 +205,10 @@ class SnapshotBucket:
                 return await _read_whole(store, name)  # nats-py checks its digest
             except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as e:
                 raise SnapshotError(f"snapshot {name}: {type(e).__name__}") from e
-        # The chunks through the lean reader (ops/nats/stream.py): nats-py's parser
-        # read a 560 MB snapshot at 65 MB/s, the loaded gateway's longest wait. Each
-        # chunk is copied once, into a buffer of the object's size, and hashed as it
-        # comes (joining a list of chunks faulted in and copied every byte again:
-        # 0.27 s of 1.3 at 560 MB).
+        # The chunks through the lean reader (ops/nats/stream.py): nats-py's parser was
+        # the loaded gateway's longest wait (docs/decisions.md, Snapshots). Each chunk
+        # is copied once, into a buffer of the object's size, and hashed as it comes
+        # (joining a list of chunks faults in and copies every byte again).
         info = await store.get_info(name)
         if not info.chunks:  # nothing to read: the reader would wait for a first chunk
             return b""
