@@ -1,0 +1,188 @@
+"""Sites and verdicts: which site a request goes to, and whether its answer got through.
+
+A site is named at the edge (the agents' probes, the rotating endpoint's traffic): the
+registrable domain of the host by the public suffix list's ICANN section, which the edge
+passes in (``registrable``: its list, of the version it records beside what it
+publishes), the host itself where the list knows no suffix (an operator's target on a
+name of its own), or the address when there is no name. The fold checks a site key's
+form only (``site_key_ok``), so no digest depends on the list's version.
+
+A verdict says, of one answer through one proxy: ``through`` (the site's own page),
+``blocked`` (turned away) or ``none`` (nothing to judge: a timeout, a reset before any
+answer; a slow or dead proxy is not a block). A ``SiteRule`` reads an answer's status,
+its redirect and the first ``HEAD_BYTES`` of its page: built in for six large sites,
+set by the operator for its targets (``ppf sites add``). A site without a rule is read
+by ``generic``: a status or a page counts as turned away only when other proxies got a
+different answer to the same request. Pure.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+import msgspec
+
+__all__ = [
+    "BLOCKED",
+    "BUILTIN_RULES",
+    "HEAD_BYTES",
+    "NONE",
+    "THROUGH",
+    "VERDICTS",
+    "Answer",
+    "SiteRule",
+    "generic",
+    "rule_for",
+    "site_key_ok",
+    "site_of",
+    "verdict",
+]
+
+THROUGH, BLOCKED, NONE = "through", "blocked", "none"
+VERDICTS = (THROUGH, BLOCKED, NONE)
+# What of a page is read: the blocks that matter say so early (a captcha's form, a
+# block page's title), and a verdict must not cost a page's download.
+HEAD_BYTES = 64 * 1024
+
+# A site key: a lower-case DNS name of at most 253 characters (letters, digits, '-',
+# dots between labels), or an IPv4 or IPv6 address in its canonical text.
+_LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
+_NAME = re.compile(rf"(?=.{{1,253}}$)(?:{_LABEL}\.)*{_LABEL}")
+
+
+def site_key_ok(key: str) -> bool:
+    """Whether ``key`` has a site key's form (the fold's only check of it)."""
+    if _NAME.fullmatch(key) and not key.replace(".", "").isdigit():
+        return True
+    try:
+        return str(ipaddress.ip_address(key)) == key
+    except ValueError:
+        return False
+
+
+def site_of(host: str, registrable: Callable[[str], str | None]) -> str:
+    """The site of a request to ``host``: the address when it is one, else the
+    registrable domain ``registrable`` finds, else the host itself."""
+    host = host.strip().rstrip(".").lower()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        pass
+    return registrable(host) or host
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True):
+    """What an edge saw of one answer through one proxy: its status (0: none came), its
+    ``Location``, and the first ``HEAD_BYTES`` of its body (its length, whole)."""
+
+    status: int = 0
+    location: str = ""
+    head: bytes = b""
+    size: int = 0
+
+
+class SiteRule(msgspec.Struct, frozen=True, kw_only=True):
+    """How a site's answers read. ``through``: statuses that are its page; ``blocked``:
+    statuses that turn a client away; ``markers``: text (case-insensitive) that makes
+    any page a block page (a captcha, "unusual traffic"); ``redirects``: paths a
+    redirect to which turns a client away; ``min_bytes``: a page shorter than this is a
+    stub the site answers bots with."""
+
+    site: str
+    through: tuple[int, ...] = (200,)
+    blocked: tuple[int, ...] = (403, 429)
+    markers: tuple[str, ...] = ()
+    redirects: tuple[str, ...] = ()
+    min_bytes: int = 0
+
+
+def verdict(rule: SiteRule, answer: Answer) -> str:
+    """``through``, ``blocked`` or ``none`` for ``answer`` by ``rule``."""
+    if answer.status == 0:
+        return NONE
+    if 300 <= answer.status < 400 and answer.location:
+        path = urlsplit(answer.location).path or "/"
+        if any(path.startswith(p) for p in rule.redirects):
+            return BLOCKED
+    if answer.head:
+        page = answer.head.lower()
+        if any(m.lower().encode() in page for m in rule.markers):
+            return BLOCKED
+    if answer.status in rule.blocked:
+        return BLOCKED
+    if answer.status in rule.through:
+        return BLOCKED if answer.size < rule.min_bytes else THROUGH
+    return NONE
+
+
+def generic(answer: Answer, others: Iterable[Answer]) -> str:
+    """A site without a rule: the answer is ``through`` when it is a 2xx or 3xx that the
+    other proxies' answers to the same request agree with, ``blocked`` when most of them
+    got another status class (or this one is a 403 or 429 where some got a 2xx), and
+    ``none`` when there is nothing to compare it with."""
+    if answer.status == 0:
+        return NONE
+    seen = [o.status // 100 for o in others if o.status]
+    if not seen:
+        return NONE
+    mine = answer.status // 100
+    agree = sum(1 for c in seen if c == mine)
+    if mine in (2, 3) and agree * 2 >= len(seen):
+        return THROUGH
+    if agree * 2 < len(seen) and any(c == 2 for c in seen):
+        return BLOCKED
+    return NONE
+
+
+def rule_for(site: str, rules: Iterable[SiteRule]) -> SiteRule | None:
+    """The operator's rule for ``site``, else the built-in one, else None (generic)."""
+    for rule in rules:
+        if rule.site == site:
+            return rule
+    return _BUILTIN.get(site)
+
+
+# The six large sites the public checkers test, read as they turn bots away.
+BUILTIN_RULES = (
+    SiteRule(
+        site="google.com",
+        blocked=(403, 429),
+        markers=("our systems have detected unusual traffic", "/recaptcha/"),
+        redirects=("/sorry/",),
+    ),
+    SiteRule(
+        site="reddit.com",
+        blocked=(403, 429),
+        markers=("whoa there, pardner", "you've been blocked by network security"),
+        redirects=("/login",),
+    ),
+    SiteRule(
+        site="amazon.com",
+        blocked=(403, 503),
+        markers=("/errors/validatecaptcha", "to discuss automated access to amazon data"),
+        min_bytes=2_048,
+    ),
+    SiteRule(
+        site="instagram.com",
+        blocked=(401, 403, 429),
+        markers=("please wait a few minutes before you try again",),
+        redirects=("/accounts/login", "/challenge/"),
+    ),
+    SiteRule(
+        site="tiktok.com",
+        blocked=(403, 429),
+        markers=("captcha-verify", "verify to continue"),
+        min_bytes=4_096,
+    ),
+    SiteRule(
+        site="discord.com",
+        blocked=(403, 429),
+        markers=("error code: 1015", "you are being rate limited", "cf-error-details"),
+    ),
+)
+_BUILTIN = {rule.site: rule for rule in BUILTIN_RULES}
