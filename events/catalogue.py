@@ -45,6 +45,8 @@ __all__ = [
     "SeedKind",
     "SeedPlanned",
     "Settings",
+    "SiteResult",
+    "SitesChecked",
     "SourceAdded",
     "Tried",
 ]
@@ -350,6 +352,33 @@ class ProxiesChecked(Event, frozen=True, kw_only=True, tag="ProxiesChecked"):
     source: str = ""
 
 
+class SiteResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One proxy's answers from one site in a round (``SitesChecked``): how many got the
+    site's page and how many were turned away (answers with no verdict are not counted;
+    events/sites.py), and the latest answer's status class (2 for a 2xx; 0: none), its
+    latency and its bytes. The site is its key (events/sites.py ``site_key_ok``), never a
+    URL: what was asked stays with whoever asked it."""
+
+    ip: str
+    port: int
+    site: str
+    through: int = 0
+    blocked: int = 0
+    status: int = 0
+    latency_ms: int = 0
+    bytes: int = 0
+
+
+class SitesChecked(Event, frozen=True, kw_only=True, tag="SitesChecked"):
+    """Site verdicts of one round: a checker's probes of its shard (``key`` the shard).
+    ``psl``: the public suffix list's version the sites were named by."""
+
+    key: str
+    results: list[SiteResult]
+    lease: str = ""
+    psl: str = ""
+
+
 AnyEvent = (
     SourceAdded
     | Leased
@@ -370,6 +399,7 @@ AnyEvent = (
     | Configured
     | Located
     | ProxiesChecked
+    | SitesChecked
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -392,6 +422,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Configured,
     Located,
     ProxiesChecked,
+    SitesChecked,
 )
 
 # What agents observe and send through their outboxes: the events a re-send can repeat
@@ -402,6 +433,7 @@ OBSERVATIONS: tuple[type[Event], ...] = (
     ProxyWorked,
     ProxyFailed,
     ProxiesChecked,
+    SitesChecked,
     Deposited,
     Discovered,
 )

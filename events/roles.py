@@ -22,7 +22,9 @@ ROLE_EVENTS: dict[str, frozenset[str]] = {
             "Heartbeat",
         }
     ),
-    "checker": frozenset({"ProxyWorked", "ProxyFailed", "ProxiesChecked", "Released", "Heartbeat"}),
+    "checker": frozenset(
+        {"ProxyWorked", "ProxyFailed", "ProxiesChecked", "SitesChecked", "Released", "Heartbeat"}
+    ),
     "seed": frozenset({"Deposited", "Released", "Heartbeat"}),
     # Reads the pool and reports on what it was served, over HTTP only: nothing else. Its
     # ProxiesChecked is its traffic's outcomes (the rotating endpoint's), folded as its

@@ -32,6 +32,7 @@ from events.catalogue import (
     ProxyWorked,
     Released,
     SeedPlanned,
+    SitesChecked,
     SourceAdded,
 )
 
@@ -186,6 +187,7 @@ SUBJECT_TAILS: dict[type, Callable[[Any], str]] = {
     Discovered: lambda e: "source." + e.parent,
     Located: lambda e: "geo." + e.ip.replace(".", "-"),
     ProxiesChecked: lambda e: "checked." + e.key,
+    SitesChecked: lambda e: "checked." + e.key,
     Leased: _lease,
     Released: _lease,
     LeaseReset: _lease,
@@ -256,6 +258,6 @@ def subject_for(event: Event) -> str:
             return "ppf.seed." + _token(event.plan, "plan")
         case Located():
             return "ppf.geo." + _token(event.ip.replace(".", "-"), "ip")
-        case ProxiesChecked():
+        case ProxiesChecked() | SitesChecked():
             return "ppf.checked." + _token(event.key, "key")
     raise SubjectError(f"no subject for {type(event).__name__}")

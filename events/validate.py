@@ -31,11 +31,13 @@ from events.catalogue import (
     ProxyFailed,
     ProxyReported,
     ProxyWorked,
+    SitesChecked,
     SourceAdded,
 )
 from events.hosts import rules_host, spelled_address
 from events.ids import uuid7_ms
 from events.keys import DERIVED_PREFIX, parse_key
+from events.sites import site_key_ok
 from events.subjects import url_id
 
 __all__ = [
@@ -354,6 +356,32 @@ def _proxies_checked(e: ProxiesChecked, admit: Admit, guarded: bool) -> tuple[st
     return _envelope(e.id, e.lease)
 
 
+def _sites_checked(e: SitesChecked, admit: Admit, guarded: bool) -> tuple[str, str]:
+    """A round of site verdicts, whole: one bad result refuses the round (a new event,
+    held to every rule from its first message)."""
+    if not _KEY.fullmatch(e.key):
+        return "key", "not a partition key (1-64 of A-Z a-z 0-9 _ -)"
+    if not 1 <= len(e.results) <= MAX_RESULTS:
+        return "results", f"1 to {MAX_RESULTS} results"
+    if e.psl and (why := _text(e.psl, 64)):
+        return "psl", why
+    for j, r in enumerate(e.results):
+        field, why = _proxy_fields(r.ip, r.port, admit)
+        if why:
+            return f"results[{j}].{field}", why
+        if not site_key_ok(r.site):
+            return f"results[{j}].site", "not a site key (a lower-case name or an address)"
+        for name in ("through", "blocked", "latency_ms", "bytes"):
+            if not 0 <= getattr(r, name) <= _MAX_COUNT:
+                return f"results[{j}].{name}", f"out of range 0-{_MAX_COUNT}"
+        if not 0 <= r.status <= 5:
+            return f"results[{j}].status", "a status class, 0-5"
+    return _envelope(e.id, e.lease)
+
+
+_MAX_COUNT = 2**31 - 1
+
+
 def _located(e: Located, admit: Admit, guarded: bool) -> tuple[str, str]:
     if len(e.more) >= MAX_RESULTS:
         return "more", f"at most {MAX_RESULTS} addresses in all"
@@ -400,6 +428,7 @@ _CHECKS: dict[type, Callable[[Any, Admit, bool], tuple[str, str]]] = {
     SourceAdded: _source_added,
     Deposited: _deposited,
     ProxiesChecked: _proxies_checked,
+    SitesChecked: _sites_checked,
     Located: _located,
 }
 

@@ -53,6 +53,9 @@ CREATE TABLE IF NOT EXISTS leases (
 CREATE TABLE IF NOT EXISTS agents (name VARCHAR PRIMARY KEY, row BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS deposits (
     key VARCHAR PRIMARY KEY, status VARCHAR, row BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS sites (
+    ip VARCHAR NOT NULL, port INTEGER NOT NULL, site VARCHAR NOT NULL,
+    row BLOB NOT NULL, PRIMARY KEY (ip, port, site));
 CREATE TABLE IF NOT EXISTS meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);
 """
 
@@ -175,6 +178,8 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
         state.dirty_sources |= {k[0] for k in cp.deletes["sources"]}
         state.dirty_leases |= {r.target for r in cp.pending["leases"]}
         state.dirty_deposits |= {r.key for r in cp.pending["deposits"]}
+        state.dirty_sites |= {(r.ip, r.port, r.site) for r in cp.pending["sites"]}
+        state.dirty_sites |= {tuple(k) for k in cp.deletes["sites"]}
         raise
     cp.pending = {}
     return cp
@@ -207,6 +212,13 @@ def collect(
             sources.append(src)
     leases = [state.leases[t] for t in state.dirty_leases]
     deposits = [state.deposits[k] for k in state.dirty_deposits]
+    sites, gone_c = [], []
+    for site_key in state.dirty_sites:
+        cell = state.sites.get(site_key)
+        if cell is None:
+            gone_c.append(site_key)
+        else:
+            sites.append(cell)
     agents = list(state.agents.values())
     meta = state_meta(state)
     cp = Checkpoint(
@@ -220,15 +232,18 @@ def collect(
             "leases": leases,
             "agents": agents,
             "deposits": deposits,
+            "sites": sites,
         },
-        deletes={"proxies": list(gone_p), "sources": gone_s},
+        deletes={"proxies": list(gone_p), "sources": gone_s, "sites": gone_c},
         rows=len(found)
         + len(sources)
         + len(leases)
         + len(agents)
         + len(deposits)
+        + len(sites)
         + len(gone_p)
-        + len(gone_s),
+        + len(gone_s)
+        + len(gone_c),
     )
     state.clear_dirty()
     if encode:
@@ -265,6 +280,12 @@ class _DepositCols(msgspec.Struct):
     status: str
 
 
+class _SiteCols(msgspec.Struct):
+    ip: str
+    port: int
+    site: str
+
+
 # Each table blob is decoded twice, both in C: once into its plain columns (a view that
 # skips every other field), once into each row's own bytes (msgspec.Raw), which are
 # stored as they are, with no decode and re-encode of whole rows.
@@ -274,6 +295,7 @@ _COLUMNS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "leases": msgspec.msgpack.Decoder(list[_LeaseCols]),
     "agents": msgspec.msgpack.Decoder(list[_AgentCols]),
     "deposits": msgspec.msgpack.Decoder(list[_DepositCols]),
+    "sites": msgspec.msgpack.Decoder(list[_SiteCols]),
 }
 _raw_rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 

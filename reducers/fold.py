@@ -35,11 +35,23 @@ from events.catalogue import (
     ProxyWorked,
     Released,
     SeedPlanned,
+    SitesChecked,
     SourceAdded,
 )
 from events.keys import DERIVED_PREFIX
 from events.validate import result_problems
-from reducers import agents, deposits, geo, ledger, marks, proxies, reports, sources, trust
+from reducers import (
+    agents,
+    deposits,
+    geo,
+    ledger,
+    marks,
+    proxies,
+    reports,
+    sites,
+    sources,
+    trust,
+)
 from reducers.admission import INVALID, result_refusal, round_types
 from reducers.state import AgentRow, State
 from reducers.steps import at_once
@@ -291,6 +303,8 @@ def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
             deposits.folded(state, event)
         case DepositRejected():
             deposits.rejected(state, event)
+        case SitesChecked():
+            sites.checked(state, event, ts)
         case Located() | ProxiesChecked():  # folded before they get here (fold above)
             pass
         case _:

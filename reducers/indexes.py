@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from reducers import geo, pool, trust
+from reducers import geo, pool, sites, trust
 from reducers.pool import Composition
 from reducers.state import State
 
@@ -33,3 +33,4 @@ def reindex(state: State, counted: tuple[Composition, Composition] | None = None
     state.unlocated = set()
     for proxy in state.proxies.values():
         geo.admitted(state, proxy)
+    sites.reindex(state)

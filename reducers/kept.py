@@ -60,14 +60,17 @@ class Piece:
 
 
 class Table(Piece):
-    """A projection of rows of ``row``, keyed by the fields ``key``."""
+    """A projection of rows of ``row``, keyed by the fields ``key``; ``digest``: ALWAYS,
+    or WHILE_ANY (a table added after the first logs: left out of the digest, and of a
+    snapshot, while it has no row)."""
 
-    __slots__ = ("key", "row")
+    __slots__ = ("digest", "key", "row")
 
-    def __init__(self, row: type[msgspec.Struct], key: tuple[str, ...]) -> None:
+    def __init__(self, row: type[msgspec.Struct], key: tuple[str, ...], digest: str) -> None:
         super().__init__(dict)
         self.row = row
         self.key = key
+        self.digest = digest
 
     def key_of(self, row: Any) -> Any:
         """The row's key in its projection: its one key field, or a tuple of them."""
@@ -116,8 +119,8 @@ class Kept(Piece):
         return self.from_stored(msgspec.json.decode(text, type=self.load_as))
 
 
-def table(row: type[msgspec.Struct], *key: str) -> Any:
-    return Table(row, key)
+def table(row: type[msgspec.Struct], *key: str, digest: str = ALWAYS) -> Any:
+    return Table(row, key, digest)
 
 
 def kept(

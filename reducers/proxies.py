@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyReported, ProxyWorked
-from reducers import geo, reports, trust
+from reducers import geo, reports, sites, trust
 from reducers.pool import BUCKET_MS, band_edges
 from reducers.state import MAX_SAMPLE_MS, AgentRow, ProxyKey, ProxyRow, State
 
@@ -146,6 +146,8 @@ def _evict(state: State, keys: list[ProxyKey]) -> None:
         if row.fail_streak:
             state.failing.remove(row.last_seen, row.proto, row.anonymity, row.country)
         geo.evicted(state, row)
+        if key in state.cells_of:
+            sites.forget(state, key)
         state.dirty_proxies.add(key)
 
 

@@ -23,6 +23,8 @@ __all__ = [
     "LeaseRow",
     "ProxyKey",
     "ProxyRow",
+    "SiteKey",
+    "SiteRow",
     "SourceRow",
     "Take",
     "TrustBase",
@@ -183,6 +185,24 @@ class AgentRow(msgspec.Struct, gc=False):
     # A consumer's failed reports that acted, in the hour (of log time) being counted.
     report_hour: int = 0
     reports_acted: int = 0
+
+
+SiteKey = tuple[str, int, str]  # ip, port, site
+
+
+class SiteRow(msgspec.Struct, gc=False):
+    """One proxy's standing with one site (reducers/sites.py): the log time of the
+    latest answer through and of the latest block an agent trusted then saw, how many of
+    each any agent saw, and which agents (at most four)."""
+
+    ip: str
+    port: int
+    site: str
+    through_at: int = 0
+    blocked_at: int = 0
+    through: int = 0
+    blocked: int = 0
+    vantages: tuple[str, ...] = ()
 
 
 class Checkout(msgspec.Struct, array_like=True):

@@ -20,6 +20,8 @@ from reducers.rows import (
     LeaseRow,
     ProxyKey,
     ProxyRow,
+    SiteKey,
+    SiteRow,
     SourceRow,
     Take,
     TrustBase,
@@ -83,6 +85,8 @@ class State:
     leases: dict[str, LeaseRow] = table(LeaseRow, "target")
     agents: dict[str, AgentRow] = table(AgentRow, "name")
     deposits: dict[str, DepositRow] = table(DepositRow, "key")
+    # Per proxy and site (reducers/sites.py), from the fleet's site verdicts.
+    sites: dict[SiteKey, SiteRow] = table(SiteRow, "ip", "port", "site", digest=WHILE_ANY)
 
     # The meta, in the digest's order.
     last_seq: int = kept(int, digest=NEVER, position=True)
@@ -143,6 +147,8 @@ class State:
     judges: frozenset[str] = derived(frozenset)
     operators: frozenset[str] = derived(frozenset)
     doubts: dict[str, set[ProxyKey]] = derived(dict)  # ``doubted`` by consumer
+    site_cells: dict[str, int] = derived(dict)  # site -> its cells (reducers/sites.py)
+    cells_of: dict[ProxyKey, set[str]] = derived(dict)  # proxy -> the sites it has cells of
 
     # This replica's own. Re-sends met and ignored since it started, per agent (a
     # re-send changes no projection: its digest is the log's without it); for an agent
@@ -151,11 +157,13 @@ class State:
     resent: dict[str, int] = replica(dict)
     skew: dict[str, int] = replica(dict)
     refusals: dict[str, str] = replica(dict)
+    sites_unkept: int = replica(int)  # site verdicts not kept: an unknown proxy, a cap
     # The keys changed since the last checkpoint.
     dirty_proxies: set[ProxyKey] = replica(set)
     dirty_sources: set[str] = replica(set)
     dirty_leases: set[str] = replica(set)
     dirty_deposits: set[str] = replica(set)
+    dirty_sites: set[SiteKey] = replica(set)
     settings_dirty: bool = replica(bool)
 
     def __init__(self) -> None:
@@ -169,6 +177,7 @@ class State:
         self.dirty_sources = set(self.sources)
         self.dirty_leases = set(self.leases)
         self.dirty_deposits = set(self.deposits)
+        self.dirty_sites = set(self.sites)
         self.settings_dirty = True
 
     def clear_dirty(self) -> None:
@@ -176,6 +185,7 @@ class State:
         self.dirty_sources = set()
         self.dirty_leases = set()
         self.dirty_deposits = set()
+        self.dirty_sites = set()
         self.settings_dirty = False
 
 

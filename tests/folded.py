@@ -73,6 +73,10 @@ class FoldedLog:
             )
             self.says(failed, at_s)
 
+    def ts(self, at_s: float) -> int:
+        """The log time of ``at_s`` seconds into this log."""
+        return T0 + int(at_s * 1000)
+
     def served(self, at_s: float) -> set[str]:
         rows = query_proxies(self.state, T0 + int(at_s * 1000), ProxyFilter(), limit=0)
         return {r.ip for r in rows}

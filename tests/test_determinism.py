@@ -32,6 +32,7 @@ ROLES: dict[str, ev.Role] = {
     "w1": "worker", "w2": "worker", "c1": "checker", "s1": "seed", "shop": "consumer"
 }  # fmt: skip
 URLS = ["http://a.example/1", "http://b.example/2"]
+SITES = ["google.com", "shop.example", "203.0.113.7", "bad..site"]
 KEYS = ["pages/aaaaaaaaaaaaaaaa/1", "seed/p1/r1"]
 
 _n = st.integers(min_value=0, max_value=10**6)
@@ -127,6 +128,16 @@ def _builders(draw: st.DrawFn) -> dict[type[ev.Event], Callable[[], ev.Event]]:
         ev.ProxiesChecked: lambda: ev.ProxiesChecked(
             **base, key=draw(st.sampled_from(["s001", "traffic"])), lease=lease,
             results=[_result(draw) for _ in range(draw(st.integers(0, 3 * PIECE)))],
+        ),
+        ev.SitesChecked: lambda: ev.SitesChecked(
+            **base, key="s001", lease=lease,
+            results=[
+                ev.SiteResult(
+                    ip=draw(st.sampled_from(IPS)), port=8080, site=draw(st.sampled_from(SITES)),
+                    through=draw(st.integers(0, 3)), blocked=draw(st.integers(0, 3)),
+                )
+                for _ in range(draw(st.integers(1, 4)))
+            ],
         ),
         ev.Located: lambda: ev.Located(
             **base, ip=ip, country=draw(st.sampled_from(["", "DE"])), asn=draw(st.integers(0, 9))

@@ -53,6 +53,14 @@ SAMPLES: list[ev.Event] = [
             ev.CheckResult(ip="45.68.1.3", port=81, proto="http", ok=False, error="timeout"),
         ],
     ),
+    ev.SitesChecked(
+        id=eid(),
+        agent="c1",
+        at=1,
+        key="s042",
+        psl="1.1.2.20261023",
+        results=[ev.SiteResult(ip="45.68.1.2", port=80, site="google.com", through=2)],
+    ),
     ev.AgentEnrolled(
         id=eid(), agent="admin", at=1, name="w1", role="worker", token_sha256="0" * 64
     ),

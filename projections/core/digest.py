@@ -16,6 +16,7 @@ from collections.abc import Hashable, Iterable
 
 import msgspec
 
+from reducers.kept import ALWAYS
 from reducers.state import KEPT, TABLES, State
 
 __all__ = [
@@ -53,7 +54,11 @@ def meta_digest(state: State) -> str:
 def combine(sums: dict[str, int], meta: str) -> str:
     """The digest of the tables' sums (each the sum of its rows' ``row_hash`` mod 2**128)
     and the meta part."""
-    parts = {name: f"{sums[name]:032x}" for name in TABLES}
+    parts = {
+        name: f"{sums[name]:032x}"
+        for name, table in TABLES.items()
+        if table.digest == ALWAYS or sums[name]  # a later table: left out while empty
+    }
     parts["meta"] = meta
     return hashlib.sha256(_encode(parts)).hexdigest()
 

@@ -1,0 +1,102 @@
+"""Per-site standing: which proxies get through to which site, from the fleet's verdicts.
+
+A cell per proxy and site with evidence (``SiteRow``): when an answer last got through
+and when one was last turned away, how many of each, and from which vantages (at most
+``MAX_VANTAGES`` agents). Only an agent trusted at the time moves the times
+(reducers/trust.py: an untested agent's verdicts are counted and steer no one); with
+trust off, every agent. A cell lives as long as its proxy. A site holds at most
+``MAX_CELLS`` cells and the table at most ``MAX_SITES`` sites: past them a verdict is
+counted as not kept (``State.sites_unkept``), first come first kept, so every replica
+keeps the same cells. A block is never the proxy's failure: nothing here touches its row.
+
+Reading (``standing``): through while the latest answer through is newer than the latest
+block, or the block is older than ``BLOCK_KEEP_MS``; turned away while a block is newer
+and recent; else unknown. Pure, deterministic: log time only.
+"""
+
+from __future__ import annotations
+
+from events.catalogue import SitesChecked
+from events.sites import BLOCKED, NONE, THROUGH
+from reducers.rows import ProxyKey, SiteRow
+from reducers.state import State
+
+__all__ = [
+    "BLOCK_KEEP_MS",
+    "MAX_CELLS",
+    "MAX_SITES",
+    "MAX_VANTAGES",
+    "checked",
+    "forget",
+    "reindex",
+    "standing",
+]
+
+MAX_SITES = 256
+MAX_CELLS = 10_000  # per site: 200 sites' worth stay within the gateway's budget
+MAX_VANTAGES = 4
+BLOCK_KEEP_MS = 6 * 3_600_000  # a site's block of an exit is lifted in hours, not days
+
+
+def checked(state: State, batch: SitesChecked, ts: int) -> None:
+    """Fold one round of verdicts; results on proxies the pool does not know, and new
+    cells past the caps, are counted and not kept."""
+    steers = not state.settings.trust or batch.agent in state.trusted
+    for r in batch.results:
+        key = (r.ip, r.port, r.site)
+        cell = state.sites.get(key)
+        if cell is None:
+            if (r.ip, r.port) not in state.proxies or not _room(state, r.site):
+                state.sites_unkept += 1
+                continue
+            cell = state.sites[key] = SiteRow(ip=r.ip, port=r.port, site=r.site)
+            state.site_cells[r.site] = state.site_cells.get(r.site, 0) + 1
+            state.cells_of.setdefault((r.ip, r.port), set()).add(r.site)
+        cell.through += r.through
+        cell.blocked += r.blocked
+        if steers and (r.through or r.blocked):
+            # Both in one round: the more frequent answer is the latest word.
+            if r.through > r.blocked:
+                cell.through_at = ts
+            else:
+                cell.blocked_at = ts
+        if batch.agent not in cell.vantages and len(cell.vantages) < MAX_VANTAGES:
+            cell.vantages = (*cell.vantages, batch.agent)
+        state.dirty_sites.add(key)
+
+
+def _room(state: State, site: str) -> bool:
+    cells = state.site_cells.get(site)
+    if cells is None:
+        return len(state.site_cells) < MAX_SITES
+    return cells < MAX_CELLS
+
+
+def forget(state: State, proxy: ProxyKey) -> None:
+    """The proxy left the pool: its cells go with it."""
+    for site in state.cells_of.pop(proxy, ()):
+        key = (proxy[0], proxy[1], site)
+        del state.sites[key]
+        left = state.site_cells[site] - 1
+        if left:
+            state.site_cells[site] = left
+        else:
+            del state.site_cells[site]
+        state.dirty_sites.add(key)
+
+
+def standing(cell: SiteRow, now: int) -> str:
+    """Whether the proxy gets through to the cell's site at log time ``now``."""
+    blocked = cell.blocked_at and now - cell.blocked_at < BLOCK_KEEP_MS
+    if blocked and cell.blocked_at >= cell.through_at:
+        return BLOCKED
+    return THROUGH if cell.through_at else NONE
+
+
+def reindex(state: State) -> None:
+    """The derived counts and index of the cells, after a restore."""
+    state.site_cells = {}
+    state.cells_of = {}
+    for ip, port, site in state.sites:
+        state.site_cells[site] = state.site_cells.get(site, 0) + 1
+        state.cells_of.setdefault((ip, port), set()).add(site)

@@ -1,0 +1,169 @@
+"""Per-site standing in the fold (reducers/sites.py): a checker's site verdicts, kept per
+proxy and site, steering only when a trusted agent's; cells that live as long as their
+proxy, within caps every replica applies alike; a table left out of the digest and of a
+snapshot while empty; checkpointed and restored like every table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import events as ev
+from projections import Store, digest, digests
+from projections.folder import Folder
+from projections.snapshot import load, take
+from reducers import State, sites
+from reducers.sites import BLOCK_KEEP_MS
+from tests.folded import FoldedLog, ip
+from tests.helpers import eid
+
+HOUR = 3_600
+
+
+def _verdicts(agent: str, *results: tuple[int, str, int, int]) -> ev.SitesChecked:
+    """A round: (proxy number, site, through, blocked) each."""
+    return ev.SitesChecked(
+        id=eid(),
+        agent=agent,
+        at=0,
+        key="s001",
+        results=[
+            ev.SiteResult(ip=ip(n), port=8080, site=site, through=t, blocked=b)
+            for n, site, t, b in results
+        ],
+    )
+
+
+def _log(proxies: int = 3) -> FoldedLog:
+    log = FoldedLog()
+    log.enrol("c-other", "checker")  # an untested checker
+    for n in range(proxies):
+        log.report("w-own", ip(n))
+    return log
+
+
+def _standing(log: FoldedLog, n: int, site: str, at_s: float) -> str:
+    cell = log.state.sites.get((ip(n), 8080, site))
+    return "none" if cell is None else sites.standing(cell, log.ts(at_s))
+
+
+def test_a_trusted_checkers_verdicts_steer_and_a_block_is_lifted_in_hours() -> None:
+    """The operator's checker's verdicts set each cell's standing; a later answer
+    through lifts a block; a block older than BLOCK_KEEP_MS no longer counts; no
+    verdict leaves the proxy's own row alone."""
+    log = _log()
+    before = dict(log.state.proxies)
+    log.says(_verdicts("c-own", (0, "google.com", 3, 0), (1, "google.com", 0, 2)), at_s=60)
+    assert _standing(log, 0, "google.com", 60) == "through"
+    assert _standing(log, 1, "google.com", 60) == "blocked"
+    assert _standing(log, 2, "google.com", 60) == "none"
+    log.says(_verdicts("c-own", (1, "google.com", 1, 0)), at_s=120)
+    assert _standing(log, 1, "google.com", 120) == "through"
+    log.says(_verdicts("c-own", (0, "reddit.com", 0, 1)), at_s=180)
+    assert _standing(log, 0, "reddit.com", 180) == "blocked"
+    assert _standing(log, 0, "reddit.com", 180 + BLOCK_KEEP_MS / 1000) == "none"
+    assert log.state.proxies == before  # a block is never the proxy's failure
+
+
+def test_an_untested_agents_verdicts_are_counted_and_steer_no_one() -> None:
+    """An untested checker's block is kept as a count with its vantage, not as a
+    standing; once a trusted checker agrees, it steers."""
+    log = _log()
+    log.says(_verdicts("c-other", (0, "google.com", 0, 5)), at_s=60)
+    cell = log.state.sites[(ip(0), 8080, "google.com")]
+    assert (cell.blocked, cell.blocked_at, cell.vantages) == (5, 0, ("c-other",))
+    assert _standing(log, 0, "google.com", 60) == "none"
+    log.says(_verdicts("c-own", (0, "google.com", 0, 1)), at_s=90)
+    assert _standing(log, 0, "google.com", 90) == "blocked"
+    assert log.state.sites[(ip(0), 8080, "google.com")].vantages == ("c-other", "c-own")
+
+
+def test_cells_live_as_long_as_their_proxy_and_unknown_proxies_keep_none() -> None:
+    """A verdict on a proxy the pool does not know is counted, not kept; the cells of a
+    proxy evicted as dead go with it."""
+    log = _log(proxies=1)
+    log.says(_verdicts("c-own", (0, "google.com", 1, 0), (7, "google.com", 1, 0)), at_s=60)
+    assert set(log.state.sites) == {(ip(0), 8080, "google.com")}
+    assert log.state.sites_unkept == 1
+    ttl = log.state.settings.proxy_ttl_s
+    log.report("w-own", ip(3), at_s=4 * ttl)  # the sweep passes: ip(0) is dead for good
+    log.report("w-own", ip(4), at_s=4 * ttl + 700)
+    assert (ip(0), 8080) not in log.state.proxies
+    assert log.state.sites == {} and log.state.site_cells == {} and log.state.cells_of == {}
+
+
+def test_the_caps_keep_the_first_cells_on_every_replica(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the sites' cap a new site's verdicts are counted, not kept; past a site's
+    cells' cap a new proxy's; the same log keeps the same cells wherever it folds."""
+    monkeypatch.setattr(sites, "MAX_SITES", 2)
+    monkeypatch.setattr(sites, "MAX_CELLS", 2)
+    log = _log(proxies=3)
+    log.says(
+        _verdicts(
+            "c-own",
+            (0, "a.example", 1, 0),
+            (1, "a.example", 1, 0),
+            (2, "a.example", 1, 0),  # a third cell of a.example
+            (0, "b.example", 1, 0),
+            (0, "c.example", 1, 0),  # a third site
+        ),
+        at_s=60,
+    )
+    assert sorted(log.state.sites) == [
+        (ip(0), 8080, "a.example"),
+        (ip(0), 8080, "b.example"),
+        (ip(1), 8080, "a.example"),
+    ]
+    assert log.state.sites_unkept == 2
+    again = State()
+    Folder(again).apply(log.messages)
+    assert digest(again) == digest(log.state)
+
+
+def test_a_bad_round_is_refused_and_only_checkers_send_one() -> None:
+    """A site key that is not one refuses the round (invalid, to the DLQ); a worker may
+    not publish site verdicts at all."""
+    log = _log()
+    log.says(_verdicts("c-own", (0, "Google.COM", 1, 0)), at_s=60)
+    log.says(_verdicts("w-own", (0, "google.com", 1, 0)), at_s=60)
+    assert [reason for reason, _ in log.refused] == ["invalid", "forbidden"]
+    assert log.state.sites == {}
+
+
+def test_the_table_is_left_out_of_the_digest_and_the_snapshot_while_empty() -> None:
+    """A log without site verdicts has the digest and the snapshot it had before the
+    table existed (no ``sites`` part, no ``sites`` table); one with them has both, and
+    both round trips give the state's digest back."""
+    from projections.core.digest import combine, meta_digest
+
+    log = _log()
+    parts = digests(log.state)
+    five = {n: int(parts[n], 16) for n in ("proxies", "sources", "leases", "agents", "deposits")}
+    assert parts["sites"] == "0" * 32
+    assert digest(log.state) == combine({**five, "sites": 0}, meta_digest(log.state))
+    assert b"sites" not in take(log.state)
+    log.says(_verdicts("c-own", (0, "google.com", 1, 0)), at_s=60)
+    assert digest(log.state) != combine({**five, "sites": 0}, meta_digest(log.state))
+    snap = take(log.state)
+    assert b"sites" in snap
+    assert digest(load(snap)) == digest(log.state)
+
+
+def test_cells_are_checkpointed_and_restored(tmp_path: Path) -> None:
+    """The table goes to DuckDB with the rest: a restored state has the same cells, the
+    same digest and the same derived counts; a cell gone with its proxy is deleted."""
+    from projections.store import collect
+
+    log = _log()
+    log.says(_verdicts("c-own", (0, "google.com", 2, 0), (1, "reddit.com", 0, 1)), at_s=60)
+    store = Store(tmp_path / "s.duckdb")
+    store.write(collect(log.state))
+    restored = store.restore()
+    assert restored.sites == log.state.sites
+    assert digest(restored) == digest(log.state)
+    assert restored.site_cells == {"google.com": 1, "reddit.com": 1}
+    sites.forget(log.state, (ip(0), 8080))
+    store.write(collect(log.state))
+    assert set(store.restore().sites) == {(ip(1), 8080, "reddit.com")}
+    store.close()
