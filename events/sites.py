@@ -147,42 +147,23 @@ def rule_for(site: str, rules: Iterable[SiteRule]) -> SiteRule | None:
     return _BUILTIN.get(site)
 
 
-# The six large sites the public checkers test, read as they turn bots away.
-BUILTIN_RULES = (
-    SiteRule(
-        site="google.com",
-        blocked=(403, 429),
-        markers=("our systems have detected unusual traffic", "/recaptcha/"),
-        redirects=("/sorry/",),
-    ),
-    SiteRule(
-        site="reddit.com",
-        blocked=(403, 429),
-        markers=("whoa there, pardner", "you've been blocked by network security"),
-        redirects=("/login",),
-    ),
-    SiteRule(
-        site="amazon.com",
-        blocked=(403, 503),
-        markers=("/errors/validatecaptcha", "to discuss automated access to amazon data"),
-        min_bytes=2_048,
-    ),
-    SiteRule(
-        site="instagram.com",
-        blocked=(401, 403, 429),
-        markers=("please wait a few minutes before you try again",),
-        redirects=("/accounts/login", "/challenge/"),
-    ),
-    SiteRule(
-        site="tiktok.com",
-        blocked=(403, 429),
-        markers=("captcha-verify", "verify to continue"),
-        min_bytes=4_096,
-    ),
-    SiteRule(
-        site="discord.com",
-        blocked=(403, 429),
-        markers=("error code: 1015", "you are being rate limited", "cf-error-details"),
-    ),
+# The six large sites the public checkers test, read as they turn bots away: (site,
+# statuses that turn away, words of their block pages, redirect paths, a page's least size).
+_SIX: tuple[tuple[str, tuple[int, ...], tuple[str, ...], tuple[str, ...], int], ...] = (
+    ("google.com", (403, 429), ("our systems have detected unusual traffic", "/recaptcha/"),
+     ("/sorry/",), 0),
+    ("reddit.com", (403, 429), ("whoa there, pardner", "you've been blocked by network security"),
+     ("/login",), 0),
+    ("amazon.com", (403, 503), ("/errors/validatecaptcha", "to discuss automated access to amazon"),
+     (), 2_048),
+    ("instagram.com", (401, 403, 429), ("please wait a few minutes before you try again",),
+     ("/accounts/login", "/challenge/"), 0),
+    ("tiktok.com", (403, 429), ("captcha-verify", "verify to continue"), (), 4_096),
+    ("discord.com", (403, 429), ("error code: 1015", "being rate limited", "cf-error-details"),
+     (), 0),
+)  # fmt: skip
+BUILTIN_RULES = tuple(
+    SiteRule(site=site, blocked=blocked, markers=markers, redirects=redirects, min_bytes=least)
+    for site, blocked, markers, redirects, least in _SIX
 )
 _BUILTIN = {rule.site: rule for rule in BUILTIN_RULES}

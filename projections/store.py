@@ -185,6 +185,18 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
     return cp
 
 
+def _changed(rows: dict[Any, Any], dirty: set[Any]) -> tuple[list[Any], list[Any]]:
+    """The rows of ``dirty`` keys still there, and the keys gone."""
+    found, gone = [], []
+    for key in dirty:
+        row = rows.get(key)
+        if row is None:
+            gone.append(key)
+        else:
+            found.append(row)
+    return found, gone
+
+
 def collect(
     state: State,
     *,
@@ -193,32 +205,12 @@ def collect(
 ) -> Checkpoint:
     """Take the changed rows out of ``state`` and clear its dirt. ``proxies``: the
     changed proxy rows and the deleted keys, when the caller found them already."""
-    if proxies is None:
-        found, gone_p = [], []
-        for key in state.dirty_proxies:
-            p = state.proxies.get(key)
-            if p is None:
-                gone_p.append(key)
-            else:
-                found.append(p)
-        proxies = (found, gone_p)
-    found, gone_p = proxies
-    sources, gone_s = [], []
-    for uid in state.dirty_sources:
-        src = state.sources.get(uid)
-        if src is None:
-            gone_s.append((uid,))
-        else:
-            sources.append(src)
+    found, gone_p = proxies or _changed(state.proxies, state.dirty_proxies)
+    sources, gone_uids = _changed(state.sources, state.dirty_sources)
+    gone_s = [(uid,) for uid in gone_uids]
     leases = [state.leases[t] for t in state.dirty_leases]
     deposits = [state.deposits[k] for k in state.dirty_deposits]
-    sites, gone_c = [], []
-    for site_key in state.dirty_sites:
-        cell = state.sites.get(site_key)
-        if cell is None:
-            gone_c.append(site_key)
-        else:
-            sites.append(cell)
+    sites, gone_c = _changed(state.sites, state.dirty_sites)
     agents = list(state.agents.values())
     meta = state_meta(state)
     cp = Checkpoint(

@@ -10,6 +10,7 @@ import pytest
 import events as ev
 from tests.helpers import eid, leased, worked
 
+_SITE = ev.SiteResult(ip="45.68.1.2", port=80, site="google.com", through=2)
 SAMPLES: list[ev.Event] = [
     ev.SourceAdded(
         id=eid(),
@@ -53,14 +54,7 @@ SAMPLES: list[ev.Event] = [
             ev.CheckResult(ip="45.68.1.3", port=81, proto="http", ok=False, error="timeout"),
         ],
     ),
-    ev.SitesChecked(
-        id=eid(),
-        agent="c1",
-        at=1,
-        key="s042",
-        psl="1.1.2.20261023",
-        results=[ev.SiteResult(ip="45.68.1.2", port=80, site="google.com", through=2)],
-    ),
+    ev.SitesChecked(id=eid(), agent="c1", at=1, key="s042", psl="1.1", results=[_SITE]),
     ev.AgentEnrolled(
         id=eid(), agent="admin", at=1, name="w1", role="worker", token_sha256="0" * 64
     ),
