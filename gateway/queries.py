@@ -12,6 +12,7 @@ import structlog
 from aiohttp import web
 
 from events.mint import now_ms
+from events.sites import site_key_ok
 from events.subjects import proxy_of
 from events.wire import AgentMe
 from gateway.deposits import PAGES
@@ -142,6 +143,7 @@ PROXY_PARAMS = (
     # mitm=true serves only them, mitm=any serves everything.
     Param("mitm", choices=("false", "true", "any"), default="false"),
     Param("https", choices=("true", "false")),
+    Param("works_on"),
     Param("limit", integer=True, default=100),
     Param("sort", choices=("latency", "last_seen"), default="latency"),
     Param("format", choices=("json", "ndjson", "txt", *FORMATS), default="json"),
@@ -165,7 +167,23 @@ def _filter(q: dict[str, Any]) -> ProxyFilter:
         fresh_s=q["fresh_s"],
         mitm=None if q["mitm"] == "any" else q["mitm"] == "true",
         https=None if q["https"] is None else q["https"] == "true",
+        works_on=_sites(q["works_on"]),
     )
+
+
+def _sites(raw: str | None) -> tuple[str, ...] | None:
+    """``works_on=google.com,reddit.com``: site keys, each of which a proxy must get
+    through to; 400 names one that is not a site key."""
+    if not raw:
+        return None
+    keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+    bad = [k for k in keys if not site_key_ok(k)]
+    if bad or not keys:
+        detail = (
+            f"works_on: site keys (lower-case names or addresses), not {bad[0] if bad else raw!r}"
+        )
+        raise ApiError(400, "bad-parameter", detail, parameter="works_on")
+    return keys
 
 
 def hidden_for(request: web.Request) -> set[tuple[str, int]]:

@@ -30,6 +30,7 @@ __all__ = [
     "forget",
     "reindex",
     "standing",
+    "standing_at",
 ]
 
 MAX_SITES = 256
@@ -87,10 +88,15 @@ def forget(state: State, proxy: ProxyKey) -> None:
 
 def standing(cell: SiteRow, now: int) -> str:
     """Whether the proxy gets through to the cell's site at log time ``now``."""
-    blocked = cell.blocked_at and now - cell.blocked_at < BLOCK_KEEP_MS
-    if blocked and cell.blocked_at >= cell.through_at:
+    return standing_at(cell.through_at, cell.blocked_at, now)
+
+
+def standing_at(through_at: int, blocked_at: int, now: int) -> str:
+    """``standing`` of a cell whose latest answers through and turned away were at
+    ``through_at`` and ``blocked_at`` (0: never)."""
+    if blocked_at and now - blocked_at < BLOCK_KEEP_MS and blocked_at >= through_at:
         return BLOCKED
-    return THROUGH if cell.through_at else NONE
+    return THROUGH if through_at else NONE
 
 
 def reindex(state: State) -> None:

@@ -174,6 +174,33 @@ async def test_gateway_serves_the_projections(
     assert problem["type"].endswith("/bad-parameter") and problem["parameter"] == "limit"
     assert (await client.get("/v1/proxies?status=zombie")).status == 400
 
+    # Per site: a proxy is served for a site only with an answer through from it.
+    results = [
+        ev.SiteResult(ip="8.8.8.8", port=1080, site="google.com", through=2),
+        ev.SiteResult(ip="1.1.1.1", port=3128, site="google.com", blocked=1),
+        ev.SiteResult(ip="1.1.1.1", port=3128, site="shop.example", through=1),
+    ]
+    await log_client.publish(
+        ev.SitesChecked(id=fresh_id(), agent="c1", at=now_ms(), key="s001", results=results)
+    )
+    await _caught_up(fold, log_client)
+    assert len(fold.state.sites) == 3, fold.state.refusals
+    for _ in range(50):  # the pool view follows the fold within a tenth of a second
+        got = await (await client.get("/v1/proxies?works_on=google.com")).json()
+        if got["count"]:
+            break
+        await asyncio.sleep(0.1)
+    for sites, served in [
+        ("google.com", ["8.8.8.8"]),
+        ("shop.example", ["1.1.1.1"]),
+        ("google.com,shop.example", []),
+        ("reddit.com", []),
+    ]:
+        got = await (await client.get(f"/v1/proxies?works_on={sites}")).json()
+        assert [p["ip"] for p in got["proxies"]] == served, sites
+    wrong = await client.get("/v1/proxies?works_on=Google.COM")
+    assert wrong.status == 400 and (await wrong.json())["parameter"] == "works_on"
+
     sources = await (await client.get("/v1/sources")).json()
     assert [s["url_id"] for s in sources["sources"]] == [uid]
     assert sources["sources"][0]["due"] is True

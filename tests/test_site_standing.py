@@ -167,3 +167,36 @@ def test_cells_are_checkpointed_and_restored(tmp_path: Path) -> None:
     store.write(collect(log.state))
     assert set(store.restore().sites) == {(ip(1), 8080, "reddit.com")}
     store.close()
+
+
+def test_the_pool_view_and_the_read_model_agree_on_works_on() -> None:
+    """``works_on`` serves the proxies that get through to each site named, the same
+    from the pool view the gateway reads as from the plain read model."""
+    from projections.core.poolview import build
+    from projections.core.readmodels import ProxyFilter, query_proxies
+
+    log = _log(proxies=4)
+    log.says(
+        _verdicts(
+            "c-own",
+            (0, "google.com", 1, 0),
+            (1, "google.com", 1, 0),
+            (1, "reddit.com", 0, 1),
+            (2, "reddit.com", 1, 0),
+            (3, "google.com", 0, 1),
+        ),
+        at_s=60,
+    )
+    log.says(_verdicts("c-other", (3, "reddit.com", 9, 0)), at_s=60)  # steers no one
+    now = log.ts(61)
+    view = build(log.state)
+    for works_on, expected in [
+        (("google.com",), {0, 1}),
+        (("reddit.com",), {2}),
+        (("google.com", "reddit.com"), set()),
+        (("tiktok.com",), set()),
+    ]:
+        f = ProxyFilter(works_on=works_on)
+        plain = {r.ip for r in query_proxies(log.state, now, f, limit=0)}
+        seen = {v.ip for v in view.select(f, now, limit=0)}
+        assert plain == seen == {ip(n) for n in expected}, works_on

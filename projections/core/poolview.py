@@ -18,9 +18,10 @@ from typing import Any
 
 import msgspec
 
+from events.sites import THROUGH
 from projections.core.chunks import Chunks
 from projections.core.readmodels import ProxyFilter
-from reducers import State, trust
+from reducers import State, sites, trust
 from reducers.pool import STANDINGS, band_edges, seen_bounds, standing
 from reducers.state import ProxyRow
 from reducers.steps import at_once
@@ -139,6 +140,9 @@ class PoolView:
     # Views by proto, anonymity, country and ASN, each sorted by latency: a selective
     # filter scans its own short list instead of the whole pool.
     indexes: dict[str, Index]
+    # Per site, the proxies with evidence and the log times of their latest answers
+    # through and turned away (reducers/sites.py), copied at the build.
+    sites: dict[str, dict[tuple[str, int], tuple[int, int]]] = field(default_factory=dict)
     # The census's running tally (``Tally``): what the walk of by_last_seen counted down
     # to the TTL's edge it was last asked at, moved from there as the edge moves.
     tally: Tally = field(default_factory=lambda: Tally())
@@ -194,6 +198,7 @@ class PoolView:
         oldest, newest = seen_bounds(f.status, now, self.ttl_s)
         failing, confirmed = _STANDING_TERMS.get(f.status, (None, None))
         fresh = now - f.fresh_s * 1000 if f.fresh_s is not None else None
+        works = [self.sites.get(site, {}) for site in f.works_on or ()]
         taken = 0
         for v in rows:
             seen = v.last_seen
@@ -223,6 +228,8 @@ class PoolView:
                 continue
             if f.https is not None and (v.https == "yes") != f.https:
                 continue
+            if works and not all(_through(cells.get((v.ip, v.port)), now) for cells in works):
+                continue
             yield v
             taken += 1
             if taken == limit:
@@ -245,6 +252,10 @@ def _newest_first(v: ProxyView) -> int:
 STEP = 1_024
 
 Building = Generator[None, None, PoolView]
+
+
+def _through(cell: tuple[int, int] | None, now: int) -> bool:
+    return cell is not None and sites.standing_at(cell[0], cell[1], now) == THROUGH
 
 
 def build(state: State) -> PoolView:
@@ -272,7 +283,13 @@ def building(state: State, now: int | None = None) -> Building:
     indexes = {}
     for key in ("proto", "anonymity", "country", "asn"):
         indexes[key] = yield from _indexing(by_latency, key)
-    view = PoolView(seq, ttl_s, by_latency, by_last_seen, indexes)
+    cells: dict[str, dict[tuple[str, int], tuple[int, int]]] = {}
+    found = list(state.sites.values())
+    for i in range(0, len(found), STEP):
+        for c in found[i : i + STEP]:
+            cells.setdefault(c.site, {})[(c.ip, c.port)] = (c.through_at, c.blocked_at)
+        yield
+    view = PoolView(seq, ttl_s, by_latency, by_last_seen, indexes, cells)
     if now is not None:
         yield from view.counting(now)  # the one full walk, here rather than on a request
     return view

@@ -9,8 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from reducers import trust
+from events.sites import THROUGH
+from reducers import sites, trust
 from reducers.pool import liveness, standing
+from reducers.rows import SiteKey, SiteRow
 from reducers.state import ProxyRow, SourceRow, State
 
 __all__ = [
@@ -141,10 +143,16 @@ class ProxyFilter:
     fresh_s: int | None = None
     mitm: bool | None = None
     https: bool | None = None  # True: tunnelled to a real HTTPS target; False: not (yet)
+    works_on: tuple[str, ...] | None = None  # sites it gets through to, each of them
 
 
 def _matches(
-    row: ProxyRow, f: ProxyFilter, now: int, ttl_s: int, vouched: Callable[[tuple[str, ...]], bool]
+    row: ProxyRow,
+    f: ProxyFilter,
+    now: int,
+    ttl_s: int,
+    vouched: Callable[[tuple[str, ...]], bool],
+    cells: dict[SiteKey, SiteRow],
 ) -> bool:
     if f.proto is not None and f.proto not in row.protos:
         return False
@@ -164,6 +172,12 @@ def _matches(
         return False
     if f.fresh_s is not None and now - row.last_seen > f.fresh_s * 1000:
         return False
+    if f.works_on is not None and not all(
+        (cell := cells.get((row.ip, row.port, site))) is not None
+        and sites.standing(cell, now) == THROUGH
+        for site in f.works_on
+    ):
+        return False
     return f.status == "all" or proxy_status(row, now, ttl_s, vouched(row.agents)) == f.status
 
 
@@ -179,7 +193,7 @@ def query_proxies(
     ttl = state.settings.proxy_ttl_s if ttl_s is None else ttl_s
     vouched = trust.vouched(state)
     rows: Iterator[ProxyRow] = (
-        row for row in state.proxies.values() if _matches(row, f, now, ttl, vouched)
+        row for row in state.proxies.values() if _matches(row, f, now, ttl, vouched, state.sites)
     )
     if sort == "last_seen":
         ordered = sorted(rows, key=lambda r: (-r.last_seen, r.ip, r.port))
