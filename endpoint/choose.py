@@ -9,7 +9,12 @@ what this endpoint saw itself, which acts at once, before any log round trip:
   load is back soon, a dead one stays out. When every proxy that matches is avoided, the
   one whose avoidance ends first is tried rather than none;
 - every outcome moves the proxy's **success** score (an EMA), and the default strategy
-  weighs proxies by it over their latency.
+  weighs proxies by it over their latency;
+- **by site** (``site``, events/sites.py): a request goes through a proxy known to get
+  through to its site when one may take it (at most ``SITE_BUDGET`` requests a minute
+  each, so the working few are not burnt), else through one not known either way, never
+  through one the site turned away in the last ``SITE_BLOCK_S``; a turned-away proxy
+  is not the proxy's failure and stays in for every other site.
 
 Strategies: ``weighted`` (random, weight success / latency), ``roundrobin`` (in turn
 over the proxies that match, per filter), ``lru`` (the least recently used); weighted
@@ -31,12 +36,15 @@ from typing import Protocol
 
 from endpoint.login import Want
 
-__all__ = ["AVOID_S", "Pool", "Upstream"]
+__all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Pool", "Upstream"]
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0
 SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
+SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for that site
+SITE_BUDGET = 120  # requests a minute to one site through one proxy
+MAX_SITES = 1_024  # sites whose proxies known to get through are remembered here
 
 
 class Facts(Protocol):
@@ -70,6 +78,9 @@ class Upstream:
     used_at: float = 0.0
     avoid_until: float = 0.0
     strikes: int = 0  # failures in a row
+    # By site: until when it is turned away (loop time); (minute, requests) sent there.
+    turned_away: dict[str, float] = field(default_factory=dict)
+    site_uses: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -92,6 +103,8 @@ class Pool:
     # (consumer, session) -> (upstream key, last used); a round robin's cursor per filter.
     sessions: dict[tuple[str, str], tuple[tuple[str, int], float]] = field(default_factory=dict)
     cursors: dict[tuple[object, ...], int] = field(default_factory=dict)
+    # site -> the upstreams known to get through to it, as this endpoint saw them.
+    through: dict[str, dict[tuple[str, int], Upstream]] = field(default_factory=dict)
     _lists: dict[tuple[object, ...], list[Upstream]] = field(default_factory=dict)
 
     def replace(self, fresh: Iterable[Facts]) -> None:
@@ -122,6 +135,10 @@ class Pool:
             new[key] = up
         self.upstreams = new
         self._lists = {}
+        self.through = {
+            site: {k: u for k, u in known.items() if new.get(k) is u}
+            for site, known in self.through.items()
+        }
 
     def _matches(self, up: Upstream, want: Want, tunnel: bool) -> bool:
         if tunnel and not up.tunnels:
@@ -147,8 +164,9 @@ class Pool:
         tunnel: bool,
         now: float,
         exclude: frozenset[tuple[str, int]] = frozenset(),
+        site: str = "",
     ) -> Upstream | None:
-        """The upstream for the next attempt, or None when nothing matches."""
+        """The upstream for the next attempt to ``site``, or None when nothing matches."""
         if want.session:
             sticky = self.sessions.get((want.consumer, want.session))
             if sticky is not None and now - sticky[1] <= want.session_min * 60:
@@ -157,34 +175,84 @@ class Pool:
                     up is not None
                     and up.key not in exclude
                     and up.avoid_until <= now
+                    and _open(up, site, now)
                     and self._matches(up, want, tunnel)
                 ):
-                    return self._use(up, want, now)
+                    return self._use(up, want, now, site)
+        if site and (known := self._known(site, want, tunnel, now, exclude)):
+            return self._use(self._weighted(known), want, now, site)
         listed = self._matching(want, tunnel)
         if not listed:
             return None
-        ready = [u for u in self._sample(listed) if u.key not in exclude and u.avoid_until <= now]
+
+        def may(u: Upstream) -> bool:
+            return u.key not in exclude and u.avoid_until <= now and _open(u, site, now)
+
+        ready = [u for u in self._sample(listed) if may(u)]
         if not ready:  # the sample was unlucky, or most are out: look at all of them
-            ready = [u for u in listed if u.key not in exclude and u.avoid_until <= now]
+            ready = [u for u in listed if may(u)]
         if not ready:  # every one avoided or tried: the soonest back rather than none
-            left = [u for u in listed if u.key not in exclude]
+            left = [u for u in listed if u.key not in exclude and _open(u, site, now)]
             if not left:
                 return None
-            return self._use(min(left, key=lambda u: (u.avoid_until, u.key)), want, now)
+            return self._use(min(left, key=lambda u: (u.avoid_until, u.key)), want, now, site)
         if want.strategy == "roundrobin":
             cursor = (*want.filters(), tunnel)
             i = self.cursors.get(cursor, 0)
             for step in range(len(listed)):  # the next in turn that may go now
                 up = listed[(i + step) % len(listed)]
-                if up.key not in exclude and up.avoid_until <= now:
+                if may(up):
                     self.cursors[cursor] = i + step + 1
-                    return self._use(up, want, now)
+                    return self._use(up, want, now, site)
         if want.strategy == "lru":
             up = min(ready, key=lambda u: (u.used_at, u.key))
         else:
-            weights = [u.success / max(u.latency_ms, 50.0) for u in ready]
-            up = self.rng.choices(ready, weights=weights)[0]
-        return self._use(up, want, now)
+            up = self._weighted(ready)
+        return self._use(up, want, now, site)
+
+    def _weighted(self, ready: list[Upstream]) -> Upstream:
+        weights = [u.success / max(u.latency_ms, 50.0) for u in ready]
+        return self.rng.choices(ready, weights=weights)[0]
+
+    def _known(
+        self, site: str, want: Want, tunnel: bool, now: float, exclude: frozenset[tuple[str, int]]
+    ) -> list[Upstream]:
+        """Upstreams known to get through to ``site`` that may take this request: a sample,
+        then all of them when the sample has none."""
+        known = self.through.get(site)
+        if not known:
+            return []
+        minute = int(now // 60)
+
+        def may(u: Upstream) -> bool:
+            used = u.site_uses.get(site)
+            return (
+                u.key not in exclude
+                and u.avoid_until <= now
+                and (used is None or used[0] != minute or used[1] < SITE_BUDGET)
+                and self._matches(u, want, tunnel)
+            )
+
+        ups = list(known.values())
+        found = [u for u in self._sample(ups) if may(u)]
+        return found or [u for u in ups if may(u)]
+
+    def got_through(self, up: Upstream, site: str) -> None:
+        """An answer through ``up`` was ``site``'s own page."""
+        up.turned_away.pop(site, None)
+        known = self.through.get(site)
+        if known is None:
+            if len(self.through) >= MAX_SITES:
+                return
+            known = self.through[site] = {}
+        known[up.key] = up
+
+    def turned_away(self, up: Upstream, site: str, now: float) -> None:
+        """``site`` turned a request through ``up`` away: not for that site a while."""
+        up.turned_away[site] = now + SITE_BLOCK_S
+        known = self.through.get(site)
+        if known is not None:
+            known.pop(up.key, None)
 
     def _matching(self, want: Want, tunnel: bool) -> list[Upstream]:
         """The upstreams a login's filters allow, in key order, kept until the next
@@ -209,8 +277,12 @@ class Pool:
             return listed
         return self.rng.sample(listed, SAMPLE)
 
-    def _use(self, up: Upstream, want: Want, now: float) -> Upstream:
+    def _use(self, up: Upstream, want: Want, now: float, site: str = "") -> Upstream:
         up.used_at = now
+        if site:
+            minute = int(now // 60)
+            used = up.site_uses.get(site)
+            up.site_uses[site] = (minute, used[1] + 1 if used and used[0] == minute else 1)
         if want.session:
             self.sessions[(want.consumer, want.session)] = (up.key, now)
             if len(self.sessions) > 100_000:  # forget the oldest: sessions are cheap to remake
@@ -229,3 +301,8 @@ class Pool:
         up.success = (1 - _ALPHA) * up.success
         up.strikes += 1
         up.avoid_until = now + min(AVOID_S, AVOID_FIRST_S * 2 ** (up.strikes - 1))
+
+
+def _open(up: Upstream, site: str, now: float) -> bool:
+    """Whether ``site`` has not turned ``up`` away lately (any upstream, for no site)."""
+    return not site or up.turned_away.get(site, 0.0) <= now

@@ -14,8 +14,9 @@ and SOCKS hand the client's connection over to streams (``Endpoint.tunnel_http``
 
 What refuses or says nothing is the proxy's failure (``Endpoint.failed``): avoided at
 once, and the request tried through another while its method is idempotent; an idle
-link that went stale is tried once more on a fresh one and blames nobody. A request is
-sent upstream only once its body is whole (at most ``MAX_BODY``).
+link that went stale is tried once more on a fresh one and blames nobody; a site that
+turns a request away blames nobody either (endpoint/verdicts.py). A request is sent
+upstream only once its body is whole (at most ``MAX_BODY``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from endpoint.choose import Upstream
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want, basic_login
 from endpoint.serving import Serving
 from endpoint.uplink import HOP, Request, UpLink
+from endpoint.verdicts import BLOCKED, head_verdict_of, learn, wants_page
 
 __all__ = [
     "CHALLENGE",
@@ -229,6 +231,7 @@ class ClientSide(asyncio.Protocol):
                 raise ValueError("not an absolute http:// URI")
             req.host, req.port = url.host.decode("idna"), url.port or 80
             req.origin = (url.path or b"/") + (b"?" + url.query if url.query else b"")
+            req.site = self.endpoint.site_of(req.host)
         except (httptools.HttpParserInvalidURLError, ValueError, UnicodeError):
             self._client_error(400, "an absolute http:// URI (https goes through CONNECT)")
             return
@@ -269,7 +272,7 @@ class ClientSide(asyncio.Protocol):
         if len(req.tried) >= endpoint.attempts:
             self._no_proxy(req)
             return
-        up = endpoint.pool.pick(self.want, tunnel=False, now=now, exclude=req.tried)
+        up = endpoint.pool.pick(self.want, tunnel=False, now=now, exclude=req.tried, site=req.site)
         if up is None:
             self._no_proxy(req)
             return
@@ -298,6 +301,7 @@ class ClientSide(asyncio.Protocol):
 
     def send(self, req: Request, link: UpLink) -> None:
         self.link = link
+        link.capture = wants_page(req.site)
         link.begin(self, req)
         self.endpoint.outcomes.added_ms.append((time.perf_counter() - req.read_at) * 1000)
 
@@ -309,6 +313,28 @@ class ClientSide(asyncio.Protocol):
             self.transport.write(bytes(self.out))
             self.out.clear()
 
+    def head_passes(self, link: UpLink, status: int, location: str) -> bool:
+        """Whether an answer's head goes to the client: a site that turned the request
+        away is not the proxy's failure, and an idempotent request is tried through
+        another proxy while nothing of the answer went to the client."""
+        req, endpoint = self.current, self.endpoint
+        assert req is not None and self.want is not None
+        site = req.site
+        if not site or head_verdict_of(endpoint.pool, site, status, location) != BLOCKED:
+            return True
+        endpoint.outcomes.count("turned_away")
+        endpoint.pool.turned_away(link.up, req.site, time.monotonic())
+        req.tried |= {link.up.key}
+        if req.method not in _IDEMPOTENT or len(req.tried) >= endpoint.attempts:
+            return True  # the client sees the site's answer
+        self.link = None
+        asyncio.get_running_loop().call_soon(self._again, req)
+        return False
+
+    def _again(self, req: Request) -> None:
+        if not self.closing and self.current is req:
+            self.route(req)
+
     def answered(self, link: UpLink, reusable: bool) -> None:
         """The whole answer went to the client."""
         req = self.current
@@ -316,6 +342,8 @@ class ClientSide(asyncio.Protocol):
         self.link = None
         endpoint = self.endpoint
         endpoint.outcomes.count("forwarded")
+        if req.site:
+            learn(endpoint.pool, endpoint.outcomes, req.site, link)
         endpoint.worked(self.want, self.password, link.up, req.read_at)
         if reusable:
             endpoint.idle.give(link, time.monotonic())

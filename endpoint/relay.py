@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
+from publicsuffixlist import PublicSuffixList
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
@@ -36,10 +37,14 @@ from endpoint.login import CHALLENGE, LOGIN_NEEDED, LoginError, Want, basic_logi
 from endpoint.serving import Outcomes
 from endpoint.uplink import Idle, UpLink
 from events.address import ADDRESS_RULE
+from events.sites import site_of
 from events.validate import host_can_be_public
 from events.wire import MAX_TOKEN
 
 __all__ = ["Endpoint", "Outcomes"]
+
+# The public suffix list's ICANN section (a site is a registrable domain): made once.
+_PSL = PublicSuffixList(only_icann=True)
 
 log = structlog.get_logger("ppf.serve")
 
@@ -165,6 +170,9 @@ class Endpoint:
         finally:
             self.leave(want)
 
+    def site_of(self, host: str) -> str:
+        return site_of(host, _PSL.privatesuffix)
+
     def refused_destination(self, host: str) -> str:
         """Why ``host`` may not be a destination ("" when it may): the address rule
         (events/address.py) for an address in any notation, and internal names or names
@@ -182,8 +190,11 @@ class Endpoint:
         if why := self.refused_destination(host):
             raise _Refused(403, 2, why)
         tried: set[tuple[str, int]] = set()
+        site = self.site_of(host)
         for _ in range(self.attempts):
-            up = self.pool.pick(want, tunnel=True, now=time.monotonic(), exclude=frozenset(tried))
+            up = self.pool.pick(
+                want, tunnel=True, now=time.monotonic(), exclude=frozenset(tried), site=site
+            )
             if up is None:
                 break
             tried.add(up.key)

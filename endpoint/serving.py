@@ -42,6 +42,9 @@ class Serving(Protocol):
     def http_login(self, authorization: bytes, peer: str) -> Awaitable[tuple[Want | None, str]]:
         """Who a request's Proxy-Authorization says it is (None: refused), and why not."""
 
+    def site_of(self, host: str) -> str:
+        """The site of a request to ``host`` (events/sites.py)."""
+
     def enter(self, want: Want) -> bool: ...
     def leave(self, want: Want | None) -> None: ...
     def refused_destination(self, host: str) -> str: ...

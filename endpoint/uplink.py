@@ -21,6 +21,7 @@ from typing import Protocol, cast
 import httptools
 
 from endpoint.choose import Upstream
+from events.sites import HEAD_BYTES
 
 __all__ = ["HOP", "Client", "Idle", "Request", "UpLink"]
 
@@ -56,6 +57,7 @@ class Request:
     tried: frozenset[tuple[str, int]] = frozenset()
     failures: int = 0
     fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
+    site: str = ""  # the site it goes to (events/sites.py)
 
     def head(self, forward: bool) -> bytes:
         """To an HTTP proxy the absolute URI; through a SOCKS tunnel the origin form."""
@@ -68,6 +70,7 @@ class Client(Protocol):
     it hears of each request."""
 
     def write(self, data: bytes) -> None: ...
+    def head_passes(self, link: UpLink, status: int, location: str) -> bool: ...
     def answered(self, link: UpLink, reusable: bool) -> None: ...
     def broken(self, link: UpLink) -> None: ...
     def unanswered(self, link: UpLink, why: str) -> None: ...
@@ -90,6 +93,11 @@ class UpLink(asyncio.Protocol):
         self.until_close = False  # no length, not chunked: its end is the connection's
         self.cut_client = False
         self.closed = False
+        # What the site's verdict reads (events/sites.py): the answer's status, its
+        # redirect, its body's size and, when ``capture``, its first HEAD_BYTES.
+        self.status, self.location, self.size = 0, "", 0
+        self.capture = False
+        self.seen = bytearray()
         self.reused = False
         self.opened_at = time.monotonic()
         self.idle_since = 0.0
@@ -110,6 +118,8 @@ class UpLink(asyncio.Protocol):
         self.head_only = req.method == b"HEAD"
         self.http11 = req.http11
         self.in_body = self.chunked = self.until_close = self.cut_client = False
+        self.status, self.location, self.size = 0, "", 0
+        self.seen.clear()
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
         self.timer = asyncio.get_running_loop().call_later(self.answer_s, self._quiet_check)
@@ -159,6 +169,8 @@ class UpLink(asyncio.Protocol):
             return
         if lower == b"content-length":
             self._framed = True
+        elif lower == b"location":
+            self.location = value.decode("latin-1")
         elif lower == b"transfer-encoding":  # said again below, as the client can take it
             self._framed = self.chunked = b"chunked" in value.lower()
             return
@@ -173,6 +185,13 @@ class UpLink(asyncio.Protocol):
         if status < 200:  # 1xx: passed on (not to HTTP/1.0); the answer follows
             if self.http11:
                 client.write(head + b"\r\n")
+            return
+        self.status = status
+        if not client.head_passes(self, status, self.location):  # turned away: tried again
+            self.client = None
+            if self.timer is not None:
+                self.timer.cancel()
+            self.close()
             return
         bodyless = self.head_only or status in (204, 304)
         self.until_close = not self._framed and not bodyless
@@ -194,6 +213,9 @@ class UpLink(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         if self.client is None:
             return
+        self.size += len(body)
+        if self.capture and len(self.seen) < HEAD_BYTES:
+            self.seen += body[: HEAD_BYTES - len(self.seen)]
         if self.chunked:  # httptools hands the body de-chunked: chunked again as it goes
             self.client.write(b"%x\r\n%s\r\n" % (len(body), body))
         else:

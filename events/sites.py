@@ -35,6 +35,7 @@ __all__ = [
     "Answer",
     "SiteRule",
     "generic",
+    "head_verdict",
     "rule_for",
     "site_key_ok",
     "site_of",
@@ -117,6 +118,18 @@ def verdict(rule: SiteRule, answer: Answer) -> str:
         return BLOCKED
     if answer.status in rule.through:
         return BLOCKED if answer.size < rule.min_bytes else THROUGH
+    return NONE
+
+
+def head_verdict(rule: SiteRule, status: int, location: str) -> str:
+    """What an answer's head alone says by ``rule``: ``blocked`` for a block status or a
+    redirect to a block path, else ``none`` (its page may still say otherwise)."""
+    if status in rule.blocked:
+        return BLOCKED
+    if 300 <= status < 400 and location:
+        path = urlsplit(location).path or "/"
+        if any(path.startswith(p) for p in rule.redirects):
+            return BLOCKED
     return NONE
 
 

@@ -1,0 +1,65 @@
+"""What the rotating endpoint learns of sites from its consumers' traffic: an answer's
+head read as it comes (a site that turned a request away is tried through another
+proxy before anything reaches the client), a whole answer read for the picks that
+follow (events/sites.py's rules; a site without one by the other proxies' answers).
+What is learned acts here at once (endpoint/choose.py ``Pool.turned_away``,
+``got_through``); a block is never the proxy's failure."""
+
+from __future__ import annotations
+
+import time
+
+from endpoint.choose import Pool
+from endpoint.serving import Outcomes
+from endpoint.uplink import UpLink
+from events.sites import (
+    BLOCKED,
+    NONE,
+    THROUGH,
+    Answer,
+    generic,
+    head_verdict,
+    rule_for,
+    verdict,
+)
+
+__all__ = ["BLOCKED", "head_verdict_of", "learn", "wants_page"]
+
+
+def wants_page(site: str) -> bool:
+    """Whether ``site``'s verdict reads its page (its rule has words or a least size)."""
+    rule = rule_for(site, ()) if site else None
+    return rule is not None and bool(rule.markers or rule.min_bytes)
+
+
+def head_verdict_of(pool: Pool, site: str, status: int, location: str) -> str:
+    """What an answer's head says of ``site``: by its rule (events/sites.py); for a site
+    without one, a 403 or 429 (the statuses a site turns a client away with, not a page
+    that is missing) is a block where another proxy got the site's pages."""
+    rule = rule_for(site, ())
+    if rule is not None:
+        return head_verdict(rule, status, location)
+    if status in _TURNED_AWAY and pool.through.get(site):
+        return generic(Answer(status=status), [Answer(status=200)])
+    return NONE
+
+
+_TURNED_AWAY = frozenset({403, 429})
+
+
+def learn(pool: Pool, outcomes: Outcomes, site: str, link: UpLink) -> None:
+    """A whole answer of ``site`` through ``link``: its page got through, or the site
+    turned it away (its words, or a stub), for the picks that follow."""
+    rule = rule_for(site, ())
+    if rule is not None:
+        answer = Answer(
+            status=link.status, location=link.location, head=bytes(link.seen), size=link.size
+        )
+        said = verdict(rule, answer)
+    else:
+        said = THROUGH if 200 <= link.status < 400 else NONE
+    if said == THROUGH:
+        pool.got_through(link.up, site)
+    elif said == BLOCKED:
+        outcomes.count("turned_away")
+        pool.turned_away(link.up, site, time.monotonic())

@@ -1,0 +1,155 @@
+"""Routing by site (endpoint/choose.py, endpoint/verdicts.py): the endpoint learns from
+its consumers' traffic which proxies a site turns away, tries a turned-away request
+through another proxy before the client sees it, and sends later requests for that site
+through proxies that get through, without counting a block as the proxy's failure."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+
+import pytest
+from aiohttp import web
+
+from endpoint.choose import Pool, Upstream
+from endpoint.login import Want
+from ops.lab.testbed import ProxyLab
+from ops.nats.server import free_port
+from tests.test_forward import _endpoint, _get, _raw
+
+
+@contextlib.asynccontextmanager
+async def _site(host: str, refused: str) -> AsyncIterator[str]:
+    """A site on ``host`` that turns away requests from the exit ``refused`` (403 and a
+    block page) and serves its page to every other exit."""
+
+    async def page(request: web.Request) -> web.Response:
+        if request.remote == refused:
+            return web.Response(status=403, text="blocked: your network is listed")
+        return web.Response(text=f"the page of {host}")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port(host)
+    await web.TCPSite(runner, host, port).start()
+    try:
+        yield f"{host}:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def _ask(port: int, site: str, times: int) -> list[bytes]:
+    """``times`` GETs of ``site``'s page, one connection each; their status lines."""
+    out = []
+    for _ in range(times):
+        (answer,) = await _raw(port, _get(site, "/"), 1)
+        out.append(answer.split(b"\r\n", 1)[0])
+    return out
+
+
+async def test_each_site_learns_which_proxies_get_through_and_is_served_its_page(
+    lab: ProxyLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sites, each turning away one of two proxies' exits: once the endpoint has seen
+    the page of each through the other proxy, every request gets the page (a 403 met on
+    the way, when the known proxy has used its budget, is tried through another proxy
+    before the client sees anything), and neither proxy counts as failed."""
+    from endpoint import choose
+
+    monkeypatch.setattr(choose, "SITE_BUDGET", 2)  # so the others are tried too
+    exits = {p.name: p.exit_ip for p in lab.proxies}
+    async with (
+        _site("127.0.0.10", refused=exits["squid"]) as a,
+        _site("127.0.0.11", refused=exits["tinyproxy-elite"]) as b,
+        _endpoint(lab, "squid", "tinyproxy-elite") as relay,
+    ):
+        port = relay.port  # type: ignore[attr-defined]
+        for _ in range(10):  # learning: until each site's page came through once
+            await _ask(port, a, 1)
+            await _ask(port, b, 1)
+            if relay.pool.through.get("127.0.0.10") and relay.pool.through.get("127.0.0.11"):
+                break
+        served = await _ask(port, a, 20) + await _ask(port, b, 20)
+    assert served == [b"HTTP/1.1 200 OK"] * 40
+    by_port = {up.port: up for up in relay.pool.upstreams.values()}
+    squid = next(up for up in by_port.values() if up.port == _port(lab, "squid"))
+    tiny = next(up for up in by_port.values() if up.port == _port(lab, "tinyproxy-elite"))
+    assert set(relay.pool.through["127.0.0.10"]) == {tiny.key}
+    assert set(relay.pool.through["127.0.0.11"]) == {squid.key}
+    assert "127.0.0.10" in squid.turned_away and "127.0.0.11" in tiny.turned_away
+    assert squid.strikes == tiny.strikes == 0  # a block is not the proxy's failure
+    assert relay.outcomes.counts.get("turned_away", 0) >= 1
+
+
+def _port(lab: ProxyLab, name: str) -> int:
+    return next(p.port for p in lab.proxies if p.name == name)
+
+
+def _want() -> Want:
+    return Want(consumer="shop")
+
+
+def test_a_pick_for_a_site_prefers_known_proxies_within_their_budget() -> None:
+    """Known to get through first, never one turned away lately, unknown ones once the
+    known have used their budget for the minute; another site is not affected."""
+    from endpoint import choose
+
+    pool = Pool(rng=random.Random(7))  # a pinned draw: the same picks every run
+    pool.replace(Upstream(f"45.0.0.{n}", 8080, "http", latency_ms=50) for n in range(1, 9))
+    ups = sorted(pool.upstreams.values(), key=lambda u: u.key)
+    pool.got_through(ups[0], "shop.example")
+    pool.turned_away(ups[1], "shop.example", now=0.0)
+    picks = [pool.pick(_want(), tunnel=False, now=1.0, site="shop.example") for _ in range(50)]
+    assert {p.key for p in picks if p} == {ups[0].key}
+    assert ups[0].site_uses["shop.example"] == (0, 50)
+    later = [
+        pool.pick(_want(), tunnel=False, now=2.0, site="shop.example")
+        for _ in range(choose.SITE_BUDGET)
+    ]
+    assert ups[1].key not in {p.key for p in later if p}
+    assert {p.key for p in later if p} - {ups[0].key}  # past its budget, others take it
+    elsewhere = [pool.pick(_want(), tunnel=False, now=2.0, site="other.example") for _ in range(80)]
+    assert ups[1].key in {p.key for p in elsewhere if p}  # one site's block, not the others'
+    assert pool.pick(_want(), tunnel=False, now=1.0 + choose.SITE_BLOCK_S, site="shop.example")
+
+
+@pytest.mark.parametrize("status, location, said", [
+    (403, "", "blocked"), (302, "https://www.google.com/sorry/index", "blocked"),
+    (302, "/search", "none"), (200, "", "none"), (404, "", "none"),
+])  # fmt: skip
+def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
+    status: int, location: str, said: str
+) -> None:
+    """By a built-in rule, a block status or a redirect to a block path turns a request
+    away at its head; a site without a rule turns it away by 403 or 429 only where
+    another proxy got its page, and never by a missing page."""
+    from endpoint.verdicts import head_verdict_of
+
+    pool = Pool()
+    assert head_verdict_of(pool, "google.com", status, location) == said
+    up = Upstream("45.0.0.1", 8080, "http")
+    assert head_verdict_of(pool, "shop.example", status, "") == "none"
+    pool.got_through(up, "shop.example")
+    expected = "blocked" if status == 403 else "none"
+    assert head_verdict_of(pool, "shop.example", status, "") == expected
+
+
+async def test_the_sites_answer_reaches_the_client_when_no_other_proxy_is_left(
+    lab: ProxyLab,
+) -> None:
+    """With every proxy turned away, the consumer gets the site's own answer (not a 502
+    of the endpoint's), and the proxy stays in the pool."""
+    exits = {p.name: p.exit_ip for p in lab.proxies}
+    async with (
+        _site("127.0.0.12", refused=exits["squid"]) as a,
+        _endpoint(lab, "squid") as relay,
+    ):
+        port = relay.port  # type: ignore[attr-defined]
+        got = await _ask(port, a, 3)
+        await asyncio.sleep(0)
+    assert got == [b"HTTP/1.1 403 Forbidden"] * 3
+    assert all(up.strikes == 0 for up in relay.pool.upstreams.values())
