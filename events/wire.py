@@ -152,6 +152,7 @@ class CheckoutRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     anonymity: str = ""
     https: bool = False
     max_latency_ms: int = 0
+    works_on: list[str] = []  # site keys it must get through to, each of them
 
 
 class CheckoutProxy(msgspec.Struct, kw_only=True):

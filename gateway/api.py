@@ -29,7 +29,7 @@ from events.wire import (
     SourcesAdded,
     SourcesRequest,
 )
-from gateway.queries import PROXY_PARAMS
+from gateway.queries import PROXY_PARAMS, WORKS_ON
 
 __all__ = ["openapi"]
 
@@ -58,7 +58,7 @@ def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def _dropin() -> dict[str, Any]:
     """jhao104/proxy_pool's calls and Python3WebSpider's /random (gateway/dropin.py)."""
-    kind = [_query("type", {"type": "string"})]
+    kind = [_query("type", {"type": "string"}), WORKS_ON.openapi()]
     paths: dict[str, Any] = {}
     for path, summary, params, media in (
         ("/get", "a random HTTP proxy, in proxy_pool's shape", kind, "application/json"),
@@ -265,6 +265,14 @@ def openapi() -> dict[str, Any]:
                     "200": _reply("DepositReply"),
                     **_problems(400, 401, 403, 404, 409, 413, 503),
                 },
+            }
+        },
+        "/v1/sites": {
+            "get": {
+                "summary": "per site, the proxies through, turned away and unknown, the "
+                "answers of each kind and the vantages that saw them (admin)",
+                "security": _AUTH,
+                "responses": {"200": _reply(None), **_problems(401, 403)},
             }
         },
         "/v1/sources": {

@@ -23,7 +23,7 @@ from events.subjects import proxy_of
 from events.wire import CheckoutProxy, CheckoutRelease, CheckoutReply, CheckoutRequest
 from gateway.commands import GRANTER, publish_report
 from gateway.http import FOLD, LOG, ApiError, authorize, decode_body, reply
-from gateway.queries import hidden_for
+from gateway.queries import hidden_for, works_on_of
 from gateway.views import POOL_VIEW
 from projections.core.readmodels import ProxyFilter
 from reducers.pool import lease_live
@@ -96,6 +96,7 @@ async def take(request: web.Request, name: str, body: CheckoutRequest) -> Checko
         https=True if body.https else None,
         max_latency_ms=float(body.max_latency_ms) if body.max_latency_ms else None,
         mitm=False,
+        works_on=works_on_of(",".join(body.works_on)),
     )
     hidden = hidden_for(request)
     view = await request.app[POOL_VIEW].get(request)

@@ -24,7 +24,7 @@ from events.wire import CheckoutRequest
 from gateway.checkout import take
 from gateway.commands import anonymous_reporter, proxy_address, publish_report
 from gateway.http import FOLD, ApiError, authorize, open_query, reply
-from gateway.queries import hidden_for
+from gateway.queries import WORKS_ON, hidden_for, works_on_of
 from gateway.views import POOL_VIEW
 from projections.core.poolview import ProxyView
 from projections.core.readmodels import ProxyFilter
@@ -41,7 +41,8 @@ async def _served(request: web.Request) -> list[ProxyView]:
     hidden = hidden_for(request)
     https = request.query.get("type", "").lower() == "https"
     view = await request.app[POOL_VIEW].get(request)
-    f = ProxyFilter(mitm=False, https=True if https else None)
+    works_on = works_on_of(WORKS_ON.read(request))
+    f = ProxyFilter(mitm=False, https=True if https else None, works_on=works_on)
     return [
         v
         for v in view.select(f, now_ms(), limit=0)

@@ -37,6 +37,7 @@ from projections.core.poolview import (
 )
 from projections.core.readmodels import (
     ProxyFilter,
+    SiteTally,
     due_sources,
     nearest_rank,
     source_score,
@@ -47,7 +48,7 @@ from reducers.pool import STATUSES, lease_live
 from reducers.reports import hidden_from
 from reducers.state import latency_samples, unpack_samples
 
-__all__ = ["PROXY_PARAMS", "routes"]
+__all__ = ["PROXY_PARAMS", "WORKS_ON", "routes", "works_on_of"]
 
 routes = web.RouteTableDef()
 log = structlog.get_logger("ppf.gateway")
@@ -129,6 +130,10 @@ def _countries(raw: str | None) -> tuple[str, ...] | None:
     return codes
 
 
+# Site keys a proxy must get through to, each of them (reducers/sites.py): on /v1/proxies
+# and the drop-in calls alike.
+WORKS_ON = Param("works_on")
+
 # GET /v1/proxies' parameters, declared once: read here, listed in the API document.
 PROXY_PARAMS = (
     Param("proto"),
@@ -143,7 +148,7 @@ PROXY_PARAMS = (
     # mitm=true serves only them, mitm=any serves everything.
     Param("mitm", choices=("false", "true", "any"), default="false"),
     Param("https", choices=("true", "false")),
-    Param("works_on"),
+    WORKS_ON,
     Param("limit", integer=True, default=100),
     Param("sort", choices=("latency", "last_seen"), default="latency"),
     Param("format", choices=("json", "ndjson", "txt", *FORMATS), default="json"),
@@ -167,11 +172,11 @@ def _filter(q: dict[str, Any]) -> ProxyFilter:
         fresh_s=q["fresh_s"],
         mitm=None if q["mitm"] == "any" else q["mitm"] == "true",
         https=None if q["https"] is None else q["https"] == "true",
-        works_on=_sites(q["works_on"]),
+        works_on=works_on_of(q["works_on"]),
     )
 
 
-def _sites(raw: str | None) -> tuple[str, ...] | None:
+def works_on_of(raw: str | None) -> tuple[str, ...] | None:
     """``works_on=google.com,reddit.com``: site keys, each of which a proxy must get
     through to; 400 names one that is not a site key."""
     if not raw:
@@ -294,6 +299,23 @@ async def one_proxy(request: web.Request) -> web.Response:
 
 def _source_json(row: Any, score: float) -> dict[str, Any]:
     return {**msgspec.structs.asdict(row), "score": round(score, 4), "due": score >= 1.0}
+
+
+@routes.get("/v1/sites")
+async def sites_known(request: web.Request) -> web.Response:
+    """Per site, what the fleet knows of the pool: the admin's alone (which sites the
+    traffic goes to is the consumers' business)."""
+    authorize(request, "admin")
+    state = request.app[FOLD].state
+    tally = SiteTally(now_ms())
+    cells = list(state.sites.values())
+    for start in range(0, len(cells), _TALLY_STEP):
+        tally.add(cells[start : start + _TALLY_STEP])
+        await asyncio.sleep(0)
+    return reply({"sites": tally.answer(), "unkept": state.sites_unkept})
+
+
+_TALLY_STEP = 10_000  # cells a step: a few milliseconds of the loop
 
 
 @routes.get("/v1/sources")

@@ -200,6 +200,28 @@ async def test_gateway_serves_the_projections(
         assert [p["ip"] for p in got["proxies"]] == served, sites
     wrong = await client.get("/v1/proxies?works_on=Google.COM")
     assert wrong.status == 400 and (await wrong.json())["parameter"] == "works_on"
+    drop_in = await (await client.get("/all/?works_on=shop.example")).json()
+    assert [p["proxy"] for p in drop_in] == ["1.1.1.1:3128"]
+
+    # What the fleet knows of sites is the admin's alone.
+    for name, role in (("ops", "admin"), ("shop", "consumer")):
+        await log_client.publish(
+            ev.AgentEnrolled(
+                id=fresh_id(), agent="admin", at=now_ms(), name=name, role=role,
+                token_sha256=ev.token_sha256(f"{name}-token"),
+            )
+        )  # fmt: skip
+    await _caught_up(fold, log_client)
+    assert (await client.get("/v1/sites")).status == 401
+    shop = {"Authorization": "Bearer shop-token"}
+    assert (await client.get("/v1/sites", headers=shop)).status == 403
+    known = await (
+        await client.get("/v1/sites", headers={"Authorization": "Bearer ops-token"})
+    ).json()
+    by_site = {row["site"]: row for row in known["sites"]}
+    assert (by_site["google.com"]["through"], by_site["google.com"]["blocked"]) == (1, 1)
+    assert by_site["google.com"]["turned_away_share"] == 0.5
+    assert by_site["shop.example"]["vantages"] == 1 and known["unkept"] == 0
 
     sources = await (await client.get("/v1/sources")).json()
     assert [s["url_id"] for s in sources["sources"]] == [uid]

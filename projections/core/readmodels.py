@@ -200,3 +200,37 @@ def query_proxies(
     else:
         ordered = sorted(rows, key=lambda r: (r.latency_ema, r.ip, r.port))
     return ordered[:limit] if limit else ordered
+
+
+class SiteTally:
+    """Per site, what its cells say at ``now`` (reducers/sites.py): proxies through,
+    turned away and unknown, the answers of each kind, and the vantages that saw them.
+    Fed in parts (``add``), so a caller may give the loop back between them."""
+
+    def __init__(self, now: int) -> None:
+        self.now = now
+        self.by: dict[str, dict[str, int]] = {}
+        self.vantages: dict[str, set[str]] = {}
+
+    def add(self, cells: Iterable[SiteRow]) -> None:
+        for cell in cells:
+            counts = self.by.get(cell.site)
+            if counts is None:
+                counts = self.by[cell.site] = dict.fromkeys(_TALLIED, 0)
+            counts[sites.standing(cell, self.now)] += 1
+            counts["answers_through"] += cell.through
+            counts["answers_blocked"] += cell.blocked
+            self.vantages.setdefault(cell.site, set()).update(cell.vantages)
+
+    def answer(self) -> list[dict[str, object]]:
+        out: list[dict[str, object]] = []
+        for site in sorted(self.by, key=lambda s: (-self.by[s]["through"], s)):
+            counts = self.by[site]
+            judged = counts["through"] + counts["blocked"]
+            share = round(counts["blocked"] / judged, 3) if judged else None
+            vantages = len(self.vantages.get(site, ()))
+            out.append({"site": site, **counts, "turned_away_share": share, "vantages": vantages})
+        return out
+
+
+_TALLIED = ("through", "blocked", "none", "answers_through", "answers_blocked")
