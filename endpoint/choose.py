@@ -12,7 +12,8 @@ what this endpoint saw itself, which acts at once, before any log round trip:
   weighs proxies by it over their latency;
 - **by site** (``site``, events/sites.py): a request goes through a proxy known to get
   through to its site when one may take it (at most ``SITE_BUDGET`` requests a minute
-  each, so the working few are not burnt), else through one not known either way, never
+  each, so the working few are not burnt; ``roundrobin`` goes in turn over all of them
+  instead), else through one not known either way, never
   through one the site turned away in the last ``SITE_BLOCK_S``; a turned-away proxy
   is not the proxy's failure and stays in for every other site.
 
@@ -45,6 +46,7 @@ _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for that site
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
 MAX_SITES = 1_024  # sites whose proxies known to get through are remembered here
+MAX_VERDICTS = 50_000  # (proxy, site) cells counted between two rounds to the log
 
 
 class Facts(Protocol):
@@ -105,6 +107,10 @@ class Pool:
     cursors: dict[tuple[object, ...], int] = field(default_factory=dict)
     # site -> the upstreams known to get through to it, as this endpoint saw them.
     through: dict[str, dict[tuple[str, int], Upstream]] = field(default_factory=dict)
+    # (ip, port, site) -> [answers through, turned away] since the feed last took them
+    # (``take_verdicts``), for the log; past ``MAX_VERDICTS`` cells, counted as dropped.
+    verdicts: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
+    verdicts_dropped: int = 0
     _lists: dict[tuple[object, ...], list[Upstream]] = field(default_factory=dict)
 
     def replace(self, fresh: Iterable[Facts]) -> None:
@@ -179,7 +185,13 @@ class Pool:
                     and self._matches(up, want, tunnel)
                 ):
                     return self._use(up, want, now, site)
-        if site and (known := self._known(site, want, tunnel, now, exclude)):
+        # Known to get through first, for the strategies that choose; a round robin goes
+        # in turn over every proxy the site has not turned away.
+        if (
+            site
+            and want.strategy != "roundrobin"
+            and (known := self._known(site, want, tunnel, now, exclude))
+        ):
             return self._use(self._weighted(known), want, now, site)
         listed = self._matching(want, tunnel)
         if not listed:
@@ -237,8 +249,23 @@ class Pool:
         found = [u for u in self._sample(ups) if may(u)]
         return found or [u for u in ups if may(u)]
 
+    def _count(self, up: Upstream, site: str, kind: int) -> None:
+        cell = self.verdicts.get((up.ip, up.port, site))
+        if cell is None:
+            if len(self.verdicts) >= MAX_VERDICTS:
+                self.verdicts_dropped += 1
+                return
+            cell = self.verdicts[(up.ip, up.port, site)] = [0, 0]
+        cell[kind] += 1
+
+    def take_verdicts(self) -> dict[tuple[str, int, str], list[int]]:
+        """What was counted since the last take, and a fresh count from here."""
+        taken, self.verdicts = self.verdicts, {}
+        return taken
+
     def got_through(self, up: Upstream, site: str) -> None:
         """An answer through ``up`` was ``site``'s own page."""
+        self._count(up, site, 0)
         up.turned_away.pop(site, None)
         known = self.through.get(site)
         if known is None:
@@ -249,6 +276,7 @@ class Pool:
 
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request through ``up`` away: not for that site a while."""
+        self._count(up, site, 1)
         up.turned_away[site] = now + SITE_BLOCK_S
         known = self.through.get(site)
         if known is not None:

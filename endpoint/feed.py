@@ -28,8 +28,9 @@ import msgspec
 import structlog
 
 from endpoint.choose import Pool, Upstream
+from endpoint.verdicts import PSL_VERSION
 from events.batches import MAX_RESULTS, TRAFFIC_KEY
-from events.catalogue import CheckResult, ProxiesChecked
+from events.catalogue import CheckResult, ProxiesChecked, SiteResult, SitesChecked
 from events.mint import fresh_id, now_ms
 from events.wire import AGENT_HEADER
 
@@ -43,6 +44,7 @@ LOGIN_TTL_S = 60.0
 LOGINS_KEPT = 10_000  # the logins that worked, the least recently checked dropped first
 LOGIN_ASKS = 16  # gateway connections for logins, apart from the pool's and the traffic's
 TRAFFIC_S = 1.0  # a consumer's outcomes go to the log once a second, as one round
+SITES_S = 60.0  # what the traffic showed of sites goes to the log once a minute
 _ROLES = ("consumer", "admin")
 
 
@@ -94,7 +96,15 @@ async def _rows_of(content: aiohttp.StreamReader) -> list[_Row]:
 
 
 class Feed:
-    def __init__(self, gateways: Sequence[str], pool: Pool, *, every_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        gateways: Sequence[str],
+        pool: Pool,
+        *,
+        every_s: float = 5.0,
+        identity: tuple[str, str] | None = None,
+        sites_every_s: float = SITES_S,
+    ) -> None:
         self.gateways = [g.rstrip("/") for g in gateways]
         self.pool = pool
         self.every_s = every_s
@@ -114,6 +124,12 @@ class Feed:
         # A consumer's outcomes not sent yet, by its token: (its name, results).
         self._traffic: dict[str, tuple[str, list[CheckResult]]] = {}
         self.traffic_dropped = 0
+        # The endpoint's own (name, token), under which what its traffic showed of sites
+        # goes to the log (an endpoint without one keeps it to itself).
+        self.identity = identity
+        self.sites_every_s = sites_every_s
+        self.sites_sent = self.sites_dropped = 0
+        self._sites_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
@@ -124,13 +140,16 @@ class Feed:
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="ppf-serve-feed")
         self._sender = asyncio.create_task(self._send_traffic(), name="ppf-serve-traffic")
+        if self.identity is not None:
+            self._sites_task = asyncio.create_task(self._send_sites(), name="ppf-serve-sites")
 
     async def stop(self) -> None:
-        for task in (self._task, self._sender):
+        for task in (self._task, self._sender, self._sites_task):
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
         await self.flush_traffic()
+        await self.flush_sites()
         for pending in list(self._asking.values()):
             pending.cancel()
         for session in (self._http, self._login_http):
@@ -258,6 +277,37 @@ class Feed:
                 else:
                     self.traffic_dropped += len(batch.results)
                     log.warning("traffic_not_sent", consumer=name, answer=str(answer)[:200])
+
+    async def _send_sites(self) -> None:
+        while True:
+            await asyncio.sleep(self.sites_every_s)
+            await self.flush_sites()
+
+    async def flush_sites(self) -> None:
+        """What the traffic showed of sites since the last round, as ``SitesChecked``
+        rounds keyed ``traffic`` under the endpoint's own name: a proxy's and a site's,
+        never a consumer's; nothing without an identity."""
+        cells = self.pool.take_verdicts()
+        if self.identity is None or not cells:
+            return
+        name, token = self.identity
+        results = [
+            SiteResult(ip=ip, port=port, site=site, through=through, blocked=blocked)
+            for (ip, port, site), (through, blocked) in cells.items()
+        ]
+        for start in range(0, len(results), MAX_RESULTS):
+            batch = SitesChecked(
+                id=fresh_id(), agent=name, at=now_ms(), key=TRAFFIC_KEY, psl=PSL_VERSION,
+                results=results[start : start + MAX_RESULTS],
+            )  # fmt: skip
+            answer = await self._ask(
+                "POST", "/v1/events", token, {"events": [msgspec.to_builtins(batch)]}
+            )
+            if answer is not None and answer[0] == 200:
+                self.sites_sent += len(batch.results)
+            else:
+                self.sites_dropped += len(batch.results)
+                log.warning("sites_not_sent", endpoint=name, answer=str(answer)[:200])
 
     async def _ask(
         self,

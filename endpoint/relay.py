@@ -27,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
-from publicsuffixlist import PublicSuffixList
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
@@ -36,15 +35,12 @@ from endpoint.forward import ClientSide, answer, peer_address
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, LoginError, Want, basic_login, parse_login
 from endpoint.serving import Outcomes
 from endpoint.uplink import Idle, UpLink
+from endpoint.verdicts import site_of
 from events.address import ADDRESS_RULE
-from events.sites import site_of
 from events.validate import host_can_be_public
 from events.wire import MAX_TOKEN
 
 __all__ = ["Endpoint", "Outcomes"]
-
-# The public suffix list's ICANN section (a site is a registrable domain): made once.
-_PSL = PublicSuffixList(only_icann=True)
 
 log = structlog.get_logger("ppf.serve")
 
@@ -171,7 +167,7 @@ class Endpoint:
             self.leave(want)
 
     def site_of(self, host: str) -> str:
-        return site_of(host, _PSL.privatesuffix)
+        return site_of(host)
 
     def refused_destination(self, host: str) -> str:
         """Why ``host`` may not be a destination ("" when it may): the address rule

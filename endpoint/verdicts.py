@@ -8,6 +8,9 @@ What is learned acts here at once (endpoint/choose.py ``Pool.turned_away``,
 from __future__ import annotations
 
 import time
+from importlib.metadata import version
+
+from publicsuffixlist import PublicSuffixList
 
 from endpoint.choose import Pool
 from endpoint.serving import Outcomes
@@ -20,10 +23,28 @@ from events.sites import (
     generic,
     head_verdict,
     rule_for,
+    site_key_ok,
     verdict,
 )
+from events.sites import site_of as _site_of
 
-__all__ = ["BLOCKED", "head_verdict_of", "learn", "wants_page"]
+__all__ = ["BLOCKED", "PSL_VERSION", "head_verdict_of", "learn", "site_of", "wants_page"]
+
+# The public suffix list's ICANN section (a site is a registrable domain), made once; its
+# version goes with every round of verdicts the endpoint publishes.
+_PSL = PublicSuffixList(only_icann=True)
+PSL_VERSION = version("publicsuffixlist")
+
+
+def site_of(host: str) -> str:
+    """The site of a request to ``host``: its key, or "" when the host cannot make one
+    (such a request is routed as any other and teaches nothing)."""
+    try:
+        ascii_host = host.encode("idna").decode("ascii") if not host.isascii() else host
+    except UnicodeError:
+        return ""
+    site = _site_of(ascii_host, _PSL.privatesuffix)
+    return site if site_key_ok(site) else ""
 
 
 def wants_page(site: str) -> bool:

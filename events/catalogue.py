@@ -60,7 +60,7 @@ SeedKind = Literal["proxies", "sources"]
 Anonymity = Literal["transparent", "anonymous", "elite", ""]
 # Whether a proxy tunnelled to a real HTTPS target: "yes", "no", or "" (not tried).
 Tried = Literal["yes", "no", ""]
-Role = Literal["worker", "checker", "seed", "consumer", "admin", "gateway", "fold"]
+Role = Literal["worker", "checker", "seed", "consumer", "endpoint", "admin", "gateway", "fold"]
 
 SCHEMA_VERSION = 1
 

@@ -30,6 +30,9 @@ ROLE_EVENTS: dict[str, frozenset[str]] = {
     # ProxiesChecked is its traffic's outcomes (the rotating endpoint's), folded as its
     # reports, never as checks (reducers/reports.py ``traffic``).
     "consumer": frozenset({"ProxyReported", "ProxiesChecked"}),
+    # The rotating endpoint's own identity: its consumers' traffic as site verdicts (key
+    # "traffic"), a proxy's and a site's and never a consumer's name, over HTTP only.
+    "endpoint": frozenset({"SitesChecked"}),
 }
 
 # On its own subjects an agent publishes observations only: a lease transition and its
@@ -38,7 +41,7 @@ ROLE_EVENTS: dict[str, frozenset[str]] = {
 ROLE_NATS_EVENTS: dict[str, frozenset[str]] = {
     role: types - {"Released", "Heartbeat", "ProxyReported"}
     for role, types in ROLE_EVENTS.items()
-    if role != "consumer"
+    if role not in ("consumer", "endpoint")
 }
 
 ROLE_KINDS = {"worker": "source", "checker": "recheck", "seed": "seed"}

@@ -23,6 +23,7 @@ from events import (
     ProxyReported,
     Released,
     Settings,
+    SitesChecked,
     SubjectError,
     agent_msg_id,
     subject_for,
@@ -117,6 +118,10 @@ def _check(caller: Caller, index: int, event: Event, settings: Settings) -> Fiel
         and (why := id_problem(event.id, now_ms(), skew_ms))
     ):
         return FieldError(index=index, field="id", reason=why)
+    if isinstance(event, SitesChecked) and caller.role == "endpoint" and event.key != TRAFFIC_KEY:
+        return FieldError(
+            index=index, field="key", reason=f"an endpoint's rounds are keyed {TRAFFIC_KEY!r}"
+        )
     if isinstance(event, ProxiesChecked):
         if caller.role == "consumer" and event.key != TRAFFIC_KEY:
             # Its rounds are its traffic's, on ppf.checked.traffic: never a checker's shard.
@@ -169,8 +174,8 @@ async def _foreign_release(request: web.Request, caller: Caller, event: Released
 
 @routes.post("/v1/events")
 async def publish_events(request: web.Request) -> web.Response:
-    # A consumer publishes its traffic's rounds here (the rotating endpoint does).
-    caller = authorize(request, "worker", "checker", "seed", "consumer")
+    # A consumer publishes its traffic's rounds here, and the rotating endpoint its site verdicts.
+    caller = authorize(request, "worker", "checker", "seed", "consumer", "endpoint")
     body = await decode_body(request, EventsRequest)
     limit = request.app[CONFIG].max_batch
     if len(body.events) > limit:

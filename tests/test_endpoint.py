@@ -85,18 +85,21 @@ async def _target() -> AsyncIterator[tuple[str, list[str]]]:
 
 @contextlib.asynccontextmanager
 async def _endpoint(
-    lg: Log, lab: ProxyLab, *, extra: int = 0, **endpoint: Any
+    lg: Log, lab: ProxyLab, *, extra: int = 0, named: str = "", **endpoint: Any
 ) -> AsyncIterator[tuple[str, str, Endpoint, Feed]]:
     """A lab-mode gateway whose pool is the lab's carriers (confirmed by the operator's
     checker; ``extra``: a port on loopback also in it, as a very fast SOCKS5 proxy), a
     consumer's token, and the endpoint fed by that gateway: (address, token, endpoint,
-    feed)."""
+    feed). ``named``: the endpoint's own name, enrolled and trusted, under which what its
+    traffic shows of sites goes to the log every 0.3 s."""
+    own = ("c-own", named) if named else ("c-own",)
     settings = ev.Settings(
-        lab=True, agent_subjects=True, trust=True, trusted_agents=("c-own",), guarded=True
+        lab=True, agent_subjects=True, trust=True, trusted_agents=own, guarded=True
     )
     await lg.publish(ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings))
     await enroll(lg, "c-own", "checker")
     token = await enroll(lg, "shop", "consumer")
+    identity = (named, await enroll(lg, named, "endpoint")) if named else None
 
     def confirmed(port: int, proto: str, latency_ms: int = 5, **facts: Any) -> ev.ProxyWorked:
         return ev.ProxyWorked(
@@ -130,7 +133,7 @@ async def _endpoint(
         assert await fold.wait_for(await lg.head_seq(), 10)
         gateway = str(client.make_url("")).rstrip("/")
         pool = Pool()
-        feed = Feed([gateway], pool, every_s=0.5)
+        feed = Feed([gateway], pool, every_s=0.5, identity=identity, sites_every_s=0.3)
         await feed.start()
         relay = Endpoint(
             pool, feed.login_ok, record=feed.record, outcomes=outcomes, lab=True, **endpoint
@@ -342,3 +345,43 @@ async def test_a_token_works_the_moment_ppf_token_issue_prints_it(
                 assert r.status == 200, (name, r.status)
             assert await proc.wait() == 0
         assert len(seen) == 3
+
+
+@needs_curl
+async def test_what_the_traffic_shows_of_a_site_reaches_the_log_under_the_endpoints_name(
+    lab: ProxyLab, log_client: Log
+) -> None:
+    """A site that turns away squid's exit: the consumer gets its page every time, and
+    the endpoint's rounds of site verdicts (under its own name, never the consumer's)
+    make the gateway serve, for that site, the proxies that got through and not squid."""
+    from tests.test_site_routing import _site
+
+    squid = next(p for p in lab.proxies if p.name == "squid")
+    async with (
+        _site("127.0.0.13", refused=squid.exit_ip) as site,
+        _endpoint(log_client, lab, named="edge") as (addr, token, _, feed),
+    ):
+        codes = []
+        for _ in range(12):
+            code, _ = await _curl(
+                "-x", f"http://shop-strategy-roundrobin:{token}@{addr}", f"http://{site}/"
+            )
+            codes.append(code)
+        await feed.flush_sites()
+        assert feed.sites_sent >= 2 and feed.sites_dropped == 0
+        url = f"{feed.gateways[0]}/v1/proxies?works_on=127.0.0.13&limit=0"
+        served: set[int] = set()
+        async with aiohttp.ClientSession() as http:
+            for _ in range(50):
+                async with http.get(url) as r:
+                    served = {p["port"] for p in (await r.json())["proxies"]}
+                if served:
+                    break
+                await asyncio.sleep(0.1)
+            async with http.get(f"{feed.gateways[0]}/v1/agents") as r:
+                rows = {a["name"]: a["counts"] for a in (await r.json())["agents"]}
+    assert rows["edge"].get("SitesChecked", 0) >= 1, rows["edge"]
+    assert "SitesChecked" not in rows["shop"]  # the consumer's name is in no site verdict
+    assert codes[1:] == [200] * 11  # the first may meet squid before anything is known
+    assert served and squid.port not in served
+    assert served <= {p.port for p in lab.proxies if p.name in ("microsocks", "dante")}

@@ -26,7 +26,7 @@ from ops.nats.client import Log
 
 __all__ = ["enroll", "reconfigure", "register"]
 
-ROLES = ["worker", "checker", "seed", "consumer", "admin"]
+ROLES = ["worker", "checker", "seed", "consumer", "endpoint", "admin"]
 
 
 async def enroll(lg: Log, name: str, role: Role) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import sys
 from contextlib import AsyncExitStack
 
 import structlog
@@ -34,6 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="carry requests to loopback, private and internal destinations (a lab's own)",
     )
+    sv.add_argument(
+        "--name",
+        help="the endpoint's own agent name (ppf token issue NAME --role endpoint): what its "
+        "traffic shows of sites goes to the log under it",
+    )
+    sv.add_argument("--token", help="that agent's token")
     serve_options(sv)
     sv.set_defaults(run=_serve)
 
@@ -63,6 +70,7 @@ async def endpoint_site(
     outcomes: Outcomes | None = None,
     *,
     required: bool = True,
+    identity: tuple[str, str] | None = None,
 ) -> str:
     """The endpoint on ``listen_at``, fed by ``gateways``; its address. Every client
     logs in (a consumer's name and token), so listening beyond loopback exposes nothing
@@ -73,7 +81,7 @@ async def endpoint_site(
 
     host, port = hostport(listen_at, 8899)
     pool = Pool()
-    feed = Feed(gateways, pool, every_s=args.serve_refresh)
+    feed = Feed(gateways, pool, every_s=args.serve_refresh, identity=identity)
     await feed.start()
     stack.push_async_callback(feed.stop)
     endpoint = Endpoint(
@@ -116,6 +124,10 @@ def _loopback(host: str) -> bool:
 async def _serve(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         gateways = [g.strip() for g in args.gateway.split(",") if g.strip()]
-        await endpoint_site(stack, args.listen, gateways, args)
+        if (args.name is None) != (args.token is None):
+            print("ppf serve: --name and --token go together", file=sys.stderr)
+            return 2
+        identity = (args.name, args.token) if args.token else None
+        await endpoint_site(stack, args.listen, gateways, args, identity=identity)
         await wait_for_signal()
     return 0

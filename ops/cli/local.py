@@ -25,6 +25,7 @@ LOCAL_AGENTS: tuple[tuple[str, Role], ...] = (
     ("local-worker", "worker"),
     ("local-checker", "checker"),
     ("local-seed", "seed"),
+    ("local-endpoint", "endpoint"),  # publishes what ppf up's endpoint sees of sites
 )
 
 

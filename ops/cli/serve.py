@@ -178,7 +178,10 @@ async def _up(args: argparse.Namespace) -> int:
             print(f"ppf up: the local agents check through {', '.join(judges)}", flush=True)
             await local_agents(stack, base, tokens, data, judges, own, args, tls_judge, keys)
         if args.serve_listen != "off":
-            await endpoint_site(stack, args.serve_listen, [base], args, outcomes, required=False)
+            identity = ("local-endpoint", tokens["local-endpoint"]) if tokens else None
+            await endpoint_site(
+                stack, args.serve_listen, [base], args, outcomes, required=False, identity=identity
+            )
         log.info("started", role="up", nats=lg.address)
         await serve_forever(fold)
     return 0

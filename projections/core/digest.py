@@ -54,28 +54,30 @@ def meta_digest(state: State) -> str:
 def combine(sums: dict[str, int], meta: str) -> str:
     """The digest of the tables' sums (each the sum of its rows' ``row_hash`` mod 2**128)
     and the meta part."""
-    parts = {
-        name: f"{sums[name]:032x}"
-        for name, table in TABLES.items()
-        if table.digest == ALWAYS or sums[name]  # a later table: left out while empty
-    }
+    parts = {name: f"{sums[name]:032x}" for name in TABLES if _counted(name, sums[name])}
     parts["meta"] = meta
     return hashlib.sha256(_encode(parts)).hexdigest()
 
 
 def digests(state: State) -> dict[str, str]:
-    """One digest per projection, plus the meta part."""
-    out = {
-        name: f"{table_sum(map(_encode, getattr(state, name).values())):032x}" for name in TABLES
-    }
+    """One digest per projection (a later table's only once it has rows, as ``combine``
+    counts it), plus the meta part."""
+    sums = {name: table_sum(map(_encode, getattr(state, name).values())) for name in TABLES}
+    out = {name: f"{sum_:032x}" for name, sum_ in sums.items() if _counted(name, sum_)}
     out["meta"] = meta_digest(state)
     return out
+
+
+def _counted(table: str, sum_: int) -> bool:
+    """Whether a table's sum is part of the digest: always, or for a table added after
+    the first logs, once it has rows."""
+    return TABLES[table].digest == ALWAYS or sum_ != 0
 
 
 def digest(state: State) -> str:
     """The digest of all projections together."""
     parts = digests(state)
-    sums = {name: int(parts[name], 16) for name in TABLES}
+    sums = {name: int(parts.get(name, "0"), 16) for name in TABLES}
     return combine(sums, parts["meta"])
 
 
@@ -114,6 +116,7 @@ PARTS_BYTES = 16 * len(TABLES) + 32
 
 def parts_of(raw: bytes) -> dict[str, str]:
     """``DigestKeeper.parts`` as ``digests`` gives them: hex per table, and the meta."""
-    out = {name: raw[16 * i : 16 * i + 16].hex() for i, name in enumerate(TABLES)}
+    sums = {name: int.from_bytes(raw[16 * i : 16 * i + 16], "big") for i, name in enumerate(TABLES)}
+    out = {name: f"{sum_:032x}" for name, sum_ in sums.items() if _counted(name, sum_)}
     out["meta"] = raw[16 * len(TABLES) :].hex()
     return out
