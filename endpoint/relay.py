@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import structlog
-from python_socks import ProxyType
+from python_socks import ProxyError, ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from endpoint.choose import Pool, Upstream
@@ -180,12 +180,16 @@ class Endpoint:
 
     # -- upstreams ----------------------------------------------------------------------
 
-    async def _tunnel(self, want: Want, password: str, host: str, port: int) -> Stream:
-        """A tunnel to ``host:port`` through an upstream that can tunnel, retried through
-        others; 503 when nothing (more) matches; 403 for a destination not public."""
+    async def _tunnel(
+        self, want: Want, password: str, host: str, port: int, tried: set[tuple[str, int]]
+    ) -> tuple[Upstream, Stream]:
+        """A tunnel to ``host:port`` through an upstream that can tunnel and is not in
+        ``tried`` (which it joins), retried through others; 503 when nothing (more)
+        matches; 403 for a destination not public. A proxy that answers but will not
+        tunnel to the host (its own refusal, or the site's from its exit) was turned away
+        by the site, not a failure of the proxy's."""
         if why := self.refused_destination(host):
             raise _Refused(403, 2, why)
-        tried: set[tuple[str, int]] = set()
         site = self.site_of(host)
         for _ in range(self.attempts):
             up = self.pool.pick(
@@ -197,11 +201,18 @@ class Endpoint:
             started = time.perf_counter()
             try:
                 stream = await asyncio.wait_for(self._open(up, host, port), self.connect_s)
+            except ProxyError as exc:
+                if site and exc.error_code is not None and exc.error_code != 407:
+                    self.outcomes.count("turned_away")
+                    self.pool.turned_away(up, site, time.monotonic())
+                else:
+                    self.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
+                continue
             except Exception as exc:  # python-socks raises its own errors too: all the proxy's
                 self.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
                 continue
             self.worked(want, password, up, started)  # a tunnel is one outcome
-            return stream
+            return up, stream
         self.outcomes.count("no_proxy")
         raise _Refused(503, 1, "no proxy in the pool matches" + (" and answers" if tried else ""))
 
@@ -294,12 +305,52 @@ class Endpoint:
                 return
         try:
             async with self._slot(want):
-                upstream = await self._tunnel(want, password, host, port)
-                writer.write(b"\x05\x00\x00\x01" + bytes(6))
-                self.outcomes.count("tunnel")
-                await _pipe(reader, writer, *upstream)
+                await self._carry(want, password, host, port, reader, writer, _SOCKS_OK)
         except _Refused as exc:
             writer.write(bytes([5, exc.socks, 0, 1]) + bytes(6))
+
+    async def _carry(
+        self,
+        want: Want,
+        password: str,
+        host: str,
+        port: int,
+        cr: asyncio.StreamReader,
+        cw: asyncio.StreamWriter,
+        ok: bytes,
+    ) -> None:
+        """A tunnel opened, its ``ok`` said to the client, then carried both ways. To a
+        TLS port, the client's first bytes (its ClientHello) are kept until the site answers:
+        a site that closes before its first byte, or answers with a TLS alert, turned
+        this proxy's exit away, and the same bytes go through another proxy, the client
+        none the wiser; the site's first byte says the proxy gets through."""
+        tried: set[tuple[str, int]] = set()
+        up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
+        cw.write(ok)
+        self.outcomes.count("tunnel")
+        site = self.site_of(host)
+        # Only where the client speaks first (TLS): elsewhere the server may, and is
+        # carried at once.
+        first = await _first(cr, self.answer_s) if site and port in _TLS_PORTS else None
+        while first:
+            uw.write(first)
+            reply = await _first(ur, self.answer_s)
+            if reply is None:  # nothing yet: no verdict, carried on
+                break
+            if reply and reply[0] != _TLS_ALERT:
+                self.pool.got_through(up, site)
+                cw.write(reply)
+                break
+            self.outcomes.count("turned_away")
+            self.pool.turned_away(up, site, time.monotonic())
+            uw.close()
+            try:
+                up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
+            except _Refused:
+                cw.write(reply)  # the site's own answer, as it came
+                cw.close()
+                return
+        await _pipe(cr, cw, ur, uw)
 
     # -- CONNECT ------------------------------------------------------------------------
 
@@ -328,10 +379,8 @@ class Endpoint:
             self.leave(held)
             held = None
             async with self._slot(want):
-                upstream = await self._tunnel(want, password, host.strip("[]"), int(port))
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                self.outcomes.count("tunnel")
-                await _pipe(reader, writer, *upstream)
+                host = host.strip("[]")
+                await self._carry(want, password, host, int(port), reader, writer, _CONNECT_OK)
         except _Refused as exc:
             writer.write(answer(exc.status, str(exc)))
         except (OSError, TimeoutError):
@@ -351,6 +400,24 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             if dst.can_write_eof():
                 dst.write_eof()
+
+
+_SOCKS_OK = b"\x05\x00\x00\x01" + bytes(6)
+_CONNECT_OK = b"HTTP/1.1 200 Connection established\r\n\r\n"
+_TLS_ALERT = 0x15  # a TLS record of type alert: the server refused the handshake
+_TLS_PORTS = frozenset({443, 8443})
+
+
+async def _first(reader: asyncio.StreamReader, within_s: float) -> bytes | None:
+    """The first bytes ``reader`` gives (b"": it closed, or was reset, first); None when
+    none came within ``within_s`` (nothing is read then)."""
+    try:
+        async with asyncio.timeout(within_s):
+            return await reader.read(65_536)
+    except TimeoutError:
+        return None
+    except OSError:
+        return b""
 
 
 async def _pipe(

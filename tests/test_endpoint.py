@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import shutil
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -385,3 +386,46 @@ async def test_what_the_traffic_shows_of_a_site_reaches_the_log_under_the_endpoi
     assert codes[1:] == [200] * 11  # the first may meet squid before anything is known
     assert served and squid.port not in served
     assert served <= {p.port for p in lab.proxies if p.name in ("microsocks", "dante")}
+
+
+@needs_curl
+async def test_a_tls_site_that_closes_on_listed_exits_is_reached_through_another(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    """A TLS site that drops connections from squid's exit before its first byte: every
+    HTTPS request through the endpoint gets the page (the ClientHello goes again through
+    another proxy, the client none the wiser); squid is turned away for that site and
+    counted as no failure."""
+    import ssl
+
+    from gateway.judge import self_signed
+
+    squid = next(p for p in lab.proxies if p.name == "squid")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*self_signed(tmp_path, "site"))
+
+    async def visitor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if writer.get_extra_info("peername")[0] == squid.exit_ip:
+            writer.close()  # a listed network: not a byte back
+            return
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await writer.start_tls(ctx)
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 8\r\nConnection: close\r\n\r\nthe page"
+            )
+            await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(visitor, "127.0.0.14", 8443)
+    try:
+        async with _endpoint(log_client, lab) as (addr, token, relay, _):
+            login = f"http://shop-strategy-roundrobin:{token}@{addr}"
+            got = [await _curl("-k", "-x", login, "https://127.0.0.14:8443/") for _ in range(6)]
+            up = relay.pool.upstreams[("127.0.0.1", squid.port)]
+            assert "127.0.0.14" in up.turned_away and up.strikes == 0
+            assert relay.outcomes.counts.get("turned_away", 0) >= 1
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert got == [(200, "the page")] * 6
