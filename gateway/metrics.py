@@ -133,6 +133,16 @@ def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str
         "enrolled agents by role and trust",
         [({"role": r, "trust": t}, n) for (r, t), n in sorted(agents.items())],
     )
+    lines += _family(
+        "ppf_site_proxies",
+        "gauge",
+        "proxies by site and the latest verdict on them that steers (reducers/sites.py)",
+        [
+            ({"site": site, "latest": word}, n)
+            for site, counts in sorted(state.site_latest.items())
+            for word, n in counts.items()
+        ],
+    )
     door = app.get(JUDGE_DOOR)
     if door is not None:
         lines += _family(

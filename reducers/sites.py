@@ -28,6 +28,7 @@ __all__ = [
     "MAX_VANTAGES",
     "checked",
     "forget",
+    "latest",
     "reindex",
     "standing",
     "standing_at",
@@ -55,12 +56,14 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
             state.cells_of.setdefault((r.ip, r.port), set()).add(r.site)
         cell.through += r.through
         cell.blocked += r.blocked
+        before = latest(cell)
         if steers and (r.through or r.blocked):
             # Both in one round: the more frequent answer is the latest word.
             if r.through > r.blocked:
                 cell.through_at = ts
             else:
                 cell.blocked_at = ts
+        _move(state, r.site, before, latest(cell))
         if batch.agent not in cell.vantages and len(cell.vantages) < MAX_VANTAGES:
             cell.vantages = (*cell.vantages, batch.agent)
         state.dirty_sites.add(key)
@@ -77,13 +80,33 @@ def forget(state: State, proxy: ProxyKey) -> None:
     """The proxy left the pool: its cells go with it."""
     for site in state.cells_of.pop(proxy, ()):
         key = (proxy[0], proxy[1], site)
-        del state.sites[key]
+        _move(state, site, latest(state.sites.pop(key)), NONE)
         left = state.site_cells[site] - 1
         if left:
             state.site_cells[site] = left
         else:
             del state.site_cells[site]
         state.dirty_sites.add(key)
+
+
+def latest(cell: SiteRow) -> str:
+    """The latest word on the cell that steers, however old: ``standing`` without the
+    block's expiry (what ``State.site_latest`` counts, for /metrics)."""
+    if cell.blocked_at and cell.blocked_at >= cell.through_at:
+        return BLOCKED
+    return THROUGH if cell.through_at else NONE
+
+
+def _move(state: State, site: str, before: str, after: str) -> None:
+    if before == after:
+        return
+    counts = state.site_latest.setdefault(site, {THROUGH: 0, BLOCKED: 0})
+    if before != NONE:
+        counts[before] -= 1
+    if after != NONE:
+        counts[after] += 1
+    if not any(counts.values()):
+        del state.site_latest[site]
 
 
 def standing(cell: SiteRow, now: int) -> str:
@@ -103,6 +126,8 @@ def reindex(state: State) -> None:
     """The derived counts and index of the cells, after a restore."""
     state.site_cells = {}
     state.cells_of = {}
-    for ip, port, site in state.sites:
+    state.site_latest = {}
+    for (ip, port, site), cell in state.sites.items():
         state.site_cells[site] = state.site_cells.get(site, 0) + 1
         state.cells_of.setdefault((ip, port), set()).add(site)
+        _move(state, site, NONE, latest(cell))

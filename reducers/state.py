@@ -149,6 +149,8 @@ class State:
     doubts: dict[str, set[ProxyKey]] = derived(dict)  # ``doubted`` by consumer
     site_cells: dict[str, int] = derived(dict)  # site -> its cells (reducers/sites.py)
     cells_of: dict[ProxyKey, set[str]] = derived(dict)  # proxy -> the sites it has cells of
+    # site -> cells whose latest steering word is through, or blocked (/metrics)
+    site_latest: dict[str, dict[str, int]] = derived(dict)
 
     # This replica's own. Re-sends met and ignored since it started, per agent (a
     # re-send changes no projection: its digest is the log's without it); for an agent

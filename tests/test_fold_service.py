@@ -200,6 +200,9 @@ async def test_gateway_serves_the_projections(
         assert [p["ip"] for p in got["proxies"]] == served, sites
     wrong = await client.get("/v1/proxies?works_on=Google.COM")
     assert wrong.status == 400 and (await wrong.json())["parameter"] == "works_on"
+    metrics = await (await client.get("/metrics")).text()
+    assert 'ppf_site_proxies{latest="through",site="google.com"} 1' in metrics
+    assert 'ppf_site_proxies{latest="blocked",site="google.com"} 1' in metrics
     drop_in = await (await client.get("/all/?works_on=shop.example")).json()
     assert [p["proxy"] for p in drop_in] == ["1.1.1.1:3128"]
 

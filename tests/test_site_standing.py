@@ -200,3 +200,23 @@ def test_the_pool_view_and_the_read_model_agree_on_works_on() -> None:
         plain = {r.ip for r in query_proxies(log.state, now, f, limit=0)}
         seen = {v.ip for v in view.select(f, now, limit=0)}
         assert plain == seen == {ip(n) for n in expected}, works_on
+
+
+def test_the_latest_word_per_site_is_counted_and_rebuilt_on_restore() -> None:
+    """/metrics' counts per site (the latest steering verdict of each cell) follow every
+    verdict and eviction, and a restore counts them again to the same."""
+    from reducers.indexes import reindex
+
+    log = _log()
+    log.says(_verdicts("c-own", (0, "google.com", 1, 0), (1, "google.com", 0, 1)), at_s=60)
+    log.says(_verdicts("c-other", (2, "google.com", 0, 3)), at_s=60)  # steers no one
+    assert log.state.site_latest == {"google.com": {"through": 1, "blocked": 1}}
+    log.says(_verdicts("c-own", (1, "google.com", 2, 0)), at_s=90)
+    assert log.state.site_latest == {"google.com": {"through": 2, "blocked": 0}}
+    sites.forget(log.state, (ip(0), 8080))
+    sites.forget(log.state, (ip(1), 8080))
+    assert log.state.site_latest == {}
+    log.says(_verdicts("c-own", (2, "reddit.com", 0, 1)), at_s=120)
+    counted = dict(log.state.site_latest)
+    reindex(log.state)
+    assert log.state.site_latest == counted == {"reddit.com": {"through": 0, "blocked": 1}}
