@@ -54,7 +54,7 @@ __all__ = [
 # "proxy": a consumer's exclusive checkout of one proxy (POST /v1/checkout).
 LeaseKind = Literal["source", "recheck", "seed", "proxy"]
 Outcome = Literal["done", "failed", "abandoned"]
-Reported = Literal["worked", "failed"]
+Reported = Literal["worked", "failed", "blocked"]
 Origin = Literal["seed", "discovered", "manual"]
 SeedKind = Literal["proxies", "sources"]
 Anonymity = Literal["transparent", "anonymous", "elite", ""]
@@ -245,12 +245,14 @@ class ProxyFailed(Event, frozen=True, kw_only=True, tag="ProxyFailed"):
 
 
 class ProxyReported(Event, frozen=True, kw_only=True, tag="ProxyReported"):
-    """A consumer's word on a proxy it was served (POST /v1/proxies/{ip}:{port}/report)."""
+    """A consumer's word on a proxy it was served (POST /v1/proxies/{ip}:{port}/report);
+    ``blocked``: ``site`` turned it away (reducers/sites.py), not the proxy's failure."""
 
     ip: str
     port: int
     outcome: Reported
     detail: str = ""
+    site: str = ""
 
 
 class Deposited(Event, frozen=True, kw_only=True, tag="Deposited"):

@@ -263,6 +263,10 @@ def _proxy_reported(e: ProxyReported, admit: Admit, guarded: bool) -> tuple[str,
         return found
     if e.detail and (why := _text(e.detail, MAX_TEXT)):
         return "detail", why
+    if (e.outcome == "blocked") != bool(e.site):
+        return "site", 'a site with "blocked", and only with it'
+    if e.site and not site_key_ok(e.site):
+        return "site", "not a site key (a lower-case name or an address)"
     return _envelope(e.id, "")
 
 

@@ -214,8 +214,9 @@ class ReleaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class ReportRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """POST /v1/proxies/{ip}:{port}/report: a consumer's word on a proxy it was served."""
 
-    outcome: Literal["worked", "failed"]
+    outcome: Literal["worked", "failed", "blocked"]
     detail: str = ""
+    site: str = ""  # with "blocked": the site that turned the proxy away
 
 
 class ReportReply(msgspec.Struct, kw_only=True):

@@ -305,7 +305,8 @@ async def report_proxy(request: web.Request) -> web.Response:
         name = authorize(request, "consumer").name
     ip, port = proxy_address(request.match_info["addr"], "addr")
     body = await decode_body(request, ReportRequest)
-    return reply(await publish_report(request, name, ip, port, body.outcome, body.detail))
+    report = await publish_report(request, name, ip, port, body.outcome, body.detail, body.site)
+    return reply(report)
 
 
 def anonymous_reporter(request: web.Request) -> str:
@@ -328,7 +329,13 @@ def proxy_address(text: str, parameter: str) -> tuple[str, int]:
 
 
 async def publish_report(
-    request: web.Request, name: str, ip: str, port: int, outcome: str, detail: str
+    request: web.Request,
+    name: str,
+    ip: str,
+    port: int,
+    outcome: str,
+    detail: str,
+    site: str = "",
 ) -> ReportReply:
     """Publish ``name``'s report on a proxy of the pool, once the budgets allow it, and
     answer after the fold applied it (``report_proxy``, and ``/delete/`` of the drop-in
@@ -346,6 +353,7 @@ async def publish_report(
         port=port,
         outcome=outcome,  # type: ignore[arg-type]
         detail=detail,
+        site=site,
     )
     field, why = problem(
         event, lab=state.settings.lab, guarded=guarded, rule=state.settings.address_rule

@@ -44,7 +44,7 @@ from projections.writer import read_frame
 from reducers.indexes import reindex
 from reducers.kept import ALWAYS
 from reducers.pool import Composition, counted
-from reducers.state import TABLES, State
+from reducers.state import KEPT, TABLES, State
 from reducers.steps import at_once
 
 __all__ = [
@@ -111,6 +111,9 @@ def taking(state: State) -> Generator[None, None, bytes]:
         tables[table] = msgspec.Raw(array)
         sums[table] = total % MOD
     meta = state_meta(state)
+    for piece in KEPT:  # pieces added later: left out while empty (older snapshots' bytes)
+        if piece.later and not getattr(state, piece.name):
+            del meta[piece.name]
     snap = StateSnapshot(
         format=FORMAT,
         seq=state.last_seq,

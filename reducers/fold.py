@@ -296,6 +296,8 @@ def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
             trust.reindex(state)
             if narrower:
                 proxies.purge_refused(state)
+        case ProxyReported() if event.outcome == "blocked":
+            sites.reported(state, event, ts)
         case ProxyReported():
             if not proxies.reported(state, event, ts, agent):
                 agent.rejected += 1  # unknown, not failed, suspect already, or over budget

@@ -11,8 +11,9 @@ derived from the declarations (projections/store.py, projections/core/digest.py)
 - ``derived(new)``: rebuilt from the rest on restore (reducers/indexes.py), never kept;
 - ``replica(new)``: this replica's own counts and dirty sets, never kept or digested.
 
-New state goes in a new table or a ``kept`` piece left out of the digest while empty
-(docs/architecture.md §3): every log written before it then replays to the digest it had.
+New state goes in a new table or a ``kept(..., digest=WHILE_ANY, later=True)`` piece
+(docs/architecture.md §6): every log written before it then replays to the digest, and
+snapshots to the bytes, it had.
 """
 
 from __future__ import annotations
@@ -84,7 +85,16 @@ class Kept(Piece):
     ``canonical``: its form in the digest; ``stored``: its form in a checkpoint when that
     is not its own (the type, and the conversions there and back)."""
 
-    __slots__ = ("canonical", "digest", "from_stored", "load_as", "position", "to_stored", "when")
+    __slots__ = (
+        "canonical",
+        "digest",
+        "from_stored",
+        "later",
+        "load_as",
+        "position",
+        "to_stored",
+        "when",
+    )
 
     def __init__(
         self,
@@ -95,8 +105,10 @@ class Kept(Piece):
         canonical: Callable[[Any], Any],
         stored: tuple[Any, Callable[[Any], Any], Callable[[Any], Any]] | None,
         position: bool,
+        later: bool,
     ) -> None:
         super().__init__(new)
+        self.later = later
         self.digest = digest
         self.when = when
         self.canonical = canonical
@@ -131,11 +143,20 @@ def kept(
     canonical: Callable[[Any], Any] = _same,
     stored: tuple[Any, Callable[[Any], Any], Callable[[Any], Any]] | None = None,
     position: bool = False,
+    later: bool = False,
 ) -> Any:
     """A piece of the meta. ``position``: where the fold is (written first in a
-    checkpoint, before the rest in declaration order)."""
+    checkpoint, before the rest in declaration order). ``later``: added after snapshots'
+    meta was fixed, so left out of a snapshot while empty (and of the digest: give it
+    ``digest=WHILE_ANY``), and an older log's snapshot keeps its bytes."""
     return Kept(
-        new, digest=digest, when=when, canonical=canonical, stored=stored, position=position
+        new,
+        digest=digest,
+        when=when,
+        canonical=canonical,
+        stored=stored,
+        position=position,
+        later=later,
     )
 
 

@@ -16,9 +16,9 @@ and recent; else unknown. Pure, deterministic: log time only.
 
 from __future__ import annotations
 
-from events.catalogue import SitesChecked
+from events.catalogue import ProxyReported, SitesChecked
 from events.sites import BLOCKED, NONE, THROUGH
-from reducers.rows import ProxyKey, SiteRow
+from reducers.rows import ProxyKey, SiteRow, Take
 from reducers.state import State
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "forget",
     "latest",
     "reindex",
+    "reported",
     "standing",
     "standing_at",
 ]
@@ -67,6 +68,44 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
         if batch.agent not in cell.vantages and len(cell.vantages) < MAX_VANTAGES:
             cell.vantages = (*cell.vantages, batch.agent)
         state.dirty_sites.add(key)
+
+
+def reported(state: State, event: ProxyReported, ts: int) -> None:
+    """A consumer's word that ``event.site`` turned a proxy away. It counts; it steers
+    for everyone when the consumer is trusted (or trust is off), else only within
+    ``report_share`` of the site's cells an hour (at least one), so one token cannot
+    turn a site's pool away. A consumer's word that a proxy works never steers."""
+    key = (event.ip, event.port, event.site)
+    cell = state.sites.get(key)
+    if cell is None:
+        if (event.ip, event.port) not in state.proxies or not _room(state, event.site):
+            state.sites_unkept += 1
+            return
+        cell = state.sites[key] = SiteRow(ip=event.ip, port=event.port, site=event.site)
+        state.site_cells[event.site] = state.site_cells.get(event.site, 0) + 1
+        state.cells_of.setdefault((event.ip, event.port), set()).add(event.site)
+    cell.blocked += 1
+    if not state.settings.trust or event.agent in state.trusted or _take(state, event, ts):
+        before = latest(cell)
+        cell.blocked_at = ts
+        _move(state, event.site, before, latest(cell))
+    state.dirty_sites.add(key)
+    state.settings_dirty = True  # meta holds the takes
+
+
+def _take(state: State, event: ProxyReported, ts: int) -> bool:
+    """Whether an untrusted consumer's block report may act this hour (of log time)."""
+    name, hour = f"{event.agent} {event.site}", ts // 3_600_000
+    take = state.site_takes.get(name)
+    if take is None or take.hour != hour:
+        cells = state.site_cells.get(event.site, 0)
+        take = state.site_takes[name] = Take(
+            hour, 0, max(1, int(state.settings.report_share * cells))
+        )
+    if take.taken >= take.cap:
+        return False
+    take.taken += 1
+    return True
 
 
 def _room(state: State, site: str) -> bool:

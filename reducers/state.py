@@ -120,6 +120,9 @@ class State:
         stored=(list[tuple[str, int, tuple[str, ...]]], _doubted_rows, _doubted),
     )
     takes: dict[str, Take] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items)
+    # A consumer's blocked reports that acted, per site, this hour (reducers/sites.py),
+    # keyed "<consumer> <site>".
+    site_takes: dict[str, Take] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items, later=True)
     # Checkouts (reducers/ledger.py, lease kind "proxy") by id, kept 48 h of log time.
     checkouts: dict[str, Checkout] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items)
 

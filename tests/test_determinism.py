@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -121,9 +121,7 @@ def _builders(draw: st.DrawFn) -> dict[type[ev.Event], Callable[[], ev.Event]]:
             anonymity=draw(st.sampled_from(["", "elite"])),
         ),
         ev.ProxyFailed: lambda: ev.ProxyFailed(**base, ip=ip, port=8080, proto="http"),
-        ev.ProxyReported: lambda: ev.ProxyReported(
-            **base, ip=ip, port=8080, outcome=draw(st.sampled_from(["worked", "failed"]))
-        ),
+        ev.ProxyReported: lambda: _reported(draw, base, ip),
         # A round long enough to be folded in pieces (PIECE).
         ev.ProxiesChecked: lambda: ev.ProxiesChecked(
             **base, key=draw(st.sampled_from(["s001", "traffic"])), lease=lease,
@@ -160,6 +158,12 @@ def _builders(draw: st.DrawFn) -> dict[type[ev.Event], Callable[[], ev.Event]]:
             **{**base, "agent": "admin"}, settings=_settings(draw)
         ),
     }  # fmt: skip
+
+
+def _reported(draw: st.DrawFn, base: dict[str, Any], ip: str) -> ev.ProxyReported:
+    outcome = draw(st.sampled_from(["worked", "failed", "blocked"]))
+    site = draw(st.sampled_from(SITES)) if outcome == "blocked" else ""
+    return ev.ProxyReported(**base, ip=ip, port=8080, outcome=outcome, site=site)
 
 
 LEASE_KINDS: list[ev.LeaseKind] = list(get_args(ev.LeaseKind))

@@ -220,3 +220,45 @@ def test_the_latest_word_per_site_is_counted_and_rebuilt_on_restore() -> None:
     counted = dict(log.state.site_latest)
     reindex(log.state)
     assert log.state.site_latest == counted == {"reddit.com": {"through": 0, "blocked": 1}}
+
+
+def _blocked(consumer: str, n: int, site: str) -> ev.ProxyReported:
+    return ev.ProxyReported(
+        id=eid(), agent=consumer, at=0, ip=ip(n), port=8080, outcome="blocked", site=site
+    )
+
+
+def test_a_consumers_blocked_report_steers_only_within_its_share_per_site() -> None:
+    """An untrusted consumer's word that a site turned a proxy away acts for everyone at
+    most ``report_share`` of the site's cells an hour (at least one); past it, and on
+    another site's cells, it is counted; the next hour it acts again. It never fails the
+    proxy."""
+    log = _log(proxies=4)
+    log.enrol("shop", "consumer")
+    log.says(_verdicts("c-own", *[(n, "google.com", 1, 0) for n in range(4)]), at_s=60)
+    before = dict(log.state.proxies)
+    log.service(_blocked("shop", 0, "google.com"), at_s=70)
+    log.service(_blocked("shop", 1, "google.com"), at_s=80)
+    assert _standing(log, 0, "google.com", 80) == "blocked"
+    assert _standing(log, 1, "google.com", 80) == "through"  # past its share: counted only
+    assert log.state.sites[(ip(1), 8080, "google.com")].blocked == 1
+    log.service(_blocked("shop", 2, "google.com"), at_s=3_700)  # the next hour
+    assert _standing(log, 2, "google.com", 3_700) == "blocked"
+    assert log.state.proxies == before
+    again = State()
+    Folder(again).apply(log.messages)
+    assert digest(again) == digest(log.state)  # the takes are in the meta and its digest
+
+
+def test_a_blocked_report_names_its_site_and_only_it_does() -> None:
+    """``blocked`` without a site key, or a site with another outcome, is refused."""
+    log = _log()
+    log.enrol("shop", "consumer")
+    log.service(_blocked("shop", 0, ""), at_s=60)
+    log.service(_blocked("shop", 0, "Not A Site"), at_s=60)
+    failed = ev.ProxyReported(
+        id=eid(), agent="shop", at=0, ip=ip(0), port=8080, outcome="failed", site="google.com"
+    )
+    log.service(failed, at_s=60)
+    assert [reason for reason, _ in log.refused] == ["invalid"] * 3
+    assert log.state.sites == {}
