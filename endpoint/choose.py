@@ -47,6 +47,7 @@ SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for tha
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
 MAX_SITES = 1_024  # sites whose proxies known to get through are remembered here
 MAX_VERDICTS = 50_000  # (proxy, site) cells counted between two rounds to the log
+_PER_UPSTREAM = 64  # sites an upstream's marks hold before those run out are let go
 
 
 class Facts(Protocol):
@@ -277,6 +278,8 @@ class Pool:
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request through ``up`` away: not for that site a while."""
         self._count(up, site, 1)
+        if len(up.turned_away) >= _PER_UPSTREAM:  # what has run out goes first
+            up.turned_away = {s: t for s, t in up.turned_away.items() if t > now}
         up.turned_away[site] = now + SITE_BLOCK_S
         known = self.through.get(site)
         if known is not None:
@@ -310,6 +313,8 @@ class Pool:
         if site:
             minute = int(now // 60)
             used = up.site_uses.get(site)
+            if used is None and len(up.site_uses) >= _PER_UPSTREAM:  # past minutes go
+                up.site_uses = {s: u for s, u in up.site_uses.items() if u[0] == minute}
             up.site_uses[site] = (minute, used[1] + 1 if used and used[0] == minute else 1)
         if want.session:
             self.sessions[(want.consumer, want.session)] = (up.key, now)
