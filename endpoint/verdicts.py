@@ -72,7 +72,9 @@ def learn(pool: Pool, outcomes: Outcomes, site: str, link: UpLink) -> None:
     """A whole answer of ``site`` through ``link``: its page got through, or the site
     turned it away (its words, or a stub), for the picks that follow."""
     rule = rule_for(site, ())
-    if rule is not None:
+    if rule is not None and (link.head_only or link.status in (204, 304)):
+        said = head_verdict(rule, link.status, link.location)  # no page to read
+    elif rule is not None:
         answer = Answer(
             status=link.status, location=link.location, head=bytes(link.seen), size=link.size
         )
