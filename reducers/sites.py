@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from events.catalogue import ProxyReported, SitesChecked
 from events.sites import BLOCKED, NONE, THROUGH
-from reducers.rows import ProxyKey, SiteRow, Take
+from reducers.rows import ProxyKey, SiteKey, SiteRow, Take
 from reducers.state import State
 
 __all__ = [
@@ -39,6 +39,7 @@ MAX_SITES = 256
 MAX_CELLS = 10_000  # per site: 200 sites' worth stay within the gateway's budget
 MAX_VANTAGES = 4
 BLOCK_KEEP_MS = 6 * 3_600_000  # a site's block of an exit is lifted in hours, not days
+_TAKES = 4_096  # consumers' hourly takes per site kept before past hours' are let go
 
 
 def checked(state: State, batch: SitesChecked, ts: int) -> None:
@@ -47,14 +48,9 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
     steers = not state.settings.trust or batch.agent in state.trusted
     for r in batch.results:
         key = (r.ip, r.port, r.site)
-        cell = state.sites.get(key)
+        cell = _cell(state, key)
         if cell is None:
-            if (r.ip, r.port) not in state.proxies or not _room(state, r.site):
-                state.sites_unkept += 1
-                continue
-            cell = state.sites[key] = SiteRow(ip=r.ip, port=r.port, site=r.site)
-            state.site_cells[r.site] = state.site_cells.get(r.site, 0) + 1
-            state.cells_of.setdefault((r.ip, r.port), set()).add(r.site)
+            continue
         cell.through += r.through
         cell.blocked += r.blocked
         before = latest(cell)
@@ -76,14 +72,9 @@ def reported(state: State, event: ProxyReported, ts: int) -> None:
     ``report_share`` of the site's cells an hour (at least one), so one token cannot
     turn a site's pool away. A consumer's word that a proxy works never steers."""
     key = (event.ip, event.port, event.site)
-    cell = state.sites.get(key)
+    cell = _cell(state, key)
     if cell is None:
-        if (event.ip, event.port) not in state.proxies or not _room(state, event.site):
-            state.sites_unkept += 1
-            return
-        cell = state.sites[key] = SiteRow(ip=event.ip, port=event.port, site=event.site)
-        state.site_cells[event.site] = state.site_cells.get(event.site, 0) + 1
-        state.cells_of.setdefault((event.ip, event.port), set()).add(event.site)
+        return
     cell.blocked += 1
     if not state.settings.trust or event.agent in state.trusted or _take(state, event, ts):
         before = latest(cell)
@@ -93,10 +84,28 @@ def reported(state: State, event: ProxyReported, ts: int) -> None:
     state.settings_dirty = True  # meta holds the takes
 
 
+def _cell(state: State, key: SiteKey) -> SiteRow | None:
+    """The cell of ``key``, made when its proxy is known and the caps leave room; None
+    (counted as not kept) else."""
+    cell = state.sites.get(key)
+    if cell is None:
+        ip, port, site = key
+        if (ip, port) not in state.proxies or not _room(state, site):
+            state.sites_unkept += 1
+            return None
+        cell = state.sites[key] = SiteRow(ip=ip, port=port, site=site)
+        state.site_cells[site] = state.site_cells.get(site, 0) + 1
+        state.cells_of.setdefault((ip, port), set()).add(site)
+    return cell
+
+
 def _take(state: State, event: ProxyReported, ts: int) -> bool:
-    """Whether an untrusted consumer's block report may act this hour (of log time)."""
+    """Whether an untrusted consumer's block report may act this hour (of log time).
+    Past ``_TAKES`` entries, those of past hours are let go first."""
     name, hour = f"{event.agent} {event.site}", ts // 3_600_000
     take = state.site_takes.get(name)
+    if take is None and len(state.site_takes) >= _TAKES:
+        state.site_takes = {k: t for k, t in state.site_takes.items() if t.hour == hour}
     if take is None or take.hour != hour:
         cells = state.site_cells.get(event.site, 0)
         take = state.site_takes[name] = Take(
