@@ -99,7 +99,6 @@ class Kept(Piece):
     def __init__(
         self,
         new: Callable[[], Any],
-        *,
         digest: str,
         when: str,
         canonical: Callable[[Any], Any],
@@ -149,15 +148,7 @@ def kept(
     checkpoint, before the rest in declaration order). ``later``: added after snapshots'
     meta was fixed, so left out of a snapshot while empty (and of the digest: give it
     ``digest=WHILE_ANY``), and an older log's snapshot keeps its bytes."""
-    return Kept(
-        new,
-        digest=digest,
-        when=when,
-        canonical=canonical,
-        stored=stored,
-        position=position,
-        later=later,
-    )
+    return Kept(new, digest, when, canonical, stored, position, later)
 
 
 def derived(new: Callable[[], Any]) -> Any:

@@ -176,17 +176,9 @@ def test_the_pool_view_and_the_read_model_agree_on_works_on() -> None:
     from projections.core.readmodels import ProxyFilter, query_proxies
 
     log = _log(proxies=4)
-    log.says(
-        _verdicts(
-            "c-own",
-            (0, "google.com", 1, 0),
-            (1, "google.com", 1, 0),
-            (1, "reddit.com", 0, 1),
-            (2, "reddit.com", 1, 0),
-            (3, "google.com", 0, 1),
-        ),
-        at_s=60,
-    )
+    said = [(0, "google.com", 1, 0), (1, "google.com", 1, 0), (1, "reddit.com", 0, 1)]
+    said += [(2, "reddit.com", 1, 0), (3, "google.com", 0, 1)]
+    log.says(_verdicts("c-own", *said), at_s=60)
     log.says(_verdicts("c-other", (3, "reddit.com", 9, 0)), at_s=60)  # steers no one
     now = log.ts(61)
     view = build(log.state)
