@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from endpoint.login import Want
+from events.sites import SiteRule
 
 __all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Pool", "Upstream"]
 
@@ -112,6 +113,8 @@ class Pool:
     # (``take_verdicts``), for the log; past ``MAX_VERDICTS`` cells, counted as dropped.
     verdicts: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
     verdicts_dropped: int = 0
+    # The operator's rules for reading sites' answers (events/sites.py), from the feed.
+    rules: tuple[SiteRule, ...] = ()
     _lists: dict[tuple[object, ...], list[Upstream]] = field(default_factory=dict)
 
     def replace(self, fresh: Iterable[Facts]) -> None:

@@ -32,6 +32,7 @@ from endpoint.verdicts import PSL_VERSION
 from events.batches import MAX_RESULTS, TRAFFIC_KEY
 from events.catalogue import CheckResult, ProxiesChecked, SiteResult, SitesChecked
 from events.mint import fresh_id, now_ms
+from events.sites import SiteRule
 from events.wire import AGENT_HEADER
 
 __all__ = ["Feed"]
@@ -46,6 +47,13 @@ LOGIN_ASKS = 16  # gateway connections for logins, apart from the pool's and the
 TRAFFIC_S = 1.0  # a consumer's outcomes go to the log once a second, as one round
 SITES_S = 60.0  # what the traffic showed of sites goes to the log once a minute
 _ROLES = ("consumer", "admin")
+
+
+class _Rules(msgspec.Struct):
+    rules: list[SiteRule]
+
+
+_rules = msgspec.json.Decoder(_Rules)
 
 
 class _Row(msgspec.Struct, gc=False):
@@ -138,6 +146,7 @@ class Feed:
             connector=aiohttp.TCPConnector(limit=LOGIN_ASKS),
         )
         await self.refresh()
+        await self.refresh_rules()
         self._task = asyncio.create_task(self._run(), name="ppf-serve-feed")
         self._sender = asyncio.create_task(self._send_traffic(), name="ppf-serve-traffic")
         if self.identity is not None:
@@ -161,6 +170,21 @@ class Feed:
             # An empty pool (a fleet just started) is asked for every second until it fills.
             await asyncio.sleep(self.every_s if self.pool.upstreams else min(1.0, self.every_s))
             await self.refresh()
+            await self.refresh_rules()
+
+    async def refresh_rules(self) -> None:
+        """The operator's rules for reading sites (``ppf sites add``), from the first
+        gateway that has them; kept as they are when none answers."""
+        assert self._http is not None
+        for base in self.gateways:
+            try:
+                async with self._http.get(f"{base}/v1/sites/rules") as r:
+                    if r.status != 200:
+                        continue
+                    self.pool.rules = tuple(_rules.decode(await r.read()).rules)
+                    return
+            except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+                log.warning("rules_not_read", gateway=base, error=repr(exc)[:200])
 
     async def refresh(self) -> bool:
         """One ask of the gateways, in order; True when the pool was replaced."""

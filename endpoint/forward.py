@@ -301,7 +301,7 @@ class ClientSide(asyncio.Protocol):
 
     def send(self, req: Request, link: UpLink) -> None:
         self.link = link
-        link.capture = wants_page(req.site)
+        link.capture = wants_page(self.endpoint.pool, req.site)
         link.begin(self, req)
         self.endpoint.outcomes.added_ms.append((time.perf_counter() - req.read_at) * 1000)
 

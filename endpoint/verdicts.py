@@ -47,9 +47,9 @@ def site_of(host: str) -> str:
     return site if site_key_ok(site) else ""
 
 
-def wants_page(site: str) -> bool:
+def wants_page(pool: Pool, site: str) -> bool:
     """Whether ``site``'s verdict reads its page (its rule has words or a least size)."""
-    rule = rule_for(site, ()) if site else None
+    rule = rule_for(site, pool.rules) if site else None
     return rule is not None and bool(rule.markers or rule.min_bytes)
 
 
@@ -57,7 +57,7 @@ def head_verdict_of(pool: Pool, site: str, status: int, location: str) -> str:
     """What an answer's head says of ``site``: by its rule (events/sites.py); for a site
     without one, a 403 or 429 (the statuses a site turns a client away with, not a page
     that is missing) is a block where another proxy got the site's pages."""
-    rule = rule_for(site, ())
+    rule = rule_for(site, pool.rules)
     if rule is not None:
         return head_verdict(rule, status, location)
     if status in _TURNED_AWAY and pool.through.get(site):
@@ -71,7 +71,7 @@ _TURNED_AWAY = frozenset({403, 429})
 def learn(pool: Pool, outcomes: Outcomes, site: str, link: UpLink) -> None:
     """A whole answer of ``site`` through ``link``: its page got through, or the site
     turned it away (its words, or a stub), for the picks that follow."""
-    rule = rule_for(site, ())
+    rule = rule_for(site, pool.rules)
     if rule is not None and (link.head_only or link.status in (204, 304)):
         said = head_verdict(rule, link.status, link.location)  # no page to read
     elif rule is not None:

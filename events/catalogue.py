@@ -11,6 +11,8 @@ from typing import Literal
 
 import msgspec
 
+from events.sites import SiteRule
+
 __all__ = [
     "EVENT_TYPES",
     "LAST_FIRST_SETTING",
@@ -46,6 +48,7 @@ __all__ = [
     "SeedPlanned",
     "Settings",
     "SiteResult",
+    "SiteRuled",
     "SitesChecked",
     "SourceAdded",
     "Tried",
@@ -354,6 +357,15 @@ class ProxiesChecked(Event, frozen=True, kw_only=True, tag="ProxiesChecked"):
     source: str = ""
 
 
+class SiteRuled(Event, frozen=True, kw_only=True, tag="SiteRuled"):
+    """The operator's rule for reading a site's answers (``ppf sites add``; events/sites.py
+    ``SiteRule``), on the site's own subject; ``removed``: back to the built-in or generic
+    reading."""
+
+    rule: SiteRule
+    removed: bool = False
+
+
 class SiteResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """One proxy's answers from one site in a round (``SitesChecked``): how many got the
     site's page and how many were turned away (answers with no verdict are not counted;
@@ -402,6 +414,7 @@ AnyEvent = (
     | Located
     | ProxiesChecked
     | SitesChecked
+    | SiteRuled
 )
 
 EVENT_TYPES: tuple[type[Event], ...] = (
@@ -425,6 +438,7 @@ EVENT_TYPES: tuple[type[Event], ...] = (
     Located,
     ProxiesChecked,
     SitesChecked,
+    SiteRuled,
 )
 
 # What agents observe and send through their outboxes: the events a re-send can repeat

@@ -32,6 +32,7 @@ from events.catalogue import (
     ProxyWorked,
     Released,
     SeedPlanned,
+    SiteRuled,
     SitesChecked,
     SourceAdded,
 )
@@ -80,6 +81,7 @@ LOG_SUBJECTS = (
     "ppf.geo.>",
     "ppf.config",
     "ppf.seed.>",
+    "ppf.sites.>",
 )
 DLQ_STREAM = "PPF_DLQ"
 DLQ_PREFIX = "ppf.dlq."
@@ -188,6 +190,7 @@ SUBJECT_TAILS: dict[type, Callable[[Any], str]] = {
     Located: lambda e: "geo." + e.ip.replace(".", "-"),
     ProxiesChecked: lambda e: "checked." + e.key,
     SitesChecked: lambda e: "checked." + e.key,
+    SiteRuled: lambda e: "sites." + e.rule.site.replace(".", "-"),
     Leased: _lease,
     Released: _lease,
     LeaseReset: _lease,
@@ -260,4 +263,6 @@ def subject_for(event: Event) -> str:
             return "ppf.geo." + _token(event.ip.replace(".", "-"), "ip")
         case ProxiesChecked() | SitesChecked():
             return "ppf.checked." + _token(event.key, "key")
+        case SiteRuled():
+            return "ppf.sites." + _token(event.rule.site.replace(".", "-"), "site")
     raise SubjectError(f"no subject for {type(event).__name__}")

@@ -31,13 +31,14 @@ from events.catalogue import (
     ProxyFailed,
     ProxyReported,
     ProxyWorked,
+    SiteRuled,
     SitesChecked,
     SourceAdded,
 )
 from events.hosts import rules_host, spelled_address
 from events.ids import uuid7_ms
 from events.keys import DERIVED_PREFIX, parse_key
-from events.sites import site_key_ok
+from events.sites import HEAD_BYTES, site_key_ok
 from events.subjects import url_id
 
 __all__ = [
@@ -386,6 +387,25 @@ def _sites_checked(e: SitesChecked, admit: Admit, guarded: bool) -> tuple[str, s
 _MAX_COUNT = 2**31 - 1
 
 
+def _site_ruled(e: SiteRuled, admit: Admit, guarded: bool) -> tuple[str, str]:
+    rule = e.rule
+    if not site_key_ok(rule.site):
+        return "rule.site", "not a site key (a lower-case name or an address)"
+    for name in ("through", "blocked"):
+        codes = getattr(rule, name)
+        if len(codes) > 32 or not all(100 <= c <= 599 for c in codes):
+            return f"rule.{name}", "at most 32 HTTP statuses, 100-599"
+    for name in ("markers", "redirects"):
+        texts = getattr(rule, name)
+        if len(texts) > 16 or not all(0 < len(t) <= 200 for t in texts):
+            return f"rule.{name}", "at most 16, each 1-200 characters"
+    if not all(r.startswith("/") for r in rule.redirects):
+        return "rule.redirects", "paths, each starting with /"
+    if not 0 <= rule.min_bytes <= HEAD_BYTES * 16:
+        return "rule.min_bytes", f"out of range 0-{HEAD_BYTES * 16}"
+    return _envelope(e.id, "")
+
+
 def _located(e: Located, admit: Admit, guarded: bool) -> tuple[str, str]:
     if len(e.more) >= MAX_RESULTS:
         return "more", f"at most {MAX_RESULTS} addresses in all"
@@ -433,6 +453,7 @@ _CHECKS: dict[type, Callable[[Any, Admit, bool], tuple[str, str]]] = {
     Deposited: _deposited,
     ProxiesChecked: _proxies_checked,
     SitesChecked: _sites_checked,
+    SiteRuled: _site_ruled,
     Located: _located,
 }
 

@@ -275,6 +275,12 @@ def openapi() -> dict[str, Any]:
                 "responses": {"200": _reply(None), **_problems(401, 403)},
             }
         },
+        "/v1/sites/rules": {
+            "get": {
+                "summary": "the operator's rules for reading sites' answers (ppf sites add)",
+                "responses": {"200": _reply(None)},
+            }
+        },
         "/v1/sources": {
             "get": {
                 "summary": "sources with scores",

@@ -318,6 +318,14 @@ async def sites_known(request: web.Request) -> web.Response:
 _TALLY_STEP = 10_000  # cells a step: a few milliseconds of the loop
 
 
+@routes.get("/v1/sites/rules")
+async def site_rules(request: web.Request) -> web.Response:
+    """The operator's rules for reading sites' answers (``ppf sites add``): for the
+    agents that probe and the endpoints that route; nothing in them is a secret."""
+    rules = request.app[FOLD].state.site_rules
+    return reply({"rules": [rules[site] for site in sorted(rules)]})
+
+
 @routes.get("/v1/sources")
 async def sources(request: web.Request) -> web.Response:
     open_query(request)

@@ -35,6 +35,7 @@ from events.catalogue import (
     ProxyWorked,
     Released,
     SeedPlanned,
+    SiteRuled,
     SitesChecked,
     SourceAdded,
 )
@@ -307,6 +308,12 @@ def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
             deposits.rejected(state, event)
         case SitesChecked():
             sites.checked(state, event, ts)
+        case SiteRuled():
+            if event.removed:
+                state.site_rules.pop(event.rule.site, None)
+            else:
+                state.site_rules[event.rule.site] = event.rule
+            state.settings_dirty = True  # meta holds them
         case Located() | ProxiesChecked():  # folded before they get here (fold above)
             pass
         case _:

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from events.catalogue import LAST_FIRST_SETTING, Settings
+from events.sites import SiteRule
 from reducers.kept import NEVER, WHILE_ANY, Kept, Table, declared, derived, kept, replica, table
 from reducers.marks import Mark, Recent
 from reducers.pool import Composition
@@ -120,6 +121,10 @@ class State:
         stored=(list[tuple[str, int, tuple[str, ...]]], _doubted_rows, _doubted),
     )
     takes: dict[str, Take] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items)
+    # The operator's rules for reading sites' answers, by site (``ppf sites add``).
+    site_rules: dict[str, SiteRule] = kept(
+        dict, digest=WHILE_ANY, canonical=_sorted_items, later=True
+    )
     # A consumer's blocked reports that acted, per site, this hour (reducers/sites.py),
     # keyed "<consumer> <site>".
     site_takes: dict[str, Take] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items, later=True)

@@ -286,7 +286,8 @@ def test_up_enrolls_its_local_agents_and_serves_the_dashboard(ppf_bin: str, tmp_
 
 
 def test_bad_flags_and_missing_nats_fail_clearly(ppf_bin: str) -> None:
-    """Bad flags and an absent NATS are one-line errors with a non-zero exit."""
+    """Bad flags and an absent NATS are one-line errors with a non-zero exit; a site's
+    rule that the fold would refuse is refused before anything is published."""
     res = subprocess.run(
         [ppf_bin, "replay", "--db", "x.duckdb", "--nats", f"nats://127.0.0.1:{free_port()}"],
         capture_output=True,
@@ -296,6 +297,16 @@ def test_bad_flags_and_missing_nats_fail_clearly(ppf_bin: str) -> None:
     assert b"cannot connect to NATS" in res.stderr
     res = subprocess.run([ppf_bin, "up", "--listen", "nowhere:port"], capture_output=True)
     assert res.returncode == 2
+    nowhere = f"nats://127.0.0.1:{free_port()}"
+    for argv, said in [
+        (["https://shop.example/", "--through", "ok"], b"statuses are numbers"),
+        (["https://shop.example/", "--redirect", "captcha"], b"rule.redirects"),
+        (["http:///"], b"rule.site"),
+    ]:
+        res = subprocess.run(
+            [ppf_bin, "sites", "add", *argv, "--nats", nowhere], capture_output=True, timeout=60
+        )
+        assert res.returncode == 2 and said in res.stderr, res.stderr  # before any NATS
 
 
 def test_committed_schemas_match_the_code() -> None:

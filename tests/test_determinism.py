@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import events as ev
 from events.ids import uuid7
+from events.sites import SiteRule
 from projections import Folder, Store, digest
 from projections.store import collect
 from reducers import State
@@ -136,6 +137,10 @@ def _builders(draw: st.DrawFn) -> dict[type[ev.Event], Callable[[], ev.Event]]:
                 )
                 for _ in range(draw(st.integers(1, 4)))
             ],
+        ),
+        ev.SiteRuled: lambda: ev.SiteRuled(
+            **{**base, "agent": "admin"}, removed=draw(st.booleans()),
+            rule=SiteRule(site=draw(st.sampled_from(SITES)), markers=("captcha",)),
         ),
         ev.Located: lambda: ev.Located(
             **base, ip=ip, country=draw(st.sampled_from(["", "DE"])), asn=draw(st.integers(0, 9))

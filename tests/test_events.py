@@ -8,6 +8,7 @@ import msgspec
 import pytest
 
 import events as ev
+from events.sites import SiteRule
 from tests.helpers import eid, leased, worked
 
 _SITE = ev.SiteResult(ip="45.68.1.2", port=80, site="google.com", through=2)
@@ -55,6 +56,7 @@ SAMPLES: list[ev.Event] = [
         ],
     ),
     ev.SitesChecked(id=eid(), agent="c1", at=1, key="s042", psl="1.1", results=[_SITE]),
+    ev.SiteRuled(id=eid(), agent="admin", at=1, rule=SiteRule(site="shop.example", min_bytes=9)),
     ev.AgentEnrolled(
         id=eid(), agent="admin", at=1, name="w1", role="worker", token_sha256="0" * 64
     ),

@@ -10,6 +10,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
+from endpoint.choose import Pool
+from endpoint.feed import Feed
+from events.sites import SiteRule
 from gateway.app import make_app
 from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.stream import Firehose
@@ -205,6 +208,16 @@ async def test_gateway_serves_the_projections(
     assert 'ppf_site_proxies{latest="blocked",site="google.com"} 1' in metrics
     drop_in = await (await client.get("/all/?works_on=shop.example")).json()
     assert [p["proxy"] for p in drop_in] == ["1.1.1.1:3128"]
+
+    # The operator's rules, on their own subject, served to the agents and the endpoints.
+    rule = SiteRule(site="shop.example", blocked=(403,), redirects=("/captcha",))
+    await log_client.publish(ev.SiteRuled(id=fresh_id(), agent="admin", at=now_ms(), rule=rule))
+    await _caught_up(fold, log_client)
+    pool = Pool()
+    feed = Feed([str(client.make_url("")).rstrip("/")], pool)
+    await feed.start()
+    await feed.stop()
+    assert pool.rules == (rule,) and fold.state.site_rules == {"shop.example": rule}
 
     # What the fleet knows of sites is the admin's alone.
     for name, role in (("ops", "admin"), ("shop", "consumer")):

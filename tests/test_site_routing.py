@@ -6,6 +6,7 @@ through proxies that get through, without counting a block as the proxy's failur
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import random
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ from endpoint.choose import Pool, Upstream
 from endpoint.login import Want
 from ops.lab.testbed import ProxyLab
 from ops.nats.server import free_port
-from tests.test_forward import _endpoint, _get, _raw
+from tests.test_forward import AUTH, TOKEN, _endpoint, _get, _raw
 
 
 @contextlib.asynccontextmanager
@@ -153,3 +154,39 @@ async def test_the_sites_answer_reaches_the_client_when_no_other_proxy_is_left(
         await asyncio.sleep(0)
     assert got == [b"HTTP/1.1 403 Forbidden"] * 3
     assert all(up.strikes == 0 for up in relay.pool.upstreams.values())
+
+
+async def test_an_operators_rule_turns_a_captcha_redirect_away_at_once(lab: ProxyLab) -> None:
+    """With the operator's rule for a site (a redirect to /captcha is a block), the first
+    request squid's exit is redirected on is tried through another proxy before anything
+    reaches the client, before any page of the site has been seen."""
+    from events.sites import SiteRule
+
+    exits = {p.name: p.exit_ip for p in lab.proxies}
+
+    async def page(request: web.Request) -> web.Response:
+        if request.remote == exits["squid"]:
+            raise web.HTTPFound("/captcha?from=listed")
+        return web.Response(text="the shop")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port("127.0.0.15")
+    await web.TCPSite(runner, "127.0.0.15", port).start()
+    try:
+        async with _endpoint(lab, "squid", "tinyproxy-elite") as relay:
+            relay.pool.rules = (SiteRule(site="127.0.0.15", redirects=("/captcha",)),)
+            login = b"Proxy-Authorization: Basic " + base64.b64encode(
+                f"shop-strategy-roundrobin:{TOKEN}".encode()
+            )
+            got = []
+            for _ in range(4):
+                request = _get(f"127.0.0.15:{port}", "/").replace(AUTH, login + b"\r\n")
+                (answer,) = await _raw(relay.port, request, 1)  # type: ignore[attr-defined]
+                got.append(answer.split(b"\r\n", 1)[0])
+    finally:
+        await runner.cleanup()
+    assert got == [b"HTTP/1.1 200 OK"] * 4
+    assert relay.outcomes.counts.get("turned_away", 0) >= 1

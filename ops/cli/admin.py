@@ -78,6 +78,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for sp in (add, imp, seed):
         sp.set_defaults(run=_sources)
 
+    si = sub.add_parser("sites", help="how sites' answers are read (admin)")
+    si_sub = si.add_subparsers(dest="action", required=True)
+    rule = si_sub.add_parser("add", help="the operator's rule for a site (its target)")
+    rule.add_argument("url", help="a page of the site, e.g. https://shop.example/")
+    rule.add_argument("--through", default="200", help="statuses that are its page (200)")
+    rule.add_argument("--blocked", default="403,429", help="statuses that turn away")
+    rule.add_argument("--marker", action="append", default=[], help="words of a block page")
+    rule.add_argument("--redirect", action="append", default=[], help="a block's path")
+    rule.add_argument("--min-bytes", type=int, default=0, help="a page's least size")
+    gone = si_sub.add_parser("remove", help="back to the built-in or generic reading")
+    gone.add_argument("url")
+    for sp in (rule, gone):
+        sp.add_argument("--nats", default=DEFAULT_NATS)
+        sp.set_defaults(run=_sites)
+
 
 async def _revoke(args: argparse.Namespace) -> int:
     """``AgentEnrolled`` with no token: the gateway then refuses the old token, the
@@ -195,4 +210,46 @@ async def _sources(args: argparse.Namespace) -> int:
         progress.close()
         await lg.close()
     print(json.dumps({"added": len(events)}))
+    return 0
+
+
+async def _sites(args: argparse.Namespace) -> int:
+    """``SiteRuled`` for the site of ``args.url``, checked as the fold checks it."""
+    from urllib.parse import urlsplit
+
+    from endpoint.verdicts import site_of
+    from events import SiteRuled
+    from events.mint import fresh_id, now_ms
+    from events.sites import SiteRule
+    from events.validate import problem
+
+    site = site_of(urlsplit(args.url if "//" in args.url else "//" + args.url).hostname or "")
+    try:
+        rule = SiteRule(site=site)
+        if args.action == "add":
+            rule = SiteRule(
+                site=site,
+                through=tuple(int(c) for c in args.through.split(",") if c),
+                blocked=tuple(int(c) for c in args.blocked.split(",") if c),
+                markers=tuple(args.marker),
+                redirects=tuple(args.redirect),
+                min_bytes=args.min_bytes,
+            )
+    except ValueError:
+        print("ppf sites: statuses are numbers, comma-separated", file=sys.stderr)
+        return 2
+    event = SiteRuled(
+        id=fresh_id(), agent="admin", at=now_ms(), rule=rule, removed=args.action == "remove"
+    )
+    field, why = problem(event, lab=False)
+    if why:
+        print(f"ppf sites: {field}: {why}", file=sys.stderr)
+        return 2
+    lg = await Log.connect(args.nats, name="ppf-sites")
+    try:
+        await lg.ensure_stream()
+        await lg.publish(event)
+    finally:
+        await lg.close()
+    print(json.dumps({"site": site, "ruled": args.action == "add"}))
     return 0
