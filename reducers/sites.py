@@ -95,7 +95,7 @@ def _cell(state: State, key: SiteKey) -> SiteRow | None:
             return None
         cell = state.sites[key] = SiteRow(ip=ip, port=port, site=site)
         state.site_cells[site] = state.site_cells.get(site, 0) + 1
-        state.cells_of.setdefault((ip, port), set()).add(site)
+        state.cells_of[(ip, port)] = (*state.cells_of.get((ip, port), ()), site)
     return cell
 
 
@@ -177,5 +177,5 @@ def reindex(state: State) -> None:
     state.site_latest = {}
     for (ip, port, site), cell in state.sites.items():
         state.site_cells[site] = state.site_cells.get(site, 0) + 1
-        state.cells_of.setdefault((ip, port), set()).add(site)
+        state.cells_of[(ip, port)] = (*state.cells_of.get((ip, port), ()), site)
         _move(state, site, NONE, latest(cell))

@@ -156,7 +156,8 @@ class State:
     operators: frozenset[str] = derived(frozenset)
     doubts: dict[str, set[ProxyKey]] = derived(dict)  # ``doubted`` by consumer
     site_cells: dict[str, int] = derived(dict)  # site -> its cells (reducers/sites.py)
-    cells_of: dict[ProxyKey, set[str]] = derived(dict)  # proxy -> the sites it has cells of
+    # proxy -> the sites it has cells of (a tuple: a set per proxy cost ten times the room)
+    cells_of: dict[ProxyKey, tuple[str, ...]] = derived(dict)
     # site -> cells whose latest steering word is through, or blocked (/metrics)
     site_latest: dict[str, dict[str, int]] = derived(dict)
 
