@@ -30,20 +30,12 @@ from typing import cast
 import httptools
 
 from endpoint.choose import Upstream
-from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want, basic_login
+from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
 from endpoint.serving import Serving
 from endpoint.uplink import HOP, Request, UpLink
-from endpoint.verdicts import BLOCKED, head_verdict_of, learn, wants_page
+from endpoint.verdicts import BLOCKED, head_verdict_of, learn, rule_of, wants_page
 
-__all__ = [
-    "CHALLENGE",
-    "LOGIN_NEEDED",
-    "MAX_BODY",
-    "ClientSide",
-    "Request",
-    "answer",
-    "basic_login",
-]
+__all__ = ["MAX_BODY", "ClientSide", "answer", "peer_address"]
 
 MAX_HEAD = 65_536
 MAX_BODY = 16 * 1024 * 1024
@@ -232,6 +224,7 @@ class ClientSide(asyncio.Protocol):
             req.host, req.port = url.host.decode("idna"), url.port or 80
             req.origin = (url.path or b"/") + (b"?" + url.query if url.query else b"")
             req.site = self.endpoint.site_of(req.host)
+            req.rule = rule_of(self.endpoint.pool, req.site)
         except (httptools.HttpParserInvalidURLError, ValueError, UnicodeError):
             self._client_error(400, "an absolute http:// URI (https goes through CONNECT)")
             return
@@ -301,7 +294,7 @@ class ClientSide(asyncio.Protocol):
 
     def send(self, req: Request, link: UpLink) -> None:
         self.link = link
-        link.capture = wants_page(self.endpoint.pool, req.site)
+        link.capture = wants_page(req.rule)
         link.begin(self, req)
         self.endpoint.outcomes.added_ms.append((time.perf_counter() - req.read_at) * 1000)
 
@@ -320,7 +313,7 @@ class ClientSide(asyncio.Protocol):
         req, endpoint = self.current, self.endpoint
         assert req is not None and self.want is not None
         site = req.site
-        if not site or head_verdict_of(endpoint.pool, site, status, location) != BLOCKED:
+        if not site or head_verdict_of(endpoint.pool, site, req.rule, status, location) != BLOCKED:
             return True
         endpoint.outcomes.count("turned_away")
         endpoint.pool.turned_away(link.up, req.site, time.monotonic())
@@ -343,7 +336,7 @@ class ClientSide(asyncio.Protocol):
         endpoint = self.endpoint
         endpoint.outcomes.count("forwarded")
         if req.site:
-            learn(endpoint.pool, endpoint.outcomes, req.site, link)
+            learn(endpoint.pool, endpoint.outcomes, req.site, req.rule, link)
         endpoint.worked(self.want, self.password, link.up, req.read_at)
         if reusable:
             endpoint.idle.give(link, time.monotonic())

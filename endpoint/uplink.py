@@ -21,7 +21,7 @@ from typing import Protocol, cast
 import httptools
 
 from endpoint.choose import Upstream
-from events.sites import HEAD_BYTES
+from events.sites import HEAD_BYTES, SiteRule
 
 __all__ = ["HOP", "Client", "Idle", "Request", "UpLink"]
 
@@ -58,6 +58,7 @@ class Request:
     failures: int = 0
     fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
     site: str = ""  # the site it goes to (events/sites.py)
+    rule: SiteRule | None = None  # how that site's answers read
 
     def head(self, forward: bool) -> bytes:
         """To an HTTP proxy the absolute URI; through a SOCKS tunnel the origin form."""

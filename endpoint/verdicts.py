@@ -20,6 +20,7 @@ from events.sites import (
     NONE,
     THROUGH,
     Answer,
+    SiteRule,
     generic,
     head_verdict,
     rule_for,
@@ -28,7 +29,15 @@ from events.sites import (
 )
 from events.sites import site_of as _site_of
 
-__all__ = ["BLOCKED", "PSL_VERSION", "head_verdict_of", "learn", "site_of", "wants_page"]
+__all__ = [
+    "BLOCKED",
+    "PSL_VERSION",
+    "head_verdict_of",
+    "learn",
+    "rule_of",
+    "site_of",
+    "wants_page",
+]
 
 # The public suffix list's ICANN section (a site is a registrable domain), made once; its
 # version goes with every round of verdicts the endpoint publishes.
@@ -47,17 +56,23 @@ def site_of(host: str) -> str:
     return site if site_key_ok(site) else ""
 
 
-def wants_page(pool: Pool, site: str) -> bool:
-    """Whether ``site``'s verdict reads its page (its rule has words or a least size)."""
-    rule = rule_for(site, pool.rules) if site else None
+def rule_of(pool: Pool, site: str) -> SiteRule | None:
+    """How ``site``'s answers read: the operator's rule, a built-in one, or None (the
+    generic reading); asked once a request."""
+    return rule_for(site, pool.rules) if site else None
+
+
+def wants_page(rule: SiteRule | None) -> bool:
+    """Whether a verdict by ``rule`` reads the page (its rule has words or a least size)."""
     return rule is not None and bool(rule.markers or rule.min_bytes)
 
 
-def head_verdict_of(pool: Pool, site: str, status: int, location: str) -> str:
-    """What an answer's head says of ``site``: by its rule (events/sites.py); for a site
-    without one, a 403 or 429 (the statuses a site turns a client away with, not a page
-    that is missing) is a block where another proxy got the site's pages."""
-    rule = rule_for(site, pool.rules)
+def head_verdict_of(
+    pool: Pool, site: str, rule: SiteRule | None, status: int, location: str
+) -> str:
+    """What an answer's head says of ``site``: by its ``rule`` (events/sites.py); for a
+    site without one, a 403 or 429 (the statuses a site turns a client away with, not a
+    page that is missing) is a block where another proxy got the site's pages."""
     if rule is not None:
         return head_verdict(rule, status, location)
     if status in _TURNED_AWAY and pool.through.get(site):
@@ -68,10 +83,10 @@ def head_verdict_of(pool: Pool, site: str, status: int, location: str) -> str:
 _TURNED_AWAY = frozenset({403, 429})
 
 
-def learn(pool: Pool, outcomes: Outcomes, site: str, link: UpLink) -> None:
-    """A whole answer of ``site`` through ``link``: its page got through, or the site
-    turned it away (its words, or a stub), for the picks that follow."""
-    rule = rule_for(site, pool.rules)
+def learn(pool: Pool, outcomes: Outcomes, site: str, rule: SiteRule | None, link: UpLink) -> None:
+    """A whole answer of ``site`` through ``link``, read by ``rule``: its page got
+    through, or the site turned it away (its words, or a stub), for the picks that
+    follow."""
     if rule is not None and (link.head_only or link.status in (204, 304)):
         said = head_verdict(rule, link.status, link.location)  # no page to read
     elif rule is not None:

@@ -128,15 +128,17 @@ def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
     """By a built-in rule, a block status or a redirect to a block path turns a request
     away at its head; a site without a rule turns it away by 403 or 429 only where
     another proxy got its page, and never by a missing page."""
-    from endpoint.verdicts import head_verdict_of
+    from endpoint.verdicts import head_verdict_of, rule_of
 
     pool = Pool()
-    assert head_verdict_of(pool, "google.com", status, location) == said
+    google = rule_of(pool, "google.com")
+    assert head_verdict_of(pool, "google.com", google, status, location) == said
     up = Upstream("45.0.0.1", 8080, "http")
-    assert head_verdict_of(pool, "shop.example", status, "") == "none"
+    assert rule_of(pool, "shop.example") is None
+    assert head_verdict_of(pool, "shop.example", None, status, "") == "none"
     pool.got_through(up, "shop.example")
     expected = "blocked" if status == 403 else "none"
-    assert head_verdict_of(pool, "shop.example", status, "") == expected
+    assert head_verdict_of(pool, "shop.example", None, status, "") == expected
 
 
 async def test_the_sites_answer_reaches_the_client_when_no_other_proxy_is_left(
