@@ -312,6 +312,9 @@ class Feed:
         rounds keyed ``traffic`` under the endpoint's own name: a proxy's and a site's,
         never a consumer's; nothing without an identity."""
         cells = self.pool.take_verdicts()
+        if self.pool.verdicts_dropped:  # past the cap of cells a round: said, then reset
+            log.warning("site_verdicts_dropped", cells=self.pool.verdicts_dropped)
+            self.pool.verdicts_dropped = 0
         if self.identity is None or not cells:
             return
         name, token = self.identity
