@@ -84,6 +84,7 @@ class Upstream:
     strikes: int = 0  # failures in a row
     # By site: until when it is turned away (loop time); (minute, requests) sent there.
     turned_away: dict[str, float] = field(default_factory=dict)
+    closed_by: tuple[str, float] = ("", 0.0)  # the one site that closed on it lately, until
     site_uses: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @property
@@ -287,6 +288,18 @@ class Pool:
         known = self.through.get(site)
         if known is not None:
             known.pop(up.key, None)
+
+    def closed_on(self, up: Upstream, site: str, now: float) -> bool:
+        """A fresh connection through ``up`` to ``site`` ended before any answer: the
+        site's refusal (``turned_away``, True) when no other site did so lately; else
+        the proxy's failure (False: a failure on two sites is the proxy's, for the
+        caller to count)."""
+        other, until = up.closed_by
+        if other and other != site and until > now:
+            return False
+        up.closed_by = (site, now + SITE_BLOCK_S)
+        self.turned_away(up, site, now)
+        return True
 
     def _matching(self, want: Want, tunnel: bool) -> list[Upstream]:
         """The upstreams a login's filters allow, in key order, kept until the next

@@ -353,7 +353,8 @@ class ClientSide(asyncio.Protocol):
         self._next()
 
     def unanswered(self, link: UpLink, why: str) -> None:
-        """Nothing came back: the proxy's failure (a stale idle link's, nobody's), and
+        """Nothing came back: the proxy's failure (a stale idle link's, nobody's; the
+        site's refusal when it is the only site that closed on the proxy lately), and
         the request tried again while that is safe."""
         req = self.current
         assert req is not None and self.want is not None
@@ -367,11 +368,14 @@ class ClientSide(asyncio.Protocol):
                 return
             req.fresh_only = True
         else:
-            req.failures += 1
             req.tried |= {link.up.key}
-            self.endpoint.failed(self.want, self.password, link.up, f"request: {why}")
-            tries = self.endpoint.attempts if req.method in _IDEMPOTENT else 1
-            if req.failures >= tries:
+            endpoint = self.endpoint
+            if req.site and endpoint.pool.closed_on(link.up, req.site, time.monotonic()):
+                endpoint.outcomes.count("turned_away")  # the site's refusal, not the proxy's
+            else:
+                req.failures += 1
+                endpoint.failed(self.want, self.password, link.up, f"request: {why}")
+            if req.method not in _IDEMPOTENT or req.failures >= endpoint.attempts:
                 self.refuse(502, "the proxy took the request and gave no answer")
                 return
         self.route(req)

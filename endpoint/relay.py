@@ -323,7 +323,8 @@ class Endpoint:
         TLS port, the client's first bytes (its ClientHello) are kept until the site answers:
         a site that closes before its first byte, or answers with a TLS alert, turned
         this proxy's exit away, and the same bytes go through another proxy, the client
-        none the wiser; the site's first byte says the proxy gets through."""
+        none the wiser. The site's first byte says only that it let the exit in: its
+        page, which may still be a block, is the client's to read, not ours."""
         tried: set[tuple[str, int]] = set()
         up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
         cw.write(ok)
@@ -338,7 +339,6 @@ class Endpoint:
             if reply is None:  # nothing yet: no verdict, carried on
                 break
             if reply and reply[0] != _TLS_ALERT:
-                self.pool.got_through(up, site)
                 cw.write(reply)
                 break
             self.outcomes.count("turned_away")

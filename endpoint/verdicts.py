@@ -21,7 +21,7 @@ from events.sites import (
     THROUGH,
     Answer,
     SiteRule,
-    generic,
+    blocked_redirect,
     head_verdict,
     rule_for,
     site_key_ok,
@@ -71,16 +71,19 @@ def head_verdict_of(
     pool: Pool, site: str, rule: SiteRule | None, status: int, location: str
 ) -> str:
     """What an answer's head says of ``site``: by its ``rule`` (events/sites.py); for a
-    site without one, a 403 or 429 (the statuses a site turns a client away with, not a
-    page that is missing) is a block where another proxy got the site's pages."""
+    site without one, a redirect to a block page is a block, and so is a 403 or 429 (the
+    statuses a site turns a client away with, not a page that is missing) or a proxy's
+    502-504 (it could not get the page) where another proxy got the site's pages."""
     if rule is not None:
         return head_verdict(rule, status, location)
+    if blocked_redirect(status, location):
+        return BLOCKED
     if status in _TURNED_AWAY and pool.through.get(site):
-        return generic(Answer(status=status), [Answer(status=200)])
+        return BLOCKED
     return NONE
 
 
-_TURNED_AWAY = frozenset({403, 429})
+_TURNED_AWAY = frozenset({403, 429, 502, 503, 504})
 
 
 def learn(pool: Pool, outcomes: Outcomes, site: str, rule: SiteRule | None, link: UpLink) -> None:
@@ -94,6 +97,8 @@ def learn(pool: Pool, outcomes: Outcomes, site: str, rule: SiteRule | None, link
             status=link.status, location=link.location, head=bytes(link.seen), size=link.size
         )
         said = verdict(rule, answer)
+    elif blocked_redirect(link.status, link.location):
+        said = BLOCKED
     else:
         said = THROUGH if 200 <= link.status < 400 else NONE
     if said == THROUGH:

@@ -9,11 +9,12 @@ form only (``site_key_ok``), so no digest depends on the list's version.
 
 A verdict says, of one answer through one proxy: ``through`` (the site's own page),
 ``blocked`` (turned away) or ``none`` (nothing to judge: a timeout, a reset before any
-answer; a slow or dead proxy is not a block). A ``SiteRule`` reads an answer's status,
-its redirect and the first ``HEAD_BYTES`` of its page: built in for six large sites,
-set by the operator for its targets (``ppf sites add``). A site without a rule is read
-by ``generic``: a status or a page counts as turned away only when other proxies got a
-different answer to the same request. Pure.
+answer; a slow or dead proxy is not a block). A redirect to a block page (a path with
+a word such as "captcha": ``BLOCK_PATH_WORDS``) is a block on any site. A ``SiteRule``
+reads an answer's status, its redirect and the first ``HEAD_BYTES`` of its page: built
+in for six large sites, set by the operator for its targets (``ppf sites add``). A site
+without a rule is read by ``generic``: a status or a page counts as turned away only
+when other proxies got a different answer to the same request. Pure.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "VERDICTS",
     "Answer",
     "SiteRule",
+    "blocked_redirect",
     "generic",
     "head_verdict",
     "rule_for",
@@ -102,14 +104,26 @@ class SiteRule(msgspec.Struct, frozen=True, kw_only=True):
     min_bytes: int = 0
 
 
+# Words of the paths sites send a client they turn away to (a captcha, a challenge, a
+# "sorry" page): a redirect to one is a block on any site, with a rule or without.
+BLOCK_PATH_WORDS = ("captcha", "challenge", "blocked", "denied", "sorry", "verify")
+
+
+def blocked_redirect(status: int, location: str, paths: Iterable[str] = ()) -> bool:
+    """Whether an answer is a redirect to a block page: to one of ``paths`` (a rule's),
+    or to a path with a word of ``BLOCK_PATH_WORDS``."""
+    if not (300 <= status < 400 and location):
+        return False
+    path = (urlsplit(location).path or "/").lower()
+    return any(path.startswith(p) for p in paths) or any(w in path for w in BLOCK_PATH_WORDS)
+
+
 def verdict(rule: SiteRule, answer: Answer) -> str:
     """``through``, ``blocked`` or ``none`` for ``answer`` by ``rule``."""
     if answer.status == 0:
         return NONE
-    if 300 <= answer.status < 400 and answer.location:
-        path = urlsplit(answer.location).path or "/"
-        if any(path.startswith(p) for p in rule.redirects):
-            return BLOCKED
+    if blocked_redirect(answer.status, answer.location, rule.redirects):
+        return BLOCKED
     if answer.head:
         page = answer.head.lower()
         if any(m.lower().encode() in page for m in rule.markers):
@@ -124,22 +138,21 @@ def verdict(rule: SiteRule, answer: Answer) -> str:
 def head_verdict(rule: SiteRule, status: int, location: str) -> str:
     """What an answer's head alone says by ``rule``: ``blocked`` for a block status or a
     redirect to a block path, else ``none`` (its page may still say otherwise)."""
-    if status in rule.blocked:
+    if status in rule.blocked or blocked_redirect(status, location, rule.redirects):
         return BLOCKED
-    if 300 <= status < 400 and location:
-        path = urlsplit(location).path or "/"
-        if any(path.startswith(p) for p in rule.redirects):
-            return BLOCKED
     return NONE
 
 
 def generic(answer: Answer, others: Iterable[Answer]) -> str:
-    """A site without a rule: the answer is ``through`` when it is a 2xx or 3xx that the
-    other proxies' answers to the same request agree with, ``blocked`` when most of them
-    got another status class (or this one is a 403 or 429 where some got a 2xx), and
-    ``none`` when there is nothing to compare it with."""
+    """A site without a rule: the answer is ``blocked`` when it redirects to a block
+    page, ``through`` when it is a 2xx or 3xx that the other proxies' answers to the
+    same request agree with, ``blocked`` when most of them got another status class (or
+    this one is a 403 or 429 where some got a 2xx), and ``none`` when there is nothing
+    to compare it with."""
     if answer.status == 0:
         return NONE
+    if blocked_redirect(answer.status, answer.location):
+        return BLOCKED
     seen = [o.status // 100 for o in others if o.status]
     if not seen:
         return NONE

@@ -87,6 +87,7 @@ _BOX_MODULES = {
     "test_failover_box",
     "test_seed_world",
     "test_serve_box",
+    "test_sites_box",
     "test_world",
     "test_world_cleanup",
     "test_world_offline",

@@ -120,14 +120,15 @@ def test_a_pick_for_a_site_prefers_known_proxies_within_their_budget() -> None:
 
 @pytest.mark.parametrize("status, location, said", [
     (403, "", "blocked"), (302, "https://www.google.com/sorry/index", "blocked"),
-    (302, "/search", "none"), (200, "", "none"), (404, "", "none"),
+    (302, "/search", "none"), (200, "", "none"), (404, "", "none"), (502, "", "none"),
 ])  # fmt: skip
 def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
     status: int, location: str, said: str
 ) -> None:
     """By a built-in rule, a block status or a redirect to a block path turns a request
-    away at its head; a site without a rule turns it away by 403 or 429 only where
-    another proxy got its page, and never by a missing page."""
+    away at its head; a site without a rule turns it away by 403 or 429 (or a proxy's
+    502-504: it could not get the page) only where another proxy got its page, and
+    never by a missing page."""
     from endpoint.verdicts import head_verdict_of, rule_of
 
     pool = Pool()
@@ -137,8 +138,36 @@ def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
     assert rule_of(pool, "shop.example") is None
     assert head_verdict_of(pool, "shop.example", None, status, "") == "none"
     pool.got_through(up, "shop.example")
-    expected = "blocked" if status == 403 else "none"
+    expected = "blocked" if status in (403, 502) else "none"
     assert head_verdict_of(pool, "shop.example", None, status, "") == expected
+
+
+def test_a_redirect_to_a_captcha_is_a_block_on_any_site_with_or_without_others() -> None:
+    """A redirect whose path names a block page (a captcha, a challenge) is turned away
+    on a site without rules, before any proxy got its page; another redirect is not."""
+    from endpoint.verdicts import head_verdict_of
+
+    pool = Pool()
+    for location in ("/captcha?return=/x", "https://shop.example/Challenge/1"):
+        assert head_verdict_of(pool, "shop.example", None, 302, location) == "blocked"
+    assert head_verdict_of(pool, "shop.example", None, 301, "https://shop.example/") == "none"
+
+
+def test_a_connection_closed_by_one_site_is_its_block_by_two_the_proxys_failure() -> None:
+    """A fresh connection that ended before any answer is the site's refusal while it is
+    the only site that did so lately (the proxy stays in for others); a second site
+    doing so makes it the proxy's failure, for its caller to count."""
+    from endpoint import choose
+
+    pool = Pool()
+    up = Upstream("45.0.0.1", 8080, "http")
+    pool.replace([up])
+    assert pool.closed_on(up, "shop.example", now=0.0)
+    assert pool.closed_on(up, "shop.example", now=1.0)  # the same site again: its block
+    assert up.turned_away["shop.example"] == 1.0 + choose.SITE_BLOCK_S
+    assert not pool.closed_on(up, "news.example", now=2.0)
+    assert "news.example" not in up.turned_away
+    assert pool.closed_on(up, "news.example", now=2.0 + choose.SITE_BLOCK_S)  # long after
 
 
 async def test_the_sites_answer_reaches_the_client_when_no_other_proxy_is_left(

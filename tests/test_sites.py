@@ -149,3 +149,5 @@ def test_a_site_without_rules_blocks_only_against_what_others_got() -> None:
     assert generic(no, [no, no]) == NONE
     assert generic(Answer(), [ok]) == NONE
     assert rule_for("unknown.example", ()) is None
+    captcha = Answer(status=302, location="/captcha?return=/")
+    assert generic(captcha, []) == BLOCKED  # a redirect to a block page, whatever others got

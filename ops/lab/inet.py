@@ -35,6 +35,7 @@ from aiohttp import web
 
 from gateway.guard import listen
 from ops.lab.churnbox import Churn
+from ops.lab.sitebox import SITES, serve_site
 from ops.lab.testbed import ProxyLab, self_signed
 
 __all__ = ["azenv_text", "httpbin_json"]
@@ -201,10 +202,14 @@ def _https_target(root: Path) -> tuple[web.Application, ssl.SSLContext]:
     app = web.Application()
     app.router.add_get("/generate_204", no_content)
     app.router.add_get("/ip", ip)
-    cert, key = self_signed(root, "target")
+    return app, _tls(root, "target")
+
+
+def _tls(root: Path, name: str) -> ssl.SSLContext:
+    cert, key = self_signed(root, name)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
-    return app, ctx
+    return ctx
 
 
 async def serve(config: dict[str, Any]) -> None:
@@ -256,6 +261,14 @@ async def serve(config: dict[str, Any]) -> None:
         app, ctx = _https_target(root)
         target = config["https_target"]
         await _site(app, target["addr"], target["port"], runners, ctx)
+        by_site = {s.name: s for s in SITES}
+        for spec in config.get("sites", []):
+            site, turned = by_site[spec["name"]], frozenset(spec["turned_away"])
+            servers.append(
+                await asyncio.start_server(serve_site(site, turned, None), site.addr, 80)
+            )
+            handle = serve_site(site, turned, _tls(root, site.name))
+            servers.append(await asyncio.start_server(handle, site.addr, 443))
         t0 = 0.0
         if "churn" in config:  # the churn lab: its proxies, then its clock
             churn = Churn(config["churn"], root, _relay, _tarpit)

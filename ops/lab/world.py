@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.lab.churn import Plan
+from ops.lab.sitebox import SITES
 from ops.lab.testbed import missing
 
 __all__ = ["LINK_HOST", "World", "WorldProxy", "unavailable"]
@@ -133,6 +134,9 @@ class World:
     speed: float = 1.0
     churn_t0: float = 0.0
     churn_page_url: str = "http://45.68.4.1/churn.txt"
+    # The sites that turn most of the pool away (ops/lab/sitebox.py), their names in the
+    # box's /etc/hosts.
+    sites: bool = False
     _proc: subprocess.Popen[bytes] | None = None
     _up: bool = False
 
@@ -191,8 +195,24 @@ class World:
         now = time.time() if at is None else at
         return self.churn.up(i, int((now - self.churn_t0) * self.speed * 1000))
 
+    def via(self) -> dict[str, str]:
+        """Each working address (``addr:port``) and the box's proxy it exits through."""
+        named = {f"{p.addr}:{p.port}": p.name for p in self.proxies}
+        extra = {f"{a}:{p}": HONEST[i % len(HONEST)] for i, (a, p) in enumerate(self.extra)}
+        return named | extra
+
+    def gets_through(self, site: str) -> set[str]:
+        """The box's truth: the working addresses whose exit ``site`` lets through."""
+        (box_site,) = [s for s in SITES if s.name == site]
+        return {addr for addr, name in self.via().items() if not box_site.turns_away(name)}
+
     def _network(self) -> None:
         name, link = self.name, self.link
+        if self.sites:  # read by `ip netns exec` (and so by the box's proxies) as /etc/hosts
+            hosts = Path("/etc/netns") / name
+            hosts.mkdir(parents=True, exist_ok=True)
+            names = "".join(f"{s.addr} {s.name} www.{s.name}\n" for s in SITES)
+            (hosts / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
         _ip("netns", "add", name)
         _ip("link", "add", link, "type", "veth", "peer", "name", f"{name}i")
         _ip("link", "set", f"{name}i", "netns", name)
@@ -223,6 +243,7 @@ class World:
         owned += [self.portal[0], self.garbage[0]]
         owned += [a for a, _ in self.refusing + self.tarpits + self.extra]
         owned += [a for a, _ in self.churn_addresses()]
+        owned += [s.addr for s in SITES] if self.sites else []
         return owned
 
     def _config(self) -> dict[str, Any]:
@@ -259,6 +280,10 @@ class World:
                 "files": {"/proxies.txt": "\n".join(listed)},
             },
         }
+        if self.sites:
+            config["sites"] = [
+                {"name": s.name, "turned_away": sorted(exits[p] for p in s.blocks)} for s in SITES
+            ]
         if self.churn is not None:
             churned = self.churn_addresses()
             config["churn"] = {
@@ -327,6 +352,7 @@ def destroy(name: str) -> None:
     _ip("link", "del", f"{name}h", check=False)
     _ip("route", "del", PUBLIC, check=False)
     _ip("netns", "del", name, check=False)
+    shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
 
 def boxes() -> list[str]:
