@@ -21,7 +21,9 @@ from agents.check import Check
 from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
 from agents.loop import Agent, AgentConfig, Results
-from events import ProxyFailed
+from agents.probe import Prober
+from events import ProxyFailed, SitesChecked
+from events.catalogue import SiteResult
 from events.wire import LeaseGrant
 
 __all__ = ["Checker", "CheckerConfig", "fitted_timeout"]
@@ -47,6 +49,9 @@ class CheckerConfig(AgentConfig):
     # timeout for a proxy that answers in 0.5 s kept it in the pool 5 s longer.
     fit_timeout: float = 3.0
     fit_floor_s: float = 2.0
+    # TARGET probes (agents/probe.py): bytes of sites' answers read an hour, at most.
+    probe_bytes_per_hour: int = 64 * 1024 * 1024
+    rules_refresh_s: float = 60.0  # how often the sites' rules are asked for
 
 
 def fitted_timeout(latency_ms: int, cfg: CheckerConfig) -> float:
@@ -77,6 +82,9 @@ class Checker(Agent):
         self._in_flight = 0  # their proxies not checked yet
         self._freed = asyncio.Event()  # a shard went back: room to lease again
         self._paused_until = 0.0  # loop time: after a void round, an idle wait
+        self.prober = Prober(config.probe_bytes_per_hour)
+        self.probed = 0
+        self._rules_at = -1e9  # loop time the sites' rules were last asked for
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         """Lease and check until ``stop`` (or ``cycles`` rounds that leased work).
@@ -140,6 +148,7 @@ class Checker(Agent):
         if await self._outage(gw, judge):
             return 0
         grants: list[LeaseGrant] = []
+        probes: list[tuple[int, str, int, str, str]] = []  # (grant, ip, port, proto, site)
         targets: list[tuple[str, int, str | None]] = []
         timeouts: list[float] = []
         owner: list[int] = []  # targets[i] is grants[owner[i]]'s
@@ -158,16 +167,26 @@ class Checker(Agent):
                     targets.append((ip, port, known or None))
                     timeouts.append(fitted_timeout(latency, cfg))
                     owner.append(len(grants))
+                probes.extend((len(grants), *p) for p in payload.probes)
                 grants.append(grant)
         if not grants:
             return 0
+        if probes:
+            await self._refresh_rules(gw)
         self._holding += len(grants)
         self._in_flight += len(targets)
-        round_ = self._round(gw, judge, grants, targets, timeouts, owner)
+        round_ = self._round(gw, judge, grants, targets, timeouts, owner, probes)
         task = asyncio.create_task(self._logged(round_))
         rounds.add(task)
         task.add_done_callback(rounds.discard)
         return len(grants)
+
+    async def _refresh_rules(self, gw: GatewayClient) -> None:
+        """The sites' rules, asked for at most every ``rules_refresh_s``."""
+        now = asyncio.get_running_loop().time()
+        if now - self._rules_at >= self.config.rules_refresh_s:
+            self._rules_at = now
+            self.prober.rules = await gw.site_rules(self.prober.rules)
 
     async def _logged(self, round_: Coroutine[Any, Any, None]) -> None:
         try:
@@ -183,11 +202,18 @@ class Checker(Agent):
         targets: list[tuple[str, int, str | None]],
         timeouts: list[float],
         owner: list[int],
+        probes: list[tuple[int, str, int, str, str]],
     ) -> None:
-        """Check one round's proxies; each shard goes back when its own checks end."""
-        left = [0] * len(grants)  # by shard: its proxies not checked yet
+        """Check one round's proxies and make its probes; each shard goes back when its
+        own checks and probes end, its probes' verdicts said first (``SitesChecked``)."""
+        left = [0] * len(grants)  # by shard: its proxies not checked yet, probes not made
         for g in owner:
             left[g] += 1
+        unprobed = [0] * len(grants)  # by shard: its probes not made
+        for g, *_ in probes:
+            left[g] += 1
+            unprobed[g] += 1
+        verdicts: list[list[SiteResult]] = [[] for _ in grants]
         size = left[:]
         void = [0] * len(grants)  # failures a judge explains, by shard
         settled = [False] * len(grants)
@@ -198,6 +224,10 @@ class Checker(Agent):
         async def give_back(g: int, out: Results) -> None:
             # Its results first, so the gateway never sees the shard free and its
             # proxies not yet checked.
+            if verdicts[g]:
+                shard = grants[g].target
+                lease = grants[g].lease
+                out.append(self._ev(SitesChecked, key=shard, results=verdicts[g], lease=lease))
             await out.flush()
             if void[g] and void[g] == size[g]:
                 # Our judges failed it, not its proxies: nothing was said, and the shard
@@ -233,19 +263,34 @@ class Checker(Agent):
                             )
                         )  # fmt: skip
                     self._in_flight -= 1
+                    settle(g)
+
+                def settle(g: int) -> None:
                     left[g] -= 1
                     if left[g] == 0:
                         settled[g] = True
                         releases.append(asyncio.create_task(give_back(g, out)))
 
+                async def probe(g: int, ip: str, port: int, proto: str, site: str) -> None:
+                    try:
+                        found = await self.prober.result(ip, port, proto, site)
+                        self.probed += 1
+                        if found is not None:
+                            verdicts[g].append(found)
+                    finally:
+                        unprobed[g] -= 1
+                        settle(g)
+
+                probing = [asyncio.create_task(probe(*p)) for p in probes]
                 results = await self._check(targets, judge, on_result=heard, timeouts=timeouts)
+                await asyncio.gather(*probing)
                 await asyncio.gather(*releases)
         finally:
             for g, grant in enumerate(grants):  # not settled: failed or cancelled mid-way
                 if not settled[g]:
                     self._holding -= 1
                     await gw.release(grant.lease, "abandoned", "checker stopped", counted=False)
-            self._in_flight -= sum(left)
+            self._in_flight -= sum(left) - sum(unprobed)
             self._freed.set()
         failed = [r for r in results if not r.ok]
         if failed and all(r.void for r in failed):

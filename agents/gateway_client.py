@@ -35,6 +35,7 @@ from events import (
 from events.batches import group
 from events.ids import uuid7_ms
 from events.mint import fresh_id_after, now_ms
+from events.sites import SiteRule
 from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, WireError
 from ops.nats.client import Log, LogError, redact
 
@@ -229,6 +230,17 @@ class GatewayClient:
             return msgspec.convert(data, AgentMe)
         except msgspec.ValidationError as exc:
             raise GatewayError(status, f"whoami: {exc}: {data}") from None
+
+    async def site_rules(self, known: tuple[SiteRule, ...]) -> tuple[SiteRule, ...]:
+        """The operator's rules for reading sites (``GET /v1/sites/rules``); ``known``
+        when no gateway answers them."""
+        status, data = await self._call("GET", "/v1/sites/rules")
+        if status != 200:
+            return known
+        try:
+            return tuple(msgspec.convert(data["rules"], list[SiteRule]))
+        except (msgspec.ValidationError, KeyError, TypeError):
+            return known
 
     async def lease(self, kind: str, count: int, ttl_s: int) -> list[LeaseGrant]:
         body = {"agent": self.agent, "kind": kind, "count": count, "ttl_s": ttl_s}

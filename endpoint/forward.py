@@ -32,7 +32,7 @@ import httptools
 from endpoint.choose import Upstream
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
 from endpoint.serving import Serving
-from endpoint.uplink import HOP, Request, UpLink
+from endpoint.uplink import CLOSED, HOP, Request, UpLink
 from endpoint.verdicts import BLOCKED, head_verdict_of, learn, rule_of, wants_page
 
 __all__ = ["MAX_BODY", "ClientSide", "answer", "peer_address"]
@@ -370,7 +370,8 @@ class ClientSide(asyncio.Protocol):
         else:
             req.tried |= {link.up.key}
             endpoint = self.endpoint
-            if req.site and endpoint.pool.closed_on(link.up, req.site, time.monotonic()):
+            closed = why == CLOSED and req.site
+            if closed and endpoint.pool.closed_on(link.up, req.site, time.monotonic()):
                 endpoint.outcomes.count("turned_away")  # the site's refusal, not the proxy's
             else:
                 req.failures += 1

@@ -23,7 +23,11 @@ import httptools
 from endpoint.choose import Upstream
 from events.sites import HEAD_BYTES, SiteRule
 
-__all__ = ["HOP", "Client", "Idle", "Request", "UpLink"]
+__all__ = ["CLOSED", "HOP", "Client", "Idle", "Request", "UpLink"]
+
+# Why a link ended without an answer when its upstream closed it: a site's refusal may
+# look so (endpoint/forward.py), a timeout never does.
+CLOSED = "connection closed"
 
 HOP = frozenset(
     {
@@ -155,7 +159,7 @@ class UpLink(asyncio.Protocol):
         if self.until_close and self.in_body:  # the answer's end is this
             self._done(reusable=False)
         else:
-            self._fail("connection closed")
+            self._fail(CLOSED)
 
     # httptools' callbacks
     def on_message_begin(self) -> None:

@@ -21,7 +21,7 @@ from events.sites import (
     THROUGH,
     Answer,
     SiteRule,
-    blocked_redirect,
+    generic,
     head_verdict,
     rule_for,
     site_key_ok,
@@ -76,14 +76,17 @@ def head_verdict_of(
     502-504 (it could not get the page) where another proxy got the site's pages."""
     if rule is not None:
         return head_verdict(rule, status, location)
-    if blocked_redirect(status, location):
-        return BLOCKED
-    if status in _TURNED_AWAY and pool.through.get(site):
-        return BLOCKED
-    return NONE
+    said = generic(Answer(status=status, location=location), _others(pool, site))
+    return BLOCKED if said == BLOCKED else NONE
 
 
-_TURNED_AWAY = frozenset({403, 429, 502, 503, 504})
+def _others(pool: Pool, site: str) -> list[Answer]:
+    """What other proxies got from ``site``, as far as a verdict asks: its page, when
+    one is known to get through."""
+    return [_PAGE] if pool.through.get(site) else []
+
+
+_PAGE = Answer(status=200)
 
 
 def learn(pool: Pool, outcomes: Outcomes, site: str, rule: SiteRule | None, link: UpLink) -> None:
@@ -97,10 +100,8 @@ def learn(pool: Pool, outcomes: Outcomes, site: str, rule: SiteRule | None, link
             status=link.status, location=link.location, head=bytes(link.seen), size=link.size
         )
         said = verdict(rule, answer)
-    elif blocked_redirect(link.status, link.location):
-        said = BLOCKED
     else:
-        said = THROUGH if 200 <= link.status < 400 else NONE
+        said = generic(Answer(status=link.status, location=link.location), _others(pool, site))
     if said == THROUGH:
         pool.got_through(link.up, site)
     elif said == BLOCKED:

@@ -38,6 +38,7 @@ __all__ = [
     "blocked_redirect",
     "generic",
     "head_verdict",
+    "read",
     "rule_for",
     "site_key_ok",
     "site_of",
@@ -81,12 +82,14 @@ def site_of(host: str, registrable: Callable[[str], str | None]) -> str:
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True):
     """What an edge saw of one answer through one proxy: its status (0: none came), its
-    ``Location``, and the first ``HEAD_BYTES`` of its body (its length, whole)."""
+    ``Location``, and the first ``HEAD_BYTES`` of its body (its length, whole);
+    ``closed``: the way to the site was open and it ended before any answer."""
 
     status: int = 0
     location: str = ""
     head: bytes = b""
     size: int = 0
+    closed: bool = False
 
 
 class SiteRule(msgspec.Struct, frozen=True, kw_only=True):
@@ -119,7 +122,8 @@ def blocked_redirect(status: int, location: str, paths: Iterable[str] = ()) -> b
 
 
 def verdict(rule: SiteRule, answer: Answer) -> str:
-    """``through``, ``blocked`` or ``none`` for ``answer`` by ``rule``."""
+    """``through``, ``blocked`` or ``none`` for ``answer`` by ``rule`` (a connection
+    closed before any answer is read as a site without a rule reads it: ``generic``)."""
     if answer.status == 0:
         return NONE
     if blocked_redirect(answer.status, answer.location, rule.redirects):
@@ -144,25 +148,30 @@ def head_verdict(rule: SiteRule, status: int, location: str) -> str:
 
 
 def generic(answer: Answer, others: Iterable[Answer]) -> str:
-    """A site without a rule: the answer is ``blocked`` when it redirects to a block
-    page, ``through`` when it is a 2xx or 3xx that the other proxies' answers to the
-    same request agree with, ``blocked`` when most of them got another status class (or
-    this one is a 403 or 429 where some got a 2xx), and ``none`` when there is nothing
-    to compare it with."""
-    if answer.status == 0:
-        return NONE
+    """A site without a rule. ``blocked``: a redirect to a block page; or a refusal (a
+    403 or 429, a proxy's 502-504 that could not get the page, a connection closed
+    before any answer) where another proxy got the site's page (a 2xx) for the same
+    request. ``through``: a 2xx or a 3xx of the site's own. Else ``none``: a refusal
+    alone (or where everyone is refused) says nothing, nor does a timeout."""
     if blocked_redirect(answer.status, answer.location):
         return BLOCKED
-    seen = [o.status // 100 for o in others if o.status]
-    if not seen:
-        return NONE
-    mine = answer.status // 100
-    agree = sum(1 for c in seen if c == mine)
-    if mine in (2, 3) and agree * 2 >= len(seen):
+    if 200 <= answer.status < 400:
         return THROUGH
-    if agree * 2 < len(seen) and any(c == 2 for c in seen):
+    refused = answer.closed or answer.status in _REFUSALS
+    if refused and any(200 <= o.status < 300 for o in others):
         return BLOCKED
     return NONE
+
+
+_REFUSALS = frozenset({403, 429, 502, 503, 504})
+
+
+def read(rule: SiteRule | None, answer: Answer, others: Iterable[Answer]) -> str:
+    """The verdict of ``answer``: by the site's ``rule`` when it has one and an answer
+    came; else as a site without a rule, against what ``others`` got."""
+    if rule is not None and not answer.closed:
+        return verdict(rule, answer)
+    return generic(answer, others)
 
 
 def rule_for(site: str, rules: Iterable[SiteRule]) -> SiteRule | None:

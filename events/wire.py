@@ -77,11 +77,14 @@ class SourcePayload(msgspec.Struct, kw_only=True):
 class RecheckPayload(msgspec.Struct, kw_only=True):
     """A recheck shard's due proxies: ``[ip, port, proto]`` each, and what each took to
     check as the pool knows it (its latency EMA, ms; 0 unknown), in the same order
-    (``[]`` from a gateway before it was sent)."""
+    (``[]`` from a gateway before it was sent); and the TARGET probes due in it,
+    ``[ip, port, proto, site]`` each (the site's root, asked through the proxy: ``[]``
+    from a gateway before probes)."""
 
     shard: str
     proxies: list[tuple[str, int, str]] = []
     latency_ms: list[int] = []
+    probes: list[tuple[str, int, str, str]] = []
 
 
 class SeedPayload(msgspec.Struct, kw_only=True):

@@ -318,6 +318,7 @@ def make_app(
         app[LOG],
         max_per_agent=config.max_leases_per_agent,
         recheck=config.recheck,
+        probing=config.probing,
         inputs=Inputs(config.deposits),
         guard=config.disk_guard,
     )

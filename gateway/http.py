@@ -19,6 +19,7 @@ from gateway.diskguard import DiskGuard
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
 from gateway.penalty import PENALTIES
+from gateway.rechecks import Probing
 from projections.core.recheck import RecheckPolicy
 from projections.live import LAG_BOUND, FoldService
 from projections.log import DepositStore, EventLog, LogError
@@ -67,6 +68,8 @@ class GatewayConfig:
     # None: the intervals the log's settings give (Configured recheck_*); a policy here
     # overrides them (tests that need everything due now).
     recheck: RecheckPolicy | None = None
+    # Which checkers probe which sites, and how often a site is probed (gateway/rechecks.py).
+    probing: Probing = field(default_factory=Probing)
     series_every_s: float = 10.0
     # How agents reach NATS with their own credentials (gateway/natsauth.py); None: they
     # publish through POST /v1/events.

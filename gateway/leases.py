@@ -31,7 +31,7 @@ from gateway.budget import CheckBudget
 from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
 from gateway.lookahead import Lookahead
-from gateway.rechecks import RecheckWork
+from gateway.rechecks import Probing, RecheckWork
 from projections.core.poolview import ProxyView
 from projections.core.readmodels import due_score, due_sources, rank_due, scored_due
 from projections.core.recheck import RecheckPolicy
@@ -79,6 +79,7 @@ class Granter:
         wait_s: float = 2.0,
         due_refresh_s: float = 0.5,
         recheck: RecheckPolicy | None = None,
+        probing: Probing | None = None,
         inputs: Inputs | None = None,
         guard: DiskGuard | None = None,
     ) -> None:
@@ -101,7 +102,7 @@ class Granter:
         self._due_at: float | None = None
         self.granted = 0
         self.lost = 0
-        self.rechecks = RecheckWork(fold, recheck)
+        self.rechecks = RecheckWork(fold, recheck, probing)
         self.unreadable_inputs: dict[str, str] = {}  # seed input key -> why, for status
         self._seed: dict[str, Any] = {}
         self._seed_at = -1e9

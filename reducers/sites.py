@@ -46,7 +46,11 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
     """Fold one round of verdicts; results on proxies the pool does not know, and new
     cells past the caps, are counted and not kept."""
     steers = not state.settings.trust or batch.agent in state.trusted
+    agent = state.agents.get(batch.agent)
+    traffic = agent is not None and agent.role == "endpoint"
     for r in batch.results:
+        if traffic and steers:
+            _traffic_went_to(state, r.site, ts)
         key = (r.ip, r.port, r.site)
         cell = _cell(state, key)
         if cell is None:
@@ -115,6 +119,16 @@ def _take(state: State, event: ProxyReported, ts: int) -> bool:
         return False
     take.taken += 1
     return True
+
+
+def _traffic_went_to(state: State, site: str, ts: int) -> None:
+    """``site`` among the sites of traffic at ``ts``; past ``MAX_SITES`` of them, the one
+    whose traffic is oldest makes room (ties by name)."""
+    if site not in state.site_traffic and len(state.site_traffic) >= MAX_SITES:
+        oldest = min(state.site_traffic.items(), key=lambda kv: (kv[1], kv[0]))[0]
+        del state.site_traffic[oldest]
+    state.site_traffic[site] = ts
+    state.settings_dirty = True  # meta holds the sites of traffic
 
 
 def _room(state: State, site: str) -> bool:

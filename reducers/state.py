@@ -128,6 +128,9 @@ class State:
     # A consumer's blocked reports that acted, per site, this hour (reducers/sites.py),
     # keyed "<consumer> <site>".
     site_takes: dict[str, Take] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items, later=True)
+    # Sites the consumers' traffic went to (an endpoint's verdicts), by the log time of the
+    # latest: the fleet's probes follow them (projections/core/probes.py).
+    site_traffic: dict[str, int] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items, later=True)
     # Checkouts (reducers/ledger.py, lease kind "proxy") by id, kept 48 h of log time.
     checkouts: dict[str, Checkout] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items)
 

@@ -100,5 +100,18 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
                     break
                 await asyncio.sleep(2)
             assert all(p >= 0.95 and r >= 0.8 for p, r in scores.values()), scores
+            # Both sources spoke of every site: the endpoint's traffic and ppf up's
+            # checker, probing the sites of traffic at their roots (4 an hour at most).
+            admin = await _cli(
+                ppf_bin, "token", "issue", "op", "--role", "admin", "--nats", up.nats
+            )
+            request = urllib.request.Request(
+                up.base + "/v1/sites", headers={"Authorization": f"Bearer {admin}"}
+            )
+            known = await asyncio.to_thread(lambda: json.load(urllib.request.urlopen(request)))
+            vantages = {s["site"]: s["vantages"] for s in known["sites"]}
+            assert all(vantages.get(s.name, 0) >= 2 for s in SITES), vantages
+            probed = world.root_asks()
+            assert probed and all(n <= 4 * len(honest) for n in probed.values()), probed
         finally:
             assert await asyncio.to_thread(up.stop) == 0

@@ -1,7 +1,7 @@
 """A consumer of the rotating endpoint that names no site, and what it got from each:
 the real page (through a proxy's exit) or not; with the box's truth, how well the pool
-says who gets through (``works_on``). ``ppf bench sites`` (ops/bench/sitesrun.py) and the
-box's test (tests/test_sites_box.py) both measure with it."""
+says who gets through (``works_on``). The box's test (tests/test_sites_box.py) measures
+with it."""
 
 from __future__ import annotations
 

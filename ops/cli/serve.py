@@ -37,6 +37,16 @@ __all__ = ["register"]
 log = structlog.get_logger("ppf")
 
 
+def never_probe_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--never-probe",
+        action="append",
+        default=[],
+        metavar="SITE",
+        help="a site (its registrable domain) the fleet's checkers never probe; repeatable",
+    )
+
+
 def replicas_option(parser: argparse.ArgumentParser, default: str) -> None:
     parser.add_argument(
         "--replicas",
@@ -67,6 +77,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     up.add_argument("--lab", action="store_true", help="accept loopback and private addresses")
     up.add_argument("--private-queries", action="store_true", help="queries need a token")
+    never_probe_option(up)
     up.add_argument(
         "--judge-tls-listen",
         default="127.0.0.1:8443",
@@ -124,6 +135,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     replicas_option(gw, "default: the stream's own")
     gw.add_argument("--listen", default="127.0.0.1:8080", type=listen)
     gw.add_argument("--private-queries", action="store_true", help="queries need a token")
+    never_probe_option(gw)
     gw.add_argument(
         "--judge-key",
         default=None,

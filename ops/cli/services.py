@@ -251,10 +251,12 @@ async def gateway_site(
     from gateway.app import make_app
     from gateway.diskguard import DiskGuard
     from gateway.http import GatewayConfig
+    from gateway.rechecks import Probing
 
     host, port = hostport(args.listen, 8080)
     config = GatewayConfig(
         private_queries=args.private_queries,
+        probing=Probing(never=tuple(args.never_probe)),
         agent_nats=agent_nats,
         judge=door,
         trusted_proxies=tuple(args.trusted_proxy),

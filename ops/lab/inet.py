@@ -264,11 +264,9 @@ async def serve(config: dict[str, Any]) -> None:
         by_site = {s.name: s for s in SITES}
         for spec in config.get("sites", []):
             site, turned = by_site[spec["name"]], frozenset(spec["turned_away"])
-            servers.append(
-                await asyncio.start_server(serve_site(site, turned, None), site.addr, 80)
-            )
-            handle = serve_site(site, turned, _tls(root, site.name))
-            servers.append(await asyncio.start_server(handle, site.addr, 443))
+            for port, tls in ((80, None), (443, _tls(root, site.name))):
+                handle = serve_site(site, turned, tls, root / "asks.log")
+                servers.append(await asyncio.start_server(handle, site.addr, port))
         t0 = 0.0
         if "churn" in config:  # the churn lab: its proxies, then its clock
             churn = Churn(config["churn"], root, _relay, _tarpit)

@@ -22,6 +22,7 @@ import asyncio
 import ssl
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httptools
 
@@ -101,9 +102,12 @@ class _Request:
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-def serve_site(site: BoxSite, turned_away: frozenset[str], tls: ssl.SSLContext | None) -> Handler:
+def serve_site(
+    site: BoxSite, turned_away: frozenset[str], tls: ssl.SSLContext | None, asks: Path
+) -> Handler:
     """A connection handler for ``site``: ``turned_away`` are the exit addresses it lists;
-    ``tls`` its certificate (port 443) or None (port 80)."""
+    ``tls`` its certificate (port 443) or None (port 80). Each ask of its root (what a
+    probe asks; a consumer here asks pages) is a line of ``asks``, its site's name."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = str(writer.get_extra_info("peername")[0])
@@ -121,6 +125,9 @@ def serve_site(site: BoxSite, turned_away: frozenset[str], tls: ssl.SSLContext |
                         return
                     request.parser.feed_data(data)
                 path = httptools.parse_url(request.url).path.decode() if request.url else "/"
+                if path == "/":
+                    with asks.open("a") as out:
+                        out.write(site.name + "\n")
                 writer.write(_respond(site, path, peer, turned))
                 await writer.drain()
                 if not request.parser.should_keep_alive():

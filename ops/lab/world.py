@@ -206,6 +206,12 @@ class World:
         (box_site,) = [s for s in SITES if s.name == site]
         return {addr for addr, name in self.via().items() if not box_site.turns_away(name)}
 
+    def root_asks(self) -> dict[str, int]:
+        """How often each site's root was asked for (a probe's ask), from the start."""
+        asks = self.root / "asks.log"
+        lines = asks.read_text().split() if asks.exists() else []
+        return {site: lines.count(site) for site in sorted(set(lines))}
+
     def _network(self) -> None:
         name, link = self.name, self.link
         if self.sites:  # read by `ip netns exec` (and so by the box's proxies) as /etc/hosts

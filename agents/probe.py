@@ -1,0 +1,185 @@
+"""TARGET probes: a site's root asked through a proxy, read as the site's verdict.
+
+The gateway hands probes out with recheck shards (projections/core/probes.py); the
+checker asks each site's root through each proxy (HTTPS through a tunnel where the proxy
+tunnels, plain HTTP through an HTTP proxy), reads the answer's head and the first
+``HEAD_BYTES`` of its page, and reads it by the site's rule (events/sites.py), or, for a
+site without one, against what other proxies got from it lately (``Seen``). What goes
+to the log is the site, the verdict, the status class, the latency and the bytes: the
+URL stays here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import httptools
+from python_socks import ProxyError
+
+from agents.tunnel import TUNNELS, Stream, Tls, connect
+from events.catalogue import SiteResult
+from events.sites import BLOCKED, HEAD_BYTES, THROUGH, Answer, SiteRule, read, rule_for
+
+__all__ = ["PROBE_TIMEOUT_S", "Probed", "Prober", "Seen", "probe"]
+
+PROBE_TIMEOUT_S = 10.0
+_SEEN = 32  # answers per site kept to compare a site without rules against
+
+
+@dataclass(frozen=True, slots=True)
+class Probed:
+    """One probe's answer, how long it took (ms) and the bytes it read."""
+
+    answer: Answer
+    latency_ms: int
+    bytes: int
+
+
+class Seen:
+    """What the latest probes of each site got (``_SEEN`` answers a site, for at most
+    ``sites`` sites): what a site without rules is read against."""
+
+    def __init__(self, sites: int = 1_024) -> None:
+        self.sites = sites
+        self._by: dict[str, deque[Answer]] = {}
+
+    def of(self, site: str) -> list[Answer]:
+        return list(self._by.get(site, ()))
+
+    def add(self, site: str, answer: Answer) -> None:
+        if answer.status == 0:
+            return
+        kept = self._by.get(site)
+        if kept is None:
+            if len(self._by) >= self.sites:
+                self._by.pop(next(iter(self._by)))  # the site seen first goes first
+            kept = self._by[site] = deque(maxlen=_SEEN)
+        kept.append(Answer(status=answer.status))
+
+
+class _Head:
+    """An answer as httptools reads it: status, ``Location``, the first ``HEAD_BYTES``."""
+
+    def __init__(self) -> None:
+        self.parser = httptools.HttpResponseParser(self)
+        self.location, self.body, self.size, self.done = "", bytearray(), 0, False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if name.lower() == b"location":
+            self.location = value.decode("latin-1")[:2048]
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        room = HEAD_BYTES - len(self.body)
+        if room > 0:
+            self.body += body[:room]
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
+async def probe(ip: str, port: int, proto: str, site: str, timeout: float) -> Probed:
+    """Ask ``site``'s root through the proxy; never raises (a failure is an answer of
+    status 0: ``closed`` when the way to the site was open and ended before any answer,
+    or when the proxy would not tunnel to it)."""
+    started = time.perf_counter()
+    tunnel = proto in TUNNELS
+    writer = None
+    read = 0
+    opened = False
+    head = _Head()
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout):
+            try:
+                reader, writer = await connect(ip, port, proto, site, 443, timeout)
+            except ProxyError as exc:
+                refused = exc.error_code is not None and exc.error_code != 407
+                return Probed(Answer(closed=refused), _ms(started), 0)
+            opened = True
+            stream: Stream | asyncio.StreamReader = reader
+            out: Stream | asyncio.StreamWriter = writer
+            if tunnel:
+                tls = Tls(reader, writer, site)
+                await tls.handshake()
+                stream = out = tls
+            target = "/" if tunnel else f"http://{site}/"
+            out.write(
+                f"GET {target} HTTP/1.1\r\nHost: {site}\r\nUser-Agent: Mozilla/5.0\r\n"
+                "Accept: text/html\r\nConnection: close\r\n\r\n".encode()
+            )
+            await out.drain()
+            while not head.done and head.size < HEAD_BYTES:
+                data = await stream.read(65536)
+                if not data:
+                    break
+                read += len(data)
+                head.parser.feed_data(data)
+    except TimeoutError:
+        timed_out = True  # slow is not turned away
+    except (OSError, ConnectionError, httptools.HttpParserError, ValueError):
+        pass
+    finally:
+        if writer is not None:
+            writer.close()
+    try:
+        status = head.parser.get_status_code() if read else 0
+    except httptools.HttpParserError:
+        status = 0  # not an answer's head
+    answer = Answer(
+        status=status,
+        location=head.location,
+        head=bytes(head.body),
+        size=head.size,
+        closed=opened and not read and not timed_out,
+    )
+    return Probed(answer, _ms(started), read)
+
+
+def _ms(started: float) -> int:
+    return int((time.perf_counter() - started) * 1000)
+
+
+class Prober:
+    """A checker's probes: the sites' rules as the gateway has them (``rules``), what
+    the latest probes of each site got, and the agent's byte budget an hour (a probe
+    past it is not made: counted in ``skipped``)."""
+
+    def __init__(self, bytes_per_hour: int, timeout: float = PROBE_TIMEOUT_S) -> None:
+        self.bytes_per_hour, self.timeout = bytes_per_hour, timeout
+        self.rules: tuple[SiteRule, ...] = ()
+        self.seen = Seen()
+        self.skipped = 0
+        self._hour, self._spent = -1, 0
+
+    def _room(self) -> bool:
+        hour = int(time.time() // 3600)
+        if hour != self._hour:
+            self._hour, self._spent = hour, 0
+        return self._spent < self.bytes_per_hour
+
+    async def result(self, ip: str, port: int, proto: str, site: str) -> SiteResult | None:
+        """One probe read as the site's verdict; None when the budget is spent or the
+        answer says nothing either way."""
+        if not self._room():
+            self.skipped += 1
+            return None
+        got = await probe(ip, port, proto, site, self.timeout)
+        self._spent += got.bytes
+        said = read(rule_for(site, self.rules), got.answer, self.seen.of(site))
+        self.seen.add(site, got.answer)
+        if said not in (THROUGH, BLOCKED):
+            return None
+        return SiteResult(
+            ip=ip,
+            port=port,
+            site=site,
+            through=int(said == THROUGH),
+            blocked=int(said == BLOCKED),
+            status=got.answer.status // 100,
+            latency_ms=got.latency_ms,
+            bytes=got.bytes,
+        )
