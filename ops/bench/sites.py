@@ -1,19 +1,26 @@
 """A consumer of the rotating endpoint that names no site, and what it got from each:
 the real page (through a proxy's exit) or not; with the box's truth, how well the pool
-says who gets through (``works_on``). The box's test (tests/test_sites_box.py) measures
-with it."""
+says who gets through (``works_on``). ``ppf bench sites`` (``bench_sites``) and the
+box's test (tests/test_sites_box.py) measure with it."""
 
 from __future__ import annotations
 
 import asyncio
 import ssl
+import tempfile
+import time
+import urllib.error
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import aiohttp
 
-from ops.lab.sitebox import real_page_of
+from ops.bench.upbox import get_json, up_beside
+from ops.lab.sitebox import SITES, real_page_of
+from ops.lab.world import World
 
-__all__ = ["SCHEMES", "Consumer", "precision_recall"]
+__all__ = ["SCHEMES", "Consumer", "bench_sites", "precision_recall"]
 
 SCHEMES = ("http", "https")
 
@@ -76,3 +83,76 @@ class Consumer:
         if wrong:
             wrongs.append(wrong)
         self.tally[(site, scheme)] = (got + (not wrong), wrongs)
+
+
+async def bench_sites(learn: int, measured: int, tree: Path | None) -> dict[str, Any]:
+    """``ppf bench sites``: the box's three sites (ops/lab/sitebox.py), ``ppf up`` beside
+    it (of this tree, or of ``tree``: another commit's checkout, measured in the same
+    box), a consumer naming no site: ``learn`` requests to each site over each scheme,
+    then ``measured`` more; the share of those that got the real page, and at the end of
+    learning ``works_on`` against the box's truth (precision, recall)."""
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-sites-") as tmp:
+        root = Path(tmp)
+        with (
+            World(root / "w", dead_each=1, extra_working=10, sites=True) as world,
+            up_beside(world, root / "up", "--agents-idle", "1", cwd=tree) as up,
+        ):
+            await up.started()
+            began = time.monotonic()
+            await up.add_source(world.page_url)
+            honest = {a for a, name in world.via().items() if not name.startswith("mitm")}
+            while _served(up.base) != honest:
+                if time.monotonic() - began > 180:
+                    raise RuntimeError(f"the pool did not come: {up.log.read_text()[-1500:]}")
+                await asyncio.sleep(1)
+            token = await up.cli("token", "issue", "bench", "--role", "consumer")
+            exits = {p.exit_ip for p in world.proxies}
+            consumer = Consumer(f"http://bench:{token}@{up.serve}", exits)
+            await consumer.send([s.name for s in SITES], learn)
+            consumer.reset()
+            await consumer.send([s.name for s in SITES], measured)
+            sites: dict[str, dict[str, Any]] = {}
+            for site in SITES:
+                figures: dict[str, Any] = {}
+                for scheme in SCHEMES:
+                    got, wrong = consumer.tally[(site.name, scheme)]
+                    figures[scheme] = round(got / measured, 4)
+                    figures[f"{scheme}_wrong"] = sorted(set(w[:40] for w in wrong))[:3]
+                sites[site.name] = figures
+            await _works_on(up.base, world, honest, sites)
+            return {
+                "tree": str(tree or "this"),
+                "learn": learn,
+                "measured": measured,
+                "sites": sites,
+                "root_asks": world.root_asks(),
+                "elsewhere": len(consumer.elsewhere),
+            }
+
+
+async def _works_on(
+    base: str, world: World, honest: set[str], sites: dict[str, dict[str, Any]]
+) -> None:
+    """``works_on`` of each site against the box's truth, waited for up to 90 s (the
+    endpoint's verdicts reach the log once a minute); a tree without it: None."""
+    deadline = time.monotonic() + 90
+    while True:
+        for site in SITES:
+            try:
+                said = _served(base, f"&works_on={site.name}")
+            except urllib.error.HTTPError:
+                sites[site.name]["precision"] = sites[site.name]["recall"] = None
+                continue
+            p, r = precision_recall(said, world.gets_through(site.name) & honest)
+            sites[site.name]["precision"], sites[site.name]["recall"] = round(p, 3), round(r, 3)
+        good = all(
+            (s["precision"] or 0) >= 0.95 and (s["recall"] or 0) >= 0.8 for s in sites.values()
+        )
+        if good or time.monotonic() > deadline:
+            return
+        await asyncio.sleep(2)
+
+
+def _served(base: str, query: str = "") -> set[str]:
+    rows = get_json(f"{base}/v1/proxies?limit=0{query}")["proxies"]
+    return {f"{p['ip']}:{p['port']}" for p in rows}

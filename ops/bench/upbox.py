@@ -32,6 +32,8 @@ class UpBeside:
     data: Path
     log: Path
     judge_url: str  # its judge, where the world reaches it (--public-url)
+    serve: str  # its rotating endpoint, 127.0.0.1:PORT
+    cwd: Path | None = None  # the tree it runs from (None: this one)
 
     @property
     def nats_url(self) -> str:
@@ -48,12 +50,18 @@ class UpBeside:
 
     async def add_source(self, url: str) -> None:
         """``ppf sources add URL``, as an operator would."""
-        add = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "ops.cli", "sources", "add", url, "--nats", self.nats_url,
-            stdout=asyncio.subprocess.DEVNULL,
+        await self.cli("sources", "add", url)
+
+    async def cli(self, *argv: str) -> str:
+        """``ppf ARGV --nats`` this one's, from its tree; what it printed."""
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ops.cli", *argv, "--nats", self.nats_url,
+            stdout=asyncio.subprocess.PIPE, cwd=self.cwd,
         )  # fmt: skip
-        if await add.wait() != 0:
-            raise RuntimeError("ppf sources add failed")
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ppf {' '.join(argv)} failed")
+        return out.decode().strip()
 
 
 def get_json(url: str) -> Any:
@@ -69,12 +77,13 @@ def answers(base: str) -> bool:
 
 
 @contextlib.contextmanager
-def up_beside(world: World, root: Path, *extra: str) -> Iterator[UpBeside]:
-    http, judge, tls, nats = free_port(), free_port(), free_port(), free_port()
+def up_beside(world: World, root: Path, *extra: str, cwd: Path | None = None) -> Iterator[UpBeside]:
+    """``ppf up`` of this tree, or of the one at ``cwd`` (another commit's checkout)."""
+    http, judge, tls, nats, serve = (free_port() for _ in range(5))
     data = root / "data"
     cmd = [sys.executable, "-m", "ops.cli", "up", "--data", str(data)]
     cmd += ["--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}"]
-    cmd += ["--serve-listen", f"127.0.0.1:{free_port()}"]
+    cmd += ["--serve-listen", f"127.0.0.1:{serve}"]
     cmd += ["--no-seed", "--https-target", world.https_url]
     cmd += ["--public-url", f"http://{LINK_HOST}:{judge}/judge"]
     cmd += ["--judge-listen", f"{LINK_HOST}:{judge}"]
@@ -82,10 +91,11 @@ def up_beside(world: World, root: Path, *extra: str) -> Iterator[UpBeside]:
     cmd += ["--judge", world.judges["httpbin"], "--judge", world.judges["azenv"], *extra]
     log = root / "up.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True, cwd=cwd)
     try:
         judge_url = f"http://{LINK_HOST}:{judge}/judge"
-        yield UpBeside(proc, f"http://127.0.0.1:{http}", nats, data, log, judge_url)
+        base, endpoint = f"http://127.0.0.1:{http}", f"127.0.0.1:{serve}"
+        yield UpBeside(proc, base, nats, data, log, judge_url, endpoint, cwd)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:

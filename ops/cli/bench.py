@@ -129,6 +129,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--runs", type=int, default=5, help="runs of each, in turns")
     serve.add_argument("--tunnels", type=int, default=1_000, help="tunnels held open")
 
+    sites = bench("sites", "routing by site in the world in a box (root)", _sites)
+    sites.add_argument("--learn", type=int, default=100, help="requests a site and scheme")
+    sites.add_argument("--measured", type=int, default=300, help="measured after learning")
+    sites.add_argument("--tree", type=Path, default=None, help="another commit's checkout")
+
     read = bench("read", "the fold's reader, in plain and over TLS", _read)
     read.add_argument("--messages", type=int, default=200_000)
     read.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
@@ -232,6 +237,12 @@ async def _serve(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.serve import bench_serve
 
     return await bench_serve(args.requests, args.concurrency, args.runs, tunnels=args.tunnels)
+
+
+async def _sites(args: argparse.Namespace) -> dict[str, Any]:
+    from ops.bench.sites import bench_sites
+
+    return await bench_sites(args.learn, args.measured, args.tree)
 
 
 async def _check(args: argparse.Namespace) -> dict[str, Any]:

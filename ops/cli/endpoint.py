@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import os
 import sys
 from contextlib import AsyncExitStack
 
@@ -76,12 +77,17 @@ async def endpoint_site(
     logs in (a consumer's name and token), so listening beyond loopback exposes nothing
     without a token; it is said in the log all the same."""
     from endpoint.choose import Pool
-    from endpoint.feed import Feed
+    from endpoint.feed import SITES_S, Feed
     from endpoint.relay import Endpoint, serve
 
     host, port = hostport(listen_at, 8899)
     pool = Pool()
-    feed = Feed(gateways, pool, every_s=args.serve_refresh, identity=identity)
+    # What the traffic showed of sites goes to the log once a minute; the box's test of
+    # sites shortens it (``PPF_SITES_S``), as other periods are shortened for tests.
+    sites_s = float(os.environ.get("PPF_SITES_S", SITES_S))
+    feed = Feed(
+        gateways, pool, every_s=args.serve_refresh, identity=identity, sites_every_s=sites_s
+    )
     await feed.start()
     stack.push_async_callback(feed.stop)
     endpoint = Endpoint(
