@@ -95,7 +95,7 @@ async def bench_sites(learn: int, measured: int, tree: Path | None) -> dict[str,
         root = Path(tmp)
         with (
             World(root / "w", dead_each=1, extra_working=10, sites=True) as world,
-            up_beside(world, root / "up", "--agents-idle", "1", cwd=tree) as up,
+            up_beside(world, root, "--agents-idle", "1", cwd=tree) as up,
         ):
             await up.started()
             began = time.monotonic()
