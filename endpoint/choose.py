@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from endpoint.login import Want
-from events.sites import SiteRule
+from events.sites import BLOCKED, THROUGH, SiteRule
 
 __all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Pool", "Upstream"]
 
@@ -271,6 +271,9 @@ class Pool:
     def got_through(self, up: Upstream, site: str) -> None:
         """An answer through ``up`` was ``site``'s own page."""
         self._count(up, site, 0)
+        self._get_through(up, site)
+
+    def _get_through(self, up: Upstream, site: str) -> None:
         up.turned_away.pop(site, None)
         known = self.through.get(site)
         if known is None:
@@ -282,12 +285,32 @@ class Pool:
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request through ``up`` away: not for that site a while."""
         self._count(up, site, 1)
+        self._turn_away(up, site, now)
+
+    def _turn_away(self, up: Upstream, site: str, now: float) -> None:
         if len(up.turned_away) >= _PER_UPSTREAM:  # what has run out goes first
             up.turned_away = {s: t for s, t in up.turned_away.items() if t > now}
         up.turned_away[site] = now + SITE_BLOCK_S
         known = self.through.get(site)
         if known is not None:
             known.pop(up.key, None)
+
+    def heard(self, cells: Iterable[tuple[str, int, str, str]], now: float) -> int:
+        """The fleet's word on proxies and sites (``ip, port, site, standing``; the feed
+        brings what moved, endpoint/feed.py): through, or turned away for
+        ``SITE_BLOCK_S``, as if seen here, without counting it as this endpoint's own
+        verdict; proxies not in the pool are left out. How many were taken."""
+        taken = 0
+        for ip, port, site, standing in cells:
+            up = self.upstreams.get((ip, port))
+            if up is None:
+                continue
+            taken += 1
+            if standing == THROUGH:
+                self._get_through(up, site)
+            elif standing == BLOCKED:
+                self._turn_away(up, site, now)
+        return taken
 
     def closed_on(self, up: Upstream, site: str, now: float) -> bool:
         """A fresh connection through ``up`` to ``site`` ended before any answer: the

@@ -46,6 +46,16 @@ LOGINS_KEPT = 10_000  # the logins that worked, the least recently checked dropp
 LOGIN_ASKS = 16  # gateway connections for logins, apart from the pool's and the traffic's
 TRAFFIC_S = 1.0  # a consumer's outcomes go to the log once a second, as one round
 SITES_S = 60.0  # what the traffic showed of sites goes to the log once a minute
+# The fleet's verdicts are asked for from a little before the last answer's time: a
+# verdict folded just then is not missed (taking one twice changes nothing).
+_OVERLAP_MS = 5_000
+
+
+class _Changes(msgspec.Struct):
+    now: int
+    cells: list[tuple[str, int, str, str]]
+
+
 _ROLES = ("consumer", "admin")
 
 
@@ -135,6 +145,7 @@ class Feed:
         # The endpoint's own (name, token), under which what its traffic showed of sites
         # goes to the log (an endpoint without one keeps it to itself).
         self.identity = identity
+        self._standing_at = 0  # log time (ms) of the fleet's verdicts last taken (its `now`)
         self.sites_every_s = sites_every_s
         self.sites_sent = self.sites_dropped = 0
         self._sites_task: asyncio.Task[None] | None = None
@@ -306,6 +317,26 @@ class Feed:
         while True:
             await asyncio.sleep(self.sites_every_s)
             await self.flush_sites()
+            await self.refresh_standing()
+
+    async def refresh_standing(self) -> None:
+        """The fleet's verdicts on sites that moved since the last ask
+        (``GET /v1/sites/changes``), taken into the pool (``Pool.heard``): what the
+        fleet's probes and the other endpoints learned routes this one's requests too."""
+        if self.identity is None:
+            return
+        since = max(0, self._standing_at - _OVERLAP_MS)
+        answer = await self._ask("GET", f"/v1/sites/changes?since={since}", self.identity[1])
+        if answer is None or answer[0] != 200:
+            log.warning("site_changes_not_read", answer=str(answer)[:200])
+            return
+        try:
+            changes = msgspec.convert(answer[1], _Changes)
+        except msgspec.ValidationError as exc:
+            log.warning("site_changes_not_read", answer=str(exc)[:200])
+            return
+        self.pool.heard(changes.cells, time.monotonic())
+        self._standing_at = changes.now
 
     async def flush_sites(self) -> None:
         """What the traffic showed of sites since the last round, as ``SitesChecked``

@@ -7,7 +7,9 @@ Both pools hold HTTP proxies, which their users put in ``proxies={"http":
 "http://<proxy>"}``, so these serve HTTP proxies only (``proto`` http or https), alive
 and confirmed as ``GET /v1/proxies`` serves them. ``/delete/`` removes nothing (the log
 keeps everything): it is a report without a token, which moves the proxy up the
-checkers' queue within the caller's budget (reducers/reports.py). ``/pop/`` is a
+checkers' queue within the caller's budget (reducers/reports.py); with ``site=SITE``, a
+report that the site turned the proxy away, which hides it from that site's
+``works_on`` within the site's share of reports (reducers/sites.py). ``/pop/`` is a
 checkout of one proxy for five minutes: nobody else is handed it meanwhile.
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from events.mint import now_ms
+from events.sites import site_key_ok
 from events.wire import CheckoutRequest
 from gateway.checkout import take
 from gateway.commands import anonymous_reporter, proxy_address, publish_report
@@ -99,8 +102,16 @@ async def delete(request: web.Request) -> web.Response:
     state = request.app[FOLD].state
     if not state.settings.guarded:
         raise ApiError(403, "forbidden", "reports without a token need the guarded setting")
+    site = request.query.get("site", "")
+    if site and not site_key_ok(site):
+        raise ApiError(
+            400, "bad-parameter", "site: a site key (a lower-case name)", parameter="site"
+        )
+    outcome = "blocked" if site else "failed"
     try:
-        await publish_report(request, anonymous_reporter(request), ip, port, "failed", "delete")
+        await publish_report(
+            request, anonymous_reporter(request), ip, port, outcome, "delete", site
+        )
     except ApiError as exc:
         if exc.status != 404:
             raise

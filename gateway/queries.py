@@ -12,7 +12,7 @@ import structlog
 from aiohttp import web
 
 from events.mint import now_ms
-from events.sites import site_key_ok
+from events.sites import NONE, site_key_ok
 from events.subjects import proxy_of
 from events.wire import AgentMe
 from gateway.deposits import PAGES
@@ -43,7 +43,7 @@ from projections.core.readmodels import (
     source_score,
     status_at,
 )
-from reducers import ProxyRow, trust
+from reducers import ProxyRow, sites, trust
 from reducers.pool import STATUSES, lease_live
 from reducers.reports import hidden_from
 from reducers.state import latency_samples, unpack_samples
@@ -307,7 +307,7 @@ async def sites_known(request: web.Request) -> web.Response:
     traffic goes to is the consumers' business)."""
     authorize(request, "admin")
     state = request.app[FOLD].state
-    tally = SiteTally(now_ms())
+    tally = SiteTally(now_ms(), state.site_hour)
     cells = list(state.sites.values())
     for start in range(0, len(cells), _TALLY_STEP):
         tally.add(cells[start : start + _TALLY_STEP])
@@ -316,6 +316,27 @@ async def sites_known(request: web.Request) -> web.Response:
 
 
 _TALLY_STEP = 10_000  # cells a step: a few milliseconds of the loop
+
+
+@routes.get("/v1/sites/changes")
+async def site_changes(request: web.Request) -> web.Response:
+    """The cells whose standing moved after log time ``since`` (ms): what an endpoint
+    learns of the fleet's verdicts (its feed asks every minute from the ``now`` of its
+    last answer), not the whole table; endpoints and the admin only (which sites the
+    traffic goes to is the consumers' business)."""
+    authorize(request, "endpoint")
+    since = integer(request, "since", 0) or 0
+    state, now = request.app[FOLD].state, now_ms()
+    cells = list(state.sites.values())
+    moved: list[tuple[str, int, str, str]] = []
+    for start in range(0, len(cells), _TALLY_STEP):
+        for c in cells[start : start + _TALLY_STEP]:
+            if max(c.through_at, c.blocked_at) > since:
+                said = sites.standing(c, now)
+                if said != NONE:
+                    moved.append((c.ip, c.port, c.site, said))
+        await asyncio.sleep(0)
+    return reply({"now": now, "cells": moved})
 
 
 @routes.get("/v1/sites/rules")

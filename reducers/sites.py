@@ -48,9 +48,11 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
     steers = not state.settings.trust or batch.agent in state.trusted
     agent = state.agents.get(batch.agent)
     traffic = agent is not None and agent.role == "endpoint"
+    hour = ts // 3_600_000
     for r in batch.results:
         if traffic and steers:
             _traffic_went_to(state, r.site, ts)
+        _answered(state, r.site, hour, r.through + r.blocked, traffic)
         key = (r.ip, r.port, r.site)
         cell = _cell(state, key)
         if cell is None:
@@ -119,6 +121,18 @@ def _take(state: State, event: ProxyReported, ts: int) -> bool:
         return False
     take.taken += 1
     return True
+
+
+def _answered(state: State, site: str, hour: int, answers: int, traffic: bool) -> None:
+    """Count ``answers`` to ``site`` this hour, the traffic's or the probes'."""
+    counts = state.site_hour.get(site)
+    if counts is None or counts[0] != hour:
+        if counts is None and len(state.site_hour) >= 2 * MAX_SITES:
+            state.site_hour = {s: c for s, c in state.site_hour.items() if c[0] == hour}
+            if len(state.site_hour) >= 2 * MAX_SITES:
+                return  # this hour's sites fill it: counted no further
+        counts = state.site_hour[site] = [hour, 0, 0]
+    counts[2 if traffic else 1] += answers
 
 
 def _traffic_went_to(state: State, site: str, ts: int) -> None:

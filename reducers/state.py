@@ -171,6 +171,9 @@ class State:
     resent: dict[str, int] = replica(dict)
     skew: dict[str, int] = replica(dict)
     refusals: dict[str, str] = replica(dict)
+    # Per site, the answers folded this hour of log time: [hour, the probes', the traffic's]
+    # (GET /v1/sites); at most twice MAX_SITES sites, each hour's anew.
+    site_hour: dict[str, list[int]] = replica(dict)
     sites_unkept: int = replica(int)  # site verdicts not kept: an unknown proxy, a cap
     # The keys changed since the last checkpoint.
     dirty_proxies: set[ProxyKey] = replica(set)

@@ -44,8 +44,8 @@ def _proxy_pool_scraper(base: str, page: str) -> Any:
 async def test_a_proxy_pool_scraper_runs_against_ppf(lab: ProxyLab, log_client: Log) -> None:
     """Its get_proxy() gets an HTTP proxy of the live pool in proxy_pool's shape, its
     request goes through it (the site sees the proxy's exit), its delete_proxy() is a
-    report without a token; /all/, /count/ (with and without the slash, type=https) and
-    /random answer in their tools' shapes."""
+    report without a token (with a site: that site turned it away); /all/, /count/
+    (with and without the slash, type=https) and /random answer in their tools' shapes."""
     squid = next(p for p in lab.proxies if p.name == "squid")
     async with _target() as (site, seen), _endpoint(log_client, lab) as (_, _, _, feed):
         base = feed.gateways[0]
@@ -66,6 +66,15 @@ async def test_a_proxy_pool_scraper_runs_against_ppf(lab: ProxyLab, log_client: 
         assert count == {"http_type": {"https": 1}, "source": {"ppf": 1}, "count": 1}
         plain = (await asyncio.to_thread(requests.get, base + "/random")).text
         assert plain == one["proxy"]
+        # With a site: the site turned it away (a block for that site, never a failure).
+        wrong = await asyncio.to_thread(requests.get, f"{base}/delete/?proxy={plain}&site=A b")
+        assert wrong.status_code == 400 and wrong.json()["parameter"] == "site"
+        got = await asyncio.to_thread(
+            lambda: requests.get(f"{base}/delete/?proxy={plain}&site=example.org").json()
+        )
+        assert got == {"code": 0, "src": True}
+        exposed = (await asyncio.to_thread(requests.get, f"{base}/metrics")).text
+        assert 'ppf_site_proxies{latest="blocked",site="example.org"} 1' in exposed
 
 
 async def test_paste_formats_and_metrics(lab: ProxyLab, log_client: Log) -> None:

@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
-from endpoint.choose import Pool
+from endpoint.choose import Pool, Upstream
 from endpoint.feed import Feed
 from events.sites import SiteRule
 from gateway.app import make_app
@@ -220,7 +220,7 @@ async def test_gateway_serves_the_projections(
     assert pool.rules == (rule,) and fold.state.site_rules == {"shop.example": rule}
 
     # What the fleet knows of sites is the admin's alone.
-    for name, role in (("ops", "admin"), ("shop", "consumer")):
+    for name, role in (("ops", "admin"), ("shop", "consumer"), ("edge", "endpoint")):
         await log_client.publish(
             ev.AgentEnrolled(
                 id=fresh_id(), agent="admin", at=now_ms(), name=name, role=role,
@@ -237,7 +237,32 @@ async def test_gateway_serves_the_projections(
     by_site = {row["site"]: row for row in known["sites"]}
     assert (by_site["google.com"]["through"], by_site["google.com"]["blocked"]) == (1, 1)
     assert by_site["google.com"]["turned_away_share"] == 0.5
+    assert (
+        by_site["google.com"]["probes_this_hour"],
+        by_site["google.com"]["traffic_this_hour"],
+    ) == (3, 0)
     assert by_site["shop.example"]["vantages"] == 1 and known["unkept"] == 0
+
+    # An endpoint's feed takes what moved since its last ask into its pool (the fleet's
+    # word routes its requests too); a consumer may not ask.
+    assert (await client.get("/v1/sites/changes", headers=shop)).status == 403
+    edge = Pool()
+    edge.replace(
+        [Upstream("8.8.8.8", 1080, "socks5"), Upstream("1.1.1.1", 3128, "http")]
+    )  # fmt: skip
+    feed = Feed([str(client.make_url("")).rstrip("/")], edge, identity=("edge", "edge-token"))
+    await feed.start()
+    await feed.refresh_standing()
+    await feed.stop()
+    assert set(edge.through["google.com"]) == {("8.8.8.8", 1080)}
+    assert set(edge.through["shop.example"]) == {("1.1.1.1", 3128)}
+    assert "google.com" in edge.upstreams[("1.1.1.1", 3128)].turned_away
+    assert not edge.take_verdicts()  # the fleet's word is not this endpoint's to say again
+    later = await client.get(
+        f"/v1/sites/changes?since={feed._standing_at}",
+        headers={"Authorization": "Bearer edge-token"},
+    )
+    assert (await later.json())["cells"] == []  # nothing moved since
 
     sources = await (await client.get("/v1/sources")).json()
     assert [s["url_id"] for s in sources["sources"]] == [uid]

@@ -247,7 +247,8 @@ async def test_leases_are_granted_once_extended_and_released(gw: Any, log_client
     r = await client.post(
         f"/v1/leases/{grant['lease']}/release", json={"outcome": "done"}, headers=auth(tokens["w1"])
     )
-    assert r.status == 200
+    assert r.status == 200  # once in the log, not once folded: wait for the fold
+    assert await fold.wait_for((await r.json())["seq"], 10)
     r = await client.post(
         f"/v1/leases/{grant['lease']}/release", json={"outcome": "done"}, headers=auth(tokens["w1"])
     )

@@ -200,3 +200,23 @@ def test_a_round_reaches_axiom_as_a_row_per_result() -> None:
     ]
     assert rows[1]["lease"] == "l1" and rows[1]["error"] == "timeout" and "results" not in rows[0]
     assert rows[3]["country"] == "FR" and rows[3]["geo"] == "v1"
+
+
+def test_the_tap_leaves_sites_out() -> None:
+    """Which sites the traffic goes to stays in the fleet: site verdicts give no row, and
+    a consumer's report of a block gives its row without the site."""
+    import events as ev
+    from ops.telemetry.tap import _rows
+
+    verdicts = ev.SitesChecked(
+        id="v1", agent="local-endpoint", at=5, key="traffic",
+        results=[ev.SiteResult(ip="60.0.0.1", port=80, site="clinic.example.com", blocked=1)],
+    )  # fmt: skip
+    report = ev.ProxyReported(
+        id="p1", agent="shop", at=5, ip="60.0.0.1", port=80, outcome="blocked",
+        site="clinic.example.com",
+    )  # fmt: skip
+    rows = _rows([(7, 1_000, b"ppf.checked.traffic", ev.encode(verdicts)),
+                  (8, 1_000, b"ppf.report.x", ev.encode(report))])  # fmt: skip
+    assert [r["type"] for r in rows] == ["ProxyReported"]
+    assert "clinic.example.com" not in repr(rows)

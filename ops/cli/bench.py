@@ -7,6 +7,7 @@ One parser per benchmark, so each takes its own flags and refuses another's
 from __future__ import annotations
 
 import argparse
+import importlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -20,10 +21,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bn = sub.add_parser("bench", help="benchmarks (BENCHMARKS.md)")
     what = bn.add_subparsers(dest="what", required=True, metavar="BENCH")
 
-    def bench(name: str, help: str, run: Run) -> argparse.ArgumentParser:
+    def bench(name: str, help: str, run: Run | str) -> argparse.ArgumentParser:
+        """A benchmark's parser; ``run`` its runner, or ``"module:function ARG..."``."""
         p = what.add_parser(name, help=help)
         p.add_argument("--json", action="store_true", help="one JSON object")
-        p.set_defaults(run=_runner(run))
+        p.set_defaults(run=_runner(_call(run) if isinstance(run, str) else run))
         return p
 
     fold = bench("fold", "fold throughput from a real stream", _fold)
@@ -67,10 +69,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     lease.add_argument("--seconds", type=float, default=10.0)
     lease.add_argument("--count", type=int, default=1, help="targets per request")
 
-    query = bench("query", "GET /v1/proxies over a large pool", _query)
+    query = bench(
+        "query",
+        "GET /v1/proxies over a large pool",
+        "ops.bench.gateway:bench_query proxies",
+    )
     query.add_argument("--proxies", type=int, default=100_000)
 
-    snap = bench("snapshot", "a new gateway ready from a snapshot, against from seq 1", _snapshot)
+    snap = bench(
+        "snapshot",
+        "a new gateway ready from a snapshot, against from seq 1",
+        "ops.bench.snapshot:bench_snapshot observations proxies runs",
+    )
     snap.add_argument("--observations", type=int, default=10_000_000)
     snap.add_argument("--proxies", type=int, default=1_000_000)
     snap.add_argument("--runs", type=int, default=2, help="A B runs, interleaved")
@@ -78,22 +88,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stats.add_argument("--proxies", type=int, default=100_000)
     stats.add_argument("--seconds", type=float, default=10.0)
     stats.add_argument("--rate", type=int, default=10_000, help="events/s folded meanwhile")
-    stats.add_argument(
-        "--backlog-rounds",
-        type=int,
-        default=1_000_000,
-        help="observations, as rounds over --proxies new proxies, of the backlog phase (0: none)",
-    )
-    stats.add_argument(
-        "--singles",
-        type=int,
-        default=300_000,
-        help="observations over --proxies new proxies, as single events and as rounds, of the "
-        "single-events phase (0: none)",
-    )
+    backlog = "observations, as rounds over --proxies new proxies, of the backlog phase (0: none)"
+    stats.add_argument("--backlog-rounds", type=int, default=1_000_000, help=backlog)
+    singles = "observations over --proxies new proxies, as single events and as rounds (0: none)"
+    stats.add_argument("--singles", type=int, default=300_000, help=singles)
     stats.add_argument("--singles-runs", type=int, default=5, help="runs of each form, interleaved")
 
-    extract = bench("extract", "extraction of a dense list", _extract)
+    extract = bench(
+        "extract",
+        "extraction of a dense list",
+        "ops.bench.extract:bench_extract mb seed",
+    )
     extract.add_argument("--mb", type=int, default=30, help="size of the dense list")
     extract.add_argument("--seed", type=int, default=1)
 
@@ -101,7 +106,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     check.add_argument("--checks", type=int, default=10_000)
     check.add_argument("--tls", action="store_true", help="tunnels carry TLS to a pinned judge")
 
-    harvest = bench("harvest", "a worker harvesting a list of mostly dead proxies", _harvest)
+    harvest = bench(
+        "harvest",
+        "a worker harvesting a list of mostly dead proxies",
+        "ops.bench.harvest:bench_harvest candidates working_share",
+    )
     harvest.add_argument("--candidates", type=int, default=10_000)
     harvest.add_argument("--working-share", type=float, default=0.05)
 
@@ -117,7 +126,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--failing", type=int, default=0, help="a failing proxy's interval (0: half --interval)"
     )
 
-    ingest = bench("ingest", "the deposit ingest never lists the store", _ingest)
+    ingest = bench(
+        "ingest",
+        "the deposit ingest never lists the store",
+        "ops.bench.ingest:bench_ingest sweeps sweep_s deposits missing",
+    )
     ingest.add_argument("--sweeps", type=int, default=50, help="idle sweep periods")
     ingest.add_argument("--sweep-s", type=float, default=0.1, help="the sweep period")
     ingest.add_argument("--deposits", type=int, default=200, help="pages deposited")
@@ -129,20 +142,55 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     serve.add_argument("--runs", type=int, default=5, help="runs of each, in turns")
     serve.add_argument("--tunnels", type=int, default=1_000, help="tunnels held open")
 
-    sites = bench("sites", "routing by site in the world in a box (root)", _sites)
+    sites = bench(
+        "sites",
+        "routing by site in the world in a box (root)",
+        "ops.bench.sites:bench_sites learn measured tree",
+    )
     sites.add_argument("--learn", type=int, default=100, help="requests a site and scheme")
     sites.add_argument("--measured", type=int, default=300, help="measured after learning")
     sites.add_argument("--tree", type=Path, default=None, help="another commit's checkout")
 
-    read = bench("read", "the fold's reader, in plain and over TLS", _read)
+    to = "ops.bench.sitefold:bench_fold_sites tree observations proxies runs"
+    fs = bench("fold-sites", "the fold with site verdicts, against another tree's", to)
+    fs.add_argument("--tree", type=Path, required=True, help="the other commit's checkout")
+    fs.add_argument("--observations", type=int, default=300_000)
+    fs.add_argument("--proxies", type=int, default=100_000)
+    fs.add_argument("--runs", type=int, default=5, help="runs of each, in turns")
+
+    state = bench(
+        "site-state",
+        "per-site standing's cost to a gateway",
+        "ops.bench.sitestate:bench_site_state observations proxies sites cells runs asks",
+    )
+    state.add_argument("--observations", type=int, default=300_000)
+    state.add_argument("--proxies", type=int, default=100_000)
+    state.add_argument("--sites", type=int, default=200)
+    state.add_argument("--cells", type=int, default=10_000, help="proxies with a verdict a site")
+    state.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
+    state.add_argument("--asks", type=int, default=200, help="/v1/stats and leases a run")
+
+    read = bench(
+        "read",
+        "the fold's reader, in plain and over TLS",
+        "ops.bench.read:bench_read messages runs",
+    )
     read.add_argument("--messages", type=int, default=200_000)
     read.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
 
-    marks = bench("marks", "the memory of the re-send window at many agents", _marks)
+    marks = bench(
+        "marks",
+        "the memory of the re-send window at many agents",
+        "ops.bench.marks:bench_marks agents window",
+    )
     marks.add_argument("--agents", type=int, default=1_000)
     marks.add_argument("--window", type=int, default=512)
 
-    seed = bench("seed", "seed nodes working a dump", _seed)
+    seed = bench(
+        "seed",
+        "seed nodes working a dump",
+        "ops.bench.seed:bench_seed lines nodes working",
+    )
     seed.add_argument("--lines", type=int, default=200_000, help="lines of the dump")
     seed.add_argument("--nodes", type=int, default=3, help="seed node processes")
     seed.add_argument("--working", type=int, default=300, help="working relays in the world")
@@ -195,12 +243,6 @@ async def _lease(args: argparse.Namespace) -> dict[str, Any]:
     return await bench_lease(args.clients, args.seconds, count=args.count)
 
 
-async def _query(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.gateway import bench_query
-
-    return await bench_query(args.proxies)
-
-
 async def _stats(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.singles import bench_singles
     from ops.bench.stats import bench_stats
@@ -215,46 +257,16 @@ async def _stats(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-async def _snapshot(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.snapshot import bench_snapshot
-
-    return await bench_snapshot(args.observations, args.proxies, args.runs)
-
-
-def _extract(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.extract import bench_extract
-
-    return bench_extract(args.mb, args.seed)
-
-
-async def _read(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.read import bench_read
-
-    return await bench_read(args.messages, args.runs)
-
-
 async def _serve(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.serve import bench_serve
 
     return await bench_serve(args.requests, args.concurrency, args.runs, tunnels=args.tunnels)
 
 
-async def _sites(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.sites import bench_sites
-
-    return await bench_sites(args.learn, args.measured, args.tree)
-
-
 async def _check(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.check import bench_check
 
     return await bench_check(args.checks, tls=args.tls)
-
-
-async def _harvest(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.harvest import bench_harvest
-
-    return await bench_harvest(args.candidates, args.working_share)
 
 
 async def _pool(args: argparse.Namespace) -> dict[str, Any]:
@@ -272,19 +284,15 @@ async def _pool(args: argparse.Namespace) -> dict[str, Any]:
     )
 
 
-async def _ingest(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.ingest import bench_ingest
+def _call(spec: str) -> Run:
+    """A benchmark's runner from ``"module:function ARG..."``: the function imported when
+    it runs (a command's help loads no benchmark), called with those arguments in order."""
+    target, *names = spec.split()
 
-    return await bench_ingest(args.sweeps, args.sweep_s, args.deposits, args.missing)
+    def run(args: argparse.Namespace) -> Awaitable[dict[str, Any]] | dict[str, Any]:
+        module, _, function = target.partition(":")
+        bench: Callable[..., Awaitable[dict[str, Any]] | dict[str, Any]]
+        bench = getattr(importlib.import_module(module), function)
+        return bench(*(getattr(args, name) for name in names))
 
-
-def _marks(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.marks import bench_marks
-
-    return bench_marks(args.agents, args.window)
-
-
-async def _seed(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.seed import bench_seed
-
-    return await bench_seed(args.lines, args.nodes, args.working)
+    return run

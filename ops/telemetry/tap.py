@@ -4,8 +4,9 @@ Fire-and-forget by construction. The fold hands each batch of raw messages to
 ``Tap.feed``, which writes one msgpack frame to a child process and returns; when the
 child falls behind (Axiom slow or down) and the pipe's buffer passes its bound, the
 batch is dropped and counted, never waited for. The child turns messages into rows
-(``_time`` = the server timestamp, type, subject, seq, the event's own fields), batches
-them, and sends with axiom-py. Nothing ever reads Axiom back.
+(``_time`` = the server timestamp, type, subject, seq, the event's own fields; never a
+site: site verdicts are left out, and the site of a consumer's report), batches them,
+and sends with axiom-py. Nothing ever reads Axiom back.
 
 axiom-py retries 5xx and connection errors itself (about 3 s) and sets no timeout of
 its own, so the child gives its session one: a server that accepts and never answers
@@ -177,9 +178,17 @@ def _rows(batch: list[tuple[int, int, bytes, bytes]]) -> list[dict[str, Any]]:
             fields = {"undecodable": payload[:200].decode(errors="replace")}
         if not isinstance(fields, dict):
             fields = {"value": fields}
+        if fields.get("type") in _SITES_LEFT_OUT:
+            continue
+        fields.pop("site", None)  # a consumer's report of a block names a site
         where = {"_time": _iso(ts), "seq": seq, "subject": subject.decode()}
         rows.extend({**row, **where} for row in _per_result(fields))
     return rows
+
+
+# Which sites the consumers' traffic goes to stays in the fleet: the endpoints' and the
+# probes' verdicts are not tapped, nor is the site of a consumer's report.
+_SITES_LEFT_OUT = frozenset({"SitesChecked"})
 
 
 def _failed(result: object) -> bool:

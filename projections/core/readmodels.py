@@ -204,11 +204,13 @@ def query_proxies(
 
 class SiteTally:
     """Per site, what its cells say at ``now`` (reducers/sites.py): proxies through,
-    turned away and unknown, the answers of each kind, and the vantages that saw them.
+    turned away and unknown, the answers of each kind, the vantages that saw them, and
+    the answers this hour of log time from probes and from traffic (``hourly``).
     Fed in parts (``add``), so a caller may give the loop back between them."""
 
-    def __init__(self, now: int) -> None:
+    def __init__(self, now: int, hourly: dict[str, list[int]] | None = None) -> None:
         self.now = now
+        self.hourly = hourly or {}  # State.site_hour
         self.by: dict[str, dict[str, int]] = {}
         self.vantages: dict[str, set[str]] = {}
 
@@ -229,7 +231,13 @@ class SiteTally:
             judged = counts["through"] + counts["blocked"]
             share = round(counts["blocked"] / judged, 3) if judged else None
             vantages = len(self.vantages.get(site, ()))
-            out.append({"site": site, **counts, "turned_away_share": share, "vantages": vantages})
+            hour, probes, traffic = self.hourly.get(site, (0, 0, 0))
+            if hour != self.now // 3_600_000:
+                probes = traffic = 0
+            out.append(
+                {"site": site, **counts, "turned_away_share": share, "vantages": vantages,
+                 "probes_this_hour": probes, "traffic_this_hour": traffic}
+            )  # fmt: skip
         return out
 
 

@@ -1,0 +1,207 @@
+"""``ppf bench site-state``: what per-site standing costs a gateway at a large pool.
+
+Two logs, each on its own real nats-server, on loopback: the pinned workload
+(ops/bench/workload.py) as rounds over ``proxies`` proxies (A), and the same followed by
+``sites`` sites' verdicts on ``cells`` proxies each, as a trusted checker's
+``SitesChecked`` rounds, two in three through and one in three turned away (B: the
+``sites`` table at its caps). A first gateway on each locates every address and a
+``ppf snapshot`` is taken of each. Then, interleaved A B A B, a new ``ppf gateway``
+process (its own interpreter, as deployed) on each: the seconds from its spawn until it
+is ready from the snapshot (``/readyz``), its resident memory once its pool view is
+built, and the p99 of ``asks`` ``/v1/stats`` and ``POST /v1/leases`` (one source, as an
+enrolled worker), one after the other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from events import AgentEnrolled, SiteResult, SitesChecked, token_sha256
+from events.mint import fresh_id, now_ms
+from ops.bench.gateway import _pct, _settled
+from ops.bench.snapshot import _gateway, _ready_at
+from ops.bench.streams import publisher
+from ops.bench.workload import _ip
+from ops.nats.client import Log
+from ops.nats.server import NatsServer, free_port
+
+__all__ = ["bench_site_state"]
+
+TOKEN = "bench-site-state-token"  # the leasing worker's (a bench's own log)
+CHECKER = "c000"  # the workload's trusted checker (ops/bench/workload.py)
+
+
+def _port_of(p: int) -> int:
+    return 1024 + p % 50_000  # as the workload's proxies (ops/bench/workload.py _worked)
+
+
+def _verdicts(proxies: int, sites: int, cells: int) -> list[SitesChecked]:
+    """``cells`` proxies of each of ``sites`` sites, in rounds of 500: the sites table
+    at its caps (reducers/sites.py MAX_CELLS a site)."""
+    rounds = []
+    for k in range(sites):
+        site = f"site{k:03d}.example.com"
+        first = (k * 997) % proxies
+        results = [
+            SiteResult(
+                ip=_ip(p),
+                port=_port_of(p),
+                site=site,
+                through=int(i % 3 != 2),
+                blocked=int(i % 3 == 2),
+                status=2 if i % 3 != 2 else 4,
+                latency_ms=300,
+                bytes=4_096,
+            )
+            for i, p in enumerate((first + j) % proxies for j in range(cells))
+        ]
+        for start in range(0, len(results), 500):
+            rounds.append(
+                SitesChecked(
+                    id=fresh_id(), agent=CHECKER, at=now_ms(), key=f"s{k % 256:03d}",
+                    results=results[start : start + 500],
+                )
+            )  # fmt: skip
+    return rounds
+
+
+async def _log(
+    workdir: Path, name: str, observations: int, proxies: int, sites: int, cells: int
+) -> NatsServer:
+    server = NatsServer(workdir / f"nats-{name}", port=free_port())
+    server.start()
+    load = await asyncio.create_subprocess_exec(
+        *publisher([server.url], "r", observations, proxies, 1)
+    )
+    if await load.wait() != 0:
+        raise RuntimeError("publishing the workload failed")
+    lg = await Log.connect(server.url)
+    try:
+        await lg.publish(
+            AgentEnrolled(
+                id=fresh_id(), agent="admin", at=now_ms(), name="wbench", role="worker",
+                token_sha256=token_sha256(TOKEN),
+            )
+        )  # fmt: skip
+        if sites:
+            rounds = _verdicts(proxies, sites, cells)
+            for start in range(0, len(rounds), 200):
+                await lg.publish_many(rounds[start : start + 200])
+    finally:
+        await lg.close()
+    port = free_port()
+    locator = await asyncio.to_thread(_gateway, server.url, port, workdir / f"locate-{name}.log")
+    try:
+        await _ready_at(port, locator, timeout=3600)
+        await _settled(f"http://127.0.0.1:{port}", quiet_s=3.0, timeout=3600)
+    finally:
+        locator.terminate()
+        await asyncio.to_thread(locator.wait, 60)
+    taken = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "ops.cli", "snapshot", "--nats", server.url],
+        capture_output=True,
+        timeout=3600,
+    )
+    if taken.returncode != 0:
+        raise RuntimeError(f"ppf snapshot failed: {taken.stderr.decode()[-500:]}")
+    return server
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def _one(url: str, workdir: Path, name: str, asks: int) -> dict[str, float]:
+    """One gateway on ``url``: its start from the snapshot, its memory, its p99s."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    t0 = time.monotonic()
+    proc = await asyncio.to_thread(_gateway, url, port, workdir / f"{name}.log")
+    try:
+        await _ready_at(port, proc, timeout=600)
+        start_s = time.monotonic() - t0
+        stats_ms: list[float] = []
+        lease_ms: list[float] = []
+        body = {"agent": "wbench", "kind": "source", "count": 1, "ttl_s": 600}
+        headers = {"Authorization": f"Bearer {TOKEN}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            async with http.get(base + "/v1/proxies?limit=1") as r:  # the pool view, built
+                await r.read()
+            await asyncio.sleep(2)
+            rss = _rss_mb(proc.pid)
+            for _ in range(asks):
+                t = time.perf_counter()
+                async with http.get(base + "/v1/stats") as r:
+                    await r.read()
+                stats_ms.append((time.perf_counter() - t) * 1000)
+                t = time.perf_counter()
+                async with http.post(base + "/v1/leases", json=body) as r:
+                    await r.read()
+                    if r.status != 200:
+                        raise RuntimeError(f"lease: {r.status}")
+                lease_ms.append((time.perf_counter() - t) * 1000)
+        return {
+            "start_s": round(start_s, 2),
+            "rss_mb": round(rss),
+            "stats_p99_ms": round(_pct(stats_ms, 0.99), 1),
+            "lease_p99_ms": round(_pct(lease_ms, 0.99), 1),
+        }
+    finally:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 60)
+
+
+async def bench_site_state(
+    observations: int = 300_000,
+    proxies: int = 100_000,
+    sites: int = 200,
+    cells: int = 10_000,
+    runs: int = 3,
+    asks: int = 200,
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-site-state-") as tmp:
+        workdir = Path(tmp)
+        servers = {
+            "without": await _log(workdir, "without", observations, proxies, 0, cells),
+            "with": await _log(workdir, "with", observations, proxies, sites, cells),
+        }
+        try:
+            seen: dict[str, list[dict[str, float]]] = {"without": [], "with": []}
+            for run in range(runs):  # A B A B
+                for side, server in servers.items():
+                    seen[side].append(await _one(server.url, workdir, f"{side}-{run}", asks))
+        finally:
+            for server in servers.values():
+                server.stop()
+    medians = {
+        side: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+        for side, rows in seen.items()
+    }
+    a, b = medians["without"], medians["with"]
+    return {
+        "proxies": proxies,
+        "sites": sites,
+        "cells": sites * cells,
+        "runs": seen,
+        "medians": medians,
+        "more_mb": round(b["rss_mb"] - a["rss_mb"]),
+        "ratio": {k: round(b[k] / a[k], 3) if a[k] else None for k in a if k != "rss_mb"},
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(bench_site_state(*map(int, sys.argv[1:])))))
