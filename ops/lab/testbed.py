@@ -140,6 +140,15 @@ class ProxyLab:
     # puts a delaying relay in front of it, and squid must still see who really asked).
     proxy_protocol: bool = False
     _servers: list[socket.socket] = field(default_factory=list)
+    _ports: set[int] = field(default_factory=set)  # handed out: never twice in one lab
+
+    def _port(self) -> int:
+        """A free port no daemon of this lab was given: they are started side by side,
+        and the kernel may call one port free twice before either binds it (a relay
+        then reached the other daemon: tinyproxy answered squid's PROXY header 400)."""
+        port = free_port(avoid=self._ports)
+        self._ports.add(port)
+        return port
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115
@@ -187,7 +196,7 @@ class ProxyLab:
                     self.proxies[i] = launch()
 
     def _squid(self) -> Proxy:
-        port = free_port()
+        port = self._port()
         conf = self.root / "squid.conf"
         conf.write_text(
             f"http_port 127.0.0.1:{port}"
@@ -207,7 +216,7 @@ class ProxyLab:
         return Proxy("squid", port, "http", "transparent", exit_ip, proc)
 
     def _tinyproxy(self, name: str, bind: str, *, via: bool) -> Proxy:
-        port = free_port()
+        port = self._port()
         conf = self.root / f"{name}.conf"
         conf.write_text(
             f"User nobody\nGroup nogroup\nPort {port}\nListen 127.0.0.1\nBind {bind}\n"
@@ -219,13 +228,13 @@ class ProxyLab:
         return Proxy(name, port, "http", anonymity, bind, proc)
 
     def _microsocks(self) -> Proxy:
-        port = free_port()
+        port = self._port()
         bind = self.exits["microsocks"]
         cmd = ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-b", bind]
         return Proxy("microsocks", port, "socks5", "elite", bind, self._spawn("microsocks", cmd))
 
     def _dante(self) -> Proxy:
-        port = free_port()
+        port = self._port()
         conf = self.root / "danted.conf"
         conf.write_text(
             f"logoutput: {self.root}/danted.log\ninternal: 127.0.0.1 port = {port}\n"
@@ -247,7 +256,7 @@ class ProxyLab:
         return s
 
     def _closed(self) -> Proxy:
-        return Proxy("closed", free_port(), None)
+        return Proxy("closed", self._port(), None)
 
     def _tarpit(self) -> Proxy:
         s = self._listen()  # the kernel accepts; nobody ever reads or answers
