@@ -24,7 +24,7 @@ from tests.test_cli import Up
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
 PROXIES = 9
-DIE_AT_S = 100  # simulated = wall seconds (speed 1) after the box starts
+DIE_AT_S = 70  # simulated = wall seconds (speed 1) after the box starts
 DEAD = (0, 3, 6)  # a third: refused, silent, tarpit
 HOW = ("refusing", "silent", "tarpit")
 PLAN = Plan(

@@ -9,7 +9,7 @@ to it and not listening, as an outgoing connection's local end would be.
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,10 +35,10 @@ def _hand_out(monkeypatch: pytest.MonkeyPatch, port: int, calls: set[int]) -> No
     """``free_port`` in the lab answers ``port`` on the given calls (1-based)."""
     count = 0
 
-    def fake() -> int:
+    def fake(host: str = "127.0.0.1", avoid: Container[int] = ()) -> int:
         nonlocal count
         count += 1
-        return port if count in calls else free_port()
+        return port if count in calls else free_port(host, avoid)
 
     monkeypatch.setattr(testbed, "free_port", fake)
 
