@@ -209,12 +209,13 @@ class Checker(Agent):
         left = [0] * len(grants)  # by shard: its proxies not checked yet, probes not made
         for g in owner:
             left[g] += 1
+        size = left[:]  # its checks (what a judge's failure is weighed against)
         unprobed = [0] * len(grants)  # by shard: its probes not made
         for g, *_ in probes:
             left[g] += 1
             unprobed[g] += 1
         verdicts: list[list[SiteResult]] = [[] for _ in grants]
-        size = left[:]
+        probing: list[asyncio.Task[None]] = []
         void = [0] * len(grants)  # failures a judge explains, by shard
         settled = [False] * len(grants)
         releases: list[asyncio.Task[None]] = []
@@ -272,20 +273,22 @@ class Checker(Agent):
                         releases.append(asyncio.create_task(give_back(g, out)))
 
                 async def probe(g: int, ip: str, port: int, proto: str, site: str) -> None:
-                    try:
-                        found = await self.prober.result(ip, port, proto, site)
-                        self.probed += 1
-                        if found is not None:
-                            verdicts[g].append(found)
-                    finally:
-                        unprobed[g] -= 1
-                        settle(g)
+                    # Cancelled with a round that failed, it leaves its shard unsettled
+                    # (given back below) and its counts as they were.
+                    found = await self.prober.result(ip, port, proto, site)
+                    unprobed[g] -= 1
+                    self.probed += 1
+                    if found is not None:
+                        verdicts[g].append(found)
+                    settle(g)
 
-                probing = [asyncio.create_task(probe(*p)) for p in probes]
+                probing += [asyncio.create_task(probe(*p)) for p in probes]
                 results = await self._check(targets, judge, on_result=heard, timeouts=timeouts)
                 await asyncio.gather(*probing)
                 await asyncio.gather(*releases)
         finally:
+            for task in probing:  # a round that failed mid-way leaves no probe running
+                task.cancel()
             for g, grant in enumerate(grants):  # not settled: failed or cancelled mid-way
                 if not settled[g]:
                     self._holding -= 1

@@ -106,15 +106,18 @@ class RecheckWork:
         now, probing = now_ms(), self.probing
         state = self.fold.state
         own = agent in state.settings.trusted_agents  # the operator's own (reducers/trust.py)
-        sites = targets(state, own=own, never=probing.never, now=now)
-        if not sites:
-            return []
         minute = now // 60_000
+        # Only the sites with probes left this minute are looked at (a lease's payload
+        # must not walk its shard for sites it may not probe).
+        sites = [
+            site
+            for site in targets(state, own=own, never=probing.never, now=now)
+            if self._used(site, minute) < probing.per_site_per_minute
+        ]
         out: list[tuple[str, int, str, str]] = []
-        rows = self._shards().get(shard, [])
+        rows = self._shards().get(shard, []) if sites else []
         for row, site in wanted(rows, sites, state.sites, self._handed, now):
-            at, used = self._site_minute.get(site, (minute, 0))
-            used = used if at == minute else 0
+            used = self._used(site, minute)
             if used >= probing.per_site_per_minute:
                 continue
             self._site_minute[site] = (minute, used + 1)
@@ -123,6 +126,11 @@ class RecheckWork:
             if len(out) >= probing.per_payload:
                 break
         return out
+
+    def _used(self, site: str, minute: int) -> int:
+        """Probes of ``site`` handed out in ``minute``."""
+        at, used = self._site_minute.get(site, (minute, 0))
+        return used if at == minute else 0
 
     def _scan_probes(self, rows_by_shard: dict[str, list[ProxyRow]]) -> None:
         """Shards with a probe due for the operator's own checkers, looking at no more
