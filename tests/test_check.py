@@ -108,6 +108,7 @@ async def test_explicit_protocols_and_socks4_on_dante(lab: ProxyLab, judge: Judg
     assert not wrong.ok and wrong.error
 
 
+@pytest.mark.serial
 async def test_tarpit_costs_one_timeout_and_many_run_at_once(lab: ProxyLab, judge: Judge) -> None:
     """A tarpit costs one timeout while the other checks run at the same time."""
     import time

@@ -176,6 +176,7 @@ async def _setup(url: str, sources: list[str]) -> None:
         await lg.close()
 
 
+@pytest.mark.serial
 @pytest.mark.timeout(300)
 def test_sigterm_stops_ppf_up_within_10_s_while_its_agents_hold_leases(
     ppf_bin: str, tmp_path: Path
