@@ -17,6 +17,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import httptools
+import structlog
 from python_socks import ProxyError
 
 from agents.tunnel import TUNNELS, Stream, Tls, connect
@@ -24,6 +25,8 @@ from events.catalogue import SiteResult
 from events.sites import BLOCKED, HEAD_BYTES, THROUGH, Answer, SiteRule, read, rule_for
 
 __all__ = ["PROBE_TIMEOUT_S", "Probed", "Prober", "Seen", "probe"]
+
+log = structlog.get_logger("ppf.probe")
 
 PROBE_TIMEOUT_S = 10.0
 _SEEN = 32  # answers per site kept to compare a site without rules against
@@ -154,6 +157,7 @@ class Prober:
         self.seen = Seen()
         self.skipped = 0
         self._hour, self._spent = -1, 0
+        self._said_at = -1  # the hour the spent budget was last said in the log
 
     def _room(self) -> bool:
         hour = int(time.time() // 3600)
@@ -165,6 +169,9 @@ class Prober:
         """One probe read as the site's verdict; None when the budget is spent or the
         answer says nothing either way."""
         if not self._room():
+            if self._hour != self._said_at:
+                log.warning("probe_budget_spent", bytes=self._spent, skipped=self.skipped + 1)
+                self._said_at = self._hour  # once an hour, with the count so far
             self.skipped += 1
             return None
         got = await probe(ip, port, proto, site, self.timeout)

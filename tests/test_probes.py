@@ -52,3 +52,18 @@ def test_a_proxy_and_a_site_are_probed_at_most_once_in_fifteen_minutes() -> None
         ("45.0.0.4", "news.com"),
         ("45.0.0.4", "shop.com"),  # its verdict is older than the gap
     ]
+
+
+async def test_a_checker_past_its_byte_budget_makes_no_probe_and_says_so() -> None:
+    """Past the hour's byte budget a probe is not made: counted, and said in the log once
+    an hour."""
+    from structlog.testing import capture_logs
+
+    from agents.probe import Prober
+
+    prober = Prober(bytes_per_hour=0)
+    with capture_logs() as logs:
+        for _ in range(3):
+            assert await prober.result("45.0.0.1", 8080, "http", "shop.com") is None
+    assert prober.skipped == 3
+    assert [x["event"] for x in logs] == ["probe_budget_spent"]
