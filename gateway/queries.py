@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 import msgspec
@@ -46,6 +46,7 @@ from projections.core.readmodels import (
 from reducers import ProxyRow, sites, trust
 from reducers.pool import STATUSES, lease_live
 from reducers.reports import hidden_from
+from reducers.rows import SiteRow
 from reducers.state import latency_samples, unpack_samples
 
 __all__ = ["PROXY_PARAMS", "WORKS_ON", "routes", "works_on_of"]
@@ -308,14 +309,21 @@ async def sites_known(request: web.Request) -> web.Response:
     authorize(request, "admin")
     state = request.app[FOLD].state
     tally = SiteTally(now_ms(), state.site_hour)
-    cells = list(state.sites.values())
-    for start in range(0, len(cells), _TALLY_STEP):
-        tally.add(cells[start : start + _TALLY_STEP])
-        await asyncio.sleep(0)
+    async for step in _cells_in_steps(state.sites.values()):
+        tally.add(step)
     return reply({"sites": tally.answer(), "unkept": state.sites_unkept})
 
 
 _TALLY_STEP = 10_000  # cells a step: a few milliseconds of the loop
+
+
+async def _cells_in_steps(cells: Iterable[SiteRow]) -> AsyncIterator[list[SiteRow]]:
+    """The site cells (as they are now) in steps of ``_TALLY_STEP``, the loop given
+    back between steps: a walk of 2 million cells never holds it."""
+    found = list(cells)
+    for start in range(0, len(found), _TALLY_STEP):
+        yield found[start : start + _TALLY_STEP]
+        await asyncio.sleep(0)
 
 
 @routes.get("/v1/sites/changes")
@@ -327,15 +335,13 @@ async def site_changes(request: web.Request) -> web.Response:
     authorize(request, "endpoint")
     since = integer(request, "since", 0) or 0
     state, now = request.app[FOLD].state, now_ms()
-    cells = list(state.sites.values())
     moved: list[tuple[str, int, str, str]] = []
-    for start in range(0, len(cells), _TALLY_STEP):
-        for c in cells[start : start + _TALLY_STEP]:
+    async for step in _cells_in_steps(state.sites.values()):
+        for c in step:
             if max(c.through_at, c.blocked_at) > since:
                 said = sites.standing(c, now)
                 if said != NONE:
                     moved.append((c.ip, c.port, c.site, said))
-        await asyncio.sleep(0)
     return reply({"now": now, "cells": moved})
 
 

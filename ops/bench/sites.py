@@ -6,21 +6,31 @@ box's test (tests/test_sites_box.py) measure with it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl
 import tempfile
 import time
 import urllib.error
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from ops.bench.upbox import get_json, up_beside
+from ops.bench.upbox import UpBeside, get_json, up_beside
 from ops.lab.sitebox import SITES, real_page_of
 from ops.lab.world import World
 
-__all__ = ["SCHEMES", "Consumer", "bench_sites", "precision_recall"]
+__all__ = [
+    "SCHEMES",
+    "Consumer",
+    "SitesBox",
+    "bench_sites",
+    "precision_recall",
+    "served",
+    "sites_box",
+]
 
 SCHEMES = ("http", "https")
 
@@ -85,6 +95,35 @@ class Consumer:
         self.tally[(site, scheme)] = (got + (not wrong), wrongs)
 
 
+@dataclass(frozen=True, slots=True)
+class SitesBox:
+    """The box with its three sites, ``ppf up`` beside it with its pool served, and the
+    box's working addresses (``honest``: the interceptors left out, as ppf serves)."""
+
+    world: World
+    up: UpBeside
+    honest: set[str]
+
+
+@contextlib.asynccontextmanager
+async def sites_box(root: Path, tree: Path | None = None) -> AsyncIterator[SitesBox]:
+    """The box of ``ppf bench sites`` and its test, once ``ppf up`` (of this tree, or of
+    ``tree``) serves every working proxy of it."""
+    with (
+        World(root / "w", dead_each=1, extra_working=10, sites=True) as world,
+        up_beside(world, root, "--agents-idle", "1", cwd=tree) as up,
+    ):
+        await up.started()
+        began = time.monotonic()
+        await up.add_source(world.page_url)
+        honest = {a for a, name in world.via().items() if not name.startswith("mitm")}
+        while served(up.base) != honest:
+            if time.monotonic() - began > 180:
+                raise RuntimeError(f"the pool did not come: {up.log.read_text()[-1500:]}")
+            await asyncio.sleep(1)
+        yield SitesBox(world, up, honest)
+
+
 async def bench_sites(learn: int, measured: int, tree: Path | None) -> dict[str, Any]:
     """``ppf bench sites``: the box's three sites (ops/lab/sitebox.py), ``ppf up`` beside
     it (of this tree, or of ``tree``: another commit's checkout, measured in the same
@@ -92,19 +131,8 @@ async def bench_sites(learn: int, measured: int, tree: Path | None) -> dict[str,
     then ``measured`` more; the share of those that got the real page, and at the end of
     learning ``works_on`` against the box's truth (precision, recall)."""
     with tempfile.TemporaryDirectory(prefix="ppf-bench-sites-") as tmp:
-        root = Path(tmp)
-        with (
-            World(root / "w", dead_each=1, extra_working=10, sites=True) as world,
-            up_beside(world, root, "--agents-idle", "1", cwd=tree) as up,
-        ):
-            await up.started()
-            began = time.monotonic()
-            await up.add_source(world.page_url)
-            honest = {a for a, name in world.via().items() if not name.startswith("mitm")}
-            while _served(up.base) != honest:
-                if time.monotonic() - began > 180:
-                    raise RuntimeError(f"the pool did not come: {up.log.read_text()[-1500:]}")
-                await asyncio.sleep(1)
+        async with sites_box(Path(tmp), tree) as box:
+            world, up, honest = box.world, box.up, box.honest
             token = await up.cli("token", "issue", "bench", "--role", "consumer")
             exits = {p.exit_ip for p in world.proxies}
             consumer = Consumer(f"http://bench:{token}@{up.serve}", exits)
@@ -139,7 +167,7 @@ async def _works_on(
     while True:
         for site in SITES:
             try:
-                said = _served(base, f"&works_on={site.name}")
+                said = served(base, f"&works_on={site.name}")
             except urllib.error.HTTPError:
                 sites[site.name]["precision"] = sites[site.name]["recall"] = None
                 continue
@@ -153,6 +181,7 @@ async def _works_on(
         await asyncio.sleep(2)
 
 
-def _served(base: str, query: str = "") -> set[str]:
+def served(base: str, query: str = "") -> set[str]:
+    """The proxies ``GET /v1/proxies`` serves (with ``query``), as ``ip:port``."""
     rows = get_json(f"{base}/v1/proxies?limit=0{query}")["proxies"]
     return {f"{p['ip']}:{p['port']}" for p in rows}
