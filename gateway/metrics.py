@@ -20,7 +20,7 @@ from events.mint import now_ms
 from gateway.http import CONFIG, FOLD, LOG
 from gateway.judge import JUDGE_DOOR
 from gateway.views import pool_census
-from reducers import trust
+from reducers import sites, trust
 from reducers.pool import STANDINGS, lease_live
 
 __all__ = ["ENDPOINT_OUTCOMES", "EndpointCounts", "metrics_text", "routes"]
@@ -139,7 +139,7 @@ def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str
         "proxies by site and the latest verdict on them that steers (reducers/sites.py)",
         [
             ({"site": site, "latest": word}, n)
-            for site, counts in sorted(state.site_latest.items())
+            for site, counts in sorted(sites.latest_counts(state).items())
             for word, n in counts.items()
         ],
     )

@@ -12,7 +12,7 @@ import structlog
 from aiohttp import web
 
 from events.mint import now_ms
-from events.sites import NONE, site_key_ok
+from events.sites import site_key_ok
 from events.subjects import proxy_of
 from events.wire import AgentMe
 from gateway.deposits import PAGES
@@ -46,7 +46,7 @@ from projections.core.readmodels import (
 from reducers import ProxyRow, sites, trust
 from reducers.pool import STATUSES, lease_live
 from reducers.reports import hidden_from
-from reducers.rows import SiteRow
+from reducers.rows import SiteCells
 from reducers.state import latency_samples, unpack_samples
 
 __all__ = ["PROXY_PARAMS", "WORKS_ON", "routes", "works_on_of"]
@@ -317,13 +317,20 @@ async def sites_known(request: web.Request) -> web.Response:
 _TALLY_STEP = 10_000  # cells a step: a few milliseconds of the loop
 
 
-async def _cells_in_steps(cells: Iterable[SiteRow]) -> AsyncIterator[list[SiteRow]]:
-    """The site cells (as they are now) in steps of ``_TALLY_STEP``, the loop given
-    back between steps: a walk of 2 million cells never holds it."""
-    found = list(cells)
-    for start in range(0, len(found), _TALLY_STEP):
-        yield found[start : start + _TALLY_STEP]
-        await asyncio.sleep(0)
+async def _cells_in_steps(rows: Iterable[SiteCells]) -> AsyncIterator[list[SiteCells]]:
+    """The rows of site cells (as they are now) in steps of about ``_TALLY_STEP``
+    cells, the loop given back between steps: a walk of 2 million cells never holds it."""
+    step: list[SiteCells] = []
+    cells = 0
+    for row in list(rows):
+        step.append(row)
+        cells += len(row.nos)
+        if cells >= _TALLY_STEP:
+            yield step
+            step, cells = [], 0
+            await asyncio.sleep(0)
+    if step:
+        yield step
 
 
 @routes.get("/v1/sites/changes")
@@ -336,12 +343,10 @@ async def site_changes(request: web.Request) -> web.Response:
     since = integer(request, "since", 0) or 0
     state, now = request.app[FOLD].state, now_ms()
     moved: list[tuple[str, int, str, str]] = []
-    async for step in _cells_in_steps(state.sites.values()):
-        for c in step:
-            if max(c.through_at, c.blocked_at) > since:
-                said = sites.standing(c, now)
-                if said != NONE:
-                    moved.append((c.ip, c.port, c.site, said))
+    recent = (row for row in state.sites.values() if row.last_at > since)
+    async for step in _cells_in_steps(recent):
+        for cells in step:
+            moved += sites.moved(cells, since, now, state.site_proxy)
     return reply({"now": now, "cells": moved})
 
 

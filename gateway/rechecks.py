@@ -116,7 +116,7 @@ class RecheckWork:
         ]
         out: list[tuple[str, int, str, str]] = []
         rows = self._shards().get(shard, []) if sites else []
-        for row, site in wanted(rows, sites, state.sites, self._handed, now):
+        for row, site in wanted(rows, sites, state, self._handed, now):
             used = self._used(site, minute)
             if used >= probing.per_site_per_minute:
                 continue
@@ -148,7 +148,7 @@ class RecheckWork:
             shard = names[(self._scan_from + step) % len(names)]
             rows = rows_by_shard[shard]
             budget -= len(rows) * len(sites)
-            if next(wanted(rows, sites, state.sites, self._handed, now), None) is not None:
+            if next(wanted(rows, sites, state, self._handed, now), None) is not None:
                 self._probe_due.add(shard)
             if budget <= 0:
                 self._scan_from = (self._scan_from + step + 1) % len(names)

@@ -44,6 +44,7 @@ from projections.writer import read_frame
 from reducers.indexes import reindex
 from reducers.kept import ALWAYS
 from reducers.pool import Composition, counted
+from reducers.rows import decode_column, encode_column
 from reducers.state import KEPT, TABLES, State
 from reducers.steps import at_once
 
@@ -63,7 +64,7 @@ log = structlog.get_logger("ppf.snapshots")
 
 FORMAT = 1
 _STEP = 1_000  # rows a step: ~3 ms of this machine to encode, hash and gather strings
-_encode = msgspec.msgpack.Encoder().encode
+_encode = msgspec.msgpack.Encoder(enc_hook=encode_column).encode
 
 
 class StateSnapshot(msgspec.Struct, kw_only=True):
@@ -190,7 +191,7 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
                     log.warning("snapshot_strings_incomplete", seq=seq, rows=len(proxies))
                 state.proxies = {(r.ip, r.port): r for r in proxies}
             else:
-                for row in _DECODERS[table].decode(raw):
+                for row in _rows(table, raw):
                     put_row(state, table, row)
         if state.last_seq != seq:
             raise SnapshotError(f"snapshot of seq {seq} holds a state at {state.last_seq}")
@@ -208,10 +209,24 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
     return state
 
 
+def _rows(table: str, raw: msgspec.Raw) -> list[Any]:
+    try:
+        return _DECODERS[table].decode(raw)
+    except msgspec.DecodeError as exc:
+        if table == "sites":  # SiteCells came after snapshots of a row per proxy and site
+            raise SnapshotError(
+                f"its sites are a row per proxy and site, as an earlier build kept them: {exc}"
+            ) from exc
+        raise
+
+
 _RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])
 # The other tables' (the proxies' are row_strings.decode's).
 _DECODERS = {
-    table: msgspec.msgpack.Decoder(list[declared.row])  # type: ignore[name-defined]
+    table: msgspec.msgpack.Decoder(
+        list[declared.row],  # type: ignore[name-defined]
+        dec_hook=decode_column,
+    )
     for table, declared in TABLES.items()
     if table != "proxies"
 }

@@ -24,6 +24,7 @@ import msgspec
 from projections.core.digest import DigestKeeper, meta_digest
 from projections.foreground import Foreground, give_way
 from reducers.indexes import reindex
+from reducers.rows import decode_column, encode_column
 from reducers.state import KEPT, TABLES, ProxyKey, ProxyRow, State
 
 __all__ = [
@@ -54,12 +55,14 @@ CREATE TABLE IF NOT EXISTS agents (name VARCHAR PRIMARY KEY, row BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS deposits (
     key VARCHAR PRIMARY KEY, status VARCHAR, row BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sites (
-    ip VARCHAR NOT NULL, port INTEGER NOT NULL, site VARCHAR NOT NULL,
-    row BLOB NOT NULL, PRIMARY KEY (ip, port, site));
+    site VARCHAR NOT NULL, chunk BIGINT NOT NULL, row BLOB NOT NULL,
+    PRIMARY KEY (site, chunk));
+CREATE TABLE IF NOT EXISTS site_proxies (
+    ip VARCHAR NOT NULL, port INTEGER NOT NULL, row BLOB NOT NULL, PRIMARY KEY (ip, port));
 CREATE TABLE IF NOT EXISTS meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);
 """
 
-_encode = msgspec.msgpack.Encoder().encode
+_encode = msgspec.msgpack.Encoder(enc_hook=encode_column).encode
 _json = msgspec.json.Encoder().encode
 
 
@@ -178,8 +181,10 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
         state.dirty_sources |= {k[0] for k in cp.deletes["sources"]}
         state.dirty_leases |= {r.target for r in cp.pending["leases"]}
         state.dirty_deposits |= {r.key for r in cp.pending["deposits"]}
-        state.dirty_sites |= {(r.ip, r.port, r.site) for r in cp.pending["sites"]}
+        state.dirty_sites |= {(r.site, r.chunk) for r in cp.pending["sites"]}
         state.dirty_sites |= {tuple(k) for k in cp.deletes["sites"]}
+        state.dirty_site_proxies |= {(r.ip, r.port) for r in cp.pending["site_proxies"]}
+        state.dirty_site_proxies |= {tuple(k) for k in cp.deletes["site_proxies"]}
         raise
     cp.pending = {}
     return cp
@@ -211,6 +216,7 @@ def collect(
     leases = [state.leases[t] for t in state.dirty_leases]
     deposits = [state.deposits[k] for k in state.dirty_deposits]
     sites, gone_c = _changed(state.sites, state.dirty_sites)
+    numbered, gone_n = _changed(state.site_proxies, state.dirty_site_proxies)
     agents = list(state.agents.values())
     meta = state_meta(state)
     cp = Checkpoint(
@@ -225,8 +231,14 @@ def collect(
             "agents": agents,
             "deposits": deposits,
             "sites": sites,
+            "site_proxies": numbered,
         },
-        deletes={"proxies": list(gone_p), "sources": gone_s, "sites": gone_c},
+        deletes={
+            "proxies": list(gone_p),
+            "sources": gone_s,
+            "sites": gone_c,
+            "site_proxies": gone_n,
+        },
         rows=len(found)
         + len(sources)
         + len(leases)
@@ -235,7 +247,9 @@ def collect(
         + len(sites)
         + len(gone_p)
         + len(gone_s)
-        + len(gone_c),
+        + len(gone_c)
+        + len(numbered)
+        + len(gone_n),
     )
     state.clear_dirty()
     if encode:
@@ -273,9 +287,13 @@ class _DepositCols(msgspec.Struct):
 
 
 class _SiteCols(msgspec.Struct):
+    site: str
+    chunk: int
+
+
+class _SiteProxyCols(msgspec.Struct):
     ip: str
     port: int
-    site: str
 
 
 # Each table blob is decoded twice, both in C: once into its plain columns (a view that
@@ -288,6 +306,7 @@ _COLUMNS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "agents": msgspec.msgpack.Decoder(list[_AgentCols]),
     "deposits": msgspec.msgpack.Decoder(list[_DepositCols]),
     "sites": msgspec.msgpack.Decoder(list[_SiteCols]),
+    "site_proxies": msgspec.msgpack.Decoder(list[_SiteProxyCols]),
 }
 _raw_rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 
@@ -332,10 +351,30 @@ class Store:
         # whichever commit crosses it, and the fold waits for it (docs/decisions.md, The
         # fold). The WAL is as durable as the file; it is folded in at close instead.
         self._con.execute("SET checkpoint_threshold = '1GB'")
+        self._per_cell_sites()
         self._con.execute(DDL)
         found = self._meta().get("schema", SCHEMA_VERSION)
         if found != SCHEMA_VERSION:
             raise StoreError(f"{self.path} has schema {found}, this ppf writes {SCHEMA_VERSION}")
+
+    def _per_cell_sites(self) -> None:
+        """A file of the build that kept a row per proxy and site (columns ip, port,
+        site): an empty such table is made anew; one with rows cannot be read as rows
+        of cells, and the log is replayed into a new file instead."""
+        found = self._con.execute(
+            "SELECT count(*) FROM information_schema.columns"
+            " WHERE table_name = 'sites' AND column_name = 'ip'"
+        ).fetchone()
+        if not found or not found[0]:
+            return
+        rows = self._con.execute("SELECT count(*) FROM sites").fetchone()
+        if rows and rows[0]:
+            raise StoreError(
+                f"{self.path} keeps a row per proxy and site, as an earlier build did;"
+                " this ppf keeps them in columns: replay the log into a new file"
+                " (ppf replay --db NEW.duckdb)"
+            )
+        self._con.execute("DROP TABLE sites")
 
     def _meta(self) -> dict[str, str]:
         return dict(self._con.execute("SELECT k, v FROM meta").fetchall())
@@ -375,7 +414,7 @@ class Store:
         with self._lock:
             restore_meta(state, self._meta())
             for table, declared in TABLES.items():
-                decoder = msgspec.msgpack.Decoder(declared.row)
+                decoder = msgspec.msgpack.Decoder(declared.row, dec_hook=decode_column)
                 for (raw,) in self._con.execute(f"SELECT row FROM {table}").fetchall():
                     put_row(state, table, decoder.decode(raw))
         reindex(state)

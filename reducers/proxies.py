@@ -146,7 +146,7 @@ def _evict(state: State, keys: list[ProxyKey]) -> None:
         if row.fail_streak:
             state.failing.remove(row.last_seen, row.proto, row.anonymity, row.country)
         geo.evicted(state, row)
-        if key in state.cells_of:
+        if key in state.site_proxies:
             sites.forget(state, key)
         state.dirty_proxies.add(key)
 

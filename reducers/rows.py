@@ -10,8 +10,11 @@ of a log is the same.
 
 from __future__ import annotations
 
+import array
 import struct
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 import msgspec
 
@@ -20,14 +23,19 @@ __all__ = [
     "AgentRow",
     "Checkout",
     "DepositRow",
+    "Int64s",
     "LeaseRow",
     "ProxyKey",
     "ProxyRow",
+    "SiteCells",
     "SiteKey",
-    "SiteRow",
+    "SiteProxy",
     "SourceRow",
     "Take",
     "TrustBase",
+    "UInt16s",
+    "decode_column",
+    "encode_column",
     "latency_samples",
     "unpack_samples",
 ]
@@ -190,19 +198,76 @@ class AgentRow(msgspec.Struct, gc=False):
 SiteKey = tuple[str, int, str]  # ip, port, site
 
 
-class SiteRow(msgspec.Struct, gc=False):
-    """One proxy's standing with one site (reducers/sites.py): the log time of the
-    latest answer through and of the latest block an agent trusted then saw, how many of
-    each any agent saw, and which agents (at most four)."""
+class Int64s(array.array):  # type: ignore[type-arg]
+    """A column of 64-bit integers (``SiteCells``): 8 bytes a value, not an object."""
+
+    def __new__(cls, values: Iterable[int] | bytes = b"") -> Int64s:
+        return cast(Int64s, super().__new__(cls, "q", values))
+
+
+class UInt16s(array.array):  # type: ignore[type-arg]
+    """A column of 16-bit codes (``SiteCells.vantages``)."""
+
+    def __new__(cls, values: Iterable[int] | bytes = b"") -> UInt16s:
+        return cast(UInt16s, super().__new__(cls, "H", values))
+
+
+_COLUMNS = (Int64s, UInt16s)
+
+
+def encode_column(value: Any) -> Any:
+    """msgspec's ``enc_hook``: a column as its bytes, little-endian (as every host ppf
+    runs on keeps them; a big-endian one swaps), so a row's encoding is canonical."""
+    if isinstance(value, _COLUMNS):
+        if sys.byteorder == "big":
+            value = type(value)(value)
+            value.byteswap()
+        return memoryview(value).cast("B")
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
+
+def decode_column(kind: type, value: Any) -> Any:
+    """msgspec's ``dec_hook``: a column from the bytes ``encode_column`` wrote."""
+    if kind in _COLUMNS and isinstance(value, bytes):
+        column = kind(value)
+        if sys.byteorder == "big":
+            column.byteswap()
+        return column
+    raise NotImplementedError(f"cannot decode {kind.__name__}")
+
+
+class SiteCells(msgspec.Struct, gc=False):
+    """The cells of one site over one run of proxy numbers (reducers/sites.py): a column
+    a field, a cell an index, in the order of the proxies' numbers (``SiteProxy``). Per
+    cell: the log time of the latest answer through and of the latest block an agent
+    trusted then saw, how many of each any agent saw, and which agents (at most
+    ``MAX_VANTAGES`` codes a cell: 1 + an index into ``agents``, 0 for none). 48 bytes
+    a cell, where a Struct a cell cost 300; restored as the bytes they were written."""
+
+    site: str
+    chunk: int  # the proxy numbers of [chunk * CHUNK, (chunk + 1) * CHUNK)
+    nos: Int64s = msgspec.field(default_factory=Int64s)  # ascending
+    through_at: Int64s = msgspec.field(default_factory=Int64s)
+    blocked_at: Int64s = msgspec.field(default_factory=Int64s)
+    through: Int64s = msgspec.field(default_factory=Int64s)
+    blocked: Int64s = msgspec.field(default_factory=Int64s)
+    vantages: UInt16s = msgspec.field(default_factory=UInt16s)
+    agents: list[str] = msgspec.field(default_factory=list)
+    # Its cells whose latest steering word is through, turned away (/metrics), and the
+    # log time of the latest steering word folded in (a reader of what moved since a
+    # time passes over the rows heard from before it).
+    latest_through: int = 0
+    latest_blocked: int = 0
+    last_at: int = 0
+
+
+class SiteProxy(msgspec.Struct, gc=False):
+    """A proxy with cells, and the number its cells name it by (reducers/sites.py):
+    given in the log's order, never given again."""
 
     ip: str
     port: int
-    site: str
-    through_at: int = 0
-    blocked_at: int = 0
-    through: int = 0
-    blocked: int = 0
-    vantages: tuple[str, ...] = ()
+    no: int
 
 
 class Checkout(msgspec.Struct, array_like=True):

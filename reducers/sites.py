@@ -1,13 +1,19 @@
 """Per-site standing: which proxies get through to which site, from the fleet's verdicts.
 
-A cell per proxy and site with evidence (``SiteRow``): when an answer last got through
-and when one was last turned away, how many of each, and from which vantages (at most
+A cell per proxy and site with evidence: when an answer last got through and when one
+was last turned away, how many of each, and from which vantages (at most
 ``MAX_VANTAGES`` agents). Only an agent trusted at the time moves the times
 (reducers/trust.py: an untested agent's verdicts are counted and steer no one); with
 trust off, every agent. A cell lives as long as its proxy. A site holds at most
 ``MAX_CELLS`` cells and the table at most ``MAX_SITES`` sites: past them a verdict is
 counted as not kept (``State.sites_unkept``), first come first kept, so every replica
 keeps the same cells. A block is never the proxy's failure: nothing here touches its row.
+
+Kept in columns, 48 bytes a cell (reducers/rows.py ``SiteCells``): a proxy's first cell
+gives it a number (``SiteProxy``, from ``State.next_site_no``, never given again), and
+a site's cells are rows of ``CHUNK`` numbers each, a column a field, a cell an index in
+number order. A snapshot restores the columns as the bytes they were written; a
+checkpoint rewrites the rows its verdicts touched, not the site.
 
 Reading (``standing``): through while the latest answer through is newer than the latest
 block, or the block is older than ``BLOCK_KEEP_MS``; turned away while a block is newer
@@ -16,30 +22,45 @@ and recent; else unknown. Pure, deterministic: log time only.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Iterator
+from typing import NamedTuple
+
 from events.catalogue import ProxyReported, SitesChecked
 from events.sites import BLOCKED, NONE, THROUGH
-from reducers.rows import ProxyKey, SiteKey, SiteRow, Take
+from reducers.rows import ProxyKey, SiteCells, SiteKey, SiteProxy, Take, UInt16s
 from reducers.state import State
 
 __all__ = [
     "BLOCK_KEEP_MS",
+    "CHUNK",
     "MAX_CELLS",
     "MAX_SITES",
     "MAX_VANTAGES",
+    "Cell",
+    "cell",
     "checked",
     "forget",
-    "latest",
+    "heard_at",
+    "keys",
+    "latest_counts",
+    "moved",
     "reindex",
     "reported",
     "standing",
     "standing_at",
+    "tally",
+    "through_in",
 ]
 
 MAX_SITES = 256
 MAX_CELLS = 10_000  # per site: 200 sites' worth stay within the gateway's budget
 MAX_VANTAGES = 4
 BLOCK_KEEP_MS = 6 * 3_600_000  # a site's block of an exit is lifted in hours, not days
+CHUNK = 1_024  # proxy numbers a row of cells covers: what a checkpoint rewrites at once
 _TAKES = 4_096  # consumers' hourly takes per site kept before past hours' are let go
+_NO_VANTAGES = UInt16s([0] * MAX_VANTAGES)
+_MAX_AGENTS = 0xFFFF  # the agents a row of cells can name (a vantage is a 16-bit code)
 
 
 def checked(state: State, batch: SitesChecked, ts: int) -> None:
@@ -53,23 +74,23 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
         if traffic and steers:
             _traffic_went_to(state, r.site, ts)
         _answered(state, r.site, hour, r.through + r.blocked, traffic)
-        key = (r.ip, r.port, r.site)
-        cell = _cell(state, key)
-        if cell is None:
+        found = _cell(state, r.ip, r.port, r.site)
+        if found is None:
             continue
-        cell.through += r.through
-        cell.blocked += r.blocked
-        before = latest(cell)
+        cells, i = found
+        cells.through[i] += r.through
+        cells.blocked[i] += r.blocked
         if steers and (r.through or r.blocked):
+            before = _latest(cells, i)
             # Both in one round: the more frequent answer is the latest word.
             if r.through > r.blocked:
-                cell.through_at = ts
+                cells.through_at[i] = ts
             else:
-                cell.blocked_at = ts
-        _move(state, r.site, before, latest(cell))
-        if batch.agent not in cell.vantages and len(cell.vantages) < MAX_VANTAGES:
-            cell.vantages = (*cell.vantages, batch.agent)
-        state.dirty_sites.add(key)
+                cells.blocked_at[i] = ts
+            cells.last_at = max(cells.last_at, ts)
+            _move(cells, before, _latest(cells, i))
+        _saw(cells, i, batch.agent)
+        state.dirty_sites.add((cells.site, cells.chunk))
 
 
 def reported(state: State, event: ProxyReported, ts: int) -> None:
@@ -77,32 +98,69 @@ def reported(state: State, event: ProxyReported, ts: int) -> None:
     for everyone when the consumer is trusted (or trust is off), else only within
     ``report_share`` of the site's cells an hour (at least one), so one token cannot
     turn a site's pool away. A consumer's word that a proxy works never steers."""
-    key = (event.ip, event.port, event.site)
-    cell = _cell(state, key)
-    if cell is None:
+    found = _cell(state, event.ip, event.port, event.site)
+    if found is None:
         return
-    cell.blocked += 1
+    cells, i = found
+    cells.blocked[i] += 1
     if not state.settings.trust or event.agent in state.trusted or _take(state, event, ts):
-        before = latest(cell)
-        cell.blocked_at = ts
-        _move(state, event.site, before, latest(cell))
-    state.dirty_sites.add(key)
+        before = _latest(cells, i)
+        cells.blocked_at[i] = ts
+        cells.last_at = max(cells.last_at, ts)
+        _move(cells, before, _latest(cells, i))
+    state.dirty_sites.add((cells.site, cells.chunk))
     state.settings_dirty = True  # meta holds the takes
 
 
-def _cell(state: State, key: SiteKey) -> SiteRow | None:
-    """The cell of ``key``, made when its proxy is known and the caps leave room; None
-    (counted as not kept) else."""
-    cell = state.sites.get(key)
-    if cell is None:
-        ip, port, site = key
-        if (ip, port) not in state.proxies or not _room(state, site):
-            state.sites_unkept += 1
-            return None
-        cell = state.sites[key] = SiteRow(ip=ip, port=port, site=site)
-        state.site_cells[site] = state.site_cells.get(site, 0) + 1
-        state.cells_of[(ip, port)] = (*state.cells_of.get((ip, port), ()), site)
-    return cell
+def _cell(state: State, ip: str, port: int, site: str) -> tuple[SiteCells, int] | None:
+    """The row of the cell of (``ip``, ``port``) and ``site`` and its index there, the
+    cell made when its proxy is known and the caps leave room; None (counted as not
+    kept) else."""
+    proxy = (ip, port)
+    found = _found(state, proxy, site)
+    if found is not None:
+        return found
+    if proxy not in state.proxies or not _room(state, site):
+        state.sites_unkept += 1
+        return None
+    number = state.site_proxies.get(proxy)
+    if number is None:
+        number = state.site_proxies[proxy] = SiteProxy(ip, port, state.next_site_no)
+        state.next_site_no += 1
+        state.site_proxy[number.no] = proxy
+        state.dirty_site_proxies.add(proxy)
+    chunk = number.no // CHUNK
+    cells = state.sites.get((site, chunk))
+    if cells is None:
+        cells = state.sites[(site, chunk)] = SiteCells(site=site, chunk=chunk)
+    i = bisect_left(cells.nos, number.no)
+    cells.nos.insert(i, number.no)
+    for column in (cells.through_at, cells.blocked_at, cells.through, cells.blocked):
+        column.insert(i, 0)
+    cells.vantages[i * MAX_VANTAGES : i * MAX_VANTAGES] = _NO_VANTAGES
+    state.site_cells[site] = state.site_cells.get(site, 0) + 1
+    return cells, i
+
+
+def _saw(cells: SiteCells, i: int, agent: str) -> None:
+    """``agent`` among the cell's vantages, while it has fewer than ``MAX_VANTAGES``."""
+    base = i * MAX_VANTAGES
+    codes = cells.vantages[base : base + MAX_VANTAGES]
+    code = cells.agents.index(agent) + 1 if agent in cells.agents else 0
+    if (code and code in codes) or 0 not in codes:
+        return
+    if not code:
+        if len(cells.agents) >= _MAX_AGENTS:
+            return
+        cells.agents.append(agent)
+        code = len(cells.agents)
+    cells.vantages[base + codes.index(0)] = code
+
+
+def _drop(cells: SiteCells, i: int) -> None:
+    for column in (cells.nos, cells.through_at, cells.blocked_at, cells.through, cells.blocked):
+        del column[i]
+    del cells.vantages[i * MAX_VANTAGES : (i + 1) * MAX_VANTAGES]
 
 
 def _take(state: State, event: ProxyReported, ts: int) -> bool:
@@ -153,57 +211,182 @@ def _room(state: State, site: str) -> bool:
 
 
 def forget(state: State, proxy: ProxyKey) -> None:
-    """The proxy left the pool: its cells go with it."""
-    for site in state.cells_of.pop(proxy, ()):
-        key = (proxy[0], proxy[1], site)
-        _move(state, site, latest(state.sites.pop(key)), NONE)
+    """The proxy left the pool: its cells go with it, and its number."""
+    number = state.site_proxies.pop(proxy, None)
+    if number is None:
+        return
+    del state.site_proxy[number.no]
+    state.dirty_site_proxies.add(proxy)
+    chunk = number.no // CHUNK
+    for site in list(state.site_cells):
+        cells = state.sites.get((site, chunk))
+        if cells is None:
+            continue
+        i = bisect_left(cells.nos, number.no)
+        if i == len(cells.nos) or cells.nos[i] != number.no:
+            continue
+        _move(cells, _latest(cells, i), NONE)
+        _drop(cells, i)
+        state.dirty_sites.add((site, chunk))
+        if not cells.nos:
+            del state.sites[(site, chunk)]
         left = state.site_cells[site] - 1
         if left:
             state.site_cells[site] = left
         else:
             del state.site_cells[site]
-        state.dirty_sites.add(key)
 
 
-def latest(cell: SiteRow) -> str:
-    """The latest word on the cell that steers, however old: ``standing`` without the
-    block's expiry (what ``State.site_latest`` counts, for /metrics)."""
-    if cell.blocked_at and cell.blocked_at >= cell.through_at:
+def _latest(cells: SiteCells, i: int) -> str:
+    """The latest word on a cell that steers, however old: ``standing`` without the
+    block's expiry (what ``latest_counts`` counts, for /metrics)."""
+    blocked_at, through_at = cells.blocked_at[i], cells.through_at[i]
+    if blocked_at and blocked_at >= through_at:
         return BLOCKED
-    return THROUGH if cell.through_at else NONE
+    return THROUGH if through_at else NONE
 
 
-def _move(state: State, site: str, before: str, after: str) -> None:
+def _move(cells: SiteCells, before: str, after: str) -> None:
     if before == after:
         return
-    counts = state.site_latest.setdefault(site, {THROUGH: 0, BLOCKED: 0})
-    if before != NONE:
-        counts[before] -= 1
-    if after != NONE:
-        counts[after] += 1
-    if not any(counts.values()):
-        del state.site_latest[site]
-
-
-def standing(cell: SiteRow, now: int) -> str:
-    """Whether the proxy gets through to the cell's site at log time ``now``."""
-    return standing_at(cell.through_at, cell.blocked_at, now)
+    if before == THROUGH:
+        cells.latest_through -= 1
+    elif before == BLOCKED:
+        cells.latest_blocked -= 1
+    if after == THROUGH:
+        cells.latest_through += 1
+    elif after == BLOCKED:
+        cells.latest_blocked += 1
 
 
 def standing_at(through_at: int, blocked_at: int, now: int) -> str:
-    """``standing`` of a cell whose latest answers through and turned away were at
-    ``through_at`` and ``blocked_at`` (0: never)."""
+    """Whether a proxy gets through to a site at log time ``now``, when the latest
+    answers through and turned away were at ``through_at`` and ``blocked_at`` (0: never)."""
     if blocked_at and now - blocked_at < BLOCK_KEEP_MS and blocked_at >= through_at:
         return BLOCKED
     return THROUGH if through_at else NONE
 
 
+class Cell(NamedTuple):
+    """One cell, read out of its row."""
+
+    through_at: int
+    blocked_at: int
+    through: int
+    blocked: int
+    vantages: tuple[str, ...]
+
+
+def _found(state: State, proxy: ProxyKey, site: str) -> tuple[SiteCells, int] | None:
+    """The row of the cell of ``proxy`` and ``site`` and its index there, if any."""
+    number = state.site_proxies.get(proxy)
+    cells = None if number is None else state.sites.get((site, number.no // CHUNK))
+    if number is None or cells is None:
+        return None
+    i = bisect_left(cells.nos, number.no)
+    return (cells, i) if i < len(cells.nos) and cells.nos[i] == number.no else None
+
+
+def cell(state: State, proxy: ProxyKey, site: str) -> Cell | None:
+    """The cell of ``proxy`` and ``site``; None when there is none."""
+    found = _found(state, proxy, site)
+    if found is None:
+        return None
+    cells, i = found
+    codes = cells.vantages[i * MAX_VANTAGES : (i + 1) * MAX_VANTAGES]
+    return Cell(
+        cells.through_at[i],
+        cells.blocked_at[i],
+        cells.through[i],
+        cells.blocked[i],
+        tuple(cells.agents[c - 1] for c in codes if c),
+    )
+
+
+def standing(state: State, proxy: ProxyKey, site: str, now: int) -> str:
+    """Whether ``proxy`` gets through to ``site`` at log time ``now``."""
+    found = _found(state, proxy, site)
+    if found is None:
+        return NONE
+    cells, i = found
+    return standing_at(cells.through_at[i], cells.blocked_at[i], now)
+
+
+def heard_at(state: State, proxy: ProxyKey, site: str) -> int:
+    """The log time of the latest word that steers on ``proxy`` and ``site`` (0: none)."""
+    found = _found(state, proxy, site)
+    if found is None:
+        return 0
+    cells, i = found
+    return int(max(cells.through_at[i], cells.blocked_at[i]))
+
+
+def through_in(cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]) -> list[ProxyKey]:
+    """The proxies of a row of cells that get through to its site at ``now`` (0: as of
+    the latest words, no block expired): ``standing_at``, a column at a time."""
+    kept_from = now - BLOCK_KEEP_MS  # a block at or before it has been lifted
+    return [
+        proxy_of[no]
+        for no, through_at, blocked_at in zip(
+            cells.nos, cells.through_at, cells.blocked_at, strict=True
+        )
+        if through_at and not (blocked_at >= through_at and blocked_at > kept_from)
+    ]
+
+
+def moved(
+    cells: SiteCells, since: int, now: int, proxy_of: dict[int, ProxyKey]
+) -> list[tuple[str, int, str, str]]:
+    """The cells of a row with a word that steers after log time ``since``, as (ip,
+    port, site, standing at ``now``), those whose standing is not unknown."""
+    out = []
+    for no, through_at, blocked_at in zip(
+        cells.nos, cells.through_at, cells.blocked_at, strict=True
+    ):
+        if max(through_at, blocked_at) > since:
+            said = standing_at(through_at, blocked_at, now)
+            if said != NONE:
+                ip, port = proxy_of[no]
+                out.append((ip, port, cells.site, said))
+    return out
+
+
+def tally(cells: SiteCells, now: int) -> tuple[int, int]:
+    """How many cells of a row get through to its site at ``now``, and how many are
+    turned away (the rest are unknown)."""
+    through = blocked = 0
+    for through_at, blocked_at in zip(cells.through_at, cells.blocked_at, strict=True):
+        said = standing_at(through_at, blocked_at, now)
+        if said == THROUGH:
+            through += 1
+        elif said == BLOCKED:
+            blocked += 1
+    return through, blocked
+
+
+def keys(state: State) -> Iterator[SiteKey]:
+    """Every cell's (ip, port, site)."""
+    for cells in state.sites.values():
+        for no in cells.nos:
+            ip, port = state.site_proxy[no]
+            yield ip, port, cells.site
+
+
+def latest_counts(state: State) -> dict[str, dict[str, int]]:
+    """Per site with any, its cells whose latest word that steers is through, and turned
+    away, however old (/metrics)."""
+    counts: dict[str, dict[str, int]] = {}
+    for cells in state.sites.values():
+        if cells.latest_through or cells.latest_blocked:
+            site = counts.setdefault(cells.site, {THROUGH: 0, BLOCKED: 0})
+            site[THROUGH] += cells.latest_through
+            site[BLOCKED] += cells.latest_blocked
+    return counts
+
+
 def reindex(state: State) -> None:
     """The derived counts and index of the cells, after a restore."""
     state.site_cells = {}
-    state.cells_of = {}
-    state.site_latest = {}
-    for (ip, port, site), cell in state.sites.items():
-        state.site_cells[site] = state.site_cells.get(site, 0) + 1
-        state.cells_of[(ip, port)] = (*state.cells_of.get((ip, port), ()), site)
-        _move(state, site, NONE, latest(cell))
+    for cells in state.sites.values():
+        state.site_cells[cells.site] = state.site_cells.get(cells.site, 0) + len(cells.nos)
+    state.site_proxy = {p.no: (p.ip, p.port) for p in state.site_proxies.values()}

@@ -21,8 +21,8 @@ from reducers.rows import (
     LeaseRow,
     ProxyKey,
     ProxyRow,
-    SiteKey,
-    SiteRow,
+    SiteCells,
+    SiteProxy,
     SourceRow,
     Take,
     TrustBase,
@@ -86,8 +86,10 @@ class State:
     leases: dict[str, LeaseRow] = table(LeaseRow, "target")
     agents: dict[str, AgentRow] = table(AgentRow, "name")
     deposits: dict[str, DepositRow] = table(DepositRow, "key")
-    # Per proxy and site (reducers/sites.py), from the fleet's site verdicts.
-    sites: dict[SiteKey, SiteRow] = table(SiteRow, "ip", "port", "site", digest=WHILE_ANY)
+    # Per proxy and site (reducers/sites.py), from the fleet's site verdicts: each site's
+    # cells in rows of a run of proxy numbers, by (site, chunk); and the numbers.
+    sites: dict[tuple[str, int], SiteCells] = table(SiteCells, "site", "chunk", digest=WHILE_ANY)
+    site_proxies: dict[ProxyKey, SiteProxy] = table(SiteProxy, "ip", "port", digest=WHILE_ANY)
 
     # The meta, in the digest's order.
     last_seq: int = kept(int, digest=NEVER, position=True)
@@ -133,6 +135,8 @@ class State:
     site_traffic: dict[str, int] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items, later=True)
     # Checkouts (reducers/ledger.py, lease kind "proxy") by id, kept 48 h of log time.
     checkouts: dict[str, Checkout] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items)
+    # The number the next proxy with cells is given (reducers/sites.py).
+    next_site_no: int = kept(int, digest=WHILE_ANY, later=True)
 
     # Derived from the above, rebuilt on restore (reducers/indexes.py).
     # Deposits announced and neither folded nor poisoned: what the deposit ingest reads
@@ -159,10 +163,7 @@ class State:
     operators: frozenset[str] = derived(frozenset)
     doubts: dict[str, set[ProxyKey]] = derived(dict)  # ``doubted`` by consumer
     site_cells: dict[str, int] = derived(dict)  # site -> its cells (reducers/sites.py)
-    # proxy -> the sites it has cells of (a tuple: a set per proxy cost ten times the room)
-    cells_of: dict[ProxyKey, tuple[str, ...]] = derived(dict)
-    # site -> cells whose latest steering word is through, or blocked (/metrics)
-    site_latest: dict[str, dict[str, int]] = derived(dict)
+    site_proxy: dict[int, ProxyKey] = derived(dict)  # ``site_proxies`` by number
 
     # This replica's own. Re-sends met and ignored since it started, per agent (a
     # re-send changes no projection: its digest is the log's without it); for an agent
@@ -180,7 +181,8 @@ class State:
     dirty_sources: set[str] = replica(set)
     dirty_leases: set[str] = replica(set)
     dirty_deposits: set[str] = replica(set)
-    dirty_sites: set[SiteKey] = replica(set)
+    dirty_sites: set[tuple[str, int]] = replica(set)
+    dirty_site_proxies: set[ProxyKey] = replica(set)
     settings_dirty: bool = replica(bool)
 
     def __init__(self) -> None:
@@ -195,6 +197,7 @@ class State:
         self.dirty_leases = set(self.leases)
         self.dirty_deposits = set(self.deposits)
         self.dirty_sites = set(self.sites)
+        self.dirty_site_proxies = set(self.site_proxies)
         self.settings_dirty = True
 
     def clear_dirty(self) -> None:
@@ -203,6 +206,7 @@ class State:
         self.dirty_leases = set()
         self.dirty_deposits = set()
         self.dirty_sites = set()
+        self.dirty_site_proxies = set()
         self.settings_dirty = False
 
 

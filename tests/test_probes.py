@@ -4,10 +4,12 @@ never a site on the list, and a proxy and a site at most once in 15 minutes."""
 
 from __future__ import annotations
 
+from events import SiteResult, SitesChecked
 from events.sites import SiteRule
 from projections.core.probes import PROBE_GAP_MS, TRAFFIC_WINDOW_MS, targets, wanted
-from reducers import State
-from reducers.rows import ProxyRow, SiteRow
+from reducers import State, sites
+from reducers.rows import ProxyRow
+from tests.helpers import eid
 
 NOW = 1_800_000_000_000
 
@@ -34,17 +36,16 @@ def test_a_proxy_and_a_site_are_probed_at_most_once_in_fifteen_minutes() -> None
     """Not through a failing proxy; not while a verdict (any source) or a probe handed
     out is younger than the gap; every other pair, lazily."""
     rows = [_row(1), _row(2), _row(3, failing=True), _row(4)]
-    cells = {
-        ("45.0.0.1", 8080, "shop.com"): SiteRow(
-            ip="45.0.0.1", port=8080, site="shop.com", through_at=NOW - 60_000
-        ),
-        ("45.0.0.4", 8080, "shop.com"): SiteRow(
-            ip="45.0.0.4", port=8080, site="shop.com", blocked_at=NOW - PROBE_GAP_MS - 1
-        ),
-    }
+    state = State()
+    state.proxies = {(row.ip, row.port): row for row in rows}
+    state.trusted = frozenset({"c-own"})
+    for ip, through, at in (("45.0.0.1", 1, NOW - 60_000), ("45.0.0.4", 0, NOW - PROBE_GAP_MS - 1)):
+        result = SiteResult(ip=ip, port=8080, site="shop.com", through=through, blocked=1 - through)
+        said = SitesChecked(id=eid(), agent="c-own", at=at, key="s000", results=[result])
+        sites.checked(state, said, at)
     handed = {("45.0.0.2", 8080, "shop.com"): NOW - 1_000}
     due = [
-        (row.ip, site) for row, site in wanted(rows, ["news.com", "shop.com"], cells, handed, NOW)
+        (row.ip, site) for row, site in wanted(rows, ["news.com", "shop.com"], state, handed, NOW)
     ]
     assert due == [
         ("45.0.0.1", "news.com"),

@@ -44,8 +44,13 @@ def _log(proxies: int = 3) -> FoldedLog:
 
 
 def _standing(log: FoldedLog, n: int, site: str, at_s: float) -> str:
-    cell = log.state.sites.get((ip(n), 8080, site))
-    return "none" if cell is None else sites.standing(cell, log.ts(at_s))
+    return sites.standing(log.state, (ip(n), 8080), site, log.ts(at_s))
+
+
+def _cell(log: FoldedLog, n: int, site: str) -> sites.Cell:
+    found = sites.cell(log.state, (ip(n), 8080), site)
+    assert found is not None
+    return found
 
 
 def test_a_trusted_checkers_verdicts_steer_and_a_block_is_lifted_in_hours() -> None:
@@ -71,12 +76,12 @@ def test_an_untested_agents_verdicts_are_counted_and_steer_no_one() -> None:
     standing; once a trusted checker agrees, it steers."""
     log = _log()
     log.says(_verdicts("c-other", (0, "google.com", 0, 5)), at_s=60)
-    cell = log.state.sites[(ip(0), 8080, "google.com")]
+    cell = _cell(log, 0, "google.com")
     assert (cell.blocked, cell.blocked_at, cell.vantages) == (5, 0, ("c-other",))
     assert _standing(log, 0, "google.com", 60) == "none"
     log.says(_verdicts("c-own", (0, "google.com", 0, 1)), at_s=90)
     assert _standing(log, 0, "google.com", 90) == "blocked"
-    assert log.state.sites[(ip(0), 8080, "google.com")].vantages == ("c-other", "c-own")
+    assert _cell(log, 0, "google.com").vantages == ("c-other", "c-own")
 
 
 def test_cells_live_as_long_as_their_proxy_and_unknown_proxies_keep_none() -> None:
@@ -84,13 +89,14 @@ def test_cells_live_as_long_as_their_proxy_and_unknown_proxies_keep_none() -> No
     proxy evicted as dead go with it."""
     log = _log(proxies=1)
     log.says(_verdicts("c-own", (0, "google.com", 1, 0), (7, "google.com", 1, 0)), at_s=60)
-    assert set(log.state.sites) == {(ip(0), 8080, "google.com")}
+    assert set(sites.keys(log.state)) == {(ip(0), 8080, "google.com")}
     assert log.state.sites_unkept == 1
     ttl = log.state.settings.proxy_ttl_s
     log.report("w-own", ip(3), at_s=4 * ttl)  # the sweep passes: ip(0) is dead for good
     log.report("w-own", ip(4), at_s=4 * ttl + 700)
     assert (ip(0), 8080) not in log.state.proxies
-    assert log.state.sites == {} and log.state.site_cells == {} and log.state.cells_of == {}
+    assert log.state.sites == {} and log.state.site_cells == {}
+    assert log.state.site_proxies == {} and log.state.site_proxy == {}
 
 
 def test_the_caps_keep_the_first_cells_on_every_replica(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +116,7 @@ def test_the_caps_keep_the_first_cells_on_every_replica(monkeypatch: pytest.Monk
         ),
         at_s=60,
     )
-    assert sorted(log.state.sites) == [
+    assert sorted(sites.keys(log.state)) == [
         (ip(0), 8080, "a.example"),
         (ip(0), 8080, "b.example"),
         (ip(1), 8080, "a.example"),
@@ -140,11 +146,12 @@ def test_the_table_is_left_out_of_the_digest_and_the_snapshot_while_empty() -> N
     log = _log()
     parts = digests(log.state)
     five = {n: int(parts[n], 16) for n in ("proxies", "sources", "leases", "agents", "deposits")}
-    assert "sites" not in parts
-    assert digest(log.state) == combine({**five, "sites": 0}, meta_digest(log.state))
+    assert "sites" not in parts and "site_proxies" not in parts
+    empty = {**five, "sites": 0, "site_proxies": 0}
+    assert digest(log.state) == combine(empty, meta_digest(log.state))
     assert b"sites" not in take(log.state)
     log.says(_verdicts("c-own", (0, "google.com", 1, 0)), at_s=60)
-    assert digest(log.state) != combine({**five, "sites": 0}, meta_digest(log.state))
+    assert digest(log.state) != combine(empty, meta_digest(log.state))
     snap = take(log.state)
     assert b"sites" in snap
     assert digest(load(snap)) == digest(log.state)
@@ -165,7 +172,7 @@ def test_cells_are_checkpointed_and_restored(tmp_path: Path) -> None:
     assert restored.site_cells == {"google.com": 1, "reddit.com": 1}
     sites.forget(log.state, (ip(0), 8080))
     store.write(collect(log.state))
-    assert set(store.restore().sites) == {(ip(1), 8080, "reddit.com")}
+    assert set(sites.keys(store.restore())) == {(ip(1), 8080, "reddit.com")}
     store.close()
 
 
@@ -197,21 +204,21 @@ def test_the_pool_view_and_the_read_model_agree_on_works_on() -> None:
 def test_the_latest_word_per_site_is_counted_and_rebuilt_on_restore() -> None:
     """/metrics' counts per site (the latest steering verdict of each cell) follow every
     verdict and eviction, and a restore counts them again to the same."""
-    from reducers.indexes import reindex
 
     log = _log()
     log.says(_verdicts("c-own", (0, "google.com", 1, 0), (1, "google.com", 0, 1)), at_s=60)
     log.says(_verdicts("c-other", (2, "google.com", 0, 3)), at_s=60)  # steers no one
-    assert log.state.site_latest == {"google.com": {"through": 1, "blocked": 1}}
+    assert sites.latest_counts(log.state) == {"google.com": {"through": 1, "blocked": 1}}
     log.says(_verdicts("c-own", (1, "google.com", 2, 0)), at_s=90)
-    assert log.state.site_latest == {"google.com": {"through": 2, "blocked": 0}}
+    assert sites.latest_counts(log.state) == {"google.com": {"through": 2, "blocked": 0}}
     sites.forget(log.state, (ip(0), 8080))
     sites.forget(log.state, (ip(1), 8080))
-    assert log.state.site_latest == {}
+    assert sites.latest_counts(log.state) == {}
     log.says(_verdicts("c-own", (2, "reddit.com", 0, 1)), at_s=120)
-    counted = dict(log.state.site_latest)
-    reindex(log.state)
-    assert log.state.site_latest == counted == {"reddit.com": {"through": 0, "blocked": 1}}
+    counted = sites.latest_counts(log.state)
+    assert counted == {"reddit.com": {"through": 0, "blocked": 1}}
+    restored = load(take(log.state))
+    assert sites.latest_counts(restored) == counted
 
 
 def _blocked(consumer: str, n: int, site: str) -> ev.ProxyReported:
@@ -233,7 +240,7 @@ def test_a_consumers_blocked_report_steers_only_within_its_share_per_site() -> N
     log.service(_blocked("shop", 1, "google.com"), at_s=80)
     assert _standing(log, 0, "google.com", 80) == "blocked"
     assert _standing(log, 1, "google.com", 80) == "through"  # past its share: counted only
-    assert log.state.sites[(ip(1), 8080, "google.com")].blocked == 1
+    assert _cell(log, 1, "google.com").blocked == 1
     log.service(_blocked("shop", 2, "google.com"), at_s=3_700)  # the next hour
     assert _standing(log, 2, "google.com", 3_700) == "blocked"
     assert log.state.proxies == before
@@ -254,3 +261,36 @@ def test_a_blocked_report_names_its_site_and_only_it_does() -> None:
     log.service(failed, at_s=60)
     assert [reason for reason, _ in log.refused] == ["invalid"] * 3
     assert log.state.sites == {}
+
+
+def test_a_file_of_the_build_with_a_row_per_cell_is_made_anew_or_refused(
+    tmp_path: Path,
+) -> None:
+    """A DuckDB file whose sites table has a row per proxy and site (an earlier build):
+    empty, it is made anew in columns; with rows, it is refused, saying to replay."""
+    import duckdb
+
+    from projections import StoreError
+
+    for name, rows in (("empty", 0), ("full", 1)):
+        path = tmp_path / f"{name}.duckdb"
+        con = duckdb.connect(str(path))
+        con.execute(
+            "CREATE TABLE sites (ip VARCHAR NOT NULL, port INTEGER NOT NULL,"
+            " site VARCHAR NOT NULL, row BLOB NOT NULL, PRIMARY KEY (ip, port, site))"
+        )
+        if rows:
+            con.execute("INSERT INTO sites VALUES ('45.0.0.1', 8080, 'google.com', '')")
+        con.close()
+        if rows:
+            with pytest.raises(StoreError, match="replay the log"):
+                Store(path)
+            continue
+        store = Store(path)
+        log = _log()
+        log.says(_verdicts("c-own", (0, "google.com", 1, 0)), at_s=60)
+        from projections.store import collect
+
+        store.write(collect(log.state))
+        assert digest(store.restore()) == digest(log.state)
+        store.close()

@@ -17,6 +17,7 @@ from collections.abc import Hashable, Iterable
 import msgspec
 
 from reducers.kept import ALWAYS
+from reducers.rows import encode_column
 from reducers.state import KEPT, TABLES, State
 
 __all__ = [
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 MOD = 1 << 128
-_encode = msgspec.msgpack.Encoder().encode
+_encode = msgspec.msgpack.Encoder(enc_hook=encode_column).encode
 
 
 def row_hash(encoded: bytes) -> int:

@@ -18,7 +18,6 @@ from typing import Any
 
 import msgspec
 
-from events.sites import THROUGH
 from projections.core.chunks import Chunks
 from projections.core.readmodels import ProxyFilter
 from reducers import State, sites, trust
@@ -285,14 +284,15 @@ def building(state: State, now: int | None = None) -> Building:
     for key in ("proto", "anonymity", "country", "asn"):
         indexes[key] = yield from _indexing(by_latency, key)
     through: dict[str, set[ProxyKey]] = {}
-    at, cells = now or 0, state.sites
-    found = list(state.cells_of.items())
-    for i in range(0, len(found), STEP):
-        for proxy, names in found[i : i + STEP]:
-            for site in names:
-                if sites.standing(cells[(proxy[0], proxy[1], site)], at) == THROUGH:
-                    through.setdefault(site, set()).add(proxy)
-        yield
+    walked = 0
+    for cells in list(state.sites.values()):
+        found = sites.through_in(cells, now or 0, state.site_proxy)
+        if found:
+            through.setdefault(cells.site, set()).update(found)
+        walked += len(cells.nos)
+        if walked >= STEP:
+            walked = 0
+            yield
     view = PoolView(seq, ttl_s, by_latency, by_last_seen, indexes, through)
     if now is not None:
         yield from view.counting(now)  # the one full walk, here rather than on a request

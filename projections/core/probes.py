@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping
 
-from reducers import ProxyRow, State
-from reducers.rows import SiteKey, SiteRow
+from reducers import ProxyRow, State, sites
+from reducers.rows import SiteKey
 
 __all__ = ["PROBE_GAP_MS", "TRAFFIC_WINDOW_MS", "targets", "wanted"]
 
@@ -28,31 +28,30 @@ TRAFFIC_WINDOW_MS = 6 * 3_600_000
 def targets(state: State, *, own: bool, never: Collection[str], now: int) -> list[str]:
     """The sites a checker probes: the operator's, and for its own checkers (``own``)
     the sites of recent traffic; in name order."""
-    sites = set(state.site_rules)
+    names = set(state.site_rules)
     if own:
         since = now - TRAFFIC_WINDOW_MS
-        sites.update(site for site, at in state.site_traffic.items() if at >= since)
-    return sorted(sites.difference(never))
+        names.update(site for site, at in state.site_traffic.items() if at >= since)
+    return sorted(names.difference(never))
 
 
 def wanted(
     rows: Iterable[ProxyRow],
-    sites: list[str],
-    cells: Mapping[SiteKey, SiteRow],
+    names: list[str],
+    state: State,
     handed: Mapping[SiteKey, int],
     now: int,
 ) -> Iterator[tuple[ProxyRow, str]]:
     """(proxy, site) pairs due a probe, lazily: proxies whose latest check worked, by
-    ``sites`` each, without a verdict nor a probe ``handed`` out in ``PROBE_GAP_MS``."""
+    ``names`` each, without a verdict nor a probe ``handed`` out in ``PROBE_GAP_MS``."""
     since = now - PROBE_GAP_MS
     for row in rows:
         if row.last_seen <= row.last_failed:
             continue  # failing: a probe through it would say nothing of the site
-        for site in sites:
-            key = (row.ip, row.port, site)
-            cell = cells.get(key)
-            if cell is not None and max(cell.through_at, cell.blocked_at) >= since:
+        for site in names:
+            if sites.heard_at(state, (row.ip, row.port), site) >= since:
                 continue
+            key = (row.ip, row.port, site)
             if handed.get(key, 0) >= since:
                 continue
             yield row, site

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from events.sites import THROUGH
 from reducers import sites, trust
 from reducers.pool import liveness, standing
-from reducers.rows import SiteKey, SiteRow
+from reducers.rows import SiteCells
 from reducers.state import ProxyRow, SourceRow, State
 
 __all__ = [
@@ -152,7 +152,7 @@ def _matches(
     now: int,
     ttl_s: int,
     vouched: Callable[[tuple[str, ...]], bool],
-    cells: dict[SiteKey, SiteRow],
+    state: State,
 ) -> bool:
     if f.proto is not None and f.proto not in row.protos:
         return False
@@ -173,9 +173,7 @@ def _matches(
     if f.fresh_s is not None and now - row.last_seen > f.fresh_s * 1000:
         return False
     if f.works_on is not None and not all(
-        (cell := cells.get((row.ip, row.port, site))) is not None
-        and sites.standing(cell, now) == THROUGH
-        for site in f.works_on
+        sites.standing(state, (row.ip, row.port), site, now) == THROUGH for site in f.works_on
     ):
         return False
     return f.status == "all" or proxy_status(row, now, ttl_s, vouched(row.agents)) == f.status
@@ -193,7 +191,7 @@ def query_proxies(
     ttl = state.settings.proxy_ttl_s if ttl_s is None else ttl_s
     vouched = trust.vouched(state)
     rows: Iterator[ProxyRow] = (
-        row for row in state.proxies.values() if _matches(row, f, now, ttl, vouched, state.sites)
+        row for row in state.proxies.values() if _matches(row, f, now, ttl, vouched, state)
     )
     if sort == "last_seen":
         ordered = sorted(rows, key=lambda r: (-r.last_seen, r.ip, r.port))
@@ -214,15 +212,19 @@ class SiteTally:
         self.by: dict[str, dict[str, int]] = {}
         self.vantages: dict[str, set[str]] = {}
 
-    def add(self, cells: Iterable[SiteRow]) -> None:
-        for cell in cells:
-            counts = self.by.get(cell.site)
+    def add(self, rows: Iterable[SiteCells]) -> None:
+        for cells in rows:
+            counts = self.by.get(cells.site)
             if counts is None:
-                counts = self.by[cell.site] = dict.fromkeys(_TALLIED, 0)
-            counts[sites.standing(cell, self.now)] += 1
-            counts["answers_through"] += cell.through
-            counts["answers_blocked"] += cell.blocked
-            self.vantages.setdefault(cell.site, set()).update(cell.vantages)
+                counts = self.by[cells.site] = dict.fromkeys(_TALLIED, 0)
+            through, blocked = sites.tally(cells, self.now)
+            counts["through"] += through
+            counts["blocked"] += blocked
+            counts["none"] += len(cells.nos) - through - blocked
+            counts["answers_through"] += sum(cells.through)
+            counts["answers_blocked"] += sum(cells.blocked)
+            seen = {cells.agents[code - 1] for code in set(cells.vantages) if code}
+            self.vantages.setdefault(cells.site, set()).update(seen)
 
     def answer(self) -> list[dict[str, object]]:
         out: list[dict[str, object]] = []
