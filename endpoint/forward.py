@@ -30,6 +30,7 @@ from typing import cast
 import httptools
 
 from endpoint.choose import Upstream
+from endpoint.hedge import first_through
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
 from endpoint.serving import Serving
 from endpoint.uplink import CLOSED, HOP, Request, UpLink
@@ -277,20 +278,48 @@ class ClientSide(asyncio.Protocol):
             self._slow(self._open_then_send(req, up, key))
 
     async def _open_then_send(self, req: Request, up: Upstream, key: tuple[object, ...]) -> None:
+        """A new link through ``up``, or through another upstream started beside it when
+        its connect is slow (endpoint/hedge.py), then the request sent on the first."""
         want, password = self.want, self.password  # the client may be gone after the wait
         assert want is not None
-        try:
-            link = await self.endpoint.open_link(up, req.host, req.port, key)
-        except Exception as exc:  # python-socks raises its own errors too: all the proxy's
-            req.tried |= {up.key}
-            self.endpoint.failed(want, password, up, f"connect: {exc!r}")
-            if not self.closing:
-                self.route(req)
-            return
+        endpoint = self.endpoint
+        first, picked = [up], set[tuple[str, int]]()
+
+        def pick() -> Upstream | None:
+            now = time.monotonic()
+            exclude = req.tried | picked
+            nxt = first.pop() if first else endpoint.pool.pick(
+                want, tunnel=False, now=now, exclude=exclude, site=req.site
+            )  # fmt: skip
+            if nxt is not None:
+                picked.add(nxt.key)
+            return nxt
+
+        def connect(u: Upstream) -> Awaitable[UpLink]:
+            idle_key = key if u is up else _idle_key(u, req.host, req.port)
+            return endpoint.open_link(u, req.host, req.port, idle_key)
+
+        def failed(u: Upstream, exc: BaseException) -> None:
+            req.tried |= {u.key}  # python-socks raises its own errors too: all the proxy's
+            endpoint.failed(want, password, u, f"connect: {exc!r}")
+
+        through = await first_through(
+            pick,
+            connect,
+            failed,
+            UpLink.close,
+            attempts=endpoint.attempts - len(req.tried),
+            connect_s=endpoint.connect_s,
+            hedging=endpoint.hedging,
+        )
         if self.closing:
-            link.close()
+            if through is not None:
+                through[1].close()
             return
-        self.send(req, link)
+        if through is None:
+            self._no_proxy(req)
+            return
+        self.send(req, through[1])
 
     def send(self, req: Request, link: UpLink) -> None:
         self.link = link

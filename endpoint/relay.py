@@ -32,6 +32,7 @@ from python_socks.async_.asyncio import Proxy
 
 from endpoint.choose import Pool, Upstream
 from endpoint.forward import ClientSide, answer, peer_address
+from endpoint.hedge import Hedging, first_through
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, LoginError, Want, basic_login, parse_login
 from endpoint.serving import Outcomes
 from endpoint.uplink import Idle, UpLink
@@ -81,11 +82,16 @@ class Endpoint:
     # otherwise: through a proxy they reach that proxy host's metadata service or admin.
     lab: bool = False
     outcomes: Outcomes = field(default_factory=Outcomes)
+    # Second upstreams started beside slow connects, at most this many at once (0: none).
+    hedges: int = 64
     active: dict[str, int] = field(default_factory=dict)
     idle: Idle = field(default_factory=Idle)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # the slow paths running
     _failures: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, when
     _asking: dict[tuple[str, str], asyncio.Future[bool]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.hedging = Hedging(self.outcomes.count, self.hedges)
 
     def close(self) -> None:
         """Close the idle upstream links and end the slow paths (the server itself is
@@ -191,30 +197,43 @@ class Endpoint:
         if why := self.refused_destination(host):
             raise _Refused(403, 2, why)
         site = self.site_of(host)
-        for _ in range(self.attempts):
-            up = self.pool.pick(
-                want, tunnel=True, now=time.monotonic(), exclude=frozenset(tried), site=site
-            )
-            if up is None:
-                break
-            tried.add(up.key)
-            started = time.perf_counter()
-            try:
-                stream = await asyncio.wait_for(self._open(up, host, port), self.connect_s)
-            except ProxyError as exc:
-                if site and exc.error_code is not None and exc.error_code != 407:
-                    self.outcomes.count("turned_away")
-                    self.pool.turned_away(up, site, time.monotonic())
-                else:
-                    self.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
-                continue
-            except Exception as exc:  # python-socks raises its own errors too: all the proxy's
+        started: dict[tuple[str, int], float] = {}
+
+        def pick() -> Upstream | None:
+            now = time.monotonic()
+            up = self.pool.pick(want, tunnel=True, now=now, exclude=frozenset(tried), site=site)
+            if up is not None:
+                tried.add(up.key)
+            return up
+
+        async def connect(up: Upstream) -> Stream:
+            started[up.key] = time.perf_counter()
+            return await asyncio.wait_for(self._open(up, host, port), self.connect_s)
+
+        def failed(up: Upstream, exc: BaseException) -> None:
+            code = exc.error_code if isinstance(exc, ProxyError) else None
+            if site and code is not None and code != 407:
+                self.outcomes.count("turned_away")
+                self.pool.turned_away(up, site, time.monotonic())
+            else:  # python-socks raises its own errors too: all the proxy's
                 self.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
-                continue
-            self.worked(want, password, up, started)  # a tunnel is one outcome
-            return up, stream
-        self.outcomes.count("no_proxy")
-        raise _Refused(503, 1, "no proxy in the pool matches" + (" and answers" if tried else ""))
+
+        through = await first_through(
+            pick,
+            connect,
+            failed,
+            lambda stream: stream[1].close(),
+            attempts=self.attempts,
+            connect_s=self.connect_s,
+            hedging=self.hedging,
+        )
+        if through is None:
+            self.outcomes.count("no_proxy")
+            why = "no proxy in the pool matches" + (" and answers" if tried else "")
+            raise _Refused(503, 1, why)
+        up, stream = through
+        self.worked(want, password, up, started[up.key])  # a tunnel is one outcome
+        return up, stream
 
     async def _open(self, up: Upstream, host: str, port: int) -> Stream:
         return await asyncio.open_connection(sock=await self._through(up, host, port))

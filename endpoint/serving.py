@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from endpoint.choose import Pool, Upstream
+from endpoint.hedge import Hedging
 from endpoint.login import Want
 from endpoint.uplink import Idle, UpLink
 
@@ -35,7 +36,9 @@ class Serving(Protocol):
     idle: Idle
     outcomes: Outcomes
     tasks: set[asyncio.Task[None]]
+    hedging: Hedging
     attempts: int
+    connect_s: float
     head_s: float
     login_recheck_s: float
 

@@ -98,6 +98,7 @@ class UpLink(asyncio.Protocol):
         self.until_close = False  # no length, not chunked: its end is the connection's
         self.cut_client = False
         self.closed = False
+        self.ended = ""  # why it ended before a request was sent on it (none: it did not)
         # What the site's verdict reads (events/sites.py): the answer's status, its
         # redirect, its body's size and, when ``capture``, its first HEAD_BYTES.
         self.status, self.location, self.size = 0, "", 0
@@ -120,6 +121,9 @@ class UpLink(asyncio.Protocol):
         """Send ``req`` and wait for its answer, ``answer_s`` at most for the head and
         between pieces of the body."""
         self.client = client
+        if self.closed:  # it ended between its connect and this request: nothing was sent
+            asyncio.get_running_loop().call_soon(self._fail, self.ended or CLOSED)
+            return
         self.head_only = req.method == b"HEAD"
         self.http11 = req.http11
         self.in_body = self.chunked = self.until_close = self.cut_client = False
@@ -142,6 +146,7 @@ class UpLink(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.client is None:  # bytes on an idle link: it cannot be trusted again
+            self.ended = self.ended or "it spoke before it was asked"
             self.close()
             return
         self.last = time.monotonic()
@@ -155,6 +160,7 @@ class UpLink(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.client is None:
+            self.ended = self.ended or CLOSED
             return
         if self.until_close and self.in_body:  # the answer's end is this
             self._done(reusable=False)

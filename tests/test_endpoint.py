@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -429,3 +430,29 @@ async def test_a_tls_site_that_closes_on_listed_exits_is_reached_through_another
         server.close()
         await server.wait_closed()
     assert got == [(200, "the page")] * 6
+
+
+async def test_a_hanging_upstream_costs_a_request_its_hedge_delay_not_the_timeout(
+    lab: ProxyLab, log_client: Log
+) -> None:
+    """An upstream that accepts and never answers (the lab's tarpit, in the pool as a 1 ms
+    SOCKS5 proxy): a request that picks it starts a second upstream beside it after
+    0.25 s and is answered through that one, well within the 5 s connect timeout, over
+    SOCKS5 and over plain HTTP alike; the hedges are counted and each request is sent
+    once."""
+    tarpit = next(p for p in lab.proxies if p.name == "tarpit")
+    async with (
+        _target() as (site, seen),
+        _endpoint(log_client, lab, extra=tarpit.port, connect_s=5.0) as (addr, token, relay, _),
+    ):
+        login = f"shop-strategy-lru:{token}@{addr}"  # each upstream in turn: the tarpit too
+        rounds = len(relay.pool.upstreams) + 1  # a hedge is a pick: one more meets the tarpit
+        for how in ("--socks5-hostname", "-x"):
+            for _ in range(rounds):
+                started = time.monotonic()
+                via = login if how != "-x" else f"http://{login}"
+                code, _ = await _curl(how, via, f"http://{site}/")
+                assert code == 200 and time.monotonic() - started < 2.5
+        counts = relay.outcomes.counts
+        assert counts.get("hedge_started", 0) >= 2 and counts.get("hedge_won", 0) >= 2, counts
+        assert len(seen) == 2 * rounds  # every request reached the site once

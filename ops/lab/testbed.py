@@ -256,7 +256,12 @@ class ProxyLab:
         return s
 
     def _closed(self) -> Proxy:
-        return Proxy("closed", self._port(), None)
+        # Bound and never listening: every connect is refused, and no other test's server
+        # can be given the port (a free port number alone was, and then it answered).
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self._servers.append(s)
+        return Proxy("closed", s.getsockname()[1], None)
 
     def _tarpit(self) -> Proxy:
         s = self._listen()  # the kernel accepts; nobody ever reads or answers
