@@ -31,6 +31,7 @@ that carried a tunnel to a real HTTPS site (``https`` yes). Proxies seen tamperi
 from __future__ import annotations
 
 import random
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -189,6 +190,14 @@ class Pool:
                     and _open(up, site, now)
                     and self._matches(up, want, tunnel)
                 ):
+                    return self._use(up, want, now, site)
+            # A new session's upstream by its name, in key order from there: the same on
+            # every worker of the endpoint with the same pool (ops/cli/workers.py).
+            listed = self._matching(want, tunnel)
+            start = zlib.crc32(f"{want.consumer}\0{want.session}".encode())
+            for step in range(len(listed)):
+                up = listed[(start + step) % len(listed)]
+                if up.key not in exclude and up.avoid_until <= now and _open(up, site, now):
                     return self._use(up, want, now, site)
         # Known to get through first, for the strategies that choose; a round robin goes
         # in turn over every proxy the site has not turned away.

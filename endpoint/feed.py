@@ -122,8 +122,10 @@ class Feed:
         every_s: float = 5.0,
         identity: tuple[str, str] | None = None,
         sites_every_s: float = SITES_S,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.gateways = [g.rstrip("/") for g in gateways]
+        self.headers = headers or {}  # on every call (a worker's to its endpoint, share.py)
         self.pool = pool
         self.every_s = every_s
         self.refreshed = 0  # answers that changed the pool
@@ -151,8 +153,11 @@ class Feed:
         self._sites_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=30), headers=self.headers
+        )
         self._login_http = aiohttp.ClientSession(
+            headers=self.headers,
             timeout=aiohttp.ClientTimeout(total=10),
             connector=aiohttp.TCPConnector(limit=LOGIN_ASKS),
         )

@@ -452,10 +452,15 @@ async def _pipe(
         uw.close()
 
 
-async def serve(endpoint: Endpoint, host: str, port: int) -> asyncio.Server:
+async def serve(
+    endpoint: Endpoint, host: str, port: int, *, reuse_port: bool = False
+) -> asyncio.Server:
+    """The endpoint listening on ``host:port``; ``reuse_port``: beside the other workers
+    of one endpoint (ops/cli/workers.py)."""
     return await asyncio.get_running_loop().create_server(
         lambda: ClientSide(endpoint),
         host,
         port,
         family=socket.AF_INET6 if ":" in host else socket.AF_INET,
+        reuse_port=reuse_port or None,
     )

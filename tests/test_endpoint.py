@@ -456,3 +456,35 @@ async def test_a_hanging_upstream_costs_a_request_its_hedge_delay_not_the_timeou
         counts = relay.outcomes.counts
         assert counts.get("hedge_started", 0) >= 2 and counts.get("hedge_won", 0) >= 2, counts
         assert len(seen) == 2 * rounds  # every request reached the site once
+
+
+@needs_curl
+async def test_workers_share_one_port_and_one_feed(lab: ProxyLab, log_client: Log) -> None:
+    """`ppf serve --workers 2`'s workers (each its own process) on one port: 40 new
+    connections, over SOCKS5 and plain HTTP, all answered through the pool; the gateway
+    is asked for the pool and the login once for both workers, not once each, and a
+    caller without the workers' secret is refused."""
+    import argparse
+    from contextlib import AsyncExitStack
+
+    from ops.cli.workers import start_workers
+
+    async with _target() as (site, seen), _endpoint(log_client, lab) as (_, token, _, feed):
+        args = argparse.Namespace(serve_refresh=0.5, serve_max_conns=64, lab=True, serve_workers=2)
+        listen = f"127.0.0.1:{free_port()}"
+        async with AsyncExitStack() as stack:
+            shared = await start_workers(stack, listen, feed.gateways, args, None)
+            assert shared is not None
+            for i in range(40):
+                how, via = ("-x", f"http://shop:{token}@{listen}") if i % 2 else (
+                    "--socks5-hostname", f"shop:{token}@{listen}")  # fmt: skip
+                code, _ = await _curl(how, via, f"http://{site}/")
+                assert code == 200
+            await asyncio.sleep(2)  # each worker asks for the pool every 0.5 s meanwhile
+            # The login asked of the gateway once; the other worker had it kept: both served.
+            assert shared.asked["/v1/agents/me"] == 1, shared.asked
+            assert shared.kept_answers["/v1/agents/me"] >= 1, shared.kept_answers
+            assert shared.kept_answers["/v1/proxies"] >= shared.asked["/v1/proxies"] / 2
+            async with aiohttp.ClientSession() as http, http.get(shared.url + "/v1/proxies") as r:
+                assert r.status == 403
+        assert len(seen) == 40

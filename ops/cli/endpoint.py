@@ -42,11 +42,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "traffic shows of sites goes to the log under it",
     )
     sv.add_argument("--token", help="that agent's token")
-    serve_options(sv)
+    sv.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # workers.py's
+    serve_options(sv, workers="--workers")
     sv.set_defaults(run=_serve)
 
 
-def serve_options(parser: argparse.ArgumentParser) -> None:
+def serve_options(parser: argparse.ArgumentParser, workers: str = "--serve-workers") -> None:
+    parser.add_argument(
+        workers,
+        dest="serve_workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="endpoint processes on the one port (each a core), fed by one feed",
+    )
     parser.add_argument(
         "--serve-max-conns",
         type=int,
@@ -81,12 +90,33 @@ async def endpoint_site(
     from endpoint.relay import Endpoint, serve
 
     host, port = hostport(listen_at, 8899)
+    if args.serve_workers > 1:
+        from ops.cli.workers import start_workers
+
+        if await start_workers(stack, f"{host}:{port}", gateways, args, identity) is None:
+            if required:
+                raise OSError(f"the endpoint's workers could not listen on {listen_at}")
+            log.warning("no_proxy_endpoint", listen=listen_at, error="its workers did not start")
+            return ""
+        _said(host, port, listen_at)
+        return f"{host}:{port}"
+    worker = getattr(args, "worker", False)
     pool = Pool()
     # What the traffic showed of sites goes to the log once a minute; the box's test of
     # sites shortens it (``PPF_SITES_S``), as other periods are shortened for tests.
     sites_s = float(os.environ.get("PPF_SITES_S", SITES_S))
+    headers = None
+    if worker:
+        from ops.cli.workers import worker_headers
+
+        headers = worker_headers()
     feed = Feed(
-        gateways, pool, every_s=args.serve_refresh, identity=identity, sites_every_s=sites_s
+        gateways,
+        pool,
+        every_s=args.serve_refresh,
+        identity=identity,
+        sites_every_s=sites_s,
+        headers=headers,
     )
     await feed.start()
     stack.push_async_callback(feed.stop)
@@ -100,7 +130,7 @@ async def endpoint_site(
         outcomes=outcomes or Outcomes(),
     )
     try:
-        server = await serve(endpoint, host, port)
+        server = await serve(endpoint, host, port, reuse_port=worker)
     except OSError as exc:
         if required:
             raise
@@ -109,10 +139,14 @@ async def endpoint_site(
         return ""
     stack.callback(endpoint.close)
     stack.push_async_callback(_closed, server)
+    _said(host, port, listen_at)
+    return f"{host}:{port}"
+
+
+def _said(host: str, port: int, listen_at: str) -> None:
     if not _loopback(host):
         log.warning("serve_listens_beyond_loopback", listen=listen_at, logins="required")
     print(f"ppf: proxy endpoint {host}:{port} (login NAME[-options]:TOKEN)", flush=True)
-    return f"{host}:{port}"
 
 
 async def _closed(server: object) -> None:
@@ -130,6 +164,10 @@ def _loopback(host: str) -> bool:
 async def _serve(args: argparse.Namespace) -> int:
     async with AsyncExitStack() as stack:
         gateways = [g.strip() for g in args.gateway.split(",") if g.strip()]
+        if args.worker and args.name and args.token is None:  # its endpoint's, from workers.py
+            from ops.cli.workers import TOKEN_ENV
+
+            args.token = os.environ.get(TOKEN_ENV)
         if (args.name is None) != (args.token is None):
             print("ppf serve: --name and --token go together", file=sys.stderr)
             return 2
