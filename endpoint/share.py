@@ -5,10 +5,11 @@ Each worker is a ``ppf serve`` process of its own on the same port (``SO_REUSEPO
 the kernel spreads the connections), with its own feed (endpoint/feed.py) pointed here
 instead of at the gateways. This stands between them on loopback and forwards every
 call to the first gateway that answers, as a feed would, except that a GET's answer is
-kept and given to every worker that asks within its period: the pool (``/v1/proxies``)
-and the sites' rules and changes for the feed's refresh period, a login that worked
+kept and given to every worker that asks the same within its period: the pool
+(``/v1/proxies``) and the sites' rules for the feed's refresh period, a login that worked
 (``/v1/agents/me``, 200) for ``LOGIN_KEPT_S``, never a refusal; and one ask at a time
-for the same call. The gateway sees one endpoint's feed and logins, not N. What the
+for the same call. (The sites' changes are asked from each worker's own last answer:
+no two ask the same.) The gateway sees one endpoint's feed and logins, not N. What the
 traffic shows (``POST /v1/events``) goes through as each worker sends it. Only the
 workers may call it: each call carries the secret this process gave them.
 """

@@ -470,7 +470,9 @@ async def test_workers_share_one_port_and_one_feed(lab: ProxyLab, log_client: Lo
     from ops.cli.workers import start_workers
 
     async with _target() as (site, seen), _endpoint(log_client, lab) as (_, token, _, feed):
-        args = argparse.Namespace(serve_refresh=0.5, serve_max_conns=64, lab=True, serve_workers=2)
+        args = argparse.Namespace(
+            serve_refresh=0.5, serve_max_conns=64, serve_hedges=64, lab=True, serve_workers=2
+        )
         listen = f"127.0.0.1:{free_port()}"
         async with AsyncExitStack() as stack:
             shared = await start_workers(stack, listen, feed.gateways, args, None)

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from ops.cli.bench_serve import serve_flags, serve_run
+
 __all__ = ["register"]
 
 Run = Callable[[argparse.Namespace], Awaitable[dict[str, Any]] | dict[str, Any]]
@@ -136,11 +138,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ingest.add_argument("--deposits", type=int, default=200, help="pages deposited")
     ingest.add_argument("--missing", type=int, default=10, help="announced, never stored")
 
-    serve = bench("serve", "the rotating endpoint against going directly", _serve)
-    serve.add_argument("--requests", type=int, default=5_000, help="requests a run")
-    serve.add_argument("--concurrency", type=int, default=20)
-    serve.add_argument("--runs", type=int, default=5, help="runs of each, in turns")
-    serve.add_argument("--tunnels", type=int, default=1_000, help="tunnels held open")
+    serve_flags(
+        bench("serve", "the rotating endpoint, against going directly or by workers", serve_run)
+    )
+
+    churn = bench("serve-churn", "the endpoint in the churn lab, hedged and not (root)",
+                  "ops.bench.servechurn:bench_serve_churn requests concurrency")  # fmt: skip
+    churn.add_argument("--requests", type=int, default=10_000, help="through the hedged one")
+    churn.add_argument("--concurrency", type=int, default=40)
 
     sites = bench(
         "sites",
@@ -255,12 +260,6 @@ async def _stats(args: argparse.Namespace) -> dict[str, Any]:
             args.singles, args.proxies, runs=args.singles_runs
         )
     return out
-
-
-async def _serve(args: argparse.Namespace) -> dict[str, Any]:
-    from ops.bench.serve import bench_serve
-
-    return await bench_serve(args.requests, args.concurrency, args.runs, tunnels=args.tunnels)
 
 
 async def _check(args: argparse.Namespace) -> dict[str, Any]:

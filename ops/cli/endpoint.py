@@ -64,6 +64,13 @@ def serve_options(parser: argparse.ArgumentParser, workers: str = "--serve-worke
         help="connections one consumer may have open through the endpoint",
     )
     parser.add_argument(
+        "--serve-hedges",
+        type=int,
+        default=64,
+        metavar="N",
+        help="second upstreams started beside slow connects, at most N at once (0: none)",
+    )
+    parser.add_argument(
         "--serve-refresh",
         type=float,
         default=5.0,
@@ -126,6 +133,7 @@ async def endpoint_site(
         login_known=feed.login_known,
         record=feed.record,
         max_per_consumer=args.serve_max_conns,
+        hedges=args.serve_hedges,
         lab=args.lab,
         outcomes=outcomes or Outcomes(),
     )

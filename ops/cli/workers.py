@@ -54,7 +54,7 @@ async def start_workers(
     stack.push_async_callback(shared.stop)
     argv = [sys.executable, "-m", "ops.cli", "serve", "--worker", "--gateway", url]
     argv += ["--listen", listen_at, "--serve-max-conns", str(args.serve_max_conns)]
-    argv += ["--serve-refresh", str(args.serve_refresh)]
+    argv += ["--serve-refresh", str(args.serve_refresh), "--serve-hedges", str(args.serve_hedges)]
     argv += ["--lab"] if args.lab else []
     argv += ["--name", identity[0]] if identity else []
     env = {**os.environ, SECRET_ENV: secret, **({TOKEN_ENV: identity[1]} if identity else {})}
