@@ -23,8 +23,10 @@ from gateway.api import openapi
 from gateway.checkout import routes as checkout_routes
 from gateway.commands import ANONYMOUS_REPORTS, GRANTER
 from gateway.commands import routes as command_routes
+from gateway.deleted import Deleted
 from gateway.deposits import PAGES, Inputs, Pages, sweeping
 from gateway.deposits import routes as deposit_routes
+from gateway.dropin import DELETED
 from gateway.dropin import routes as dropin_routes
 from gateway.http import (
     AUTH_FAILURES,
@@ -311,6 +313,7 @@ def make_app(
     app[ANONYMOUS_REPORTS] = RateLimiter(
         config.anonymous_reports_per_hour / 3600, config.anonymous_reports_burst
     )
+    app[DELETED] = Deleted()
     app[TRUSTED] = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
     app[POOL_VIEW] = PoolViewKeeper(foreground=fold.foreground)
     app[GRANTER] = Granter(

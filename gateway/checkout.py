@@ -62,8 +62,14 @@ def _answer(state: State, cid: str, now: int) -> CheckoutReply:
     return CheckoutReply(checkout=cid, proxies=out)
 
 
-async def take(request: web.Request, name: str, body: CheckoutRequest) -> CheckoutReply:
-    """Check proxies out for ``name`` (``POST /v1/checkout``, and ``/pop/``)."""
+async def take(
+    request: web.Request,
+    name: str,
+    body: CheckoutRequest,
+    exclude: frozenset[tuple[str, int]] | set[tuple[str, int]] = frozenset(),
+) -> CheckoutReply:
+    """Check proxies out for ``name`` (``POST /v1/checkout``, and ``/pop/``), none of
+    ``exclude``."""
     if not 1 <= body.count <= 100:
         raise ApiError(400, "bad-parameter", "count: 1 to 100", parameter="count")
     if not 10 <= body.ttl_s <= 3_600:
@@ -98,7 +104,7 @@ async def take(request: web.Request, name: str, body: CheckoutRequest) -> Checko
         mitm=False,
         works_on=works_on_of(",".join(body.works_on)),
     )
-    hidden = hidden_for(request)
+    hidden = hidden_for(request) | exclude
     view = await request.app[POOL_VIEW].get(request)
     views = [v for v in view.select(f, now, limit=0) if (v.ip, v.port) not in hidden]
     grants = await request.app[GRANTER].grant(

@@ -5,10 +5,12 @@ ProxyPool ``/random`` (plain ``ip:port``).
 
 Both pools hold HTTP proxies, which their users put in ``proxies={"http":
 "http://<proxy>"}``, so these serve HTTP proxies only (``proto`` http or https), alive
-and confirmed as ``GET /v1/proxies`` serves them. ``/delete/`` removes nothing (the log
-keeps everything): it is a report without a token, which moves the proxy up the
-checkers' queue within the caller's budget (reducers/reports.py); with ``site=SITE``, a
-report that the site turned the proxy away, which hides it from that site's
+and confirmed as ``GET /v1/proxies`` serves them. ``/delete/`` removes nothing from the
+pool (the log keeps everything): the caller is not served that proxy again by these calls
+for a day (gateway/deleted.py), and it is a report (without a token: an anonymous one),
+which moves the proxy up the checkers' queue within the caller's budget
+(reducers/reports.py); with ``site=SITE``, only calls naming that site leave it out, and
+the report says the site turned the proxy away, which hides it from that site's
 ``works_on`` within the site's share of reports (reducers/sites.py). ``/pop/`` is a
 checkout of one proxy for five minutes: nobody else is handed it meanwhile.
 """
@@ -26,17 +28,26 @@ from events.sites import site_key_ok
 from events.wire import CheckoutRequest
 from gateway.checkout import take
 from gateway.commands import anonymous_reporter, proxy_address, publish_report
-from gateway.http import FOLD, ApiError, authorize, open_query, reply
+from gateway.deleted import Deleted
+from gateway.http import FOLD, ApiError, authorize, client_address, open_query, reply
 from gateway.queries import WORKS_ON, hidden_for, works_on_of
 from gateway.views import POOL_VIEW
 from projections.core.poolview import ProxyView
 from projections.core.readmodels import ProxyFilter
 from reducers.state import ProxyRow
 
-__all__ = ["routes"]
+__all__ = ["DELETED", "routes"]
 
 routes = web.RouteTableDef()
 _HTTP = ("http", "https")
+DELETED = web.AppKey("dropin_deleted", Deleted)
+
+
+def _client(request: web.Request) -> str:
+    """Who calls, as ``/delete/`` remembers it: a token's agent, else the address."""
+    if "Authorization" in request.headers:
+        return "agent " + authorize(request, "worker", "checker", "seed", "consumer").name
+    return "address " + client_address(request)
 
 
 async def _served(request: web.Request) -> list[ProxyView]:
@@ -45,6 +56,7 @@ async def _served(request: web.Request) -> list[ProxyView]:
     https = request.query.get("type", "").lower() == "https"
     view = await request.app[POOL_VIEW].get(request)
     works_on = works_on_of(WORKS_ON.read(request))
+    hidden |= request.app[DELETED].hidden(_client(request), works_on or (), time.monotonic())
     f = ProxyFilter(mitm=False, https=True if https else None, works_on=works_on)
     return [
         v
@@ -96,21 +108,29 @@ async def count(request: web.Request) -> web.Response:
 
 
 async def delete(request: web.Request) -> web.Response:
-    open_query(request)
+    """Not served to the caller again (gateway/deleted.py), and a report: under the
+    caller's consumer token, or, without one, anonymous (the guarded setting)."""
+    if "Authorization" in request.headers:
+        reporter = authorize(request, "consumer").name
+    else:
+        open_query(request)
+        reporter = ""
     raw = request.query.get("proxy", "")
     ip, port = proxy_address(raw, "proxy")
     state = request.app[FOLD].state
-    if not state.settings.guarded:
+    if not reporter and not state.settings.guarded:
         raise ApiError(403, "forbidden", "reports without a token need the guarded setting")
     site = request.query.get("site", "")
     if site and not site_key_ok(site):
         raise ApiError(
             400, "bad-parameter", "site: a site key (a lower-case name)", parameter="site"
         )
+    if (ip, port) in state.proxies:
+        request.app[DELETED].hide(_client(request), ip, port, site, time.monotonic())
     outcome = "blocked" if site else "failed"
     try:
         await publish_report(
-            request, anonymous_reporter(request), ip, port, outcome, "delete", site
+            request, reporter or anonymous_reporter(request), ip, port, outcome, "delete", site
         )
     except ApiError as exc:
         if exc.status != 404:
@@ -136,7 +156,8 @@ async def pop(request: web.Request) -> web.Response:
         name = anonymous_reporter(request)
     https = request.query.get("type", "").lower() == "https"
     body = CheckoutRequest(count=1, ttl_s=300, proto="http", https=https)
-    answer = await take(request, name, body)
+    deleted = request.app[DELETED].hidden(_client(request), (), time.monotonic())
+    answer = await take(request, name, body, exclude=deleted)
     if not answer.proxies:
         return reply({"code": 0, "src": "no proxy"})
     p = answer.proxies[0]

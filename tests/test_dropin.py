@@ -56,9 +56,6 @@ async def test_a_proxy_pool_scraper_runs_against_ppf(lab: ProxyLab, log_client: 
         one = await asyncio.to_thread(get_proxy)
         assert one["proxy"] == f"127.0.0.1:{squid.port}" and one["https"] is True
         assert set(one) >= {"fail_count", "region", "anonymous", "source", "check_count"}
-        await asyncio.to_thread(delete_proxy, one["proxy"])
-        got = await asyncio.to_thread(lambda: requests.get(f"{base}/delete?proxy=1.2.3.4:1").json())
-        assert got == {"code": 0, "src": False}  # not in the pool: nothing to report
         for path in ("/all/", "/all", "/all/?type=https"):
             rows = (await asyncio.to_thread(requests.get, base + path)).json()
             assert [r["proxy"] for r in rows] == [one["proxy"]], path
@@ -66,6 +63,9 @@ async def test_a_proxy_pool_scraper_runs_against_ppf(lab: ProxyLab, log_client: 
         assert count == {"http_type": {"https": 1}, "source": {"ppf": 1}, "count": 1}
         plain = (await asyncio.to_thread(requests.get, base + "/random")).text
         assert plain == one["proxy"]
+        await asyncio.to_thread(delete_proxy, one["proxy"])
+        got = await asyncio.to_thread(lambda: requests.get(f"{base}/delete?proxy=1.2.3.4:1").json())
+        assert got == {"code": 0, "src": False}  # not in the pool: nothing to report
         # With a site: the site turned it away (a block for that site, never a failure).
         wrong = await asyncio.to_thread(requests.get, f"{base}/delete/?proxy={plain}&site=A b")
         assert wrong.status_code == 400 and wrong.json()["parameter"] == "site"
@@ -111,3 +111,58 @@ async def test_paste_formats_and_metrics(lab: ProxyLab, log_client: Log) -> None
             if s.name == "ppf_endpoint_requests_total"
         }
         assert carried == {"forwarded": 1.0}
+
+
+async def test_a_deleted_proxy_is_not_served_again_to_the_client_that_deleted_it(
+    lab: ProxyLab, log_client: Log
+) -> None:
+    """proxy_pool's client, unchanged but for the address: after delete_proxy(p), 100
+    calls of get_proxy() never return p (nor /all/, /count/, /random, /pop/ to it); a
+    second client on another address (127.0.0.2) still gets p, and the fleet still
+    serves p to everyone in GET /v1/proxies. A deletion naming a site hides p only from
+    that client's calls naming that site."""
+    from requests.adapters import HTTPAdapter
+
+    class FromAnotherAddress(HTTPAdapter):
+        def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["source_address"] = ("127.0.0.2", 0)
+            super().init_poolmanager(*args, **kwargs)
+
+    async with _target() as (site, _), _endpoint(log_client, lab) as (_, _, _, feed):
+        base = feed.gateways[0]
+        _, get_proxy, delete_proxy = await asyncio.to_thread(
+            _proxy_pool_scraper, base, f"http://{site}/page"
+        )
+        p = (await asyncio.to_thread(get_proxy))["proxy"]
+        await asyncio.to_thread(delete_proxy, p)
+
+        def hundred() -> set[str]:
+            return {str(get_proxy().get("proxy")) for _ in range(100)}
+
+        got = await asyncio.to_thread(hundred)
+        assert p not in got, got
+        for path in ("/all/", "/random", "/count/"):
+            r = await asyncio.to_thread(requests.get, base + path)
+            assert p not in r.text and (path != "/count/" or r.json()["count"] == 0), path
+        popped = (await asyncio.to_thread(requests.get, base + "/pop/")).json()
+        assert popped.get("proxy") != p
+
+        def other() -> set[str]:
+            with requests.Session() as s:
+                s.mount("http://", FromAnotherAddress())
+                return {str(s.get(f"{base}/get/").json().get("proxy")) for _ in range(20)}
+
+        assert p in await asyncio.to_thread(other)
+        everyone = (await asyncio.to_thread(requests.get, base + "/v1/proxies?limit=0")).json()
+        assert p in {f"{r['ip']}:{r['port']}" for r in everyone["proxies"]}
+
+        def by_site() -> tuple[str, str]:
+            with requests.Session() as s:
+                s.mount("http://", FromAnotherAddress())
+                s.get(f"{base}/delete/?proxy={p}&site=example.org")
+                plain = s.get(f"{base}/get/").json().get("proxy")
+                named = s.get(f"{base}/get/?works_on=example.org").json().get("proxy")
+                return str(plain), str(named)
+
+        plain, named = await asyncio.to_thread(by_site)
+        assert plain == p and named != p
