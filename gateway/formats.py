@@ -3,8 +3,10 @@
 ``csv``; ``proxychains`` (``[ProxyList]`` lines, ``socks5 1.2.3.4 1080``);
 ``clash`` (a ``proxies:`` list, one flow mapping a line: YAML that go-yaml reads, with
 JSON-quoted strings, so nothing a name holds can break it; Clash has no SOCKS4, so those
-are left out, and counted in a comment); ``singbox`` (sing-box ``outbounds``, JSON).
-A proxy's name in these is its ``proto://ip:port`` with its country. Pure.
+are left out, and counted in a comment); ``singbox`` (sing-box ``outbounds``, JSON);
+``pac`` (a proxy auto-config file browsers load: every proxy in turn, never ``DIRECT``,
+``mitm`` proxies left out). A proxy's name in these is its ``proto://ip:port`` with its
+country. Pure.
 """
 
 from __future__ import annotations
@@ -75,9 +77,29 @@ def _singbox(views: Sequence[ProxyView]) -> tuple[str, str]:
     return _json.encode({"outbounds": outbounds}).decode(), "application/json"
 
 
+def _pac(views: Sequence[ProxyView]) -> tuple[str, str]:
+    """``FindProxyForURL`` answering the pool in its order, no ``DIRECT`` after it: a
+    browser that reaches none of them fails the page rather than going out unproxied.
+    A proxy seen reading or changing TLS (``mitm``) is never in it. With none left, a
+    proxy on the discard port that refuses: still never direct."""
+    kinds = {"http": "PROXY", "socks4": "SOCKS", "socks5": "SOCKS5"}
+    hops = [
+        f"{kinds[_kind(v)]} {f'[{v.ip}]' if ':' in v.ip else v.ip}:{v.port}"
+        for v in views
+        if not v.mitm and _kind(v) in kinds
+    ]
+    said = _json.encode("; ".join(hops) or "PROXY 127.0.0.1:9").decode()
+    text = (
+        f"// ppf: {len(hops)} proxies of the served pool, in turn; no DIRECT.\n"
+        f"function FindProxyForURL(url, host) {{\n  return {said};\n}}\n"
+    )
+    return text, "application/x-ns-proxy-autoconfig"
+
+
 FORMATS: dict[str, Callable[[Sequence[ProxyView]], tuple[str, str]]] = {
     "csv": _csv,
     "proxychains": _proxychains,
     "clash": _clash,
     "singbox": _singbox,
+    "pac": _pac,
 }

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+import events as ev
+from events.mint import fresh_id, now_ms
 from ops.lab.testbed import ProxyLab
 from ops.nats.client import Log
 from tests.test_endpoint import _endpoint, _target
@@ -82,6 +84,7 @@ async def test_paste_formats_and_metrics(lab: ProxyLab, log_client: Log) -> None
     as the flow mappings they are), sing-box outbounds; /metrics parses with the
     Prometheus parser and counts what the endpoint carried."""
     parser = pytest.importorskip("prometheus_client.parser")
+    PACFile = pytest.importorskip("pypac.parser").PACFile
     async with _target() as (site, _), _endpoint(log_client, lab) as (addr, token, _, feed):
         base = feed.gateways[0]
 
@@ -97,13 +100,34 @@ async def test_paste_formats_and_metrics(lab: ProxyLab, log_client: Log) -> None
         outbounds = json.loads(await asyncio.to_thread(text, "singbox"))["outbounds"]
         assert sorted(o["type"] for o in outbounds) == ["http", "socks", "socks"]
         assert all(o["version"] == "5" for o in outbounds if o["type"] == "socks")
+        # A PAC file, run by a PAC library as a browser runs it: every proxy of the pool in
+        # turn, never DIRECT, never a proxy seen in the middle of TLS (mitm=any asks for
+        # them too: the PAC format leaves them out all the same).
+        mitm = ev.ProxyWorked(
+            id=fresh_id(), agent="c-own", at=now_ms(), ip="127.0.0.1", port=9, proto="http",
+            latency_ms=5, mitm=True,
+        )  # fmt: skip
+        await log_client.publish_raw(ev.agent_subject(mitm), ev.encode(mitm), msg_id=mitm.id)
+        pac_text = ""
+        for _ in range(50):
+            everything = await asyncio.to_thread(text, "json&mitm=any")
+            if '"port":9,' in everything:
+                pac_text = await asyncio.to_thread(text, "pac&mitm=any")
+                break
+            await asyncio.sleep(0.2)
+        said = PACFile(pac_text).find_proxy_for_url("http://example.com/", "example.com")
+        hops = sorted(said.split("; "))
+        ports = {p.port: p for p in lab.proxies}
+        assert "DIRECT" not in said and len(hops) == 3 and ":9" not in said, said
+        assert all(ports[int(h.rsplit(":", 1)[1])].proto is not None for h in hops)
+        assert [h.split()[0] for h in hops] == ["PROXY", "SOCKS5", "SOCKS5"]
         proxies = {"http": f"http://shop:{token}@{addr}"}
         r = await asyncio.to_thread(requests.get, f"http://{site}/m", proxies=proxies, timeout=15)
         assert r.status_code == 200
         exposed = (await asyncio.to_thread(requests.get, f"{base}/metrics")).text
         families = {f.name: f for f in parser.text_string_to_metric_families(exposed)}
         pool = {s.labels["status"]: s.value for s in families["ppf_pool_proxies"].samples}
-        assert pool["alive"] == 3 and pool["known"] == 3
+        assert pool["alive"] == 3 and pool["known"] == 4  # the mitm one is known, not alive
         assert "ppf_fold_applied_seq" in families and "ppf_agents" in families
         carried = {
             s.labels["outcome"]: s.value

@@ -19,6 +19,7 @@ from ops.cli import (
     agent,
     bench,
     checks,
+    completion,
     endpoint,
     fleet,
     history,
@@ -50,6 +51,7 @@ GROUPS = (
     judges,
     lab,
     bench,
+    completion,
 )
 
 
@@ -77,7 +79,10 @@ def _tls_beside_nats(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (ppf completion)
+        completion.complete(p)
+    args = p.parse_args(argv)
     logs.configure()
     for flag in ("ca", "cert", "key"):
         if getattr(args, f"nats_{flag}", None):
