@@ -30,13 +30,12 @@ from typing import cast
 import httptools
 
 from endpoint.choose import Upstream
-from endpoint.hedge import first_through
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
 from endpoint.serving import Serving
 from endpoint.uplink import CLOSED, HOP, Request, UpLink
 from endpoint.verdicts import BLOCKED, head_verdict_of, learn, rule_of, wants_page
 
-__all__ = ["MAX_BODY", "ClientSide", "answer", "peer_address"]
+__all__ = ["MAX_BODY", "ClientSide", "answer", "idle_key", "peer_address"]
 
 MAX_HEAD = 65_536
 MAX_BODY = 16 * 1024 * 1024
@@ -270,7 +269,7 @@ class ClientSide(asyncio.Protocol):
         if up is None:
             self._no_proxy(req)
             return
-        key = _idle_key(up, req.host, req.port)
+        key = idle_key(up, req.host, req.port)
         link = None if req.fresh_only else endpoint.idle.take(key, now)
         if link is not None:
             self.send(req, link)
@@ -278,48 +277,16 @@ class ClientSide(asyncio.Protocol):
             self._slow(self._open_then_send(req, up, key))
 
     async def _open_then_send(self, req: Request, up: Upstream, key: tuple[object, ...]) -> None:
-        """A new link through ``up``, or through another upstream started beside it when
-        its connect is slow (endpoint/hedge.py), then the request sent on the first."""
         want, password = self.want, self.password  # the client may be gone after the wait
         assert want is not None
-        endpoint = self.endpoint
-        first, picked = [up], set[tuple[str, int]]()
-
-        def pick() -> Upstream | None:
-            now = time.monotonic()
-            exclude = req.tried | picked
-            nxt = first.pop() if first else endpoint.pool.pick(
-                want, tunnel=False, now=now, exclude=exclude, site=req.site
-            )  # fmt: skip
-            if nxt is not None:
-                picked.add(nxt.key)
-            return nxt
-
-        def connect(u: Upstream) -> Awaitable[UpLink]:
-            idle_key = key if u is up else _idle_key(u, req.host, req.port)
-            return endpoint.open_link(u, req.host, req.port, idle_key)
-
-        def failed(u: Upstream, exc: BaseException) -> None:
-            req.tried |= {u.key}  # python-socks raises its own errors too: all the proxy's
-            endpoint.failed(want, password, u, f"connect: {exc!r}")
-
-        through = await first_through(
-            pick,
-            connect,
-            failed,
-            UpLink.close,
-            attempts=endpoint.attempts - len(req.tried),
-            connect_s=endpoint.connect_s,
-            hedging=endpoint.hedging,
-        )
+        link = await self.endpoint.first_link(want, password, req, up, key)
         if self.closing:
-            if through is not None:
-                through[1].close()
-            return
-        if through is None:
+            if link is not None:
+                link.close()
+        elif link is None:
             self._no_proxy(req)
-            return
-        self.send(req, through[1])
+        else:
+            self.send(req, link)
 
     def send(self, req: Request, link: UpLink) -> None:
         self.link = link
@@ -522,6 +489,6 @@ def peer_address(peername: object) -> str:
     return str(peername[0]) if isinstance(peername, tuple) and peername else ""
 
 
-def _idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
+def idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
     """An HTTP proxy carries any site on one connection; a SOCKS tunnel one site."""
     return (up.key,) if up.proto in ("http", "https") else (up.key, host, port)

@@ -31,11 +31,11 @@ from python_socks import ProxyError, ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from endpoint.choose import Pool, Upstream
-from endpoint.forward import ClientSide, answer, peer_address
+from endpoint.forward import ClientSide, answer, idle_key, peer_address
 from endpoint.hedge import Hedging, first_through
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, LoginError, Want, basic_login, parse_login
 from endpoint.serving import Outcomes
-from endpoint.uplink import Idle, UpLink
+from endpoint.uplink import Idle, Request, UpLink
 from endpoint.verdicts import site_of
 from events.address import ADDRESS_RULE
 from events.validate import host_can_be_public
@@ -262,6 +262,35 @@ class Endpoint:
                 sock = await self._through(up, host, port)
                 _, link = await loop.create_connection(made, sock=sock)
         return link
+
+    async def first_link(
+        self, want: Want, password: str, req: Request, up: Upstream, key: tuple[object, ...]
+    ) -> UpLink | None:
+        """A new link for ``req`` through ``up``, or through another upstream started
+        beside it when its connect is slow (endpoint/hedge.py); None: none got through."""
+        first, picked = [up], set[tuple[str, int]]()
+
+        def pick() -> Upstream | None:
+            exclude, now = req.tried | picked, time.monotonic()
+            nxt = first.pop() if first else self.pool.pick(
+                want, tunnel=False, now=now, exclude=exclude, site=req.site
+            )  # fmt: skip
+            picked.update([nxt.key] if nxt is not None else [])
+            return nxt
+
+        def connect(u: Upstream) -> Awaitable[UpLink]:
+            linked = key if u is up else idle_key(u, req.host, req.port)
+            return self.open_link(u, req.host, req.port, linked)
+
+        def failed(u: Upstream, exc: BaseException) -> None:
+            req.tried |= {u.key}  # python-socks raises its own errors too: all the proxy's
+            self.failed(want, password, u, f"connect: {exc!r}")
+
+        through = await first_through(
+            pick, connect, failed, UpLink.close, attempts=self.attempts - len(req.tried),
+            connect_s=self.connect_s, hedging=self.hedging,
+        )  # fmt: skip
+        return None if through is None else through[1]
 
     def failed(self, want: Want, password: str, up: Upstream, why: str) -> None:
         self.pool.failed(up, time.monotonic())

@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from endpoint.choose import Pool, Upstream
-from endpoint.hedge import Hedging
 from endpoint.login import Want
-from endpoint.uplink import Idle, UpLink
+from endpoint.uplink import Idle, Request, UpLink
 
 __all__ = ["Outcomes", "Serving"]
 
@@ -36,9 +35,7 @@ class Serving(Protocol):
     idle: Idle
     outcomes: Outcomes
     tasks: set[asyncio.Task[None]]
-    hedging: Hedging
     attempts: int
-    connect_s: float
     head_s: float
     login_recheck_s: float
 
@@ -51,9 +48,9 @@ class Serving(Protocol):
     def enter(self, want: Want) -> bool: ...
     def leave(self, want: Want | None) -> None: ...
     def refused_destination(self, host: str) -> str: ...
-    def open_link(
-        self, up: Upstream, host: str, port: int, key: tuple[object, ...]
-    ) -> Awaitable[UpLink]: ...
+    def first_link(
+        self, want: Want, password: str, req: Request, up: Upstream, key: tuple[object, ...]
+    ) -> Awaitable[UpLink | None]: ...
     def failed(self, want: Want, password: str, up: Upstream, why: str) -> None: ...
     def worked(self, want: Want, password: str, up: Upstream, started: float) -> None: ...
     def socks(
