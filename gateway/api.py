@@ -205,6 +205,8 @@ def openapi() -> dict[str, Any]:
                             "text/plain": {"schema": {"type": "string"}},
                             "text/csv": {"schema": {"type": "string"}},
                             "text/yaml": {"schema": {}},  # a mapping, once parsed
+                            # format=pac: a proxy auto-config file (JavaScript)
+                            "application/x-ns-proxy-autoconfig": {"schema": {"type": "string"}},
                         },
                     },
                     "304": {"description": "not modified since the ETag given"},
