@@ -39,7 +39,7 @@ import structlog
 from projections import row_strings
 from projections.core.digest import MOD, combine, meta_digest, row_hash, table_sum
 from projections.log import SnapshotError
-from projections.store import array_header, put_row, restore_meta, state_meta
+from projections.store import array_header, put_rows, restore_meta, state_meta
 from projections.writer import read_frame
 from reducers.indexes import reindex
 from reducers.kept import ALWAYS
@@ -191,8 +191,7 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
                     log.warning("snapshot_strings_incomplete", seq=seq, rows=len(proxies))
                 state.proxies = {(r.ip, r.port): r for r in proxies}
             else:
-                for row in _rows(table, raw):
-                    put_row(state, table, row)
+                put_rows(state, table, _rows(table, raw))
         if state.last_seq != seq:
             raise SnapshotError(f"snapshot of seq {seq} holds a state at {state.last_seq}")
         # Filed while the child may still be summing (at a million rows it is as slow

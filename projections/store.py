@@ -36,7 +36,7 @@ __all__ = [
     "collect",
     "collect_async",
     "keep_digest",
-    "put_row",
+    "put_rows",
     "restore_meta",
     "state_meta",
 ]
@@ -137,10 +137,9 @@ def restore_meta(state: State, meta: dict[str, str]) -> None:
             setattr(state, piece.name, piece.load(meta[piece.name]))
 
 
-def put_row(state: State, table: str, row: Any) -> None:
-    """One decoded row into its projection, under its key."""
-    declared = TABLES[table]
-    getattr(state, table)[declared.key_of(row)] = row
+def put_rows(state: State, table: str, rows: list[Any]) -> None:
+    """Decoded rows into their projection, each under its key."""
+    getattr(state, table).update(zip(map(TABLES[table].key_of, rows), rows, strict=True))
 
 
 async def collect_async(state: State, foreground: Foreground | None = None) -> Checkpoint:
@@ -415,8 +414,8 @@ class Store:
             restore_meta(state, self._meta())
             for table, declared in TABLES.items():
                 decoder = msgspec.msgpack.Decoder(declared.row, dec_hook=decode_column)
-                for (raw,) in self._con.execute(f"SELECT row FROM {table}").fetchall():
-                    put_row(state, table, decoder.decode(raw))
+                found = self._con.execute(f"SELECT row FROM {table}").fetchall()
+                put_rows(state, table, [decoder.decode(raw) for (raw,) in found])
         reindex(state)
         return state
 

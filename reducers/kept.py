@@ -18,6 +18,7 @@ snapshots to the bytes, it had.
 
 from __future__ import annotations
 
+import operator
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -65,19 +66,16 @@ class Table(Piece):
     or WHILE_ANY (a table added after the first logs: left out of the digest, and of a
     snapshot, while it has no row)."""
 
-    __slots__ = ("digest", "key", "row")
+    __slots__ = ("digest", "key", "key_of", "row")
 
     def __init__(self, row: type[msgspec.Struct], key: tuple[str, ...], digest: str) -> None:
         super().__init__(dict)
         self.row = row
         self.key = key
         self.digest = digest
-
-    def key_of(self, row: Any) -> Any:
-        """The row's key in its projection: its one key field, or a tuple of them."""
-        if len(self.key) == 1:
-            return getattr(row, self.key[0])
-        return tuple(getattr(row, name) for name in self.key)
+        # The row's key in its projection: its one key field, or a tuple of them (in C:
+        # a restore takes a key of every row).
+        self.key_of: Callable[[Any], Any] = operator.attrgetter(*key)
 
 
 class Kept(Piece):
