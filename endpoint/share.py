@@ -73,7 +73,7 @@ class Shared:
             await self._http.close()
 
     def _period(self, path: str) -> float:
-        if path.startswith(("/v1/proxies", "/v1/sites")):
+        if path in ("/v1/proxies", "/v1/sites/rules"):
             return self.every_s
         return LOGIN_KEPT_S if path == "/v1/agents/me" else 0.0
 

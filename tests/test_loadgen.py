@@ -7,33 +7,10 @@ from __future__ import annotations
 
 import ssl
 import time
-from collections.abc import AsyncIterator
-
-import pytest
-from aiohttp import web
 
 from ops.bench.loadgen import Histogram, Load, generate
 from ops.lab.testbed import ProxyLab
-from ops.nats.server import free_port
-
-
-@pytest.fixture
-async def site() -> AsyncIterator[str]:
-    """A plain site on loopback: /page answers 200, /fail 503."""
-
-    async def page(request: web.Request) -> web.Response:
-        return web.Response(text="x" * 64, status=503 if request.path == "/fail" else 200)
-
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+from tests.test_endpoint import _target
 
 
 def test_the_histogram_keeps_its_size_and_its_quantiles_within_a_bucket() -> None:
@@ -49,7 +26,7 @@ def test_the_histogram_keeps_its_size_and_its_quantiles_within_a_bucket() -> Non
     assert h.quantile_ms(1.0) <= h.figures()["max_ms"]  # both rounded to 0.01 ms
 
 
-async def test_a_count_at_a_rate_through_a_proxy(lab: ProxyLab, site: str) -> None:
+async def test_a_count_at_a_rate_through_a_proxy(lab: ProxyLab) -> None:
     """60 plain GETs at 100 a second through squid: all answered, no sooner than the rate
     allows; a site's 503 is a server error, not an answer; a proxy that refuses loses
     every request; 30 requests ride 3 long-lived CONNECT tunnels."""
@@ -57,16 +34,16 @@ async def test_a_count_at_a_rate_through_a_proxy(lab: ProxyLab, site: str) -> No
     closed = next(p for p in lab.proxies if p.name == "closed")
     tls = ssl.create_default_context()
     proxy = f"http://any:any@127.0.0.1:{squid.port}"
-    started = time.monotonic()
-    got = await generate(Load("http", requests=60, rate=100), proxy, site + "/page", "", tls)
-    assert (got.sent, got.answered, got.ok, got.lost) == (60, 60, 60, 0)
-    assert time.monotonic() - started >= 0.59 and sum(got.latency.counts) == 60
-    failed = await generate(Load("http", requests=10), proxy, site + "/fail", "", tls)
-    assert (failed.server_errors, failed.answered, failed.lost) == (10, 0, 0)
     refused = f"http://any:any@127.0.0.1:{closed.port}"
-    lost = await generate(Load("http", requests=10, timeout_s=5), refused, site + "/page", "", tls)
-    assert (lost.lost, lost.answered) == (10, 0)
-    tunnels = await generate(
-        Load("tunnel", requests=30, concurrency=3), proxy, site + "/page", "", tls
-    )
-    assert (tunnels.ok, tunnels.lost) == (30, 0)
+    async with _target() as (address, _):
+        page, fail = f"http://{address}/page", f"http://{address}/?status=503"
+        started = time.monotonic()
+        got = await generate(Load("http", requests=60, rate=100), proxy, page, "", tls)
+        assert (got.sent, got.answered, got.ok, got.lost) == (60, 60, 60, 0)
+        assert time.monotonic() - started >= 0.59 and sum(got.latency.counts) == 60
+        failed = await generate(Load("http", requests=10), proxy, fail, "", tls)
+        assert (failed.server_errors, failed.answered, failed.lost) == (10, 0, 0)
+        lost = await generate(Load("http", requests=10, timeout_s=5), refused, page, "", tls)
+        assert (lost.lost, lost.answered) == (10, 0)
+        tunnels = await generate(Load("tunnel", requests=30, concurrency=3), proxy, page, "", tls)
+        assert (tunnels.ok, tunnels.lost) == (30, 0)

@@ -90,6 +90,13 @@ class Result:
     cpu_s: float = 0.0  # the generator's own
     latency: Histogram = field(default_factory=Histogram)
 
+    def merge(self, other: Result) -> None:
+        """``other``'s requests counted here too (loads run side by side)."""
+        for name in ("sent", "answered", "ok", "server_errors", "lost", "cpu_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.wall_s = max(self.wall_s, other.wall_s)
+        self.latency.merge(other.latency)
+
     def figures(self) -> dict[str, Any]:
         return {
             "sent": self.sent,

@@ -31,12 +31,14 @@ import aiohttp
 from ops.lab.testbed import ProxyLab
 from ops.nats.server import free_port
 
-__all__ = ["bench_serve", "child"]
+__all__ = ["SITE", "bench_serve", "child"]
 
 TOKEN = "bench-token"
 
-_TARGET = """
-import asyncio, sys
+# The benches' site (its own process): 512 bytes on any path, plain HTTP on the port of
+# argv[1], and with argv[2:5] (a port, a certificate, its key) HTTPS on that port too.
+SITE = """
+import asyncio, ssl, sys
 from aiohttp import web
 from gateway.guard import listen
 
@@ -48,6 +50,10 @@ async def main():
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await listen(runner, "127.0.0.1", int(sys.argv[1]))
+    if len(sys.argv) > 2:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(sys.argv[3], sys.argv[4])
+        await listen(runner, "127.0.0.1", int(sys.argv[2]), ssl_context=tls)
     await asyncio.Event().wait()
 
 asyncio.run(main())
@@ -163,9 +169,7 @@ async def bench_serve(
         lab = ProxyLab(Path(tmp) / "lab").start()
         target_port, endpoint_port = free_port(), free_port()
         squid = next(p for p in lab.proxies if p.name == "squid")
-        target = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _TARGET, str(target_port)
-        )
+        target = await asyncio.create_subprocess_exec(sys.executable, "-c", SITE, str(target_port))
         relay = await asyncio.create_subprocess_exec(
             sys.executable,
             "-c",

@@ -63,14 +63,7 @@ async def _both(load: Load, proxy: str, plain: str, secure: str, tls: ssl.SSLCon
     results = await asyncio.gather(*(generate(h, proxy, plain, secure, tls) for h in halves))
     total = Result()
     for r in results:
-        total.sent += r.sent
-        total.answered += r.answered
-        total.ok += r.ok
-        total.server_errors += r.server_errors
-        total.lost += r.lost
-        total.wall_s = max(total.wall_s, r.wall_s)
-        total.cpu_s += r.cpu_s
-        total.latency.merge(r.latency)
+        total.merge(r)
     return total
 
 

@@ -29,31 +29,12 @@ from events import Configured, ProxyWorked, Settings
 from events.mint import enrollment, fresh_id, now_ms
 from ops.bench.gateway import _system, _wait_applied
 from ops.bench.loadgen import Load, generate
+from ops.bench.serve import SITE
 from ops.lab.testbed import ProxyLab
 from ops.lab.tls import nats_certs
 from ops.nats.server import free_port
 
 __all__ = ["bench_serve_workers"]
-
-_SITE = """
-import asyncio, ssl, sys
-from aiohttp import web
-
-async def main():
-    async def page(request):
-        return web.Response(text="x" * 512)
-    app = web.Application()
-    app.router.add_get("/{tail:.*}", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(sys.argv[3], sys.argv[4])
-    await web.TCPSite(runner, "127.0.0.1", int(sys.argv[1])).start()
-    await web.TCPSite(runner, "127.0.0.1", int(sys.argv[2]), ssl_context=tls).start()
-    await asyncio.Event().wait()
-
-asyncio.run(main())
-"""
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -126,7 +107,7 @@ async def bench_serve_workers(
         lab = ProxyLab(root / "lab").start()
         plain, secure = free_port(), free_port()
         site = await asyncio.create_subprocess_exec(
-            sys.executable, "-c", _SITE, str(plain), str(secure), certs["cert"], certs["key"]
+            sys.executable, "-c", SITE, str(plain), str(secure), certs["cert"], certs["key"]
         )
         squid = next(p for p in lab.proxies if p.name == "squid")
         seen: dict[int, list[dict[str, Any]]] = {n: [] for n in workers}
