@@ -11,10 +11,10 @@ rows repeat, which the loader makes once (``projections/row_strings.py``). Loadi
 checks the format and recomputes the digest: a snapshot that does not give back its own
 digest is refused.
 The rows' hashes are summed, and the pool's composition counted, by a child process on
-the other core while this one decodes the rows and files them (``RowSums``): at a
-million proxies they are 1.7 s and 0.85 s of the load. The child is started before the
-snapshot is fetched, so its interpreter's start (0.3 s) is not on the way, and nothing
-waits for it until the rows are decoded and filed by address.
+the other core while this one decodes the rows and files them
+(``projections/rowsums.py``); nothing waits for it until the rows are decoded and filed
+by address. A packed table (``PACKED``) is unpacked and summed on a thread of the
+loader's own instead (``_Packed``).
 
 Encoding is in steps (``taking``), as a checkpoint's cut is: the caller keeps the fold
 from running until it is done, and the loop goes on between steps.
@@ -22,13 +22,7 @@ from running until it is done, and the loop goes on between steps.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import gc
-import os
-import struct
-import subprocess
-import sys
 import threading
 import zlib
 from collections.abc import Generator
@@ -40,23 +34,21 @@ import structlog
 from projections import row_strings
 from projections.core.digest import MOD, combine, meta_digest, row_hash, table_sum
 from projections.log import SnapshotError
+from projections.rowsums import RowSums
 from projections.store import array_header, put_rows, restore_meta, state_meta
-from projections.writer import read_frame
 from reducers.indexes import reindex
 from reducers.kept import ALWAYS
-from reducers.pool import Composition, counted
+from reducers.pool import Composition
 from reducers.rows import decode_column, encode_column
 from reducers.state import KEPT, TABLES, State
 from reducers.steps import at_once
 
 __all__ = [
     "FORMAT",
-    "RowSums",
     "SnapshotError",
     "StateSnapshot",
     "load",
     "peek",
-    "serve_sums",
     "take",
     "taking",
 ]
@@ -81,6 +73,11 @@ class StateSnapshot(msgspec.Struct, kw_only=True):
     # list that lacks a value only costs the loader a plain decode. Older snapshots
     # have none, and older ppf passes over it.
     strings: list[str] = []
+    # The bytes of each packed table's array (``PACKED``), unpacked: told the size up
+    # front, zlib unpacks into one buffer, not into growing blocks joined at the end
+    # (0.13 s against 0.22 s for the site cells' 96 MB). A size that is off only costs
+    # the growing; older snapshots have none.
+    sizes: dict[str, int] = {}
 
 
 class _Head(msgspec.Struct, kw_only=True):
@@ -92,7 +89,7 @@ class _Head(msgspec.Struct, kw_only=True):
 def taking(state: State) -> Generator[None, None, bytes]:
     """The snapshot of ``state`` as it is now, ``_STEP`` rows a step. Each row is encoded
     once: its bytes go into the table's array and its hash into the digest."""
-    tables, sums, strings = {}, {}, set[str]()
+    tables, sums, sizes, strings = {}, {}, {}, set[str]()
     for table, declared in TABLES.items():
         rows: list[Any] = list(getattr(state, table).values())
         if not rows and declared.digest != ALWAYS:
@@ -104,13 +101,18 @@ def taking(state: State) -> Generator[None, None, bytes]:
         array, total = bytearray(array_header(len(rows))), 0
         packing = zlib.compressobj(1) if table in PACKED else None
         if packing is not None:
+            sizes[table] = len(array)
             array = bytearray(packing.compress(array))
         for i in range(0, len(rows), _STEP):
             step = rows[i : i + _STEP]
             encoded = [_encode(r) for r in step]
             total += sum(map(row_hash, encoded))
             joined = b"".join(encoded)
-            array += joined if packing is None else packing.compress(joined)
+            if packing is None:
+                array += joined
+            else:
+                array += packing.compress(joined)
+                sizes[table] += len(joined)
             if table == "proxies":
                 row_strings.gather(strings, step)
             yield
@@ -129,6 +131,7 @@ def taking(state: State) -> Generator[None, None, bytes]:
         meta=meta,
         tables=tables,
         strings=sorted(strings),
+        sizes=sizes,
     )
     return _encode(snap)
 
@@ -187,24 +190,27 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
         raise SnapshotError(f"snapshot format {snap.format}, this ppf reads {FORMAT}")
     seq = snap.seq
     tables = {table: snap.tables.get(table, msgspec.Raw(b"\x90")) for table in TABLES}
-    sums.send(tables, snap.strings)  # the child unpacks what is packed on its side
+    packed = _Packed(tables, snap.sizes)
+    sums.send({t: raw for t, raw in tables.items() if t not in PACKED}, snap.strings)
     try:
         state = State()
         restore_meta(state, snap.meta)
-        for table, raw in tables.items():
+        for table in TABLES:
             if table == "proxies":  # the big one: its strings shared, no call a row
-                proxies, shared = row_strings.decode(raw, snap.strings)
+                proxies, shared = row_strings.decode(tables[table], snap.strings)
                 if snap.strings and not shared:
                     log.warning("snapshot_strings_incomplete", seq=seq, rows=len(proxies))
                 state.proxies = {(r.ip, r.port): r for r in proxies}
             else:
-                put_rows(state, table, _rows(table, unpacked(raw)))
+                raw = packed[table] if table in PACKED else tables[table]
+                put_rows(state, table, _rows(table, raw))
         if state.last_seq != seq:
             raise SnapshotError(f"snapshot of seq {seq} holds a state at {state.last_seq}")
         # Filed while the child may still be summing (at a million rows it is as slow
         # as the decode); the pool's composition is its count, set once it answered.
         reindex(state, counted=(Composition(), Composition()))
         summed, (state.composition, state.failing) = sums.result()
+        summed |= packed.sums()
     except msgspec.DecodeError as exc:
         raise SnapshotError(f"damaged snapshot: {exc}") from exc
     except zlib.error as exc:
@@ -215,6 +221,51 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
             f"snapshot of seq {seq} gives digest {found[:12]}, not {snap.digest[:12]}"
         )
     return state
+
+
+class _Packed:
+    """The tables a snapshot keeps packed, unpacked and then summed on a thread of the
+    loader's own: zlib and blake2b let go of the GIL over buffers this large, so the
+    unpacking runs beside the decoding of the rows before them, and the summing beside
+    the decoding of their own; the bytes never cross to the child. Unpacked by both
+    sides and piped to the child, the site cells' 96 MB at 2,000,000 cells were the
+    start's longest path."""
+
+    def __init__(self, raws: dict[str, msgspec.Raw], sizes: dict[str, int]) -> None:
+        self._raws = {table: raws[table] for table in TABLES if table in PACKED}
+        self._sizes = sizes
+        self._unpacked: dict[str, bytes | msgspec.Raw] = {}
+        self._sums: dict[str, int] = {}
+        self._error: Exception | None = None
+        self._ready = threading.Event()  # every packed table unpacked, or an error
+        self._thread = threading.Thread(target=self._unpack, name="ppf-snapshot-unpack")
+        self._thread.start()
+
+    def _unpack(self) -> None:
+        try:
+            for table, raw in self._raws.items():
+                self._unpacked[table] = unpacked(raw, self._sizes.get(table, 0))
+            self._ready.set()
+            for table, rows in self._unpacked.items():
+                self._sums[table] = table_sum(_RAWS.decode(rows))
+        except (zlib.error, msgspec.DecodeError) as exc:
+            self._error = exc  # raised where the loader reads it
+        finally:
+            self._ready.set()
+
+    def __getitem__(self, table: str) -> bytes | msgspec.Raw:
+        """A packed table's array, unpacked."""
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        return self._unpacked[table]
+
+    def sums(self) -> dict[str, int]:
+        """Their sums, once computed."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._sums
 
 
 def _rows(table: str, raw: bytes | msgspec.Raw) -> list[Any]:
@@ -238,10 +289,11 @@ _BIN = frozenset({0xC4, 0xC5, 0xC6})
 _bin = msgspec.msgpack.Decoder(bytes).decode
 
 
-def unpacked(raw: bytes | msgspec.Raw) -> bytes | msgspec.Raw:
-    """A table's array, from how a snapshot keeps it (packed, or as it is)."""
+def unpacked(raw: bytes | msgspec.Raw, size: int = 0) -> bytes | msgspec.Raw:
+    """A table's array, from how a snapshot keeps it (packed, or as it is); ``size``:
+    its bytes unpacked, when the snapshot says (``StateSnapshot.sizes``)."""
     if len(raw) and memoryview(raw)[0] in _BIN:
-        return zlib.decompress(_bin(raw))
+        return zlib.decompress(_bin(raw), bufsize=max(size, zlib.DEF_BUF_SIZE))
     return raw
 
 
@@ -255,112 +307,3 @@ _DECODERS = {
     for table, declared in TABLES.items()
     if table != "proxies"
 }
-_FRAME = struct.Struct(">Q")
-_SUMS_CHILD = "from projections.snapshot import serve_sums; serve_sums()"
-_F_SETPIPE_SZ = 1031  # Linux's fcntl: a larger pipe, fewer wake-ups of the child
-
-
-class _Counted(msgspec.Struct):
-    """What ``reducers.pool.counted`` reads of a proxy row."""
-
-    last_seen: int
-    proto: str
-    anonymity: str = ""
-    country: str = ""
-    fail_streak: int = 0
-
-
-_STRINGS = msgspec.msgpack.Decoder(list[str])
-_COUNTS = msgspec.msgpack.Decoder(tuple[list[Any], list[Any]])
-
-
-class RowSums:
-    """Each table's sum of row hashes (``projections/core/digest.py``) and the pool's
-    composition, computed by a child process from the snapshot's own bytes while the
-    caller decodes the rows. Started (``RowSums()``) before the snapshot is at hand, so
-    the child's interpreter is up by then; ``send`` hands it the tables. A blocking
-    write of a whole table holds no GIL (one ``os.write``, which releases it), so the
-    child reads at memory speed while the decoding thread runs."""
-
-    def __init__(self) -> None:
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", _SUMS_CHILD],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-        )
-        self._sender: threading.Thread | None = None
-
-    def send(self, tables: dict[str, msgspec.Raw], strings: list[str]) -> None:
-        """Hand the child the tables and the snapshot's list of the rows' strings."""
-        self._sender = threading.Thread(
-            target=self._send, args=(tables, strings), name="ppf-snapshot-sums", daemon=True
-        )
-        self._sender.start()
-
-    def _send(self, tables: dict[str, msgspec.Raw], strings: list[str]) -> None:
-        stdin = self._proc.stdin
-        assert stdin is not None
-        fd = stdin.fileno()
-        with contextlib.suppress(OSError):  # not Linux, or a lower limit: the default
-            fcntl.fcntl(fd, _F_SETPIPE_SZ, 1 << 20)
-        try:
-            for frame in [msgspec.msgpack.encode(strings), *(tables[t] for t in TABLES)]:
-                view = memoryview(frame)
-                os.write(fd, _FRAME.pack(len(view)))
-                while view:
-                    view = view[os.write(fd, view) :]
-        except OSError:
-            pass  # the child is gone: result() says so
-        finally:
-            with contextlib.suppress(OSError):
-                stdin.close()
-
-    def result(self) -> tuple[dict[str, int], tuple[Composition, Composition]]:
-        """(each table's sum, the pool's (composition, failing))."""
-        stdout = self._proc.stdout
-        assert stdout is not None
-        out = stdout.read()  # until the child ends
-        if self._sender is not None:
-            self._sender.join()
-        code = self._proc.wait()
-        head = 16 * len(TABLES)
-        if code != 0 or len(out) <= head:
-            raise SnapshotError(f"the snapshot's row sums were not computed (child exit {code})")
-        sums = {t: int.from_bytes(out[16 * i : 16 * i + 16], "big") for i, t in enumerate(TABLES)}
-        composition, failing = _COUNTS.decode(out[head:])
-        return sums, (Composition.from_counts(composition), Composition.from_counts(failing))
-
-    def close(self) -> None:
-        """End the child, whatever happened (a decode failed before its result)."""
-        if self._proc.poll() is None:
-            self._proc.kill()
-        self._proc.wait()
-        if self._sender is not None:
-            self._sender.join()
-        for pipe in (self._proc.stdin, self._proc.stdout):
-            if pipe is not None:
-                with contextlib.suppress(OSError):
-                    pipe.close()
-
-
-def serve_sums() -> None:
-    """The child of ``RowSums``: the snapshot's list of the rows' strings in, then a
-    table's length and bytes in and its sum out, in ``TABLES`` order; then the proxies'
-    composition and failing part as msgpack. The composition's columns share the
-    list's strings as the loader's rows do, which saves 0.2 s of decoding and 0.15 s of
-    counting at a million rows."""
-    inp, out = sys.stdin.buffer, sys.stdout.buffer
-    pool: tuple[Composition, Composition] = (Composition(), Composition())
-    head = read_frame(inp)
-    if head is None:
-        sys.exit(1)  # a short frame: the loader is gone, or gave up on us
-    strings = _STRINGS.decode(head)
-    for table in TABLES:
-        blob = read_frame(inp)
-        if blob is None:
-            sys.exit(1)
-        out.write(table_sum(_RAWS.decode(unpacked(blob))).to_bytes(16, "big"))
-        if table == "proxies":
-            pool = counted(row_strings.decode_as(_Counted, blob, strings)[0])
-    out.write(msgspec.msgpack.encode((pool[0].counts(), pool[1].counts())))
-    out.flush()

@@ -23,7 +23,8 @@ import structlog
 
 from projections.foreground import drive
 from projections.log import GapError, SnapshotStore, Span
-from projections.snapshot import RowSums, SnapshotError, load, taking
+from projections.rowsums import RowSums
+from projections.snapshot import SnapshotError, load, taking
 from reducers import State
 
 __all__ = ["SnapshotPolicy", "Snapshots"]

@@ -24,20 +24,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import struct
 import sys
 from pathlib import Path
-from typing import BinaryIO
 
 import msgspec
 
 from projections.core.digest import PARTS_BYTES, DigestKeeper, meta_digest, parts_of
+from projections.frames import FRAME, read_frame
 from projections.store import Checkpoint, Store, StoreError, keep_digest
 from reducers.state import TABLES, State
 
-__all__ = ["ProcessWriter", "end_child", "read_frame"]
+__all__ = ["ProcessWriter", "end_child"]
 
-_FRAME = struct.Struct(">Q")
 _PIPE_SLICE = 256 * 1024  # bytes a write to the writer child, between drains
 _CHILD = (
     "import sys; from projections.writer import serve; "
@@ -81,9 +79,9 @@ class ProcessWriter:
     async def _answer(self) -> int:
         assert self._proc is not None and self._proc.stdout is not None
         try:
-            (value,) = _FRAME.unpack(await self._proc.stdout.readexactly(8))
+            (value,) = FRAME.unpack(await self._proc.stdout.readexactly(8))
             if value == _ERROR:
-                (size,) = _FRAME.unpack(await self._proc.stdout.readexactly(8))
+                (size,) = FRAME.unpack(await self._proc.stdout.readexactly(8))
                 text = (await self._proc.stdout.readexactly(size)).decode(errors="replace")
                 raise StoreError(f"checkpoint writer: {text}")
             self.digest = (await self._proc.stdout.readexactly(32)).hex()
@@ -98,11 +96,11 @@ class ProcessWriter:
         assert self._proc is not None and self._proc.stdin is not None
         stdin = self._proc.stdin
         head = _encode(msgspec.structs.replace(cp, tables={}, pending={}, parts={}))
-        stdin.write(_FRAME.pack(len(head)))
+        stdin.write(FRAME.pack(len(head)))
         stdin.write(head)
         for name in TABLES:
             pieces = [memoryview(piece) for piece in cp.table(name)]
-            stdin.write(_FRAME.pack(sum(len(piece) for piece in pieces)))
+            stdin.write(FRAME.pack(sum(len(piece) for piece in pieces)))
             # In slices: what the pipe does not take at once is copied into the
             # transport's buffer, and a big checkpoint copied in one write holds the
             # loop for as long.
@@ -131,16 +129,6 @@ async def end_child(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
         await proc.wait()
 
 
-def read_frame(inp: BinaryIO) -> bytes | None:
-    """One ``>Q length`` + bytes frame from a pipe; None at its end or a short frame."""
-    head = inp.read(8)
-    if len(head) < 8:
-        return None
-    (size,) = _FRAME.unpack(head)
-    data = inp.read(size)
-    return data if len(data) == size else None
-
-
 def serve(path: str, digests: bool = True) -> int:
     """The child's loop (see the module docstring)."""
     # Checkpoints are background work: where cores are few, the fold and the requests it
@@ -158,11 +146,11 @@ def serve(path: str, digests: bool = True) -> int:
             last_seq = store.last_seq
     except StoreError as exc:
         text = str(exc).encode()
-        out.write(_FRAME.pack(_ERROR) + _FRAME.pack(len(text)) + text)
+        out.write(FRAME.pack(_ERROR) + FRAME.pack(len(text)) + text)
         out.flush()
         return 1
     meta = meta or meta_digest(State())
-    out.write(_FRAME.pack(last_seq) + bytes.fromhex(keeper.value(meta)) + keeper.parts(meta))
+    out.write(FRAME.pack(last_seq) + bytes.fromhex(keeper.value(meta)) + keeper.parts(meta))
     out.flush()
     try:
         while (data := read_frame(inp)) is not None:
@@ -184,10 +172,10 @@ def serve(path: str, digests: bool = True) -> int:
                     )
                 else:
                     said = bytes(32 + PARTS_BYTES)
-                out.write(_FRAME.pack(cp.last_seq) + said)
+                out.write(FRAME.pack(cp.last_seq) + said)
             except Exception as exc:  # reported to the parent, which stops its fold
                 text = repr(exc).encode()
-                out.write(_FRAME.pack(_ERROR) + _FRAME.pack(len(text)) + text)
+                out.write(FRAME.pack(_ERROR) + FRAME.pack(len(text)) + text)
             out.flush()
     finally:
         if store is not None:

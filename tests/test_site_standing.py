@@ -5,15 +5,18 @@ snapshot while empty; checkpointed and restored like every table."""
 
 from __future__ import annotations
 
+import zlib
 from pathlib import Path
 
+import msgspec
 import pytest
 
 import events as ev
 from projections import Store, digest, digests
 from projections.folder import Folder
-from projections.snapshot import load, take
+from projections.snapshot import SnapshotError, StateSnapshot, load, take, unpacked
 from reducers import State, sites
+from reducers.rows import encode_column
 from reducers.sites import BLOCK_KEEP_MS
 from tests.folded import FoldedLog, ip
 from tests.helpers import eid
@@ -297,17 +300,37 @@ def test_a_file_of_the_build_with_a_row_per_cell_is_made_anew_or_refused(
 
 
 def test_a_snapshot_keeps_the_cells_packed_and_loads_them_whole() -> None:
-    """The sites table is a snapshot's zlib-packed bin, smaller than its array, and a
-    load (its rows summed by the child from the packed bytes too) gives the digest."""
-    import msgspec
-
-    from projections.snapshot import StateSnapshot, unpacked
-
+    """The sites table is a snapshot's zlib-packed bin, smaller than its array, with
+    its unpacked size stated; a load (its rows unpacked and summed on the loader's own
+    thread) gives the digest, and so does a snapshot that states no size (an older one)."""
     log = _log(proxies=60)
     log.says(_verdicts("c-own", *[(n, f"s{n % 4}.example", 1, 0) for n in range(60)]), at_s=60)
     snap = take(log.state)
-    raw = msgspec.msgpack.decode(snap, type=StateSnapshot).tables["sites"]
+    doc = msgspec.msgpack.decode(snap, type=StateSnapshot)
+    raw = doc.tables["sites"]
     whole = unpacked(raw)
     assert bytes(raw)[0] in (0xC4, 0xC5, 0xC6) and len(raw) < len(whole)
+    assert doc.sizes == {"sites": len(whole)}
     assert len(msgspec.msgpack.decode(whole)) == 4  # a row of cells a site
     assert digest(load(snap)) == digest(log.state)
+    doc.sizes = {}
+    assert digest(load(msgspec.msgpack.encode(doc))) == digest(log.state)
+
+
+def test_a_snapshot_whose_packed_cells_are_damaged_is_refused() -> None:
+    """Packed bytes that do not unpack, and cells that unpack to other rows than the
+    digest summed, are each refused with a SnapshotError, not loaded."""
+    log = _log(proxies=20)
+    log.says(_verdicts("c-own", *[(n, "s0.example", 1, 0) for n in range(20)]), at_s=60)
+    doc = msgspec.msgpack.decode(take(log.state), type=StateSnapshot)
+    whole = bytes(unpacked(doc.tables["sites"]))
+    doc.tables["sites"] = msgspec.Raw(msgspec.msgpack.encode(b"not zlib at all"))
+    with pytest.raises(SnapshotError, match="packed table"):
+        load(msgspec.msgpack.encode(doc))
+    other = log.state.sites[("s0.example", 0)]
+    other.through[3] += 1  # a cell's count that no verdict gave
+    rows = msgspec.msgpack.encode([other], enc_hook=encode_column)
+    assert rows != whole
+    doc.tables["sites"] = msgspec.Raw(msgspec.msgpack.encode(zlib.compress(rows)))
+    with pytest.raises(SnapshotError, match="digest"):
+        load(msgspec.msgpack.encode(doc))

@@ -12,11 +12,11 @@ import pytest
 import events as ev
 from projections import Folder, digest, row_strings
 from projections.log import Span
+from projections.rowsums import Counted
 from projections.snapshot import (
     FORMAT,
     SnapshotError,
     StateSnapshot,
-    _Counted,
     load,
     peek,
     take,
@@ -77,7 +77,7 @@ def test_loaded_rows_share_their_repeated_strings_and_are_the_folds_rows() -> No
     snap = msgspec.msgpack.decode(blob, type=StateSnapshot)
     assert snap.strings == ["", "c-own", "http", "w-own"]
     # The summing child's columns of the composition share them as well.
-    columns, shared = row_strings.decode_as(_Counted, snap.tables["proxies"], snap.strings)
+    columns, shared = row_strings.decode_as(Counted, snap.tables["proxies"], snap.strings)
     assert shared and len(columns) == 3_000 and columns[0].proto is columns[1].proto
     for strings in ([], ["", "c-own", "http"]):
         plain = load(msgspec.msgpack.encode(msgspec.structs.replace(snap, strings=strings)))

@@ -31,13 +31,13 @@ from typing import Any
 import msgspec
 import structlog
 
-from projections.writer import end_child, read_frame
+from projections.frames import FRAME, read_frame
+from projections.writer import end_child
 
 __all__ = ["Tap", "TapConfig", "TapStats"]
 
 log = structlog.get_logger("ppf.tap")
 
-_FRAME = struct.Struct(">Q")
 _HEAD = struct.Struct(">BI")  # kind (0 events, 1 metrics), item count
 _encode = msgspec.msgpack.Encoder().encode
 _CHILD = "import sys; from ops.telemetry.tap import serve; sys.exit(serve())"
@@ -123,7 +123,7 @@ class Tap:
 
     @staticmethod
     def _send(pipe: asyncio.StreamWriter, kind: int, items: int, body: bytes) -> None:
-        pipe.write(_FRAME.pack(len(body) + 5) + _HEAD.pack(kind, items) + body)
+        pipe.write(FRAME.pack(len(body) + 5) + _HEAD.pack(kind, items) + body)
 
     def feed(self, batch: Sequence[tuple[int, int, bytes, bytes]]) -> None:
         """Hand a batch of folded messages to the tap; returns at once."""
