@@ -272,10 +272,8 @@ def _rows(table: str, raw: bytes | msgspec.Raw) -> list[Any]:
     try:
         return _DECODERS[table].decode(raw)
     except msgspec.DecodeError as exc:
-        if table == "sites":  # SiteCells came after snapshots of a row per proxy and site
-            raise SnapshotError(
-                f"its sites are a row per proxy and site, as an earlier build kept them: {exc}"
-            ) from exc
+        if table == "sites":  # SiteCells, as they are now, came after other forms
+            raise SnapshotError(f"its sites are kept as an earlier build kept them: {exc}") from exc
         raise
 
 

@@ -415,7 +415,13 @@ class Store:
             for table, declared in TABLES.items():
                 decoder = msgspec.msgpack.Decoder(declared.row, dec_hook=decode_column)
                 found = self._con.execute(f"SELECT row FROM {table}").fetchall()
-                put_rows(state, table, [decoder.decode(raw) for (raw,) in found])
+                try:
+                    put_rows(state, table, [decoder.decode(raw) for (raw,) in found])
+                except msgspec.DecodeError as exc:
+                    raise StoreError(
+                        f"{self.path}: its {table} rows are not this build's ({exc}); replay"
+                        " the log into a new file (ppf replay --db NEW.duckdb)"
+                    ) from exc
         reindex(state)
         return state
 

@@ -20,6 +20,8 @@ import msgspec
 
 __all__ = [
     "MAX_SAMPLE_MS",
+    "MAX_UINT32",
+    "MAX_VANTAGES",
     "AgentRow",
     "Checkout",
     "DepositRow",
@@ -34,6 +36,7 @@ __all__ = [
     "Take",
     "TrustBase",
     "UInt16s",
+    "UInt32s",
     "decode_column",
     "encode_column",
     "latency_samples",
@@ -205,14 +208,23 @@ class Int64s(array.array):  # type: ignore[type-arg]
         return cast(Int64s, super().__new__(cls, "q", values))
 
 
+class UInt32s(array.array):  # type: ignore[type-arg]
+    """A column of counts (``SiteCells``), held at ``MAX_UINT32`` rather than wrapped."""
+
+    def __new__(cls, values: Iterable[int] | bytes = b"") -> UInt32s:
+        return cast(UInt32s, super().__new__(cls, "I", values))
+
+
 class UInt16s(array.array):  # type: ignore[type-arg]
-    """A column of 16-bit codes (``SiteCells.vantages``)."""
+    """A column of 16-bit numbers (``SiteCells.vantages``, ``SiteCells.nos``)."""
 
     def __new__(cls, values: Iterable[int] | bytes = b"") -> UInt16s:
         return cast(UInt16s, super().__new__(cls, "H", values))
 
 
-_COLUMNS = (Int64s, UInt16s)
+MAX_UINT32 = 0xFFFF_FFFF
+MAX_VANTAGES = 4  # the agents a cell names (reducers/sites.py)
+_COLUMNS = (Int64s, UInt32s, UInt16s)
 
 
 def encode_column(value: Any) -> Any:
@@ -239,18 +251,20 @@ def decode_column(kind: type, value: Any) -> Any:
 class SiteCells(msgspec.Struct, gc=False):
     """The cells of one site over one run of proxy numbers (reducers/sites.py): a column
     a field, a cell an index, in the order of the proxies' numbers (``SiteProxy``). Per
-    cell: the log time of the latest answer through and of the latest block an agent
-    trusted then saw, how many of each any agent saw, and which agents (at most
-    ``MAX_VANTAGES`` codes a cell: 1 + an index into ``agents``, 0 for none). 48 bytes
-    a cell, where a Struct a cell cost 300; restored as the bytes they were written."""
+    cell: its number's place in the run, the log time of the latest answer through and
+    of the latest block an agent trusted then saw, how many of each any agent saw, and
+    which agents (at most ``MAX_VANTAGES`` codes a cell: 1 + an index into ``agents``, 0
+    for none). 34 bytes a cell, where a Struct a cell cost 300 (and 64-bit places and
+    counts 48: the bytes a snapshot unpacks, sums and decodes at a gateway's start);
+    restored as the bytes they were written."""
 
     site: str
     chunk: int  # the proxy numbers of [chunk * CHUNK, (chunk + 1) * CHUNK)
-    nos: Int64s = msgspec.field(default_factory=Int64s)  # ascending
+    nos: UInt16s = msgspec.field(default_factory=UInt16s)  # number - chunk * CHUNK, ascending
     through_at: Int64s = msgspec.field(default_factory=Int64s)
     blocked_at: Int64s = msgspec.field(default_factory=Int64s)
-    through: Int64s = msgspec.field(default_factory=Int64s)
-    blocked: Int64s = msgspec.field(default_factory=Int64s)
+    through: UInt32s = msgspec.field(default_factory=UInt32s)
+    blocked: UInt32s = msgspec.field(default_factory=UInt32s)
     vantages: UInt16s = msgspec.field(default_factory=UInt16s)
     agents: list[str] = msgspec.field(default_factory=list)
     # Its cells whose latest steering word is through, turned away (/metrics), and the
@@ -259,6 +273,18 @@ class SiteCells(msgspec.Struct, gc=False):
     latest_through: int = 0
     latest_blocked: int = 0
     last_at: int = 0
+
+    def __post_init__(self) -> None:
+        # Columns of unequal length are no row of this build's: 64-bit places and
+        # counts (an earlier build's) read as more 16- and 32-bit ones than there are
+        # times. Refused here, a store or snapshot of them is replayed instead.
+        n = len(self.nos)
+        if not (
+            len(self.through_at) == len(self.blocked_at) == len(self.through) == n
+            and len(self.blocked) == n
+            and len(self.vantages) == n * MAX_VANTAGES
+        ):
+            raise ValueError("the columns of a row of site cells differ in length")
 
 
 class SiteProxy(msgspec.Struct, gc=False):

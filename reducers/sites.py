@@ -9,10 +9,11 @@ trust off, every agent. A cell lives as long as its proxy. A site holds at most
 counted as not kept (``State.sites_unkept``), first come first kept, so every replica
 keeps the same cells. A block is never the proxy's failure: nothing here touches its row.
 
-Kept in columns, 48 bytes a cell (reducers/rows.py ``SiteCells``): a proxy's first cell
+Kept in columns, 34 bytes a cell (reducers/rows.py ``SiteCells``): a proxy's first cell
 gives it a number (``SiteProxy``, from ``State.next_site_no``, never given again), and
 a site's cells are rows of ``CHUNK`` numbers each, a column a field, a cell an index in
-number order. A snapshot restores the columns as the bytes they were written; a
+number order (a row keeps each number's place in its run, ``no % CHUNK``). A snapshot
+restores the columns as the bytes they were written; a
 checkpoint rewrites the rows its verdicts touched, not the site.
 
 Reading (``standing``): through while the latest answer through is newer than the latest
@@ -28,7 +29,16 @@ from typing import NamedTuple
 
 from events.catalogue import ProxyReported, SitesChecked
 from events.sites import BLOCKED, NONE, THROUGH
-from reducers.rows import ProxyKey, SiteCells, SiteKey, SiteProxy, Take, UInt16s
+from reducers.rows import (
+    MAX_UINT32,
+    MAX_VANTAGES,
+    ProxyKey,
+    SiteCells,
+    SiteKey,
+    SiteProxy,
+    Take,
+    UInt16s,
+)
 from reducers.state import State
 
 __all__ = [
@@ -55,9 +65,10 @@ __all__ = [
 
 MAX_SITES = 256
 MAX_CELLS = 10_000  # per site: 200 sites' worth stay within the gateway's budget
-MAX_VANTAGES = 4
 BLOCK_KEEP_MS = 6 * 3_600_000  # a site's block of an exit is lifted in hours, not days
-CHUNK = 1_024  # proxy numbers a row of cells covers: what a checkpoint rewrites at once
+# Proxy numbers a row of cells covers: what a checkpoint rewrites at once (at most 65,536:
+# a number's place in its row is a 16-bit column).
+CHUNK = 1_024
 _TAKES = 4_096  # consumers' hourly takes per site kept before past hours' are let go
 _NO_VANTAGES = UInt16s([0] * MAX_VANTAGES)
 _MAX_AGENTS = 0xFFFF  # the agents a row of cells can name (a vantage is a 16-bit code)
@@ -78,8 +89,8 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
         if found is None:
             continue
         cells, i = found
-        cells.through[i] += r.through
-        cells.blocked[i] += r.blocked
+        cells.through[i] = min(cells.through[i] + r.through, MAX_UINT32)
+        cells.blocked[i] = min(cells.blocked[i] + r.blocked, MAX_UINT32)
         if steers and (r.through or r.blocked):
             before = _latest(cells, i)
             # Both in one round: the more frequent answer is the latest word.
@@ -102,7 +113,7 @@ def reported(state: State, event: ProxyReported, ts: int) -> None:
     if found is None:
         return
     cells, i = found
-    cells.blocked[i] += 1
+    cells.blocked[i] = min(cells.blocked[i] + 1, MAX_UINT32)
     if not state.settings.trust or event.agent in state.trusted or _take(state, event, ts):
         before = _latest(cells, i)
         cells.blocked_at[i] = ts
@@ -133,8 +144,9 @@ def _cell(state: State, ip: str, port: int, site: str) -> tuple[SiteCells, int] 
     cells = state.sites.get((site, chunk))
     if cells is None:
         cells = state.sites[(site, chunk)] = SiteCells(site=site, chunk=chunk)
-    i = bisect_left(cells.nos, number.no)
-    cells.nos.insert(i, number.no)
+    place = number.no % CHUNK
+    i = bisect_left(cells.nos, place)
+    cells.nos.insert(i, place)
     for column in (cells.through_at, cells.blocked_at, cells.through, cells.blocked):
         column.insert(i, 0)
     cells.vantages[i * MAX_VANTAGES : i * MAX_VANTAGES] = _NO_VANTAGES
@@ -222,8 +234,9 @@ def forget(state: State, proxy: ProxyKey) -> None:
         cells = state.sites.get((site, chunk))
         if cells is None:
             continue
-        i = bisect_left(cells.nos, number.no)
-        if i == len(cells.nos) or cells.nos[i] != number.no:
+        place = number.no % CHUNK
+        i = bisect_left(cells.nos, place)
+        if i == len(cells.nos) or cells.nos[i] != place:
             continue
         _move(cells, _latest(cells, i), NONE)
         _drop(cells, i)
@@ -283,8 +296,9 @@ def _found(state: State, proxy: ProxyKey, site: str) -> tuple[SiteCells, int] | 
     cells = None if number is None else state.sites.get((site, number.no // CHUNK))
     if number is None or cells is None:
         return None
-    i = bisect_left(cells.nos, number.no)
-    return (cells, i) if i < len(cells.nos) and cells.nos[i] == number.no else None
+    place = number.no % CHUNK
+    i = bisect_left(cells.nos, place)
+    return (cells, i) if i < len(cells.nos) and cells.nos[i] == place else None
 
 
 def cell(state: State, proxy: ProxyKey, site: str) -> Cell | None:
@@ -325,9 +339,10 @@ def through_in(cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]) -> lis
     """The proxies of a row of cells that get through to its site at ``now`` (0: as of
     the latest words, no block expired): ``standing_at``, a column at a time."""
     kept_from = now - BLOCK_KEEP_MS  # a block at or before it has been lifted
+    base = cells.chunk * CHUNK
     return [
-        proxy_of[no]
-        for no, through_at, blocked_at in zip(
+        proxy_of[base + place]
+        for place, through_at, blocked_at in zip(
             cells.nos, cells.through_at, cells.blocked_at, strict=True
         )
         if through_at and not (blocked_at >= through_at and blocked_at > kept_from)
@@ -339,14 +354,14 @@ def moved(
 ) -> list[tuple[str, int, str, str]]:
     """The cells of a row with a word that steers after log time ``since``, as (ip,
     port, site, standing at ``now``), those whose standing is not unknown."""
-    out = []
-    for no, through_at, blocked_at in zip(
+    out, base = [], cells.chunk * CHUNK
+    for place, through_at, blocked_at in zip(
         cells.nos, cells.through_at, cells.blocked_at, strict=True
     ):
         if max(through_at, blocked_at) > since:
             said = standing_at(through_at, blocked_at, now)
             if said != NONE:
-                ip, port = proxy_of[no]
+                ip, port = proxy_of[base + place]
                 out.append((ip, port, cells.site, said))
     return out
 
@@ -367,8 +382,8 @@ def tally(cells: SiteCells, now: int) -> tuple[int, int]:
 def keys(state: State) -> Iterator[SiteKey]:
     """Every cell's (ip, port, site)."""
     for cells in state.sites.values():
-        for no in cells.nos:
-            ip, port = state.site_proxy[no]
+        for place in cells.nos:
+            ip, port = state.site_proxy[cells.chunk * CHUNK + place]
             yield ip, port, cells.site
 
 

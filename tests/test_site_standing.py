@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 from pathlib import Path
 
+import duckdb
 import msgspec
 import pytest
 
@@ -271,8 +272,6 @@ def test_a_file_of_the_build_with_a_row_per_cell_is_made_anew_or_refused(
 ) -> None:
     """A DuckDB file whose sites table has a row per proxy and site (an earlier build):
     empty, it is made anew in columns; with rows, it is refused, saying to replay."""
-    import duckdb
-
     from projections import StoreError
 
     for name, rows in (("empty", 0), ("full", 1)):
@@ -333,4 +332,51 @@ def test_a_snapshot_whose_packed_cells_are_damaged_is_refused() -> None:
     assert rows != whole
     doc.tables["sites"] = msgspec.Raw(msgspec.msgpack.encode(zlib.compress(rows)))
     with pytest.raises(SnapshotError, match="digest"):
+        load(msgspec.msgpack.encode(doc))
+
+
+def _row_of_64_bit_columns() -> bytes:
+    """A row of one site cell as the build before 16-bit places and 32-bit counts wrote
+    it: every column but the vantages 8 bytes a cell."""
+    return msgspec.msgpack.encode(
+        {
+            "site": "google.com",
+            "chunk": 0,
+            "nos": bytes(8),
+            "through_at": (60_000).to_bytes(8, "little"),
+            "blocked_at": bytes(8),
+            "through": (1).to_bytes(8, "little"),
+            "blocked": bytes(8),
+            "vantages": (1).to_bytes(2, "little") + bytes(6),
+            "agents": ["c-own"],
+        }
+    )
+
+
+def test_cells_of_an_earlier_builds_columns_are_refused_not_misread(tmp_path: Path) -> None:
+    """A checkpoint file, and a snapshot, holding a row of cells in the earlier build's
+    64-bit columns: its columns would read as four places and two counts a time, so
+    each is refused (the file saying to replay, the snapshot for an older one), never
+    restored as cells no verdict gave."""
+    from projections import StoreError
+    from projections.store import collect
+
+    log = _log()
+    log.says(_verdicts("c-own", (0, "google.com", 1, 0)), at_s=60)
+    path = tmp_path / "old.duckdb"
+    store = Store(path)
+    store.write(collect(log.state))
+    store.close()
+    con = duckdb.connect(str(path))
+    con.execute("UPDATE sites SET row = ?", [_row_of_64_bit_columns()])
+    con.close()
+    store = Store(path)
+    with pytest.raises(StoreError, match="replay"):
+        store.restore()
+    store.close()
+    doc = msgspec.msgpack.decode(take(log.state), type=StateSnapshot)
+    rows = msgspec.msgpack.encode([msgspec.Raw(_row_of_64_bit_columns())])
+    doc.tables["sites"] = msgspec.Raw(msgspec.msgpack.encode(zlib.compress(rows)))
+    doc.sizes = {"sites": len(rows)}
+    with pytest.raises(SnapshotError, match="earlier build"):
         load(msgspec.msgpack.encode(doc))
