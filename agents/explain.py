@@ -14,9 +14,10 @@ import time
 from collections.abc import Sequence
 
 from agents.check import Judge, Judges, Step, check
+from agents.extract import PROTOS
 from agents.https import tunnels_https
 
-__all__ = ["explain"]
+__all__ = ["explain", "parse_targets"]
 
 
 async def explain(
@@ -68,3 +69,18 @@ async def explain(
         )
     steps.append(("verdict", "passed", f"{result.proto} proxy, {result.latency_ms} ms"))
     return steps
+
+
+def parse_targets(addrs: list[str], default: str | None) -> list[tuple[str, int, str | None]]:
+    """``ip:port`` or ``proto://ip:port`` each; ValueError names the first bad one."""
+    targets = []
+    for addr in addrs:
+        scheme, sep, rest = addr.partition("://")
+        proto = PROTOS.get(scheme.lower()) if sep else None
+        if sep and proto is None:
+            raise ValueError(f"unknown protocol in {addr!r}")
+        host, _, port = (rest if sep else addr).rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"not ip:port or proto://ip:port: {addr!r}")
+        targets.append((host.strip("[]"), int(port), proto or default))
+    return targets

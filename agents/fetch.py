@@ -79,7 +79,10 @@ class Fetcher:
     """One aiohttp session (with the upstream's connector) for many fetches.
 
     ``lab`` admits every address; ``admitted`` admits the ones it names (a lab page on
-    one loopback address, say, without opening the others)."""
+    one loopback address, say, without opening the others). ``forward``: an HTTP
+    upstream is asked for an http:// URL itself (absolute form), not through a tunnel,
+    so it sees the request and the answer (the rotating endpoint, which steers by them:
+    ppf mcp)."""
 
     def __init__(
         self,
@@ -89,8 +92,10 @@ class Fetcher:
         timeout_s: float = 30.0,
         max_bytes: int = MAX_BYTES,
         admitted: frozenset[str] = frozenset(),
+        forward: bool = False,
     ) -> None:
         self.upstream = upstream
+        self._proxy = upstream if forward and upstream and upstream.startswith("http://") else None
         self.lab = lab
         self.admitted = admitted
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -99,7 +104,9 @@ class Fetcher:
 
     async def __aenter__(self) -> Fetcher:
         connector: aiohttp.BaseConnector | None
-        if self.upstream:  # the upstream resolves names (Tor: at the exit)
+        if self._proxy:  # aiohttp's own proxying: the upstream resolves names
+            connector = None
+        elif self.upstream:  # the upstream resolves names (Tor: at the exit)
             connector = ProxyConnector.from_url(self.upstream)
         elif self.lab:
             connector = None
@@ -185,7 +192,8 @@ class Fetcher:
             refused = self._guard(url)
             if refused:
                 return FetchResult(ok=False, fetch_ms=elapsed(), error=refused)
-            async with self._session.get(url, headers=headers, allow_redirects=False) as r:
+            got = self._session.get(url, headers=headers, allow_redirects=False, proxy=self._proxy)
+            async with got as r:
                 if r.status in (301, 302, 303, 307, 308) and "Location" in r.headers:
                     url = str(r.url.join(URL(r.headers["Location"])))
                     continue

@@ -1,19 +1,23 @@
 """Works where you are going, in the world in a box: three sites turn most of the pool
 away, each its own way (ops/lab/sitebox.py); a consumer that names no site gets each
-site's real page through a proxy's exit, and the pool says which proxies get through."""
+site's real page through a proxy's exit, and the pool says which proxies get through;
+an AI agent's MCP client then gets them, and pages through them, from ``ppf mcp``."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
 from ops.bench.sites import Consumer, precision_recall, served, sites_box
-from ops.lab.sitebox import SITES
+from ops.lab.sitebox import LEAVES, SITES, real_page_of
 from ops.lab.world import unavailable
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
@@ -74,4 +78,48 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
             assert row["probes_this_hour"] > 0 and row["traffic_this_hour"] > 0, row
         probed = world.root_asks()
         assert probed and all(n <= 4 * len(honest) for n in probed.values()), probed
+        await _an_agent_speaks_mcp(up, token, exits, world.gets_through("example.net") & honest)
     assert up.proc.returncode == 0  # ppf up stopped cleanly
+
+
+async def _an_agent_speaks_mcp(up: Any, token: str, exits: set[str], truth: set[str]) -> None:
+    """``ppf mcp`` over stdio, started by the SDK's own client as an AI agent's host
+    starts it: its four tools listed; ``get_proxies`` with ``works_on`` gives only
+    proxies the pool serves that get through to the site; ``fetch_url`` gives a box
+    site's page through a proxy's exit, and refuses URLs, and redirects, to loopback,
+    private, link-local and internal hosts."""
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "ops.cli", "mcp"],
+        env={"PPF_GATEWAY": up.base, "PPF_TOKEN": token, "PPF_ENDPOINT": up.serve},
+        cwd=str(Path(__file__).parent.parent),
+    )
+    async with Client(params) as client:
+        tools = {t.name for t in (await client.list_tools()).tools}
+        assert tools == {"get_proxies", "check_proxies", "fetch_url", "report_proxy"}
+        got = await client.call_tool("get_proxies", {"works_on": ["example.net"], "limit": 500})
+        assert not got.is_error, got.content
+        rows = (got.structured_content or {})["proxies"]
+        said = {f"{p['ip']}:{p['port']}" for p in rows}
+        assert said and said <= truth, (said - truth, truth)
+        assert said <= await asyncio.to_thread(served, up.base), "not served"
+        page = await client.call_tool("fetch_url", {"url": "http://example.org/", "as_text": False})
+        assert not page.is_error, page.content
+        html = (page.structured_content or {})["text"].encode()
+        assert real_page_of("example.org", html) in exits, html[:200]
+        text = await client.call_tool("fetch_url", {"url": "http://example.org/"})
+        assert "Lorem ipsum" in (text.structured_content or {})["text"]
+        away = {u: urlsplit(u).hostname for u in ("http://127.0.0.1/", "http://10.1.2.3/")}
+        away |= {
+            u: urlsplit(u).hostname for u in ("http://169.254.169.254/", "http://db.internal/")
+        }
+        away["http://localhost/"] = "localhost"
+        # Pages that redirect there: the refusal names where they sent the fetch.
+        away |= {f"http://example.net{path}": urlsplit(to).hostname for path, to in LEAVES.items()}
+        for url, host in away.items():
+            refused = await client.call_tool("fetch_url", {"url": url})
+            said_text = " ".join(getattr(c, "text", "") for c in refused.content)
+            assert refused.is_error and f"refused: {host} " in said_text, (url, said_text)

@@ -25,6 +25,7 @@ from ops.cli import (
     history,
     judges,
     lab,
+    mcp,
     reparse,
     seed,
     serve,
@@ -52,6 +53,7 @@ GROUPS = (
     lab,
     bench,
     completion,
+    mcp,
 )
 
 

@@ -43,30 +43,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ck.set_defaults(run=_check)
 
 
-def _targets(addrs: list[str], default: str | None) -> list[tuple[str, int, str | None]]:
-    """``ip:port`` or ``proto://ip:port`` each; ValueError names the first bad one."""
-    from agents.extract import PROTOS
-
-    targets = []
-    for addr in addrs:
-        scheme, sep, rest = addr.partition("://")
-        proto = PROTOS.get(scheme.lower()) if sep else None
-        if sep and proto is None:
-            raise ValueError(f"unknown protocol in {addr!r}")
-        host, _, port = (rest if sep else addr).rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"not ip:port or proto://ip:port: {addr!r}")
-        targets.append((host.strip("[]"), int(port), proto or default))
-    return targets
-
-
 async def _check(args: argparse.Namespace) -> int:
     from agents.check import check_many
+    from agents.explain import parse_targets
     from agents.judgepool import BUILTIN_JUDGES, JudgePool
     from ops.cli.judges import local_judge, operator_signer
 
     try:
-        targets = _targets(args.addrs, args.proto)
+        targets = parse_targets(args.addrs, args.proto)
     except ValueError as exc:
         print(f"ppf check: {exc}", file=sys.stderr)
         return 2

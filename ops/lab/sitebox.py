@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httptools
 
-__all__ = ["SITES", "BoxSite", "real_page_of", "serve_site"]
+__all__ = ["LEAVES", "SITES", "BoxSite", "real_page_of", "serve_site"]
 
 REAL = "the real page of"  # what only a site's own page says
 
@@ -74,7 +74,19 @@ def _page(site: BoxSite, path: str, peer: str) -> bytes:
     return _answer(200, "OK", (body + filler + "</html>").encode())
 
 
+# Pages that send their reader off the public internet: what a fetch through the pool
+# must refuse to follow (ppf mcp's fetch_url).
+LEAVES = {
+    "/leave/loopback": "http://127.0.0.1/",
+    "/leave/private": "http://10.20.30.40/",
+    "/leave/link-local": "http://169.254.169.254/latest/meta-data/",
+    "/leave/internal": "http://db.internal/",
+}
+
+
 def _respond(site: BoxSite, path: str, peer: str, turned: bool) -> bytes:
+    if not turned and path in LEAVES:
+        return _answer(302, "Found", b"", f"Location: {LEAVES[path]}\r\n")
     if site.way == "captcha" and path.startswith("/captcha"):
         body = b"<html><title>One more step</title><form>Are you a robot? captcha</form></html>"
         return _answer(200, "OK", body)

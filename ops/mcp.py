@@ -1,0 +1,299 @@
+"""``ppf mcp``: the pool as tools for AI agents, over the Model Context Protocol.
+
+On the official SDK (the optional extra ``ppf[mcp]``). Over stdio by default; over
+streamable HTTP only with ``--listen``, on loopback unless an address is given, and only
+to a caller that shows the bearer token in ``PPF_MCP_TOKEN``. It is a consumer of one
+gateway (``PPF_GATEWAY``, its token in ``PPF_TOKEN``) and fetches through the rotating
+endpoint (``PPF_ENDPOINT``, ``ppf serve``'s address). Four tools:
+
+- ``get_proxies``: ``GET /v1/proxies`` with every filter it has, ``works_on`` included.
+- ``check_proxies``: each proxy checked from this machine as ppf's agents check it, step
+  by step (``ppf check --explain``), progress after each; an address that cannot be a
+  public proxy is refused, as is an HTTPS target that cannot be a public host.
+- ``fetch_url``: one GET through the endpoint (a new proxy on each try, at most
+  ``FETCH_TRIES``), redirects followed by hand with every hop held to the address rule
+  (``agents/fetch.py``: loopback, private, link-local and internal names refused),
+  at most ``max_bytes``, as readable text (trafilatura) or the raw HTML.
+- ``report_proxy``: a consumer's word on a proxy (``POST /v1/proxies/{addr}/report``),
+  with the site that turned it away.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from typing import Any, Literal
+from urllib.parse import quote
+
+import aiohttp
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+from agents.explain import parse_targets
+from agents.fetch import Fetcher
+from events.address import ADDRESS_RULE, proxy_address_ok
+from events.validate import host_can_be_public
+
+__all__ = ["FETCH_TRIES", "McpConfig", "make_server", "serve_http", "serve_stdio"]
+
+FETCH_TRIES = 3  # each through a new proxy of the endpoint's choosing
+FETCH_MAX_BYTES = 2 * 1024 * 1024
+CHECK_MAX = 20  # proxies one check_proxies call takes
+
+
+class McpConfig:
+    """Where the tools go, from the environment: a gateway and its consumer token, the
+    rotating endpoint, and whether lab addresses are allowed (``--lab``)."""
+
+    def __init__(self, gateway: str, token: str, endpoint: str, lab: bool = False) -> None:
+        self.gateway = gateway.rstrip("/")
+        self.token = token
+        self.endpoint = endpoint
+        self.lab = lab
+
+    @classmethod
+    def from_env(cls, lab: bool = False) -> McpConfig:
+        missing = [n for n in ("PPF_GATEWAY", "PPF_TOKEN") if not os.environ.get(n)]
+        if missing:
+            raise ValueError(f"set {' and '.join(missing)} (a gateway and a consumer token)")
+        return cls(
+            os.environ["PPF_GATEWAY"],
+            os.environ["PPF_TOKEN"],
+            os.environ.get("PPF_ENDPOINT", ""),
+            lab,
+        )
+
+    def upstream(self, name: str) -> str:
+        """The endpoint as a proxy URL: the consumer's name and token its login."""
+        host = self.endpoint.removeprefix("http://")
+        return f"http://{quote(name, safe='')}:{quote(self.token, safe='')}@{host}"
+
+
+def make_server(config: McpConfig) -> MCPServer:
+    server = MCPServer(
+        name="ppf",
+        instructions="Open proxies the ppf fleet has checked, a page fetched through them, "
+        "and a word back on a proxy that failed you.",
+    )
+    headers = {"Authorization": f"Bearer {config.token}"}
+    names: list[str] = []  # the consumer's, asked of the gateway once
+
+    async def consumer_name() -> str:
+        if not names:
+            async with (
+                aiohttp.ClientSession(headers=headers) as http,
+                http.get(config.gateway + "/v1/agents/me") as r,
+            ):
+                me = await r.json(content_type=None)
+                if r.status != 200:
+                    raise ToolError(f"the gateway said {r.status}: {me.get('detail', me)}")
+                names.append(me["name"])
+        return names[0]
+
+    @server.tool(
+        description="Working open proxies from the ppf pool, filtered. Costs one query of "
+        "the gateway. Free proxies come and go within minutes: what is served was alive at "
+        "its last check, not a promise it answers now. works_on: sites each proxy got "
+        "through to lately (site keys such as google.com)."
+    )
+    async def get_proxies(
+        proto: Literal["http", "https", "socks4", "socks5"] | None = None,
+        countries: list[str] | None = None,
+        anonymity: Literal["elite", "anonymous", "transparent"] | None = None,
+        https: bool | None = None,
+        max_latency_ms: int | None = None,
+        fresh_s: int | None = None,
+        works_on: list[str] | None = None,
+        asn: int | None = None,
+        as_org: str | None = None,
+        sort: Literal["latency", "last_seen"] = "latency",
+        limit: int = 20,
+    ) -> dict[str, Any]:
+        params: dict[str, str] = {"limit": str(max(1, min(limit, 500))), "sort": sort}
+        given = {
+            "proto": proto,
+            "country": ",".join(countries) if countries else None,
+            "anonymity": anonymity,
+            "https": None if https is None else str(https).lower(),
+            "max_latency_ms": max_latency_ms,
+            "fresh_s": fresh_s,
+            "works_on": ",".join(works_on) if works_on else None,
+            "asn": asn,
+            "as_org": as_org,
+        }
+        params |= {k: str(v) for k, v in given.items() if v is not None}
+        async with (
+            aiohttp.ClientSession(headers=headers) as http,
+            http.get(config.gateway + "/v1/proxies", params=params) as r,
+        ):
+            body = await r.json(content_type=None)
+            if r.status != 200:
+                raise ToolError(f"the gateway said {r.status}: {body.get('detail', body)}")
+            return dict(body)
+
+    @server.tool(
+        description="Check open proxies from this machine, as ppf's agents do, and say "
+        f"each step (judge, connect, exit, anonymity, tampering, HTTPS). At most {CHECK_MAX} "
+        "a call; each takes up to its timeout. A pass says the proxy worked from here now; "
+        "it may fail from elsewhere or a minute later. Addresses that cannot be public "
+        "proxies are refused."
+    )
+    async def check_proxies(
+        addresses: list[str], ctx: Context, https_target: str | None = None, timeout_s: float = 10
+    ) -> list[dict[str, Any]]:
+        from agents.explain import explain
+        from agents.judgepool import JudgePool
+
+        try:
+            targets = parse_targets(addresses[:CHECK_MAX], None)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from exc
+        refused = [
+            f"{ip}:{port}"
+            for ip, port, _ in targets
+            if not proxy_address_ok(ip, port, lab=config.lab)
+        ]
+        if refused:
+            raise ToolError(f"not public proxy addresses: {', '.join(refused)}")
+        if https_target is not None:
+            _public_url(https_target, config.lab)
+        pool = JudgePool([config.gateway + "/judge"], own=[config.gateway + "/judge"])
+        try:
+            await pool.start(require=True)
+        except ValueError as exc:  # no judge answers
+            raise ToolError(f"cannot check from here: {exc}") from exc
+        out = []
+        try:
+            for done, (ip, port, proto) in enumerate(targets, 1):
+                https = [https_target] if https_target else []
+                steps = await explain(ip, port, proto, pool, https, min(timeout_s, 30))
+                out.append(
+                    {
+                        "addr": f"{ip}:{port}",
+                        "verdict": steps[-1][1],
+                        "steps": [{"step": a, "outcome": b, "why": c} for a, b, c in steps],
+                    }
+                )
+                await ctx.report_progress(done, len(targets), f"{ip}:{port}: {steps[-1][1]}")
+        finally:
+            await pool.stop()
+        return out
+
+    @server.tool(
+        description="Fetch one web page with GET through the ppf rotating endpoint: the "
+        f"site sees a proxy's exit, not you. Up to {FETCH_TRIES} tries, each through "
+        "another proxy; redirects followed, each checked; local, private and internal "
+        "addresses and names refused. At most max_bytes (2 MiB). Readable text by default "
+        "(as_text=false: the raw HTML). Free proxies are slow and some alter pages: the "
+        "answer is what the exit received."
+    )
+    async def fetch_url(
+        url: str, as_text: bool = True, max_bytes: int = FETCH_MAX_BYTES
+    ) -> dict[str, Any]:
+        if not config.endpoint:
+            raise ToolError("no endpoint: set PPF_ENDPOINT to ppf serve's address")
+        _public_url(url, config.lab)
+        cap = max(1, min(max_bytes, FETCH_MAX_BYTES))
+        errors = []
+        async with Fetcher(
+            upstream=config.upstream(await consumer_name()),
+            lab=config.lab,
+            timeout_s=30,
+            max_bytes=cap,
+            forward=True,
+        ) as fetcher:
+            for _ in range(FETCH_TRIES):
+                result = await fetcher.fetch(url)
+                if result.ok:
+                    html = result.body.decode("utf-8", "replace")
+                    return {
+                        "url": url,
+                        "status": result.status,
+                        "text": _readable(html) if as_text else html,
+                    }
+                if result.error.startswith(("refused", "not an http")) or result.status in (
+                    404,
+                    410,
+                ):
+                    raise ToolError(result.error)
+                errors.append(result.error)
+        raise ToolError(f"no try got the page: {'; '.join(errors)}")
+
+    @server.tool(
+        description="Tell the fleet a proxy it served failed you (outcome=failed), or "
+        "worked; with site, the site that turned it away. Within your token's hourly "
+        "budget; it moves the proxy up the checkers' queue and out of what you are "
+        "served, and counts toward others only within a share."
+    )
+    async def report_proxy(
+        address: str,
+        outcome: Literal["failed", "worked"],
+        site: str | None = None,
+        detail: str = "",
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"outcome": "blocked" if site else outcome, "detail": detail[:200]}
+        if site:
+            body["site"] = site
+        url = f"{config.gateway}/v1/proxies/{quote(address, safe=':[]')}/report"
+        async with aiohttp.ClientSession(headers=headers) as http, http.post(url, json=body) as r:
+            said = await r.json(content_type=None)
+            if r.status != 200:
+                raise ToolError(f"the gateway said {r.status}: {said.get('detail', said)}")
+            return dict(said)
+
+    return server
+
+
+def _public_url(url: str, lab: bool) -> None:
+    """ToolError for a URL that is no http(s) URL of a host that can be public."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ToolError(f"not an http(s) URL: {url!r}")
+    if not lab and not host_can_be_public(parts.hostname, rule=ADDRESS_RULE):
+        raise ToolError(f"refused: {parts.hostname} cannot be a public host")
+
+
+def _readable(html: str) -> str:
+    import trafilatura
+
+    return trafilatura.extract(html, include_links=False) or ""
+
+
+async def serve_stdio(config: McpConfig) -> None:
+    await make_server(config).run_stdio_async()
+
+
+async def serve_http(config: McpConfig, host: str, port: int, bearer: str) -> None:
+    """Streamable HTTP at ``/mcp``, for callers that show ``bearer``."""
+    import uvicorn
+
+    app = _Bearer(make_server(config).streamable_http_app(host=host), bearer)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    await server.serve()
+
+
+class _Bearer:
+    """ASGI: 401 for an HTTP request without ``Authorization: Bearer <token>``."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self.expected = app, f"Bearer {token}".encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            shown = dict(scope.get("headers") or []).get(b"authorization", b"")
+            if not hmac.compare_digest(shown, self.expected):
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": 401,
+                        "headers": [
+                            (b"content-type", b"text/plain"),
+                            (b"www-authenticate", b"Bearer"),
+                        ],
+                    }
+                )
+                await send({"type": "http.response.body", "body": b"a bearer token is needed\n"})
+                return
+        await self.app(scope, receive, send)
