@@ -14,7 +14,7 @@ from aiohttp import web
 
 from events.mint import now_ms
 from gateway.http import FOLD
-from projections.core.poolview import PoolView, building, dropping, held
+from projections.core.poolview import PoolView, ThroughKept, building, dropping, held
 from projections.foreground import Foreground, drive
 from reducers import State
 
@@ -59,6 +59,7 @@ class PoolViewKeeper:
         self._rows = 0  # the proxies it built from
         self._task: asyncio.Task[PoolView] | None = None
         self._retiring: set[asyncio.Task[tuple[None, float]]] = set()
+        self._through = ThroughKept()  # the sites' rows that did not move, view to view
 
     async def get(self, request: web.Request) -> PoolView:
         return await self.view(request.app[FOLD].state)
@@ -108,7 +109,8 @@ class PoolViewKeeper:
     async def _build(self, state: State, waited: bool) -> PoolView:
         fg = None if waited else self.foreground
         rows = len(state.proxies)
-        view, self._took = await drive(building(state, now_ms()), self.slice_s, self.clock, fg)
+        built = building(state, now_ms(), self._through)
+        view, self._took = await drive(built, self.slice_s, self.clock, fg)
         self._rows = rows
         self._built = self.clock()
         old, self.current = self.current, view  # readers see the old or the new one

@@ -46,6 +46,7 @@ __all__ = [
     "CHUNK",
     "MAX_CELLS",
     "MAX_SITES",
+    "MAX_UNTIL",
     "MAX_VANTAGES",
     "Cell",
     "cell",
@@ -61,6 +62,7 @@ __all__ = [
     "standing_at",
     "tally",
     "through_in",
+    "through_until",
 ]
 
 MAX_SITES = 256
@@ -338,15 +340,31 @@ def heard_at(state: State, proxy: ProxyKey, site: str) -> int:
 def through_in(cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]) -> list[ProxyKey]:
     """The proxies of a row of cells that get through to its site at ``now`` (0: as of
     the latest words, no block expired): ``standing_at``, a column at a time."""
+    return through_until(cells, now, proxy_of)[0]
+
+
+def through_until(
+    cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]
+) -> tuple[list[ProxyKey], int]:
+    """``through_in``, and the log time until which the row's answer stays the same if
+    the row does not change: the earliest lifting of a block in force (0 for ``now``
+    0: none is lifted; ``MAX_UNTIL`` when none is in force)."""
     kept_from = now - BLOCK_KEEP_MS  # a block at or before it has been lifted
     base = cells.chunk * CHUNK
-    return [
-        proxy_of[base + place]
-        for place, through_at, blocked_at in zip(
-            cells.nos, cells.through_at, cells.blocked_at, strict=True
-        )
-        if through_at and not (blocked_at >= through_at and blocked_at > kept_from)
-    ]
+    found, until = [], MAX_UNTIL
+    for place, through_at, blocked_at in zip(
+        cells.nos, cells.through_at, cells.blocked_at, strict=True
+    ):
+        if not through_at:
+            continue
+        if blocked_at >= through_at and blocked_at > kept_from:
+            until = min(until, blocked_at + BLOCK_KEEP_MS)
+        else:
+            found.append(proxy_of[base + place])
+    return found, until if now else MAX_UNTIL
+
+
+MAX_UNTIL = 1 << 62
 
 
 def moved(

@@ -84,9 +84,9 @@ async def test_a_pool_view_stays_fresh_ten_times_as_long_as_it_took_to_build(
     now = [100.0]
     build_s = [0.001]
 
-    def slow_building(state: State, at: int | None = None) -> Any:
+    def slow_building(state: State, at: int | None = None, kept: Any = None) -> Any:
         now[0] += build_s[0]  # the build's own time passes on the keeper's clock
-        return (yield from poolview.building(state, at))
+        return (yield from poolview.building(state, at, kept))
 
     monkeypatch.setattr(views, "building", slow_building)
     state = State()

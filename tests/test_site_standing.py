@@ -380,3 +380,38 @@ def test_cells_of_an_earlier_builds_columns_are_refused_not_misread(tmp_path: Pa
     doc.sizes = {"sites": len(rows)}
     with pytest.raises(SnapshotError, match="earlier build"):
         load(msgspec.msgpack.encode(doc))
+
+
+def test_pool_views_that_keep_what_they_found_of_the_sites_say_what_a_fresh_one_says() -> None:
+    """One ``ThroughKept`` across views, as the gateway's keeper holds it, gives every
+    view the proxies through to each site that a view built afresh gives: after new
+    verdicts, after a block is lifted by time alone, after a proxy's cells are dropped;
+    and a site none of whose rows moved keeps the very set of the view before."""
+    from projections.core.poolview import ThroughKept, building
+    from reducers.steps import at_once
+
+    log = _log(proxies=40)
+    log.says(_verdicts("c-own", *[(n, f"s{n % 2}.example", 1, 0) for n in range(40)]), at_s=60)
+    blocks = [(n, f"s{n % 2}.example", 0, 1) for n in range(0, 40, 3)]
+    log.says(_verdicts("c-own", *blocks), at_s=100)  # a third turned away since
+    kept = ThroughKept()
+
+    def both(
+        at_s: float,
+    ) -> tuple[dict[str, set[tuple[str, int]]], dict[str, set[tuple[str, int]]]]:
+        now = log.ts(at_s)
+        with_kept = at_once(building(log.state, now, kept)).through
+        return with_kept, at_once(building(log.state, now)).through
+
+    first, fresh = both(120)
+    assert first == fresh and set(first) == {"s0.example", "s1.example"}
+    assert (ip(0), 8080) not in first["s0.example"]
+    log.says(_verdicts("c-own", (3, "s1.example", 2, 0)), at_s=180)  # turned away before
+    second, fresh = both(240)
+    assert second == fresh and (ip(3), 8080) in second["s1.example"]
+    assert second["s0.example"] is first["s0.example"]  # none of its rows moved
+    lifted, fresh = both(100 + BLOCK_KEEP_MS / 1000 + 1)  # every block lifted, by time
+    assert lifted == fresh and (ip(0), 8080) in lifted["s0.example"]
+    sites.forget(log.state, (ip(4), 8080))
+    dropped, fresh = both(100 + BLOCK_KEEP_MS / 1000 + 2)
+    assert dropped == fresh and (ip(4), 8080) not in dropped["s0.example"]

@@ -22,10 +22,20 @@ from projections.core.chunks import Chunks
 from projections.core.readmodels import ProxyFilter
 from reducers import State, sites, trust
 from reducers.pool import STANDINGS, band_edges, seen_bounds, standing
+from reducers.rows import SiteCells
 from reducers.state import ProxyKey, ProxyRow
 from reducers.steps import at_once
 
-__all__ = ["CENSUS_MS", "PoolView", "ProxyView", "build", "building", "dropping", "held"]
+__all__ = [
+    "CENSUS_MS",
+    "PoolView",
+    "ProxyView",
+    "ThroughKept",
+    "build",
+    "building",
+    "dropping",
+    "held",
+]
 
 CENSUS_MS = 5_000
 
@@ -257,19 +267,66 @@ Building = Generator[None, None, PoolView]
 _NO_ONE: set[ProxyKey] = set()
 
 
+class ThroughKept:
+    """What the pool views found of the sites, kept from one view to the next (the
+    gateway's keeper holds one): a row of cells whose columns are the bytes they were,
+    read before the earliest lifting of a block in it, gets the same proxies through;
+    a site whose rows all did gets the same set. Walking 2,000,000 cells anew was 0.4
+    s of each view's build (1.05 s against 0.65 without cells), and a request waits on
+    a build's slices while it runs."""
+
+    def __init__(self) -> None:
+        # (site, chunk, as of a time or not) -> (its columns' bytes, until, the proxies)
+        self._rows: dict[tuple[str, int, bool], tuple[bytes, int, list[ProxyKey]]] = {}
+        self._sites: dict[str, tuple[list[list[ProxyKey]], set[ProxyKey]]] = {}
+
+    def row(
+        self, cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]
+    ) -> tuple[list[ProxyKey], bool]:
+        """(the proxies of ``cells`` through at ``now``, whether they were walked)."""
+        key = (cells.site, cells.chunk, now > 0)
+        columns = b"".join((cells.nos, cells.through_at, cells.blocked_at))
+        held = self._rows.get(key)
+        if held is not None and held[0] == columns and now < held[1]:
+            return held[2], False
+        found, until = sites.through_until(cells, now, proxy_of)
+        self._rows[key] = (columns, until, found)
+        return found, True
+
+    def union(self, site: str, founds: list[list[ProxyKey]]) -> set[ProxyKey]:
+        """The proxies of ``founds`` as one set: the last one made for ``site`` when
+        they are the very lists it was made of."""
+        held = self._sites.get(site)
+        same = held is not None and len(held[0]) == len(founds)
+        if held is not None and same and all(a is b for a, b in zip(held[0], founds, strict=True)):
+            return held[1]
+        union = set().union(*founds)
+        self._sites[site] = (founds, union)
+        return union
+
+    def forget(self, sites_through: Iterable[str], rows: Iterable[tuple[str, int]]) -> None:
+        """Let go of what was kept of the sites with no proxy through any more, and of
+        the rows gone."""
+        keep = set(sites_through)
+        self._sites = {s: v for s, v in self._sites.items() if s in keep}
+        present = set(rows)
+        self._rows = {k: v for k, v in self._rows.items() if k[:2] in present}
+
+
 def build(state: State) -> PoolView:
     """The pool view of ``state`` at once (tests, replays; the gateway drives ``building``)."""
     return at_once(building(state))
 
 
-def building(state: State, now: int | None = None) -> Building:
+def building(state: State, now: int | None = None, kept: ThroughKept | None = None) -> Building:
     """The pool view of ``state``, built a step of at most ``STEP`` rows at a time: the
     caller (gateway/queries.py) gives the event loop back between steps, so a pool of a
     million rows never holds it for the second its view takes. Each row is copied
     whole within one step; rows the fold changes between steps are copied as they are
     then (the view's ``seq`` is where it started), and rows it adds wait for the next
     view. With ``now``, the census at ``now`` is counted as a last step, and the sites'
-    standing is as of ``now`` (without: as of the latest words, no block expired)."""
+    standing is as of ``now`` (without: as of the latest words, no block expired);
+    ``kept``: what the last views found of the sites, for the rows that did not move."""
     vouched = trust.vouched(state)
     seq, ttl_s = state.last_seq, state.settings.proxy_ttl_s
     rows = list(state.proxies.values())
@@ -283,16 +340,22 @@ def building(state: State, now: int | None = None) -> Building:
     indexes = {}
     for key in ("proto", "anonymity", "country", "asn"):
         indexes[key] = yield from _indexing(by_latency, key)
-    through: dict[str, set[ProxyKey]] = {}
+    kept = kept if kept is not None else ThroughKept()
+    founds: dict[str, list[list[ProxyKey]]] = {}
     walked = 0
     for cells in list(state.sites.values()):
-        found = sites.through_in(cells, now or 0, state.site_proxy)
+        found, moved = kept.row(cells, now or 0, state.site_proxy)
         if found:
-            through.setdefault(cells.site, set()).update(found)
-        walked += len(cells.nos)
+            founds.setdefault(cells.site, []).append(found)
+        walked += len(cells.nos) if moved else len(cells.nos) // 64
         if walked >= STEP:
             walked = 0
             yield
+    through = {}
+    for site, lists in founds.items():
+        through[site] = kept.union(site, lists)
+        yield
+    kept.forget(founds.keys(), state.sites.keys())
     view = PoolView(seq, ttl_s, by_latency, by_last_seen, indexes, through)
     if now is not None:
         yield from view.counting(now)  # the one full walk, here rather than on a request
