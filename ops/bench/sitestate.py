@@ -10,12 +10,19 @@ process (its own interpreter, as deployed) on each: the seconds from its spawn u
 is ready from the snapshot (``/readyz``), its resident memory once its pool view is
 built, and the p99 of ``asks`` ``/v1/stats`` and ``POST /v1/leases`` (one source, as an
 enrolled worker), one after the other.
+
+With ``tree`` (another commit's checkout, the one per-site standing started from), A is
+that tree's instead: a copy of log B's store, that tree's own ``ppf snapshot`` of it (an
+older build refuses this one's snapshot and folds the log itself; verdicts it does not
+know are refused), and that tree's gateway on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -125,12 +132,57 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def _one(url: str, workdir: Path, name: str, asks: int) -> dict[str, float]:
-    """One gateway on ``url``: its start from the snapshot, its memory, its p99s."""
+def _env_of(tree: Path) -> dict[str, str]:
+    """The environment a ``ppf`` command of ``tree`` runs in (its code first)."""
+    return {**os.environ, "PYTHONPATH": str(tree)}
+
+
+def _tree_gateway(url: str, port: int, logfile: Path, tree: Path) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "ops.cli", "gateway", "--nats", url]
+    with open(logfile, "ab") as out:
+        return subprocess.Popen(
+            [*cmd, "--listen", f"127.0.0.1:{port}"],
+            stdout=out,
+            stderr=out,
+            cwd=tree,
+            env=_env_of(tree),
+        )
+
+
+async def _tree_log(workdir: Path, of: NatsServer, tree: Path) -> NatsServer:
+    """A copy of ``of``'s store on a server of its own, with ``tree``'s own snapshot."""
+    of.stop()
+    store = workdir / "nats-tree"
+    await asyncio.to_thread(shutil.copytree, workdir / "nats-with", store)
+    of.start()
+    server = NatsServer(store, port=free_port())
+    server.start()
+    taken = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "ops.cli", "snapshot", "--nats", server.url],
+        capture_output=True,
+        timeout=3600,
+        cwd=tree,
+        env=_env_of(tree),
+    )
+    if taken.returncode != 0:
+        raise RuntimeError(f"{tree}'s ppf snapshot failed: {taken.stderr.decode()[-500:]}")
+    return server
+
+
+async def _one(
+    url: str, workdir: Path, name: str, asks: int, tree: Path | None = None
+) -> dict[str, float]:
+    """One gateway on ``url`` (``tree``'s, when given): its start from the snapshot, its
+    memory, its p99s."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
-    proc = await asyncio.to_thread(_gateway, url, port, workdir / f"{name}.log")
+    logfile = workdir / f"{name}.log"
+    if tree is None:
+        proc = await asyncio.to_thread(_gateway, url, port, logfile)
+    else:
+        proc = await asyncio.to_thread(_tree_gateway, url, port, logfile, tree)
     try:
         await _ready_at(port, proc, timeout=600)
         start_s = time.monotonic() - t0
@@ -172,18 +224,22 @@ async def bench_site_state(
     cells: int = 10_000,
     runs: int = 3,
     asks: int = 200,
+    tree: Path | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-site-state-") as tmp:
         workdir = Path(tmp)
-        servers = {
-            "without": await _log(workdir, "without", observations, proxies, 0, cells),
-            "with": await _log(workdir, "with", observations, proxies, sites, cells),
-        }
+        servers = {"with": await _log(workdir, "with", observations, proxies, sites, cells)}
+        if tree is None:
+            servers["without"] = await _log(workdir, "without", observations, proxies, 0, cells)
+        else:
+            servers["without"] = await _tree_log(workdir, servers["with"], tree)
+        trees = {"without": tree, "with": None}
         try:
             seen: dict[str, list[dict[str, float]]] = {"without": [], "with": []}
             for run in range(runs):  # A B A B
-                for side, server in servers.items():
-                    seen[side].append(await _one(server.url, workdir, f"{side}-{run}", asks))
+                for side in ("without", "with"):
+                    url = servers[side].url
+                    seen[side].append(await _one(url, workdir, f"{side}-{run}", asks, trees[side]))
         finally:
             for server in servers.values():
                 server.stop()
@@ -193,6 +249,7 @@ async def bench_site_state(
     }
     a, b = medians["without"], medians["with"]
     return {
+        "without": str(tree) if tree is not None else "this tree, no verdicts",
         "proxies": proxies,
         "sites": sites,
         "cells": sites * cells,
@@ -204,4 +261,6 @@ async def bench_site_state(
 
 
 if __name__ == "__main__":
-    print(json.dumps(asyncio.run(bench_site_state(*map(int, sys.argv[1:])))))
+    o, p, s, c, r, a = map(int, sys.argv[1:7])
+    tree = Path(sys.argv[7]) if len(sys.argv) > 7 else None
+    print(json.dumps(asyncio.run(bench_site_state(o, p, s, c, r, a, tree))))
