@@ -173,13 +173,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     state.add_argument("--sites", type=int, default=200)
     state.add_argument("--cells", type=int, default=10_000, help="proxies with a verdict a site")
     state.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
-    state.add_argument(
-        "--tree",
-        type=Path,
-        default=None,
-        help="the side without: another commit's checkout, its gateway on its own snapshot "
-        "of the same log (default: this tree's, on a log without the verdicts)",
-    )
+    other = "without: another commit's checkout, on its own snapshot of the same log"
+    state.add_argument("--tree", type=Path, default=None, help=other)
     state.add_argument("--asks", type=int, default=200, help="/v1/stats and leases a run")
 
     read = bench(
