@@ -78,23 +78,32 @@ def make_server(config: McpConfig) -> MCPServer:
     headers = {"Authorization": f"Bearer {config.token}"}
     names: list[str] = []  # the consumer's, asked of the gateway once
 
-    async def consumer_name() -> str:
-        if not names:
+    async def gateway(method: str, path: str, **kw: Any) -> dict[str, Any]:
+        """The gateway's JSON answer; a ToolError saying why when there is none."""
+        try:
             async with (
                 aiohttp.ClientSession(headers=headers) as http,
-                http.get(config.gateway + "/v1/agents/me") as r,
+                http.request(method, config.gateway + path, **kw) as r,
             ):
-                me = await r.json(content_type=None)
-                if r.status != 200:
-                    raise ToolError(f"the gateway said {r.status}: {me.get('detail', me)}")
-                names.append(me["name"])
+                body = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise ToolError(f"the gateway at {config.gateway} gave no answer: {exc}") from exc
+        if r.status != 200:
+            raise ToolError(f"the gateway said {r.status}: {body.get('detail', body)}")
+        return dict(body)
+
+    async def consumer_name() -> str:
+        if not names:
+            names.append((await gateway("GET", "/v1/agents/me"))["name"])
         return names[0]
 
     @server.tool(
         description="Working open proxies from the ppf pool, filtered. Costs one query of "
         "the gateway. Free proxies come and go within minutes: what is served was alive at "
         "its last check, not a promise it answers now. works_on: sites each proxy got "
-        "through to lately (site keys such as google.com)."
+        "through to lately (site keys such as google.com). status: alive (served), "
+        "suspect, unconfirmed, stale, dead or all; mitm: false (left out: they tamper "
+        "with pages), true or any. The gateway refuses other values, saying why."
     )
     async def get_proxies(
         proto: Literal["http", "https", "socks4", "socks5"] | None = None,
@@ -106,10 +115,13 @@ def make_server(config: McpConfig) -> MCPServer:
         works_on: list[str] | None = None,
         asn: int | None = None,
         as_org: str | None = None,
+        status: str = "alive",
+        mitm: str = "false",
         sort: Literal["latency", "last_seen"] = "latency",
         limit: int = 20,
     ) -> dict[str, Any]:
-        params: dict[str, str] = {"limit": str(max(1, min(limit, 500))), "sort": sort}
+        params = {"limit": str(max(1, min(limit, 500))), "sort": sort, "status": status}
+        params["mitm"] = mitm
         given = {
             "proto": proto,
             "country": ",".join(countries) if countries else None,
@@ -122,14 +134,7 @@ def make_server(config: McpConfig) -> MCPServer:
             "as_org": as_org,
         }
         params |= {k: str(v) for k, v in given.items() if v is not None}
-        async with (
-            aiohttp.ClientSession(headers=headers) as http,
-            http.get(config.gateway + "/v1/proxies", params=params) as r,
-        ):
-            body = await r.json(content_type=None)
-            if r.status != 200:
-                raise ToolError(f"the gateway said {r.status}: {body.get('detail', body)}")
-            return dict(body)
+        return await gateway("GET", "/v1/proxies", params=params)
 
     @server.tool(
         description="Check open proxies from this machine, as ppf's agents do, and say "
@@ -234,12 +239,7 @@ def make_server(config: McpConfig) -> MCPServer:
         body: dict[str, Any] = {"outcome": "blocked" if site else outcome, "detail": detail[:200]}
         if site:
             body["site"] = site
-        url = f"{config.gateway}/v1/proxies/{quote(address, safe=':[]')}/report"
-        async with aiohttp.ClientSession(headers=headers) as http, http.post(url, json=body) as r:
-            said = await r.json(content_type=None)
-            if r.status != 200:
-                raise ToolError(f"the gateway said {r.status}: {said.get('detail', said)}")
-            return dict(said)
+        return await gateway("POST", f"/v1/proxies/{quote(address, safe=':[]')}/report", json=body)
 
     return server
 
