@@ -27,7 +27,7 @@ from yarl import URL
 from events.address import ADDRESS_RULE, address_public
 from events.validate import host_can_be_public, legacy_ipv4
 
-__all__ = ["FetchResult", "Fetcher"]
+__all__ = ["FetchResult", "Fetcher", "refusal"]
 
 MAX_BYTES = 8 * 1024 * 1024
 
@@ -73,6 +73,36 @@ class _PublicOnlyResolver(AbstractResolver):
 
     async def close(self) -> None:
         await self._inner.close()
+
+
+def refusal(
+    url: str, *, lab: bool = False, upstream: bool = False, admitted: frozenset[str] = frozenset()
+) -> str | None:
+    """Why the URL may not be fetched, or None. Names are checked when they are resolved
+    (``_PublicOnlyResolver``); addresses written in the URL, here, with an upstream too:
+    it would connect to them for us. ``upstream``: names are resolved there, so what
+    cannot be public is refused by its form."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"not an http(s) URL: {url!r}"
+    if lab:
+        return None
+    host = parts.hostname
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        legacy = legacy_ipv4(host)  # the rule sources are held to (events/validate)
+        if legacy is None:
+            # A name: resolved by our resolver, which refuses private answers; an
+            # upstream resolves it where we cannot look (never locally: that would
+            # leak every source to local DNS, and .onion names do not resolve).
+            if upstream and not host_can_be_public(host, rule=ADDRESS_RULE):
+                return f"refused: {host} cannot be a public name"
+            return None
+        host = legacy
+    if not address_public(host) and host not in admitted:
+        return f"refused: {host} is not a public address"
+    return None
 
 
 class Fetcher:
@@ -122,31 +152,7 @@ class Fetcher:
             await self._session.close()
 
     def _guard(self, url: str) -> str | None:
-        """An error when the URL may not be fetched, else None. Names are checked when
-        they are resolved (``_PublicOnlyResolver``); addresses written in the URL, here,
-        with an upstream too: it would connect to them for us."""
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            return f"not an http(s) URL: {url!r}"
-        if self.lab:
-            return None
-        host = parts.hostname
-        try:
-            ipaddress.ip_address(host)
-        except ValueError:
-            legacy = legacy_ipv4(host)  # the rule sources are held to (events/validate)
-            if legacy is None:
-                # A name: resolved by our resolver, which refuses private answers; an
-                # upstream resolves it where we cannot look (never locally: that would
-                # leak every source to local DNS, and .onion names do not resolve), so
-                # what cannot be public is refused by its form.
-                if self.upstream and not host_can_be_public(host, rule=ADDRESS_RULE):
-                    return f"refused: {host} cannot be a public name"
-                return None
-            host = legacy
-        if not address_public(host) and host not in self.admitted:
-            return f"refused: {host} is not a public address"
-        return None
+        return refusal(url, lab=self.lab, upstream=bool(self.upstream), admitted=self.admitted)
 
     async def fetch(self, url: str, *, etag: str = "", last_modified: str = "") -> FetchResult:
         """One list: redirects followed by hand (at most 5), each hop guarded."""

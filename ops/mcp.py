@@ -30,9 +30,8 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 from agents.explain import parse_targets
-from agents.fetch import Fetcher
-from events.address import ADDRESS_RULE, proxy_address_ok
-from events.validate import host_can_be_public
+from agents.fetch import Fetcher, refusal
+from events.address import proxy_address_ok
 
 __all__ = ["FETCH_TRIES", "McpConfig", "make_server", "serve_http", "serve_stdio"]
 
@@ -245,14 +244,11 @@ def make_server(config: McpConfig) -> MCPServer:
 
 
 def _public_url(url: str, lab: bool) -> None:
-    """ToolError for a URL that is no http(s) URL of a host that can be public."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ToolError(f"not an http(s) URL: {url!r}")
-    if not lab and not host_can_be_public(parts.hostname, rule=ADDRESS_RULE):
-        raise ToolError(f"refused: {parts.hostname} cannot be a public host")
+    """ToolError for a URL the fetcher would refuse through an upstream (agents/fetch.py
+    ``refusal``), before anything is asked of the gateway or the endpoint."""
+    why = refusal(url, lab=lab, upstream=True)
+    if why:
+        raise ToolError(why)
 
 
 def _readable(html: str) -> str:

@@ -32,9 +32,9 @@ import msgspec
 import structlog
 
 from projections import row_strings
-from projections.core.digest import MOD, combine, meta_digest, row_hash, table_sum
+from projections.core.digest import MOD, combine, meta_digest, row_hash
 from projections.log import SnapshotError
-from projections.rowsums import RowSums
+from projections.rowsums import RowSums, array_sum
 from projections.store import array_header, put_rows, restore_meta, state_meta
 from reducers.indexes import reindex
 from reducers.kept import ALWAYS
@@ -247,7 +247,7 @@ class _Packed:
                 self._unpacked[table] = unpacked(raw, self._sizes.get(table, 0))
             self._ready.set()
             for table, rows in self._unpacked.items():
-                self._sums[table] = table_sum(_RAWS.decode(rows))
+                self._sums[table] = array_sum(rows)
         except (zlib.error, msgspec.DecodeError) as exc:
             self._error = exc  # raised where the loader reads it
         finally:
@@ -295,7 +295,6 @@ def unpacked(raw: bytes | msgspec.Raw, size: int = 0) -> bytes | msgspec.Raw:
     return raw
 
 
-_RAWS = msgspec.msgpack.Decoder(list[msgspec.Raw])
 # The other tables' (the proxies' are row_strings.decode's).
 _DECODERS = {
     table: msgspec.msgpack.Decoder(

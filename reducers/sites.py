@@ -61,7 +61,6 @@ __all__ = [
     "standing",
     "standing_at",
     "tally",
-    "through_in",
     "through_until",
 ]
 
@@ -146,9 +145,8 @@ def _cell(state: State, ip: str, port: int, site: str) -> tuple[SiteCells, int] 
     cells = state.sites.get((site, chunk))
     if cells is None:
         cells = state.sites[(site, chunk)] = SiteCells(site=site, chunk=chunk)
-    place = number.no % CHUNK
-    i = bisect_left(cells.nos, place)
-    cells.nos.insert(i, place)
+    i, _ = _index(cells, number.no)
+    cells.nos.insert(i, number.no % CHUNK)
     for column in (cells.through_at, cells.blocked_at, cells.through, cells.blocked):
         column.insert(i, 0)
     cells.vantages[i * MAX_VANTAGES : i * MAX_VANTAGES] = _NO_VANTAGES
@@ -236,9 +234,8 @@ def forget(state: State, proxy: ProxyKey) -> None:
         cells = state.sites.get((site, chunk))
         if cells is None:
             continue
-        place = number.no % CHUNK
-        i = bisect_left(cells.nos, place)
-        if i == len(cells.nos) or cells.nos[i] != place:
+        i, there = _index(cells, number.no)
+        if not there:
             continue
         _move(cells, _latest(cells, i), NONE)
         _drop(cells, i)
@@ -298,9 +295,16 @@ def _found(state: State, proxy: ProxyKey, site: str) -> tuple[SiteCells, int] | 
     cells = None if number is None else state.sites.get((site, number.no // CHUNK))
     if number is None or cells is None:
         return None
-    place = number.no % CHUNK
+    i, there = _index(cells, number.no)
+    return (cells, i) if there else None
+
+
+def _index(cells: SiteCells, no: int) -> tuple[int, bool]:
+    """Where the cell of proxy number ``no`` is in its row, or would go; whether it is
+    there."""
+    place = no % CHUNK
     i = bisect_left(cells.nos, place)
-    return (cells, i) if i < len(cells.nos) and cells.nos[i] == place else None
+    return i, i < len(cells.nos) and cells.nos[i] == place
 
 
 def cell(state: State, proxy: ProxyKey, site: str) -> Cell | None:
@@ -337,18 +341,13 @@ def heard_at(state: State, proxy: ProxyKey, site: str) -> int:
     return int(max(cells.through_at[i], cells.blocked_at[i]))
 
 
-def through_in(cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]) -> list[ProxyKey]:
-    """The proxies of a row of cells that get through to its site at ``now`` (0: as of
-    the latest words, no block expired): ``standing_at``, a column at a time."""
-    return through_until(cells, now, proxy_of)[0]
-
-
 def through_until(
     cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]
 ) -> tuple[list[ProxyKey], int]:
-    """``through_in``, and the log time until which the row's answer stays the same if
-    the row does not change: the earliest lifting of a block in force (0 for ``now``
-    0: none is lifted; ``MAX_UNTIL`` when none is in force)."""
+    """The proxies of a row of cells that get through to its site at ``now`` (0: as of
+    the latest words, no block expired), ``standing_at`` a column at a time; and the
+    log time until which that answer stands while the row does not change: the earliest
+    lifting of a block in force (``MAX_UNTIL`` when none is, or ``now`` is 0)."""
     kept_from = now - BLOCK_KEEP_MS  # a block at or before it has been lifted
     base = cells.chunk * CHUNK
     found, until = [], MAX_UNTIL

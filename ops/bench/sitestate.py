@@ -132,23 +132,6 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def _env_of(tree: Path) -> dict[str, str]:
-    """The environment a ``ppf`` command of ``tree`` runs in (its code first)."""
-    return {**os.environ, "PYTHONPATH": str(tree)}
-
-
-def _tree_gateway(url: str, port: int, logfile: Path, tree: Path) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "ops.cli", "gateway", "--nats", url]
-    with open(logfile, "ab") as out:
-        return subprocess.Popen(
-            [*cmd, "--listen", f"127.0.0.1:{port}"],
-            stdout=out,
-            stderr=out,
-            cwd=tree,
-            env=_env_of(tree),
-        )
-
-
 async def _tree_log(workdir: Path, of: NatsServer, tree: Path) -> NatsServer:
     """A copy of ``of``'s store on a server of its own, with ``tree``'s own snapshot."""
     of.stop()
@@ -163,7 +146,7 @@ async def _tree_log(workdir: Path, of: NatsServer, tree: Path) -> NatsServer:
         capture_output=True,
         timeout=3600,
         cwd=tree,
-        env=_env_of(tree),
+        env={**os.environ, "PYTHONPATH": str(tree)},
     )
     if taken.returncode != 0:
         raise RuntimeError(f"{tree}'s ppf snapshot failed: {taken.stderr.decode()[-500:]}")
@@ -179,10 +162,7 @@ async def _one(
     base = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     logfile = workdir / f"{name}.log"
-    if tree is None:
-        proc = await asyncio.to_thread(_gateway, url, port, logfile)
-    else:
-        proc = await asyncio.to_thread(_tree_gateway, url, port, logfile, tree)
+    proc = await asyncio.to_thread(_gateway, url, port, logfile, tree=tree)
     try:
         await _ready_at(port, proc, timeout=600)
         start_s = time.monotonic() - t0

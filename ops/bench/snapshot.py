@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,11 +38,19 @@ from ops.nats.server import NatsServer, free_port
 __all__ = ["bench_snapshot"]
 
 
-def _gateway(url: str, port: int, logfile: Path, *extra: str) -> subprocess.Popen[bytes]:
+def _gateway(
+    url: str, port: int, logfile: Path, *extra: str, tree: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """A ``ppf gateway`` process; ``tree``: another checkout's, its code first."""
     cmd = [sys.executable, "-m", "ops.cli", "gateway", "--nats", url]
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
     with open(logfile, "ab") as out:
         return subprocess.Popen(
-            [*cmd, "--listen", f"127.0.0.1:{port}", *extra], stdout=out, stderr=out
+            [*cmd, "--listen", f"127.0.0.1:{port}", *extra],
+            stdout=out,
+            stderr=out,
+            cwd=tree,
+            env=env,
         )
 
 

@@ -11,6 +11,7 @@ assignment, so a reader sees one sequence or the next, never half.
 from __future__ import annotations
 
 import heapq
+import operator
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
@@ -296,10 +297,9 @@ class ThroughKept:
     def union(self, site: str, founds: list[list[ProxyKey]]) -> set[ProxyKey]:
         """The proxies of ``founds`` as one set: the last one made for ``site`` when
         they are the very lists it was made of."""
-        held = self._sites.get(site)
-        same = held is not None and len(held[0]) == len(founds)
-        if held is not None and same and all(a is b for a, b in zip(held[0], founds, strict=True)):
-            return held[1]
+        made_of, union = self._sites.get(site, ([], set()))
+        if made_of and len(made_of) == len(founds) and all(map(operator.is_, made_of, founds)):
+            return union
         union = set().union(*founds)
         self._sites[site] = (founds, union)
         return union
