@@ -200,6 +200,7 @@ class Checkpointer:
         self.every_events = every_events
         self.every_ms = every_ms
         self._inflight: asyncio.Task[int] | None = None
+        self._whole: Checkpoint | None = None  # begin_with's, until it is handed on
         # One checkpoint at a time: the fold's batches and its idle timer both cut.
         self._lock = asyncio.Lock()
         self._since_seq = 0
@@ -242,21 +243,33 @@ class Checkpointer:
         await self.checkpoint(state)
         return True
 
+    def begin_with(self, whole: Checkpoint) -> None:
+        """Write ``whole`` (a snapshot's rows as it stores them: ``projections.snapshot``
+        ``Loaded``) before the next checkpoint's cut, into a file the fold starts anew;
+        the state's rows are not dirty for it."""
+        self._whole = whole
+
     async def checkpoint(self, state: State) -> None:
         async with self._lock:
+            whole, self._whole = self._whole, None
+            if whole is not None:
+                await self._hand(whole)
             cp = await collect_async(state, self.foreground)
             self._since_seq = state.last_seq
             self._since_t = time.monotonic()
-            self.written += 1
-            self.rows += cp.rows
-            # The cut rows are handed to their write at once, behind the one in flight,
-            # and the wait for that one is shielded: a fold cancelled here (a stop)
-            # cancelled the write it awaited and dropped the rows it had cut, and the
-            # stop's own flush then raised CancelledError (`ppf snapshot` failed so).
-            previous = self._inflight
-            self._inflight = asyncio.create_task(self._write_after(previous, cp))
-            if previous is not None:  # at most one write waits: the fold's back-pressure
-                await asyncio.shield(previous)
+            await self._hand(cp)
+
+    async def _hand(self, cp: Checkpoint) -> None:
+        """``cp`` to its write at once, behind the one in flight, whose wait is shielded:
+        a fold cancelled here (a stop) cancelled the write it awaited and dropped the
+        rows it had cut, and the stop's own flush then raised CancelledError (`ppf
+        snapshot` failed so)."""
+        self.written += 1
+        self.rows += cp.rows
+        previous = self._inflight
+        self._inflight = asyncio.create_task(self._write_after(previous, cp))
+        if previous is not None:  # at most one write waits: the fold's back-pressure
+            await asyncio.shield(previous)
 
     async def _write_after(self, previous: asyncio.Task[int] | None, cp: Checkpoint) -> int:
         if previous is not None:

@@ -25,6 +25,7 @@ from projections.folder import Checkpointer, Folder, Message
 from projections.foreground import Foreground
 from projections.log import DepositStore, EventLog, GapError, LogError
 from projections.rates import PipelineStats
+from projections.snapshot import Loaded
 from projections.snapshot_policy import Snapshots
 from projections.store import Store
 from projections.tasks import stop_tasks
@@ -199,14 +200,16 @@ class FoldService:
             asyncio.create_task(self._watch_head(), name="ppf-head"),
         ]
 
-    def _adopt(self, state: State) -> None:
-        """Start from a loaded snapshot: its state replaces the checkpoint's, whose file
-        is moved aside (its rows are of an older sequence: the new file gets them all)."""
+    def _adopt(self, loaded: Loaded) -> None:
+        """Start from an opened snapshot: its state replaces the checkpoint's, whose file
+        is moved aside (its rows are of an older sequence: the new file gets them all,
+        as the snapshot stores them, before the first checkpoint's own rows)."""
+        state = loaded.state
         if self._db is not None and self._db.exists():
             for path in (self._db, self._db.with_name(self._db.name + ".wal")):
                 if path.exists():
                     path.rename(path.with_name(f"{path.name}.before-{state.last_seq}"))
-        state.mark_all_dirty()
+        self.checkpointer.begin_with(loaded.cut)
         self.state = self.folder.state = state
 
     async def snapshot_now(self) -> int:
@@ -302,12 +305,12 @@ class FoldService:
                 await self._maybe_checkpoint()
 
     async def _maybe_checkpoint(self) -> None:
-        """A checkpoint when one is due; but a state adopted from a snapshot is dirty in
-        every row, and its first checkpoint cuts them all (a million rows: seconds of
-        the loop), so it waits until the fold has applied the log as it stood when the
-        snapshot was adopted: a gateway is ready first (it was cut after the few
-        messages of a short tail, 4-5 s before /readyz said 200). A crash before then
-        starts from the snapshot again."""
+        """A checkpoint when one is due; but the first one after a snapshot was adopted
+        writes every row the snapshot holds (no cut on this loop: its stored bytes, but
+        seconds of the writer's core), so it waits until the fold has applied the log
+        as it stood when the snapshot was adopted: a gateway is ready first (it was
+        written after the few messages of a short tail, 4-5 s before /readyz said 200).
+        A crash before then starts from the snapshot again."""
         if self.state.last_seq < self._whole_after:
             return
         await self.checkpointer.maybe(self.state)

@@ -26,7 +26,7 @@ import gc
 import threading
 import zlib
 from collections.abc import Generator
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import structlog
@@ -35,7 +35,7 @@ from projections import row_strings
 from projections.core.digest import MOD, combine, meta_digest, row_hash
 from projections.log import SnapshotError
 from projections.rowsums import RowSums, array_sum
-from projections.store import array_header, put_rows, restore_meta, state_meta
+from projections.store import Checkpoint, array_header, put_rows, restore_meta, state_meta
 from reducers.indexes import reindex
 from reducers.kept import ALWAYS
 from reducers.pool import Composition
@@ -45,9 +45,11 @@ from reducers.steps import at_once
 
 __all__ = [
     "FORMAT",
+    "Loaded",
     "SnapshotError",
     "StateSnapshot",
     "load",
+    "opened",
     "peek",
     "take",
     "taking",
@@ -150,7 +152,23 @@ def peek(blob: bytes | bytearray) -> tuple[int, int, str]:
     return head.format, head.seq, head.digest
 
 
+class Loaded(NamedTuple):
+    """A snapshot opened: its state, and that state as a checkpoint of a fresh file
+    whose tables are the snapshot's own arrays of row bytes (``cut``): a fold that
+    starts from it writes them as they are, with no cut of every row on its loop
+    (encoding what was just decoded held a gateway's loop for a second at 2,000,000
+    site cells, in 2 ms steps, its requests answered in 5 ms each meanwhile)."""
+
+    state: State
+    cut: Checkpoint
+
+
 def load(blob: bytes | bytearray, sums: RowSums | None = None) -> State:
+    """``opened``'s state."""
+    return opened(blob, sums).state
+
+
+def opened(blob: bytes | bytearray, sums: RowSums | None = None) -> Loaded:
     """The state a snapshot holds, checked: its format is this ppf's, and its rows, as
     the bytes they are stored as (each row's canonical encoding: what the digest hashes),
     sum to the digest it recorded with its meta. Hashing the stored bytes rather than
@@ -164,19 +182,19 @@ def load(blob: bytes | bytearray, sums: RowSums | None = None) -> State:
     enabled = gc.isenabled()
     gc.disable()
     try:
-        state = _load(blob, sums)
+        loaded = _load(blob, sums)
         # What was made here is the state, which lives as long as the process: frozen
         # out of the collector's reach before it is let back (re-enabled with millions
         # of new tracked tuples, it ran a full collection of them at once, ~0.7 s).
         gc.freeze()
-        return state
+        return loaded
     finally:
         sums.close()
         if enabled:
             gc.enable()
 
 
-def _load(blob: bytes | bytearray, sums: RowSums) -> State:
+def _load(blob: bytes | bytearray, sums: RowSums) -> Loaded:
     # One pass over the document, not a peek at its head first: finding the head's
     # fields walks the whole document as surely as decoding it does.
     try:
@@ -220,7 +238,11 @@ def _load(blob: bytes | bytearray, sums: RowSums) -> State:
         raise SnapshotError(
             f"snapshot of seq {seq} gives digest {found[:12]}, not {snap.digest[:12]}"
         )
-    return state
+    meta = state_meta(state)
+    arrays = {t: [memoryview(packed[t] if t in PACKED else tables[t])] for t in TABLES}
+    rows = sum(len(getattr(state, table)) for table in TABLES)
+    cut = Checkpoint(seq, meta, rows=rows, meta_digest=meta["meta_digest"], parts=arrays)
+    return Loaded(state, cut)
 
 
 class _Packed:

@@ -24,7 +24,7 @@ import structlog
 from projections.foreground import drive
 from projections.log import GapError, SnapshotStore, Span
 from projections.rowsums import RowSums
-from projections.snapshot import SnapshotError, load, taking
+from projections.snapshot import Loaded, SnapshotError, opened, taking
 from reducers import State
 
 __all__ = ["SnapshotPolicy", "Snapshots"]
@@ -59,8 +59,8 @@ class Snapshots:
         self.kept = await self.store.seqs()
         self.span = await self.store.span()
 
-    async def start_from(self, state: State) -> State | None:
-        """The newest readable snapshot ahead of ``state``, loaded (None: ``state`` is as
+    async def start_from(self, state: State) -> Loaded | None:
+        """The newest readable snapshot ahead of ``state``, opened (None: ``state`` is as
         far, or none is readable). GapError when neither it nor ``state`` reaches the
         stream's first message."""
         await self.refresh()
@@ -72,15 +72,15 @@ class Snapshots:
             sums = RowSums()  # its interpreter starts while the snapshot is fetched
             try:
                 blob = await self.store.get(seq)
-                loaded = await asyncio.to_thread(load, blob, sums)
+                loaded = await asyncio.to_thread(opened, blob, sums)
             except (SnapshotError, OSError) as exc:
                 log.warning("snapshot_unreadable", seq=seq, error=str(exc))
                 continue
             finally:
                 sums.close()  # ended already by a load; not when the fetch failed
-            log.info("snapshot_loaded", seq=seq, proxies=len(loaded.proxies))
+            log.info("snapshot_loaded", seq=seq, proxies=len(loaded.state.proxies))
             break
-        at = loaded.last_seq if loaded is not None else state.last_seq
+        at = loaded.state.last_seq if loaded is not None else state.last_seq
         first = self.span.first_seq  # of an empty, trimmed stream: its last + 1
         if first > at + 1:
             raise GapError(

@@ -15,7 +15,7 @@ import pytest
 import events as ev
 from projections import Store, digest, digests
 from projections.folder import Folder
-from projections.snapshot import SnapshotError, StateSnapshot, load, take, unpacked
+from projections.snapshot import SnapshotError, StateSnapshot, load, opened, take, unpacked
 from reducers import State, sites
 from reducers.rows import encode_column
 from reducers.sites import BLOCK_KEEP_MS
@@ -333,6 +333,42 @@ def test_a_snapshot_whose_packed_cells_are_damaged_is_refused() -> None:
     doc.tables["sites"] = msgspec.Raw(msgspec.msgpack.encode(zlib.compress(rows)))
     with pytest.raises(SnapshotError, match="digest"):
         load(msgspec.msgpack.encode(doc))
+
+
+async def test_a_snapshots_rows_as_stored_are_a_fresh_files_first_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """What a fold that starts from a snapshot writes first: the snapshot's own arrays
+    (its packed cells unpacked), sent to the checkpoint writer as they are. The file
+    restores to the snapshot's state, and the writer's digest is the one a checkpoint
+    cut from the rows gives."""
+    from projections.store import collect
+    from projections.writer import ProcessWriter
+
+    log = _log(proxies=20)
+    log.says(_verdicts("c-own", *[(n, f"s{n % 3}.example", 1, n % 2) for n in range(20)]), at_s=60)
+    loaded = opened(take(log.state))
+    assert not loaded.state.dirty_sites and not loaded.state.dirty_proxies
+    path = tmp_path / "fresh.duckdb"
+    writer = ProcessWriter(path)
+    await writer.start()
+    try:
+        assert await writer.write(loaded.cut) == log.state.last_seq
+        from_snapshot = writer.digest
+    finally:
+        await writer.close()
+    store = Store(path)
+    try:
+        assert digest(store.restore()) == digest(log.state)
+    finally:
+        store.close()
+    cut = ProcessWriter(tmp_path / "cut.duckdb")
+    await cut.start()
+    try:
+        await cut.write(collect(log.state))
+        assert cut.digest == from_snapshot
+    finally:
+        await cut.close()
 
 
 def _row_of_64_bit_columns() -> bytes:

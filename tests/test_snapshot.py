@@ -136,7 +136,7 @@ async def test_a_fold_starts_from_the_newest_snapshot_it_can_read_and_leaves_no_
     store = _Store({3: good, 5: b"\x92\x01\x02", 9: OSError("connection reset")})
     before = set(_children())
     loaded = await Snapshots(store).start_from(State())  # type: ignore[arg-type]
-    assert loaded is not None and digest(loaded) == digest(log.state)
+    assert loaded is not None and digest(loaded.state) == digest(log.state)
     assert set(_children()) == before
     store.blobs = {5: b"\x92\x01\x02", 9: OSError("connection reset")}
     assert await Snapshots(store).start_from(State()) is None  # type: ignore[arg-type]

@@ -86,12 +86,14 @@ async def test_a_new_fold_starts_from_the_newest_snapshot_of_a_trimmed_log(
         await first.stop()
 
 
-async def test_a_fold_from_a_snapshot_cuts_its_whole_first_checkpoint_once_caught_up(
-    log_client: Log,
+async def test_a_fold_from_a_snapshot_writes_its_rows_as_stored_once_caught_up(
+    log_client: Log, tmp_path: Path
 ) -> None:
-    """Adopted from a snapshot, every row is dirty: the first checkpoint cuts them all.
-    With a checkpoint due after every message, it still waits until the tail the log
-    held at the start is folded (a gateway is ready first), then has the live digest."""
+    """Adopted from a snapshot, the first checkpoint writes the snapshot's rows as it
+    stores them (no row is dirty, none cut again), then the tail's. With a checkpoint
+    due after every message, it still waits until the tail the log held at the start
+    is folded (a gateway is ready first), then has the live digest; and a fold that
+    starts from that file alone, with no snapshot, has it too."""
     await _publish(log_client, 0, 3_000)
     first = FoldService(log_client, snapshots=Snapshots(log_client.snapshots))
     await first.start()
@@ -99,15 +101,23 @@ async def test_a_fold_from_a_snapshot_cuts_its_whole_first_checkpoint_once_caugh
         assert await first.wait_for(3_000, 30)
         assert await first.snapshot_now() == 3_000
         await _publish(log_client, 3_000, 6_000)  # a tail the reader hands out in batches
-        second = FoldService(log_client, every_events=1, snapshots=Snapshots(log_client.snapshots))
+        db = tmp_path / "second.duckdb"
+        second = FoldService(
+            log_client, db=db, every_events=1, snapshots=Snapshots(log_client.snapshots)
+        )
         await second.start()
         try:
+            assert not second.state.dirty_proxies  # the snapshot's rows go as stored
             assert await second.wait_for(9_000, 30) and second.folder.applied == 6_000
-            assert second.checkpointer.written <= 1  # none cut mid-tail
+            assert second.checkpointer.written <= 2  # the snapshot's, the first cut
             assert await first.wait_for(9_000, 30)
-            assert (await second.checkpoint_now())[1] == (await first.checkpoint_now())[1]
+            live = (await first.checkpoint_now())[1]
+            assert (await second.checkpoint_now())[1] == live
         finally:
             await second.stop()
+        third = FoldService(log_client, db=db)  # the file alone, restored, not started
+        assert third.state.last_seq == 9_000
+        assert digest(third.state) == digest(first.state)
     finally:
         await first.stop()
 
@@ -209,7 +219,7 @@ async def test_a_fold_passes_over_a_snapshot_whose_object_lies_to_the_one_before
     await log_client.snapshots.put(1002, blob)
     await _lie_about(log_client, 1002, "digest")
     loaded = await Snapshots(log_client.snapshots).start_from(State())
-    assert loaded is not None and digest(loaded) == digest(log.state)
+    assert loaded is not None and digest(loaded.state) == digest(log.state)
 
 
 async def test_an_object_missing_a_chunk_is_refused_not_waited_for(
@@ -233,4 +243,4 @@ async def test_an_object_missing_a_chunk_is_refused_not_waited_for(
     log.report("w-own", "45.7.1.1", at_s=1)
     await log_client.snapshots.put(2000, take(log.state))
     loaded = await asyncio.wait_for(Snapshots(log_client.snapshots).start_from(State()), 10)
-    assert loaded is not None and digest(loaded) == digest(log.state)
+    assert loaded is not None and digest(loaded.state) == digest(log.state)

@@ -114,7 +114,8 @@ async def _snapshot_state(lg: Log) -> State | None:
     """The newest readable snapshot's state (None when there is none)."""
     from projections.snapshot_policy import Snapshots
 
-    return await Snapshots(lg.snapshots).start_from(State())
+    loaded = await Snapshots(lg.snapshots).start_from(State())
+    return None if loaded is None else loaded.state
 
 
 async def _nothing() -> AsyncIterator[list[Message]]:
