@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from agents.https import tunnels_https
 from agents.judges import Echo, read_echo
+from agents.speed import SPEED_BYTES, SpeedBudget, speed
 from agents.tunnel import CONNECT_SHARE, TUNNELS, Stream, Tls, connect
 from events.wire import NONCE_LIFETIME_S, judge_nonce
 
@@ -79,6 +80,7 @@ class Check:
     judge: str = ""  # the judge's URL
     void: bool = False  # the judge failed, not the proxy: never counted against it
     https: str = ""  # tunnelled to a real HTTPS target: yes, no, "" (not tried)
+    speed_kb_s: int = 0  # a bounded download from the judge through it (0: not measured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +338,7 @@ async def check_many(
     https: Sequence[str] = (),
     on_result: Callable[[int, Check], None] | None = None,
     timeouts: Sequence[float] = (),
+    speed_budget: SpeedBudget | None = None,
 ) -> list[Check]:
     """Check all, at most ``concurrency`` at once; results in input order. A target is
     (ip, port, proto) or (ip, port, proto, prefer): see ``check``. With a pool, each check
@@ -344,7 +347,9 @@ async def check_many(
     through a tunnel to one of them (in turn), and the check says ``https`` yes or no.
     ``on_result(index, check)`` hears of each check as it ends (a worker publishes the
     working ones at once instead of at the end of a long batch). ``timeouts``, when
-    given, is each target's own timeout, in order (a recheck fits it to the proxy)."""
+    given, is each target's own timeout, in order (a recheck fits it to the proxy). With
+    ``speed_budget``, a proxy that works through ppf's own judge is also timed through a
+    download from it while the budget lasts (agents/speed.py)."""
     gate = asyncio.Semaphore(concurrency)
     turn = itertools.count()
 
@@ -360,6 +365,7 @@ async def check_many(
     ) -> Check:
         async with gate:
             if isinstance(judge, Judge):
+                used = judge
                 result = await check(ip, port, proto, judge, timeout, prefer=prefer)
             else:
                 chosen = await judge.acquire(ip)
@@ -370,10 +376,20 @@ async def check_many(
                 result = await check(ip, port, proto, chosen, timeout, prefer=prefer)
                 void = not result.ok and not await judge.answers(chosen, began)
                 result = dataclasses.replace(result, judge=chosen.url, void=void)
+                used = chosen
             if result.ok and result.proto is not None and https:
                 url = https[next(turn) % len(https)]
                 carried = await tunnels_https(ip, port, result.proto, url, timeout)
                 result = dataclasses.replace(result, https="yes" if carried else "no")
+            if (
+                result.ok
+                and result.proto is not None
+                and speed_budget is not None
+                and used.signer is not None
+                and speed_budget.take(SPEED_BYTES)
+            ):
+                kb_s = await speed(ip, port, result.proto, used, timeout=2 * timeout)
+                result = dataclasses.replace(result, speed_kb_s=kb_s)
             return result
 
     return await asyncio.gather(*(one(i, t) for i, t in enumerate(targets)))

@@ -22,6 +22,7 @@ from agents.gateway_client import GatewayClient
 from agents.judgepool import JudgePool
 from agents.loop import Agent, AgentConfig, Results
 from agents.probe import Prober
+from agents.speed import SpeedBudget
 from events import ProxyFailed, SitesChecked
 from events.catalogue import SiteResult
 from events.wire import LeaseGrant
@@ -51,6 +52,9 @@ class CheckerConfig(AgentConfig):
     fit_floor_s: float = 2.0
     # TARGET probes (agents/probe.py): bytes of sites' answers read an hour, at most.
     probe_bytes_per_hour: int = 64 * 1024 * 1024
+    # Downloads that time the proxies that work (agents/speed.py): bytes an hour, at most
+    # (128 downloads of 256 KiB); 0 times none.
+    speed_bytes_per_hour: int = 32 * 1024 * 1024
     rules_refresh_s: float = 60.0  # how often the sites' rules are asked for
 
 
@@ -83,6 +87,8 @@ class Checker(Agent):
         self._freed = asyncio.Event()  # a shard went back: room to lease again
         self._paused_until = 0.0  # loop time: after a void round, an idle wait
         self.prober = Prober(config.probe_bytes_per_hour)
+        if config.speed_bytes_per_hour:
+            self.speed_budget = SpeedBudget(config.speed_bytes_per_hour)
         self.probed = 0
         self._rules_at = -1e9  # loop time the sites' rules were last asked for
 

@@ -17,6 +17,7 @@ from agents.citizen import Citizen
 from agents.gateway_client import GatewayClient
 from agents.https import HTTPS_TARGETS
 from agents.judgepool import JudgePool
+from agents.speed import SpeedBudget
 from events import Event, Heartbeat
 from events.batches import MAX_RESULTS, observation
 from events.mint import fresh_id, now_ms
@@ -186,6 +187,8 @@ class Agent:
         self.judge_urls = (judges,) if isinstance(judges, str) else tuple(judges)
         self.data = data
         self.config = config
+        # Downloads through the proxies it checks, to time them (a checker's: agents/speed.py).
+        self.speed_budget: SpeedBudget | None = None
         self.cycles = 0
         self._client: GatewayClient | None = None
         self._why = ""  # why it takes no work, as last announced (see _outage)
@@ -339,6 +342,7 @@ class Agent:
             https=cfg.https_targets,
             on_result=on_result,
             timeouts=timeouts,
+            speed_budget=self.speed_budget,
         )
 
     def _ev(self, cls: type[Event], **fields: Any) -> Event:

@@ -149,6 +149,10 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # setting (Python 3.11.7's answers, written out); 1 the IANA registries, multicast
     # refused, IPv6 forms that embed an IPv4 judged by it, more internal names refused.
     address_rule: int = 0
+    # Quality signals (reducers/quality.py): from the Configured that sets it, the checks
+    # of agents trusted then are folded into each proxy's time up and time known by
+    # log-time day, the start of its unbroken run of successes, and its download speed.
+    quality: bool = False
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -237,6 +241,9 @@ class ProxyWorked(Event, frozen=True, kw_only=True, tag="ProxyWorked"):
     judge: str = ""
     lease: str = ""
     https: Tried = ""
+    # Kilobytes a second of a bounded download from ppf's judge through it, as this
+    # agent's vantage saw it (0: not measured); folded once ``quality`` is set.
+    speed_kb_s: int = 0
 
 
 class ProxyFailed(Event, frozen=True, kw_only=True, tag="ProxyFailed"):
@@ -343,6 +350,7 @@ class CheckResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
     https: Tried = ""
     judge: str = ""
     error: str = ""
+    speed_kb_s: int = 0
 
 
 class ProxiesChecked(Event, frozen=True, kw_only=True, tag="ProxiesChecked"):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -156,6 +156,12 @@ class CheckoutRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     https: bool = False
     max_latency_ms: int = 0
     works_on: list[str] = []  # site keys it must get through to, each of them
+    # Quality signals, as GET /v1/proxies takes them (0: not asked; ``datacenter`` "true"
+    # or "false", "": either).
+    min_uptime: Annotated[int, msgspec.Meta(ge=0, le=100)] = 0
+    stable_for_s: Annotated[int, msgspec.Meta(ge=0)] = 0
+    min_speed_kb_s: Annotated[int, msgspec.Meta(ge=0)] = 0
+    datacenter: Literal["", "true", "false"] = ""
 
 
 class CheckoutProxy(msgspec.Struct, kw_only=True):

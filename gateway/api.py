@@ -340,6 +340,26 @@ def openapi() -> dict[str, Any]:
                 },
             }
         },
+        "/judge/bytes": {
+            "get": {
+                "summary": "size bytes for a check's timed download through a proxy, to a "
+                "nonce of ppf's own checks (agents/speed.py)",
+                "parameters": [
+                    {"name": "n", "in": "query", "required": True, "schema": {"type": "string"}},
+                    {
+                        "name": "size",
+                        "in": "query",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1, "maximum": 1 << 20},
+                    },
+                ],
+                "responses": {
+                    "200": {"description": "the bytes"},
+                    "400": {"description": "size out of bounds"},
+                    "403": {"description": "not a ppf check's nonce: nothing sent"},
+                },
+            }
+        },
         "/openapi.json": {"get": {"summary": "this document", "responses": {"200": _reply(None)}}},
         "/metrics": {
             "get": {

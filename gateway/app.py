@@ -41,7 +41,7 @@ from gateway.http import (
     open_query,
     reply,
 )
-from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys, enrolled_in, judge
+from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys, enrolled_in, judge, judge_bytes
 from gateway.leases import Granter
 from gateway.metrics import ENDPOINT_OUTCOMES
 from gateway.metrics import routes as metrics_routes
@@ -49,6 +49,7 @@ from gateway.natsauth import Callout, Kicker
 from gateway.penalty import PENALTIES, Penalties, watching
 from gateway.queries import routes as query_routes
 from gateway.views import POOL_VIEW, PoolViewKeeper, pool_census
+from projections.core.quality import HOSTING_LIST
 from projections.live import FoldService
 from projections.log import EventLog
 from projections.tasks import stop_tasks
@@ -144,7 +145,9 @@ async def stats(request: web.Request) -> web.Response:
             "resent": fold.folder.resent,  # agents' re-sends met and ignored
             "resent_by_agent": dict(state.resent),
             # Addresses the service has still to locate (projections/locator.py).
-            "geo": {"unlocated": len(state.unlocated)},
+            # ... and the list that says which networks are datacenters
+            # (projections/core/quality.py), read with the pool, not kept in the log.
+            "geo": {"unlocated": len(state.unlocated), "hosting_list": HOSTING_LIST},
             "dlq_sent": fold.dlq_sent,
             "grants": {
                 "granted": granter.granted,
@@ -284,6 +287,7 @@ async def _nats_auth(app: web.Application) -> AsyncIterator[None]:
 
 
 routes.get("/judge")(judge)
+routes.get("/judge/bytes")(judge_bytes)
 
 
 _DASHBOARD = (Path(__file__).parent / "static" / "index.html").read_bytes()

@@ -23,7 +23,7 @@ from events.subjects import proxy_of
 from events.wire import CheckoutProxy, CheckoutRelease, CheckoutReply, CheckoutRequest
 from gateway.commands import GRANTER, publish_report
 from gateway.http import FOLD, LOG, ApiError, authorize, decode_body, reply
-from gateway.queries import hidden_for, works_on_of
+from gateway.queries import hidden_for, quality_of, works_on_of
 from gateway.views import POOL_VIEW
 from projections.core.readmodels import ProxyFilter
 from reducers.pool import lease_live
@@ -103,6 +103,14 @@ async def take(
         max_latency_ms=float(body.max_latency_ms) if body.max_latency_ms else None,
         mitm=False,
         works_on=works_on_of(",".join(body.works_on)),
+        **quality_of(
+            {
+                "min_uptime": body.min_uptime or None,
+                "stable_for_s": body.stable_for_s or None,
+                "min_speed_kb_s": body.min_speed_kb_s or None,
+                "datacenter": body.datacenter or None,
+            }
+        ),
     )
     hidden = hidden_for(request) | exclude
     view = await request.app[POOL_VIEW].get(request)

@@ -30,7 +30,7 @@ from gateway.checkout import take
 from gateway.commands import anonymous_reporter, proxy_address, publish_report
 from gateway.deleted import Deleted
 from gateway.http import FOLD, ApiError, authorize, client_address, open_query, reply
-from gateway.queries import WORKS_ON, hidden_for, works_on_of
+from gateway.queries import QUALITY_PARAMS, WORKS_ON, hidden_for, quality_of, works_on_of
 from gateway.views import POOL_VIEW
 from projections.core.poolview import ProxyView
 from projections.core.readmodels import ProxyFilter
@@ -57,7 +57,8 @@ async def _served(request: web.Request) -> list[ProxyView]:
     view = await request.app[POOL_VIEW].get(request)
     works_on = works_on_of(WORKS_ON.read(request))
     hidden |= request.app[DELETED].hidden(_client(request), works_on or (), time.monotonic())
-    f = ProxyFilter(mitm=False, https=True if https else None, works_on=works_on)
+    quality = quality_of({p.name: p.read(request) for p in QUALITY_PARAMS})
+    f = ProxyFilter(mitm=False, https=True if https else None, works_on=works_on, **quality)
     return [
         v
         for v in view.select(f, now_ms(), limit=0)

@@ -43,7 +43,17 @@ from events.wire import (
     nonce_tag_ok,
 )
 
-__all__ = ["JUDGE_DOOR", "JudgeDoor", "JudgeKeys", "addressed", "echo", "enrolled_in", "judge"]
+__all__ = [
+    "JUDGE_DOOR",
+    "MAX_SPEED_BYTES",
+    "JudgeDoor",
+    "JudgeKeys",
+    "addressed",
+    "echo",
+    "enrolled_in",
+    "judge",
+    "judge_bytes",
+]
 
 _json = msgspec.json.Encoder()
 log = structlog.get_logger("ppf.judge")
@@ -195,6 +205,37 @@ async def judge(request: web.Request) -> web.Response:
     assert isinstance(headers, list)
     body["sig"] = judge_sign(key, nonce, str(body["remote"]), request.path_qs, headers)
     return web.Response(body=_json.encode(body), content_type="application/json")
+
+
+MAX_SPEED_BYTES = 1 << 20  # the most one download of ``judge_bytes`` sends
+_FILLER = os.urandom(64 * 1024)  # incompressible: what a proxy carries is what is sent
+
+
+async def judge_bytes(request: web.Request) -> web.StreamResponse:
+    """``GET /judge/bytes?n=<nonce>&size=N``: N bytes (at most ``MAX_SPEED_BYTES``) for a
+    check's download through a proxy (agents/speed.py), to a nonce this judge may
+    answer, as ``judge``: a bandwidth sink for ppf's agents only, each nonce once."""
+    door = request.app.get(JUDGE_DOOR)
+    raw = request.query.get("size", "")
+    if not raw.isdigit() or not 0 < int(raw) <= MAX_SPEED_BYTES:
+        why = f"size: 1-{MAX_SPEED_BYTES} bytes, not {raw!r}"
+        return web.json_response({"error": why}, status=400)
+    if door is None:
+        why = "this listener has no judge key"
+    else:
+        _, why = door.admit(request.query.get("n", ""), addressed(request), time.time())
+    if why:
+        if door is not None:
+            door.refused += 1
+        return web.json_response({"error": f"not a ppf check: {why}"}, status=403)
+    size = int(raw)
+    response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
+    response.content_length = size
+    await response.prepare(request)
+    for start in range(0, size, len(_FILLER)):
+        await response.write(_FILLER[: min(len(_FILLER), size - start)])
+    await response.write_eof()
+    return response
 
 
 def self_signed(directory: Path, name: str) -> tuple[Path, Path]:

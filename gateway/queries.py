@@ -30,6 +30,7 @@ from gateway.http import (
 )
 from gateway.judge import JUDGE_DOOR
 from gateway.penalty import PENALTIES
+from gateway.proxyout import proxy_out
 from gateway.views import POOL_VIEW
 from projections.core.poolview import (
     CENSUS_MS,
@@ -39,82 +40,20 @@ from projections.core.readmodels import (
     ProxyFilter,
     SiteTally,
     due_sources,
-    nearest_rank,
     source_score,
-    status_at,
 )
-from reducers import ProxyRow, sites, trust
+from reducers import sites, trust
 from reducers.pool import STATUSES, lease_live
 from reducers.reports import hidden_from
 from reducers.rows import SiteCells
-from reducers.state import latency_samples, unpack_samples
+from reducers.state import latency_samples
 
-__all__ = ["PROXY_PARAMS", "WORKS_ON", "routes", "works_on_of"]
+__all__ = ["PROXY_PARAMS", "QUALITY_PARAMS", "WORKS_ON", "quality_of", "routes", "works_on_of"]
 
 routes = web.RouteTableDef()
 log = structlog.get_logger("ppf.gateway")
 _encode = msgspec.json.Encoder().encode
 _json_lines = msgspec.json.Encoder().encode_lines
-
-
-class ProxyOut(msgspec.Struct):
-    """One proxy as ``GET /v1/proxies`` serves it (a Struct: encoded in C, no dict a row)."""
-
-    ip: str
-    port: int
-    proto: str
-    protos: tuple[str, ...]
-    status: str
-    last_seen: int
-    first_seen: int
-    latency_ms: float
-    latency_p50_ms: int | None
-    latency_p95_ms: int | None
-    exit_ip: str
-    anonymity: str
-    mitm: bool
-    https: str
-    confirmations: int
-    agents: int
-    sources: tuple[str, ...]
-    fail_streak: int
-    country: str
-    asn: int
-    as_org: str
-
-
-def _view_json(v: ProxyView | ProxyRow, now: int, ttl: int, confirmed: bool = True) -> ProxyOut:
-    p50 = p95 = None
-    if v.samples:  # sorted once for both (this runs for every row served)
-        ordered = sorted(unpack_samples(v.samples))
-        p50, p95 = nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.95)
-    if isinstance(v, ProxyRow):
-        latency, agents = v.latency_ema, len(v.agents)
-    else:
-        latency, agents, confirmed = v.latency, v.agents, v.confirmed
-    return ProxyOut(
-        v.ip,
-        v.port,
-        v.proto,
-        v.protos,
-        status_at(v.last_seen, now, ttl, confirmed, v.fail_streak > 0),
-        v.last_seen,
-        v.first_seen,
-        round(latency, 1),
-        p50,
-        p95,
-        v.exit_ip,
-        v.anonymity,
-        v.mitm,
-        v.https,
-        v.confirmations,
-        agents,
-        v.sources,
-        v.fail_streak,
-        v.country,
-        v.asn,
-        v.as_org,
-    )
 
 
 def _countries(raw: str | None) -> tuple[str, ...] | None:
@@ -135,6 +74,15 @@ def _countries(raw: str | None) -> tuple[str, ...] | None:
 # and the drop-in calls alike.
 WORKS_ON = Param("works_on")
 
+# The quality signals a proxy must meet (projections/core/quality.py): on /v1/proxies,
+# checkout and the drop-in calls alike.
+QUALITY_PARAMS = (
+    Param("min_uptime", integer=True),  # percent of the known time of the last 7 days
+    Param("stable_for_s", integer=True),
+    Param("min_speed_kb_s", integer=True),
+    Param("datacenter", choices=("true", "false")),
+)
+
 # GET /v1/proxies' parameters, declared once: read here, listed in the API document.
 PROXY_PARAMS = (
     Param("proto"),
@@ -150,6 +98,7 @@ PROXY_PARAMS = (
     Param("mitm", choices=("false", "true", "any"), default="false"),
     Param("https", choices=("true", "false")),
     WORKS_ON,
+    *QUALITY_PARAMS,
     Param("limit", integer=True, default=100),
     Param("sort", choices=("latency", "last_seen"), default="latency"),
     Param("format", choices=("json", "ndjson", "txt", *FORMATS), default="json"),
@@ -174,7 +123,25 @@ def _filter(q: dict[str, Any]) -> ProxyFilter:
         mitm=None if q["mitm"] == "any" else q["mitm"] == "true",
         https=None if q["https"] is None else q["https"] == "true",
         works_on=works_on_of(q["works_on"]),
+        **quality_of(q),
     )
+
+
+def quality_of(q: dict[str, Any]) -> dict[str, Any]:
+    """``ProxyFilter``'s quality terms from ``QUALITY_PARAMS``' values; 400 for a
+    share outside 0-100 or a negative figure."""
+    for name in ("min_uptime", "stable_for_s", "min_speed_kb_s"):
+        value = q.get(name)
+        if value is not None and (value < 0 or (name == "min_uptime" and value > 100)):
+            bound = "0-100" if name == "min_uptime" else "0 or more"
+            raise ApiError(400, "bad-parameter", f"{name}: {bound}, not {value}", parameter=name)
+    share, dc = q.get("min_uptime"), q.get("datacenter")
+    return {
+        "min_uptime": None if share is None else share / 100,
+        "stable_for_s": q.get("stable_for_s"),
+        "min_speed_kb_s": q.get("min_speed_kb_s"),
+        "datacenter": None if dc is None else "yes" if dc == "true" else "no",
+    }
 
 
 def works_on_of(raw: str | None) -> tuple[str, ...] | None:
@@ -243,7 +210,7 @@ async def proxies(request: web.Request) -> web.StreamResponse:
     # with msgpack).
     pieces = []
     for start in range(0, len(views), ANSWER_CHUNK):
-        rows = [_view_json(v, now, view.ttl_s) for v in views[start : start + ANSWER_CHUNK]]
+        rows = [proxy_out(v, now, view.ttl_s) for v in views[start : start + ANSWER_CHUNK]]
         pieces.append(_encode(rows)[1:-1])
         await asyncio.sleep(0)
     body = b'{"count":%d,"proxies":[%b]}' % (len(views), b",".join(pieces))
@@ -260,7 +227,7 @@ async def _lines(
     await response.prepare(request)
     try:
         while chunk := list(itertools.islice(selected, ANSWER_CHUNK)):
-            await response.write(_json_lines([_view_json(v, now, ttl_s) for v in chunk]))
+            await response.write(_json_lines([proxy_out(v, now, ttl_s) for v in chunk]))
             await asyncio.sleep(0)
         await response.write_eof()
     except ConnectionResetError:  # the client went away mid-answer: nothing to say to it
@@ -285,7 +252,7 @@ async def one_proxy(request: web.Request) -> web.Response:
     if row is None:
         raise ApiError(404, "not-found", f"no proxy {ip}:{port} in the pool")
     confirmed = trust.vouched(state)(row.agents)
-    body = msgspec.structs.asdict(_view_json(row, now_ms(), state.settings.proxy_ttl_s, confirmed))
+    body = msgspec.structs.asdict(proxy_out(row, now_ms(), state.settings.proxy_ttl_s, confirmed))
     body["history"] = {
         "confirmations": row.confirmations,
         "first_seen": row.first_seen,

@@ -102,7 +102,11 @@ def make_server(config: McpConfig) -> MCPServer:
         "its last check, not a promise it answers now. works_on: sites each proxy got "
         "through to lately (site keys such as google.com). status: alive (served), "
         "suspect, unconfirmed, stale, dead or all; mitm: false (left out: they tamper "
-        "with pages), true or any. The gateway refuses other values, saying why."
+        "with pages), true or any. min_uptime: percent of the last 7 days' known time up; "
+        "stable_for_s: working without a break this long; min_speed_kb_s: a download "
+        "measured from a ppf agent's vantage, not yours; datacenter: true or false by its "
+        "network's name (ppf's list of hosting networks). The gateway refuses other values, "
+        "saying why."
     )
     async def get_proxies(
         proto: Literal["http", "https", "socks4", "socks5"] | None = None,
@@ -116,6 +120,10 @@ def make_server(config: McpConfig) -> MCPServer:
         as_org: str | None = None,
         status: str = "alive",
         mitm: str = "false",
+        min_uptime: int | None = None,
+        stable_for_s: int | None = None,
+        min_speed_kb_s: int | None = None,
+        datacenter: bool | None = None,
         sort: Literal["latency", "last_seen"] = "latency",
         limit: int = 20,
     ) -> dict[str, Any]:
@@ -131,6 +139,10 @@ def make_server(config: McpConfig) -> MCPServer:
             "works_on": ",".join(works_on) if works_on else None,
             "asn": asn,
             "as_org": as_org,
+            "min_uptime": min_uptime,
+            "stable_for_s": stable_for_s,
+            "min_speed_kb_s": min_speed_kb_s,
+            "datacenter": None if datacenter is None else str(datacenter).lower(),
         }
         params |= {k: str(v) for k, v in given.items() if v is not None}
         return await gateway("GET", "/v1/proxies", params=params)

@@ -59,6 +59,8 @@ CREATE TABLE IF NOT EXISTS sites (
     PRIMARY KEY (site, chunk));
 CREATE TABLE IF NOT EXISTS site_proxies (
     ip VARCHAR NOT NULL, port INTEGER NOT NULL, row BLOB NOT NULL, PRIMARY KEY (ip, port));
+CREATE TABLE IF NOT EXISTS quality (
+    ip VARCHAR NOT NULL, port INTEGER NOT NULL, row BLOB NOT NULL, PRIMARY KEY (ip, port));
 CREATE TABLE IF NOT EXISTS meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);
 """
 
@@ -184,6 +186,8 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
         state.dirty_sites |= {tuple(k) for k in cp.deletes["sites"]}
         state.dirty_site_proxies |= {(r.ip, r.port) for r in cp.pending["site_proxies"]}
         state.dirty_site_proxies |= {tuple(k) for k in cp.deletes["site_proxies"]}
+        state.dirty_quality |= {(r.ip, r.port) for r in cp.pending["quality"]}
+        state.dirty_quality |= {tuple(k) for k in cp.deletes["quality"]}
         raise
     cp.pending = {}
     return cp
@@ -216,6 +220,7 @@ def collect(
     deposits = [state.deposits[k] for k in state.dirty_deposits]
     sites, gone_c = _changed(state.sites, state.dirty_sites)
     numbered, gone_n = _changed(state.site_proxies, state.dirty_site_proxies)
+    quality, gone_q = _changed(state.quality, state.dirty_quality)
     agents = list(state.agents.values())
     meta = state_meta(state)
     cp = Checkpoint(
@@ -231,12 +236,14 @@ def collect(
             "deposits": deposits,
             "sites": sites,
             "site_proxies": numbered,
+            "quality": quality,
         },
         deletes={
             "proxies": list(gone_p),
             "sources": gone_s,
             "sites": gone_c,
             "site_proxies": gone_n,
+            "quality": gone_q,
         },
         rows=len(found)
         + len(sources)
@@ -248,7 +255,9 @@ def collect(
         + len(gone_s)
         + len(gone_c)
         + len(numbered)
-        + len(gone_n),
+        + len(gone_n)
+        + len(quality)
+        + len(gone_q),
     )
     state.clear_dirty()
     if encode:
@@ -290,7 +299,7 @@ class _SiteCols(msgspec.Struct):
     chunk: int
 
 
-class _SiteProxyCols(msgspec.Struct):
+class _AddressCols(msgspec.Struct):
     ip: str
     port: int
 
@@ -305,7 +314,8 @@ _COLUMNS: dict[str, msgspec.msgpack.Decoder[Any]] = {
     "agents": msgspec.msgpack.Decoder(list[_AgentCols]),
     "deposits": msgspec.msgpack.Decoder(list[_DepositCols]),
     "sites": msgspec.msgpack.Decoder(list[_SiteCols]),
-    "site_proxies": msgspec.msgpack.Decoder(list[_SiteProxyCols]),
+    "site_proxies": msgspec.msgpack.Decoder(list[_AddressCols]),
+    "quality": msgspec.msgpack.Decoder(list[_AddressCols]),
 }
 _raw_rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from events.address import proxy_address_ok
 from events.catalogue import ProxyFailed, ProxyReported, ProxyWorked
-from reducers import geo, reports, sites, trust
+from reducers import geo, quality, reports, sites, trust
 from reducers.pool import BUCKET_MS, band_edges
 from reducers.state import MAX_SAMPLE_MS, AgentRow, ProxyKey, ProxyRow, State
 
@@ -125,6 +125,9 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
     if source not in row.sources:
         row.sources = _add(row.sources, source, settings.provenance_cap)
     state.dirty_proxies.add(key)
+    if settings.quality:
+        quality.checked(state, key, True, ts, agent)
+        quality.measured(state, key, event.speed_kb_s, ts, agent)
     return new
 
 
@@ -148,6 +151,8 @@ def _evict(state: State, keys: list[ProxyKey]) -> None:
         geo.evicted(state, row)
         if key in state.site_proxies:
             sites.forget(state, key)
+        if state.quality:
+            quality.forget(state, key)
         state.dirty_proxies.add(key)
 
 
@@ -172,6 +177,8 @@ def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
         row.last_failed = ts
     row.failed_by = _add(row.failed_by, agent, _VANTAGES)
     state.dirty_proxies.add(key)
+    if state.settings.quality:
+        quality.checked(state, key, False, ts, agent)
     return True
 
 

@@ -28,6 +28,7 @@ __all__ = [
     "Int64s",
     "LeaseRow",
     "ProxyKey",
+    "ProxyQuality",
     "ProxyRow",
     "SiteCells",
     "SiteKey",
@@ -285,6 +286,27 @@ class SiteCells(msgspec.Struct, gc=False):
             and len(self.vantages) == n * MAX_VANTAGES
         ):
             raise ValueError("the columns of a row of site cells differ in length")
+
+
+class ProxyQuality(msgspec.Struct, gc=False):
+    """What the checks of one proxy say of it over time (reducers/quality.py): per
+    log-time day from ``day0``, the milliseconds it was up and those that were known
+    (between two checks not too far apart: up while both said so, down while both did,
+    half and half when they differ); when its latest unbroken run of successes began;
+    its latest download speed and the agent that measured it (a figure of that vantage)."""
+
+    ip: str
+    port: int
+    checks: int = 0  # counted: by agents trusted then
+    last_at: int = 0  # log time of the latest check counted
+    last_ok: bool = False
+    up_since: int = 0  # start of its unbroken run of successes; 0: the latest check failed
+    day0: int = 0  # the day (log ms // DAY_MS) of the first of ``up`` and ``known``
+    up: UInt32s = msgspec.field(default_factory=UInt32s)
+    known: UInt32s = msgspec.field(default_factory=UInt32s)
+    speed_kb_s: int = 0
+    speed_at: int = 0
+    speed_by: str = ""
 
 
 class SiteProxy(msgspec.Struct, gc=False):

@@ -20,6 +20,7 @@ from reducers.rows import (
     DepositRow,
     LeaseRow,
     ProxyKey,
+    ProxyQuality,
     ProxyRow,
     SiteCells,
     SiteProxy,
@@ -90,6 +91,9 @@ class State:
     # cells in rows of a run of proxy numbers, by (site, chunk); and the numbers.
     sites: dict[tuple[str, int], SiteCells] = table(SiteCells, "site", "chunk", digest=WHILE_ANY)
     site_proxies: dict[ProxyKey, SiteProxy] = table(SiteProxy, "ip", "port", digest=WHILE_ANY)
+    # Per proxy, what its checks say of it over time (reducers/quality.py), from the
+    # quality setting.
+    quality: dict[ProxyKey, ProxyQuality] = table(ProxyQuality, "ip", "port", digest=WHILE_ANY)
 
     # The meta, in the digest's order.
     last_seq: int = kept(int, digest=NEVER, position=True)
@@ -183,6 +187,7 @@ class State:
     dirty_deposits: set[str] = replica(set)
     dirty_sites: set[tuple[str, int]] = replica(set)
     dirty_site_proxies: set[ProxyKey] = replica(set)
+    dirty_quality: set[ProxyKey] = replica(set)
     settings_dirty: bool = replica(bool)
 
     def __init__(self) -> None:
@@ -198,6 +203,7 @@ class State:
         self.dirty_deposits = set(self.deposits)
         self.dirty_sites = set(self.sites)
         self.dirty_site_proxies = set(self.site_proxies)
+        self.dirty_quality = set(self.quality)
         self.settings_dirty = True
 
     def clear_dirty(self) -> None:
@@ -207,6 +213,7 @@ class State:
         self.dirty_deposits = set()
         self.dirty_sites = set()
         self.dirty_site_proxies = set()
+        self.dirty_quality = set()
         self.settings_dirty = False
 
 

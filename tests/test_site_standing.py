@@ -151,7 +151,7 @@ def test_the_table_is_left_out_of_the_digest_and_the_snapshot_while_empty() -> N
     parts = digests(log.state)
     five = {n: int(parts[n], 16) for n in ("proxies", "sources", "leases", "agents", "deposits")}
     assert "sites" not in parts and "site_proxies" not in parts
-    empty = {**five, "sites": 0, "site_proxies": 0}
+    empty = {**five, "sites": 0, "site_proxies": 0, "quality": 0}
     assert digest(log.state) == combine(empty, meta_digest(log.state))
     assert b"sites" not in take(log.state)
     log.says(_verdicts("c-own", (0, "google.com", 1, 0)), at_s=60)

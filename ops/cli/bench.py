@@ -177,21 +177,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     state.add_argument("--tree", type=Path, default=None, help=other)
     state.add_argument("--asks", type=int, default=200, help="/v1/stats and leases a run")
 
-    read = bench(
-        "read",
-        "the fold's reader, in plain and over TLS",
-        "ops.bench.read:bench_read messages runs",
-    )
+    read = bench("read", "the fold's reader, in plain and over TLS",
+                 "ops.bench.read:bench_read messages runs")  # fmt: skip
     read.add_argument("--messages", type=int, default=200_000)
     read.add_argument("--runs", type=int, default=3, help="runs of each, in turns")
 
-    marks = bench(
-        "marks",
-        "the memory of the re-send window at many agents",
-        "ops.bench.marks:bench_marks agents window",
-    )
+    marks = bench("marks", "the memory of the re-send window at many agents",
+                  "ops.bench.marks:bench_marks agents window")  # fmt: skip
     marks.add_argument("--agents", type=int, default=1_000)
     marks.add_argument("--window", type=int, default=512)
+
+    quality = bench("quality", "uptime and speed against the churn lab's truth (root)",
+                    "ops.bench.quality:bench_quality proxies speed duration")  # fmt: skip
+    quality.add_argument("--proxies", type=int, default=30)
+    quality.add_argument("--speed", type=float, default=10.0, help="simulated seconds a second")
+    quality.add_argument("--duration", type=int, default=1_800, help="simulated seconds")
 
     seed = bench(
         "seed",

@@ -68,12 +68,13 @@ def local_judge(args: argparse.Namespace) -> str | None:
 async def judge_site(stack: AsyncExitStack, listen_at: str, door: JudgeDoor) -> None:
     """``/judge`` alone on its own listener, so exposing the judge exposes nothing else;
     it answers only ppf's checks' nonces, signed (gateway/judge.py)."""
-    from gateway.judge import JUDGE_DOOR, judge
+    from gateway.judge import JUDGE_DOOR, judge, judge_bytes
 
     host, port = hostport(listen_at, 8081)
     app = web.Application()
     app[JUDGE_DOOR] = door
     app.router.add_get("/judge", judge)
+    app.router.add_get("/judge/bytes", judge_bytes)
     runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
     stack.push_async_callback(runner.cleanup)

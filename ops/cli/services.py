@@ -170,18 +170,12 @@ async def configure(lg: Log, lab: bool) -> None:
             batches=True,
             guarded=True,
             address_rule=max(s.address_rule, ADDRESS_RULE),
+            quality=True,
         )
 
     if await reconfigure(lg, change) is not None:
-        log.info(
-            "settings_published",
-            lab=lab,
-            agent_subjects=True,
-            trust=True,
-            batches=True,
-            guarded=True,
-            address_rule=ADDRESS_RULE,
-        )
+        on = "agent_subjects trust batches guarded quality"
+        log.info("settings_published", lab=lab, on=on, address_rule=ADDRESS_RULE)
 
 
 async def fold_service(

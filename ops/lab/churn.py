@@ -28,9 +28,20 @@ import msgspec
 
 from events import Settings
 
-__all__ = ["DEATHS", "MAX_SPEED", "PROFILES", "Down", "Plan", "Profile", "plan", "scaled"]
+__all__ = [
+    "DEATHS",
+    "MAX_SPEED",
+    "PROFILES",
+    "RATES_KB_S",
+    "Down",
+    "Plan",
+    "Profile",
+    "plan",
+    "scaled",
+]
 
 DEATHS = ("refusing", "silent", "tarpit")
+RATES_KB_S = (40, 1_600)  # a shaped plan's slowest and fastest relays
 MAX_SPEED = 10
 
 
@@ -66,6 +77,8 @@ class Plan:
     servers: tuple[str, ...]
     rtt_ms: tuple[int, ...]
     downs: tuple[tuple[Down, ...], ...]
+    # Each relay's answers at most this fast, kilobytes a second (empty: as they come).
+    rate_kb_s: tuple[int, ...] = ()
 
     def up(self, i: int, at_ms: int) -> bool:
         """The lab's truth: whether proxy ``i`` works at simulated time ``at_ms``."""
@@ -75,11 +88,15 @@ class Plan:
         return sum(self.up(i, at_ms) for i in range(len(self.servers)))
 
 
-def plan(profile: str, proxies: int = 200, seed: int = 1, duration_s: int = 3_600) -> Plan:
+def plan(
+    profile: str, proxies: int = 200, seed: int = 1, duration_s: int = 3_600, shaped: bool = False
+) -> Plan:
     """The schedule of a run of ``duration_s`` simulated seconds. Each proxy starts up
     (what a source page lists at the start works, as a fresh list's best entries do),
     then alternates exponential up and down times of the profile's means; ``outage``
-    adds one mass death of half of them (a seeded half) that lasts to the end."""
+    adds one mass death of half of them (a seeded half) that lasts to the end. With
+    ``shaped``, each relay carries answers at its own rate (``RATES_KB_S``' span, evenly
+    apart on a log scale, in a seeded order)."""
     if profile not in PROFILES:
         raise ValueError(f"profile {profile!r}: one of {', '.join(PROFILES)}")
     if proxies < 1 or duration_s < 1:
@@ -106,7 +123,13 @@ def plan(profile: str, proxies: int = 200, seed: int = 1, duration_s: int = 3_60
             else:
                 own.append(Down(mass_at, end, rng.choice(DEATHS)))
         downs.append(tuple(own))
-    return Plan(profile, seed, end, servers, rtt, tuple(downs))
+    rates: tuple[int, ...] = ()
+    if shaped:  # drawn after the schedule: a shaped plan's deaths are the unshaped one's
+        low, high = RATES_KB_S
+        span = [round(low * (high / low) ** (i / max(1, proxies - 1))) for i in range(proxies)]
+        rng.shuffle(span)
+        rates = tuple(span)
+    return Plan(profile, seed, end, servers, rtt, tuple(downs), rates)
 
 
 def scaled(settings: Settings, speed: float) -> Settings:

@@ -44,6 +44,7 @@ class _Player:
     server: str  # microsocks or tinyproxy
     rtt_ms: int
     root: Path
+    rate_kb_s: int = 0  # its relay's answers at most this fast (0: as fast as they come)
     inner: int = field(default_factory=_free_port)
     proc: subprocess.Popen[bytes] | None = None
     listener: asyncio.base_events.Server | None = None
@@ -100,7 +101,7 @@ class Churn:
     def __init__(self, config: dict[str, Any], root: Path, relay: Any, tarpit: Any) -> None:
         self.speed = float(config["speed"])
         self.players = [
-            _Player(i, p["addr"], p["port"], p["server"], p["rtt_ms"], root)
+            _Player(i, p["addr"], p["port"], p["server"], p["rtt_ms"], root, p.get("rate_kb_s", 0))
             for i, p in enumerate(config["proxies"])
         ]
         self.downs = [p["downs"] for p in config["proxies"]]
@@ -115,7 +116,7 @@ class Churn:
             p.spawn()
         for p in self.players:
             await _ready(p.inner)
-            await p.listen(self._relay(p.inner, p.rtt_ms))
+            await p.listen(self._relay(p.inner, p.rtt_ms, rate_kb_s=p.rate_kb_s))
         self.t0 = time.time()
         self._task = asyncio.create_task(self._play(), name="ppf-churn")
         return self.t0
@@ -158,7 +159,7 @@ class Churn:
             await _ready(p.inner)
         elif how == "silent":
             await _ip("addr", "add", f"{p.addr}/32", "dev", "lo")
-        await p.listen(self._relay(p.inner, p.rtt_ms))
+        await p.listen(self._relay(p.inner, p.rtt_ms, rate_kb_s=p.rate_kb_s))
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -38,13 +38,18 @@ from ops.lab.churnbox import Churn
 from ops.lab.sitebox import SITES, serve_site
 from ops.lab.testbed import ProxyLab, self_signed
 
-__all__ = ["azenv_text", "httpbin_json"]
+__all__ = ["azenv_text", "httpbin_json", "relay"]
 
 
 async def _pipe(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay_s: float, jitter_s: float
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    delay_s: float,
+    jitter_s: float,
+    rate_b_s: float = 0,
 ) -> None:
-    """Copy one way, each chunk delivered ``delay_s`` (+ jitter) after it arrived, in order."""
+    """Copy one way, each chunk delivered ``delay_s`` (+ jitter) after it arrived, in order;
+    with ``rate_b_s``, no faster than that many bytes a second (a link of that rate)."""
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
 
     async def deliver() -> None:
@@ -65,6 +70,8 @@ async def _pipe(
         while data := await reader.read(65536):
             # Never before the previous chunk: jitter must not reorder a byte stream.
             last_due = max(last_due, time.monotonic() + delay_s + random.uniform(0, jitter_s))
+            if rate_b_s:
+                last_due += len(data) / rate_b_s  # the chunk's time on the link
             queue.put_nowait((last_due, data))
     except (ConnectionError, OSError):
         pass
@@ -75,9 +82,10 @@ async def _pipe(
         pass
 
 
-def _relay(inner_port: int, rtt_ms: float, *, proxy_header: bool = False) -> Any:
+def relay(inner_port: int, rtt_ms: float, *, proxy_header: bool = False, rate_kb_s: int = 0) -> Any:
     """A relay that adds ``rtt_ms``; with ``proxy_header`` it tells the proxy behind it
-    who the client really is (PROXY protocol v1), as if there were no relay."""
+    who the client really is (PROXY protocol v1), as if there were no relay; with
+    ``rate_kb_s``, it carries the answers at that many kilobytes a second at most."""
     half, jitter = rtt_ms / 2000, rtt_ms / 10000
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -94,7 +102,7 @@ def _relay(inner_port: int, rtt_ms: float, *, proxy_header: bool = False) -> Any
             )
         await asyncio.gather(
             _pipe(reader, up_writer, half, jitter),
-            _pipe(up_reader, writer, half, jitter),
+            _pipe(up_reader, writer, half, jitter, rate_kb_s * 1000),
             return_exceptions=True,
         )
 
@@ -227,7 +235,7 @@ async def serve(config: dict[str, Any]) -> None:
             spec = config["proxies"].get(proxy.name)
             if spec is None or proxy.name in ("closed", "tarpit", "garbage"):
                 continue
-            handle = _relay(proxy.port, spec["rtt_ms"], proxy_header=proxy.name == "squid")
+            handle = relay(proxy.port, spec["rtt_ms"], proxy_header=proxy.name == "squid")
             servers.append(await asyncio.start_server(handle, spec["addr"], spec["port"]))
             served.append(
                 {
@@ -246,7 +254,7 @@ async def serve(config: dict[str, Any]) -> None:
             )
         by_name = {p.name: p for p in lab.proxies}
         for e in config.get("extra", []):
-            handle = _relay(by_name[e["via"]].port, e["rtt_ms"], proxy_header=e["via"] == "squid")
+            handle = relay(by_name[e["via"]].port, e["rtt_ms"], proxy_header=e["via"] == "squid")
             servers.append(await asyncio.start_server(handle, e["addr"], e["port"]))
         for addr, port in config["tarpits"]:
             servers.append(await asyncio.start_server(_tarpit, addr, port))
@@ -269,7 +277,7 @@ async def serve(config: dict[str, Any]) -> None:
                 servers.append(await asyncio.start_server(handle, site.addr, port))
         t0 = 0.0
         if "churn" in config:  # the churn lab: its proxies, then its clock
-            churn = Churn(config["churn"], root, _relay, _tarpit)
+            churn = Churn(config["churn"], root, relay, _tarpit)
             t0 = await churn.start()
         ready = {"proxies": served, "pid": os.getpid(), "churn_t0": t0}
         # Whole or not at all: the lab reads it the moment it exists (written in place,

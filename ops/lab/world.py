@@ -300,6 +300,7 @@ class World:
                         "port": port,
                         "server": self.churn.servers[i],
                         "rtt_ms": self.churn.rtt_ms[i],
+                        "rate_kb_s": self.churn.rate_kb_s[i] if self.churn.rate_kb_s else 0,
                         "downs": [(d.start_ms, d.end_ms, d.how) for d in self.churn.downs[i]],
                     }
                     for i, (addr, port) in enumerate(churned)

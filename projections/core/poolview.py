@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from projections.core.chunks import Chunks
+from projections.core.quality import datacenter, stable_since, uptime
 from projections.core.readmodels import ProxyFilter
 from reducers import State, sites, trust
 from reducers.pool import STANDINGS, band_edges, seen_bounds, standing
@@ -67,6 +68,13 @@ class ProxyView(msgspec.Struct, gc=False):
     samples: bytes
     line: str  # "proto://ip:port\n"
     confirmed: bool  # an agent trusted now confirmed it (reducers/trust.py)
+    datacenter: str  # "yes", "no", "" (no AS known): projections/core/quality.py
+    # projections/core/quality.py, as of the build: uptime 0-1 (-1: none known), the
+    # start of its unbroken run of successes (0: none), its speed (0: not measured).
+    uptime: float = -1.0
+    uptime_checks: int = 0  # the checks it is of
+    stable_since: int = 0
+    speed_kb_s: int = 0
 
 
 Views = Chunks[ProxyView]
@@ -241,6 +249,10 @@ class PoolView:
                 continue
             if works and not all((v.ip, v.port) in through for through in works):
                 continue
+            if f.quality and not f.quality_ok(v.uptime, v.stable_since, v.speed_kb_s, now):
+                continue
+            if f.datacenter is not None and v.datacenter != f.datacenter:
+                continue
             yield v
             taken += 1
             if taken == limit:
@@ -332,7 +344,10 @@ def building(state: State, now: int | None = None, kept: ThroughKept | None = No
     rows = list(state.proxies.values())
     views: list[tuple[ProxyView, ...]] = []  # a step's each
     for i in range(0, len(rows), STEP):
-        views.append(tuple(_view(r, vouched) for r in rows[i : i + STEP]))
+        step = tuple(_view(r, vouched) for r in rows[i : i + STEP])
+        if state.quality:
+            _qualify(step, state, now or 0)
+        views.append(step)
         yield
     del rows
     by_latency = yield from _sorting(views, _by_latency)
@@ -385,7 +400,19 @@ def _view(r: ProxyRow, vouched: Callable[[tuple[str, ...]], bool]) -> ProxyView:
         r.samples,
         f"{r.proto}://{r.ip}:{r.port}\n",
         vouched(r.agents),
+        datacenter(r.as_org),
     )
+
+
+def _qualify(views: Iterable[ProxyView], state: State, now: int) -> None:
+    """The quality signals of those of ``views`` the fold has figures for."""
+    for v in views:
+        q = state.quality.get((v.ip, v.port))
+        if q is not None:
+            share = uptime(q, now)
+            v.uptime = -1.0 if share is None else share
+            v.uptime_checks = q.checks
+            v.stable_since, v.speed_kb_s = stable_since(q), q.speed_kb_s
 
 
 def _sorting(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from events.sites import THROUGH
+from projections.core.quality import datacenter, stable_since, uptime
 from reducers import sites, trust
 from reducers.pool import liveness, standing
 from reducers.rows import SiteCells
@@ -144,6 +145,30 @@ class ProxyFilter:
     mitm: bool | None = None
     https: bool | None = None  # True: tunnelled to a real HTTPS target; False: not (yet)
     works_on: tuple[str, ...] | None = None  # sites it gets through to, each of them
+    # Quality signals (projections/core/quality.py): up at least this share (0-1) of
+    # the known time of the last days; working without a break for this long; a
+    # download at least this fast; its address in a datacenter ("yes") or not ("no").
+    min_uptime: float | None = None
+    stable_for_s: int | None = None
+    min_speed_kb_s: int | None = None
+    datacenter: str | None = None
+
+    @property
+    def quality(self) -> bool:
+        """Whether it asks for any of the signals a proxy's checks give."""
+        return not (self.min_uptime is None and self.stable_for_s is None) or bool(
+            self.min_speed_kb_s
+        )
+
+    def quality_ok(self, uptime: float, since: int, speed_kb_s: int, now: int) -> bool:
+        """Whether those signals (uptime -1 and ``since`` 0: none) meet it."""
+        if self.min_uptime is not None and uptime < self.min_uptime:
+            return False
+        if self.stable_for_s is not None and not (
+            since and now - since >= self.stable_for_s * 1000
+        ):
+            return False
+        return not self.min_speed_kb_s or speed_kb_s >= self.min_speed_kb_s
 
 
 def _matches(
@@ -176,6 +201,14 @@ def _matches(
         sites.standing(state, (row.ip, row.port), site, now) == THROUGH for site in f.works_on
     ):
         return False
+    if f.datacenter is not None and datacenter(row.as_org) != f.datacenter:
+        return False
+    if f.quality:
+        q = state.quality.get((row.ip, row.port))
+        share = uptime(q, now)
+        speed = q.speed_kb_s if q is not None else 0
+        if not f.quality_ok(-1.0 if share is None else share, stable_since(q), speed, now):
+            return False
     return f.status == "all" or proxy_status(row, now, ttl_s, vouched(row.agents)) == f.status
 
 

@@ -1,0 +1,95 @@
+"""One proxy as ``GET /v1/proxies`` serves it, from the pool view or the projection's row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from projections.core.poolview import ProxyView
+from projections.core.readmodels import nearest_rank, status_at
+from reducers import ProxyRow
+from reducers.state import unpack_samples
+
+__all__ = ["ProxyOut", "proxy_out"]
+
+
+class ProxyOut(msgspec.Struct):
+    """One proxy as ``GET /v1/proxies`` serves it (a Struct: encoded in C, no dict a row)."""
+
+    ip: str
+    port: int
+    proto: str
+    protos: tuple[str, ...]
+    status: str
+    last_seen: int
+    first_seen: int
+    latency_ms: float
+    latency_p50_ms: int | None
+    latency_p95_ms: int | None
+    exit_ip: str
+    anonymity: str
+    mitm: bool
+    https: str
+    confirmations: int
+    agents: int
+    sources: tuple[str, ...]
+    fail_streak: int
+    country: str
+    asn: int
+    as_org: str
+    # projections/core/quality.py: None where nothing is known (no AS, no figure).
+    datacenter: bool | None = None
+    uptime_pct: float | None = None
+    uptime_checks: int | None = None  # the checks uptime_pct is of
+    stable_since: int | None = None
+    speed_kb_s: int | None = None
+
+
+def proxy_out(v: ProxyView | ProxyRow, now: int, ttl: int, confirmed: bool = True) -> ProxyOut:
+    p50 = p95 = None
+    if v.samples:  # sorted once for both (this runs for every row served)
+        ordered = sorted(unpack_samples(v.samples))
+        p50, p95 = nearest_rank(ordered, 0.5), nearest_rank(ordered, 0.95)
+    if isinstance(v, ProxyRow):
+        latency, agents = v.latency_ema, len(v.agents)
+    else:
+        latency, agents, confirmed = v.latency, v.agents, v.confirmed
+    return ProxyOut(
+        v.ip,
+        v.port,
+        v.proto,
+        v.protos,
+        status_at(v.last_seen, now, ttl, confirmed, v.fail_streak > 0),
+        v.last_seen,
+        v.first_seen,
+        round(latency, 1),
+        p50,
+        p95,
+        v.exit_ip,
+        v.anonymity,
+        v.mitm,
+        v.https,
+        v.confirmations,
+        agents,
+        v.sources,
+        v.fail_streak,
+        v.country,
+        v.asn,
+        v.as_org,
+        *_signals(v),
+    )
+
+
+def _signals(v: ProxyView | ProxyRow) -> tuple[Any, ...]:
+    """A view's quality signals as ``ProxyOut`` says them (a row's: its own route's)."""
+    if isinstance(v, ProxyRow):
+        return (None,) * 5
+    known = v.datacenter
+    return (
+        None if not known else known == "yes",
+        None if v.uptime < 0 else round(100 * v.uptime, 1),
+        v.uptime_checks or None,
+        v.stable_since or None,
+        v.speed_kb_s or None,
+    )
