@@ -73,6 +73,32 @@ async def _work_to_the_end(box: Box, node: SeedNode) -> bool:
         await asyncio.wait_for(working, 30)
 
 
+async def _why_not_done(box: Box) -> str:
+    """What a grant that never came needs said: the granter's counts, and each seed
+    range's row beside the sequence of the last message the log holds on its subject
+    (a claim expects the row's)."""
+    from events.subjects import lease_subject
+    from gateway.commands import GRANTER
+    from projections.live import far_behind
+
+    assert box.app is not None
+    g = box.app[GRANTER]
+    said = [
+        f"granted {g.granted} lost {g.lost} claiming {sorted(g._claiming)} far behind "
+        f"{await far_behind(box.fold)} applied {box.fold.applied_seq} head "
+        f"{await box.log.head_seq()} unreadable {g.unreadable_inputs}"
+    ]
+    for target, row in box.fold.state.leases.items():
+        if row.kind == "seed":
+            last = await box.log.last_entry(lease_subject("seed", target))
+            said.append(
+                f"{target}: {row.status} holder {row.holder!r} subject_seq {row.subject_seq} "
+                f"(log: {last[0] if last else None}) cursor {row.cursor}/{row.end} "
+                f"expires {row.expires_at} attempts {row.attempts}"
+            )
+    return "\n".join(said)
+
+
 def _covered_once(state: State, plan_name: str) -> list[str]:
     """What is wrong with the plan's folded batches as a partition of each range."""
     wrong = []
@@ -154,7 +180,7 @@ async def test_seed_nodes_work_a_dump_once_and_resume_a_dead_nodes_range(
         orphan, cursor = held[0].target, held[0].cursor
         state = box.fold.state
         done = await _work_to_the_end(box, _node(box, "s2", tmp_path, batch=15))
-        assert done, state.leases
+        assert done, await _why_not_done(box)
         assert await box.fold.wait_for(await box.log.head_seq(), 10)
         assert _covered_once(state, planned.plan) == []
         resumed = [d for d in state.deposits.values() if d.target == orphan and d.agent == "s2"]
