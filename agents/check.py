@@ -386,7 +386,7 @@ async def check_many(
                 and result.proto is not None
                 and speed_budget is not None
                 and used.signer is not None
-                and speed_budget.take(SPEED_BYTES)
+                and speed_budget.take(SPEED_BYTES, (ip, port))
             ):
                 kb_s = await speed(ip, port, result.proto, used, timeout=2 * timeout)
                 result = dataclasses.replace(result, speed_kb_s=kb_s)

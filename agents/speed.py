@@ -38,24 +38,41 @@ class Judge(Protocol):
 
 
 class SpeedBudget:
-    """Bytes this agent may download for speed an hour, refilled as time passes."""
+    """Bytes this agent may download for speed an hour, refilled as time passes; and
+    the proxies it timed lately, each timed again only after ``every_s`` (the budget
+    goes to the proxies not timed yet, not to the first few checked each round)."""
 
-    def __init__(self, bytes_per_hour: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        bytes_per_hour: int,
+        clock: Callable[[], float] = time.monotonic,
+        every_s: float = 6 * 3600,
+    ) -> None:
         self.per_hour = bytes_per_hour
         self.clock = clock
+        self.every_s = every_s
         self._left = float(bytes_per_hour)
         self._at = clock()
+        self._timed: dict[tuple[str, int], float] = {}  # proxy -> when, oldest first
         self.spent = 0  # bytes, for the agent's status
 
-    def take(self, size: int) -> bool:
-        """Whether a download of ``size`` bytes fits now (and is counted if so)."""
+    def take(self, size: int, proxy: tuple[str, int] | None = None) -> bool:
+        """Whether a download of ``size`` bytes (through ``proxy``) is due and fits now,
+        and is counted if so."""
         now = self.clock()
+        timed = self._timed
+        while timed and now - next(iter(timed.values())) >= self.every_s:
+            del timed[next(iter(timed))]  # insertion order is time order: oldest first
+        if proxy in timed:
+            return False
         self._left = min(self.per_hour, self._left + (now - self._at) * self.per_hour / 3600)
         self._at = now
         if size > self._left:
             return False
         self._left -= size
         self.spent += size
+        if proxy is not None:
+            timed[proxy] = now
         return True
 
 

@@ -110,3 +110,18 @@ def test_the_checkers_budget_holds_its_downloads_to_its_bytes_an_hour() -> None:
     assert not budget.take(SIZE)
     now[0] = 1_020.0
     assert budget.take(SIZE) and budget.spent == 3 * SIZE
+
+
+def test_a_proxy_is_timed_again_only_after_the_budgets_interval() -> None:
+    """A proxy timed is not timed again within ``every_s``, whatever the bytes left;
+    another one is; each is due again once the interval since its own timing passed."""
+    now = [0.0]
+    budget = SpeedBudget(64 * SIZE, clock=lambda: now[0], every_s=3600)
+    a, b = ("45.1.2.3", 1080), ("45.1.2.4", 1080)
+    assert budget.take(SIZE, a)
+    assert not budget.take(SIZE, a)
+    now[0] = 1_800.0
+    assert budget.take(SIZE, b)
+    now[0] = 3_600.0
+    assert budget.take(SIZE, a)
+    assert not budget.take(SIZE, b)
