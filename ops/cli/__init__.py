@@ -12,7 +12,8 @@ import asyncio
 import inspect
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from ops.cli import (
     admin,
@@ -80,6 +81,18 @@ def _tls_beside_nats(p: argparse.ArgumentParser) -> None:
         p.add_argument("--nats-key", metavar="FILE", help="its key")
 
 
+def _loop_runner(args: argparse.Namespace) -> Callable[[Coroutine[Any, Any, Any]], Any]:
+    """``asyncio.run``, or uvloop's for a command that asks for it (``ppf serve``) where
+    uvloop is installed (it is not on Windows)."""
+    if getattr(args, "uvloop", False):
+        try:
+            import uvloop
+        except ImportError:
+            return asyncio.run
+        return uvloop.run
+    return asyncio.run
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = parser()
     if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (ppf completion)
@@ -98,7 +111,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.nats = with_credentials(args.nats, store)
     try:
         result = args.run(args)
-        return int(asyncio.run(result) if inspect.iscoroutine(result) else result)
+        if not inspect.iscoroutine(result):
+            return int(result)
+        return int(_loop_runner(args)(result))
     except LogError as exc:
         print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
         return 1

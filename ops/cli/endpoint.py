@@ -44,7 +44,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sv.add_argument("--token", help="that agent's token")
     sv.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # workers.py's
     serve_options(sv, workers="--workers")
-    sv.set_defaults(run=_serve)
+    # The data plane's processes run on uvloop (ops/cli/__init__.py): two workers' CPU a
+    # request over one's went from 1.21x to 1.12x (docs/decisions.md, The endpoint).
+    sv.set_defaults(run=_serve, uvloop=True)
 
 
 def serve_options(parser: argparse.ArgumentParser, workers: str = "--serve-workers") -> None:
