@@ -156,9 +156,8 @@ class ProxyFilter:
     @property
     def quality(self) -> bool:
         """Whether it asks for any of the signals a proxy's checks give."""
-        return not (self.min_uptime is None and self.stable_for_s is None) or bool(
-            self.min_speed_kb_s
-        )
+        asked = (self.min_uptime, self.stable_for_s)
+        return any(a is not None for a in asked) or bool(self.min_speed_kb_s)
 
     def quality_ok(self, uptime: float, since: int, speed_kb_s: int, now: int) -> bool:
         """Whether those signals (uptime -1 and ``since`` 0: none) meet it."""
