@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from projections.core.poolview import ProxyView
+from projections.core.quality import stable_since, uptime
 from projections.core.readmodels import nearest_rank, status_at
 from reducers import ProxyRow
 from reducers.state import unpack_samples
@@ -77,19 +78,20 @@ def proxy_out(v: ProxyView | ProxyRow, now: int, ttl: int, confirmed: bool = Tru
         v.country,
         v.asn,
         v.as_org,
-        *_signals(v),
+        *_signals(v, now),
     )
 
 
-def _signals(v: ProxyView | ProxyRow) -> tuple[Any, ...]:
+def _signals(v: ProxyView | ProxyRow, now: int) -> tuple[Any, ...]:
     """A view's quality signals as ``ProxyOut`` says them (a row's: its own route's)."""
     if isinstance(v, ProxyRow):
         return (None,) * 5
-    known = v.datacenter
+    known, q = v.datacenter, v.quality
+    share = uptime(q, now)
     return (
         None if not known else known == "yes",
-        None if v.uptime < 0 else round(100 * v.uptime, 1),
-        v.uptime_checks or None,
-        v.stable_since or None,
-        v.speed_kb_s or None,
+        None if share is None else round(100 * share, 1),
+        q.checks if q is not None else None,
+        stable_since(q) or None,
+        (q.speed_kb_s or None) if q is not None else None,
     )

@@ -20,11 +20,11 @@ from typing import Any
 import msgspec
 
 from projections.core.chunks import Chunks
-from projections.core.quality import datacenter, stable_since, uptime
+from projections.core.quality import datacenter
 from projections.core.readmodels import ProxyFilter
 from reducers import State, sites, trust
 from reducers.pool import STANDINGS, band_edges, seen_bounds, standing
-from reducers.rows import SiteCells
+from reducers.rows import ProxyQuality, SiteCells
 from reducers.state import ProxyKey, ProxyRow
 from reducers.steps import at_once
 
@@ -69,12 +69,11 @@ class ProxyView(msgspec.Struct, gc=False):
     line: str  # "proto://ip:port\n"
     confirmed: bool  # an agent trusted now confirmed it (reducers/trust.py)
     datacenter: str  # "yes", "no", "" (no AS known): projections/core/quality.py
-    # projections/core/quality.py, as of the build: uptime 0-1 (-1: none known), the
-    # start of its unbroken run of successes (0: none), its speed (0: not measured).
-    uptime: float = -1.0
-    uptime_checks: int = 0  # the checks it is of
-    stable_since: int = 0
-    speed_kb_s: int = 0
+    # Its figures over time (reducers/quality.py): the fold's own row, read only where a
+    # filter or an answer asks (as of the read, not the build). Working them out for
+    # every row made a build of 100,000 proxies 0.50 s (0.34 without figures; 0.375
+    # reading them so).
+    quality: ProxyQuality | None = None
 
 
 Views = Chunks[ProxyView]
@@ -249,7 +248,7 @@ class PoolView:
                 continue
             if works and not all((v.ip, v.port) in through for through in works):
                 continue
-            if f.quality and not f.quality_ok(v.uptime, v.stable_since, v.speed_kb_s, now):
+            if f.quality and not f.quality_ok(v.quality, now):
                 continue
             if f.datacenter is not None and v.datacenter != f.datacenter:
                 continue
@@ -344,10 +343,7 @@ def building(state: State, now: int | None = None, kept: ThroughKept | None = No
     rows = list(state.proxies.values())
     views: list[tuple[ProxyView, ...]] = []  # a step's each
     for i in range(0, len(rows), STEP):
-        step = tuple(_view(r, vouched) for r in rows[i : i + STEP])
-        if state.quality:
-            _qualify(step, state, now or 0)
-        views.append(step)
+        views.append(tuple(_view(r, vouched, state.quality) for r in rows[i : i + STEP]))
         yield
     del rows
     by_latency = yield from _sorting(views, _by_latency)
@@ -377,7 +373,11 @@ def building(state: State, now: int | None = None, kept: ThroughKept | None = No
     return view
 
 
-def _view(r: ProxyRow, vouched: Callable[[tuple[str, ...]], bool]) -> ProxyView:
+def _view(
+    r: ProxyRow,
+    vouched: Callable[[tuple[str, ...]], bool],
+    quality: dict[ProxyKey, ProxyQuality],
+) -> ProxyView:
     return ProxyView(
         r.latency_ema,
         r.ip,
@@ -401,18 +401,8 @@ def _view(r: ProxyRow, vouched: Callable[[tuple[str, ...]], bool]) -> ProxyView:
         f"{r.proto}://{r.ip}:{r.port}\n",
         vouched(r.agents),
         datacenter(r.as_org),
+        quality.get((r.ip, r.port)) if quality else None,
     )
-
-
-def _qualify(views: Iterable[ProxyView], state: State, now: int) -> None:
-    """The quality signals of those of ``views`` the fold has figures for."""
-    for v in views:
-        q = state.quality.get((v.ip, v.port))
-        if q is not None:
-            share = uptime(q, now)
-            v.uptime = -1.0 if share is None else share
-            v.uptime_checks = q.checks
-            v.stable_since, v.speed_kb_s = stable_since(q), q.speed_kb_s
 
 
 def _sorting(

@@ -13,7 +13,7 @@ from events.sites import THROUGH
 from projections.core.quality import datacenter, stable_since, uptime
 from reducers import sites, trust
 from reducers.pool import liveness, standing
-from reducers.rows import SiteCells
+from reducers.rows import ProxyQuality, SiteCells
 from reducers.state import ProxyRow, SourceRow, State
 
 __all__ = [
@@ -159,15 +159,17 @@ class ProxyFilter:
         asked = (self.min_uptime, self.stable_for_s)
         return any(a is not None for a in asked) or bool(self.min_speed_kb_s)
 
-    def quality_ok(self, uptime: float, since: int, speed_kb_s: int, now: int) -> bool:
-        """Whether those signals (uptime -1 and ``since`` 0: none) meet it."""
-        if self.min_uptime is not None and uptime < self.min_uptime:
-            return False
-        if self.stable_for_s is not None and not (
-            since and now - since >= self.stable_for_s * 1000
-        ):
-            return False
-        return not self.min_speed_kb_s or speed_kb_s >= self.min_speed_kb_s
+    def quality_ok(self, q: ProxyQuality | None, now: int) -> bool:
+        """Whether the figures of ``q`` (a proxy's, None: none yet) meet it at ``now``."""
+        if self.min_uptime is not None:
+            share = uptime(q, now)
+            if share is None or share < self.min_uptime:
+                return False
+        if self.stable_for_s is not None:
+            since = stable_since(q)
+            if not since or now - since < self.stable_for_s * 1000:
+                return False
+        return not self.min_speed_kb_s or (q is not None and q.speed_kb_s >= self.min_speed_kb_s)
 
 
 def _matches(
@@ -202,12 +204,8 @@ def _matches(
         return False
     if f.datacenter is not None and datacenter(row.as_org) != f.datacenter:
         return False
-    if f.quality:
-        q = state.quality.get((row.ip, row.port))
-        share = uptime(q, now)
-        speed = q.speed_kb_s if q is not None else 0
-        if not f.quality_ok(-1.0 if share is None else share, stable_since(q), speed, now):
-            return False
+    if f.quality and not f.quality_ok(state.quality.get((row.ip, row.port)), now):
+        return False
     return f.status == "all" or proxy_status(row, now, ttl_s, vouched(row.agents)) == f.status
 
 
