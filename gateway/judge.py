@@ -183,20 +183,29 @@ def addressed(request: web.Request) -> str:
     return f"{host.strip('[]')}:{443 if request.scheme == 'https' else 80}"
 
 
+def _admitted(request: web.Request) -> tuple[JudgeDoor | None, bytes, web.Response | None]:
+    """(the door, the minting agent's key, None) when the request's nonce may be
+    answered here (``JudgeDoor.admit``: it is spent), else a 403 saying why (counted in
+    the door's ``refused``)."""
+    door = request.app.get(JUDGE_DOOR)
+    if door is None:
+        key, why = b"", "this listener has no judge key"
+    else:
+        key, why = door.admit(request.query.get("n", ""), addressed(request), time.time())
+    if not why:
+        return door, key, None
+    if door is not None:
+        door.refused += 1
+    log.debug("judge_refused", peer=request.remote, path=request.path, why=why)
+    return door, b"", web.json_response({"error": f"not a ppf check: {why}"}, status=403)
+
+
 async def judge(request: web.Request) -> web.Response:
     """Echo the caller's address and every header, signed, to a nonce this judge may
     answer (``JudgeDoor``); 403 and nothing echoed to anything else."""
-    door = request.app.get(JUDGE_DOOR)
-    if door is None:
-        why = "this listener has no judge key"
-        key = b""
-    else:
-        key, why = door.admit(request.query.get("n", ""), addressed(request), time.time())
-    if why:
-        if door is not None:
-            door.refused += 1
-        log.debug("judge_refused", peer=request.remote, why=why)
-        return web.json_response({"error": f"not a ppf check: {why}"}, status=403)
+    door, key, refused = _admitted(request)
+    if refused is not None:
+        return refused
     assert door is not None
     door.answered += 1
     body = echo(request)
@@ -215,19 +224,13 @@ async def judge_bytes(request: web.Request) -> web.StreamResponse:
     """``GET /judge/bytes?n=<nonce>&size=N``: N bytes (at most ``MAX_SPEED_BYTES``) for a
     check's download through a proxy (agents/speed.py), to a nonce this judge may
     answer, as ``judge``: a bandwidth sink for ppf's agents only, each nonce once."""
-    door = request.app.get(JUDGE_DOOR)
     raw = request.query.get("size", "")
     if not raw.isdigit() or not 0 < int(raw) <= MAX_SPEED_BYTES:
         why = f"size: 1-{MAX_SPEED_BYTES} bytes, not {raw!r}"
         return web.json_response({"error": why}, status=400)
-    if door is None:
-        why = "this listener has no judge key"
-    else:
-        _, why = door.admit(request.query.get("n", ""), addressed(request), time.time())
-    if why:
-        if door is not None:
-            door.refused += 1
-        return web.json_response({"error": f"not a ppf check: {why}"}, status=403)
+    _, _, refused = _admitted(request)
+    if refused is not None:
+        return refused
     size = int(raw)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     response.content_length = size
