@@ -21,19 +21,21 @@ The first tenth of the run is left out of the figures (the pool fills then).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from agents.check import Judge, check
 from ops.bench.upbox import UpBeside, get_json, up_beside
-from ops.lab.churn import PROFILES, plan, scaled
+from ops.lab.churn import PROFILES, Plan, plan, scaled
 from ops.lab.world import World
 from ops.nats.client import Log
 
-__all__ = ["bench_pool"]
+__all__ = ["bench_pool", "churn_beside"]
 
 
 async def bench_pool(
@@ -52,23 +54,10 @@ async def bench_pool(
     times the longer of the two. (Where only precision counts, as in ``flappy``'s bar, a
     failing proxy is worth fewer checks than a live one: its checks buy recall.)"""
     schedule = plan(profile, proxies, seed, duration_s)
-    if interval_s and not failing_s:
-        failing_s = max(1, interval_s // 2)
-    # The agents' own waits on the lab's clock too (30 s of the checker's is five
-    # simulated minutes at speed 10), and no longer than a tenth of the shortest recheck
-    # interval asked, as ppf's own 30 s are of its 300 s (a checker with nothing due
-    # asks again after its idle wait).
-    shortest = min(interval_s, failing_s) if interval_s else 300
-    idle = ("--agents-idle", str(round(min(30, shortest / 10) / speed, 2)))
-    with tempfile.TemporaryDirectory(prefix="ppf-bench-pool-") as tmp:
-        root = Path(tmp)
-        with (
-            World(root / "world", churn=schedule, speed=speed, dead_each=1) as world,
-            up_beside(world, root, *idle) as up,
-        ):
-            await _start(up, world, speed, recheck_budget_per_hour, interval_s, failing_s)
-            consumer = Consumer(up.base, world, await Judge.discover(world.judges["httpbin"]))
-            figures = await consumer.run(poll_s)
+    lab = churn_beside(schedule, speed, recheck_budget_per_hour, interval_s, failing_s)
+    async with lab as (world, up):
+        consumer = Consumer(up.base, world, await Judge.discover(world.judges["httpbin"]))
+        figures = await consumer.run(poll_s)
     sim_hours = duration_s / 3_600
     checks = figures.pop("checks")
     return {
@@ -85,6 +74,33 @@ async def bench_pool(
         # listed proxy again on top (its source interval, scaled too).
         "checks_per_proxy_per_sim_hour": round(checks / proxies / sim_hours, 1),
     }
+
+
+@contextlib.asynccontextmanager
+async def churn_beside(
+    schedule: Plan, speed: float, budget: int = 0, interval_s: int = 0, failing_s: int = 0
+) -> AsyncIterator[tuple[World, UpBeside]]:
+    """The churn lab playing ``schedule`` in the world in a box, ``speed`` times fast,
+    and ``ppf up`` beside it on the lab's clock (``_start``: every routine recheck
+    ``interval_s`` simulated seconds apart, 0: ppf's defaults; a failing proxy's
+    ``failing_s``, 0: half of it; ``budget`` rechecks an hour, 0: no cap), the page
+    listing every proxy added."""
+    if interval_s and not failing_s:
+        failing_s = max(1, interval_s // 2)
+    # The agents' own waits on the lab's clock too (30 s of the checker's is five
+    # simulated minutes at speed 10), and no longer than a tenth of the shortest recheck
+    # interval asked, as ppf's own 30 s are of its 300 s (a checker with nothing due
+    # asks again after its idle wait).
+    shortest = min(interval_s, failing_s) if interval_s else 300
+    idle = ("--agents-idle", str(round(min(30, shortest / 10) / speed, 2)))
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-churn-") as tmp:
+        root = Path(tmp)
+        with (
+            World(root / "world", churn=schedule, speed=speed, dead_each=1) as world,
+            up_beside(world, root, *idle) as up,
+        ):
+            await _start(up, world, speed, budget, interval_s, failing_s)
+            yield world, up
 
 
 async def _start(

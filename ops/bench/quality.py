@@ -17,16 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from ops.bench.pool import _start
-from ops.bench.upbox import get_json, up_beside
+from ops.bench.pool import churn_beside
+from ops.bench.upbox import get_json
 from ops.lab.churn import Plan, plan
-from ops.lab.world import World
 
 __all__ = ["MIN_CHECKS", "bench_quality", "spearman", "uptime_truth"]
 
@@ -41,21 +38,14 @@ async def bench_quality(
     interval_s: int = 30,
 ) -> dict[str, Any]:
     schedule = plan("steady", proxies, seed, duration, shaped=True)
-    idle = ("--agents-idle", str(round(min(30, interval_s / 10) / speed, 2)))
-    with tempfile.TemporaryDirectory(prefix="ppf-bench-quality-") as tmp:
-        root = Path(tmp)
-        with (
-            World(root / "world", churn=schedule, speed=speed, dead_each=1) as world,
-            up_beside(world, root, *idle) as up,
-        ):
-            await _start(up, world, speed, 0, interval_s, max(1, interval_s // 2))
-            end = world.churn_t0 + duration / speed
-            await asyncio.sleep(max(0.0, end - time.time()))
-            query = "/v1/proxies?status=all&mitm=any&limit=0"
-            body = await asyncio.to_thread(get_json, up.base + query)
-            at = time.time()
-            index = {addr: i for i, addr in enumerate(world.churn_addresses())}
-            t0 = world.churn_t0
+    async with churn_beside(schedule, speed, interval_s=interval_s) as (world, up):
+        end = world.churn_t0 + duration / speed
+        await asyncio.sleep(max(0.0, end - time.time()))
+        query = "/v1/proxies?status=all&mitm=any&limit=0"
+        body = await asyncio.to_thread(get_json, up.base + query)
+        at = time.time()
+        index = {addr: i for i, addr in enumerate(world.churn_addresses())}
+        t0 = world.churn_t0
     rows = {index[p["ip"], p["port"]]: p for p in body["proxies"] if (p["ip"], p["port"]) in index}
     errors, pairs = [], []
     for i, p in sorted(rows.items()):
