@@ -131,10 +131,10 @@ class Checker(Agent):
                     if cycles is not None and done >= cycles:
                         break
                     continue  # more may be due now
-                # Wait for room (a shard released), for the stop, or idle_s for work.
+                # Wait for room (a shard released), for the stop, or idle_wait_s for work.
                 freed = asyncio.create_task(self._freed.wait())
                 await asyncio.wait(
-                    {stopping, freed}, timeout=cfg.idle_s, return_when=asyncio.FIRST_COMPLETED
+                    {stopping, freed}, timeout=cfg.idle_wait_s, return_when=asyncio.FIRST_COMPLETED
                 )
                 freed.cancel()
         finally:

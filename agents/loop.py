@@ -121,6 +121,13 @@ class AgentConfig:
     # What the machine asks of the agent (battery, metered link); None: never holds back.
     citizen: Citizen | None = None
 
+    @property
+    def idle_wait_s(self) -> float:
+        """How long an agent without work waits before it asks again: ``idle_s``, and at
+        most a heartbeat's period, so that an idle agent notices its gateway's death (and
+        moves to the next) as soon as one holding leases does."""
+        return min(self.idle_s, self.lease_ttl_s / 3)
+
 
 # The longest a result waits, batched, before it goes out (docs/architecture.md §3).
 BATCH_GATHER_S = 1.0
@@ -204,14 +211,14 @@ class Agent:
         step: Callable[[GatewayClient, JudgePool], Awaitable[int]],
     ) -> None:
         """``step(gateway, judges)`` cycle after cycle until ``stop`` is set (or
-        ``cycles`` cycles that had work are done), waiting ``idle_s`` after one without."""
+        ``cycles`` cycles that had work are done), waiting ``idle_wait_s`` after one without."""
         self._stop = stop
         async with self._gateway_client() as gw, self._judges() as judge:
             self.cycles += await run_cycles(
                 self.name,
                 lambda: step(gw, judge),
                 stop,
-                idle_s=self.config.idle_s,
+                idle_s=self.config.idle_wait_s,
                 cycles=cycles,
             )
 

@@ -225,6 +225,38 @@ async def test_heartbeats_keep_a_recheck_longer_than_its_lease(
         assert r.fold.state.proxies[("127.0.0.1", tarpit.port)].fail_streak == 1
 
 
+async def test_an_idle_checker_moves_off_a_dead_gateway_within_a_heartbeat(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    """A checker with nothing to recheck, told two gateways, the first killed: it asks
+    again within a third of its 3 s lease TTL, not its 30 s idle wait, and moves to the
+    second (it holds no lease whose heartbeat would have told it)."""
+    from structlog.testing import capture_logs
+
+    async with _rechecks(log_client, []) as r:
+        first = TestServer(make_app(r.fold, log_client, GatewayConfig()))
+        await first.start_server()
+        a = str(first.make_url("")).rstrip("/")
+        config = CheckerConfig(shards=256, lease_ttl_s=3, idle_s=30)
+        checker = Checker(f"{a},{r.gateway}", r.token, "c1", a + "/judge", tmp_path / "c1", config)
+        stop = asyncio.Event()
+        with capture_logs() as logs:
+            running = asyncio.create_task(checker.run(stop))
+            try:
+                await asyncio.sleep(1.5)  # it has asked the first, found nothing, and waits
+                assert not any(e["event"] == "gateway_failover" for e in logs)
+                await first.close()
+                killed = asyncio.get_running_loop().time()
+                while not any(e["event"] == "gateway_failover" for e in logs):
+                    assert asyncio.get_running_loop().time() - killed < 1.5, "still waiting"
+                    await asyncio.sleep(0.05)
+            finally:
+                stop.set()
+                await asyncio.wait_for(running, 10)
+        [moved] = [e for e in logs if e["event"] == "gateway_failover"]
+        assert (moved["gone"], moved["to"]) == (a, r.gateway)
+
+
 async def test_a_cycle_leases_shards_until_it_holds_its_batch(
     lab: ProxyLab, log_client: Log, tmp_path: Path
 ) -> None:
