@@ -27,12 +27,14 @@ async def _judge_server(key: Path, tls: ssl.SSLContext | None = None) -> AsyncIt
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
+    site = None
     try:
         site = await listen(runner, "127.0.0.1", port, tls)
         yield f"{'https' if tls else 'http'}://127.0.0.1:{port}/judge"
     finally:
         await runner.cleanup()
-        await _connections_closed(site)
+        if site is not None:
+            await _connections_closed(site)
 
 
 async def _connections_closed(site: web.TCPSite, within_s: float = 5.0) -> None:
@@ -126,7 +128,6 @@ async def test_explicit_protocols_and_socks4_on_dante(lab: ProxyLab, judge: Judg
 @pytest.mark.serial
 async def test_tarpit_costs_one_timeout_and_many_run_at_once(lab: ProxyLab, judge: Judge) -> None:
     """A tarpit costs one timeout while the other checks run at the same time."""
-
     tarpit = next(p for p in lab.proxies if p.name == "tarpit")
     targets = [("127.0.0.1", p.port, p.proto) for p in lab.proxies] * 20
     targets += [("127.0.0.1", tarpit.port, None)] * 20
