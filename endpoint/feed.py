@@ -151,6 +151,10 @@ class Feed:
         self.sites_every_s = sites_every_s
         self.sites_sent = self.sites_dropped = 0
         self._sites_task: asyncio.Task[None] | None = None
+        # One round of each kind at a time: a flush (the stop's, say) waits for the round
+        # in flight, whose batch is already taken, and then sends what came after it.
+        self._traffic_round = asyncio.Lock()
+        self._sites_round = asyncio.Lock()
 
     async def start(self) -> None:
         self._http = aiohttp.ClientSession(
@@ -296,9 +300,15 @@ class Feed:
     async def _send_traffic(self) -> None:
         while True:
             await asyncio.sleep(TRAFFIC_S)
-            await self.flush_traffic()
+            # Shielded: a stop during a round lets it end (its batch is taken, and would be
+            # lost uncounted), and the stop's own flush waits for it.
+            await asyncio.shield(self.flush_traffic())
 
     async def flush_traffic(self) -> None:
+        async with self._traffic_round:
+            await self._flush_traffic()
+
+    async def _flush_traffic(self) -> None:
         traffic, self._traffic = self._traffic, {}
         for token, (name, results) in traffic.items():
             for start in range(0, len(results), MAX_RESULTS):
@@ -321,7 +331,7 @@ class Feed:
     async def _send_sites(self) -> None:
         while True:
             await asyncio.sleep(self.sites_every_s)
-            await self.flush_sites()
+            await asyncio.shield(self.flush_sites())  # as _send_traffic's round
             await self.refresh_standing()
 
     async def refresh_standing(self) -> None:
@@ -347,6 +357,10 @@ class Feed:
         """What the traffic showed of sites since the last round, as ``SitesChecked``
         rounds keyed ``traffic`` under the endpoint's own name: a proxy's and a site's,
         never a consumer's; nothing without an identity."""
+        async with self._sites_round:
+            await self._flush_sites()
+
+    async def _flush_sites(self) -> None:
         cells = self.pool.take_verdicts()
         if self.pool.verdicts_dropped:  # past the cap of cells a round: said, then reset
             log.warning("site_verdicts_dropped", cells=self.pool.verdicts_dropped)

@@ -221,3 +221,38 @@ async def test_an_operators_rule_turns_a_captcha_redirect_away_at_once(lab: Prox
         await runner.cleanup()
     assert got == [b"HTTP/1.1 200 OK"] * 4
     assert relay.outcomes.counts.get("turned_away", 0) >= 1
+
+
+async def test_a_round_of_site_verdicts_in_flight_at_a_stop_is_sent_and_counted() -> None:
+    """The endpoint stops while its round of site verdicts is on its way to a slow
+    gateway: the round ends (it was cancelled mid-send before, its taken cells lost and
+    counted nowhere), and the stop's own flush waits for it, then sends what came after."""
+    from aiohttp.test_utils import TestServer
+
+    from endpoint.feed import Feed
+
+    posting, rounds = asyncio.Event(), []
+
+    async def events(request: web.Request) -> web.Response:
+        posting.set()
+        await asyncio.sleep(0.5)
+        rounds.append([len(e["results"]) for e in (await request.json())["events"]])
+        return web.json_response({"accepted": 1})
+
+    app = web.Application()
+    app.router.add_post("/v1/events", events)
+    gateway = TestServer(app)
+    await gateway.start_server()
+    pool = Pool()
+    feed = Feed([str(gateway.make_url("")).rstrip("/")], pool, identity=("edge", "t"))
+    feed.sites_every_s = 0.05
+    try:
+        await feed.start()
+        pool.verdicts[("8.8.8.8", 80, "example.com")] = [1, 0]
+        await asyncio.wait_for(posting.wait(), 5)
+        pool.verdicts[("8.8.4.4", 80, "example.com")] = [0, 1]  # after the round began
+        await feed.stop()
+    finally:
+        await gateway.close()
+    assert rounds == [[1], [1]]
+    assert (feed.sites_sent, feed.sites_dropped) == (2, 0)
