@@ -33,7 +33,7 @@ from agents.judgepool import JudgePool
 from agents.loop import Agent, AgentConfig
 from events import Deposited
 from events.keys import seed_key
-from events.wire import LeaseGrant, SeedBatch, SeedFound, SeedPayload
+from events.wire import SEED_LEASE_TTL_S, LeaseGrant, SeedBatch, SeedFound, SeedPayload
 
 __all__ = ["SeedConfig", "SeedNode", "excluded"]
 
@@ -44,6 +44,7 @@ MIN_CANDIDATES = 3  # a URL whose page holds fewer is not a proxy list
 
 @dataclass(frozen=True, slots=True)
 class SeedConfig(AgentConfig):
+    lease_ttl_s: int = SEED_LEASE_TTL_S
     batch: int = 200  # items a deposit
     per_net_per_s: float = 20.0  # checks a second into one /24 (or /48)
     exclude: tuple[str, ...] = ()  # CIDRs never checked, besides private and reserved

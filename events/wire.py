@@ -56,6 +56,9 @@ __all__ = [
 
 Kind = Literal["source", "recheck", "seed", "proxy"]
 DEFAULT_LEASE_TTL_S = 300  # what an agent asks for when it says nothing
+# What a seed node asks for a range: a range is long work, and a node that dies holds it
+# this long before another resumes it from its cursor.
+SEED_LEASE_TTL_S = 900
 
 
 class LeaseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

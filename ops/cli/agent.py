@@ -14,11 +14,25 @@ from typing import Any
 
 import structlog
 
+from events.wire import DEFAULT_LEASE_TTL_S, SEED_LEASE_TTL_S
+
 __all__ = ["register"]
 
 # What `ppf check --json` prints of a check (docs/architecture.md §9).
 
 log = structlog.get_logger("ppf")
+
+
+def _seconds(text: str) -> int:
+    """argparse type: a whole number of seconds, at least one (the fleet's settings clamp
+    a lease's TTL further, to lease_ttl_min_s and lease_ttl_max_s)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value}: a lease lasts at least a second")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,7 +109,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="seed: never check these addresses (repeatable; private ones never are)",
     )
     ag.add_argument(
-        "--lease-ttl", type=int, default=900, help="seed: seconds a range is held unheard"
+        "--lease-ttl",
+        type=_seconds,
+        default=None,
+        help="seconds a lease is held unheard (heartbeats and idle asks come a third of it"
+        f" apart; default {SEED_LEASE_TTL_S} for a seed range, {DEFAULT_LEASE_TTL_S} else)",
     )
     exempt = "never inside a container"
     for flag, what in (
@@ -178,6 +196,7 @@ async def _agent(args: argparse.Namespace) -> int:
         "https_targets": https,
         "judge_key": me.judge_key,
         "citizen": Citizen(battery=args.on_battery, metering=args.on_metered),
+        **({} if args.lease_ttl is None else {"lease_ttl_s": args.lease_ttl}),
     }
     agent: Worker | Checker | SeedNode
     if args.role == "seed":
@@ -187,7 +206,6 @@ async def _agent(args: argparse.Namespace) -> int:
             batch=args.seed_batch,
             per_net_per_s=args.per_net,
             exclude=tuple(args.exclude),
-            lease_ttl_s=args.lease_ttl,
             **common,
         )
         agent = SeedNode(args.gateway, args.token, me.name, judges, data / me.name, seeding)
