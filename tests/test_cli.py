@@ -40,12 +40,14 @@ class Up:
     def __init__(self, ppf: str, data: Path, *extra: str) -> None:
         """No local agents unless ``extra`` asks something of them (``--lab``)."""
         self.data = data
-        # ppf up --cluster N listens on N ports from --nats-listen's: a run that no port
-        # the kernel hands out as free may fall in (it gives out neighbours).
+        # ppf up --cluster N listens on N ports from --nats-listen's, then its gateway's,
+        # endpoint's and TLS judge's: all from a run below the ports the kernel hands out
+        # (to a bind to port 0, to a connection). One of those took the endpoint's port
+        # in the seconds before ppf up listened, which then went on without it (CI).
         nodes = int(extra[extra.index("--cluster") + 1]) if "--cluster" in extra else 1
-        self.nats_port = free_run(nodes)[0]
-        self.http = free_port()
-        self.serve_port = free_port()
+        ports = free_run(nodes + 3)
+        self.nats_port = ports[0]
+        self.http, self.serve_port, tls_judge = ports[nodes:]
         self.cmd = [
             ppf,
             "up",
@@ -56,7 +58,7 @@ class Up:
             "--nats-listen",
             f"127.0.0.1:{self.nats_port}",
             "--judge-tls-listen",
-            f"127.0.0.1:{free_port()}",
+            f"127.0.0.1:{tls_judge}",
             "--serve-listen",
             f"127.0.0.1:{self.serve_port}",
             *(extra or ("--no-agents",)),
