@@ -95,7 +95,7 @@ async def local_agents(
         "local-seed",
         judges,
         home("local-seed"),
-        SeedConfig(lab=lab, judge_key=key("local-seed"), lease_ttl_s=900, **common),
+        SeedConfig(lab=lab, judge_key=key("local-seed"), **common),
     )
     stop = asyncio.Event()
     task = asyncio.gather(worker.run(stop), checker.run(stop), seed.run(stop))
