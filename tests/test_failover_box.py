@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 import events as ev
+from agents.checker import CheckerConfig
 from ops.lab.world import LINK_HOST, World, unavailable
 from ops.nats.client import Log
 from ops.nats.server import free_port, with_credentials
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailabl
 
 # The agents' leases are the default 300 s. An agent asks a gateway at least every third
 # of that, and sooner when it has no work (the checker's idle wait, 30 s, is the longest):
-# they move off a dead gateway within that, well within a lease TTL.
-MOVED_WITHIN_S = 35
+# they move off a dead gateway within that and a margin, well within a lease TTL.
+MOVED_WITHIN_S = CheckerConfig().idle_wait_s + 5
 
 
 @pytest.fixture(scope="module")
