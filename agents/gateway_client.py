@@ -99,6 +99,7 @@ class GatewayClient:
         self._headers = {"Authorization": f"Bearer {token}"}
         self._http: aiohttp.ClientSession | None = None
         self._nats_url = None if http_only else nats
+        self._nats_given = nats  # --nats: used as given; else the gateway's offer, followed
         self._http_only = http_only
         self._asked = False  # until GET /v1/agents/me has answered
         # Whether the fleet reports a check round as one ProxiesChecked (the gateway says
@@ -141,8 +142,7 @@ class GatewayClient:
         self._said(me)
         self.batches = me.batches
         self.judge_key = me.judge_key
-        if not self._http_only and self._nats_url is None:
-            self._nats_url = me.nats or None
+        await self._follow(me)
         log.info(
             "agent_events_via",
             agent=self.agent,
@@ -150,6 +150,24 @@ class GatewayClient:
             nats=redact(self._nats_url) if self._nats_url else None,
             batches=self.batches,
         )
+
+    async def _follow(self, me: AgentMe) -> None:
+        """Publish where the gateway says now: its NATS login for an agent trusted now,
+        its own ``POST /v1/events`` for one not (yet) trusted, whose NATS login the
+        server refuses (gateway/natsauth.py). An agent that earns trust moves to NATS at
+        its next ask; one that loses it, at its first send that fails."""
+        if self._http_only or self._nats_given is not None:
+            return
+        offered = me.nats or None
+        if offered == self._nats_url:
+            return
+        if self._log is not None:
+            with contextlib.suppress(LogError, OSError):
+                await self._log.close()
+            self._log = None
+        self._nats_url = offered
+        if self._asked:
+            log.info("agent_events_via", agent=self.agent, via=self.via)
 
     def _said(self, me: AgentMe) -> None:
         """Tell the operator, once, what the fold holds against this agent: a clock far
@@ -175,9 +193,12 @@ class GatewayClient:
         if time.monotonic() - self._standing_at < STANDING_S:
             return
         try:
-            self._said(await self.whoami())
+            me = await self.whoami()
         except GatewayError:
             self._standing_at = time.monotonic()
+            return
+        self._said(me)
+        await self._follow(me)
 
     async def __aexit__(self, *exc: object) -> None:
         if self._http is not None:
@@ -308,6 +329,12 @@ class GatewayClient:
             pending = [*outbox, *(encode(e) for e in self._stamp(events, outbox))]
             send = self._send_nats if self._nats_url else self._send_http
             left, detail = await send(pending)
+            if left and send == self._send_nats and self._nats_given is None:
+                # Its NATS login refused or gone (trust lost, a kick): ask where to now.
+                with contextlib.suppress(GatewayError):
+                    await self._follow(await self.whoami())
+                if not self._nats_url:
+                    left, detail = await self._send_http(left)
             if left:
                 self._write_outbox(left)
                 log.warning("events_buffered", count=len(left), via=self.via, detail=detail)

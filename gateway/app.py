@@ -20,8 +20,17 @@ from aiohttp import web
 
 from events.mint import now_ms
 from gateway.api import openapi
+from gateway.bounds import (
+    CONSUMER_LOG_BURST,
+    CONSUMER_LOG_BYTES_PER_HOUR,
+    REFUSALS,
+    REPORTS_BURST,
+    REPORTS_PER_HOUR,
+    UNTESTED_LOG_BURST,
+    UNTESTED_LOG_BYTES_PER_HOUR,
+)
 from gateway.checkout import routes as checkout_routes
-from gateway.commands import ANONYMOUS_REPORTS, GRANTER
+from gateway.commands import ANONYMOUS_REPORTS, CONSUMER_LOG, GRANTER, REPORTS, UNTESTED_LOG
 from gateway.commands import routes as command_routes
 from gateway.deleted import Deleted
 from gateway.deposits import PAGES, Inputs, Pages, sweeping
@@ -317,6 +326,9 @@ def make_app(
     app[ANONYMOUS_REPORTS] = RateLimiter(
         config.anonymous_reports_per_hour / 3600, config.anonymous_reports_burst
     )
+    app[UNTESTED_LOG] = RateLimiter(UNTESTED_LOG_BYTES_PER_HOUR / 3600, UNTESTED_LOG_BURST)
+    app[CONSUMER_LOG] = RateLimiter(CONSUMER_LOG_BYTES_PER_HOUR / 3600, CONSUMER_LOG_BURST)
+    app[REPORTS] = RateLimiter(REPORTS_PER_HOUR / 3600, REPORTS_BURST)
     app[DELETED] = Deleted()
     app[TRUSTED] = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
     app[POOL_VIEW] = PoolViewKeeper(foreground=fold.foreground)
@@ -335,6 +347,7 @@ def make_app(
     app[JUDGE_DOOR] = config.judge or JudgeDoor(
         JudgeKeys(os.urandom(32)), enrolled_in(lambda: fold.state)
     )
+    app[REFUSALS] = app[JUDGE_DOOR].refusals  # the judge's bytes count with the rest
     app[PAGES] = Pages()
     app[PENALTIES] = Penalties(lambda: fold.refused_bytes)
     app.cleanup_ctx.append(_sampling)

@@ -21,12 +21,14 @@ from events import Released
 from events.mint import fresh_id, now_ms
 from events.subjects import proxy_of
 from events.wire import CheckoutProxy, CheckoutRelease, CheckoutReply, CheckoutRequest
+from gateway.bounds import ANONYMOUS_POOL_SHARE, REFUSALS
 from gateway.commands import GRANTER, publish_report
-from gateway.http import FOLD, LOG, ApiError, authorize, decode_body, reply
+from gateway.http import FOLD, LOG, ApiError, authorize, client_address, decode_body, reply
 from gateway.queries import hidden_for, quality_of, works_on_of
 from gateway.views import POOL_VIEW
 from projections.core.readmodels import ProxyFilter
 from reducers.pool import lease_live
+from reducers.reports import ANONYMOUS
 from reducers.state import State
 
 __all__ = ["MAX_CHECKED_OUT", "checkout_id", "routes", "take"]
@@ -114,6 +116,13 @@ async def take(
     )
     hidden = hidden_for(request) | exclude
     view = await request.app[POOL_VIEW].get(request)
+    if name == ANONYMOUS:  # callers without a token, together: a small share of the pool
+        share = max(1, int(ANONYMOUS_POOL_SHARE * view.census(now)["alive"]))
+        if held >= share:
+            why = f"callers without a token hold {held} proxies, their share of the pool"
+            request.app[REFUSALS].refused("anonymous_share", client_address(request), why)
+            raise ApiError(429, "checkout-cap", why, headers={"Retry-After": "60"})
+        room = min(room, share - held)
     views = [v for v in view.select(f, now, limit=0) if (v.ip, v.port) not in hidden]
     grants = await request.app[GRANTER].grant(
         name, "proxy", body.count, body.ttl_s, proxies=views, checkout=cid, room=room

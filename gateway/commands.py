@@ -47,6 +47,7 @@ from events.wire import (
     SourcesAdded,
     SourcesRequest,
 )
+from gateway.bounds import REFUSALS, REPORTS_PER_HOUR
 from gateway.http import (
     CONFIG,
     FOLD,
@@ -79,6 +80,10 @@ __all__ = [
 routes = web.RouteTableDef()
 GRANTER = web.AppKey("granter", Granter)
 ANONYMOUS_REPORTS = web.AppKey("anonymous_reports", RateLimiter)  # keyed by client address
+# Bytes for the log, keyed by actor (gateway/bounds.py): untested agents', consumers'.
+UNTESTED_LOG = web.AppKey("untested_log", RateLimiter)
+CONSUMER_LOG = web.AppKey("consumer_log", RateLimiter)
+REPORTS = web.AppKey("reports", RateLimiter)  # consumers' blocked and worked reports
 OBSERVATIONS_NAMES = frozenset(kind.__name__ for kind in OBSERVATIONS)
 
 
@@ -209,11 +214,34 @@ async def publish_events(request: web.Request) -> web.Response:
         )
     if not events:
         return reply(EventsAccepted(seqs=[], duplicates=0))
+    _charge_log_bytes(request, caller, sum(len(raw) for raw in body.events))
     # Duplicates as the stream counted them (an id it had already, from this batch, an
     # earlier one, or another agent's event): each stored nothing, and the caller is told.
     acks = await request.app[LOG].publish_acks(events, msg_id=agent_msg_id)
     duplicates = sum(a.duplicate for a in acks)
     return reply(EventsAccepted(seqs=[a.seq for a in acks], duplicates=duplicates))
+
+
+def _charge_log_bytes(request: web.Request, caller: Caller, size: int) -> None:
+    """Take ``size`` bytes from the caller's budget for the log, if it has one (an agent
+    not trusted now, a consumer); 429 with the wait past it, counted and logged."""
+    state = request.app[FOLD].state
+    if caller.role == "consumer" and not (
+        state.settings.guarded and caller.name in state.operators
+    ):
+        bucket = request.app[CONSUMER_LOG]
+    elif caller.role in ("worker", "checker", "seed") and trust.untested(state, caller.name):
+        bucket = request.app[UNTESTED_LOG]
+    else:
+        return  # the operator's own: its agents are not slowed
+    wait = bucket.take(caller.name, size)
+    if wait > 0:
+        request.app[REFUSALS].refused(
+            "log_bytes", caller.name, "over its bytes for the log", size=size
+        )
+        raise retry_later(
+            wait, "log-budget", f"{caller.name} sent its bytes for the log; {size} more must wait"
+        )
 
 
 @routes.post("/v1/leases")
@@ -363,6 +391,7 @@ async def publish_report(
     now = now_ms()
     budgeted = name != ANONYMOUS and not (guarded and name in state.operators)
     if budgeted and outcome == "failed" and not reports_left(state, state.agents.get(name), now):
+        request.app[REFUSALS].refused("reports", name, "over its failed reports", ip=ip)
         budget = state.settings.report_budget_per_hour
         wait_s = max(1, ((now // 3_600_000 + 1) * 3_600_000 - now) // 1000)
         raise ApiError(
@@ -370,6 +399,12 @@ async def publish_report(
             "report-budget",
             f"{name} used its {budget} failed reports this hour",
             headers={"Retry-After": str(wait_s)},
+        )
+    if budgeted and outcome != "failed" and (wait := request.app[REPORTS].take(name)) > 0:
+        # Its blocked and worked reports: the fold budgets only its failed ones.
+        request.app[REFUSALS].refused("reports", name, f"over its {outcome} reports", ip=ip)
+        raise retry_later(
+            wait, "report-budget", f"{name} made its {REPORTS_PER_HOUR} reports this hour"
         )
     published = await request.app[LOG].publish(event)
     await _applied(request, published.seq)

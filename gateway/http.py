@@ -328,18 +328,18 @@ class RateLimiter:
         tokens, at = self.buckets.get(key, (self.burst, now))
         return min(self.burst, tokens + (now - at) * self.rate)
 
-    def take(self, key: str) -> float:
-        """0 when allowed, else the seconds to wait."""
+    def take(self, key: str, cost: float = 1.0) -> float:
+        """0 when allowed (``cost`` taken), else the seconds to wait (nothing taken)."""
         now = time.monotonic()
         tokens = self._tokens(key, now)
-        if tokens < 1.0:
+        if tokens < cost:
             self.buckets[key] = (tokens, now)
-            return (1.0 - tokens) / self.rate
+            return (min(cost, self.burst) - tokens) / self.rate
         if len(self.buckets) >= self.max_keys and key not in self.buckets:
             self.buckets = {
                 k: v for k, v in self.buckets.items() if self._tokens(k, now) < self.burst
             }
-        self.buckets[key] = (tokens - 1.0, now)
+        self.buckets[key] = (tokens - cost, now)
         return 0.0
 
     def wait(self, key: str) -> float:

@@ -42,6 +42,7 @@ from events.wire import (
     nonce_parts,
     nonce_tag_ok,
 )
+from gateway.bounds import JUDGE_BYTES_BURST, JUDGE_BYTES_PER_HOUR, Refusals
 
 __all__ = [
     "JUDGE_DOOR",
@@ -91,13 +92,20 @@ class JudgeDoor:
     def __init__(
         self,
         keys: JudgeKeys,
-        enrolled: Callable[[str], bool] | None = None,
+        enrolled: Callable[[str], object] | None = None,
         *,
         max_remembered: int = 1_000_000,
         share: float = 0.1,
+        bytes_per_hour: float = JUDGE_BYTES_PER_HOUR,
+        bytes_burst: float = JUDGE_BYTES_BURST,
     ) -> None:
         self.keys = keys
+        # An agent's role now ("" or False: not enrolled), from the gateway's projection.
         self.enrolled = enrolled
+        self.refusals = Refusals()
+        # Bytes ``judge_bytes`` sends each agent (gateway/bounds.py): a bucket each.
+        self.bytes_per_hour, self.bytes_burst = bytes_per_hour, bytes_burst
+        self._sent: dict[str, tuple[float, float]] = {}  # agent -> (bytes left, when)
         self.max_remembered = max_remembered
         # One agent's nonces in use, at most: one agent filling the memory would have
         # every other agent's checks refused.
@@ -135,6 +143,28 @@ class JudgeDoor:
         self._expiring.append((expires_s + NONCE_GRACE_S, nonce, agent))
         return key, ""
 
+    def send(self, agent: str, size: int, now_s: float) -> tuple[str, float]:
+        """Take ``size`` bytes of ``agent``'s hour for a download: ("", 0) when they may
+        go, else (why not, seconds until they may; 0 never). Consumers get none, an
+        agent its bucket; the operator's own commands are not bounded."""
+        if agent == OPERATOR:
+            return "", 0.0
+        if self.enrolled is not None and self.enrolled(agent) == "consumer":
+            return "consumers download nothing from the judge", 0.0
+        rate = self.bytes_per_hour / 3_600
+        left, at = self._sent.get(agent, (self.bytes_burst, now_s))
+        left = min(self.bytes_burst, left + (now_s - at) * rate)
+        if left < size:
+            self._sent[agent] = (left, now_s)
+            hour = self.bytes_per_hour / 2**20
+            return f"{agent} took its {hour:.0f} MiB of the judge's bytes this hour", (
+                size - left
+            ) / rate
+        if len(self._sent) > 100_000:  # full buckets hold nothing: let them go
+            self._sent = {a: v for a, v in self._sent.items() if v[0] < self.bytes_burst}
+        self._sent[agent] = (left - size, now_s)
+        return "", 0.0
+
     def _forget(self, now_s: float) -> None:
         """Nonces past use (expiry plus grace) need not be remembered: the expiry check
         refuses them. Expiries come nearly in order; one out of order waits a little."""
@@ -151,13 +181,13 @@ class JudgeDoor:
 JUDGE_DOOR = web.AppKey("judge_door", JudgeDoor)
 
 
-def enrolled_in(state_of: Callable[[], object]) -> Callable[[str], bool]:
+def enrolled_in(state_of: Callable[[], object]) -> Callable[[str], str]:
     """``JudgeDoor.enrolled`` from a projection (``state_of`` returns its live state):
-    an agent with a token now."""
+    the role of an agent with a token now, "" for any other name."""
 
-    def enrolled(name: str) -> bool:
+    def enrolled(name: str) -> str:
         agent = state_of().agents.get(name)  # type: ignore[attr-defined]
-        return agent is not None and bool(agent.token_sha256)
+        return str(agent.role) if agent is not None and agent.token_sha256 else ""
 
     return enrolled
 
@@ -228,10 +258,19 @@ async def judge_bytes(request: web.Request) -> web.StreamResponse:
     if not raw.isdigit() or not 0 < int(raw) <= MAX_SPEED_BYTES:
         why = f"size: 1-{MAX_SPEED_BYTES} bytes, not {raw!r}"
         return web.json_response({"error": why}, status=400)
-    _, _, refused = _admitted(request)
+    door, _, refused = _admitted(request)
     if refused is not None:
         return refused
+    assert door is not None
     size = int(raw)
+    agent = request.query["n"].split(".", 1)[0]  # admitted: a well-formed nonce
+    why, wait_s = door.send(agent, size, time.time())
+    if why:
+        door.refusals.refused("judge_bytes", agent, why, size=size)
+        if not wait_s:
+            return web.json_response({"error": why}, status=403)
+        retry = {"Retry-After": str(max(1, round(wait_s)))}
+        return web.json_response({"error": why}, status=429, headers=retry)
     response = web.StreamResponse(headers={"Content-Type": "application/octet-stream"})
     response.content_length = size
     await response.prepare(request)

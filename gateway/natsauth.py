@@ -40,8 +40,17 @@ from nats.aio.client import Client
 from events import AGENT_INBOX, AGENT_PREFIX, MAX_MESSAGE
 from ops.nats.dial import dial
 from reducers.state import State
+from reducers.trust import untested
 
-__all__ = ["AUTH_SUBJECT", "Callout", "Kicker", "NatsAuth", "grant", "login_name"]
+__all__ = [
+    "AUTH_SUBJECT",
+    "UNTESTED",
+    "Callout",
+    "Kicker",
+    "NatsAuth",
+    "grant",
+    "login_name",
+]
 
 log = structlog.get_logger("ppf.natsauth")
 
@@ -119,6 +128,12 @@ def login_name(agent: str, token_sha256: str) -> str:
     return f"{agent}#{token_sha256[:16]}"
 
 
+# NATS stores what a login publishes before anyone judges it: only agents trusted now get
+# one, the others publish through POST /v1/events, whose bytes are bounded before they
+# are written (gateway/bounds.py).
+UNTESTED = "untested: its observations go through a gateway, within its byte budget"
+
+
 def grant(auth: NatsAuth, state: State, user: str, password: str) -> dict[str, Any] | str:
     """The permissions of the user JWT for these credentials, or why they are refused.
 
@@ -132,6 +147,8 @@ def grant(auth: NatsAuth, state: State, user: str, password: str) -> dict[str, A
         return "revoked"
     if not hmac.compare_digest(password, auth.password(user, agent.token_sha256)):
         return "bad credentials"
+    if untested(state, user):
+        return UNTESTED
     return {
         "account": auth.account,
         "name": login_name(user, agent.token_sha256),
@@ -232,7 +249,8 @@ class Callout:
 
 class Kicker:
     """Cuts the live NATS connections whose login no longer holds: the agent's token was
-    revoked or replaced since it connected (on any gateway, or while none ran).
+    revoked or replaced since it connected (on any gateway, or while none ran), it lost
+    the trust its login needs, or it is cut off.
 
     Every ``every_s`` it lists the account's connections on every server that answers
     (system account CONNZ), compares the token each was let in with (its user name,
@@ -259,10 +277,11 @@ class Kicker:
         agent, sep, fingerprint = login.partition("#")
         if not sep:
             return False  # the service's own, or the system user: not an agent's login
-        row = self._state().agents.get(agent)
+        state = self._state()
+        row = state.agents.get(agent)
         if row is None or not row.token_sha256 or row.token_sha256[:16] != fingerprint:
             return True
-        return bool(self._cut_off(agent))
+        return untested(state, agent) or bool(self._cut_off(agent))
 
     async def run(self) -> None:
         while True:

@@ -12,14 +12,17 @@ import structlog
 from aiohttp import web
 
 from events.mint import now_ms
+from events.roles import ROLE_EVENTS
 from events.sites import site_key_ok
 from events.subjects import proxy_of
 from events.wire import AgentMe
+from gateway.bounds import REFUSALS
 from gateway.deposits import PAGES
 from gateway.formats import FORMATS
 from gateway.http import (
     CONFIG,
     FOLD,
+    ROLE_ADMIN,
     ApiError,
     Param,
     authorize,
@@ -382,7 +385,14 @@ async def whoami(request: web.Request) -> web.Response:
     caller = authorize(request, "worker", "checker", "seed", "consumer")
     offer = request.app[CONFIG].agent_nats
     nats = None
-    if offer is not None and caller.role not in ("admin", "consumer"):  # no NATS login
+    state = request.app[FOLD].state
+    # No NATS login for consumers and admins, nor for an agent not trusted now: the
+    # gateway is its door, where its bytes are bounded before the log keeps them.
+    if (
+        offer is not None
+        and caller.role not in ("admin", "consumer")
+        and not trust.untested(state, caller.name)
+    ):
         # Its own credentials, minted from its current token: a new token or a
         # revocation makes them fail (gateway/natsauth.py).
         nats = offer.url_for(caller.name, caller.token_sha256)
@@ -393,7 +403,6 @@ async def whoami(request: web.Request) -> web.Response:
             if unspecified in nats and host:
                 nats = nats.replace(unspecified, f"{host}:")
     key = request.app[JUDGE_DOOR].keys.agent_key(caller.name).hex()
-    state = request.app[FOLD].state
     row = state.agents.get(caller.name)
     return reply(
         AgentMe(
@@ -412,6 +421,11 @@ async def whoami(request: web.Request) -> web.Response:
 @routes.get("/v1/agents")
 async def agents(request: web.Request) -> web.Response:
     open_query(request)
+    # What the bounds refused each (gateway/bounds.py): the admin's to see alone.
+    admin = "Authorization" in request.headers and (
+        authorize(request, *ROLE_EVENTS).role == ROLE_ADMIN
+    )
+    refusals = request.app[REFUSALS]
     state = request.app[FOLD].state
     now = now_ms()
     items = []
@@ -430,5 +444,7 @@ async def agents(request: web.Request) -> web.Response:
         if cut := penalties.cut_off.get(a.name, 0):  # this gateway's (gateway/penalty.py)
             item["cut_off"] = cut
             item["cut_off_s"] = round(penalties.penalized(a.name))
+        if admin and (refused_by := refusals.of(a.name)):
+            item["refused_by_bound"] = refused_by
         items.append(item)
     return reply({"count": len(items), "agents": items})

@@ -50,6 +50,7 @@ __all__ = [
     "over_quota",
     "reindex",
     "sampled",
+    "untested",
     "vouched",
 ]
 
@@ -81,6 +82,11 @@ def reindex(state: State) -> None:
     state.judges = frozenset(n for n in operators if n in agents and agents[n].role == "checker")
     earned = {n for n, a in agents.items() if a.standing == EARNED and not _revoked(a)}
     state.trusted = frozenset(operators | earned)
+
+
+def untested(state: State, agent: str) -> bool:
+    """Whether ``agent`` is not trusted now (never while trust is off)."""
+    return state.settings.trust and agent not in state.trusted
 
 
 def level(state: State, row: AgentRow) -> str:

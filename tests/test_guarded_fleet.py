@@ -142,8 +142,10 @@ async def test_facts_the_fold_would_refuse_are_refused_at_both_doors(
     field, nothing published; over the agent's own NATS, stored, then each in the DLQ
     with its reason and counted in the agent's ``rejected``, which the agent itself
     reads with its skew and the last reason; the pool untouched; the agent not muted;
-    the replay verifies."""
-    async with _guarded(log_client, nats_server) as (client, fold, tokens):
+    the replay verifies. (The worker is one the operator trusts: an untested agent has
+    no NATS login at all, tests/test_bounds.py.)"""
+    trusted = (*OPERATOR, "w1")
+    async with _guarded(log_client, nats_server, trusted_agents=trusted) as (client, fold, tokens):
         future = uuid7(now_ms() + 10 * 365 * 86_400_000, bytes(10))
         bad: list[tuple[ev.Event, str]] = [
             (_worked("w1", ip, port), field) for ip, port, field in NOT_PROXIES
