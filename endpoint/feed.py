@@ -250,15 +250,31 @@ class Feed:
         age = time.monotonic() - checked if checked is not None else LOGIN_TTL_S
         if age < LOGIN_FRESH_S:
             return True
-        asking = self._asking.get(key)
-        if asking is None:
-            asking = self._asking[key] = asyncio.ensure_future(self._check(key, name, token))
-            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        asking = self._ask_once(key, name, token)
         if age < LOGIN_TTL_S:
             return True  # answered as it was; the ask in the background decides the next
         said = await asyncio.shield(asking)
         # No gateway answers: a login that worked once holds until one does.
         return said is True or (said is None and checked is not None)
+
+    async def login_still(self, name: str, token: str) -> bool:
+        """Whether ``name``:``token`` still is a login: the gateways asked, and their
+        answer awaited, once the last is ``LOGIN_FRESH_S`` old (for the connections open
+        under it; no gateway answering: it holds)."""
+        key = hashlib.sha256(f"{name}:{token}".encode()).hexdigest()
+        checked = self._logins.get(key)
+        if checked is not None and time.monotonic() - checked < LOGIN_FRESH_S:
+            return True
+        asking = self._ask_once(key, name, token)
+        return await asyncio.shield(asking) is not False
+
+    def _ask_once(self, key: str, name: str, token: str) -> asyncio.Future[bool | None]:
+        """The ask of the gateways for this login under way, or a new one."""
+        asking = self._asking.get(key)
+        if asking is None:
+            asking = self._asking[key] = asyncio.ensure_future(self._check(key, name, token))
+            asking.add_done_callback(lambda _: self._asking.pop(key, None))
+        return asking
 
     async def _check(self, key: str, name: str, token: str) -> bool | None:
         """One ask of the gateways: True a login, False not (forgotten at once), None

@@ -29,45 +29,24 @@ from typing import cast
 
 import httptools
 
+from endpoint.answers import answer, peer_address
 from endpoint.choose import Upstream
+from endpoint.deadlines import FIRST_BYTE_S, Deadlines
 from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
 from endpoint.serving import Serving
-from endpoint.uplink import CLOSED, HOP, Request, UpLink
+from endpoint.uplink import CLOSED, HOP, Request, UpLink, idle_key
 from endpoint.verdicts import BLOCKED, head_verdict_of, learn, rule_of, wants_page
 
-__all__ = ["MAX_BODY", "ClientSide", "answer", "idle_key", "peer_address"]
+__all__ = ["MAX_BODY", "ClientSide"]
 
 MAX_HEAD = 65_536
 MAX_BODY = 16 * 1024 * 1024
 _FLUSH = 65_536  # an answer goes to the client in writes of this size at least
-_FIRST_BYTE_S = 10.0
-_IDLE_S = 30.0  # a client connection with no request in flight for this long is closed
+LINGER_S = 2.0  # a refused connection whose body was coming is closed this much later
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
 
 
-def answer(status: int, text: str, extra: bytes = b"") -> bytes:
-    """A short answer of the endpoint's own, closing the connection."""
-    body = (text + "\n").encode()
-    return (
-        b"HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-        b"Connection: close\r\n%s\r\n%s"
-        % (status, _REASONS.get(status, b"Error"), len(body), extra, body)
-    )
-
-
-_REASONS = {
-    400: b"Bad Request",
-    403: b"Forbidden",
-    407: b"Proxy Authentication Required",
-    413: b"Content Too Large",
-    429: b"Too Many Requests",
-    431: b"Request Header Fields Too Large",
-    502: b"Bad Gateway",
-    503: b"Service Unavailable",
-}
-
-
-class ClientSide(asyncio.Protocol):
+class ClientSide(Deadlines, asyncio.Protocol):
     """One client connection: its requests read with httptools, one at a time through
     an upstream, answers relayed as they come."""
 
@@ -89,6 +68,10 @@ class ClientSide(asyncio.Protocol):
         # When the head being read began (None between heads): it must end within
         # ``Endpoint.head_s`` however slowly its bytes come, as the API's must.
         self.head_since: float | None = self.last
+        # When a request's body began to be read, its login known (None: no body being
+        # read): it must keep ``MIN_BODY_RATE`` after the head's time (``_idle_check``).
+        self.body_since: float | None = None
+        self.logging_in = False  # a login asked between a head and its body
         self.timer: asyncio.TimerHandle | None = None
         # The request being parsed.
         self._url = b""
@@ -100,14 +83,17 @@ class ClientSide(asyncio.Protocol):
         self._framed = False
         self._keep_alive = True
         self._http11 = True
+        self._held: tuple[str, str] | None = None  # the login it is held under (revocation)
 
     # -- the client's bytes -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
-        self._arm(min(_FIRST_BYTE_S, self.endpoint.head_s))
+        self._arm(min(FIRST_BYTE_S, self.endpoint.head_s))
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # refused: what still comes is dropped unread
         self.last = time.monotonic()
         if not self.seen:
             self.seen = True
@@ -161,6 +147,16 @@ class ClientSide(asyncio.Protocol):
         self.head_since = None
         self._keep_alive = self.parser.should_keep_alive()
         self._http11 = self.parser.get_http_version() != "1.0"
+        if not self._framed or self.current is not None or self.pending:
+            return  # no body; or one behind a request in flight, whose login was known
+        if self._login_known(self._auth):
+            self.body_since = time.monotonic()
+        elif self.transport is not None:
+            # No byte of the body is read before its login is known: a stranger's body
+            # costs one read of the socket, never the 16 MiB a body may have.
+            self.logging_in = True
+            self.transport.pause_reading()
+            self._slow(self._login_before_body(self._auth))
 
     def on_body(self, body: bytes) -> None:
         self._body_size += len(body)
@@ -171,6 +167,7 @@ class ClientSide(asyncio.Protocol):
     def on_message_complete(self) -> None:
         if self.parser.get_method() == b"CONNECT":
             return  # feed_data raises HttpParserUpgrade next
+        self.body_since = None
         body = b"".join(self._body)
         if body or self._framed:
             self._lines.append(b"Content-Length: %d\r\n" % len(body))
@@ -187,7 +184,7 @@ class ClientSide(asyncio.Protocol):
                 http11=self._http11,
             )
         )
-        if self.current is None:
+        if self.current is None and not self.logging_in:
             self._next()
         elif self.transport is not None:
             self.transport.pause_reading()  # one in flight: the rest wait in the socket
@@ -201,6 +198,7 @@ class ClientSide(asyncio.Protocol):
             self.link.close()
             self.link = None
         self.endpoint.leave(self.want)
+        self.endpoint.release(self)
         self.want = None
 
     def pause_writing(self) -> None:
@@ -228,31 +226,57 @@ class ClientSide(asyncio.Protocol):
         except (httptools.HttpParserInvalidURLError, ValueError, UnicodeError):
             self._client_error(400, "an absolute http:// URI (https goes through CONNECT)")
             return
-        stale = time.monotonic() - self.login_at >= self.endpoint.login_recheck_s
-        if self.want is None or req.authorization != self.said or stale:
-            self._slow(self._login_then_route(req))
-        else:
+        if self._login_known(req.authorization):
             self.route(req)
+        else:
+            self._slow(self._login_then_route(req))
+
+    def _login_known(self, authorization: bytes) -> bool:
+        """Whether the connection showed this login, found good within the recheck time."""
+        fresh = time.monotonic() - self.login_at < self.endpoint.login_recheck_s
+        return self.want is not None and authorization == self.said and fresh
 
     async def _login_then_route(self, req: Request) -> None:
-        peer = self.transport.get_extra_info("peername") if self.transport else None
-        want, password = await self.endpoint.http_login(req.authorization, peer_address(peer))
-        if self.closing:
+        if await self._log_in(req.authorization):
+            self.route(req)
+
+    async def _login_before_body(self, authorization: bytes) -> None:
+        """A head that announced a body, its login asked before the body is read."""
+        ok = await self._log_in(authorization)
+        self.logging_in = False
+        if not ok or self.closing:
             return
+        self.body_since = time.monotonic()
+        if self.current is None and self.pending:
+            self._next()  # the body came whole with the head
+        elif self.transport is not None:
+            self.transport.resume_reading()
+
+    async def _log_in(self, authorization: bytes) -> bool:
+        """Check ``authorization`` and make it the connection's; refuse and close (407,
+        429 past the consumer's connections) when it fails."""
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        want, password = await self.endpoint.http_login(authorization, peer_address(peer))
+        if self.closing:
+            return False
         if want is None:
             self.endpoint.outcomes.count("login_refused")
             self.refuse(407, LOGIN_NEEDED, CHALLENGE)
-            return
+            return False
         if self.want is None or want.consumer != self.want.consumer:
             self.endpoint.leave(self.want)
             self.want = None
             if not self.endpoint.enter(want):
                 self.endpoint.outcomes.count("over_limit")
                 self.refuse(429, f"{want.consumer} has its connections open already")
-                return
-        self.want, self.password, self.said = want, password, req.authorization
+                return False
+        if (want.consumer, password) != self._held:
+            self.endpoint.release(self)
+            self.endpoint.hold((want.consumer, password), self)
+            self._held = (want.consumer, password)
+        self.want, self.password, self.said = want, password, authorization
         self.login_at = time.monotonic()
-        self.route(req)
+        return True
 
     def route(self, req: Request) -> None:
         """Through an idle link when the picked upstream has one; else a new one."""
@@ -398,44 +422,34 @@ class ClientSide(asyncio.Protocol):
         self.refuse(status, why)
 
     def refuse(self, status: int, why: str, extra: bytes = b"") -> None:
-        if self.transport is not None and not self.closing:
-            self.transport.write(answer(status, why, extra))
+        transport = self.transport
+        if transport is not None and not self.closing:
+            transport.write(answer(status, why, extra))
+            if self.logging_in and transport.can_write_eof():
+                # Its body is still coming: closed now, the unread bytes would reset
+                # the connection before the client reads the answer. The answer and our
+                # end go first; what it sends meanwhile is dropped unread (``closing``),
+                # and the connection closed LINGER_S later at most.
+                self.closing = True
+                transport.write_eof()
+                transport.resume_reading()
+                asyncio.get_running_loop().call_later(LINGER_S, self.close)
+                return
         self.close()
 
     def close(self) -> None:
         self.closing = True
         if self.transport is not None:
             self.transport.close()
+        if self.link is not None:  # revoked mid-answer (Endpoint.hold)
+            self.link.client = None
+            self.link.close()
+            self.link = None
 
     def _slow(self, work: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self.endpoint.tasks.add(task)
         task.add_done_callback(self.endpoint.tasks.discard)
-
-    def _arm(self, after_s: float) -> None:
-        self.timer = asyncio.get_running_loop().call_later(after_s, self._idle_check)
-
-    def _idle_check(self) -> None:
-        """Closes a connection silent for ``_IDLE_S`` with nothing in flight (the first
-        byte: ``_FIRST_BYTE_S``), or whose request head is not whole ``head_s`` after it
-        began; checked on a timer, not re-armed at every byte."""
-        if self.closing:
-            return
-        now = time.monotonic()
-        head_s = self.endpoint.head_s
-        if self.current is None and self.head_since is not None and now - self.head_since >= head_s:
-            self.endpoint.outcomes.count("slow_head")
-            self.close()
-            return
-        limit = _IDLE_S if self.seen else _FIRST_BYTE_S
-        quiet = now - self.last
-        if self.current is None and quiet >= limit:
-            self.close()
-            return
-        wait = limit - quiet
-        if self.current is None and self.head_since is not None:
-            wait = min(wait, self.head_since + head_s - now)
-        self._arm(max(wait, 0.05 if self.current is None else 0.5))
 
     def _hand_over(
         self,
@@ -445,6 +459,7 @@ class ClientSide(asyncio.Protocol):
         """The connection becomes a pair of streams, given to ``then``."""
         assert self.transport is not None
         self.closing = True  # this protocol is done with it
+        self.endpoint.release(self)  # a tunnel holds its own login (Endpoint.tunnel_http)
         if self.timer is not None:
             self.timer.cancel()
         loop = asyncio.get_running_loop()
@@ -482,13 +497,3 @@ class _TooLarge(Exception):
     def __init__(self, status: int, why: str) -> None:
         super().__init__(why)
         self.status = status
-
-
-def peer_address(peername: object) -> str:
-    """The client's address, from a transport's ``peername``."""
-    return str(peername[0]) if isinstance(peername, tuple) and peername else ""
-
-
-def idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
-    """An HTTP proxy carries any site on one connection; a SOCKS tunnel one site."""
-    return (up.key,) if up.proto in ("http", "https") else (up.key, host, port)

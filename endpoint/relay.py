@@ -30,16 +30,18 @@ import structlog
 from python_socks import ProxyError, ProxyType
 from python_socks.async_.asyncio import Proxy
 
+from endpoint.answers import answer, peer_address
 from endpoint.choose import Pool, Upstream
-from endpoint.forward import ClientSide, answer, idle_key, peer_address
+from endpoint.door import Door, Refused
+from endpoint.forward import ClientSide
 from endpoint.hedge import Hedging, first_through
-from endpoint.login import CHALLENGE, LOGIN_NEEDED, LoginError, Want, basic_login, parse_login
+from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
 from endpoint.serving import Outcomes
-from endpoint.uplink import Idle, Request, UpLink
+from endpoint.uplink import Idle, Request, UpLink, idle_key
 from endpoint.verdicts import site_of
 from events.address import ADDRESS_RULE
+from events.hosts import rules_host
 from events.validate import host_can_be_public
-from events.wire import MAX_TOKEN
 
 __all__ = ["Endpoint", "Outcomes"]
 
@@ -47,14 +49,6 @@ log = structlog.get_logger("ppf.serve")
 
 _TYPES = {"socks5": ProxyType.SOCKS5, "socks4": ProxyType.SOCKS4}
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-
-
-class _Refused(Exception):
-    """The client's request cannot be carried: (HTTP status, SOCKS reply code, why)."""
-
-    def __init__(self, status: int, socks: int, why: str) -> None:
-        super().__init__(why)
-        self.status, self.socks = status, socks
 
 
 @dataclass
@@ -84,14 +78,30 @@ class Endpoint:
     outcomes: Outcomes = field(default_factory=Outcomes)
     # Second upstreams started beside slow connects, at most this many at once (0: none).
     hedges: int = 64
-    active: dict[str, int] = field(default_factory=dict)
     idle: Idle = field(default_factory=Idle)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # the slow paths running
-    _failures: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, when
-    _asking: dict[tuple[str, str], asyncio.Future[bool]] = field(default_factory=dict)
+    # Whether a login still holds, asked of the gateways once its answer is old (the
+    # feed's ``login_still``); None: ``login_ok``. The connections open under each login
+    # (keep-alive and tunnels) are closed within ``login_recheck_s`` of its revocation.
+    login_still: Callable[[str, str], Awaitable[bool]] | None = None
 
     def __post_init__(self) -> None:
         self.hedging = Hedging(self.outcomes.count, self.hedges)
+        self.door = Door(
+            self.login_ok,
+            self.login_known,
+            self.login_still,
+            self.outcomes,
+            self.tasks,
+            login_recheck_s=self.login_recheck_s,
+            login_failures_burst=self.login_failures_burst,
+            login_failures_per_s=self.login_failures_per_s,
+            max_per_consumer=self.max_per_consumer,
+        )
+        # What a client connection asks of the door (endpoint/serving.py).
+        door = self.door
+        self.http_login, self.enter, self.leave = door.http_login, door.enter, door.leave
+        self.hold, self.release = door.hold, door.release
 
     def close(self) -> None:
         """Close the idle upstream links and end the slow paths (the server itself is
@@ -100,78 +110,6 @@ class Endpoint:
         for task in self.tasks:
             task.cancel()
 
-    # -- logins and limits ------------------------------------------------------------
-
-    async def _login(self, user: str, password: str, peer: str) -> Want | None:
-        if len(password) > MAX_TOKEN:  # no token of ppf's is longer: refused unasked
-            self._failed(peer)
-            return None
-        try:
-            want = parse_login(user)
-        except LoginError as exc:
-            log.info("serve_login_refused", why=str(exc))
-            self._failed(peer)
-            return None
-        key = (want.consumer, password)
-        asking = self._asking.get(key)
-        if asking is not None:  # the same login asked already: its answer, uncharged
-            return want if await asyncio.shield(asking) else None
-        # An unknown login is charged to its address before it is asked (logins asked at
-        # once would all pass a count made after), and given back when it works.
-        charged = not self.login_known(want.consumer, password)
-        if charged:
-            if self._failures_left(peer, time.monotonic()) < 1:
-                self.outcomes.count("login_limited")
-                return None
-            self._failed(peer)
-        asking = self._asking[key] = asyncio.ensure_future(self.login_ok(*key))
-        asking.add_done_callback(lambda _: self._asking.pop(key, None))
-        ok = await asyncio.shield(asking)
-        if ok and charged:
-            self._failed(peer, -1)
-        return want if ok else None
-
-    def _failures_left(self, peer: str, now: float) -> float:
-        tokens, at = self._failures.get(peer, (float(self.login_failures_burst), now))
-        burst = float(self.login_failures_burst)
-        return min(burst, tokens + (now - at) * self.login_failures_per_s)
-
-    def _failed(self, peer: str, count: int = 1) -> None:
-        now = time.monotonic()
-        self._failures[peer] = (self._failures_left(peer, now) - count, now)
-        if len(self._failures) > 10_000:  # a bound: addresses refilled whole are dropped
-            burst = self.login_failures_burst
-            for key in [k for k in self._failures if self._failures_left(k, now) >= burst]:
-                del self._failures[key]
-
-    async def http_login(self, authorization: bytes, peer: str) -> tuple[Want | None, str]:
-        """The login a ``Proxy-Authorization`` header carries, checked."""
-        basic = basic_login(authorization)
-        if basic is None:
-            return None, ""
-        return await self._login(*basic, peer), basic[1]
-
-    def enter(self, want: Want) -> bool:
-        """One more connection of ``want``'s consumer, unless it has its fill."""
-        if self.active.get(want.consumer, 0) >= self.max_per_consumer:
-            return False
-        self.active[want.consumer] = self.active.get(want.consumer, 0) + 1
-        return True
-
-    def leave(self, want: Want | None) -> None:
-        if want is not None:
-            self.active[want.consumer] -= 1
-
-    @contextlib.asynccontextmanager
-    async def _slot(self, want: Want):  # type: ignore[no-untyped-def]
-        if not self.enter(want):
-            self.outcomes.count("over_limit")
-            raise _Refused(429, 2, f"{want.consumer} has {self.max_per_consumer} connections open")
-        try:
-            yield
-        finally:
-            self.leave(want)
-
     def site_of(self, host: str) -> str:
         return site_of(host)
 
@@ -179,7 +117,9 @@ class Endpoint:
         """Why ``host`` may not be a destination ("" when it may): the address rule
         (events/address.py) for an address in any notation, and internal names or names
         that spell a non-public address; other names are resolved by the upstream."""
-        if self.lab or host_can_be_public(host, rule=ADDRESS_RULE):
+        # Read as an upstream reads it (percent-decoded, IDNA), as the fold reads hosts.
+        read, unreadable = rules_host(host)
+        if self.lab or (not unreadable and host_can_be_public(read, rule=ADDRESS_RULE)):
             return ""
         self.outcomes.count("destination_refused")
         return f"destination {host[:100]!r} is not on the public internet"
@@ -195,7 +135,7 @@ class Endpoint:
         tunnel to the host (its own refusal, or the site's from its exit) was turned away
         by the site, not a failure of the proxy's."""
         if why := self.refused_destination(host):
-            raise _Refused(403, 2, why)
+            raise Refused(403, 2, why)
         site = self.site_of(host)
         started: dict[tuple[str, int], float] = {}
 
@@ -230,7 +170,7 @@ class Endpoint:
         if through is None:
             self.outcomes.count("no_proxy")
             why = "no proxy in the pool matches" + (" and answers" if tried else "")
-            raise _Refused(503, 1, why)
+            raise Refused(503, 1, why)
         up, stream = through
         self.worked(want, password, up, started[up.key])  # a tunnel is one outcome
         return up, stream
@@ -328,7 +268,7 @@ class Endpoint:
             user = (await reader.readexactly(ulen)).decode(errors="replace")
             (plen,) = await reader.readexactly(1)
             password = (await reader.readexactly(plen)).decode(errors="replace")
-            want = await self._login(
+            want = await self.door.login(
                 user, password, peer_address(writer.get_extra_info("peername"))
             )
             if want is None:
@@ -352,9 +292,9 @@ class Endpoint:
                 writer.write(b"\x05\x07\x00\x01" + bytes(6))
                 return
         try:
-            async with self._slot(want):
+            async with self.door.slot(want):
                 await self._carry(want, password, host, port, reader, writer, _SOCKS_OK)
-        except _Refused as exc:
+        except Refused as exc:
             writer.write(bytes([5, exc.socks, 0, 1]) + bytes(6))
 
     async def _carry(
@@ -375,6 +315,29 @@ class Endpoint:
         page, which may still be a block, is the client's to read, not ours."""
         tried: set[tuple[str, int]] = set()
         up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
+        ends = _Ends([cw, uw])
+        self.hold((want.consumer, password), ends)
+        try:
+            await self._carried(want, password, host, port, up, ur, uw, cr, cw, ok, tried, ends)
+        finally:
+            self.release(ends)
+            ends.close()
+
+    async def _carried(
+        self,
+        want: Want,
+        password: str,
+        host: str,
+        port: int,
+        up: Upstream,
+        ur: asyncio.StreamReader,
+        uw: asyncio.StreamWriter,
+        cr: asyncio.StreamReader,
+        cw: asyncio.StreamWriter,
+        ok: bytes,
+        tried: set[tuple[str, int]],
+        ends: _Ends,
+    ) -> None:
         cw.write(ok)
         self.outcomes.count("tunnel")
         site = self.site_of(host)
@@ -394,10 +357,11 @@ class Endpoint:
             uw.close()
             try:
                 up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
-            except _Refused:
+            except Refused:
                 cw.write(reply)  # the site's own answer, as it came
                 cw.close()
                 return
+            ends.writers.append(uw)
         await _pipe(cr, cw, ur, uw)
 
     # -- CONNECT ------------------------------------------------------------------------
@@ -426,10 +390,10 @@ class Endpoint:
                 return
             self.leave(held)
             held = None
-            async with self._slot(want):
+            async with self.door.slot(want):
                 host = host.strip("[]")
                 await self._carry(want, password, host, int(port), reader, writer, _CONNECT_OK)
-        except _Refused as exc:
+        except Refused as exc:
             writer.write(answer(exc.status, str(exc)))
         except (OSError, TimeoutError):
             self.outcomes.count("client_error")
@@ -448,6 +412,17 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             if dst.can_write_eof():
                 dst.write_eof()
+
+
+@dataclass(eq=False)
+class _Ends:
+    """A tunnel's two ends, closed together (``Endpoint.hold``)."""
+
+    writers: list[asyncio.StreamWriter]
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
 
 
 _SOCKS_OK = b"\x05\x00\x00\x01" + bytes(6)

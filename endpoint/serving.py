@@ -13,7 +13,7 @@ from endpoint.choose import Pool, Upstream
 from endpoint.login import Want
 from endpoint.uplink import Idle, Request, UpLink
 
-__all__ = ["Outcomes", "Serving"]
+__all__ = ["Closable", "Outcomes", "Serving"]
 
 
 @dataclass
@@ -26,6 +26,12 @@ class Outcomes:
 
     def count(self, outcome: str) -> None:
         self.counts[outcome] = self.counts.get(outcome, 0) + 1
+
+
+class Closable(Protocol):
+    """An open connection of a consumer's, closed when its login no longer holds."""
+
+    def close(self) -> None: ...
 
 
 class Serving(Protocol):
@@ -47,6 +53,8 @@ class Serving(Protocol):
 
     def enter(self, want: Want) -> bool: ...
     def leave(self, want: Want | None) -> None: ...
+    def hold(self, login: tuple[str, str], conn: Closable) -> None: ...
+    def release(self, conn: Closable) -> None: ...
     def refused_destination(self, host: str) -> str: ...
     def first_link(
         self, want: Want, password: str, req: Request, up: Upstream, key: tuple[object, ...]

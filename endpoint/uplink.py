@@ -23,7 +23,7 @@ import httptools
 from endpoint.choose import Upstream
 from events.sites import HEAD_BYTES, SiteRule
 
-__all__ = ["CLOSED", "HOP", "Client", "Idle", "Request", "UpLink"]
+__all__ = ["CLOSED", "HOP", "Client", "Idle", "Request", "UpLink", "idle_key"]
 
 # Why a link ended without an answer when its upstream closed it: a site's refusal may
 # look so (endpoint/forward.py), a timeout never does.
@@ -303,3 +303,8 @@ class Idle:
             for link in stack:
                 link.close()
         self.links.clear()
+
+
+def idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
+    """An HTTP proxy carries any site on one connection; a SOCKS tunnel one site."""
+    return (up.key,) if up.proto in ("http", "https") else (up.key, host, port)

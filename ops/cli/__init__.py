@@ -33,7 +33,7 @@ from ops.cli import (
     snapshots,
 )
 from ops.cli.admin import enroll
-from ops.cli.common import data_dir, unsaid
+from ops.cli.common import CommandError, data_dir, unsaid
 from ops.nats.client import LogError
 from ops.telemetry import logs
 
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not inspect.iscoroutine(result):
             return int(result)
         return int(_loop_runner(args)(result))
-    except LogError as exc:
+    except (LogError, CommandError) as exc:
         print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 __all__ = [
     "DEFAULT_NATS",
     "REPO",
+    "CommandError",
     "data_dir",
+    "holding",
     "hostport",
     "listen",
     "unsaid",
@@ -68,3 +72,37 @@ async def wait_for_signal() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
+
+
+class CommandError(Exception):
+    """What the operator can fix, said in one line (``ppf CMD: why``), exit 1, no traceback."""
+
+
+@contextlib.contextmanager
+def holding(data: Path) -> Iterator[None]:
+    """This process alone runs on ``data`` (``ppf up``, ``ppf fold``): the lock
+    ``data/ppf.lock`` (holding its pid) is taken before anything is started or
+    published, and a second process is refused, touching nothing. The kernel lets the
+    lock go when the process ends, however it ends."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no advisory locks; nothing held
+        yield
+        return
+    data.mkdir(parents=True, exist_ok=True)
+    fd = os.open(data / "ppf.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise CommandError(
+            f"another ppf (pid {holder}) is running on the data directory {data}: "
+            "stop it first, or give this one a --data directory of its own"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        os.close(fd)

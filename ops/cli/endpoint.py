@@ -133,6 +133,7 @@ async def endpoint_site(
         pool,
         feed.login_ok,
         login_known=feed.login_known,
+        login_still=feed.login_still,
         record=feed.record,
         max_per_consumer=args.serve_max_conns,
         hedges=args.serve_hedges,

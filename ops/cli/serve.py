@@ -15,7 +15,7 @@ import structlog
 
 from endpoint.relay import Outcomes
 from gateway.judge import JudgeDoor, JudgeKeys, enrolled_in
-from ops.cli.common import DEFAULT_NATS, data_dir, listen
+from ops.cli.common import DEFAULT_NATS, data_dir, holding, listen
 from ops.cli.endpoint import DEFAULT_SERVE, endpoint_site, serve_options
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
 from ops.cli.local import enroll_local_agents, local_agents
@@ -160,6 +160,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 async def _up(args: argparse.Namespace) -> int:
     data = data_dir(args)
     async with AsyncExitStack() as stack:
+        stack.enter_context(holding(data))  # before anything is started or published
         server = await nats_server(stack, args, data)
         url = server.url if server else args.nats or DEFAULT_NATS
         lg = await open_log(stack, url, "ppf-up", args.replicas or args.cluster)
@@ -218,6 +219,7 @@ async def _gateway(args: argparse.Namespace) -> int:
 async def _fold(args: argparse.Namespace) -> int:
     data = data_dir(args)
     async with AsyncExitStack() as stack:
+        stack.enter_context(holding(data))
         lg = await open_log(stack, args.nats, "ppf-fold", args.replicas)
         fold = await fold_service(stack, lg, data, dlq=True, args=args)
         print(f"ppf fold: nats {lg.address}  db {data / 'ppf.duckdb'}", flush=True)

@@ -1,0 +1,64 @@
+"""One ``ppf up`` per data directory: a second start on it is told so in one line and
+touches nothing of the first (no agent enrolled again, no server started)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+from ops.nats.server import free_run
+from tests.test_cli import Up, _get
+
+
+def _agents(up: Up) -> dict[str, dict[str, object]]:
+    status, body = _get(up.base + "/v1/agents")
+    assert status == 200
+    return {a["name"]: a for a in body["agents"]}
+
+
+def test_a_second_ppf_up_on_a_data_directory_says_who_holds_it_and_harms_nothing(
+    ppf_bin: str, tmp_path: Path
+) -> None:
+    """A ``ppf up`` runs with its local agents; a second one on the same data directory
+    (other ports) exits 1 within seconds, its whole error one line naming the first's
+    pid; the first's agents keep their enrolment (no token replaced), and their rounds
+    keep reaching the log after it."""
+    data = tmp_path / "data"
+    up = Up(ppf_bin, data, "--lab")
+    up.start()
+    try:
+        up.caught_up()
+        before = _agents(up)
+        log_before = up.logfile.read_text()
+        assert {"local-worker", "local-checker", "local-seed"} <= set(before)
+        nats, http, serve, tls = free_run(4)
+        second = subprocess.run(
+            [
+                ppf_bin, "up", "--data", str(data), "--lab",
+                "--listen", f"127.0.0.1:{http}", "--nats-listen", f"127.0.0.1:{nats}",
+                "--serve-listen", f"127.0.0.1:{serve}", "--judge-tls-listen", f"127.0.0.1:{tls}",
+            ],
+            capture_output=True,
+            timeout=60,
+        )  # fmt: skip
+        assert second.returncode == 1, second.stderr.decode()[-2000:]
+        said = second.stderr.decode().strip().splitlines()
+        assert said == [
+            f"ppf up: another ppf (pid {up.proc.pid if up.proc else 0}) is running on the "
+            f"data directory {data}: stop it first, or give this one a --data directory "
+            "of its own"
+        ], said
+        assert not second.stdout.strip(), second.stdout
+        up.caught_up()
+        after = _agents(up)
+        for name in ("local-worker", "local-checker", "local-seed", "local-endpoint"):
+            assert after[name]["enrolled_at"] == before[name]["enrolled_at"], name
+        # Nor are the first's agents refused anything after it (before: 401s and NATS
+        # logins refused as bad credentials, hundreds a minute, until restarted).
+        time.sleep(8)
+        said_after = up.logfile.read_text()[len(log_before) :]
+        for refusal in ("bad credentials", "status=401", "nats_auth_refused"):
+            assert refusal not in said_after, said_after[-2000:]
+    finally:
+        assert up.stop() == 0
