@@ -109,7 +109,6 @@ async def test_a_strangers_body_is_never_read_and_a_drip_is_cut_in_the_heads_tim
             # no proxy in this endpoint's empty pool).
             assert (await push(good)).startswith(b"HTTP/1.1 503")
 
-
             async def drip(login: bytes) -> float:
                 reader, writer = await asyncio.open_connection("127.0.0.1", port)
                 started = time.monotonic()
