@@ -329,12 +329,15 @@ class GatewayClient:
             pending = [*outbox, *(encode(e) for e in self._stamp(events, outbox))]
             send = self._send_nats if self._nats_url else self._send_http
             left, detail = await send(pending)
-            if left and send == self._send_nats and self._nats_given is None:
-                # Its NATS login refused or gone (trust lost, a kick): ask where to now.
+            if left and send == self._send_nats:
+                # Its NATS login refused or gone (trust lost, a kick): ask where to now;
+                # with no login offered, this send goes through the gateway (also past a
+                # --nats given, which an untested agent's login cannot use).
                 with contextlib.suppress(GatewayError):
-                    await self._follow(await self.whoami())
-                if not self._nats_url:
-                    left, detail = await self._send_http(left)
+                    me = await self.whoami()
+                    await self._follow(me)
+                    if not me.nats:
+                        left, detail = await self._send_http(left)
             if left:
                 self._write_outbox(left)
                 log.warning("events_buffered", count=len(left), via=self.via, detail=detail)

@@ -17,6 +17,7 @@ import pytest
 import events as ev
 from events.batches import group
 from events.ids import token_sha256
+from events.mint import fresh_id, now_ms
 from events.wire import judge_nonce
 from gateway.bounds import ANONYMOUS_POOL_SHARE, JUDGE_BYTES_BURST, REPORTS_BURST
 from gateway.judge import JUDGE_DOOR, MAX_SPEED_BYTES
@@ -175,3 +176,32 @@ async def test_a_consumers_reports_of_every_outcome_are_budgeted_before_the_log(
         assert statuses == {200: REPORTS_BURST, 429: 60}, statuses
         assert await log_client.head_seq() - head == REPORTS_BURST
         assert (await _refused_by(client, tokens["root"], "shop"))["reports"] == 60
+
+
+async def test_an_agent_publishes_through_the_gateway_until_it_is_trusted(
+    log_client: Log, nats_server: NatsServer, tmp_path: Any
+) -> None:
+    """The agent's own client: untested, its observations go through ``POST /v1/events``
+    (its NATS login is refused) and are folded; once the operator trusts it, its next
+    ask moves it to its NATS login, through which the next are folded."""
+    from agents.gateway_client import GatewayClient
+
+    async with _guarded(log_client, nats_server) as (client, fold, tokens):
+        base = str(client.make_url("")).rstrip("/")
+        agent = GatewayClient(base, tokens["w1"], "w1", tmp_path / "outbox")
+        async with agent:
+            assert agent.via == "http"
+            assert await agent.publish([_worked("w1", "9.9.9.9")])
+            assert await fold.wait_for(await log_client.head_seq(), 10)
+            assert ("9.9.9.9", 8080) in fold.state.proxies
+            trusted = msgspec.structs.replace(
+                fold.state.settings, trusted_agents=(*fold.state.settings.trusted_agents, "w1")
+            )
+            said = ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=trusted)
+            assert await fold.wait_for((await log_client.publish(said)).seq, 10)
+            agent._standing_at = 0.0  # its next ask is due (every 600 s)
+            await agent._standing()
+            assert agent.via == "nats"
+            assert await agent.publish([_worked("w1", "9.9.9.10")])
+            assert await fold.wait_for(await log_client.head_seq(), 10)
+            assert ("9.9.9.10", 8080) in fold.state.proxies
