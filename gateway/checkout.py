@@ -120,7 +120,8 @@ async def take(
         share = max(1, int(ANONYMOUS_POOL_SHARE * view.census(now)["alive"]))
         if held >= share:
             why = f"callers without a token hold {held} proxies, their share of the pool"
-            request.app[REFUSALS].refused("anonymous_share", client_address(request), why)
+            peer = client_address(request)
+            request.app[REFUSALS].refused("anonymous_share", ANONYMOUS, why, peer=peer)
             raise ApiError(429, "checkout-cap", why, headers={"Retry-After": "60"})
         room = min(room, share - held)
     views = [v for v in view.select(f, now, limit=0) if (v.ip, v.port) not in hidden]

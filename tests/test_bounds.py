@@ -153,6 +153,7 @@ async def test_strangers_popping_from_50_addresses_leave_the_pool_to_consumers(
                     if proxy:
                         held.append(proxy)
         assert len(held) <= max(1, int(ANONYMOUS_POOL_SHARE * 40)), held
+        assert client.app[JUDGE_DOOR].refusals.of("~anonymous")["anonymous_share"] >= 1
         served = await _served_at(client, await log_client.head_seq(), tokens["shop"])
         assert len(served) >= 36, len(served)
 

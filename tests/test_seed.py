@@ -96,6 +96,16 @@ async def _why_not_done(box: Box) -> str:
                 f"(log: {last[0] if last else None}) cursor {row.cursor}/{row.end} "
                 f"expires {row.expires_at} attempts {row.attempts}"
             )
+    # Every range worked to its end, a deposit still pending: which, and what the ingest
+    # made of it (a read that failed waits for the slow sweep).
+    ingest = box.ingest
+    for key in sorted(box.fold.state.pending_deposits):
+        row = box.fold.state.deposits.get(key)
+        said.append(
+            f"pending {key}: {row.status if row else None} seq {row.seq if row else None} "
+            f"failed read at {ingest._failed.get(key)} (now {time.monotonic():.1f}, "
+            f"sweep {ingest.sweep_s} s) folded {ingest.folded} rejected {ingest.rejected}"
+        )
     return "\n".join(said)
 
 
