@@ -1,7 +1,8 @@
 """``ppf bench serve``: what the rotating endpoint costs, beside going directly through
 the same upstream proxy, in one run.
 
-Four processes on loopback: a target site (aiohttp), the upstream (the lab's squid), the
+Four processes on loopback: a target site (aiohttp), the upstream (of each kind in turn,
+``ops/bench/upstreams.py``: an HTTP proxy, a SOCKS5 one; no package needed), the
 endpoint (``endpoint/relay.py`` over a pool of that one upstream, its login checked
 against one token: no gateway in the way), and the client here (aiohttp, with
 ``proxy=``). Directly and through the endpoint in turns (A B A B, ``runs`` each):
@@ -21,14 +22,13 @@ import asyncio
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from ops.lab.testbed import ProxyLab
+from ops.bench.upstreams import KINDS, Running, upstream
 from ops.nats.server import free_port
 
 __all__ = ["SITE", "bench_serve", "child"]
@@ -60,7 +60,7 @@ asyncio.run(main())
 """
 
 
-def child(port: int, upstream: int) -> None:
+def child(port: int, upstream: int, proto: str = "http") -> None:
     """The endpoint alone, over a pool of one upstream (run in its own process)."""
     import structlog
 
@@ -71,7 +71,7 @@ def child(port: int, upstream: int) -> None:
 
     async def main() -> None:
         pool = Pool()
-        pool.replace([Upstream("127.0.0.1", upstream, "http", https="yes", latency_ms=5)])
+        pool.replace([Upstream("127.0.0.1", upstream, proto, https="yes", latency_ms=5)])
 
         async def login_ok(name: str, token: str) -> bool:
             return token == TOKEN
@@ -81,7 +81,12 @@ def child(port: int, upstream: int) -> None:
         print("ready", flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(main())
+    try:
+        import uvloop  # as ppf serve runs (ops/cli/__init__.py)
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
 
 
 def _cpu_s(pid: int) -> float:
@@ -96,17 +101,27 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
+def _session(proxy: str, **connector: Any) -> tuple[aiohttp.ClientSession, str | None]:
+    """A client session through ``proxy`` (http:// as aiohttp's ``proxy=``, socks5://
+    through aiohttp-socks), and the ``proxy=`` its requests pass."""
+    if proxy.startswith("socks5://"):
+        from aiohttp_socks import ProxyConnector
+
+        return aiohttp.ClientSession(connector=ProxyConnector.from_url(proxy, **connector)), None
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(**connector)), proxy
+
+
 async def _load(proxy: str, url: str, requests: int, concurrency: int) -> tuple[float, int]:
     """(requests a second, answered) through ``proxy``."""
     left = iter(range(requests))
     ok = 0
-    connector = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(connector=connector) as http:
+    session, via = _session(proxy, limit=concurrency)
+    async with session as http:
 
         async def one() -> None:
             nonlocal ok
             for _ in left:
-                async with http.get(url, proxy=proxy) as r:
+                async with http.get(url, proxy=via) as r:
                     await r.read()
                     ok += r.status == 200
 
@@ -120,12 +135,13 @@ async def _latencies(proxy: str, url: str, requests: int, concurrency: int) -> f
     connection (as a scraper with a fresh proxy connection per request)."""
     samples: list[float] = []
     left = iter(range(requests))
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True)) as http:
+    session, via = _session(proxy, force_close=True)
+    async with session as http:
 
         async def one() -> None:
             for _ in left:
                 started = time.perf_counter()
-                async with http.get(url, proxy=proxy) as r:
+                async with http.get(url, proxy=via) as r:
                     await r.read()
                 samples.append((time.perf_counter() - started) * 1000)
 
@@ -164,58 +180,79 @@ async def bench_serve(
     runs: int = 5,
     latency_requests: int = 400,
     tunnels: int = 1_000,
+    kinds: tuple[str, ...] = KINDS,
 ) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="ppf-bench-serve-") as tmp:
-        lab = ProxyLab(Path(tmp) / "lab").start()
-        target_port, endpoint_port = free_port(), free_port()
-        squid = next(p for p in lab.proxies if p.name == "squid")
-        target = await asyncio.create_subprocess_exec(sys.executable, "-c", SITE, str(target_port))
-        relay = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            f"from ops.bench.serve import child; child({endpoint_port}, {squid.port})",
-            stdout=asyncio.subprocess.PIPE,
-        )
-        try:
-            assert relay.stdout is not None
-            await asyncio.wait_for(relay.stdout.readline(), 30)
-            await asyncio.sleep(0.5)  # the target too
-            url = f"http://127.0.0.1:{target_port}/page"
-            direct = f"http://127.0.0.1:{squid.port}"
-            through = f"http://bench:{TOKEN}@127.0.0.1:{endpoint_port}"
-            rates: dict[str, list[float]] = {"direct": [], "endpoint": []}
-            cpu_us: list[float] = []
-            answered = 0
-            for _ in range(runs):  # A B A B
-                rate, _ = await _load(direct, url, requests, concurrency)
-                rates["direct"].append(rate)
-                before = _cpu_s(relay.pid)
-                rate, ok = await _load(through, url, requests, concurrency)
-                cpu_us.append((_cpu_s(relay.pid) - before) / requests * 1e6)
-                rates["endpoint"].append(rate)
-                answered += ok
-            added = {}
-            for c in (1, 2, 3, 4):
-                pairs = []
-                for _ in range(runs):
-                    d = await _latencies(direct, url, latency_requests // runs, c)
-                    e = await _latencies(through, url, latency_requests // runs, c)
-                    pairs.append(e - d)
-                added[f"c{c}"] = round(statistics.median(pairs), 3)
+    """Each kind of upstream in turn (ops/bench/upstreams.py), its figures apart."""
+    target_port = free_port()
+    target = await asyncio.create_subprocess_exec(sys.executable, "-c", SITE, str(target_port))
+    out: dict[str, Any] = {"requests": requests, "concurrency": concurrency, "runs": runs}
+    try:
+        await asyncio.sleep(0.5)
+        for kind in kinds:
+            async with upstream(kind) as up:
+                held = tunnels if kind == kinds[0] else 0  # the tunnels' memory once
+                load = (requests, concurrency, runs, latency_requests, held)
+                figures = await _through(up, target_port, *load)
+                out[kind] = {"upstream": up.program, **figures}
+    finally:
+        target.terminate()
+        await target.wait()
+    return out
+
+
+async def _through(
+    up: Running,
+    target_port: int,
+    requests: int,
+    concurrency: int,
+    runs: int,
+    latency_requests: int,
+    tunnels: int,
+) -> dict[str, Any]:
+    """Directly through ``up`` and through an endpoint over it, in turns."""
+    endpoint_port = free_port()
+    relay = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        f"from ops.bench.serve import child; child({endpoint_port}, {up.port}, {up.kind!r})",
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert relay.stdout is not None
+        await asyncio.wait_for(relay.stdout.readline(), 30)
+        url = f"http://127.0.0.1:{target_port}/page"
+        direct = up.url
+        through = f"http://bench:{TOKEN}@127.0.0.1:{endpoint_port}"
+        rates: dict[str, list[float]] = {"direct": [], "endpoint": []}
+        cpu_us: list[float] = []
+        answered = 0
+        for _ in range(runs):  # A B A B
+            rate, _ = await _load(direct, url, requests, concurrency)
+            rates["direct"].append(rate)
+            before = _cpu_s(relay.pid)
+            rate, ok = await _load(through, url, requests, concurrency)
+            cpu_us.append((_cpu_s(relay.pid) - before) / requests * 1e6)
+            rates["endpoint"].append(rate)
+            answered += ok
+        added = {}
+        for c in (1, 2, 3, 4):
+            pairs = []
+            for _ in range(runs):
+                d = await _latencies(direct, url, latency_requests // runs, c)
+                e = await _latencies(through, url, latency_requests // runs, c)
+                pairs.append(e - d)
+            added[f"c{c}"] = round(statistics.median(pairs), 3)
+        per_tunnel = None
+        if tunnels:
             per_tunnel = await _tunnels(
                 f"127.0.0.1:{endpoint_port}", target_port, tunnels, relay.pid
             )
-        finally:
-            for proc in (relay, target):
-                proc.terminate()
-                await proc.wait()
-            lab.stop()
+    finally:
+        relay.terminate()
+        await relay.wait()
     direct_rate = statistics.median(rates["direct"])
     endpoint_rate = statistics.median(rates["endpoint"])
     return {
-        "requests": requests,
-        "concurrency": concurrency,
-        "runs": runs,
         "answered": answered,
         "direct_req_per_s": round(direct_rate),
         "endpoint_req_per_s": round(endpoint_rate),
@@ -229,5 +266,5 @@ async def bench_serve(
         "endpoint_cpu_us_per_request": round(statistics.median(cpu_us), 1),
         "spread_cpu_us": [round(c, 1) for c in cpu_us],
         "added_latency_ms_median": added,
-        "tunnel_kib": round(per_tunnel, 1),
+        **({"tunnel_kib": round(per_tunnel, 1)} if per_tunnel is not None else {}),
     }
