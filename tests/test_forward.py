@@ -254,17 +254,20 @@ async def test_a_client_gone_mid_answer_leaves_nothing_behind(lab: ProxyLab) -> 
         assert answer.split(b" ", 2)[1] == b"200"
 
 
-async def test_bench_serve_counts_what_it_carried(lab: ProxyLab) -> None:
-    """A small `ppf bench serve`: every request answered through the endpoint, each run's
-    rate its requests over its own time (a pair's ratio is its rates'), the endpoint's
-    CPU a request from its process, and memory held by open tunnels."""
+async def test_bench_serve_counts_what_it_carried() -> None:
+    """A small `ppf bench serve`, through an HTTP and a SOCKS5 upstream of its own (no
+    package needed): every request answered through the endpoint, each run's rate its
+    requests over its own time (a pair's ratio is its rates'), the endpoint's CPU a
+    request from its process, and memory held by open tunnels."""
     from ops.bench.serve import bench_serve
 
     out = await bench_serve(requests=300, concurrency=5, runs=2, latency_requests=8, tunnels=50)
-    assert out["answered"] == 600
-    pairs = zip(out["spread_direct"], out["spread_endpoint"], out["spread_ratio"], strict=True)
-    assert all(abs(e / d - r) < 0.01 for d, e, r in pairs)
-    assert all(r > 0 for r in out["spread_direct"] + out["spread_endpoint"])
-    assert 0 < out["endpoint_cpu_us_per_request"] < 100_000
-    assert set(out["added_latency_ms_median"]) == {"c1", "c2", "c3", "c4"}
-    assert out["tunnel_kib"] > 0
+    for kind in ("http", "socks5"):
+        one = out[kind]
+        assert one["answered"] == 600, kind
+        pairs = zip(one["spread_direct"], one["spread_endpoint"], one["spread_ratio"], strict=True)
+        assert all(abs(e / d - r) < 0.01 for d, e, r in pairs)
+        assert all(r > 0 for r in one["spread_direct"] + one["spread_endpoint"])
+        assert 0 < one["endpoint_cpu_us_per_request"] < 100_000
+        assert set(one["added_latency_ms_median"]) == {"c1", "c2", "c3", "c4"}
+    assert out["http"]["tunnel_kib"] > 0
