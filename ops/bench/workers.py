@@ -2,8 +2,9 @@
 known shape, at each number of workers in turn.
 
 On loopback: a site (plain HTTP and HTTPS, its certificate from a CA of the bench's own),
-the lab's squid as the one upstream (it tunnels), a nats-server and a ``ppf gateway``
-process whose pool is that squid (confirmed by the operator's checker) with one consumer
+one upstream of the kind asked (``ops/bench/upstreams.py``: an HTTP proxy or a SOCKS5
+one, each tunnels; no package needed), a nats-server and a ``ppf gateway`` process whose
+pool is that upstream (confirmed by the operator's checker) with one consumer
 enrolled, and a ``ppf serve --workers N`` process fed by it. For each run and each N in
 turn (A B A B), a new endpoint, then each load (``ops/bench/loadgen.py``: a kind, keep-
 alive on or off) through it; per load, what the generator saw and the endpoint's CPU (its
@@ -30,7 +31,7 @@ from events.mint import enrollment, fresh_id, now_ms
 from ops.bench.gateway import _system, _wait_applied
 from ops.bench.loadgen import Load, generate
 from ops.bench.serve import SITE
-from ops.lab.testbed import ProxyLab
+from ops.bench.upstreams import upstream
 from ops.lab.tls import nats_certs
 from ops.nats.server import free_port
 
@@ -99,26 +100,25 @@ async def bench_serve_workers(
     workers: list[int],
     loads: list[Load],
     runs: int = 5,
+    kind: str = "http",
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-serve-workers-") as tmp:
         root = Path(tmp)
         certs = nats_certs(root / "certs")
         tls = ssl.create_default_context(cafile=certs["ca"])
-        lab = ProxyLab(root / "lab").start()
         plain, secure = free_port(), free_port()
         site = await asyncio.create_subprocess_exec(
             sys.executable, "-c", SITE, str(plain), str(secure), certs["cert"], certs["key"]
         )
-        squid = next(p for p in lab.proxies if p.name == "squid")
         seen: dict[int, list[dict[str, Any]]] = {n: [] for n in workers}
         try:
-            async with _system(root) as (lg, gateway, _):
+            async with upstream(kind) as up, _system(root) as (lg, gateway, _):
                 settings = Settings(lab=True, trust=True, trusted_agents=("c-own",))
                 token, consumer = enrollment("bench", "consumer")
                 _, checker = enrollment("c-own", "checker")
                 worked = ProxyWorked(
-                    id=fresh_id(), agent="c-own", at=now_ms(), ip="127.0.0.1", port=squid.port,
-                    proto="http", latency_ms=5, https="yes",
+                    id=fresh_id(), agent="c-own", at=now_ms(), ip="127.0.0.1", port=up.port,
+                    proto=up.kind, latency_ms=5, https="yes",
                 )  # fmt: skip
                 await lg.publish(Configured(id=fresh_id(), agent="admin", at=now_ms(),
                                             settings=settings))  # fmt: skip
@@ -151,8 +151,7 @@ async def bench_serve_workers(
         finally:
             site.terminate()
             await site.wait()
-            lab.stop()
-    return _figures(workers, loads, runs, seen)
+    return {"upstream": f"{kind} ({up.program})", **_figures(workers, loads, runs, seen)}
 
 
 def _figures(

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ops.bench.upstreams import KINDS
+
 __all__ = ["serve_flags", "serve_run"]
 
 MODES = ("http", "https", "tunnel")
@@ -33,6 +35,12 @@ def serve_flags(serve: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--keepalive", choices=("on", "off", "both"), default="both", help="--workers"
     )
+    serve.add_argument(
+        "--upstream",
+        choices=KINDS,
+        action="append",
+        help="the upstream's kind (default: each; --workers: http)",
+    )
 
 
 async def serve_run(args: argparse.Namespace) -> dict[str, Any]:
@@ -40,7 +48,10 @@ async def serve_run(args: argparse.Namespace) -> dict[str, Any]:
         from ops.bench.serve import bench_serve
 
         requests = args.requests or 5_000
-        return await bench_serve(requests, args.concurrency, args.runs, tunnels=args.tunnels)
+        kinds = tuple(args.upstream or KINDS)
+        return await bench_serve(
+            requests, args.concurrency, args.runs, tunnels=args.tunnels, kinds=kinds
+        )
     from ops.bench.loadgen import Load
     from ops.bench.workers import bench_serve_workers
 
@@ -53,4 +64,7 @@ async def serve_run(args: argparse.Namespace) -> dict[str, Any]:
         for alive in keep
     ]
     workers = [int(n) for n in args.workers.split(",")]
-    return await bench_serve_workers(workers, loads, args.runs)
+    chosen: list[str] = args.upstream or ["http"]
+    if len(chosen) == 1:
+        return await bench_serve_workers(workers, loads, args.runs, chosen[0])
+    return {k: await bench_serve_workers(workers, loads, args.runs, k) for k in chosen}
