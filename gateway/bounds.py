@@ -11,6 +11,7 @@ buckets: with G gateways an actor may take G times a figure, never more.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import structlog
 from aiohttp import web
@@ -26,6 +27,7 @@ __all__ = [
     "REPORTS_PER_HOUR",
     "UNTESTED_LOG_BURST",
     "UNTESTED_LOG_BYTES_PER_HOUR",
+    "RateLimiter",
     "Refusals",
 ]
 
@@ -57,6 +59,39 @@ REPORTS_BURST = 100
 REPORTS_PER_HOUR = 600
 _ACTORS = 10_000  # actors counted per bound; past it, the fewest refused are let go
 _LOG_EVERY_S = 60.0
+
+
+@dataclass(slots=True)
+class RateLimiter:
+    """A token bucket per key (a caller's token, a peer address)."""
+
+    rate: float
+    burst: float
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
+    max_keys: int = 100_000  # past it, full buckets are forgotten (they hold no state)
+
+    def _tokens(self, key: str, now: float) -> float:
+        tokens, at = self.buckets.get(key, (self.burst, now))
+        return min(self.burst, tokens + (now - at) * self.rate)
+
+    def take(self, key: str, cost: float = 1.0) -> float:
+        """0 when allowed (``cost`` taken), else the seconds to wait (nothing taken)."""
+        now = time.monotonic()
+        tokens = self._tokens(key, now)
+        if tokens < cost:
+            self.buckets[key] = (tokens, now)
+            return (min(cost, self.burst) - tokens) / self.rate
+        if len(self.buckets) >= self.max_keys and key not in self.buckets:
+            self.buckets = {
+                k: v for k, v in self.buckets.items() if self._tokens(k, now) < self.burst
+            }
+        self.buckets[key] = (tokens - cost, now)
+        return 0.0
+
+    def wait(self, key: str) -> float:
+        """The seconds until ``key`` may take again (0: now), taking nothing."""
+        tokens = self._tokens(key, time.monotonic())
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
 
 
 class Refusals:

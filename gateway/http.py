@@ -15,6 +15,7 @@ from aiohttp import web
 from events import AgentEnrolled, agent_name_ok, token_sha256
 from events.subjects import enrolment_subject
 from events.wire import AGENT_HEADER, MAX_TOKEN, FieldError, Problem, WireError
+from gateway.bounds import RateLimiter
 from gateway.diskguard import DiskGuard
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
@@ -313,39 +314,6 @@ class Caller:
     name: str
     role: str
     token_sha256: str
-
-
-@dataclass(slots=True)
-class RateLimiter:
-    """A token bucket per key (a caller's token, a peer address)."""
-
-    rate: float
-    burst: float
-    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)
-    max_keys: int = 100_000  # past it, full buckets are forgotten (they hold no state)
-
-    def _tokens(self, key: str, now: float) -> float:
-        tokens, at = self.buckets.get(key, (self.burst, now))
-        return min(self.burst, tokens + (now - at) * self.rate)
-
-    def take(self, key: str, cost: float = 1.0) -> float:
-        """0 when allowed (``cost`` taken), else the seconds to wait (nothing taken)."""
-        now = time.monotonic()
-        tokens = self._tokens(key, now)
-        if tokens < cost:
-            self.buckets[key] = (tokens, now)
-            return (min(cost, self.burst) - tokens) / self.rate
-        if len(self.buckets) >= self.max_keys and key not in self.buckets:
-            self.buckets = {
-                k: v for k, v in self.buckets.items() if self._tokens(k, now) < self.burst
-            }
-        self.buckets[key] = (tokens - cost, now)
-        return 0.0
-
-    def wait(self, key: str) -> float:
-        """The seconds until ``key`` may take again (0: now), taking nothing."""
-        tokens = self._tokens(key, time.monotonic())
-        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
 
 
 LIMITER = web.AppKey("limiter", RateLimiter)

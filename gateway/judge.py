@@ -42,7 +42,7 @@ from events.wire import (
     nonce_parts,
     nonce_tag_ok,
 )
-from gateway.bounds import JUDGE_BYTES_BURST, JUDGE_BYTES_PER_HOUR, Refusals
+from gateway.bounds import JUDGE_BYTES_BURST, JUDGE_BYTES_PER_HOUR, RateLimiter, Refusals
 
 __all__ = [
     "JUDGE_DOOR",
@@ -104,8 +104,8 @@ class JudgeDoor:
         self.enrolled = enrolled
         self.refusals = Refusals()
         # Bytes ``judge_bytes`` sends each agent (gateway/bounds.py): a bucket each.
-        self.bytes_per_hour, self.bytes_burst = bytes_per_hour, bytes_burst
-        self._sent: dict[str, tuple[float, float]] = {}  # agent -> (bytes left, when)
+        self.bytes_per_hour = bytes_per_hour
+        self._sent = RateLimiter(bytes_per_hour / 3_600, bytes_burst)
         self.max_remembered = max_remembered
         # One agent's nonces in use, at most: one agent filling the memory would have
         # every other agent's checks refused.
@@ -143,7 +143,7 @@ class JudgeDoor:
         self._expiring.append((expires_s + NONCE_GRACE_S, nonce, agent))
         return key, ""
 
-    def send(self, agent: str, size: int, now_s: float) -> tuple[str, float]:
+    def send(self, agent: str, size: int) -> tuple[str, float]:
         """Take ``size`` bytes of ``agent``'s hour for a download: ("", 0) when they may
         go, else (why not, seconds until they may; 0 never). Consumers get none, an
         agent its bucket; the operator's own commands are not bounded."""
@@ -151,18 +151,10 @@ class JudgeDoor:
             return "", 0.0
         if self.enrolled is not None and self.enrolled(agent) == "consumer":
             return "consumers download nothing from the judge", 0.0
-        rate = self.bytes_per_hour / 3_600
-        left, at = self._sent.get(agent, (self.bytes_burst, now_s))
-        left = min(self.bytes_burst, left + (now_s - at) * rate)
-        if left < size:
-            self._sent[agent] = (left, now_s)
+        wait = self._sent.take(agent, size)
+        if wait:
             hour = self.bytes_per_hour / 2**20
-            return f"{agent} took its {hour:.0f} MiB of the judge's bytes this hour", (
-                size - left
-            ) / rate
-        if len(self._sent) > 100_000:  # full buckets hold nothing: let them go
-            self._sent = {a: v for a, v in self._sent.items() if v[0] < self.bytes_burst}
-        self._sent[agent] = (left - size, now_s)
+            return f"{agent} took its {hour:.0f} MiB of the judge's bytes this hour", wait
         return "", 0.0
 
     def _forget(self, now_s: float) -> None:
@@ -264,7 +256,7 @@ async def judge_bytes(request: web.Request) -> web.StreamResponse:
     assert door is not None
     size = int(raw)
     agent = request.query["n"].split(".", 1)[0]  # admitted: a well-formed nonce
-    why, wait_s = door.send(agent, size, time.time())
+    why, wait_s = door.send(agent, size)
     if why:
         door.refusals.refused("judge_bytes", agent, why, size=size)
         if not wait_s:

@@ -18,10 +18,8 @@ __all__ = ["KINDS", "Running", "upstream"]
 
 KINDS = ("http", "socks5")
 
-# A forwarding HTTP proxy: a client connection's requests (absolute URIs, bodies by
-# Content-Length) go to their site on one connection kept for it; answers are relayed
-# by their Content-Length. CONNECT opens a tunnel. argv[1]: the port.
-_HTTP = r"""
+# What both programs share: the import, a pipe, the server on argv[1] around ``handle``.
+_HEAD = r"""
 import asyncio, sys
 
 async def pipe(src, dst):
@@ -33,6 +31,25 @@ async def pipe(src, dst):
         pass
     finally:
         dst.close()
+"""
+_TAIL = r"""
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=1024)
+    print("ready", flush=True)
+    await server.serve_forever()
+
+try:
+    import uvloop
+    uvloop.run(main())
+except ImportError:
+    asyncio.run(main())
+"""
+
+# A forwarding HTTP proxy: a client connection's requests (absolute URIs, bodies by
+# Content-Length) go to their site on one connection kept for it; answers are relayed
+# by their Content-Length. CONNECT opens a tunnel. argv[1]: the port.
+_HTTP = r"""
+
 
 def length(head):
     for line in head.split(b"\r\n")[1:]:
@@ -71,31 +88,12 @@ async def handle(reader, writer):
         if site is not None:
             site[1].close()
 
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=1024)
-    print("ready", flush=True)
-    await server.serve_forever()
-
-try:
-    import uvloop
-    uvloop.run(main())
-except ImportError:
-    asyncio.run(main())
 """
 
 # A SOCKS5 proxy without authentication, CONNECT only. argv[1]: the port.
 _SOCKS5 = r"""
-import asyncio, ipaddress, sys
+import ipaddress
 
-async def pipe(src, dst):
-    try:
-        while data := await src.read(65536):
-            dst.write(data)
-            await dst.drain()
-    except OSError:
-        pass
-    finally:
-        dst.close()
 
 async def handle(reader, writer):
     try:
@@ -117,16 +115,6 @@ async def handle(reader, writer):
     except (OSError, asyncio.IncompleteReadError, ValueError):
         writer.close()
 
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]), backlog=1024)
-    print("ready", flush=True)
-    await server.serve_forever()
-
-try:
-    import uvloop
-    uvloop.run(main())
-except ImportError:
-    asyncio.run(main())
 """
 
 
@@ -149,7 +137,7 @@ async def upstream(kind: str) -> AsyncIterator[Running]:
     if microsocks is not None:
         argv, program = [microsocks, "-i", "127.0.0.1", "-p", str(port)], "microsocks"
     else:
-        code = _HTTP if kind == "http" else _SOCKS5
+        code = _HEAD + (_HTTP if kind == "http" else _SOCKS5) + _TAIL
         argv, program = [sys.executable, "-c", code, str(port)], "ppf's own"
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL
