@@ -39,7 +39,7 @@ from typing import Protocol
 from endpoint.login import Want
 from events.sites import BLOCKED, THROUGH, SiteRule
 
-__all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Pool", "Upstream"]
+__all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Upstream"]
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0

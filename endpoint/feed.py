@@ -27,13 +27,23 @@ import aiohttp
 import msgspec
 import structlog
 
-from endpoint.choose import Pool, Upstream
+from endpoint.choose import Facts, Pool, Upstream
 from endpoint.verdicts import PSL_VERSION
 from events.batches import MAX_RESULTS, TRAFFIC_KEY
 from events.catalogue import CheckResult, ProxiesChecked, SiteResult, SitesChecked
 from events.mint import fresh_id, now_ms
-from events.sites import SiteRule
-from events.wire import AGENT_HEADER
+from events.wire import (
+    AGENT_HEADER,
+    EVENTS_PATH,
+    ME_PATH,
+    PROXIES_PATH,
+    SITE_CHANGES_PATH,
+    SITE_RULES_PATH,
+    ProxiesPage,
+    ProxyRoute,
+    SiteChanges,
+    SiteRules,
+)
 
 __all__ = ["Feed"]
 
@@ -51,41 +61,11 @@ SITES_S = 60.0  # what the traffic showed of sites goes to the log once a minute
 _OVERLAP_MS = 5_000
 
 
-class _Changes(msgspec.Struct):
-    now: int
-    cells: list[tuple[str, int, str, str]]
-
-
 _ROLES = ("consumer", "admin")
-
-
-class _Rules(msgspec.Struct):
-    rules: list[SiteRule]
-
-
-_rules = msgspec.json.Decoder(_Rules)
-
-
-class _Row(msgspec.Struct, gc=False):
-    ip: str
-    port: int
-    proto: str
-    latency_ms: float = 0.0
-    anonymity: str = ""
-    mitm: bool = False
-    https: str = ""
-    country: str = ""
-    asn: int = 0
-
-
-_rows = msgspec.json.Decoder(_Row)
-
-
-class _Page(msgspec.Struct):
-    proxies: list[msgspec.Raw]
-
-
-_page = msgspec.json.Decoder(_Page)
+_rules = msgspec.json.Decoder(SiteRules)
+# The rows as the router reads them (events/wire.py ProxyRoute: ProxyOut's routing fields).
+_rows: msgspec.json.Decoder[Any] = msgspec.json.Decoder(ProxyRoute)
+_page = msgspec.json.Decoder(ProxiesPage)
 
 
 def _json_page(body: bytes) -> bytes:
@@ -96,12 +76,12 @@ def _json_page(body: bytes) -> bytes:
 PIECE_BYTES = 32 * 1024  # of the gateway's answer (ndjson), decoded at a time
 
 
-async def _rows_of(content: aiohttp.StreamReader) -> list[_Row]:
+async def _rows_of(content: aiohttp.StreamReader) -> list[Facts]:
     """The pool in the gateway's ndjson answer, its whole lines decoded as they arrive,
     a piece at a time: the whole pool at once (one JSON document, read, decoded and
     made into upstreams) holds the loop, the gateway's in ``ppf up`` (docs/decisions.md,
     The endpoint)."""
-    rows: list[_Row] = []
+    rows: list[Facts] = []
     rest = b""
     async for piece in content.iter_chunked(PIECE_BYTES):
         data = rest + piece
@@ -198,7 +178,7 @@ class Feed:
         assert self._http is not None
         for base in self.gateways:
             try:
-                async with self._http.get(f"{base}/v1/sites/rules") as r:
+                async with self._http.get(f"{base}{SITE_RULES_PATH}") as r:
                     if r.status != 200:
                         continue
                     self.pool.rules = tuple(_rules.decode(await r.read()).rules)
@@ -214,7 +194,7 @@ class Feed:
             try:
                 form = "&format=ndjson" if base not in self._json_only else ""
                 async with self._http.get(
-                    f"{base}/v1/proxies?limit=0&mitm=any{form}", headers=headers
+                    f"{base}{PROXIES_PATH}?limit=0&mitm=any{form}", headers=headers
                 ) as r:
                     if r.status == 304:
                         return False
@@ -280,7 +260,7 @@ class Feed:
         """One ask of the gateways: True a login, False not (forgotten at once), None
         when no gateway answers (a login that worked holds until ``LOGIN_TTL_S``)."""
         self.login_asks += 1
-        me = await self._ask("GET", "/v1/agents/me", token, session=self._login_http, agent=name)
+        me = await self._ask("GET", ME_PATH, token, session=self._login_http, agent=name)
         if me is None:
             return None
         status, body = me
@@ -336,7 +316,7 @@ class Feed:
                     results=results[start : start + MAX_RESULTS],
                 )
                 answer = await self._ask(
-                    "POST", "/v1/events", token, {"events": [msgspec.to_builtins(batch)]}
+                    "POST", EVENTS_PATH, token, {"events": [msgspec.to_builtins(batch)]}
                 )
                 if answer is not None and answer[0] == 200:
                     self.reports += sum(not r.ok for r in batch.results)
@@ -357,12 +337,12 @@ class Feed:
         if self.identity is None:
             return
         since = max(0, self._standing_at - _OVERLAP_MS)
-        answer = await self._ask("GET", f"/v1/sites/changes?since={since}", self.identity[1])
+        answer = await self._ask("GET", f"{SITE_CHANGES_PATH}?since={since}", self.identity[1])
         if answer is None or answer[0] != 200:
             log.warning("site_changes_not_read", answer=str(answer)[:200])
             return
         try:
-            changes = msgspec.convert(answer[1], _Changes)
+            changes = msgspec.convert(answer[1], SiteChanges)
         except msgspec.ValidationError as exc:
             log.warning("site_changes_not_read", answer=str(exc)[:200])
             return
@@ -394,7 +374,7 @@ class Feed:
                 results=results[start : start + MAX_RESULTS],
             )  # fmt: skip
             answer = await self._ask(
-                "POST", "/v1/events", token, {"events": [msgspec.to_builtins(batch)]}
+                "POST", EVENTS_PATH, token, {"events": [msgspec.to_builtins(batch)]}
             )
             if answer is not None and answer[0] == 200:
                 self.sites_sent += len(batch.results)

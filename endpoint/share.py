@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import aiohttp
 from aiohttp import web
 
-from events.wire import AGENT_HEADER
+from events.wire import AGENT_HEADER, ME_PATH, PROXIES_PATH, SITE_RULES_PATH
 
 __all__ = ["SECRET_HEADER", "Shared"]
 
@@ -73,9 +73,9 @@ class Shared:
             await self._http.close()
 
     def _period(self, path: str) -> float:
-        if path in ("/v1/proxies", "/v1/sites/rules"):
+        if path in (PROXIES_PATH, SITE_RULES_PATH):
             return self.every_s
-        return LOGIN_KEPT_S if path == "/v1/agents/me" else 0.0
+        return LOGIN_KEPT_S if path == ME_PATH else 0.0
 
     async def _call(self, request: web.Request) -> web.StreamResponse:
         if not hmac.compare_digest(request.headers.get(SECRET_HEADER, ""), self.secret):

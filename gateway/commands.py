@@ -34,6 +34,7 @@ from events.mint import fresh_id, now_ms
 from events.roles import ROLE_KINDS, may_publish
 from events.validate import id_problem, problem, result_problems, url_problem
 from events.wire import (
+    EVENTS_PATH,
     EventsAccepted,
     EventsRequest,
     FieldError,
@@ -177,7 +178,7 @@ async def _foreign_release(request: web.Request, caller: Caller, event: Released
     return ""
 
 
-@routes.post("/v1/events")
+@routes.post(EVENTS_PATH)
 async def publish_events(request: web.Request) -> web.Response:
     # A consumer publishes its traffic's rounds here, and the rotating endpoint its site verdicts.
     caller = authorize(request, "worker", "checker", "seed", "consumer", "endpoint")

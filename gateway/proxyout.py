@@ -4,47 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
+from events.wire import ProxyOut
 from projections.core.poolview import ProxyView
 from projections.core.quality import stable_since, uptime
 from projections.core.readmodels import nearest_rank, status_at
 from reducers import ProxyRow
 from reducers.state import unpack_samples
 
-__all__ = ["ProxyOut", "proxy_out"]
-
-
-class ProxyOut(msgspec.Struct):
-    """One proxy as ``GET /v1/proxies`` serves it (a Struct: encoded in C, no dict a row)."""
-
-    ip: str
-    port: int
-    proto: str
-    protos: tuple[str, ...]
-    status: str
-    last_seen: int
-    first_seen: int
-    latency_ms: float
-    latency_p50_ms: int | None
-    latency_p95_ms: int | None
-    exit_ip: str
-    anonymity: str
-    mitm: bool
-    https: str
-    confirmations: int
-    agents: int
-    sources: tuple[str, ...]
-    fail_streak: int
-    country: str
-    asn: int
-    as_org: str
-    # projections/core/quality.py: None where nothing is known (no AS, no figure).
-    datacenter: bool | None = None
-    uptime_pct: float | None = None
-    uptime_checks: int | None = None  # the checks uptime_pct is of
-    stable_since: int | None = None
-    speed_kb_s: int | None = None
+__all__ = ["ProxyOut", "proxy_out"]  # ProxyOut: events/wire.py, read by the endpoint too
 
 
 def proxy_out(v: ProxyView | ProxyRow, now: int, ttl: int, confirmed: bool = True) -> ProxyOut:

@@ -15,7 +15,15 @@ from events.mint import now_ms
 from events.roles import ROLE_EVENTS
 from events.sites import site_key_ok
 from events.subjects import proxy_of
-from events.wire import AgentMe
+from events.wire import (
+    ME_PATH,
+    PROXIES_PATH,
+    SITE_CHANGES_PATH,
+    SITE_RULES_PATH,
+    AgentMe,
+    SiteChanges,
+    SiteRules,
+)
 from gateway.bounds import REFUSALS
 from gateway.deposits import PAGES
 from gateway.formats import FORMATS
@@ -178,7 +186,7 @@ def hidden_for(request: web.Request) -> set[tuple[str, int]]:
     return hidden_from(state, caller.name) | held if held else hidden_from(state, caller.name)
 
 
-@routes.get("/v1/proxies")
+@routes.get(PROXIES_PATH)
 async def proxies(request: web.Request) -> web.StreamResponse:
     hidden = hidden_for(request)
     q = _params(request)
@@ -303,7 +311,7 @@ async def _cells_in_steps(rows: Iterable[SiteCells]) -> AsyncIterator[list[SiteC
         yield step
 
 
-@routes.get("/v1/sites/changes")
+@routes.get(SITE_CHANGES_PATH)
 async def site_changes(request: web.Request) -> web.Response:
     """The cells whose standing moved after log time ``since`` (ms): what an endpoint
     learns of the fleet's verdicts (its feed asks every minute from the ``now`` of its
@@ -317,15 +325,15 @@ async def site_changes(request: web.Request) -> web.Response:
     async for step in _cells_in_steps(recent):
         for cells in step:
             moved += sites.moved(cells, since, now, state.site_proxy)
-    return reply({"now": now, "cells": moved})
+    return reply(SiteChanges(now=now, cells=moved))
 
 
-@routes.get("/v1/sites/rules")
+@routes.get(SITE_RULES_PATH)
 async def site_rules(request: web.Request) -> web.Response:
     """The operator's rules for reading sites' answers (``ppf sites add``): for the
     agents that probe and the endpoints that route; nothing in them is a secret."""
     rules = request.app[FOLD].state.site_rules
-    return reply({"rules": [rules[site] for site in sorted(rules)]})
+    return reply(SiteRules(rules=[rules[site] for site in sorted(rules)]))
 
 
 @routes.get("/v1/sources")
@@ -378,7 +386,7 @@ async def leases(request: web.Request) -> web.Response:
     return reply({"count": len(items), "leases": items})
 
 
-@routes.get("/v1/agents/me")
+@routes.get(ME_PATH)
 async def whoami(request: web.Request) -> web.Response:
     """The agent behind a token: how `ppf agent` learns its own name, and the NATS URL
     with its own credentials (null: publish through ``POST /v1/events``)."""
