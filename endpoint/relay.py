@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import socket
 import time
@@ -117,9 +118,7 @@ class Endpoint:
         """Why ``host`` may not be a destination ("" when it may): the address rule
         (events/address.py) for an address in any notation, and internal names or names
         that spell a non-public address; other names are resolved by the upstream."""
-        # Read as an upstream reads it (percent-decoded, IDNA), as the fold reads hosts.
-        read, unreadable = rules_host(host)
-        if self.lab or (not unreadable and host_can_be_public(read, rule=ADDRESS_RULE)):
+        if self.lab or _may_reach(host):
             return ""
         self.outcomes.count("destination_refused")
         return f"destination {host[:100]!r} is not on the public internet"
@@ -412,6 +411,15 @@ async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError):
             if dst.can_write_eof():
                 dst.write_eof()
+
+
+@functools.lru_cache(maxsize=8_192)
+def _may_reach(host: str) -> bool:
+    """Whether ``host`` could be on the public internet, read as an upstream reads it
+    (percent-decoded, IDNA), as the fold reads hosts; the same few hosts come again and
+    again, so each is read once (its address parsed, its spelling looked at)."""
+    read, unreadable = rules_host(host)
+    return not unreadable and host_can_be_public(read, rule=ADDRESS_RULE)
 
 
 @dataclass(eq=False)

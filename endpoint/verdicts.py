@@ -7,6 +7,7 @@ What is learned acts here at once (endpoint/choose.py ``Pool.turned_away``,
 
 from __future__ import annotations
 
+import functools
 import time
 from importlib.metadata import version
 
@@ -45,9 +46,11 @@ _PSL = PublicSuffixList(only_icann=True)
 PSL_VERSION = version("publicsuffixlist")
 
 
+@functools.lru_cache(maxsize=8_192)
 def site_of(host: str) -> str:
     """The site of a request to ``host``: its key, or "" when the host cannot make one
-    (such a request is routed as any other and teaches nothing)."""
+    (such a request is routed as any other and teaches nothing). Asked at every request,
+    of the same few hosts again and again: each is read once."""
     try:
         ascii_host = host.encode("idna").decode("ascii") if not host.isascii() else host
     except UnicodeError:
