@@ -140,8 +140,15 @@ class Door:
         still = self.login_still or self.login_ok
         while self._conns:
             await asyncio.sleep(self.login_recheck_s / 2)
-            for login in list(self._conns):
-                if await still(*login):
+            logins = list(self._conns)
+            said = await asyncio.gather(
+                *(still(*login) for login in logins), return_exceptions=True
+            )
+            for login, holds in zip(logins, said, strict=True):
+                if isinstance(holds, BaseException):  # unanswered: it holds until answered
+                    log.warning("serve_login_recheck_failed", error=repr(holds)[:200])
+                    continue
+                if holds:
                     continue
                 conns = self._conns.pop(login, set())
                 for conn in conns:
