@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from endpoint.login import LoginError, Want, basic_login, parse_login
+from endpoint.login import LOGIN_NEEDED, LoginError, Want, basic_login, parse_login, wrong_login
 from endpoint.serving import Closable, Outcomes
 from events.wire import MAX_TOKEN
 
@@ -56,34 +56,36 @@ class Door:
     _logins_of: dict[Closable, tuple[str, str]] = field(default_factory=dict)
     _watching: asyncio.Task[None] | None = None
 
-    async def login(self, user: str, password: str, peer: str) -> Want | None:
+    async def login(self, user: str, password: str, peer: str) -> tuple[Want | None, str]:
+        """The login checked: (what it wants, "") or (None, why it was refused, as its
+        client may be told: never its token)."""
         if len(password) > MAX_TOKEN:  # no token of ppf's is longer: refused unasked
             self._failed(peer)
-            return None
+            return None, LOGIN_NEEDED
         try:
             want = parse_login(user)
         except LoginError as exc:
             log.info("serve_login_refused", why=str(exc))
             self._failed(peer)
-            return None
+            return None, f"{exc}: NAME[-options]:TOKEN"
         key = (want.consumer, password)
         asking = self._asking.get(key)
         if asking is not None:  # the same login asked already: its answer, uncharged
-            return want if await asyncio.shield(asking) else None
+            return (want, "") if await asyncio.shield(asking) else (None, wrong_login(user))
         # An unknown login is charged to its address before it is asked (logins asked at
         # once would all pass a count made after), and given back when it works.
         charged = not self.login_known(want.consumer, password)
         if charged:
             if self._failures_left(peer, time.monotonic()) < 1:
                 self.outcomes.count("login_limited")
-                return None
+                return None, "too many failed logins from this address: try again in a second"
             self._failed(peer)
         asking = self._asking[key] = asyncio.ensure_future(self.login_ok(*key))
         asking.add_done_callback(lambda _: self._asking.pop(key, None))
         ok = await asyncio.shield(asking)
         if ok and charged:
             self._failed(peer, -1)
-        return want if ok else None
+        return (want, "") if ok else (None, wrong_login(user))
 
     def _failures_left(self, peer: str, now: float) -> float:
         tokens, at = self._failures.get(peer, (float(self.login_failures_burst), now))
@@ -98,12 +100,14 @@ class Door:
             for key in [k for k in self._failures if self._failures_left(k, now) >= burst]:
                 del self._failures[key]
 
-    async def http_login(self, authorization: bytes, peer: str) -> tuple[Want | None, str]:
-        """The login a ``Proxy-Authorization`` header carries, checked."""
+    async def http_login(self, authorization: bytes, peer: str) -> tuple[Want | None, str, str]:
+        """The login a ``Proxy-Authorization`` header carries, checked: (what it wants,
+        its token, why it was refused)."""
         basic = basic_login(authorization)
         if basic is None:
-            return None, ""
-        return await self.login(*basic, peer), basic[1]
+            return None, "", LOGIN_NEEDED
+        want, why = await self.login(*basic, peer)
+        return want, basic[1], why
 
     def enter(self, want: Want) -> bool:
         """One more connection of ``want``'s consumer, unless it has its fill."""

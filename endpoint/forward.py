@@ -32,7 +32,7 @@ import httptools
 from endpoint.answers import answer, peer_address
 from endpoint.choose import Upstream
 from endpoint.deadlines import FIRST_BYTE_S, Deadlines
-from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
+from endpoint.login import Want, challenge
 from endpoint.serving import Serving
 from endpoint.uplink import CLOSED, HOP, Request, UpLink, idle_key
 from endpoint.verdicts import BLOCKED, head_verdict_of, learn, rule_of, wants_page
@@ -256,12 +256,12 @@ class ClientSide(Deadlines, asyncio.Protocol):
         """Check ``authorization`` and make it the connection's; refuse and close (407,
         429 past the consumer's connections) when it fails."""
         peer = self.transport.get_extra_info("peername") if self.transport else None
-        want, password = await self.endpoint.http_login(authorization, peer_address(peer))
+        want, password, why = await self.endpoint.http_login(authorization, peer_address(peer))
         if self.closing:
             return False
         if want is None:
             self.endpoint.outcomes.count("login_refused")
-            self.refuse(407, LOGIN_NEEDED, CHALLENGE)
+            self.refuse(407, why, challenge(why))
             return False
         if self.want is None or want.consumer != self.want.consumer:
             self.endpoint.leave(self.want)

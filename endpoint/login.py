@@ -22,6 +22,7 @@ letters and digits: the same upstream while it works, ``sessmin`` minutes, defau
 from __future__ import annotations
 
 import base64
+import difflib
 import re
 from dataclasses import dataclass
 
@@ -34,7 +35,9 @@ __all__ = [
     "LoginError",
     "Want",
     "basic_login",
+    "challenge",
     "parse_login",
+    "wrong_login",
 ]
 
 STRATEGIES = ("weighted", "roundrobin", "lru")
@@ -140,6 +143,25 @@ def _value(key: str, raw: str) -> object:
 # What a client without a valid login is told (407), plain HTTP and CONNECT alike.
 LOGIN_NEEDED = "a consumer login is required: NAME[-options]:TOKEN"
 CHALLENGE = b'Proxy-Authenticate: Basic realm="ppf"\r\n'
+
+
+def wrong_login(user: str) -> str:
+    """Why a login the gateways refused was refused, as its client may be told: the
+    name or the token is wrong (never which, never the token), and an option the name
+    seems to misspell (``shop-sesion-a1``: options start at the first keyword, so this
+    reads as the consumer ``shop-sesion-a1``)."""
+    said = f"no consumer {user[:64]!r} with this token: NAME[-options]:TOKEN"
+    for part in user.split("-")[1:]:
+        near = difflib.get_close_matches(part.lower(), sorted(_KEYWORDS), n=1, cutoff=0.75)
+        if near and part not in _KEYWORDS:
+            return f"{said} (is {part[:32]!r} meant as the option {near[0]!r}?)"
+    return said
+
+
+def challenge(why: str) -> bytes:
+    """The 407's ``Proxy-Authenticate``, its realm saying ``why`` (what a client shows)."""
+    realm = "".join(c for c in why if c.isprintable() and c not in '"\\')[:200]
+    return b'Proxy-Authenticate: Basic realm="ppf: %s"\r\n' % realm.encode("ascii", "replace")
 
 
 def basic_login(authorization: bytes) -> tuple[str, str] | None:

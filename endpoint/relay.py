@@ -36,7 +36,7 @@ from endpoint.choose import Pool, Upstream
 from endpoint.door import Door, Refused
 from endpoint.forward import ClientSide
 from endpoint.hedge import Hedging, first_through
-from endpoint.login import CHALLENGE, LOGIN_NEEDED, Want
+from endpoint.login import Want, challenge
 from endpoint.serving import Outcomes
 from endpoint.uplink import Idle, Request, UpLink, idle_key
 from endpoint.verdicts import site_of
@@ -267,7 +267,7 @@ class Endpoint:
             user = (await reader.readexactly(ulen)).decode(errors="replace")
             (plen,) = await reader.readexactly(1)
             password = (await reader.readexactly(plen)).decode(errors="replace")
-            want = await self.door.login(
+            want, _ = await self.door.login(  # SOCKS5 says no more than "refused"
                 user, password, peer_address(writer.get_extra_info("peername"))
             )
             if want is None:
@@ -376,12 +376,12 @@ class Endpoint:
         """A CONNECT, its head read (``endpoint/forward.py``); ``held``: the login the
         connection showed before, whose slot this now holds."""
         try:
-            want, password = await self.http_login(
+            want, password, why = await self.http_login(
                 authorization, peer_address(writer.get_extra_info("peername"))
             )
             if want is None:
                 self.outcomes.count("login_refused")
-                writer.write(answer(407, LOGIN_NEEDED, CHALLENGE))
+                writer.write(answer(407, why, challenge(why)))
                 return
             host, _, port = target.decode(errors="replace").rpartition(":")
             if not host or not port.isdigit():

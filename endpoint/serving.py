@@ -45,8 +45,11 @@ class Serving(Protocol):
     head_s: float
     login_recheck_s: float
 
-    def http_login(self, authorization: bytes, peer: str) -> Awaitable[tuple[Want | None, str]]:
-        """Who a request's Proxy-Authorization says it is (None: refused), and why not."""
+    def http_login(
+        self, authorization: bytes, peer: str
+    ) -> Awaitable[tuple[Want | None, str, str]]:
+        """Who a request's Proxy-Authorization says it is (None: refused), its token, and
+        why it was refused."""
 
     def site_of(self, host: str) -> str:
         """The site of a request to ``host`` (events/sites.py)."""

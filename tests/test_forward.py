@@ -203,7 +203,7 @@ async def test_what_the_endpoint_refuses_and_why(lab: ProxyLab) -> None:
             assert answer.split(b" ", 2)[1] == status, (request[:60], answer[:200])
             assert b"Connection: close" in answer
             if status == b"407":
-                assert b'Proxy-Authenticate: Basic realm="ppf"' in answer
+                assert b'Proxy-Authenticate: Basic realm="ppf: ' in answer
     assert "forwarded" not in relay.outcomes.counts
     assert relay.outcomes.counts["client_error"] == 4  # 400, 400, 431, 413
     assert relay.outcomes.counts["login_refused"] == 2
