@@ -15,6 +15,7 @@ from events.mint import now_ms
 from events.roles import ROLE_EVENTS
 from events.sites import site_key_ok
 from events.subjects import proxy_of
+from events.validate import PROTOS
 from events.wire import (
     ME_PATH,
     PROXIES_PATH,
@@ -96,11 +97,11 @@ QUALITY_PARAMS = (
 
 # GET /v1/proxies' parameters, declared once: read here, listed in the API document.
 PROXY_PARAMS = (
-    Param("proto"),
+    Param("proto", choices=tuple(sorted(PROTOS))),  # none other is in the pool
     Param("country"),
     Param("asn", integer=True),
     Param("as_org"),
-    Param("anonymity"),
+    Param("anonymity", choices=("transparent", "anonymous", "elite")),
     Param("max_latency_ms", integer=True),
     Param("status", choices=(*STATUSES, "all"), default="alive"),
     Param("fresh_s", integer=True),
@@ -116,7 +117,21 @@ PROXY_PARAMS = (
 )
 
 
+_PROXY_PARAM_NAMES = frozenset(p.name for p in PROXY_PARAMS)
+
+
 def _params(request: web.Request) -> dict[str, Any]:
+    """The filters asked for; 400 naming a parameter ``/v1/proxies`` does not take (a
+    typo such as ``min_uptme`` would otherwise serve the whole pool unfiltered)."""
+    unknown = sorted(set(request.query) - _PROXY_PARAM_NAMES)
+    if unknown:
+        known = ", ".join(p.name for p in PROXY_PARAMS)
+        raise ApiError(
+            400,
+            "bad-parameter",
+            f"{unknown[0]}: not a parameter of this call (it takes {known})",
+            parameter=unknown[0],
+        )
     return {p.name: p.read(request) for p in PROXY_PARAMS}
 
 
