@@ -38,6 +38,7 @@ __all__ = ["FETCH_TRIES", "McpConfig", "make_server", "serve_http", "serve_stdio
 FETCH_TRIES = 3  # each through a new proxy of the endpoint's choosing
 FETCH_MAX_BYTES = 2 * 1024 * 1024
 CHECK_MAX = 20  # proxies one check_proxies call takes
+MAX_LIMIT = 1_000  # proxies one get_proxies call answers (a model reads each)
 
 
 class McpConfig:
@@ -127,7 +128,9 @@ def make_server(config: McpConfig) -> MCPServer:
         sort: Literal["latency", "last_seen"] = "latency",
         limit: int = 20,
     ) -> dict[str, Any]:
-        params = {"limit": str(max(1, min(limit, 500))), "sort": sort, "status": status}
+        if not 1 <= limit <= MAX_LIMIT:  # a model reads every row; limit=0 is the whole pool
+            raise ToolError(f"limit: 1 to {MAX_LIMIT}, not {limit}")
+        params = {"limit": str(limit), "sort": sort, "status": status}
         params["mitm"] = mitm
         given = {
             "proto": proto,

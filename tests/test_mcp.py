@@ -36,7 +36,8 @@ def _listening(port: int, proc: subprocess.Popen[bytes]) -> None:
 async def test_mcp_over_http_needs_its_bearer_token_and_lists_its_tools() -> None:
     """Without the token, 401; with it, the SDK's client lists the four tools, a fetch of
     loopback, a private address or an internal name is refused, a check of a private
-    proxy address too, and a gateway that does not answer is said to, not hidden."""
+    proxy address too, a gateway that does not answer is said to, not hidden, and a
+    ``limit`` outside 1-1,000 is the tool's error (0 was one proxy, HTTP's 0 the pool)."""
     import httpx2
     from mcp.client.client import Client
     from mcp.client.streamable_http import streamable_http_client
@@ -78,6 +79,10 @@ async def test_mcp_over_http_needs_its_bearer_token_and_lists_its_tools() -> Non
             got = await client.call_tool("get_proxies", {"works_on": ["example.com"]})
             text = " ".join(getattr(c, "text", "") for c in got.content)
             assert got.is_error and "gave no answer" in text, text  # nothing on port 9
+            for limit in (0, -1, 1_001):  # refused before any gateway is asked
+                got = await client.call_tool("get_proxies", {"limit": limit})
+                text = " ".join(getattr(c, "text", "") for c in got.content)
+                assert got.is_error and f"limit: 1 to 1000, not {limit}" in text, text
             got = await client.call_tool("check_proxies", {"addresses": ["10.0.0.1:3128"]})
             assert got.is_error and "not public" in " ".join(
                 getattr(c, "text", "") for c in got.content
