@@ -3,6 +3,7 @@ touches nothing of the first (no agent enrolled again, no server started)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -62,3 +63,36 @@ def test_a_second_ppf_up_on_a_data_directory_says_who_holds_it_and_harms_nothing
             assert refusal not in said_after, said_after[-2000:]
     finally:
         assert up.stop() == 0
+
+
+def test_ppf_up_on_a_port_another_program_holds_says_so_in_one_line(
+    ppf_bin: str, tmp_path: Path
+) -> None:
+    """The gateway's port held by another program: ``ppf up`` exits 1 with one line
+    naming the address and the program (its pid and name), no traceback (before: 34
+    lines of one)."""
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    taken = holder.getsockname()[1]
+    nats, serve, tls = free_run(3)
+    try:
+        out = subprocess.run(
+            [
+                ppf_bin, "up", "--data", str(tmp_path / "data"), "--no-agents", "--lab",
+                "--listen", f"127.0.0.1:{taken}", "--nats-listen", f"127.0.0.1:{nats}",
+                "--serve-listen", f"127.0.0.1:{serve}", "--judge-tls-listen", f"127.0.0.1:{tls}",
+            ],
+            capture_output=True,
+            timeout=120,
+        )  # fmt: skip
+    finally:
+        holder.close()
+    said = out.stderr.decode()
+    assert out.returncode == 1, said[-2000:]
+    me = f"pid {os.getpid()} ({Path('/proc/self/comm').read_text().strip()})"
+    line = f"ppf up: 127.0.0.1:{taken} is in use by {me}: stop it, or give --listen another"
+    assert line in said, said[-2000:]
+    assert "Traceback" not in said, said[-2000:]

@@ -18,6 +18,8 @@ __all__ = [
     "holding",
     "hostport",
     "listen",
+    "port_holder",
+    "port_taken",
     "unsaid",
     "wait_for_signal",
 ]
@@ -106,3 +108,42 @@ def holding(data: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def port_holder(port: int) -> str:
+    """Who listens on TCP ``port`` on this machine, as ``pid N (name)``, from ``/proc``
+    (Linux; "" where it cannot be told: another OS, another user's process)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if (
+                len(fields) > 9
+                and fields[3] == "0A"
+                and int(fields[1].rsplit(":", 1)[1], 16) == port
+            ):
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return ""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    name = (proc / "comm").read_text().strip()
+                    return f"pid {proc.name} ({name})"
+        except OSError:
+            continue
+    return ""
+
+
+def port_taken(host: str, port: int, flag: str) -> CommandError:
+    """The one line a command says when ``host:port`` is another program's."""
+    holder = port_holder(port)
+    by = f" by {holder}" if holder else " by another program"
+    return CommandError(f"{host}:{port} is in use{by}: stop it, or give {flag} another HOST:PORT")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
 from contextlib import AsyncExitStack
@@ -21,7 +22,7 @@ from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
-from ops.cli.common import hostport, wait_for_signal
+from ops.cli.common import hostport, port_taken, wait_for_signal
 from ops.cli.local import LOCAL_AGENTS
 from ops.cli.snapshots import snapshots_for
 from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
@@ -266,7 +267,12 @@ async def gateway_site(
     runner = GuardedRunner(make_app(fold, lg, config), access_log=None)
     await runner.setup()
     stack.push_async_callback(runner.cleanup)
-    await listen(runner, host, port)
+    try:
+        await listen(runner, host, port)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise port_taken(host, port, "--listen") from None
+        raise
     print(f"ppf {role}: gateway http://{host}:{port}  nats {lg.address}", flush=True)
     return f"http://{host}:{port}"
 
