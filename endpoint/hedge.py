@@ -3,7 +3,9 @@
 A connect (for SOCKS and CONNECT, its handshake too) that has not finished within a
 delay derived from that upstream's own latency (``delay_s``: three times what its checks
 took, within [0.25 s, half the connect timeout]) starts the next upstream beside it;
-whichever is through first carries the request and the other is closed. Nothing has
+whichever is through first carries the request and the other is closed once through, or
+blamed as the proxy's failure when it is not within the connect timeout (a tarpit a hedge
+always beat would otherwise never be reported). Nothing has
 been sent upstream by then, so nothing is sent twice. A hanging upstream then costs a
 request its delay, not the whole connect timeout. Bounded: at most two under way for one
 request, and at most ``max_in_flight`` hedges at once for the endpoint (a pool gone slow
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -72,11 +75,13 @@ async def first_through(
     hedges: set[asyncio.Future[T]] = set()
     tried = 0
     alone = False  # no hedge could start beside the one under way: it is waited for
+    decided = False  # ended with a winner or none, not cancelled
     try:
         while True:
             if not running:
                 up = pick() if tried < attempts else None
                 if up is None:
+                    decided = True
                     return None
                 running[asyncio.ensure_future(connect(up))] = up
                 tried += 1
@@ -105,15 +110,41 @@ async def first_through(
                     continue
                 if hedges:
                     hedging.count("hedge_won" if landed in hedges else "hedge_lost")
+                decided = True
                 return up, landed.result()
     finally:
-        for slower in running:  # cancelled, or closed if they got through after all
-            slower.cancel()
-            slower.add_done_callback(lambda t: _close_quietly(t, close))
+        for slower, up in running.items():
+            if decided:
+                # Run to its own timeout: one that never gets through (a tarpit) is the
+                # proxy's failure all the same, though a hedge carried the request, and
+                # one that does is closed.
+                slower.add_done_callback(
+                    functools.partial(_settle, up=up, failed=failed, close=close)
+                )
+            else:  # the request is gone: closed if it got through after all
+                slower.cancel()
+                slower.add_done_callback(lambda t: _close_quietly(t, close))
 
 
 def _landed(hedging: Hedging) -> None:
     hedging.in_flight -= 1
+
+
+def _settle(
+    task: asyncio.Future[T],
+    *,
+    up: Upstream,
+    failed: Callable[[Upstream, BaseException], None],
+    close: Callable[[T], None],
+) -> None:
+    """A connect left behind by the winner, ended: blamed when it failed, else closed."""
+    if task.cancelled():
+        return
+    if (exc := task.exception()) is not None:
+        with contextlib.suppress(Exception):
+            failed(up, exc)
+        return
+    _close_quietly(task, close)
 
 
 def _close_quietly(task: asyncio.Future[T], close: Callable[[T], None]) -> None:
