@@ -437,10 +437,9 @@ async def test_a_hanging_upstream_costs_a_request_its_hedge_delay_not_the_timeou
 ) -> None:
     """An upstream that accepts and never answers (the lab's tarpit, in the pool as a 1 ms
     SOCKS5 proxy): a request that picks it starts a second upstream beside it after
-    0.25 s and is answered through that one, well within the connect timeout (20 s here:
-    past it the tarpit's connect, left running behind the hedge, is blamed and the tarpit
-    avoided), over SOCKS5 and over plain HTTP alike; the hedges are counted and each
-    request is sent once."""
+    0.25 s and is answered through that one, well within the connect timeout (20 s: past
+    it the tarpit is blamed and avoided), over SOCKS5 and over plain HTTP alike; the
+    hedges are counted and each request is sent once."""
     tarpit = next(p for p in lab.proxies if p.name == "tarpit")
     async with (
         _target() as (site, seen),
