@@ -314,54 +314,37 @@ class Endpoint:
         page, which may still be a block, is the client's to read, not ours."""
         tried: set[tuple[str, int]] = set()
         up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
-        ends = _Ends([cw, uw])
+        ends = _Ends([cw, uw])  # closed together when the login is revoked (endpoint/door.py)
         self.hold((want.consumer, password), ends)
         try:
-            await self._carried(want, password, host, port, up, ur, uw, cr, cw, ok, tried, ends)
+            cw.write(ok)
+            self.outcomes.count("tunnel")
+            site = self.site_of(host)
+            # Only where the client speaks first (TLS): elsewhere the server may, and is
+            # carried at once.
+            first = await _first(cr, self.answer_s) if site and port in _TLS_PORTS else None
+            while first:
+                uw.write(first)
+                reply = await _first(ur, self.answer_s)
+                if reply is None:  # nothing yet: no verdict, carried on
+                    break
+                if reply and reply[0] != _TLS_ALERT:
+                    cw.write(reply)
+                    break
+                self.outcomes.count("turned_away")
+                self.pool.turned_away(up, site, time.monotonic())
+                uw.close()
+                try:
+                    up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
+                except Refused:
+                    cw.write(reply)  # the site's own answer, as it came
+                    cw.close()
+                    return
+                ends.writers.append(uw)
+            await _pipe(cr, cw, ur, uw)
         finally:
             self.release(ends)
             ends.close()
-
-    async def _carried(
-        self,
-        want: Want,
-        password: str,
-        host: str,
-        port: int,
-        up: Upstream,
-        ur: asyncio.StreamReader,
-        uw: asyncio.StreamWriter,
-        cr: asyncio.StreamReader,
-        cw: asyncio.StreamWriter,
-        ok: bytes,
-        tried: set[tuple[str, int]],
-        ends: _Ends,
-    ) -> None:
-        cw.write(ok)
-        self.outcomes.count("tunnel")
-        site = self.site_of(host)
-        # Only where the client speaks first (TLS): elsewhere the server may, and is
-        # carried at once.
-        first = await _first(cr, self.answer_s) if site and port in _TLS_PORTS else None
-        while first:
-            uw.write(first)
-            reply = await _first(ur, self.answer_s)
-            if reply is None:  # nothing yet: no verdict, carried on
-                break
-            if reply and reply[0] != _TLS_ALERT:
-                cw.write(reply)
-                break
-            self.outcomes.count("turned_away")
-            self.pool.turned_away(up, site, time.monotonic())
-            uw.close()
-            try:
-                up, (ur, uw) = await self._tunnel(want, password, host, port, tried)
-            except Refused:
-                cw.write(reply)  # the site's own answer, as it came
-                cw.close()
-                return
-            ends.writers.append(uw)
-        await _pipe(cr, cw, ur, uw)
 
     # -- CONNECT ------------------------------------------------------------------------
 
