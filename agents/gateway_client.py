@@ -138,11 +138,11 @@ class GatewayClient:
         except GatewayError as exc:
             log.warning("no_nats_offer_yet", agent=self.agent, error=repr(exc))
             return
+        await self._follow(me)  # before it is asked: this first answer is logged below
         self._asked = True
         self._said(me)
         self.batches = me.batches
         self.judge_key = me.judge_key
-        await self._follow(me)
         log.info(
             "agent_events_via",
             agent=self.agent,
