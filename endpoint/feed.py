@@ -1,15 +1,11 @@
-"""What the endpoint knows of the fleet, from its gateways: the pool and who may log in.
+"""What the endpoint knows of the fleet, from its gateways: the pool, the sites' rules
+and verdicts, and who may log in (``endpoint/logins.py``).
 
 The pool comes as the gateways serve it (``GET /v1/proxies?limit=0&mitm=any``), asked
 in the background every ``every_s`` with the ``ETag`` of the last answer (a gateway
 answers 304 while its pool view has not moved), from the first gateway of the list that
-answers: a gateway restarting leaves the endpoint with the pool it has. A login is a
-consumer's name and token, checked with ``GET /v1/agents/me`` on its own connections
-(a flood of bad logins, which the gateway answers slowly, never holds up the pool's
-refresh or the traffic): one ask however many connections log in with it at once; a
-login that worked is checked again in the background once it is ``LOGIN_FRESH_S`` old
-(so a revoked token stops working within seconds) and kept at most ``LOGIN_TTL_S``
-while no gateway answers; a refusal is never kept. What a consumer's traffic met
+answers: a gateway restarting leaves the endpoint with the pool it has. What a
+consumer's traffic met
 goes back under its token, once a second, as one ``ProxiesChecked`` round (``POST
 /v1/events``): the fold takes a consumer's failures as its reports, within its budget,
 and its successes as counts only (reducers/reports.py ``traffic``).
@@ -18,7 +14,6 @@ and its successes as counts only (reducers/reports.py ``traffic``).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,15 +22,16 @@ import aiohttp
 import msgspec
 import structlog
 
-from endpoint.choose import Facts, Pool, Upstream
-from endpoint.verdicts import PSL_VERSION
+from endpoint.gateways import ask
+from endpoint.link.upstream import Upstream
+from endpoint.logins import Logins
+from endpoint.router.choose import Facts, Pool
+from endpoint.router.verdicts import PSL_VERSION
 from events.batches import MAX_RESULTS, TRAFFIC_KEY
 from events.catalogue import CheckResult, ProxiesChecked, SiteResult, SitesChecked
 from events.mint import fresh_id, now_ms
 from events.wire import (
-    AGENT_HEADER,
     EVENTS_PATH,
-    ME_PATH,
     PROXIES_PATH,
     SITE_CHANGES_PATH,
     SITE_RULES_PATH,
@@ -49,11 +45,7 @@ __all__ = ["Feed"]
 
 log = structlog.get_logger("ppf.serve")
 
-LOGIN_FRESH_S = 5.0
 PIECE = 500  # proxies of a new pool taken in between two turns of the loop
-LOGIN_TTL_S = 60.0
-LOGINS_KEPT = 10_000  # the logins that worked, the least recently checked dropped first
-LOGIN_ASKS = 16  # gateway connections for logins, apart from the pool's and the traffic's
 TRAFFIC_S = 1.0  # a consumer's outcomes go to the log once a second, as one round
 SITES_S = 60.0  # what the traffic showed of sites goes to the log once a minute
 # The fleet's verdicts are asked for from a little before the last answer's time: a
@@ -61,7 +53,6 @@ SITES_S = 60.0  # what the traffic showed of sites goes to the log once a minute
 _OVERLAP_MS = 5_000
 
 
-_ROLES = ("consumer", "admin")
 _rules = msgspec.json.Decoder(SiteRules)
 # The rows as the router reads them (events/wire.py ProxyRoute: ProxyOut's routing fields).
 _rows: msgspec.json.Decoder[Any] = msgspec.json.Decoder(ProxyRoute)
@@ -113,12 +104,8 @@ class Feed:
         self.reports = 0
         self._etag = ""
         self._json_only: set[str] = set()  # gateways that answer no ndjson (older ones)
-        # sha256(name:token) -> when a gateway last said it is a login (oldest first)
-        self._logins: dict[str, float] = {}
-        self._asking: dict[str, asyncio.Future[bool | None]] = {}  # one ask per login
-        self.login_asks = 0
+        self.logins = Logins(self.gateways, self.headers)
         self._http: aiohttp.ClientSession | None = None
-        self._login_http: aiohttp.ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
         # A consumer's outcomes not sent yet, by its token: (its name, results).
@@ -140,11 +127,7 @@ class Feed:
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=30), headers=self.headers
         )
-        self._login_http = aiohttp.ClientSession(
-            headers=self.headers,
-            timeout=aiohttp.ClientTimeout(total=10),
-            connector=aiohttp.TCPConnector(limit=LOGIN_ASKS),
-        )
+        self.logins.start()
         await self.refresh()
         await self.refresh_rules()
         self._task = asyncio.create_task(self._run(), name="ppf-serve-feed")
@@ -159,11 +142,9 @@ class Feed:
                 await asyncio.gather(task, return_exceptions=True)
         await self.flush_traffic()
         await self.flush_sites()
-        for pending in list(self._asking.values()):
-            pending.cancel()
-        for session in (self._http, self._login_http):
-            if session is not None:
-                await session.close()
+        await self.logins.stop()
+        if self._http is not None:
+            await self._http.close()
 
     async def _run(self) -> None:
         while True:
@@ -218,61 +199,6 @@ class Feed:
             return True
         return False  # every gateway away: the pool we have stays
 
-    def login_known(self, name: str, token: str) -> bool:
-        """Whether ``name``:``token`` worked within ``LOGIN_TTL_S`` (nothing asked)."""
-        checked = self._logins.get(hashlib.sha256(f"{name}:{token}".encode()).hexdigest())
-        return checked is not None and time.monotonic() - checked < LOGIN_TTL_S
-
-    async def login_ok(self, name: str, token: str) -> bool:
-        """Whether ``name``:``token`` is a consumer's (or the admin's) login now."""
-        key = hashlib.sha256(f"{name}:{token}".encode()).hexdigest()
-        checked = self._logins.get(key)
-        age = time.monotonic() - checked if checked is not None else LOGIN_TTL_S
-        if age < LOGIN_FRESH_S:
-            return True
-        asking = self._ask_once(key, name, token)
-        if age < LOGIN_TTL_S:
-            return True  # answered as it was; the ask in the background decides the next
-        said = await asyncio.shield(asking)
-        # No gateway answers: a login that worked once holds until one does.
-        return said is True or (said is None and checked is not None)
-
-    async def login_still(self, name: str, token: str) -> bool:
-        """Whether ``name``:``token`` still is a login: the gateways asked, and their
-        answer awaited, once the last is ``LOGIN_FRESH_S`` old (for the connections open
-        under it; no gateway answering: it holds)."""
-        key = hashlib.sha256(f"{name}:{token}".encode()).hexdigest()
-        checked = self._logins.get(key)
-        if checked is not None and time.monotonic() - checked < LOGIN_FRESH_S:
-            return True
-        asking = self._ask_once(key, name, token)
-        return await asyncio.shield(asking) is not False
-
-    def _ask_once(self, key: str, name: str, token: str) -> asyncio.Future[bool | None]:
-        """The ask of the gateways for this login under way, or a new one."""
-        asking = self._asking.get(key)
-        if asking is None:
-            asking = self._asking[key] = asyncio.ensure_future(self._check(key, name, token))
-            asking.add_done_callback(lambda _: self._asking.pop(key, None))
-        return asking
-
-    async def _check(self, key: str, name: str, token: str) -> bool | None:
-        """One ask of the gateways: True a login, False not (forgotten at once), None
-        when no gateway answers (a login that worked holds until ``LOGIN_TTL_S``)."""
-        self.login_asks += 1
-        me = await self._ask("GET", ME_PATH, token, session=self._login_http, agent=name)
-        if me is None:
-            return None
-        status, body = me
-        if status == 200 and body.get("name") == name and body.get("role") in _ROLES:
-            self._logins.pop(key, None)
-            self._logins[key] = time.monotonic()
-            while len(self._logins) > LOGINS_KEPT:
-                del self._logins[next(iter(self._logins))]
-            return True
-        self._logins.pop(key, None)
-        return False
-
     def record(
         self, token: str, name: str, up: Upstream, ok: bool, latency_ms: float, why: str
     ) -> None:
@@ -315,8 +241,13 @@ class Feed:
                     key=TRAFFIC_KEY,
                     results=results[start : start + MAX_RESULTS],
                 )
-                answer = await self._ask(
-                    "POST", EVENTS_PATH, token, {"events": [msgspec.to_builtins(batch)]}
+                answer = await ask(
+                    self._http,
+                    self.gateways,
+                    "POST",
+                    EVENTS_PATH,
+                    token,
+                    {"events": [msgspec.to_builtins(batch)]},
                 )
                 if answer is not None and answer[0] == 200:
                     self.reports += sum(not r.ok for r in batch.results)
@@ -337,7 +268,9 @@ class Feed:
         if self.identity is None:
             return
         since = max(0, self._standing_at - _OVERLAP_MS)
-        answer = await self._ask("GET", f"{SITE_CHANGES_PATH}?since={since}", self.identity[1])
+        answer = await ask(
+            self._http, self.gateways, "GET", f"{SITE_CHANGES_PATH}?since={since}", self.identity[1]
+        )
         if answer is None or answer[0] != 200:
             log.warning("site_changes_not_read", answer=str(answer)[:200])
             return
@@ -357,10 +290,9 @@ class Feed:
             await self._flush_sites()
 
     async def _flush_sites(self) -> None:
-        cells = self.pool.take_verdicts()
-        if self.pool.verdicts_dropped:  # past the cap of cells a round: said, then reset
-            log.warning("site_verdicts_dropped", cells=self.pool.verdicts_dropped)
-            self.pool.verdicts_dropped = 0
+        cells, dropped = self.pool.tally.take()
+        if dropped:  # past the cap of cells a round: said, then counted afresh
+            log.warning("site_verdicts_dropped", cells=dropped)
         if self.identity is None or not cells:
             return
         name, token = self.identity
@@ -373,39 +305,16 @@ class Feed:
                 id=fresh_id(), agent=name, at=now_ms(), key=TRAFFIC_KEY, psl=PSL_VERSION,
                 results=results[start : start + MAX_RESULTS],
             )  # fmt: skip
-            answer = await self._ask(
-                "POST", EVENTS_PATH, token, {"events": [msgspec.to_builtins(batch)]}
+            answer = await ask(
+                self._http,
+                self.gateways,
+                "POST",
+                EVENTS_PATH,
+                token,
+                {"events": [msgspec.to_builtins(batch)]},
             )
             if answer is not None and answer[0] == 200:
                 self.sites_sent += len(batch.results)
             else:
                 self.sites_dropped += len(batch.results)
                 log.warning("sites_not_sent", endpoint=name, answer=str(answer)[:200])
-
-    async def _ask(
-        self,
-        method: str,
-        path: str,
-        token: str,
-        body: Any = None,
-        *,
-        session: aiohttp.ClientSession | None = None,
-        agent: str = "",
-    ) -> tuple[int, dict[str, Any]] | None:
-        http = session or self._http
-        assert http is not None
-        headers = {"Authorization": f"Bearer {token}"}
-        if agent:  # a token issued a moment ago is looked up under its name
-            headers[AGENT_HEADER] = agent
-        for base in self.gateways:
-            try:
-                async with http.request(method, base + path, json=body, headers=headers) as r:
-                    data = await r.read()
-                    try:
-                        decoded = msgspec.json.decode(data) if data else {}
-                    except msgspec.DecodeError:
-                        decoded = {}
-                    return r.status, decoded if isinstance(decoded, dict) else {}
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                continue
-        return None

@@ -29,7 +29,7 @@ routes = web.RouteTableDef()
 
 
 class EndpointCounts(Protocol):
-    """What /metrics reads of the rotating endpoint (``endpoint.relay.Outcomes``): its
+    """What /metrics reads of the rotating endpoint (``endpoint.router.outcomes.Outcomes``): its
     requests by outcome and the time it added to the latest ones."""
 
     @property

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 import events as ev
-from endpoint.choose import Pool, Upstream
+from endpoint.connection.client import serve
 from endpoint.feed import Feed
-from endpoint.relay import Endpoint, serve
+from endpoint.link.upstream import Upstream
+from endpoint.router.choose import Pool
+from endpoint.router.router import Router
 from events.mint import fresh_id, now_ms
 from ops.nats.client import Log
 from ops.nats.server import free_port
@@ -190,11 +192,11 @@ async def test_a_revoked_consumers_tunnels_and_keep_alive_connections_close_with
         feed = Feed([str(client.make_url("")).rstrip("/")], pool, every_s=60)
         await feed.start()
         pool.replace([Upstream("127.0.0.1", up_port, "http", https="yes", latency_ms=5)])
-        relay = Endpoint(
+        relay = Router(
             pool,
-            feed.login_ok,
-            login_known=feed.login_known,
-            login_still=feed.login_still,
+            feed.logins.ok,
+            login_known=feed.logins.known,
+            login_still=feed.logins.still,
             lab=True,
         )
         server = await serve(relay, "127.0.0.1", 0)
@@ -255,7 +257,7 @@ async def test_a_host_spelled_for_another_parser_is_read_before_the_address_rule
     async with _recording_upstream() as (up_port, heard):
         pool = Pool()
         pool.replace([Upstream("127.0.0.1", up_port, "http", https="yes", latency_ms=5)])
-        relay = Endpoint(pool, login_ok)
+        relay = Router(pool, login_ok)
         server = await serve(relay, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import shutil
 import time
 from collections.abc import AsyncIterator
@@ -17,10 +18,13 @@ import pytest
 from aiohttp import web
 
 import events as ev
-from endpoint.choose import Pool
+from endpoint.connection.client import serve
 from endpoint.feed import Feed
-from endpoint.login import LoginError, parse_login
-from endpoint.relay import Endpoint, Outcomes, serve
+from endpoint.link.upstream import Upstream
+from endpoint.router.choose import Pool
+from endpoint.router.login import LoginError, parse_login
+from endpoint.router.outcomes import Outcomes
+from endpoint.router.router import Router
 from events.batches import group
 from events.mint import fresh_id, now_ms
 from gateway.http import GatewayConfig
@@ -88,7 +92,7 @@ async def _target() -> AsyncIterator[tuple[str, list[str]]]:
 @contextlib.asynccontextmanager
 async def _endpoint(
     lg: Log, lab: ProxyLab, *, extra: int = 0, named: str = "", **endpoint: Any
-) -> AsyncIterator[tuple[str, str, Endpoint, Feed]]:
+) -> AsyncIterator[tuple[str, str, Router, Feed]]:
     """A lab-mode gateway whose pool is the lab's carriers (confirmed by the operator's
     checker; ``extra``: a port on loopback also in it, as a very fast SOCKS5 proxy), a
     consumer's token, and the endpoint fed by that gateway: (address, token, endpoint,
@@ -137,8 +141,8 @@ async def _endpoint(
         pool = Pool()
         feed = Feed([gateway], pool, every_s=0.5, identity=identity, sites_every_s=0.3)
         await feed.start()
-        relay = Endpoint(
-            pool, feed.login_ok, record=feed.record, outcomes=outcomes, lab=True, **endpoint
+        relay = Router(
+            pool, feed.logins.ok, record=feed.record, outcomes=outcomes, lab=True, **endpoint
         )
         port = free_port()
         server = await serve(relay, "127.0.0.1", port)
@@ -270,10 +274,6 @@ def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:
     """Round robin goes in turn; a session keeps its upstream while it works; a tunnel
     goes only through proxies that tunnel; a failure sits a proxy out 10 s, then 20 s in
     a row; when all are out, the soonest back is tried; mitm only when asked."""
-    import random
-
-    from endpoint.choose import Upstream
-
     pool = Pool(rng=random.Random(1))
     pool.replace(
         [
@@ -447,7 +447,7 @@ async def test_a_hanging_upstream_costs_a_request_its_hedge_delay_not_the_timeou
     ):
         # Each upstream in turn, the tarpit too. Not lru: once a plain-HTTP page got
         # through, lru (as weighted) picks among the upstreams that got through to the site
-        # (endpoint/choose.py), and the tarpit came up again only when it was the least
+        # (endpoint/router/choose.py), and the tarpit came up again only when it was the least
         # recently used at that first request: one run in a few it was not.
         login = f"shop-strategy-roundrobin:{token}@{addr}"
         counts, sent = relay.outcomes.counts, 0

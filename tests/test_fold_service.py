@@ -10,8 +10,9 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
-from endpoint.choose import Pool, Upstream
 from endpoint.feed import Feed
+from endpoint.link.upstream import Upstream
+from endpoint.router.choose import Pool
 from events.sites import SiteRule
 from gateway.app import make_app
 from ops.nats.client import Log, fresh_id, now_ms
@@ -257,7 +258,7 @@ async def test_gateway_serves_the_projections(
     assert set(edge.through["google.com"]) == {("8.8.8.8", 1080)}
     assert set(edge.through["shop.example"]) == {("1.1.1.1", 3128)}
     assert "google.com" in edge.upstreams[("1.1.1.1", 3128)].turned_away
-    assert not edge.take_verdicts()  # the fleet's word is not this endpoint's to say again
+    assert edge.tally.take() == ({}, 0)  # the fleet's word is not this endpoint's to say again
     later = await client.get(
         f"/v1/sites/changes?since={feed._standing_at}",
         headers={"Authorization": "Bearer edge-token"},

@@ -1,4 +1,4 @@
-"""Plain HTTP through the endpoint's protocols (endpoint/forward.py, endpoint/uplink.py),
+"""Plain HTTP through the endpoint's protocols (endpoint/connection/client.py, endpoint/link/uplink.py),
 against the lab's real squid and its broken proxies (tarpit, garbage, closed), with a
 real aiohttp site behind: what HTTP allows a client to expect of a proxy, kept.
 
@@ -18,8 +18,10 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from endpoint.choose import Pool, Upstream
-from endpoint.relay import Endpoint, serve
+from endpoint.connection.client import serve
+from endpoint.link.upstream import Upstream
+from endpoint.router.choose import Pool
+from endpoint.router.router import Router
 from ops.lab.testbed import ProxyLab
 from ops.nats.server import free_port
 
@@ -61,7 +63,7 @@ async def _site() -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def _endpoint(lab: ProxyLab, *names: str, **options: float) -> AsyncIterator[Endpoint]:
+async def _endpoint(lab: ProxyLab, *names: str, **options: float) -> AsyncIterator[Router]:
     """An endpoint on a free port (``endpoint.port``) whose pool is the lab's ``names``,
     each as an HTTP proxy."""
     pool = Pool()
@@ -72,7 +74,7 @@ async def _endpoint(lab: ProxyLab, *names: str, **options: float) -> AsyncIterat
     async def login_ok(name: str, token: str) -> bool:
         return token == TOKEN
 
-    relay = Endpoint(pool, login_ok, lab=True, **options)  # type: ignore[arg-type]
+    relay = Router(pool, login_ok, lab=True, **options)  # type: ignore[arg-type]
     port = free_port()
     server = await serve(relay, "127.0.0.1", port)
     relay.port = port  # type: ignore[attr-defined]

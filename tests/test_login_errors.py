@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 
-from endpoint.choose import Pool, Upstream
-from endpoint.relay import Endpoint, serve
+from endpoint.connection.client import serve
+from endpoint.link.upstream import Upstream
+from endpoint.router.choose import Pool
+from endpoint.router.router import Router
 from tests.test_walls_endpoint import _recording_upstream
 
 TOKEN = "t0ken-secret"
@@ -25,7 +27,7 @@ async def test_a_login_mistake_is_answered_with_what_is_wrong() -> None:
     async with _recording_upstream() as (up_port, heard):
         pool = Pool()
         pool.replace([Upstream("127.0.0.1", up_port, "http", https="yes", latency_ms=5)])
-        relay = Endpoint(pool, login_ok, login_failures_burst=100)
+        relay = Router(pool, login_ok, login_failures_burst=100)
         server = await serve(relay, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
 

@@ -5,7 +5,8 @@ clock and entropy), ``reducers/`` and ``projections/core/``. It imports nothing 
 the stdlib, msgspec and the core, and not every stdlib module is harmless: no clock, no
 randomness, no I/O. Outside the core, the one part of ``ops/`` that ``agents/``,
 ``endpoint/``, ``gateway/`` and ``projections/`` may import is the NATS adapter,
-``ops/nats/``, which imports nothing else of ``ops/``.
+``ops/nats/``, which imports nothing else of ``ops/``. Inside the endpoint, its three
+rooms (connection, router, link) import only the rooms below them.
 """
 
 from __future__ import annotations
@@ -149,3 +150,95 @@ def test_the_direction_check_catches_a_back_arrow(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("from ops.nats.dial import dial\ndef f():\n    from ops.geo import x\n")
     assert _ops_imported(bad) == ["ops.geo"]
+
+
+# The endpoint's rooms, top to bottom: each may import only the rooms below it. The
+# feed and its helpers (endpoint/*.py) feed the router from the gateways: never a room's
+# to import, and never importing the connection room.
+ENDPOINT_ROOMS = ("connection", "router", "link")
+# A Protocol of more methods restates a class rather than declaring a lower room's few
+# callbacks. (A Protocol of fields only is a shape: ``Facts``, the fields the pool reads
+# of a row, which events/wire.py's ProxyRoute, made at import, cannot say to mypy.)
+PROTOCOL_METHODS = 6
+ENDPOINT_CLASS_LINES = 250
+
+
+def _room(module: str) -> str:
+    """The endpoint room (or "edge" for endpoint/*.py) a module name belongs to; ""
+    outside the endpoint."""
+    parts = module.split(".")
+    if parts[0] != "endpoint" or len(parts) < 2:
+        return ""
+    return parts[1] if parts[1] in ENDPOINT_ROOMS else "edge"
+
+
+def _back_arrows(path: Path, own: str) -> list[str]:
+    """What of the endpoint a module of room ``own`` imports that it may not."""
+    allowed = {
+        "connection": {"connection", "router", "link"},
+        "router": {"router", "link"},
+        "link": {"link"},
+        "edge": {"edge", "router", "link"},
+    }[own]
+    return [m for m, _ in _imports(path) if _room(m) and _room(m) not in allowed]
+
+
+@pytest.mark.parametrize("path", _modules("endpoint"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_endpoint_rooms_import_downwards_only(path: Path) -> None:
+    """connection/ imports router/ and link/; router/ imports link/; link/ neither;
+    the feed's modules no room above the router (endpoint/__init__.py)."""
+    rel = path.relative_to(ROOT / "endpoint")
+    own = rel.parts[0] if len(rel.parts) > 1 else "edge"
+    assert _back_arrows(path, own) == []
+
+
+def test_the_room_rule_catches_an_upward_import(tmp_path: Path) -> None:
+    """The room rule is not vacuous: a link importing the router is found, its own
+    room is not."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("from endpoint.link.request import Request\nfrom endpoint.router import x\n")
+    assert _back_arrows(bad, "link") == ["endpoint.router"]
+
+
+def _classes(path: Path) -> list[ast.ClassDef]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+
+
+def _lines(cls: ast.ClassDef) -> int:
+    return (cls.end_lineno or cls.lineno) - cls.lineno + 1
+
+
+def _protocol_methods(cls: ast.ClassDef) -> int | None:
+    """How many methods a Protocol declares (None: not a Protocol)."""
+    if not any(isinstance(b, ast.Name) and b.id == "Protocol" for b in cls.bases):
+        return None
+    return sum(isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) for node in cls.body)
+
+
+def test_the_endpoint_has_no_long_class_and_no_protocol_restating_one() -> None:
+    """No class of the endpoint over 250 lines; its Protocols are a lower room's few
+    callbacks, never a class restated to cut an import circle."""
+    long, restated = [], []
+    for path in _modules("endpoint"):
+        for cls in _classes(path):
+            if (
+                cls.end_lineno is not None
+                and cls.end_lineno - cls.lineno + 1 > ENDPOINT_CLASS_LINES
+            ):
+                long.append(f"{path.name}:{cls.name}")
+            methods = _protocol_methods(cls)
+            if methods is not None and methods > PROTOCOL_METHODS:
+                restated.append(f"{path.name}:{cls.name} ({methods})")
+    assert long == [] and restated == []
+
+
+def test_the_class_rules_find_a_long_class_and_a_wide_protocol(tmp_path: Path) -> None:
+    """The class rules are not vacuous."""
+    wide = "class Big(Protocol):\n" + "".join(f"    def m{i}(self): ...\n" for i in range(7))
+    (tmp_path / "p.py").write_text(wide)
+    [cls] = _classes(tmp_path / "p.py")
+    assert _protocol_methods(cls) == 7 > PROTOCOL_METHODS
+    (tmp_path / "c.py").write_text("class C:\n" + "    x = 1\n" * 300)
+    [cls] = _classes(tmp_path / "c.py")
+    assert _lines(cls) > ENDPOINT_CLASS_LINES

@@ -1,4 +1,4 @@
-"""Routing by site (endpoint/choose.py, endpoint/verdicts.py): the endpoint learns from
+"""Routing by site (endpoint/router/choose.py, endpoint/router/verdicts.py): the endpoint learns from
 its consumers' traffic which proxies a site turns away, tries a turned-away request
 through another proxy before the client sees it, and sends later requests for that site
 through proxies that get through, without counting a block as the proxy's failure."""
@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator
 import pytest
 from aiohttp import web
 
-from endpoint.choose import Pool, Upstream
-from endpoint.login import Want
+from endpoint.link.upstream import Upstream
+from endpoint.router.choose import Pool
+from endpoint.router.login import Want
 from ops.lab.testbed import ProxyLab
 from ops.nats.server import free_port
 from tests.test_forward import AUTH, TOKEN, _endpoint, _get, _raw
@@ -59,7 +60,7 @@ async def test_each_site_learns_which_proxies_get_through_and_is_served_its_page
     the page of each through the other proxy, every request gets the page (a 403 met on
     the way, when the known proxy has used its budget, is tried through another proxy
     before the client sees anything), and neither proxy counts as failed."""
-    from endpoint import choose
+    from endpoint.router import choose
 
     monkeypatch.setattr(choose, "SITE_BUDGET", 2)  # so the others are tried too
     exits = {p.name: p.exit_ip for p in lab.proxies}
@@ -97,7 +98,7 @@ def _want() -> Want:
 def test_a_pick_for_a_site_prefers_known_proxies_within_their_budget() -> None:
     """Known to get through first, never one turned away lately, unknown ones once the
     known have used their budget for the minute; another site is not affected."""
-    from endpoint import choose
+    from endpoint.router import choose
 
     pool = Pool(rng=random.Random(7))  # a pinned draw: the same picks every run
     pool.replace(Upstream(f"45.0.0.{n}", 8080, "http", latency_ms=50) for n in range(1, 9))
@@ -129,7 +130,7 @@ def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
     away at its head; a site without a rule turns it away by 403 or 429 (or a proxy's
     502-504: it could not get the page) only where another proxy got its page, and
     never by a missing page."""
-    from endpoint.verdicts import head_verdict_of, rule_of
+    from endpoint.router.verdicts import head_verdict_of, rule_of
 
     pool = Pool()
     google = rule_of(pool, "google.com")
@@ -145,7 +146,7 @@ def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
 def test_a_redirect_to_a_captcha_is_a_block_on_any_site_with_or_without_others() -> None:
     """A redirect whose path names a block page (a captcha, a challenge) is turned away
     on a site without rules, before any proxy got its page; another redirect is not."""
-    from endpoint.verdicts import head_verdict_of
+    from endpoint.router.verdicts import head_verdict_of
 
     pool = Pool()
     for location in ("/captcha?return=/x", "https://shop.example/Challenge/1"):
@@ -157,7 +158,7 @@ def test_a_connection_closed_by_one_site_is_its_block_by_two_the_proxys_failure(
     """A fresh connection that ended before any answer is the site's refusal while it is
     the only site that did so lately (the proxy stays in for others); a second site
     doing so makes it the proxy's failure, for its caller to count."""
-    from endpoint import choose
+    from endpoint.router import choose
 
     pool = Pool()
     up = Upstream("45.0.0.1", 8080, "http")
@@ -248,9 +249,9 @@ async def test_a_round_of_site_verdicts_in_flight_at_a_stop_is_sent_and_counted(
     feed.sites_every_s = 0.05
     try:
         await feed.start()
-        pool.verdicts[("8.8.8.8", 80, "example.com")] = [1, 0]
+        pool.tally.cells[("8.8.8.8", 80, "example.com")] = [1, 0]
         await asyncio.wait_for(posting.wait(), 5)
-        pool.verdicts[("8.8.4.4", 80, "example.com")] = [0, 1]  # after the round began
+        pool.tally.cells[("8.8.4.4", 80, "example.com")] = [0, 1]  # after the round began
         await feed.stop()
     finally:
         await gateway.close()

@@ -349,7 +349,7 @@ async def test_tokens_and_logins_longer_than_any_issued_are_refused_unread(
 ) -> None:
     """A bearer token of 8,000 characters is a 401 (never hashed); a login name of 1,000
     characters is refused by the endpoint's grammar before anyone is asked."""
-    from endpoint.login import LoginError, parse_login
+    from endpoint.router.login import LoginError, parse_login
 
     async with _gateway(log_client, {"shop": "consumer"}) as (client, _, tokens):
         r = await client.get("/v1/agents/me", headers={"Authorization": "Bearer " + "a" * 8_000})

@@ -44,8 +44,10 @@ async def test_the_endpoint_carries_no_request_to_an_inside_destination() -> Non
     import asyncio
     import base64
 
-    from endpoint.choose import Pool, Upstream
-    from endpoint.relay import Endpoint, serve
+    from endpoint.connection.client import serve
+    from endpoint.link.upstream import Upstream
+    from endpoint.router.choose import Pool
+    from endpoint.router.router import Router
 
     auth = b"Proxy-Authorization: Basic " + base64.b64encode(b"shop:t0ken") + b"\r\n"
 
@@ -55,7 +57,7 @@ async def test_the_endpoint_carries_no_request_to_an_inside_destination() -> Non
     async with _recording_upstream() as (up_port, heard):
         pool = Pool()
         pool.replace([Upstream("127.0.0.1", up_port, "http", latency_ms=5)])
-        relay = Endpoint(pool, login_ok)
+        relay = Router(pool, login_ok)
         server = await serve(relay, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
 
@@ -112,8 +114,10 @@ async def test_the_endpoint_closes_a_head_that_trickles() -> None:
     import base64
     import time
 
-    from endpoint.choose import Pool, Upstream
-    from endpoint.relay import Endpoint, serve
+    from endpoint.connection.client import serve
+    from endpoint.link.upstream import Upstream
+    from endpoint.router.choose import Pool
+    from endpoint.router.router import Router
 
     auth = b"Proxy-Authorization: Basic " + base64.b64encode(b"shop:t0ken") + b"\r\n"
 
@@ -123,7 +127,7 @@ async def test_the_endpoint_closes_a_head_that_trickles() -> None:
     async with _recording_upstream() as (up_port, _):
         pool = Pool()
         pool.replace([Upstream("127.0.0.1", up_port, "http", latency_ms=5)])
-        relay = Endpoint(pool, login_ok, head_s=1.0)
+        relay = Router(pool, login_ok, head_s=1.0)
         server = await serve(relay, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
 
@@ -174,9 +178,12 @@ async def test_endpoint_logins_ask_once_forget_refusals_and_see_revocation(
     import base64
     import time
 
-    from endpoint.choose import Pool, Upstream
-    from endpoint.feed import LOGIN_FRESH_S, Feed
-    from endpoint.relay import Endpoint, serve
+    from endpoint.connection.client import serve
+    from endpoint.feed import Feed
+    from endpoint.link.upstream import Upstream
+    from endpoint.logins import LOGIN_FRESH_S
+    from endpoint.router.choose import Pool
+    from endpoint.router.router import Router
 
     async with (
         _gateway(log_client, {"shop": "consumer"}) as (client, fold, tokens),
@@ -186,7 +193,7 @@ async def test_endpoint_logins_ask_once_forget_refusals_and_see_revocation(
         feed = Feed([str(client.make_url("")).rstrip("/")], pool, every_s=60)
         await feed.start()
         pool.replace([Upstream("127.0.0.1", up_port, "http", latency_ms=5)])
-        relay = Endpoint(pool, feed.login_ok, login_known=feed.login_known, login_failures_burst=20)
+        relay = Router(pool, feed.logins.ok, login_known=feed.logins.known, login_failures_burst=20)
         server = await serve(relay, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
 
@@ -209,13 +216,13 @@ async def test_endpoint_logins_ask_once_forget_refusals_and_see_revocation(
             assert all(a.startswith(b"HTTP/1.1 407") for a in answers)
             # One ask for all that came while it was out (a few when they came after it
             # ended: a refusal is not kept), never one a connection (200 before).
-            asked = feed.login_asks
+            asked = feed.logins.asks
             assert 1 <= asked <= 5, asked
             await get(b"ghost:nope", "127.0.0.3")  # an address with failures left
-            assert feed.login_asks == asked + 1  # the refusal was not kept
+            assert feed.logins.asks == asked + 1  # the refusal was not kept
             flood = await asyncio.gather(*(get(b"ghost-%d:x" % i, "127.0.0.4") for i in range(100)))
             assert all(a.startswith(b"HTTP/1.1 407") for a in flood)
-            assert feed.login_asks <= asked + 1 + 20  # the burst asked, the rest cut here
+            assert feed.logins.asks <= asked + 1 + 20  # the burst asked, the rest cut here
             assert relay.outcomes.counts["login_limited"] >= 100 - 20
             started = time.monotonic()
             good = b"shop:" + tokens["shop"].encode()

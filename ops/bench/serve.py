@@ -3,7 +3,7 @@ the same upstream proxy, in one run.
 
 Four processes on loopback: a target site (aiohttp), the upstream (of each kind in turn,
 ``ops/bench/upstreams.py``: an HTTP proxy, a SOCKS5 one; no package needed), the
-endpoint (``endpoint/relay.py`` over a pool of that one upstream, its login checked
+endpoint (``endpoint/router/router.py`` over a pool of that one upstream, its login checked
 against one token: no gateway in the way), and the client here (aiohttp, with
 ``proxy=``). Directly and through the endpoint in turns (A B A B, ``runs`` each):
 
@@ -64,8 +64,10 @@ def child(port: int, upstream: int, proto: str = "http") -> None:
     """The endpoint alone, over a pool of one upstream (run in its own process)."""
     import structlog
 
-    from endpoint.choose import Pool, Upstream
-    from endpoint.relay import Endpoint, serve
+    from endpoint.connection.client import serve
+    from endpoint.link.upstream import Upstream
+    from endpoint.router.choose import Pool
+    from endpoint.router.router import Router
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
 
@@ -76,7 +78,7 @@ def child(port: int, upstream: int, proto: str = "http") -> None:
         async def login_ok(name: str, token: str) -> bool:
             return token == TOKEN
 
-        endpoint = Endpoint(pool, login_ok, max_per_consumer=100_000, lab=True)  # loopback origin
+        endpoint = Router(pool, login_ok, max_per_consumer=100_000, lab=True)  # loopback origin
         await serve(endpoint, "127.0.0.1", port)
         print("ready", flush=True)
         await asyncio.Event().wait()

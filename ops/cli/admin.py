@@ -217,7 +217,7 @@ async def _sites(args: argparse.Namespace) -> int:
     """``SiteRuled`` for the site of ``args.url``, checked as the fold checks it."""
     from urllib.parse import urlsplit
 
-    from endpoint.verdicts import site_of
+    from endpoint.router.verdicts import site_of
     from events import SiteRuled
     from events.mint import fresh_id, now_ms
     from events.sites import SiteRule

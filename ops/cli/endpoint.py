@@ -10,7 +10,7 @@ from contextlib import AsyncExitStack
 
 import structlog
 
-from endpoint.relay import Outcomes
+from endpoint.router.outcomes import Outcomes
 from ops.cli.common import hostport, listen, wait_for_signal
 
 __all__ = ["DEFAULT_SERVE", "endpoint_site", "register", "serve_options"]
@@ -94,9 +94,10 @@ async def endpoint_site(
     """The endpoint on ``listen_at``, fed by ``gateways``; its address. Every client
     logs in (a consumer's name and token), so listening beyond loopback exposes nothing
     without a token; it is said in the log all the same."""
-    from endpoint.choose import Pool
+    from endpoint.connection.client import serve
     from endpoint.feed import SITES_S, Feed
-    from endpoint.relay import Endpoint, serve
+    from endpoint.router.choose import Pool
+    from endpoint.router.router import Router
 
     host, port = hostport(listen_at, 8899)
     if args.serve_workers > 1:
@@ -129,11 +130,11 @@ async def endpoint_site(
     )
     await feed.start()
     stack.push_async_callback(feed.stop)
-    endpoint = Endpoint(
+    endpoint = Router(
         pool,
-        feed.login_ok,
-        login_known=feed.login_known,
-        login_still=feed.login_still,
+        feed.logins.ok,
+        login_known=feed.logins.known,
+        login_still=feed.logins.still,
         record=feed.record,
         max_per_consumer=args.serve_max_conns,
         hedges=args.serve_hedges,

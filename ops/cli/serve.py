@@ -13,7 +13,7 @@ from pathlib import Path
 
 import structlog
 
-from endpoint.relay import Outcomes
+from endpoint.router.outcomes import Outcomes
 from gateway.judge import JudgeDoor, JudgeKeys, enrolled_in
 from ops.cli.common import DEFAULT_NATS, data_dir, holding, listen
 from ops.cli.endpoint import DEFAULT_SERVE, endpoint_site, serve_options

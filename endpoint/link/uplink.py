@@ -6,8 +6,8 @@ tunnel to one site. It sends a client's request and reads the answer with httpto
 the body as it was framed (a chunked body is chunked again, as httptools hands it over
 de-chunked; an answer with neither length nor chunks ends with the connection, and so
 does the client's). A HEAD's answer has no body whatever its length says; llhttp cannot
-be told, so that link is not reused. ``ClientSide`` (endpoint/forward.py) hears what
-became of each request: ``answered``, ``unanswered`` (nothing came: the proxy's
+be told, so that link is not reused. Its ``Client`` (the router's ``Forwarding``) hears
+what became of each request: ``answered``, ``unanswered`` (nothing came: the proxy's
 failure, or a stale idle link's) or ``broken`` (it stopped midway).
 """
 
@@ -20,13 +20,14 @@ from typing import Protocol, cast
 
 import httptools
 
-from endpoint.choose import Upstream
-from events.sites import HEAD_BYTES, SiteRule
+from endpoint.link.request import Request
+from endpoint.link.upstream import Upstream
+from events.sites import HEAD_BYTES
 
-__all__ = ["CLOSED", "HOP", "Client", "Idle", "Request", "UpLink", "idle_key"]
+__all__ = ["CLOSED", "HOP", "Client", "Idle", "UpLink", "idle_key"]
 
 # Why a link ended without an answer when its upstream closed it: a site's refusal may
-# look so (endpoint/forward.py), a timeout never does.
+# look so (endpoint/router/forwarding.py), a timeout never does.
 CLOSED = "connection closed"
 
 HOP = frozenset(
@@ -43,38 +44,11 @@ HOP = frozenset(
 )
 
 
-@dataclass(slots=True)
-class Request:
-    """One client request, whole, and what became of it so far."""
-
-    method: bytes
-    target: bytes  # the absolute URI the client sent
-    host: str
-    port: int
-    lines: bytes  # its header lines but the hop-by-hop ones, each ending in CRLF
-    body: bytes
-    keep_alive: bool
-    authorization: bytes
-    http11: bool = True  # an HTTP/1.0 client gets no chunked answer and no 1xx
-    read_at: float = field(default_factory=time.perf_counter)
-    origin: bytes = b"/"  # the target in origin form, for a SOCKS tunnel to the site
-    tried: frozenset[tuple[str, int]] = frozenset()
-    failures: int = 0
-    fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
-    site: str = ""  # the site it goes to (events/sites.py)
-    rule: SiteRule | None = None  # how that site's answers read
-
-    def head(self, forward: bool) -> bytes:
-        """To an HTTP proxy the absolute URI; through a SOCKS tunnel the origin form."""
-        target = self.target if forward else self.origin
-        return b"%s %s HTTP/1.1\r\n%s\r\n" % (self.method, target, self.lines)
-
-
 class Client(Protocol):
-    """The client connection a link answers (``ClientSide``, endpoint/forward.py): what
-    it hears of each request."""
+    """Whom a link answers (the router's ``Forwarding``, endpoint/router/forwarding.py):
+    where the answer's bytes go, and what became of each request."""
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | bytearray, *, flush: bool = False) -> None: ...
     def head_passes(self, link: UpLink, status: int, location: str) -> bool: ...
     def answered(self, link: UpLink, reusable: bool) -> None: ...
     def broken(self, link: UpLink) -> None: ...

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from endpoint.serving import Serving
-from endpoint.uplink import Request
+from endpoint.router.forwarding import Forwarding
+from endpoint.router.router import Router
 
 __all__ = ["FIRST_BYTE_S", "IDLE_S", "MIN_BODY_RATE", "Deadlines"]
 
@@ -20,14 +20,14 @@ MIN_BODY_RATE = 65_536  # bytes a second a request's body keeps, after the head'
 
 
 class Deadlines:
-    """The timer of a client connection (``ClientSide``, endpoint/forward.py), which
+    """The timer of a client connection (``ClientSide``, connection/client.py), which
     keeps the state read here."""
 
-    endpoint: Serving
+    router: Router
+    fw: Forwarding  # its request in flight, if any
     closing: bool
     seen: bool  # a first byte came
     last: float  # when a byte last came
-    current: Request | None  # the request in flight
     head_since: float | None
     body_since: float | None
     timer: asyncio.TimerHandle | None
@@ -46,27 +46,28 @@ class Deadlines:
         if self.closing:
             return
         now = time.monotonic()
-        head_s = self.endpoint.head_s
-        if self.current is None and self.head_since is not None and now - self.head_since >= head_s:
-            self.endpoint.outcomes.count("slow_head")
+        head_s = self.router.head_s
+        idle = self.fw.current is None
+        if idle and self.head_since is not None and now - self.head_since >= head_s:
+            self.router.outcomes.count("slow_head")
             self.close()
             return
         body_until = self._body_until()
-        if self.current is None and body_until is not None and now >= body_until:
-            self.endpoint.outcomes.count("slow_body")
+        if idle and body_until is not None and now >= body_until:
+            self.router.outcomes.count("slow_body")
             self.close()
             return
         limit = IDLE_S if self.seen else FIRST_BYTE_S
         quiet = now - self.last
-        if self.current is None and quiet >= limit:
+        if idle and quiet >= limit:
             self.close()
             return
         wait = limit - quiet
-        if self.current is None and self.head_since is not None:
+        if idle and self.head_since is not None:
             wait = min(wait, self.head_since + head_s - now)
-        if self.current is None and body_until is not None:
+        if idle and body_until is not None:
             wait = min(wait, body_until - now)
-        self._arm(max(wait, 0.05 if self.current is None else 0.5))
+        self._arm(max(wait, 0.05 if idle else 0.5))
 
     def _body_until(self) -> float | None:
         """When the body being read must be whole by, at the pace it has kept: the head's
@@ -74,4 +75,4 @@ class Deadlines:
         slow head is; an honest upload at that pace or faster never is)."""
         if self.body_since is None:
             return None
-        return self.body_since + self.endpoint.head_s + self._body_size / MIN_BODY_RATE
+        return self.body_since + self.router.head_s + self._body_size / MIN_BODY_RATE

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from endpoint.choose import Upstream
+from endpoint.link.upstream import Upstream
 
 __all__ = ["Hedging", "delay_s", "first_through"]
 
@@ -43,7 +43,7 @@ def delay_s(up: Upstream, connect_s: float) -> float:
 @dataclass
 class Hedging:
     """The endpoint's hedges under way, within ``max_in_flight``; 0 turns hedging off.
-    ``count``: the endpoint's outcomes' (endpoint/serving.py)."""
+    ``count``: the endpoint's outcomes' (endpoint/router/outcomes.py)."""
 
     count: Callable[[str], None]
     max_in_flight: int = 64

@@ -36,10 +36,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from endpoint.login import Want
+from endpoint.link.upstream import Upstream
+from endpoint.router.login import Want
 from events.sites import BLOCKED, THROUGH, SiteRule
 
-__all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Upstream"]
+__all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Tally"]
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0
@@ -66,44 +67,10 @@ class Facts(Protocol):
     latency_ms: float
 
 
-@dataclass(slots=True)
-class Upstream:
-    ip: str
-    port: int
-    proto: str  # how we speak to it: http, https (an HTTP proxy), socks4, socks5
-    country: str = ""
-    asn: int = 0
-    anonymity: str = ""
-    https: str = ""
-    mitm: bool = False
-    latency_ms: float = 0.0
-    # What this endpoint saw of it: the success EMA, when it was last used, until when
-    # it is avoided.
-    success: float = 1.0
-    used_at: float = 0.0
-    avoid_until: float = 0.0
-    strikes: int = 0  # failures in a row
-    # By site: until when it is turned away (loop time); (minute, requests) sent there.
-    turned_away: dict[str, float] = field(default_factory=dict)
-    closed_by: tuple[str, float] = ("", 0.0)  # the one site that closed on it lately, until
-    site_uses: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.ip, self.port)
-
-    @property
-    def tunnels(self) -> bool:
-        return self.proto.startswith("socks") or self.https == "yes"
-
-    def url(self) -> str:
-        scheme = "http" if self.proto in ("http", "https") else self.proto
-        host = f"[{self.ip}]" if ":" in self.ip else self.ip
-        return f"{scheme}://{host}:{self.port}"
-
-
 @dataclass
 class Pool:
+    """The upstreams the gateways serve, and what this endpoint saw of them."""
+
     rng: random.Random = field(default_factory=random.Random)
     upstreams: dict[tuple[str, int], Upstream] = field(default_factory=dict)
     # (consumer, session) -> (upstream key, last used); a round robin's cursor per filter.
@@ -111,10 +78,8 @@ class Pool:
     cursors: dict[tuple[object, ...], int] = field(default_factory=dict)
     # site -> the upstreams known to get through to it, as this endpoint saw them.
     through: dict[str, dict[tuple[str, int], Upstream]] = field(default_factory=dict)
-    # (ip, port, site) -> [answers through, turned away] since the feed last took them
-    # (``take_verdicts``), for the log; past ``MAX_VERDICTS`` cells, counted as dropped.
-    verdicts: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
-    verdicts_dropped: int = 0
+    # What this endpoint's own traffic said of each (proxy, site), for the log.
+    tally: Tally = field(default_factory=lambda: Tally())
     # The operator's rules for reading sites' answers (events/sites.py), from the feed.
     rules: tuple[SiteRule, ...] = ()
     _lists: dict[tuple[object, ...], list[Upstream]] = field(default_factory=dict)
@@ -152,23 +117,6 @@ class Pool:
             for site, known in self.through.items()
         }
 
-    def _matches(self, up: Upstream, want: Want, tunnel: bool) -> bool:
-        if tunnel and not up.tunnels:
-            return False
-        if up.mitm and not want.mitm:
-            return False
-        if want.proto and up.proto != want.proto:
-            return False
-        if want.country and up.country not in want.country:
-            return False
-        if want.anonymity and up.anonymity != want.anonymity:
-            return False
-        if want.https and up.https != "yes":
-            return False
-        if want.max_latency_ms and up.latency_ms > want.max_latency_ms:
-            return False
-        return not (want.asn and up.asn != want.asn)
-
     def pick(
         self,
         want: Want,
@@ -188,7 +136,7 @@ class Pool:
                     and up.key not in exclude
                     and up.avoid_until <= now
                     and _open(up, site, now)
-                    and self._matches(up, want, tunnel)
+                    and _matches(up, want, tunnel)
                 ):
                     return self._use(up, want, now, site)
             # A new session's upstream by its name, in key order from there: the same on
@@ -256,30 +204,16 @@ class Pool:
                 u.key not in exclude
                 and u.avoid_until <= now
                 and (used is None or used[0] != minute or used[1] < SITE_BUDGET)
-                and self._matches(u, want, tunnel)
+                and _matches(u, want, tunnel)
             )
 
         ups = list(known.values())
         found = [u for u in self._sample(ups) if may(u)]
         return found or [u for u in ups if may(u)]
 
-    def _count(self, up: Upstream, site: str, kind: int) -> None:
-        cell = self.verdicts.get((up.ip, up.port, site))
-        if cell is None:
-            if len(self.verdicts) >= MAX_VERDICTS:
-                self.verdicts_dropped += 1
-                return
-            cell = self.verdicts[(up.ip, up.port, site)] = [0, 0]
-        cell[kind] += 1
-
-    def take_verdicts(self) -> dict[tuple[str, int, str], list[int]]:
-        """What was counted since the last take, and a fresh count from here."""
-        taken, self.verdicts = self.verdicts, {}
-        return taken
-
     def got_through(self, up: Upstream, site: str) -> None:
         """An answer through ``up`` was ``site``'s own page."""
-        self._count(up, site, 0)
+        self.tally.count(up, site, 0)
         self._get_through(up, site)
 
     def _get_through(self, up: Upstream, site: str) -> None:
@@ -293,7 +227,7 @@ class Pool:
 
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request through ``up`` away: not for that site a while."""
-        self._count(up, site, 1)
+        self.tally.count(up, site, 1)
         self._turn_away(up, site, now)
 
     def _turn_away(self, up: Upstream, site: str, now: float) -> None:
@@ -342,7 +276,7 @@ class Pool:
             if len(self._lists) > 10_000:
                 self._lists.clear()
             found = sorted(
-                (u for u in self.upstreams.values() if self._matches(u, want, tunnel)),
+                (u for u in self.upstreams.values() if _matches(u, want, tunnel)),
                 key=lambda u: u.key,
             )
             self._lists[key] = found
@@ -387,3 +321,48 @@ class Pool:
 def _open(up: Upstream, site: str, now: float) -> bool:
     """Whether ``site`` has not turned ``up`` away lately (any upstream, for no site)."""
     return not site or up.turned_away.get(site, 0.0) <= now
+
+
+def _matches(up: Upstream, want: Want, tunnel: bool) -> bool:
+    """Whether ``up`` is what a login's filters ask for (a tunnel: one that can tunnel)."""
+    if tunnel and not up.tunnels:
+        return False
+    if up.mitm and not want.mitm:
+        return False
+    if want.proto and up.proto != want.proto:
+        return False
+    if want.country and up.country not in want.country:
+        return False
+    if want.anonymity and up.anonymity != want.anonymity:
+        return False
+    if want.https and up.https != "yes":
+        return False
+    if want.max_latency_ms and up.latency_ms > want.max_latency_ms:
+        return False
+    return not (want.asn and up.asn != want.asn)
+
+
+@dataclass
+class Tally:
+    """What this endpoint's traffic said of each (proxy, site): ``(ip, port, site) ->
+    [answers through, turned away]`` since the feed last took them (``take``), for the
+    log; past ``MAX_VERDICTS`` cells, counted as ``dropped``."""
+
+    cells: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
+    dropped: int = 0
+
+    def count(self, up: Upstream, site: str, kind: int) -> None:
+        cell = self.cells.get((up.ip, up.port, site))
+        if cell is None:
+            if len(self.cells) >= MAX_VERDICTS:
+                self.dropped += 1
+                return
+            cell = self.cells[(up.ip, up.port, site)] = [0, 0]
+        cell[kind] += 1
+
+    def take(self) -> tuple[dict[tuple[str, int, str], list[int]], int]:
+        """What was counted since the last take (and the cells dropped), and a fresh
+        count from here."""
+        taken, self.cells = self.cells, {}
+        dropped, self.dropped = self.dropped, 0
+        return taken, dropped

@@ -2,7 +2,7 @@
 head read as it comes (a site that turned a request away is tried through another
 proxy before anything reaches the client), a whole answer read for the picks that
 follow (events/sites.py's rules; a site without one by the other proxies' answers).
-What is learned acts here at once (endpoint/choose.py ``Pool.turned_away``,
+What is learned acts here at once (endpoint/router/choose.py ``Pool.turned_away``,
 ``got_through``); a block is never the proxy's failure."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from importlib.metadata import version
 
 from publicsuffixlist import PublicSuffixList
 
-from endpoint.choose import Pool
-from endpoint.serving import Outcomes
-from endpoint.uplink import UpLink
+from endpoint.link.uplink import UpLink
+from endpoint.router.choose import Pool
+from endpoint.router.outcomes import Outcomes
 from events.sites import (
     BLOCKED,
     NONE,

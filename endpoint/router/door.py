@@ -11,16 +11,30 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
-from endpoint.login import LOGIN_NEEDED, LoginError, Want, basic_login, parse_login, wrong_login
-from endpoint.serving import Closable, Outcomes
+from endpoint.router.login import (
+    LOGIN_NEEDED,
+    LoginError,
+    Want,
+    basic_login,
+    parse_login,
+    wrong_login,
+)
+from endpoint.router.outcomes import Outcomes
 from events.wire import MAX_TOKEN
 
-__all__ = ["Door", "Refused"]
+__all__ = ["Closable", "Door", "Refused"]
 
 log = structlog.get_logger("ppf.serve")
+
+
+class Closable(Protocol):
+    """An open connection of a consumer's, closed when its login no longer holds."""
+
+    def close(self) -> None: ...
 
 
 class Refused(Exception):

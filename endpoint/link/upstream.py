@@ -1,0 +1,44 @@
+"""An upstream proxy as the endpoint knows it: where it is and how it is spoken to (all
+a link needs), and what the router saw of it (``router/choose.py`` keeps that)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Upstream"]
+
+
+@dataclass(slots=True)
+class Upstream:
+    ip: str
+    port: int
+    proto: str  # how we speak to it: http, https (an HTTP proxy), socks4, socks5
+    country: str = ""
+    asn: int = 0
+    anonymity: str = ""
+    https: str = ""
+    mitm: bool = False
+    latency_ms: float = 0.0
+    # What this endpoint saw of it: the success EMA, when it was last used, until when
+    # it is avoided.
+    success: float = 1.0
+    used_at: float = 0.0
+    avoid_until: float = 0.0
+    strikes: int = 0  # failures in a row
+    # By site: until when it is turned away (loop time); (minute, requests) sent there.
+    turned_away: dict[str, float] = field(default_factory=dict)
+    closed_by: tuple[str, float] = ("", 0.0)  # the one site that closed on it lately, until
+    site_uses: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.ip, self.port)
+
+    @property
+    def tunnels(self) -> bool:
+        return self.proto.startswith("socks") or self.https == "yes"
+
+    def url(self) -> str:
+        scheme = "http" if self.proto in ("http", "https") else self.proto
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{scheme}://{host}:{self.port}"

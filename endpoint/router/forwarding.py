@@ -1,0 +1,247 @@
+"""Plain HTTP routed for one client connection: its login, then each request through an
+upstream the pool picks, and what became of it.
+
+A request goes through an idle link to the picked upstream when one is kept (``Idle``:
+an HTTP proxy's own connection, or a SOCKS tunnel to the same site), else a new one,
+opened hedged (``Router.first_link``). The hot path (a login the connection showed
+already, an idle link) runs in the protocols' callbacks with no task between them: the
+link calls ``Forwarding`` (its ``Client``), which calls the connection (its
+``Answering``), each declared by the room that calls it.
+
+What refuses or says nothing is the proxy's failure (``Router.failed``): avoided at once,
+and the request tried through another while its method is idempotent; an idle link that
+went stale is tried once more on a fresh one and blames nobody; a site that turns a
+request away blames nobody either (router/verdicts.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+from endpoint.link.request import Request
+from endpoint.link.uplink import CLOSED, UpLink, idle_key
+from endpoint.link.upstream import Upstream
+from endpoint.router.login import Want, challenge
+from endpoint.router.router import Router
+from endpoint.router.verdicts import BLOCKED, head_verdict_of, learn, wants_page
+
+__all__ = ["IDEMPOTENT", "Answering", "Forwarding"]
+
+IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"PUT", b"DELETE", b"TRACE"})
+
+
+class Answering(Protocol):
+    """The client connection the router routes for (the connection room's
+    ``ClientSide``): where the answer goes, and how a request ends."""
+
+    closing: bool
+
+    def write(self, data: bytes | bytearray, *, flush: bool = False) -> None: ...
+    def refuse(self, status: int, why: str, extra: bytes = b"") -> None: ...
+    def close(self) -> None: ...
+    def answered(self, keep_alive: bool) -> None:
+        """The whole answer went to the client: the next request may be read."""
+
+
+class Forwarding:
+    """One client connection's plain HTTP, as the router sees it: the login it showed,
+    the request in flight and the link carrying it."""
+
+    def __init__(self, router: Router, conn: Answering) -> None:
+        self.router, self.conn = router, conn
+        self.write = conn.write  # the link writes the answer's bytes straight through
+        self.want: Want | None = None
+        self.password = ""
+        self.said = b""  # the Proxy-Authorization the connection logged in with
+        self.login_at = 0.0  # when its login was last found good
+        self.held: tuple[str, str] | None = None  # the login it is held under (revocation)
+        self.current: Request | None = None
+        self.link: UpLink | None = None
+
+    # -- the login ----------------------------------------------------------------------
+
+    def login_known(self, authorization: bytes) -> bool:
+        """Whether the connection showed this login, found good within the recheck time."""
+        fresh = time.monotonic() - self.login_at < self.router.login_recheck_s
+        return self.want is not None and authorization == self.said and fresh
+
+    async def log_in(self, authorization: bytes, peer: str) -> bool:
+        """Check ``authorization`` and make it the connection's; refuse and close (407,
+        429 past the consumer's connections) when it fails."""
+        router, conn = self.router, self.conn
+        want, password, why = await router.door.http_login(authorization, peer)
+        if conn.closing:
+            return False
+        if want is None:
+            router.outcomes.count("login_refused")
+            conn.refuse(407, why, challenge(why))
+            return False
+        if self.want is None or want.consumer != self.want.consumer:
+            router.door.leave(self.want)
+            self.want = None
+            if not router.door.enter(want):
+                router.outcomes.count("over_limit")
+                conn.refuse(429, f"{want.consumer} has its connections open already")
+                return False
+        if (want.consumer, password) != self.held:
+            router.door.release(conn)
+            router.door.hold((want.consumer, password), conn)
+            self.held = (want.consumer, password)
+        self.want, self.password, self.said = want, password, authorization
+        self.login_at = time.monotonic()
+        return True
+
+    def hand_over(self) -> Want | None:
+        """The connection becomes a tunnel, which holds its own login: the login this
+        held, its slot the tunnel's from here on."""
+        held, self.want = self.want, None
+        self.router.door.release(self.conn)
+        return held
+
+    def ended(self) -> None:
+        """The client's connection is gone: its link closed, its slot and login let go."""
+        if self.link is not None:  # the client went away mid-answer, or was revoked
+            self.link.client = None
+            self.link.close()
+            self.link = None
+        self.router.door.leave(self.want)
+        self.router.door.release(self.conn)
+        self.want = None
+
+    # -- one request --------------------------------------------------------------------
+
+    def start(self, req: Request, peer: str) -> None:
+        """A request read whole: routed once its login is known."""
+        self.current = req
+        self.router.place(req)
+        if self.login_known(req.authorization):
+            self.route(req)
+        else:
+            self.router.spawn(self._login_then_route(req, peer))
+
+    async def _login_then_route(self, req: Request, peer: str) -> None:
+        if await self.log_in(req.authorization, peer):
+            self.route(req)
+
+    def route(self, req: Request) -> None:
+        """Through an idle link when the picked upstream has one; else a new one."""
+        assert self.want is not None
+        router = self.router
+        if not req.tried and (why := router.refused_destination(req.host)):
+            self.conn.refuse(403, why)
+            return
+        now = time.monotonic()
+        if len(req.tried) >= router.attempts:
+            self._no_proxy(req)
+            return
+        up = router.pool.pick(self.want, tunnel=False, now=now, exclude=req.tried, site=req.site)
+        if up is None:
+            self._no_proxy(req)
+            return
+        key = idle_key(up, req.host, req.port)
+        link = None if req.fresh_only else router.idle.take(key, now)
+        if link is not None:
+            self._send(req, link)
+        else:
+            router.spawn(self._open_then_send(req, up, key))
+
+    async def _open_then_send(self, req: Request, up: Upstream, key: tuple[object, ...]) -> None:
+        want, password = self.want, self.password  # the client may be gone after the wait
+        assert want is not None
+        link = await self.router.first_link(want, password, req, up, key)
+        if self.conn.closing:
+            if link is not None:
+                link.close()
+        elif link is None:
+            self._no_proxy(req)
+        else:
+            self._send(req, link)
+
+    def _send(self, req: Request, link: UpLink) -> None:
+        self.link = link
+        link.capture = wants_page(req.rule)
+        link.begin(self, req)
+        self.router.outcomes.added_ms.append((time.perf_counter() - req.read_at) * 1000)
+
+    def _no_proxy(self, req: Request) -> None:
+        self.router.outcomes.count("no_proxy")
+        tried = " and answers" if req.tried else ""
+        self.conn.refuse(503, f"no proxy in the pool matches{tried}")
+
+    # -- what the upstream answers (the link calls these: its Client) ---------------------
+
+    def head_passes(self, link: UpLink, status: int, location: str) -> bool:
+        """Whether an answer's head goes to the client: a site that turned the request
+        away is not the proxy's failure, and an idempotent request is tried through
+        another proxy while nothing of the answer went to the client."""
+        req, router = self.current, self.router
+        assert req is not None
+        site = req.site
+        if not site or head_verdict_of(router.pool, site, req.rule, status, location) != BLOCKED:
+            return True
+        router.outcomes.count("turned_away")
+        router.pool.turned_away(link.up, req.site, time.monotonic())
+        req.tried |= {link.up.key}
+        if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
+            return True  # the client sees the site's answer
+        self.link = None
+        asyncio.get_running_loop().call_soon(self._again, req)
+        return False
+
+    def _again(self, req: Request) -> None:
+        if not self.conn.closing and self.current is req:
+            self.route(req)
+
+    def answered(self, link: UpLink, reusable: bool) -> None:
+        """The whole answer went to the client."""
+        req, router = self.current, self.router
+        assert req is not None and self.want is not None
+        self.link = self.current = None
+        router.outcomes.count("forwarded")
+        if req.site:
+            learn(router.pool, router.outcomes, req.site, req.rule, link)
+        router.worked(self.want, self.password, link.up, req.read_at)
+        if reusable:
+            router.idle.give(link, time.monotonic())
+        else:
+            link.close()
+        self.conn.answered(req.keep_alive and not link.cut_client)
+
+    def unanswered(self, link: UpLink, why: str) -> None:
+        """Nothing came back: the proxy's failure (a stale idle link's, nobody's; the
+        site's refusal when it is the only site that closed on the proxy lately), and
+        the request tried again while that is safe."""
+        req = self.current
+        assert req is not None and self.want is not None
+        self.link = None
+        link.close()
+        if self.conn.closing:
+            return
+        if link.reused:
+            if req.method not in IDEMPOTENT:
+                self.conn.refuse(502, "the proxy took the request and gave no answer")
+                return
+            req.fresh_only = True
+        else:
+            req.tried |= {link.up.key}
+            router = self.router
+            closed = why == CLOSED and req.site
+            if closed and router.pool.closed_on(link.up, req.site, time.monotonic()):
+                router.outcomes.count("turned_away")  # the site's refusal, not the proxy's
+            else:
+                req.failures += 1
+                router.failed(self.want, self.password, link.up, f"request: {why}")
+            if req.method not in IDEMPOTENT or req.failures >= router.attempts:
+                self.conn.refuse(502, "the proxy took the request and gave no answer")
+                return
+        self.route(req)
+
+    def broken(self, link: UpLink) -> None:
+        """The answer broke off midway: what came is sent, and the client's connection
+        ends (it cannot tell where the answer stopped otherwise)."""
+        self.link = None
+        link.close()
+        self.write(b"", flush=True)
+        self.conn.close()

@@ -1,0 +1,174 @@
+"""The router: who may ask (its door), which upstream carries a request (its pool), an
+upstream connection opened hedged and retried, and what each outcome teaches.
+
+Every client logs in (HTTP ``Proxy-Authorization: Basic``, SOCKS5 user/password) with its
+consumer name, options (``router/login.py``) and token. A request goes only through a
+proxy of the live pool, a tunnel only through one that can tunnel; when nothing matches,
+503, never a direct connection. An upstream that refuses, fails its handshake or stays
+silent is the proxy's failure: avoided here at once, reported under the consumer's
+token, and the next upstream tried, at most ``attempts`` times within ``connect_s``
+each. A target's own answer (a 404, a 500) is the proxy working. Each consumer has at
+most ``max_per_consumer`` connections open. Plain HTTP is routed per client connection
+(``router/forwarding.py``), tunnels by ``router/tunnels.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+
+import structlog
+
+from endpoint.link.request import Request
+from endpoint.link.tunnel import open_link
+from endpoint.link.uplink import Idle, UpLink, idle_key
+from endpoint.link.upstream import Upstream
+from endpoint.router.choose import Pool
+from endpoint.router.door import Door
+from endpoint.router.hedge import Hedging, first_through
+from endpoint.router.login import Want
+from endpoint.router.outcomes import Outcomes
+from endpoint.router.verdicts import rule_of, site_of
+from events.address import ADDRESS_RULE
+from events.hosts import rules_host
+from events.validate import host_can_be_public
+
+__all__ = ["Router"]
+
+log = structlog.get_logger("ppf.serve")
+
+
+@dataclass
+class Router:
+    """The endpoint's routing, one per process: its settings, door, pool, hedges, idle
+    links and counts, shared by every client connection."""
+
+    pool: Pool
+    login_ok: Callable[[str, str], Awaitable[bool]]
+    # Whether a login worked lately (asking nobody): such a login passes an address's
+    # limit of failed logins, so a flood from one address refuses no consumer known there.
+    login_known: Callable[[str, str], bool] = lambda name, token: False
+    # Each outcome of a consumer's traffic (its token, its name, the upstream, worked,
+    # latency ms, why it failed): the log's evidence, sent in rounds (endpoint/feed.py).
+    record: Callable[[str, str, Upstream, bool, float, str], None] | None = None
+    attempts: int = 3
+    connect_s: float = 5.0
+    answer_s: float = 30.0
+    head_s: float = 10.0  # a client's request head is read whole within this, or closed
+    # A connection's login is asked again (of the feed's cache) when it is this old.
+    login_recheck_s: float = 5.0
+    # Failed logins per client address: a burst, then one per period; past them a login
+    # is refused without asking the gateway (as the gateway limits its own callers).
+    login_failures_burst: int = 20
+    login_failures_per_s: float = 1.0
+    max_per_consumer: int = 64
+    # Loopback, private and internal destinations carried (a lab's own origins); never
+    # otherwise: through a proxy they reach that proxy host's metadata service or admin.
+    lab: bool = False
+    outcomes: Outcomes = field(default_factory=Outcomes)
+    # Second upstreams started beside slow connects, at most this many at once (0: none).
+    hedges: int = 64
+    idle: Idle = field(default_factory=Idle)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # the slow paths running
+    # Whether a login still holds, asked of the gateways once its answer is old (the
+    # feed's ``login_still``); None: ``login_ok``. The connections open under each login
+    # (keep-alive and tunnels) are closed within ``login_recheck_s`` of its revocation.
+    login_still: Callable[[str, str], Awaitable[bool]] | None = None
+
+    def __post_init__(self) -> None:
+        self.hedging = Hedging(self.outcomes.count, self.hedges)
+        self.door = Door(
+            self.login_ok,
+            self.login_known,
+            self.login_still,
+            self.outcomes,
+            self.tasks,
+            login_recheck_s=self.login_recheck_s,
+            login_failures_burst=self.login_failures_burst,
+            login_failures_per_s=self.login_failures_per_s,
+            max_per_consumer=self.max_per_consumer,
+        )
+
+    def close(self) -> None:
+        """Close the idle upstream links and end the slow paths (the server itself is
+        its caller's to close)."""
+        self.idle.close()
+        for task in self.tasks:
+            task.cancel()
+
+    def spawn(self, work: Coroutine[object, object, None]) -> None:
+        """A slow path run as a task, kept until it ends (``close`` ends it)."""
+        task = asyncio.get_running_loop().create_task(work)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def place(self, req: Request) -> None:
+        """Where ``req`` goes, as far as routing asks: its site, and how that site's
+        answers read (events/sites.py)."""
+        req.site = site_of(req.host)
+        req.rule = rule_of(self.pool, req.site)
+
+    def refused_destination(self, host: str) -> str:
+        """Why ``host`` may not be a destination ("" when it may): the address rule
+        (events/address.py) for an address in any notation, and internal names or names
+        that spell a non-public address; other names are resolved by the upstream."""
+        if self.lab or _may_reach(host):
+            return ""
+        self.outcomes.count("destination_refused")
+        return f"destination {host[:100]!r} is not on the public internet"
+
+    async def first_link(
+        self, want: Want, password: str, req: Request, up: Upstream, key: tuple[object, ...]
+    ) -> UpLink | None:
+        """A new link for ``req`` through ``up``, or through another upstream started
+        beside it when its connect is slow (router/hedge.py); None: none got through."""
+        first, picked = [up], set[tuple[str, int]]()
+
+        def pick() -> Upstream | None:
+            exclude, now = req.tried | picked, time.monotonic()
+            nxt = first.pop() if first else self.pool.pick(
+                want, tunnel=False, now=now, exclude=exclude, site=req.site
+            )  # fmt: skip
+            picked.update([nxt.key] if nxt is not None else [])
+            return nxt
+
+        def connect(u: Upstream) -> Awaitable[UpLink]:
+            linked = key if u is up else idle_key(u, req.host, req.port)
+            return open_link(u, req.host, req.port, linked, self.connect_s, self.answer_s)
+
+        def failed(u: Upstream, exc: BaseException) -> None:
+            req.tried |= {u.key}  # python-socks raises its own errors too: all the proxy's
+            self.failed(want, password, u, f"connect: {exc!r}")
+
+        through = await first_through(
+            pick, connect, failed, UpLink.close, attempts=self.attempts - len(req.tried),
+            connect_s=self.connect_s, hedging=self.hedging,
+        )  # fmt: skip
+        return None if through is None else through[1]
+
+    def failed(self, want: Want, password: str, up: Upstream, why: str) -> None:
+        self.pool.failed(up, time.monotonic())
+        self.outcomes.count("upstream_failed")
+        log.info("serve_upstream_failed", proxy=up.url(), why=why[:200])
+        # The first failure in a row goes to the log; the next ones would only spend the
+        # consumer's hourly budget of reports on what the checkers already have first.
+        if self.record is not None and up.strikes == 1:
+            self.record(password, want.consumer, up, False, 0.0, why)
+
+    def worked(self, want: Want, password: str, up: Upstream, started: float) -> None:
+        ms = (time.perf_counter() - started) * 1000
+        self.pool.worked(up, ms)
+        if self.record is not None:
+            self.record(password, want.consumer, up, True, ms, "")
+
+
+@functools.lru_cache(maxsize=8_192)
+def _may_reach(host: str) -> bool:
+    """Whether ``host`` could be on the public internet, read as an upstream reads it
+    (percent-decoded, IDNA), as the fold reads hosts; the same few hosts come again and
+    again, so each is read once (its address parsed, its spelling looked at)."""
+    read, unreadable = rules_host(host)
+    return not unreadable and host_can_be_public(read, rule=ADDRESS_RULE)

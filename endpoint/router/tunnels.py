@@ -1,0 +1,130 @@
+"""A client's tunnel (CONNECT, SOCKS5) routed: opened through an upstream that can
+tunnel, retried through others, and carried both ways.
+
+To a TLS port, the client's first bytes (its ClientHello) are kept until the site
+answers: a site that closes before its first byte, or answers with a TLS alert, turned
+this proxy's exit away, and the same bytes go through another proxy, the client none
+the wiser. The site's first byte says only that it let the exit in: its page, which may
+still be a block, is the client's to read, not ours. A proxy that answers but will not
+tunnel to the host (its own refusal, or the site's from its exit) was turned away by the
+site, not a failure of the proxy's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from python_socks import ProxyError
+
+from endpoint.link.request import Request
+from endpoint.link.tunnel import Stream, first_bytes, open_stream, pipe
+from endpoint.link.upstream import Upstream
+from endpoint.router.door import Refused
+from endpoint.router.hedge import first_through
+from endpoint.router.login import Want
+from endpoint.router.router import Router
+
+__all__ = ["carry"]
+
+_TLS_ALERT = 0x15  # a TLS record of type alert: the server refused the handshake
+_TLS_PORTS = frozenset({443, 8443})
+
+
+async def carry(
+    router: Router, want: Want, password: str, req: Request, client: Stream, ok: bytes
+) -> None:
+    """A tunnel for ``req`` opened, ``ok`` said to the client, then carried both ways;
+    ``Refused`` (403, 503) when it cannot be opened, nothing said to the client."""
+    cr, cw = client
+    router.place(req)
+    up, (ur, uw) = await _open(router, want, password, req)
+    ends = _Ends([cw, uw])  # closed together when the login is revoked (router/door.py)
+    router.door.hold((want.consumer, password), ends)
+    try:
+        cw.write(ok)
+        router.outcomes.count("tunnel")
+        # Only where the client speaks first (TLS): elsewhere the server may, and is
+        # carried at once.
+        tls = req.site and req.port in _TLS_PORTS
+        first = await first_bytes(cr, router.answer_s) if tls else None
+        while first:
+            uw.write(first)
+            reply = await first_bytes(ur, router.answer_s)
+            if reply is None:  # nothing yet: no verdict, carried on
+                break
+            if reply and reply[0] != _TLS_ALERT:
+                cw.write(reply)
+                break
+            router.outcomes.count("turned_away")
+            router.pool.turned_away(up, req.site, time.monotonic())
+            uw.close()
+            try:
+                up, (ur, uw) = await _open(router, want, password, req)
+            except Refused:
+                cw.write(reply)  # the site's own answer, as it came
+                cw.close()
+                return
+            ends.writers.append(uw)
+        await pipe((cr, cw), (ur, uw))
+    finally:
+        router.door.release(ends)
+        ends.close()
+
+
+async def _open(router: Router, want: Want, password: str, req: Request) -> tuple[Upstream, Stream]:
+    """A tunnel to the request's host through an upstream that can tunnel and was not
+    tried for it, retried through others; 503 when nothing (more) matches; 403 for a
+    destination not public."""
+    if why := router.refused_destination(req.host):
+        raise Refused(403, 2, why)
+    started: dict[tuple[str, int], float] = {}
+
+    def pick() -> Upstream | None:
+        now = time.monotonic()
+        up = router.pool.pick(want, tunnel=True, now=now, exclude=req.tried, site=req.site)
+        if up is not None:
+            req.tried |= {up.key}
+        return up
+
+    async def connect(up: Upstream) -> Stream:
+        started[up.key] = time.perf_counter()
+        opening = open_stream(up, req.host, req.port, router.connect_s)
+        return await asyncio.wait_for(opening, router.connect_s)
+
+    def failed(up: Upstream, exc: BaseException) -> None:
+        code = exc.error_code if isinstance(exc, ProxyError) else None
+        if req.site and code is not None and code != 407:
+            router.outcomes.count("turned_away")
+            router.pool.turned_away(up, req.site, time.monotonic())
+        else:  # python-socks raises its own errors too: all the proxy's
+            router.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
+
+    through = await first_through(
+        pick,
+        connect,
+        failed,
+        lambda stream: stream[1].close(),
+        attempts=router.attempts,
+        connect_s=router.connect_s,
+        hedging=router.hedging,
+    )
+    if through is None:
+        router.outcomes.count("no_proxy")
+        why = "no proxy in the pool matches" + (" and answers" if req.tried else "")
+        raise Refused(503, 1, why)
+    up, stream = through
+    router.worked(want, password, up, started[up.key])  # a tunnel is one outcome
+    return up, stream
+
+
+@dataclass(eq=False)
+class _Ends:
+    """A tunnel's two ends, closed together (``Door.hold``)."""
+
+    writers: list[asyncio.StreamWriter]
+
+    def close(self) -> None:
+        for writer in self.writers:
+            writer.close()
