@@ -1,6 +1,7 @@
-"""Plain HTTP through the endpoint's protocols (endpoint/connection/client.py, endpoint/link/uplink.py),
-against the lab's real squid and its broken proxies (tarpit, garbage, closed), with a
-real aiohttp site behind: what HTTP allows a client to expect of a proxy, kept.
+"""Plain HTTP through the endpoint's protocols (endpoint/connection/client.py,
+endpoint/link/uplink.py), against the lab's real squid and its broken proxies (tarpit,
+garbage, closed), with a real aiohttp site behind: what HTTP allows a client to expect
+of a proxy, kept.
 
 The endpoint here has a pool of chosen upstreams and a login of one token, as in
 ``ppf bench serve``: the gateway's part (its feed, its logins) is tested in

@@ -1,7 +1,8 @@
-"""Routing by site (endpoint/router/choose.py, endpoint/router/verdicts.py): the endpoint learns from
-its consumers' traffic which proxies a site turns away, tries a turned-away request
-through another proxy before the client sees it, and sends later requests for that site
-through proxies that get through, without counting a block as the proxy's failure."""
+"""Routing by site (endpoint/router/choose.py, endpoint/router/verdicts.py): the endpoint
+learns from its consumers' traffic which proxies a site turns away, tries a turned-away
+request through another proxy before the client sees it, and sends later requests for
+that site through proxies that get through, without counting a block as the proxy's
+failure."""
 
 from __future__ import annotations
 

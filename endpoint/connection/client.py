@@ -15,6 +15,7 @@ its login is known.
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import time
 from collections import deque
@@ -49,6 +50,7 @@ class ClientSide(Deadlines, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpRequestParser(self)
         self.pending: deque[Request] = deque()
+        self.peer = ""  # the client's address
         self.seen = False  # a first byte came
         self.closing = False
         self.out = bytearray()
@@ -76,6 +78,7 @@ class ClientSide(Deadlines, asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        self.peer = peer_address(transport.get_extra_info("peername"))
         self._arm(min(FIRST_BYTE_S, self.router.head_s))
 
     def data_received(self, data: bytes) -> None:
@@ -202,19 +205,16 @@ class ClientSide(Deadlines, asyncio.Protocol):
             url = httptools.parse_url(req.target)
             if url.schema != b"http" or not url.host:
                 raise ValueError("not an absolute http:// URI")
-            req.host, req.port = url.host.decode("idna"), url.port or 80
+            req.host, req.port = _host_of(url.host), url.port or 80
             req.origin = (url.path or b"/") + (b"?" + url.query if url.query else b"")
         except (httptools.HttpParserInvalidURLError, ValueError, UnicodeError):
             self._client_error(400, "an absolute http:// URI (https goes through CONNECT)")
             return
-        self.fw.start(req, self._peer())
-
-    def _peer(self) -> str:
-        return peer_address(self.transport.get_extra_info("peername") if self.transport else None)
+        self.fw.start(req)
 
     async def _login_before_body(self, authorization: bytes) -> None:
         """A head that announced a body, its login asked before the body is read."""
-        ok = await self.fw.log_in(authorization, self._peer())
+        ok = await self.fw.log_in(authorization)
         self.logging_in = False
         if not ok or self.closing:
             return
@@ -285,6 +285,12 @@ class ClientSide(Deadlines, asyncio.Protocol):
             return
         held = self.fw.hand_over()  # the tunnel holds the connection's slot from here on
         self._hand_over(early, partial(connect_tunnel, self.router, self._url, self._auth, held))
+
+
+@functools.lru_cache(maxsize=8_192)
+def _host_of(host: bytes) -> str:
+    """A request's host as text (IDNA: ``xn--`` labels read back), read once a host."""
+    return host.decode("idna")
 
 
 class _TooLarge(Exception):

@@ -10,8 +10,8 @@ as well as the OS's, all the proxy's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
+from typing import cast
 
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
@@ -70,22 +70,70 @@ async def first_bytes(reader: asyncio.StreamReader, within_s: float) -> bytes | 
 
 
 async def pipe(client: Stream, upstream: Stream) -> None:
-    """Both ways until both ends are done."""
-    (cr, cw), (ur, uw) = client, upstream
+    """Both ways until both ends are done, or either is closed. The two connections are
+    spliced: each end's protocol writes what it receives straight to the other's
+    transport (no stream, no task between), and stops reading while the other's buffer
+    is full; what the streams held already goes first."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    near, far = _Splice(client[1].transport, done), _Splice(upstream[1].transport, done)
+    near.other, far.other = far, near
     try:
-        await asyncio.gather(_copy(cr, uw), _copy(ur, cw))
+        for end, (reader, _) in ((near, client), (far, upstream)):
+            held, ended = _taken(reader)
+            end.transport.set_protocol(end)
+            if not end.transport.is_closing():
+                end.transport.resume_reading()  # its stream may have paused it, full
+            if held:
+                end.other.transport.write(held)
+            if ended:
+                end.eof_received()
+            if end.transport.is_closing():
+                end.connection_lost(None)
+        await done
     finally:
-        uw.close()
+        near.transport.close()
+        far.transport.close()
 
 
-async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while data := await src.read(65_536):
-            dst.write(data)
-            await dst.drain()
-    except OSError:
-        pass
-    finally:
-        with contextlib.suppress(OSError):
-            if dst.can_write_eof():
-                dst.write_eof()
+def _taken(reader: asyncio.StreamReader) -> tuple[bytes, bool]:
+    """What ``reader`` holds unread, taken from it, and whether its end came. asyncio
+    has no public way to take a stream's buffer without waiting for more, so it is read
+    here, in one place, from the attributes StreamReader has kept since Python 3.4."""
+    buffer: bytearray = reader._buffer  # type: ignore[attr-defined]
+    held = bytes(buffer)
+    buffer.clear()
+    return held, reader.at_eof()
+
+
+class _Splice(asyncio.Protocol):
+    """One end of a tunnel spliced to the other (``pipe``)."""
+
+    other: _Splice
+
+    def __init__(self, transport: asyncio.BaseTransport, done: asyncio.Future[None]) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.done = done
+        self.ended = False  # its end came: it sends no more
+
+    def data_received(self, data: bytes) -> None:
+        self.other.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.ended = True
+        other = self.other.transport
+        if not other.is_closing() and other.can_write_eof():
+            other.write_eof()
+        if self.other.ended:
+            self.connection_lost(None)
+        return True  # half closed: the other way may still carry bytes
+
+    def pause_writing(self) -> None:
+        self.other.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.other.transport.resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.other.transport.close()
+        if not self.done.done():
+            self.done.set_result(None)

@@ -37,6 +37,7 @@ class Answering(Protocol):
     ``ClientSide``): where the answer goes, and how a request ends."""
 
     closing: bool
+    peer: str  # the client's address
 
     def write(self, data: bytes | bytearray, *, flush: bool = False) -> None: ...
     def refuse(self, status: int, why: str, extra: bytes = b"") -> None: ...
@@ -67,11 +68,11 @@ class Forwarding:
         fresh = time.monotonic() - self.login_at < self.router.login_recheck_s
         return self.want is not None and authorization == self.said and fresh
 
-    async def log_in(self, authorization: bytes, peer: str) -> bool:
+    async def log_in(self, authorization: bytes) -> bool:
         """Check ``authorization`` and make it the connection's; refuse and close (407,
         429 past the consumer's connections) when it fails."""
         router, conn = self.router, self.conn
-        want, password, why = await router.door.http_login(authorization, peer)
+        want, password, why = await router.door.http_login(authorization, conn.peer)
         if conn.closing:
             return False
         if want is None:
@@ -112,17 +113,17 @@ class Forwarding:
 
     # -- one request --------------------------------------------------------------------
 
-    def start(self, req: Request, peer: str) -> None:
+    def start(self, req: Request) -> None:
         """A request read whole: routed once its login is known."""
         self.current = req
         self.router.place(req)
         if self.login_known(req.authorization):
             self.route(req)
         else:
-            self.router.spawn(self._login_then_route(req, peer))
+            self.router.spawn(self._login_then_route(req))
 
-    async def _login_then_route(self, req: Request, peer: str) -> None:
-        if await self.log_in(req.authorization, peer):
+    async def _login_then_route(self, req: Request) -> None:
+        if await self.log_in(req.authorization):
             self.route(req)
 
     def route(self, req: Request) -> None:
