@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from ops.bench.upstreams import KINDS
@@ -36,6 +37,13 @@ def serve_flags(serve: argparse.ArgumentParser) -> None:
         "--keepalive", choices=("on", "off", "both"), default="both", help="--workers"
     )
     serve.add_argument(
+        "--versus",
+        default=None,
+        metavar="DIR",
+        help="the endpoint's CPU a request against another checkout's (git worktree add DIR "
+        "REV), in interleaved runs: plain HTTP through each upstream, and inside tunnels",
+    )
+    serve.add_argument(
         "--upstream",
         choices=KINDS,
         action="append",
@@ -44,6 +52,10 @@ def serve_flags(serve: argparse.ArgumentParser) -> None:
 
 
 async def serve_run(args: argparse.Namespace) -> dict[str, Any]:
+    if args.versus is not None:
+        from ops.bench.serve_versus import bench_serve_versus
+
+        return await bench_serve_versus(Path(args.versus), args.requests or 10_000, args.runs)
     if args.workers is None:
         from ops.bench.serve import bench_serve
 
