@@ -105,9 +105,14 @@ class UpLink(asyncio.Protocol):
         self.seen.clear()
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
-        self.timer = asyncio.get_running_loop().call_later(self.answer_s, self._quiet_check)
+        if self.timer is None:  # one kept from an earlier request re-arms itself
+            self.timer = asyncio.get_running_loop().call_later(self.answer_s, self._quiet_check)
 
     def _quiet_check(self) -> None:
+        """Armed once for a run of requests on the link, not at each: it fires
+        ``answer_s`` after it was armed, and waits on for what is left of that since
+        the link last heard (or was sent) anything, while a request is on it."""
+        self.timer = None
         if self.client is None or self.closed:
             return
         quiet = time.monotonic() - self.last
@@ -215,15 +220,11 @@ class UpLink(asyncio.Protocol):
 
     def _done(self, reusable: bool) -> None:
         client, self.client = self.client, None
-        if self.timer is not None:
-            self.timer.cancel()
         if client is not None:
             client.answered(self, reusable and not self.closed)
 
     def _fail(self, why: str) -> None:
         client, self.client = self.client, None
-        if self.timer is not None:
-            self.timer.cancel()
         if client is None:
             return
         if self.in_body:

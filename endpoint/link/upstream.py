@@ -29,10 +29,10 @@ class Upstream:
     turned_away: dict[str, float] = field(default_factory=dict)
     closed_by: tuple[str, float] = ("", 0.0)  # the one site that closed on it lately, until
     site_uses: dict[str, tuple[int, int]] = field(default_factory=dict)
+    key: tuple[str, int] = field(init=False)  # (ip, port): asked at every request, made once
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.ip, self.port)
+    def __post_init__(self) -> None:
+        self.key = (self.ip, self.port)
 
     @property
     def tunnels(self) -> bool:
