@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from ops.nats.server import free_run
 from tests.test_cli import Up, _get
 
@@ -65,34 +67,36 @@ def test_a_second_ppf_up_on_a_data_directory_says_who_holds_it_and_harms_nothing
         assert up.stop() == 0
 
 
+@pytest.mark.parametrize("flag", ["--listen", "--nats-listen"])
 def test_ppf_up_on_a_port_another_program_holds_says_so_in_one_line(
-    ppf_bin: str, tmp_path: Path
+    ppf_bin: str, tmp_path: Path, flag: str
 ) -> None:
-    """The gateway's port held by another program: ``ppf up`` exits 1 with one line
-    naming the address and the program (its pid and name), no traceback (before: 34
-    lines of one)."""
+    """The gateway's port, or NATS's, held by another program: ``ppf up`` exits 1 with
+    one line naming the address, the program (its pid and name) and the flag, no
+    traceback (before: 34 lines of one for the gateway; for NATS, "cannot connect to
+    NATS ... TimeoutError()" after a "nats_started" that another program's answer
+    passed for ours)."""
     import socket
 
     holder = socket.socket()
     holder.bind(("127.0.0.1", 0))
     holder.listen()
     taken = holder.getsockname()[1]
-    nats, serve, tls = free_run(3)
+    ports = dict(zip(["--listen", "--nats-listen", "--serve-listen", "--judge-tls-listen"],
+                     free_run(4), strict=True))  # fmt: skip
+    ports[flag] = taken
     try:
         out = subprocess.run(
-            [
-                ppf_bin, "up", "--data", str(tmp_path / "data"), "--no-agents", "--lab",
-                "--listen", f"127.0.0.1:{taken}", "--nats-listen", f"127.0.0.1:{nats}",
-                "--serve-listen", f"127.0.0.1:{serve}", "--judge-tls-listen", f"127.0.0.1:{tls}",
-            ],
+            [ppf_bin, "up", "--data", str(tmp_path / "data"), "--no-agents", "--lab"]
+            + [arg for f, port in ports.items() for arg in (f, f"127.0.0.1:{port}")],
             capture_output=True,
             timeout=120,
-        )  # fmt: skip
+        )
     finally:
         holder.close()
     said = out.stderr.decode()
     assert out.returncode == 1, said[-2000:]
     me = f"pid {os.getpid()} ({Path('/proc/self/comm').read_text().strip()})"
-    line = f"ppf up: 127.0.0.1:{taken} is in use by {me}: stop it, or give --listen another"
+    line = f"ppf up: 127.0.0.1:{taken} is in use by {me}: stop it, or give {flag} another"
     assert line in said, said[-2000:]
     assert "Traceback" not in said, said[-2000:]

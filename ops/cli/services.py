@@ -1,7 +1,6 @@
 """The start functions ``ppf up``, ``ppf gateway`` and ``ppf fold`` are composed of
 (ops/cli/serve.py): each starts one part and pushes its cleanup onto the command's
-``AsyncExitStack``. Also the options of the deposit store and the disk they share.
-"""
+``AsyncExitStack``. Also the options of the deposit store and the disk they share."""
 
 from __future__ import annotations
 
@@ -28,7 +27,7 @@ from ops.cli.snapshots import snapshots_for
 from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
 from ops.nats.client import Log
 from ops.nats.cluster import LocalCluster
-from ops.nats.server import NatsServer
+from ops.nats.server import NatsServer, PortInUse
 from ops.nats.waiting import START_WAIT_S
 from projections.live import FoldService
 from projections.locator import Locator
@@ -116,8 +115,8 @@ async def serve_forever(fold: FoldService) -> None:
 async def nats_server(
     stack: AsyncExitStack, args: argparse.Namespace, data: Path
 ) -> NatsServer | LocalCluster | None:
-    """The embedded server (``--cluster N``: N nodes on the ports from ``--nats-listen``
-    on), unless ``--nats`` names one."""
+    """The embedded server (``--cluster N``: N nodes from ``--nats-listen``'s port on),
+    unless ``--nats`` names one."""
     if args.nats is not None:
         return None
     host, port = hostport(args.nats_listen, 4222)
@@ -125,7 +124,10 @@ async def nats_server(
     if args.cluster > 1:
         ports = [port + i for i in range(args.cluster)]
         server = LocalCluster(data / "nats", args.cluster, host, ports)
-    await server.astart()
+    try:  # another NATS on the port would pass for ours: said, not used
+        await server.astart()
+    except PortInUse as exc:
+        raise port_taken(exc.host, exc.port, "--nats-listen") from None
     stack.push_async_callback(server.astop)
     return server
 
@@ -149,13 +151,10 @@ RESEND_WINDOW_S = OUTBOX_REPLAY_S + Settings().id_skew_s
 
 async def configure(lg: Log, lab: bool) -> None:
     """Publish ``Configured`` when the log's last settings disagree with ``--lab`` or
-    predate what ``ppf up`` runs with: per-agent subjects (docs/architecture.md §5),
-    from which the fold refuses what an agent says as someone else; and trust, with
-    the local agents as the operator's own (reducers/trust.py), from which any other
-    agent's reports are served once checked or once it has earned trust; a re-send
-    window per agent (reducers/marks.py), check rounds as one message each
-    (events/batches.py), the guarded rules (events/catalogue.py Settings) and the
-    newest address rule (events/address.py)."""
+    predate what ``ppf up`` runs with: per-agent subjects (docs/architecture.md §5);
+    trust, the local agents the operator's own (reducers/trust.py); a re-send window
+    per agent (reducers/marks.py), check rounds as one message each (events/batches.py),
+    the guarded rules (events/catalogue.py Settings), the newest address rule."""
     local = tuple(name for name, _ in LOCAL_AGENTS)
 
     def change(s: Settings) -> Settings:
@@ -277,7 +276,7 @@ async def gateway_site(
     return f"http://{host}:{port}"
 
 
-def _share(text: str) -> float:
+def _share(text: str) -> float:  # of the disk
     share = float(text)
     if not 0 < share <= 1:
         raise argparse.ArgumentTypeError(f"a share of the disk is in (0, 1], not {text}")
@@ -285,9 +284,8 @@ def _share(text: str) -> float:
 
 
 def _env_s(name: str, default: float) -> float:
-    """A period from the environment: tests and benchmarks shorten the ingest's sweep
-    (``PPF_INGEST_SWEEP_S``, 60 s) and the disk guard's weighing (``PPF_DISK_GUARD_S``,
-    10 s)."""
+    """A period from the environment: tests shorten the ingest's sweep (60 s) and the
+    disk guard's weighing (10 s)."""
     return float(os.environ.get(name, default))
 
 

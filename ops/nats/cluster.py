@@ -65,8 +65,12 @@ class LocalCluster:
         )
 
     def start(self) -> None:
-        for node in self.nodes:
-            node.start()
+        try:
+            for node in self.nodes:
+                node.start()
+        except BaseException:  # a node that cannot start (its port taken): none left up
+            self.stop()
+            raise
         # Where this machine's commands dial it (ops/nats/server.py local_address).
         dial = ",".join(node.address.replace("0.0.0.0", "127.0.0.1") for node in self.nodes)
         (self.data / "listen").write_text(dial + "\n")

@@ -31,6 +31,7 @@ __all__ = [
     "ClusterRole",
     "NatsServer",
     "NatsServerError",
+    "PortInUse",
     "ServerTls",
     "find_binary",
     "fleet_secrets",
@@ -52,6 +53,28 @@ _SECRETS = ("ppf", "sys", "issuer")
 
 class NatsServerError(RuntimeError):
     pass
+
+
+class PortInUse(NatsServerError):
+    """Another program listens on the address a server was to take: said before the
+    server starts, since a NATS already there would answer the readiness probe for it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        super().__init__(f"{host}:{port} is in use")
+        self.host, self.port = host, port
+
+
+def _claimable(host: str, port: int) -> bool:
+    """Whether nothing listens on ``host:port`` (bound as nats-server binds: a socket
+    left waiting by a stopped server does not count)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
 
 def find_binary() -> str:
@@ -270,6 +293,8 @@ class NatsServer:
         return cmd
 
     def start(self, timeout: float = 15.0) -> None:
+        if not _claimable(self.host, self.port):
+            raise PortInUse(self.host, self.port)
         self.store_dir.mkdir(parents=True, exist_ok=True)
         logfile = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115
         env = {**os.environ, "PPF_NATS_STORE": str(self.store_dir)}
