@@ -33,7 +33,7 @@ from ops.cli import (
     snapshots,
 )
 from ops.cli.admin import enroll
-from ops.cli.common import CommandError, data_dir, unsaid
+from ops.cli.common import SHARED_HELP, CommandError, data_dir, unsaid
 from ops.nats.client import LogError
 from ops.telemetry import logs
 
@@ -64,7 +64,20 @@ def parser() -> argparse.ArgumentParser:
     for group in GROUPS:
         group.register(sub)
     _tls_beside_nats(p)
+    _explain(p)
     return p
+
+
+def _explain(p: argparse.ArgumentParser) -> None:
+    """Each flag and argument a command declares without help takes its shared meaning
+    (``SHARED_HELP``); tests/test_cli_help.py holds that none is left without one."""
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):
+                _explain(child)
+        elif action.help is None:
+            names = action.option_strings or [action.dest]
+            action.help = next((SHARED_HELP[n] for n in names if n in SHARED_HELP), None)
 
 
 def _tls_beside_nats(p: argparse.ArgumentParser) -> None:

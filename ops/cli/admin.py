@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     tk_sub = tk.add_subparsers(dest="action", required=True)
     issue = tk_sub.add_parser("issue", help="enroll an agent; prints its token once")
     issue.add_argument("name")
-    issue.add_argument("--role", required=True, choices=ROLES)
+    issue.add_argument("--role", required=True, choices=ROLES, help="what the agent may do")
     issue.add_argument("--nats", default=DEFAULT_NATS)
     issue.set_defaults(run=_token)
     revoke = tk_sub.add_parser(

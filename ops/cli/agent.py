@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ex.set_defaults(run=_extract)
 
     ag = sub.add_parser("agent", help="run an agent against a gateway")
-    ag.add_argument("role", choices=["worker", "checker", "seed"])
+    ag.add_argument("role", choices=["worker", "checker", "seed"], help="what the agent does")
     ag.add_argument(
         "--gateway",
         required=True,
@@ -90,7 +90,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ag.add_argument("--lab", action="store_true", help="fetch and check private addresses")
     ag.add_argument("--data", default="./data/agents", help="outbox directory")
     ag.add_argument("--batch", type=int, default=5, help="sources leased a cycle")
-    ag.add_argument("--check-timeout", type=float, default=5.0)
+    ag.add_argument("--check-timeout", type=float, default=5.0, help="seconds a check may take")
     ag.add_argument(
         "--deposit-pages-max",
         type=int,

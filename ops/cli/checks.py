@@ -35,7 +35,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     ck.add_argument(
         "--tls-judge", default=None, help="https://host:port/judge: tunnels are checked for MITM"
     )
-    ck.add_argument("--proto", default=None, choices=["http", "https", "socks4", "socks5"])
+    ck.add_argument(
+        "--proto",
+        default=None,
+        choices=["http", "https", "socks4", "socks5"],
+        help="check each only as this (default: each protocol it may speak)",
+    )
     ck.add_argument("--json", action="store_true")
     ck.add_argument("--concurrency", type=int, default=500)
     ck.add_argument("--timeout", type=float, default=10.0)

@@ -13,6 +13,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_NATS",
     "REPO",
+    "SHARED_HELP",
     "CommandError",
     "data_dir",
     "holding",
@@ -41,6 +42,40 @@ def unsaid(value: object) -> bool:
 
 
 REPO = Path(__file__).resolve().parents[2]
+
+# What a flag or argument means wherever a command takes it without saying it itself:
+# filled in once the parser is built (ops/cli/__init__.py), so no flag goes unexplained.
+SHARED_HELP = {
+    "--nats": "the NATS URL, or several comma-separated (default: where the data "
+    "directory's own server listens, else nats://127.0.0.1:4222)",
+    "--json": "one JSON object instead of lines of text",
+    "--listen": "HOST:PORT to listen on (default %(default)s)",
+    "--nats-listen": "HOST:PORT the embedded NATS listens on (default %(default)s)",
+    "--keep-snapshots": "snapshots of the projections kept, the newest (default %(default)s)",
+    "--gateway": "the gateway's URL (default %(default)s)",
+    "--hint": "the protocol these lists hold, when they do not say (http, socks4, socks5)",
+    "--concurrency": "at most this many at once (default %(default)s)",
+    "--timeout": "seconds each may take (default %(default)s)",
+    "--size": "items a range (default %(default)s)",
+    "--priority": "larger goes first, plans taking turns (default %(default)s)",
+    "--seed": "the random seed that draws the workload (default %(default)s)",
+    "--proxies": "proxies in the workload (default %(default)s)",
+    "--observations": "observations in the workload (default %(default)s)",
+    "--seconds": "how long it runs, in seconds (default %(default)s)",
+    "--checks": "checks in the workload (default %(default)s)",
+    "--candidates": "candidates in the workload (default %(default)s)",
+    "--working-share": "the share of them that work (default %(default)s)",
+    "--sites": "sites in the workload (default %(default)s)",
+    "--messages": "messages read (default %(default)s)",
+    "--agents": "agents, each with its window full (default %(default)s)",
+    "--window": "ids each agent's window keeps (default %(default)s)",
+    "--profile": "how the lab's proxies come and go (default %(default)s)",
+    "name": "the agent's name (1-64 of A-Z a-z 0-9 _ -)",
+    "urls": "the lists' URLs",
+    "url": "a page of the site, e.g. https://shop.example/",
+    "ips": "addresses to look up",
+    "shell": "the shell to complete for",
+}
 
 
 def data_dir(args: argparse.Namespace) -> Path:

@@ -23,10 +23,12 @@ __all__ = ["register"]
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp = sub.add_parser("replay", help="rebuild projections from the log")
-    rp.add_argument("--db", required=True)
-    rp.add_argument("--to", type=int, default=None)
-    rp.add_argument("--verify", action="store_true")
-    rp.add_argument("--gateway", default=None)
+    rp.add_argument("--db", required=True, help="the DuckDB file the projections go to")
+    rp.add_argument("--to", type=int, default=None, help="stop at this stream sequence")
+    rp.add_argument(
+        "--verify", action="store_true", help="compare the digest with --gateway's, at its own"
+    )
+    rp.add_argument("--gateway", default=None, help="a gateway's URL, for --verify")
     rp.add_argument("--nats", default=DEFAULT_NATS)
     rp.add_argument(
         "--from-snapshot",
@@ -37,14 +39,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rp.set_defaults(run=_replay)
 
     tl = sub.add_parser("tail", help="print live events")
-    tl.add_argument("--type", default=None)
-    tl.add_argument("--from", dest="from_seq", type=int, default=None)
+    tl.add_argument("--type", default=None, help="only events of this type (e.g. ProxyWorked)")
+    tl.add_argument(
+        "--from", dest="from_seq", type=int, default=None, help="from this stream sequence"
+    )
     tl.add_argument("--nats", default=DEFAULT_NATS)
     tl.set_defaults(run=_tail)
 
     sc = sub.add_parser("schemas", help="write the generated schemas")
     sc.add_argument("--check", action="store_true", help="fail when the files differ")
-    sc.add_argument("--out", default=str(REPO / "schemas"))
+    sc.add_argument("--out", default=str(REPO / "schemas"), help="the folder they are written to")
     sc.set_defaults(run=_schemas)
 
 

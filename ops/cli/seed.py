@@ -28,14 +28,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     sd_sub = sd.add_subparsers(dest="action", required=True)
     pl = sd_sub.add_parser("plan", help="store an input and cut it into ranges")
     pl.add_argument("input", help="a file (one item a line), - for stdin, or an http(s) URL")
-    pl.add_argument("--kind", choices=["proxies", "sources"], default="proxies")
+    pl.add_argument(
+        "--kind", choices=["proxies", "sources"], default="proxies", help="what the items are"
+    )
     pl.add_argument("--size", type=int, default=DEFAULT_SIZE, help="items a range")
     pl.add_argument("--priority", type=int, default=0, help="larger goes first (taking turns)")
     pl.add_argument("--nats", default=DEFAULT_NATS)
     pl.add_argument(
         "--gateway", default="http://127.0.0.1:8080", help="asked whether imports are paused"
     )
-    pl.set_defaults(run=_plan)
+    pl.set_defaults(run=_plan, command="ppf seed plan")
     st = sd_sub.add_parser("status", help="ranges, items reached, nodes, failures")
     st.add_argument("--gateway", default="http://127.0.0.1:8080")
     st.add_argument("--json", action="store_true")
@@ -51,7 +53,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     px.add_argument(
         "--gateway", default="http://127.0.0.1:8080", help="asked whether imports are paused"
     )
-    px.set_defaults(run=_plan, kind="proxies")
+    px.set_defaults(run=_plan, kind="proxies", command="ppf import proxies")
 
 
 def uncovered(total: int, ranges: list[tuple[str, int, int]]) -> list[tuple[int, int]]:
@@ -117,7 +119,7 @@ async def _read(source: str) -> bytes:
     return Path(source).read_bytes()
 
 
-async def _paused(gateway: str) -> str:
+async def _paused(gateway: str, command: str) -> str:
     """Why the gateway's disk budget guard pauses imports ("" when it does not). A
     gateway that cannot be asked is said, and planning goes on: the guard also holds
     seed leases back, so nothing is worked past the budget either way."""
@@ -127,25 +129,26 @@ async def _paused(gateway: str) -> str:
             r.raise_for_status()
             return str((await r.json()).get("seed", {}).get("paused", ""))
     except (OSError, aiohttp.ClientError, ValueError) as exc:
-        print(f"ppf seed plan: the disk guard was not asked ({url}: {exc!r})", file=sys.stderr)
+        print(f"{command}: the disk guard was not asked ({url}: {exc!r})", file=sys.stderr)
         return ""
 
 
 async def _plan(args: argparse.Namespace) -> int:
+    said = args.command  # the command as it was typed: ppf seed plan, or ppf import proxies
     if args.size < 1:
-        print("ppf seed plan: --size must be at least 1", file=sys.stderr)
+        print(f"{said}: --size must be at least 1", file=sys.stderr)
         return 2
     try:
         data = await _read(args.input)
     except (OSError, aiohttp.ClientError) as exc:
-        print(f"ppf seed plan: cannot read {args.input}: {exc}", file=sys.stderr)
+        print(f"{said}: cannot read {args.input}: {exc}", file=sys.stderr)
         return 1
     if not items_of(data):
-        print(f"ppf seed plan: {args.input} has no items", file=sys.stderr)
+        print(f"{said}: {args.input} has no items", file=sys.stderr)
         return 2
-    paused = await _paused(args.gateway)
+    paused = await _paused(args.gateway, said)
     if paused:
-        print(f"ppf seed plan: bulk imports are paused: {paused}", file=sys.stderr)
+        print(f"{said}: bulk imports are paused: {paused}", file=sys.stderr)
         return 3
     lg = await Log.connect(args.nats, name="ppf-seed")
     try:

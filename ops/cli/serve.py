@@ -71,7 +71,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="start N NATS nodes, clustered, on --nats-listen's port and the N-1 after it",
     )
     replicas_option(up, "default: --cluster's N")
-    up.add_argument("--no-agents", action="store_true")
+    up.add_argument(
+        "--no-agents", action="store_true", help="start no local agents (workers, checkers)"
+    )
     up.add_argument(
         "--no-seed", action="store_true", help="start with no sources (no built-in lists)"
     )
