@@ -258,3 +258,22 @@ async def test_a_round_of_site_verdicts_in_flight_at_a_stop_is_sent_and_counted(
         await gateway.close()
     assert rounds == [[1], [1]]
     assert (feed.sites_sent, feed.sites_dropped) == (2, 0)
+
+
+def test_the_endpoints_map_of_sites_forgets_the_least_recent_not_the_newest() -> None:
+    """Past MAX_SITES sites known to get through, the one least recently asked for or
+    learned goes: before, a full map learned no new site for good (a pool that had run a
+    while stopped learning)."""
+    from endpoint.router import choose
+
+    pool = Pool(rng=random.Random(1))
+    up = Upstream("8.8.8.8", 80, "http")
+    pool.replace([up])
+    want = Want("me")
+    for n in range(choose.MAX_SITES):
+        pool.got_through(up, f"s{n}.example")
+    assert pool.pick(want, tunnel=False, now=0.0, site="s0.example") is up  # asked: recent
+    pool.got_through(up, "new.example")
+    assert len(pool.through) == choose.MAX_SITES
+    assert "new.example" in pool.through and "s0.example" in pool.through
+    assert "s1.example" not in pool.through  # the least recent went

@@ -48,7 +48,9 @@ SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for that site
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
-MAX_SITES = 1_024  # sites whose proxies known to get through are remembered here
+# Sites whose proxies known to get through are remembered here; past it, the least
+# recently asked for or learned goes, so a pool that has run a while still learns.
+MAX_SITES = 1_024
 MAX_VERDICTS = 50_000  # (proxy, site) cells counted between two rounds to the log
 _PER_UPSTREAM = 64  # sites an upstream's marks hold before those run out are let go
 
@@ -193,9 +195,10 @@ class Pool:
     ) -> list[Upstream]:
         """Upstreams known to get through to ``site`` that may take this request: a sample,
         then all of them when the sample has none."""
-        known = self.through.get(site)
+        known = self.through.pop(site, None)  # and put back last: the most recent
         if not known:
             return []
+        self.through[site] = known
         minute = int(now // 60)
 
         def may(u: Upstream) -> bool:
@@ -218,11 +221,10 @@ class Pool:
 
     def _get_through(self, up: Upstream, site: str) -> None:
         up.turned_away.pop(site, None)
-        known = self.through.get(site)
-        if known is None:
-            if len(self.through) >= MAX_SITES:
-                return
-            known = self.through[site] = {}
+        known = self.through.pop(site, None)  # and put back last: the most recent
+        if known is None and len(self.through) >= MAX_SITES:
+            del self.through[next(iter(self.through))]
+        known = self.through[site] = known or {}
         known[up.key] = up
 
     def turned_away(self, up: Upstream, site: str, now: float) -> None:

@@ -28,6 +28,7 @@ from endpoint.link.uplink import Idle, UpLink, idle_key
 from endpoint.link.upstream import Upstream
 from endpoint.router.choose import Pool
 from endpoint.router.door import Door
+from endpoint.router.handshakes import Handshakes
 from endpoint.router.hedge import Hedging, first_through
 from endpoint.router.login import Want
 from endpoint.router.outcomes import Outcomes
@@ -72,6 +73,8 @@ class Router:
     # Second upstreams started beside slow connects, at most this many at once (0: none).
     hedges: int = 64
     idle: Idle = field(default_factory=Idle)
+    # Sites whose TLS handshakes got through lately: what a TLS alert is read against.
+    handshakes: Handshakes = field(default_factory=Handshakes)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # the slow paths running
     # Whether a login still holds, asked of the gateways once its answer is old (the
     # feed's ``login_still``); None: ``login_ok``. The connections open under each login

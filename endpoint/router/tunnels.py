@@ -2,12 +2,15 @@
 tunnel, retried through others, and carried both ways.
 
 To a TLS port, the client's first bytes (its ClientHello) are kept until the site
-answers: a site that closes before its first byte, or answers with a TLS alert, turned
-this proxy's exit away, and the same bytes go through another proxy, the client none
-the wiser. The site's first byte says only that it let the exit in: its page, which may
-still be a block, is the client's to read, not ours. A proxy that answers but will not
-tunnel to the host (its own refusal, or the site's from its exit) was turned away by the
-site, not a failure of the proxy's.
+answers: a site that closes before its first byte, or answers with a TLS alert, is tried
+through another proxy with the same bytes, the client none the wiser, at most
+``attempts`` upstreams in all receiving them. Such a refusal is read as the site turning
+that exit away only where another exit's handshake with the site got through lately
+(``router/handshakes.py``): else it may be the client's own bytes drawing an alert from
+every exit, and teaches nothing. The site's first byte says only that it let the exit
+in: its page, which may still be a block, is the client's to read, not ours. A proxy
+that answers but will not tunnel to the host (its own refusal, or the site's from its
+exit) was turned away by the site, not a failure of the proxy's.
 """
 
 from __future__ import annotations
@@ -49,16 +52,27 @@ async def carry(
         # carried at once.
         tls = req.site and req.port in _TLS_PORTS
         first = await first_bytes(cr, router.answer_s) if tls else None
+        sent = 0  # upstreams the client's first bytes went to
         while first:
             uw.write(first)
+            sent += 1
             reply = await first_bytes(ur, router.answer_s)
             if reply is None:  # nothing yet: no verdict, carried on
                 break
+            now = time.monotonic()
             if reply and reply[0] != _TLS_ALERT:
+                router.handshakes.got_through(req.site, now)
                 cw.write(reply)
                 break
-            router.outcomes.count("turned_away")
-            router.pool.turned_away(up, req.site, time.monotonic())
+            if router.handshakes.lately(req.site, now):
+                router.outcomes.count("turned_away")
+                router.pool.turned_away(up, req.site, now)
+            else:
+                router.outcomes.count("tls_refused_unread")
+            if sent >= router.attempts:
+                cw.write(reply)  # the site's own answer, as the last proxy got it
+                cw.close()
+                return
             uw.close()
             try:
                 up, (ur, uw) = await _open(router, want, password, req)
