@@ -155,11 +155,15 @@ class Feed:
 
     async def refresh_rules(self) -> None:
         """The operator's rules for reading sites (``ppf sites add``), from the first
-        gateway that has them; kept as they are when none answers."""
+        gateway that has them, asked under the endpoint's own name (an endpoint without
+        one reads the built-in rules only); kept as they are when none answers."""
         assert self._http is not None
+        if self.identity is None:  # the rules are for endpoints with a name of their own
+            return
+        headers = {"Authorization": f"Bearer {self.identity[1]}"}
         for base in self.gateways:
             try:
-                async with self._http.get(f"{base}{SITE_RULES_PATH}") as r:
+                async with self._http.get(f"{base}{SITE_RULES_PATH}", headers=headers) as r:
                     if r.status != 200:
                         continue
                     self.pool.rules = tuple(_rules.decode(await r.read()).rules)

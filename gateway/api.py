@@ -279,8 +279,10 @@ def openapi() -> dict[str, Any]:
         },
         "/v1/sites/rules": {
             "get": {
-                "summary": "the operator's rules for reading sites' answers (ppf sites add)",
-                "responses": {"200": _reply(None)},
+                "summary": "the operator's rules for reading sites' answers (ppf sites add): "
+                "endpoints and agents (and the admin)",
+                "security": _AUTH,
+                "responses": {"200": _reply(None), **_problems(401, 403)},
             }
         },
         "/v1/sources": {

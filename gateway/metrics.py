@@ -17,7 +17,8 @@ from typing import Any, Protocol
 from aiohttp import web
 
 from events.mint import now_ms
-from gateway.http import CONFIG, FOLD, LOG
+from events.roles import ROLE_EVENTS
+from gateway.http import CONFIG, FOLD, LOG, ROLE_ADMIN, authorize
 from gateway.judge import JUDGE_DOOR
 from gateway.views import pool_census
 from reducers import sites, trust
@@ -56,7 +57,14 @@ def _family(
     return lines
 
 
-def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str:
+# The site label of ppf_site_proxies for a caller that may not see sites' names: every
+# site's cells summed under it.
+ALL_SITES = "*"
+
+
+def metrics_text(
+    app: web.Application, head: int, census: dict[str, Any], *, named_sites: bool = False
+) -> str:
     fold = app[FOLD]
     state = fold.state
     now = now_ms()
@@ -133,13 +141,20 @@ def metrics_text(app: web.Application, head: int, census: dict[str, Any]) -> str
         "enrolled agents by role and trust",
         [({"role": r, "trust": t}, n) for (r, t), n in sorted(agents.items())],
     )
+    by_site = sites.latest_counts(state)
+    if not named_sites:  # which sites the traffic goes to: the admin's alone
+        summed: dict[str, int] = {}
+        for counts in by_site.values():
+            for word, n in counts.items():
+                summed[word] = summed.get(word, 0) + n
+        by_site = {ALL_SITES: summed} if summed else {}
     lines += _family(
         "ppf_site_proxies",
         "gauge",
         "proxies by site and the latest verdict on them that steers (reducers/sites.py)",
         [
             ({"site": site, "latest": word}, n)
-            for site, counts in sorted(sites.latest_counts(state).items())
+            for site, counts in sorted(by_site.items())
             for word, n in counts.items()
         ],
     )
@@ -182,7 +197,10 @@ async def metrics(request: web.Request) -> web.Response:
     fold = request.app[FOLD]
     head = await fold.head_seq()
     census = await pool_census(request.app, fold.state, now_ms(), idle=head <= fold.applied_seq)
-    text = metrics_text(request.app, head, census)
+    admin = "Authorization" in request.headers and (
+        authorize(request, *ROLE_EVENTS).role == ROLE_ADMIN
+    )
+    text = metrics_text(request.app, head, census, named_sites=admin)
     return web.Response(
         text=text,
         content_type="text/plain",

@@ -346,7 +346,9 @@ async def site_changes(request: web.Request) -> web.Response:
 @routes.get(SITE_RULES_PATH)
 async def site_rules(request: web.Request) -> web.Response:
     """The operator's rules for reading sites' answers (``ppf sites add``): for the
-    agents that probe and the endpoints that route; nothing in them is a secret."""
+    endpoints that route and the agents that probe, never a consumer or a stranger (the
+    sites an operator watches are its business)."""
+    authorize(request, "endpoint", "worker", "checker", "seed")
     rules = request.app[FOLD].state.site_rules
     return reply(SiteRules(rules=[rules[site] for site in sorted(rules)]))
 

@@ -304,6 +304,10 @@ def test_bad_flags_and_missing_nats_fail_clearly(ppf_bin: str) -> None:
         (["https://shop.example/", "--through", "ok"], b"statuses are numbers"),
         (["https://shop.example/", "--redirect", "captcha"], b"rule.redirects"),
         (["http:///"], b"rule.site"),
+        # Probed through proxies, these reach the proxies' own hosts: refused (--lab).
+        (["http://169.254.169.254/"], b"is not on the public internet"),
+        (["http://127.0.0.1:18080/v1/agents"], b"is not on the public internet"),
+        (["http://localhost/"], b"is not on the public internet"),
     ]:
         res = subprocess.run(
             [ppf_bin, "sites", "add", *argv, "--nats", nowhere], capture_output=True, timeout=60

@@ -204,21 +204,12 @@ async def test_gateway_serves_the_projections(
         assert [p["ip"] for p in got["proxies"]] == served, sites
     wrong = await client.get("/v1/proxies?works_on=Google.COM")
     assert wrong.status == 400 and (await wrong.json())["parameter"] == "works_on"
+    # Which sites are watched is the admin's: /metrics sums them for anyone else.
     metrics = await (await client.get("/metrics")).text()
-    assert 'ppf_site_proxies{latest="through",site="google.com"} 1' in metrics
-    assert 'ppf_site_proxies{latest="blocked",site="google.com"} 1' in metrics
+    assert 'ppf_site_proxies{latest="blocked",site="*"} 1' in metrics
+    assert "google.com" not in metrics and "shop.example" not in metrics
     drop_in = await (await client.get("/all/?works_on=shop.example")).json()
     assert [p["proxy"] for p in drop_in] == ["1.1.1.1:3128"]
-
-    # The operator's rules, on their own subject, served to the agents and the endpoints.
-    rule = SiteRule(site="shop.example", blocked=(403,), redirects=("/captcha",))
-    await log_client.publish(ev.SiteRuled(id=fresh_id(), agent="admin", at=now_ms(), rule=rule))
-    await _caught_up(fold, log_client)
-    pool = Pool()
-    feed = Feed([str(client.make_url("")).rstrip("/")], pool)
-    await feed.start()
-    await feed.stop()
-    assert pool.rules == (rule,) and fold.state.site_rules == {"shop.example": rule}
 
     # What the fleet knows of sites is the admin's alone.
     for name, role in (("ops", "admin"), ("shop", "consumer"), ("edge", "endpoint")):
@@ -228,10 +219,24 @@ async def test_gateway_serves_the_projections(
                 token_sha256=ev.token_sha256(f"{name}-token"),
             )
         )  # fmt: skip
+    # The operator's rules, on their own subject, served to the endpoints and the agents.
+    rule = SiteRule(site="shop.example", blocked=(403,), redirects=("/captcha",))
+    await log_client.publish(ev.SiteRuled(id=fresh_id(), agent="admin", at=now_ms(), rule=rule))
     await _caught_up(fold, log_client)
+    pool = Pool()
+    feed = Feed([str(client.make_url("")).rstrip("/")], pool, identity=("edge", "edge-token"))
+    await feed.start()
+    await feed.stop()
+    assert pool.rules == (rule,) and fold.state.site_rules == {"shop.example": rule}
+    ops = {"Authorization": "Bearer ops-token"}
+    named = await (await client.get("/metrics", headers=ops)).text()
+    assert 'ppf_site_proxies{latest="through",site="google.com"} 1' in named
+    assert 'ppf_site_proxies{latest="blocked",site="google.com"} 1' in named
     assert (await client.get("/v1/sites")).status == 401
     shop = {"Authorization": "Bearer shop-token"}
     assert (await client.get("/v1/sites", headers=shop)).status == 403
+    assert (await client.get("/v1/sites/rules")).status == 401
+    assert (await client.get("/v1/sites/rules", headers=shop)).status == 403
     known = await (
         await client.get("/v1/sites", headers={"Authorization": "Bearer ops-token"})
     ).json()

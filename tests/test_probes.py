@@ -4,6 +4,8 @@ never a site on the list, and a proxy and a site at most once in 15 minutes."""
 
 from __future__ import annotations
 
+import msgspec
+
 from events import SiteResult, SitesChecked
 from events.sites import SiteRule
 from projections.core.probes import PROBE_GAP_MS, TRAFFIC_WINDOW_MS, targets, wanted
@@ -30,6 +32,18 @@ def test_the_operators_sites_for_all_the_traffics_for_its_own_never_the_listed()
     assert targets(state, own=False, never=(), now=NOW) == ["shop.com"]
     assert targets(state, own=True, never=(), now=NOW) == ["news.com", "shop.com"]
     assert targets(state, own=True, never=("news.com",), now=NOW) == ["shop.com"]
+
+
+def test_a_site_that_cannot_be_public_is_probed_only_in_a_lab() -> None:
+    """A rule for a metadata address, a private one or an internal name (once accepted
+    by ``ppf sites add``, or in an older log) hands out no probe: through a proxy it
+    would reach that proxy's own host. A lab's log probes them."""
+    state = State()
+    inside = ("169.254.169.254", "10.0.0.7", "127.0.0.1", "intranet.local")
+    state.site_rules = {s: SiteRule(site=s) for s in ("shop.com", *inside)}
+    assert targets(state, own=True, never=(), now=NOW) == ["shop.com"]
+    state.settings = msgspec.structs.replace(state.settings, lab=True)
+    assert targets(state, own=True, never=(), now=NOW) == sorted(("shop.com", *inside))
 
 
 def test_a_proxy_and_a_site_are_probed_at_most_once_in_fifteen_minutes() -> None:

@@ -87,6 +87,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     rule.add_argument("--marker", action="append", default=[], help="words of a block page")
     rule.add_argument("--redirect", action="append", default=[], help="a block's path")
     rule.add_argument("--min-bytes", type=int, default=0, help="a page's least size")
+    rule.add_argument(
+        "--lab", action="store_true", help="a site on a loopback or private address (a lab's)"
+    )
     gone = si_sub.add_parser("remove", help="back to the built-in or generic reading")
     gone.add_argument("url")
     for sp in (rule, gone):
@@ -221,9 +224,22 @@ async def _sites(args: argparse.Namespace) -> int:
     from events import SiteRuled
     from events.mint import fresh_id, now_ms
     from events.sites import SiteRule
-    from events.validate import problem
+    from events.validate import host_can_be_public, problem
 
-    site = site_of(urlsplit(args.url if "//" in args.url else "//" + args.url).hostname or "")
+    host = urlsplit(args.url if "//" in args.url else "//" + args.url).hostname or ""
+    if (
+        host
+        and args.action == "add"
+        and not args.lab
+        and not host_can_be_public(host, guarded=True)
+    ):
+        print(
+            f"ppf sites: {host!r} is not on the public internet: the fleet's checkers would "
+            "probe it through proxies, reaching their hosts' own (--lab for a lab's sites)",
+            file=sys.stderr,
+        )
+        return 2
+    site = site_of(host)
     try:
         rule = SiteRule(site=site)
         if args.action == "add":

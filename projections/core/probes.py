@@ -7,15 +7,18 @@ verdict (events/sites.py), never the URL. The sites probed (``targets``): the op
 traffic went to in the last ``TRAFFIC_WINDOW_MS`` (``State.site_traffic``) only by the
 operator's own checkers (``Settings.trusted_agents``: which sites the traffic goes to is
 the consumers' business);
-never one on the operator's list of sites never probed. A proxy and a site are probed at
-most once in ``PROBE_GAP_MS`` (four an hour): not while a verdict from any source is
-newer than that, nor while a probe of them handed out is.
+never one on the operator's list of sites never probed, nor one whose name cannot be on
+the public internet (a loopback, private or link-local address, an internal name: a
+probe through a proxy would reach that proxy's own host) unless the log is a lab's. A
+proxy and a site are probed at most once in ``PROBE_GAP_MS`` (four an hour): not while a
+verdict from any source is newer than that, nor while a probe of them handed out is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator, Mapping
 
+from events.validate import host_can_be_public
 from reducers import ProxyRow, State, sites
 from reducers.rows import SiteKey
 
@@ -32,7 +35,13 @@ def targets(state: State, *, own: bool, never: Collection[str], now: int) -> lis
     if own:
         since = now - TRAFFIC_WINDOW_MS
         names.update(site for site, at in state.site_traffic.items() if at >= since)
-    return sorted(names.difference(never))
+    settings = state.settings
+    return sorted(
+        site
+        for site in names.difference(never)
+        if settings.lab
+        or host_can_be_public(site, guarded=settings.guarded, rule=settings.address_rule)
+    )
 
 
 def wanted(
