@@ -31,6 +31,8 @@ __all__ = [
     "BUILTIN_RULES",
     "HEAD_BYTES",
     "NONE",
+    "PACED",
+    "RATE_LIMITED",
     "THROUGH",
     "VERDICTS",
     "Answer",
@@ -47,6 +49,11 @@ __all__ = [
 
 THROUGH, BLOCKED, NONE = "through", "blocked", "none"
 VERDICTS = (THROUGH, BLOCKED, NONE)
+# A rate limit (429): the site paces that exit, it does not turn it away. An edge slows
+# that proxy for that site (for its Retry-After) and never says it as a block; read
+# before any rule, the built-ins' and an operator's alike.
+PACED = "paced"
+RATE_LIMITED = 429
 # What of a page is read: the blocks that matter say so early (a captcha's form, a
 # block page's title), and a verdict must not cost a page's download.
 HEAD_BYTES = 64 * 1024
@@ -126,6 +133,8 @@ def verdict(rule: SiteRule, answer: Answer) -> str:
     closed before any answer is read as a site without a rule reads it: ``generic``)."""
     if answer.status == 0:
         return NONE
+    if answer.status == RATE_LIMITED:
+        return PACED
     if blocked_redirect(answer.status, answer.location, rule.redirects):
         return BLOCKED
     if answer.head:
@@ -141,7 +150,10 @@ def verdict(rule: SiteRule, answer: Answer) -> str:
 
 def head_verdict(rule: SiteRule, status: int, location: str) -> str:
     """What an answer's head alone says by ``rule``: ``blocked`` for a block status or a
-    redirect to a block path, else ``none`` (its page may still say otherwise)."""
+    redirect to a block path, ``paced`` for a rate limit, else ``none`` (its page may
+    still say otherwise)."""
+    if status == RATE_LIMITED:
+        return PACED
     if status in rule.blocked or blocked_redirect(status, location, rule.redirects):
         return BLOCKED
     return NONE
@@ -149,10 +161,13 @@ def head_verdict(rule: SiteRule, status: int, location: str) -> str:
 
 def generic(answer: Answer, others: Iterable[Answer]) -> str:
     """A site without a rule. ``blocked``: a redirect to a block page; or a refusal (a
-    403 or 429, a proxy's 502-504 that could not get the page, a connection closed
+    403, a proxy's 502-504 that could not get the page, a connection closed
     before any answer) where another proxy got the site's page (a 2xx) for the same
     request. ``through``: a 2xx or a 3xx of the site's own. Else ``none``: a refusal
-    alone (or where everyone is refused) says nothing, nor does a timeout."""
+    alone (or where everyone is refused) says nothing, nor does a timeout. A rate limit
+    is ``paced``."""
+    if answer.status == RATE_LIMITED:
+        return PACED
     if blocked_redirect(answer.status, answer.location):
         return BLOCKED
     if 200 <= answer.status < 400:
@@ -163,7 +178,7 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
     return NONE
 
 
-_REFUSALS = frozenset({403, 429, 502, 503, 504})
+_REFUSALS = frozenset({403, 502, 503, 504})
 
 
 def read(rule: SiteRule | None, answer: Answer, others: Iterable[Answer]) -> str:

@@ -123,14 +123,15 @@ def test_a_pick_for_a_site_prefers_known_proxies_within_their_budget() -> None:
 @pytest.mark.parametrize("status, location, said", [
     (403, "", "blocked"), (302, "https://www.google.com/sorry/index", "blocked"),
     (302, "/search", "none"), (200, "", "none"), (404, "", "none"), (502, "", "none"),
+    (429, "", "paced"),
 ])  # fmt: skip
 def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
     status: int, location: str, said: str
 ) -> None:
     """By a built-in rule, a block status or a redirect to a block path turns a request
-    away at its head; a site without a rule turns it away by 403 or 429 (or a proxy's
-    502-504: it could not get the page) only where another proxy got its page, and
-    never by a missing page."""
+    away at its head; a site without a rule turns it away by 403 (or a proxy's 502-504:
+    it could not get the page) only where another proxy got its page, and never by a
+    missing page. A 429 paces, with a rule or without, other proxies' pages or not."""
     from endpoint.router.verdicts import head_verdict_of, rule_of
 
     pool = Pool()
@@ -138,9 +139,12 @@ def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
     assert head_verdict_of(pool, "google.com", google, status, location) == said
     up = Upstream("45.0.0.1", 8080, "http")
     assert rule_of(pool, "shop.example") is None
-    assert head_verdict_of(pool, "shop.example", None, status, "") == "none"
+    if status != 429:
+        assert head_verdict_of(pool, "shop.example", None, status, "") == "none"
+    if status == 429:
+        assert head_verdict_of(pool, "shop.example", None, status, "") == "paced"
     pool.got_through(up, "shop.example")
-    expected = "blocked" if status in (403, 502) else "none"
+    expected = {403: "blocked", 502: "blocked", 429: "paced"}.get(status, "none")
     assert head_verdict_of(pool, "shop.example", None, status, "") == expected
 
 
@@ -277,3 +281,34 @@ def test_the_endpoints_map_of_sites_forgets_the_least_recent_not_the_newest() ->
     assert len(pool.through) == choose.MAX_SITES
     assert "new.example" in pool.through and "s0.example" in pool.through
     assert "s1.example" not in pool.through  # the least recent went
+
+
+def test_a_rate_limit_paces_the_proxy_for_that_site_for_the_time_asked_never_blocks() -> None:
+    """A 429 through a proxy known to get through: that proxy is not picked for that site
+    for its Retry-After (60 s when unsaid), is picked for other sites meanwhile, keeps
+    its standing there afterwards, and from then on takes no more requests a minute
+    there than the site let through before; nothing of it is a block for the log."""
+    from endpoint.router import choose
+    from endpoint.router.verdicts import retry_after_s
+
+    pool = Pool(rng=random.Random(1))
+    fast, other = Upstream("8.8.8.8", 80, "http"), Upstream("8.8.4.4", 80, "http")
+    pool.replace([fast, other])
+    fast, other = pool.upstreams[fast.key], pool.upstreams[other.key]
+    pool.got_through(fast, "shop.example")
+    pool.tally.take()
+    for _ in range(5):  # five requests this minute, then the 429
+        assert pool.pick(_want(), tunnel=False, now=60.0, site="shop.example") is fast
+    choose.pace(fast, "shop.example", 60.0, retry_after_s(b"120"))
+    picks = [pool.pick(_want(), tunnel=False, now=61.0, site="shop.example") for _ in range(20)]
+    assert all(p is other for p in picks)
+    elsewhere = [pool.pick(_want(), tunnel=False, now=61.0, site="news.example") for _ in range(40)]
+    assert any(p is fast for p in elsewhere)
+    assert pool.through["shop.example"] == {fast.key: fast}  # still known to get through
+    assert pool.tally.take() == ({}, 0)  # not a verdict for the log
+    later = [pool.pick(_want(), tunnel=False, now=240.0, site="shop.example") for _ in range(6)]
+    taken = sum(p is fast for p in later)
+    assert taken == fast.tolerated["shop.example"] == 4  # then the one not known there
+    assert retry_after_s(b"Wed, 21 Oct 2015 07:28:00 GMT") is None
+    choose.pace(other, "news.example", 0.0, None)
+    assert other.paced["news.example"] == choose.PACE_S

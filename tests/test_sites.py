@@ -11,10 +11,13 @@ from events.sites import (
     BLOCKED,
     BUILTIN_RULES,
     NONE,
+    PACED,
     THROUGH,
     Answer,
     SiteRule,
     generic,
+    head_verdict,
+    read,
     rule_for,
     site_key_ok,
     site_of,
@@ -69,18 +72,22 @@ def _page(text: str, status: int = 200, pad: int = 10_000, location: str = "") -
 # it serves its page, one pair per way.
 TURNED_AWAY = [
     ("google.com", _page("", 302, location="https://www.google.com/sorry/index?continue=x")),
-    ("google.com", _page("<title>Sorry...</title>Our systems have detected unusual traffic", 429)),
-    ("reddit.com", _page("<h1>whoa there, pardner!</h1>", 429)),
     ("reddit.com", _page("You've been blocked by network security.", 403)),
     ("amazon.com", _page('<form action="/errors/validateCaptcha">', 200)),
     ("amazon.com", _page("To discuss automated access to Amazon data please contact", 503)),
     ("amazon.com", _page("<html></html>", 200, pad=0)),  # a stub, not the store
     ("instagram.com", _page("", 302, location="https://www.instagram.com/accounts/login/")),
-    ("instagram.com", _page("Please wait a few minutes before you try again.", 429)),
     ("tiktok.com", _page('<div id="captcha-verify-container">', 200)),
     ("tiktok.com", _page("<html>ok</html>", 200, pad=100)),
-    ("discord.com", _page("error code: 1015 You are being rate limited", 429)),
     ("discord.com", _page('<div id="cf-error-details">Sorry, you have been blocked', 403)),
+]
+# Their rate limits (429): the site paces that exit, it did not turn it away.
+RATE_LIMITED = [
+    ("google.com", _page("<title>Sorry...</title>Our systems have detected unusual traffic", 429)),
+    ("reddit.com", _page("<h1>whoa there, pardner!</h1>", 429)),
+    ("instagram.com", _page("Please wait a few minutes before you try again.", 429)),
+    ("discord.com", _page("error code: 1015 You are being rate limited", 429)),
+    ("shop.example", _page("slow down", 429)),
 ]
 THROUGH_PAGES = [
     ("google.com", _page("<title>Google</title><form action=/search>")),
@@ -103,6 +110,19 @@ def test_each_built_in_site_reads_its_block_pages_as_turned_away(site: str, answ
     rule = rule_for(site, ())
     assert rule is not None
     assert verdict(rule, answer) == BLOCKED
+
+
+@pytest.mark.parametrize("site, answer", RATE_LIMITED, ids=_ids)
+def test_a_rate_limit_paces_on_every_site_and_never_blocks(site: str, answer: Answer) -> None:
+    """A 429, block words in it or not, with a rule (the built-ins list 429 among their
+    block statuses, an operator's rule may) or without: ``paced``, never ``blocked`` (a
+    site that rate-limits an exit lets it through, slower)."""
+    rule = rule_for(site, ())
+    if rule is not None:
+        assert verdict(rule, answer) == PACED
+        assert head_verdict(rule, answer.status, answer.location) == PACED
+    assert generic(answer, [Answer(status=200)]) == PACED
+    assert read(rule, answer, [Answer(status=200)]) == PACED
 
 
 @pytest.mark.parametrize(
@@ -132,7 +152,7 @@ def test_an_operators_rule_takes_over_and_reads_its_own_markers() -> None:
     assert verdict(mine, _page("", 204, pad=0)) == THROUGH
     assert verdict(mine, _page("", 451)) == BLOCKED
     assert verdict(mine, _page("a paywall here")) == BLOCKED
-    assert verdict(mine, _page("", 429)) == NONE  # not a status this rule names
+    assert verdict(mine, _page("", 429)) == PACED  # a rate limit, whatever a rule names
     shop = SiteRule(site="shop.example", redirects=("/captcha",), min_bytes=500)
     assert verdict(shop, _page("", 302, location="/captcha?x=1")) == BLOCKED
     assert verdict(shop, _page("", 302, location="/cart")) == NONE

@@ -76,6 +76,7 @@ class UpLink(asyncio.Protocol):
         # What the site's verdict reads (events/sites.py): the answer's status, its
         # redirect, its body's size and, when ``capture``, its first HEAD_BYTES.
         self.status, self.location, self.size = 0, "", 0
+        self.retry_after = b""  # a rate limit's Retry-After, as it came
         self.capture = False
         self.seen = bytearray()
         self.reused = False
@@ -102,6 +103,7 @@ class UpLink(asyncio.Protocol):
         self.http11 = req.http11
         self.in_body = self.chunked = self.until_close = self.cut_client = False
         self.status, self.location, self.size = 0, "", 0
+        self.retry_after = b""
         self.seen.clear()
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
@@ -161,6 +163,8 @@ class UpLink(asyncio.Protocol):
             self._framed = True
         elif lower == b"location":
             self.location = value.decode("latin-1")
+        elif lower == b"retry-after":
+            self.retry_after = value
         elif lower == b"transfer-encoding":  # said again below, as the client can take it
             self._framed = self.chunked = b"chunked" in value.lower()
             return

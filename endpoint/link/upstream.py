@@ -29,6 +29,10 @@ class Upstream:
     turned_away: dict[str, float] = field(default_factory=dict)
     closed_by: tuple[str, float] = ("", 0.0)  # the one site that closed on it lately, until
     site_uses: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # By site: until when a rate limit (429) paces it there, and the requests a minute
+    # the site let through before it said so (router/choose.py ``pace``).
+    paced: dict[str, float] = field(default_factory=dict)
+    tolerated: dict[str, int] = field(default_factory=dict)
     key: tuple[str, int] = field(init=False)  # (ip, port): asked at every request, made once
 
     def __post_init__(self) -> None:

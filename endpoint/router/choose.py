@@ -40,7 +40,7 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.login import Want
 from events.sites import BLOCKED, THROUGH, SiteRule
 
-__all__ = ["AVOID_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Tally"]
+__all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Tally", "pace"]
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0
@@ -203,10 +203,12 @@ class Pool:
 
         def may(u: Upstream) -> bool:
             used = u.site_uses.get(site)
+            budget = u.tolerated.get(site, SITE_BUDGET)
             return (
                 u.key not in exclude
                 and u.avoid_until <= now
-                and (used is None or used[0] != minute or used[1] < SITE_BUDGET)
+                and u.paced.get(site, 0.0) <= now
+                and (used is None or used[0] != minute or used[1] < budget)
                 and _matches(u, want, tunnel)
             )
 
@@ -321,8 +323,27 @@ class Pool:
 
 
 def _open(up: Upstream, site: str, now: float) -> bool:
-    """Whether ``site`` has not turned ``up`` away lately (any upstream, for no site)."""
-    return not site or up.turned_away.get(site, 0.0) <= now
+    """Whether ``site`` has neither turned ``up`` away lately nor paces it now (any
+    upstream, for no site)."""
+    return not site or (up.turned_away.get(site, 0.0) <= now and up.paced.get(site, 0.0) <= now)
+
+
+PACE_S = 60.0  # a rate limit without a Retry-After the endpoint can read paces this long
+MAX_PACE_S = SITE_BLOCK_S
+
+
+def pace(up: Upstream, site: str, now: float, after_s: float | None) -> None:
+    """``site`` rate-limited a request through ``up``: not there for the time it asked
+    (``PACE_S`` when unsaid, at most ``MAX_PACE_S``), and from then on at most the
+    requests a minute it let through before (at least one). Never a block: the proxy
+    gets through, the site wants it slower."""
+    if len(up.paced) >= _PER_UPSTREAM:  # what has run out goes first
+        up.paced = {s: t for s, t in up.paced.items() if t > now}
+    wait = PACE_S if after_s is None else min(max(after_s, 1.0), MAX_PACE_S)
+    up.paced[site] = now + wait
+    minute, used = up.site_uses.get(site, (0, 0))
+    if minute == int(now // 60) and len(up.tolerated) < _PER_UPSTREAM:
+        up.tolerated[site] = max(1, used - 1)
 
 
 def _matches(up: Upstream, want: Want, tunnel: bool) -> bool:

@@ -23,9 +23,17 @@ from typing import Protocol
 from endpoint.link.request import Request
 from endpoint.link.uplink import CLOSED, UpLink, idle_key
 from endpoint.link.upstream import Upstream
+from endpoint.router.choose import pace
 from endpoint.router.login import Want, challenge
 from endpoint.router.router import Router
-from endpoint.router.verdicts import BLOCKED, head_verdict_of, learn, wants_page
+from endpoint.router.verdicts import (
+    NONE,
+    PACED,
+    head_verdict_of,
+    learn,
+    retry_after_s,
+    wants_page,
+)
 
 __all__ = ["IDEMPOTENT", "Answering", "Forwarding"]
 
@@ -175,15 +183,22 @@ class Forwarding:
 
     def head_passes(self, link: UpLink, status: int, location: str) -> bool:
         """Whether an answer's head goes to the client: a site that turned the request
-        away is not the proxy's failure, and an idempotent request is tried through
-        another proxy while nothing of the answer went to the client."""
+        away, or rate-limited it, is not the proxy's failure (a rate limit paces that
+        proxy there), and an idempotent request is tried through another proxy while
+        nothing of the answer went to the client."""
         req, router = self.current, self.router
         assert req is not None
         site = req.site
-        if not site or head_verdict_of(router.pool, site, req.rule, status, location) != BLOCKED:
+        said = head_verdict_of(router.pool, site, req.rule, status, location) if site else NONE
+        if said == NONE:
             return True
-        router.outcomes.count("turned_away")
-        router.pool.turned_away(link.up, req.site, time.monotonic())
+        now = time.monotonic()
+        if said == PACED:
+            router.outcomes.count("paced")
+            pace(link.up, site, now, retry_after_s(link.retry_after))
+        else:
+            router.outcomes.count("turned_away")
+            router.pool.turned_away(link.up, site, now)
         req.tried |= {link.up.key}
         if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
             return True  # the client sees the site's answer

@@ -14,11 +14,12 @@ from importlib.metadata import version
 from publicsuffixlist import PublicSuffixList
 
 from endpoint.link.uplink import UpLink
-from endpoint.router.choose import Pool
+from endpoint.router.choose import Pool, pace
 from endpoint.router.outcomes import Outcomes
 from events.sites import (
     BLOCKED,
     NONE,
+    PACED,
     THROUGH,
     Answer,
     SiteRule,
@@ -32,9 +33,12 @@ from events.sites import site_of as _site_of
 
 __all__ = [
     "BLOCKED",
+    "NONE",
+    "PACED",
     "PSL_VERSION",
     "head_verdict_of",
     "learn",
+    "retry_after_s",
     "rule_of",
     "site_of",
     "wants_page",
@@ -74,13 +78,19 @@ def head_verdict_of(
     pool: Pool, site: str, rule: SiteRule | None, status: int, location: str
 ) -> str:
     """What an answer's head says of ``site``: by its ``rule`` (events/sites.py); for a
-    site without one, a redirect to a block page is a block, and so is a 403 or 429 (the
-    statuses a site turns a client away with, not a page that is missing) or a proxy's
-    502-504 (it could not get the page) where another proxy got the site's pages."""
+    site without one, a redirect to a block page is a block, and so is a 403 (the status
+    a site turns a client away with, not a page that is missing) or a proxy's 502-504 (it
+    could not get the page) where another proxy got the site's pages; a 429 paces."""
     if rule is not None:
         return head_verdict(rule, status, location)
     said = generic(Answer(status=status, location=location), _others(pool, site))
-    return BLOCKED if said == BLOCKED else NONE
+    return said if said in (BLOCKED, PACED) else NONE
+
+
+def retry_after_s(value: bytes) -> float | None:
+    """A Retry-After's seconds (None: absent, or a date, which the endpoint does not
+    read: the default pace holds then)."""
+    return float(value) if value.strip().isdigit() else None
 
 
 def _others(pool: Pool, site: str) -> list[Answer]:
@@ -107,6 +117,9 @@ def learn(pool: Pool, outcomes: Outcomes, site: str, rule: SiteRule | None, link
         said = generic(Answer(status=link.status, location=link.location), _others(pool, site))
     if said == THROUGH:
         pool.got_through(link.up, site)
+    elif said == PACED:
+        outcomes.count("paced")
+        pace(link.up, site, time.monotonic(), retry_after_s(link.retry_after))
     elif said == BLOCKED:
         outcomes.count("turned_away")
         pool.turned_away(link.up, site, time.monotonic())
