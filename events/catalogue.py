@@ -153,6 +153,11 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # of agents trusted then are folded into each proxy's time up and time known by
     # log-time day, the start of its unbroken run of successes, and its download speed.
     quality: bool = False
+    # Sites' room kept for the trusted (reducers/sites.py): from the Configured that sets
+    # it, an agent not trusted then makes no new cell but on the operator's targets
+    # (``ppf sites add``): its verdicts on other sites count on cells already kept, or
+    # are counted as not kept. One untested checker's invented sites took every slot.
+    site_cells_guarded: bool = False
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

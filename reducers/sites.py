@@ -7,7 +7,10 @@ was last turned away, how many of each, and from which vantages (at most
 trust off, every agent. A cell lives as long as its proxy. A site holds at most
 ``MAX_CELLS`` cells and the table at most ``MAX_SITES`` sites: past them a verdict is
 counted as not kept (``State.sites_unkept``), first come first kept, so every replica
-keeps the same cells. A block is never the proxy's failure: nothing here touches its row.
+keeps the same cells; with ``Settings.site_cells_guarded``, an agent not trusted then
+opens no cell but on the operator's targets (its verdicts elsewhere count on cells kept
+already).
+A block is never the proxy's failure: nothing here touches its row.
 
 Kept in columns, 34 bytes a cell (reducers/rows.py ``SiteCells``): a proxy's first cell
 gives it a number (``SiteProxy``, from ``State.next_site_no``, never given again), and
@@ -82,11 +85,16 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
     agent = state.agents.get(batch.agent)
     traffic = agent is not None and agent.role == "endpoint"
     hour = ts // 3_600_000
+    # Settings.site_cells_guarded: an agent not trusted then opens no cell but on a target.
+    opens = steers or not state.settings.site_cells_guarded
     for r in batch.results:
         if traffic and steers:
             _traffic_went_to(state, r.site, ts)
         _answered(state, r.site, hour, r.through + r.blocked, traffic)
-        found = _cell(state, r.ip, r.port, r.site)
+        if opens or r.site in state.site_rules:
+            found = _cell(state, r.ip, r.port, r.site)
+        elif (found := _found(state, (r.ip, r.port), r.site)) is None:
+            state.sites_unkept += 1
         if found is None:
             continue
         cells, i = found

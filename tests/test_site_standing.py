@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 import events as ev
+from events.sites import SiteRule
 from projections import Store, digest, digests
 from projections.folder import Folder
 from projections.snapshot import SnapshotError, StateSnapshot, load, opened, take, unpacked
@@ -451,3 +452,29 @@ def test_pool_views_that_keep_what_they_found_of_the_sites_say_what_a_fresh_one_
     sites.forget(log.state, (ip(4), 8080))
     dropped, fresh = both(100 + BLOCK_KEEP_MS / 1000 + 2)
     assert dropped == fresh and (ip(4), 8080) not in dropped["s0.example"]
+
+
+def test_an_untested_checker_opens_no_site_but_the_operators_once_guarded() -> None:
+    """With ``site_cells_guarded`` (ppf up sets it), an untested checker's rounds on invented
+    sites open no cell (counted as not kept): it took every slot before, and the
+    operator's target then kept nothing. On the operator's target it opens cells, and on
+    a cell kept already its verdicts count as before. A log without the setting folds
+    as it did."""
+    target = ev.SiteRuled(id=eid(), agent="admin", at=0, rule=SiteRule(site="shop.com"))
+    for guarded in (False, True):
+        log = FoldedLog(site_cells_guarded=guarded)
+        log.enrol("c-other", "checker")
+        for n in range(3):
+            log.report("w-own", ip(n))
+        log.service(target)
+        invented = [(n % 3, f"x{n}.example", 1, 0) for n in range(300)]
+        log.says(_verdicts("c-other", *invented), at_s=60)
+        assert len(log.state.site_cells) == (0 if guarded else sites.MAX_SITES)
+        log.says(_verdicts("c-other", (0, "shop.com", 1, 0)), at_s=90)
+        kept = sites.cell(log.state, (ip(0), 8080), "shop.com")
+        assert (kept is not None) is guarded  # unguarded, the slots were all taken
+        log.says(_verdicts("c-own", (1, "google.com", 1, 0)), at_s=120)
+        log.says(_verdicts("c-other", (1, "google.com", 0, 1)), at_s=150)
+        if guarded:
+            assert _cell(log, 1, "google.com").blocked == 1  # counted on the kept cell
+            assert log.state.sites_unkept == 300

@@ -154,7 +154,8 @@ async def configure(lg: Log, lab: bool) -> None:
     predate what ``ppf up`` runs with: per-agent subjects (docs/architecture.md §5);
     trust, the local agents the operator's own (reducers/trust.py); a re-send window
     per agent (reducers/marks.py), check rounds as one message each (events/batches.py),
-    the guarded rules (events/catalogue.py Settings), the newest address rule."""
+    the guarded rules (events/catalogue.py Settings), the newest address rule, the
+    site cells kept for the trusted."""
     local = tuple(name for name, _ in LOCAL_AGENTS)
 
     def change(s: Settings) -> Settings:
@@ -171,6 +172,7 @@ async def configure(lg: Log, lab: bool) -> None:
             guarded=True,
             address_rule=max(s.address_rule, ADDRESS_RULE),
             quality=True,
+            site_cells_guarded=True,
         )
 
     if await reconfigure(lg, change) is not None:
