@@ -42,9 +42,10 @@ async def _world() -> AsyncIterator[tuple[int, Router, list[str], dict[int, str]
         with contextlib.suppress(OSError):
             first = await reader.read(100)
             seen.append(peer)
-            writer.write(SERVER_HELLO if first == HELLO and peer not in REFUSED_EXITS else ALERT)
+            hello = first[:1] == b"\x16"  # a handshake record: a ClientHello here
+            writer.write(SERVER_HELLO if hello and peer not in REFUSED_EXITS else ALERT)
             await writer.drain()
-            if first == HELLO and peer not in REFUSED_EXITS:
+            if hello and peer not in REFUSED_EXITS:
                 await reader.read(100)
         writer.close()
 
@@ -142,3 +143,47 @@ def _needs_loopback_aliases() -> None:
             probe.bind(("127.0.0.16", 0))
         except OSError:
             pytest.skip("127.0.0.x beyond 127.0.0.1 is not loopback here")
+
+
+def _client_hello(name: str) -> bytes:
+    """A real ClientHello naming ``name`` (SNI), as Python's ssl writes it."""
+    import ssl
+
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=name)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+async def test_a_tunnel_to_an_address_is_routed_by_its_client_hellos_name() -> None:
+    """A CONNECT to an address on a TLS port (as a SOCKS5 client that resolves names
+    itself sends): the ClientHello's server name is the site it is routed and remembered
+    by; a refusal there never marks an exit turned away (the name is the client's word
+    alone), and at most three upstreams get the bytes."""
+    hello = _client_hello("Shop.Example")
+    async with _world() as (port, router, seen, _):
+        answers = []
+        for _ in range(6):
+            seen.clear()
+            answers.append(await _tunnel(port, hello))
+            assert len(seen) <= 3, seen
+        assert SERVER_HELLO in answers, answers
+        assert "shop.example" in router.handshakes.through
+        assert "127.0.0.1" not in router.handshakes.through
+        assert all(not up.turned_away for up in router.pool.upstreams.values())
+
+
+def test_the_client_hello_reader_takes_a_whole_record_and_nothing_else() -> None:
+    """Its name, lower case, from a whole record; nothing from a part of one (the rest is
+    read on first), from bytes that are no handshake, or from a hello cut inside an
+    extension."""
+    from endpoint.link.hello import hello_size, server_name
+
+    hello = _client_hello("Shop.Example")
+    assert hello_size(hello) == len(hello) and server_name(hello) == "shop.example"
+    assert server_name(hello[:100]) == ""
+    assert server_name(b"GET / HTTP/1.1\r\n\r\n") == "" and hello_size(b"GET ") is None
+    cut = hello[:5] + hello[5:60]
+    cut = cut[:3] + (len(cut) - 5).to_bytes(2, "big") + cut[5:]
+    assert server_name(cut) == ""

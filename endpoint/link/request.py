@@ -32,6 +32,7 @@ class Request:
     failures: int = 0
     fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
     site: str = ""  # the site it goes to (events/sites.py)
+    named: bool = False  # a tunnel to an address whose site its ClientHello named (SNI)
     rule: SiteRule | None = None  # how that site's answers read
 
     def head(self, forward: bool) -> bytes:

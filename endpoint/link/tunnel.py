@@ -16,10 +16,11 @@ from typing import cast
 from python_socks import ProxyType
 from python_socks.async_.asyncio import Proxy
 
+from endpoint.link.hello import hello_size
 from endpoint.link.uplink import UpLink
 from endpoint.link.upstream import Upstream
 
-__all__ = ["Stream", "first_bytes", "open_link", "open_stream", "pipe"]
+__all__ = ["Stream", "first_bytes", "first_record", "open_link", "open_stream", "pipe"]
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _TYPES = {"socks5": ProxyType.SOCKS5, "socks4": ProxyType.SOCKS4}
@@ -55,6 +56,22 @@ async def open_link(
             sock = await _through(up, host, port, connect_s)
             _, link = await loop.create_connection(made, sock=sock)
     return link
+
+
+async def first_record(reader: asyncio.StreamReader, within_s: float) -> bytes | None:
+    """``first_bytes``, read on while they begin a TLS record not yet whole (a
+    ClientHello may come in several reads), up to one record, within ``within_s``."""
+    data = await first_bytes(reader, within_s)
+    try:
+        async with asyncio.timeout(within_s):
+            while data and (size := hello_size(data)) is not None and len(data) < size:
+                more = await reader.read(size - len(data))
+                if not more:
+                    break
+                data += more
+    except (TimeoutError, OSError):
+        pass
+    return data
 
 
 async def first_bytes(reader: asyncio.StreamReader, within_s: float) -> bytes | None:

@@ -16,18 +16,21 @@ exit) was turned away by the site, not a failure of the proxy's.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import time
 from dataclasses import dataclass
 
 from python_socks import ProxyError
 
+from endpoint.link.hello import server_name
 from endpoint.link.request import Request
-from endpoint.link.tunnel import Stream, first_bytes, open_stream, pipe
+from endpoint.link.tunnel import Stream, first_bytes, first_record, open_stream, pipe
 from endpoint.link.upstream import Upstream
 from endpoint.router.door import Refused
 from endpoint.router.hedge import first_through
 from endpoint.router.login import Want
 from endpoint.router.router import Router
+from endpoint.router.verdicts import rule_of, site_of
 
 __all__ = ["carry"]
 
@@ -39,19 +42,39 @@ async def carry(
     router: Router, want: Want, password: str, req: Request, client: Stream, ok: bytes
 ) -> None:
     """A tunnel for ``req`` opened, ``ok`` said to the client, then carried both ways;
-    ``Refused`` (403, 503) when it cannot be opened, nothing said to the client."""
+    ``Refused`` (403, 503) when it cannot be opened, nothing said to the client. To an
+    address on a TLS port, ``ok`` is said first: the client's ClientHello, which it sends
+    only then, names the site (SNI) before an upstream is picked for it; when none can be
+    opened then, the client sees the tunnel end."""
     cr, cw = client
     router.place(req)
-    up, (ur, uw) = await _open(router, want, password, req)
+    first = None
+    named = req.port in _TLS_PORTS and _is_address(req.host)
+    if named:
+        if why := router.refused_destination(req.host):  # said before the tunnel is
+            raise Refused(403, 2, why)
+        cw.write(ok)
+        first = await first_record(cr, router.answer_s)
+        if name := server_name(first or b""):
+            req.site, req.named = site_of(name), True
+            req.rule = rule_of(router.pool, req.site)
+    try:
+        up, (ur, uw) = await _open(router, want, password, req)
+    except Refused:
+        if not named:
+            raise
+        cw.close()
+        return
     ends = _Ends([cw, uw])  # closed together when the login is revoked (router/door.py)
     router.door.hold((want.consumer, password), ends)
     try:
-        cw.write(ok)
+        if not named:
+            cw.write(ok)
         router.outcomes.count("tunnel")
         # Only where the client speaks first (TLS): elsewhere the server may, and is
         # carried at once.
-        tls = req.site and req.port in _TLS_PORTS
-        first = await first_bytes(cr, router.answer_s) if tls else None
+        if not named and req.site and req.port in _TLS_PORTS:
+            first = await first_bytes(cr, router.answer_s)
         sent = 0  # upstreams the client's first bytes went to
         while first:
             uw.write(first)
@@ -64,7 +87,8 @@ async def carry(
                 router.handshakes.got_through(req.site, now)
                 cw.write(reply)
                 break
-            if router.handshakes.lately(req.site, now):
+            # A site named by the client alone (SNI) routes, and never teaches a block.
+            if not req.named and router.handshakes.lately(req.site, now):
                 router.outcomes.count("turned_away")
                 router.pool.turned_away(up, req.site, now)
             else:
@@ -85,6 +109,14 @@ async def carry(
     finally:
         router.door.release(ends)
         ends.close()
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 async def _open(router: Router, want: Want, password: str, req: Request) -> tuple[Upstream, Stream]:
