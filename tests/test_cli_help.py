@@ -58,3 +58,26 @@ def test_an_import_is_told_apart_from_a_seed_plan_in_its_errors(
         )
         assert out.returncode == 2, out.stderr
         assert f"ppf {' '.join(command)}: {empty} has no items" in out.stderr
+
+
+def test_ppf_judges_and_ppf_check_name_the_judges_ppf_up_uses(tmp_path: Path) -> None:
+    """``ppf judges`` listed the built-in public judges whatever ran here; without
+    ``--judge`` it now names those of the ``ppf up`` beside the data directory, as
+    ``ppf check`` checks through them: its own judge first (ppf's), then the public
+    list. Given ``--judge``, those alone, each taken as ppf's."""
+    from agents.judgepool import BUILTIN_JUDGES
+    from ops.cli.judges import judges_in_use
+
+    data = tmp_path / "data"
+    data.mkdir()
+    args = argparse.Namespace(judge=[], data=str(data))
+    assert judges_in_use(args) == (list(BUILTIN_JUDGES), [])  # no ppf up ran here
+    (data / "gateway").write_text("http://127.0.0.1:18080\n")
+    own = "http://127.0.0.1:18080/judge"
+    assert judges_in_use(args) == ([own, *BUILTIN_JUDGES], [own])
+    given = argparse.Namespace(judge=["http://judge.example/"], data=str(data))
+    assert judges_in_use(given) == (["http://judge.example/"], ["http://judge.example/"])
+    judges = next(
+        a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)
+    ).choices["judges"]
+    assert "those of the ppf up beside the data directory" in " ".join(judges.format_help().split())

@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 async def _check(args: argparse.Namespace) -> int:
     from agents.check import check_many
     from agents.explain import parse_targets
-    from agents.judgepool import BUILTIN_JUDGES, JudgePool
-    from ops.cli.judges import local_judge, operator_signer
+    from agents.judgepool import JudgePool
+    from ops.cli.judges import judges_in_use, operator_signer
 
     try:
         targets = parse_targets(args.addrs, args.proto)
@@ -61,10 +61,8 @@ async def _check(args: argparse.Namespace) -> int:
         return 2
     # As ppf up's agents do: a pool of judges, each proxy checked through one that can
     # see it (a loopback judge only for loopback proxies: agents/judgepool.py).
-    local = local_judge(args)
-    given = list(args.judge) or [*([local] if local else []), *BUILTIN_JUDGES]
+    given, own = judges_in_use(args)
     agent, key = operator_signer(args) or ("", b"")
-    own = args.judge or ([local] if local else [])
     pool = JudgePool(given, own=own, tls_url=args.tls_judge, agent=agent, key=key)
     try:
         await pool.start(require=True)

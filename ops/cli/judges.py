@@ -17,6 +17,7 @@ from ops.cli.common import hostport
 __all__ = [
     "agent_judges",
     "judge_site",
+    "judges_in_use",
     "local_judge",
     "operator_signer",
     "register",
@@ -51,6 +52,19 @@ def operator_signer(args: argparse.Namespace) -> tuple[str, bytes] | None:
 
     path = data_dir(args) / "judge.key"
     return JudgeKeys.load(path).operator() if path.exists() else None
+
+
+def judges_in_use(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The judges a command here checks through, and which of them are ppf's: ``--judge``
+    as given, else those of the ``ppf up`` beside the data dir (its own judge, then the
+    built-in public list), as its agents check."""
+    from agents.judgepool import BUILTIN_JUDGES
+
+    if args.judge:
+        return list(args.judge), list(args.judge)
+    local = local_judge(args)
+    own = [local] if local else []
+    return [*own, *BUILTIN_JUDGES], own
 
 
 def local_judge(args: argparse.Namespace) -> str | None:
@@ -114,7 +128,12 @@ async def tls_judge_site(
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     jd = sub.add_parser("judges", help="the judge pool, asked directly: health and latency")
     jd.add_argument(
-        "--judge", action="append", default=[], metavar="URL", help="default: the built-in list"
+        "--judge",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="default: those of the ppf up beside the data directory (its own judge, then "
+        "the built-in public list), as its agents check",
     )
     jd.add_argument("--json", action="store_true")
     jd.add_argument("--data", default=None, help="whose judge key to ask ppf's judges with")
@@ -128,17 +147,20 @@ async def _judges(args: argparse.Namespace) -> int:
 
     signer = operator_signer(args)
     agent, key = signer or ("", b"")
-    # Every judge given may be ppf's: asked with the operator's nonces where we have a key.
-    pool = JudgePool(args.judge, own=args.judge if signer else (), agent=agent, key=key)
+    # ppf's own judges are asked with the operator's nonces where we have a key.
+    judges, own = judges_in_use(args)
+    pool = JudgePool(judges, own=own if signer else (), agent=agent, key=key)
     try:
         await pool.start(require=False)  # every judge may fail: the rows say why
     finally:
         await pool.stop()
     rows = pool.rows()
     for row in rows:
+        row["own"] = row["url"] in own
         if args.json:
             print(json.dumps(row))
         else:
             state = "healthy" if row["healthy"] else f"benched ({row['last_error']})"
-            print(f"{row['url']}  {row['format'] or '-'}  {row['latency_ms']}ms  {state}")
+            whose = "ppf's own" if row["own"] else "public"
+            print(f"{row['url']}  {whose}  {row['format'] or '-'}  {row['latency_ms']}ms  {state}")
     return 0 if any(r["healthy"] for r in rows) else 1
