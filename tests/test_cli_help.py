@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from ops.cli import parser
 
@@ -81,3 +82,42 @@ def test_ppf_judges_and_ppf_check_name_the_judges_ppf_up_uses(tmp_path: Path) ->
         a for a in parser()._actions if isinstance(a, argparse._SubParsersAction)
     ).choices["judges"]
     assert "those of the ppf up beside the data directory" in " ".join(judges.format_help().split())
+
+
+async def test_a_token_is_replaced_only_when_asked_and_only_a_token_held_is_revoked(
+    ppf_bin: str, nats_server: Any
+) -> None:
+    """``ppf token issue`` for a name that has a token replaced it silently (the old one
+    then failed everywhere); now it refuses without ``--rotate``. Revoking a name that
+    holds none (never issued, or revoked already) reported success; now it is an error.
+    Heartbeats on the name's subject do not hide its enrolment."""
+    import asyncio
+
+    import events as ev
+    from events.mint import fresh_id, now_ms
+    from ops.nats.client import Log
+
+    async def ppf(*argv: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(
+            ppf_bin, "token", *argv, "--nats", nats_server.url,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode or 0, err.decode()
+
+    assert await ppf("issue", "shop", "--role", "consumer") == (0, "")
+    lg = await Log.connect(nats_server.url)
+    try:
+        for _ in range(3):
+            await lg.publish(ev.Heartbeat(id=fresh_id(), agent="shop", at=now_ms()))
+    finally:
+        await lg.close()
+    code, said = await ppf("issue", "shop", "--role", "consumer")
+    assert code == 2 and "'shop' has a token already: --rotate replaces it" in said
+    assert (await ppf("issue", "shop", "--role", "consumer", "--rotate"))[0] == 0
+    code, said = await ppf("revoke", "nobody-here")
+    assert code == 2 and "'nobody-here' has no token (never issued, or revoked)" in said
+    assert (await ppf("revoke", "shop"))[0] == 0
+    code, said = await ppf("revoke", "shop")
+    assert code == 2 and "has no token" in said
+    assert (await ppf("issue", "shop", "--role", "consumer"))[0] == 0  # revoked: free again

@@ -23,6 +23,7 @@ from events import (
 from events.mint import enrollment, fresh_id, now_ms
 from ops.cli.common import DEFAULT_NATS
 from ops.nats.client import Log
+from ops.nats.enrolled import holds_token
 
 __all__ = ["enroll", "reconfigure", "register"]
 
@@ -42,6 +43,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     issue = tk_sub.add_parser("issue", help="enroll an agent; prints its token once")
     issue.add_argument("name")
     issue.add_argument("--role", required=True, choices=ROLES, help="what the agent may do")
+    issue.add_argument(
+        "--rotate", action="store_true", help="replace the token of a name that has one"
+    )
     issue.add_argument("--nats", default=DEFAULT_NATS)
     issue.set_defaults(run=_token)
     revoke = tk_sub.add_parser(
@@ -105,6 +109,12 @@ async def _revoke(args: argparse.Namespace) -> int:
         return 2
     lg = await Log.connect(args.nats, name="ppf-token")
     try:
+        await lg.ensure_stream()
+        if not await holds_token(lg, args.name):
+            print(
+                f"ppf token: {args.name!r} has no token (never issued, or revoked)", file=sys.stderr
+            )
+            return 2
         # The role is kept by the fold: a revocation changes only the token.
         event = AgentEnrolled(
             id=fresh_id(),
@@ -170,6 +180,13 @@ async def _token(args: argparse.Namespace) -> int:
     lg = await Log.connect(args.nats, name="ppf-token")
     try:
         await lg.ensure_stream()
+        if not args.rotate and await holds_token(lg, args.name):
+            print(
+                f"ppf token: {args.name!r} has a token already: --rotate replaces it (the old "
+                "one then stops working everywhere)",
+                file=sys.stderr,
+            )
+            return 2
         token = await enroll(lg, args.name, args.role)
     finally:
         await lg.close()
