@@ -102,3 +102,17 @@ def test_mcp_without_a_gateway_says_what_to_set() -> None:
     )
     assert done.returncode == 2
     assert b"PPF_GATEWAY" in done.stderr and b"PPF_TOKEN" in done.stderr
+
+
+def test_the_mcp_extra_declares_what_its_readable_text_imports() -> None:
+    """trafilatura's cleaning imports lxml.html.clean, which lxml moved out into
+    lxml_html_clean: an install whose pip did not bring it along raised ImportError at
+    fetch_url's default. The extra names it, and it imports."""
+    import importlib
+    import tomllib
+    from pathlib import Path
+
+    project = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())
+    extra = " ".join(project["project"]["optional-dependencies"]["mcp"])
+    assert "lxml_html_clean" in extra and "trafilatura" in extra
+    importlib.import_module("lxml.html.clean")
