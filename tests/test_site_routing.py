@@ -162,14 +162,18 @@ def test_a_redirect_to_a_captcha_is_a_block_on_any_site_with_or_without_others()
 def test_a_connection_closed_by_one_site_is_its_block_by_two_the_proxys_failure() -> None:
     """A fresh connection that ended before any answer is the site's refusal while it is
     the only site that did so lately (the proxy stays in for others); a second site
-    doing so makes it the proxy's failure, for its caller to count."""
+    doing so makes it the proxy's failure, for its caller to count. The caller marks a
+    refusal (through the consumer's share, router/shares.py)."""
     from endpoint.router import choose
+    from endpoint.router.router import Router
 
     pool = Pool()
     up = Upstream("45.0.0.1", 8080, "http")
     pool.replace([up])
-    assert pool.closed_on(up, "shop.example", now=0.0)
-    assert pool.closed_on(up, "shop.example", now=1.0)  # the same site again: its block
+    router = Router(pool, lambda name, token: asyncio.sleep(0, True))
+    for now in (0.0, 1.0):  # the same site again: its block
+        assert pool.closed_on(up, "shop.example", now=now)
+        router.turned_away("shop", up, "shop.example", now)
     assert up.turned_away["shop.example"] == 1.0 + choose.SITE_BLOCK_S
     assert not pool.closed_on(up, "news.example", now=2.0)
     assert "news.example" not in up.turned_away
@@ -312,3 +316,36 @@ def test_a_rate_limit_paces_the_proxy_for_that_site_for_the_time_asked_never_blo
     assert retry_after_s(b"Wed, 21 Oct 2015 07:28:00 GMT") is None
     choose.pace(other, "news.example", 0.0, None)
     assert other.paced["news.example"] == choose.PACE_S
+
+
+def test_one_consumers_refusals_act_for_everyone_only_within_its_share() -> None:
+    """A consumer marks proxies turned away at a site for everyone (and the log) up to
+    its share of the pool (5 %, at least 2) in 30 minutes; past it, a refusal it meets
+    leaves the proxy out of its own picks there, never out of another consumer's, and
+    is not said to the fleet."""
+    from endpoint.router import choose, shares
+    from endpoint.router.router import Router
+
+    pool = Pool(rng=random.Random(1))
+    pool.replace([Upstream(f"45.0.0.{n}", 8080, "http") for n in range(1, 41)])
+    ups = [pool.upstreams[k] for k in sorted(pool.upstreams)]
+    router = Router(pool, lambda name, token: asyncio.sleep(0, True))
+    allowed = max(shares.MIN_MARKS, int(shares.SHARE * 40))
+    for up in ups[:10]:  # a consumer drawing refusals on purpose
+        router.turned_away("mallory", up, "shop.example", 10.0)
+    marked = {up.key for up in ups if "shop.example" in up.turned_away}
+    assert marked == {up.key for up in ups[:allowed]}
+    assert pool.tally.cells.keys() == {(*key, "shop.example") for key in marked}
+    own = router.left_out("mallory", "shop.example", 11.0)
+    assert own == {up.key for up in ups[allowed:10]}
+    assert router.left_out("alice", "shop.example", 11.0) == frozenset()
+    alice = {
+        p.key
+        for _ in range(200)
+        if (p := pool.pick(Want("alice"), tunnel=False, now=11.0, site="shop.example"))
+    }
+    assert own <= alice and not (marked & alice)  # hers to pick, but what was shared
+    later = 10.0 + choose.SITE_BLOCK_S + 1
+    assert router.left_out("mallory", "shop.example", later) == frozenset()
+    router.turned_away("mallory", ups[20], "shop.example", later)  # its share came back
+    assert "shop.example" in ups[20].turned_away

@@ -261,14 +261,13 @@ class Pool:
 
     def closed_on(self, up: Upstream, site: str, now: float) -> bool:
         """A fresh connection through ``up`` to ``site`` ended before any answer: the
-        site's refusal (``turned_away``, True) when no other site did so lately; else
-        the proxy's failure (False: a failure on two sites is the proxy's, for the
-        caller to count)."""
+        site's refusal (True: the caller marks it turned away) when no other site did so
+        lately; else the proxy's failure (False: a failure on two sites is the proxy's,
+        for the caller to count)."""
         other, until = up.closed_by
         if other and other != site and until > now:
             return False
         up.closed_by = (site, now + SITE_BLOCK_S)
-        self.turned_away(up, site, now)
         return True
 
     def _matching(self, want: Want, tunnel: bool) -> list[Upstream]:

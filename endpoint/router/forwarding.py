@@ -26,14 +26,8 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.choose import pace
 from endpoint.router.login import Want, challenge
 from endpoint.router.router import Router
-from endpoint.router.verdicts import (
-    NONE,
-    PACED,
-    head_verdict_of,
-    learn,
-    retry_after_s,
-    wants_page,
-)
+from endpoint.router.verdicts import head_verdict_of, read_answer, retry_after_s, wants_page
+from events.sites import BLOCKED, NONE, PACED, THROUGH
 
 __all__ = ["IDEMPOTENT", "Answering", "Forwarding"]
 
@@ -145,7 +139,8 @@ class Forwarding:
         if len(req.tried) >= router.attempts:
             self._no_proxy(req)
             return
-        up = router.pool.pick(self.want, tunnel=False, now=now, exclude=req.tried, site=req.site)
+        exclude = req.tried | router.left_out(self.want.consumer, req.site, now)
+        up = router.pool.pick(self.want, tunnel=False, now=now, exclude=exclude, site=req.site)
         if up is None:
             self._no_proxy(req)
             return
@@ -197,8 +192,8 @@ class Forwarding:
             router.outcomes.count("paced")
             pace(link.up, site, now, retry_after_s(link.retry_after))
         else:
-            router.outcomes.count("turned_away")
-            router.pool.turned_away(link.up, site, now)
+            assert self.want is not None
+            router.turned_away(self.want.consumer, link.up, site, now)
         req.tried |= {link.up.key}
         if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
             return True  # the client sees the site's answer
@@ -217,13 +212,26 @@ class Forwarding:
         self.link = self.current = None
         router.outcomes.count("forwarded")
         if req.site:
-            learn(router.pool, router.outcomes, req.site, req.rule, link)
+            self._learn(req, link)
         router.worked(self.want, self.password, link.up, req.read_at)
         if reusable:
             router.idle.give(link, time.monotonic())
         else:
             link.close()
         self.conn.answered(req.keep_alive and not link.cut_client)
+
+    def _learn(self, req: Request, link: UpLink) -> None:
+        """What a whole answer says of its site, for the picks that follow."""
+        assert self.want is not None
+        router, now = self.router, time.monotonic()
+        said = read_answer(router.pool, req.site, req.rule, link)
+        if said == THROUGH:
+            router.pool.got_through(link.up, req.site)
+        elif said == PACED:
+            router.outcomes.count("paced")
+            pace(link.up, req.site, now, retry_after_s(link.retry_after))
+        elif said == BLOCKED:
+            router.turned_away(self.want.consumer, link.up, req.site, now)
 
     def unanswered(self, link: UpLink, why: str) -> None:
         """Nothing came back: the proxy's failure (a stale idle link's, nobody's; the
@@ -243,9 +251,9 @@ class Forwarding:
         else:
             req.tried |= {link.up.key}
             router = self.router
-            closed = why == CLOSED and req.site
-            if closed and router.pool.closed_on(link.up, req.site, time.monotonic()):
-                router.outcomes.count("turned_away")  # the site's refusal, not the proxy's
+            closed, now = why == CLOSED and req.site, time.monotonic()
+            if closed and router.pool.closed_on(link.up, req.site, now):
+                router.turned_away(self.want.consumer, link.up, req.site, now)  # not the proxy's
             else:
                 req.failures += 1
                 router.failed(self.want, self.password, link.up, f"request: {why}")

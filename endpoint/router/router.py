@@ -32,6 +32,7 @@ from endpoint.router.handshakes import Handshakes
 from endpoint.router.hedge import Hedging, first_through
 from endpoint.router.login import Want
 from endpoint.router.outcomes import Outcomes
+from endpoint.router.shares import Shares
 from endpoint.router.verdicts import rule_of, site_of
 from events.address import ADDRESS_RULE
 from events.hosts import rules_host
@@ -75,6 +76,8 @@ class Router:
     idle: Idle = field(default_factory=Idle)
     # Sites whose TLS handshakes got through lately: what a TLS alert is read against.
     handshakes: Handshakes = field(default_factory=Handshakes)
+    # What one consumer's refusals may teach for everyone (router/shares.py).
+    shares: Shares = field(default_factory=Shares)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)  # the slow paths running
     # Whether a login still holds, asked of the gateways once its answer is old (the
     # feed's ``login_still``); None: ``login_ok``. The connections open under each login
@@ -151,6 +154,21 @@ class Router:
             connect_s=self.connect_s, hedging=self.hedging,
         )  # fmt: skip
         return None if through is None else through[1]
+
+    def turned_away(self, consumer: str, up: Upstream, site: str, now: float) -> None:
+        """``site`` turned a request of ``consumer``'s through ``up`` away: for everyone
+        (and the log) within the consumer's share of the pool for that site, else for
+        that consumer's own picks alone (router/shares.py)."""
+        if self.shares.may_share(consumer, site, len(self.pool.upstreams), now):
+            self.outcomes.count("turned_away")
+            self.pool.turned_away(up, site, now)
+        else:
+            self.outcomes.count("turned_away_own")
+            self.shares.keep_private(consumer, site, up.key, now)
+
+    def left_out(self, consumer: str, site: str, now: float) -> frozenset[tuple[str, int]]:
+        """The proxies ``consumer``'s own refusals at ``site`` keep from its picks."""
+        return self.shares.left_out(consumer, site, now) if site else frozenset()
 
     def failed(self, want: Want, password: str, up: Upstream, why: str) -> None:
         self.pool.failed(up, time.monotonic())

@@ -89,8 +89,7 @@ async def carry(
                 break
             # A site named by the client alone (SNI) routes, and never teaches a block.
             if not req.named and router.handshakes.lately(req.site, now):
-                router.outcomes.count("turned_away")
-                router.pool.turned_away(up, req.site, now)
+                router.turned_away(want.consumer, up, req.site, now)
             else:
                 router.outcomes.count("tls_refused_unread")
             if sent >= router.attempts:
@@ -129,7 +128,8 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
 
     def pick() -> Upstream | None:
         now = time.monotonic()
-        up = router.pool.pick(want, tunnel=True, now=now, exclude=req.tried, site=req.site)
+        exclude = req.tried | router.left_out(want.consumer, req.site, now)
+        up = router.pool.pick(want, tunnel=True, now=now, exclude=exclude, site=req.site)
         if up is not None:
             req.tried |= {up.key}
         return up
@@ -142,8 +142,7 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
     def failed(up: Upstream, exc: BaseException) -> None:
         code = exc.error_code if isinstance(exc, ProxyError) else None
         if req.site and code is not None and code != 407:
-            router.outcomes.count("turned_away")
-            router.pool.turned_away(up, req.site, time.monotonic())
+            router.turned_away(want.consumer, up, req.site, time.monotonic())
         else:  # python-socks raises its own errors too: all the proxy's
             router.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
 

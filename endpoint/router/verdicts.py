@@ -2,25 +2,22 @@
 head read as it comes (a site that turned a request away is tried through another
 proxy before anything reaches the client), a whole answer read for the picks that
 follow (events/sites.py's rules; a site without one by the other proxies' answers).
-What is learned acts here at once (endpoint/router/choose.py ``Pool.turned_away``,
-``got_through``); a block is never the proxy's failure."""
+What is learned acts at once (router/forwarding.py, through ``Router.turned_away``); a
+block is never the proxy's failure."""
 
 from __future__ import annotations
 
 import functools
-import time
 from importlib.metadata import version
 
 from publicsuffixlist import PublicSuffixList
 
 from endpoint.link.uplink import UpLink
-from endpoint.router.choose import Pool, pace
-from endpoint.router.outcomes import Outcomes
+from endpoint.router.choose import Pool
 from events.sites import (
     BLOCKED,
     NONE,
     PACED,
-    THROUGH,
     Answer,
     SiteRule,
     generic,
@@ -37,7 +34,7 @@ __all__ = [
     "PACED",
     "PSL_VERSION",
     "head_verdict_of",
-    "learn",
+    "read_answer",
     "retry_after_s",
     "rule_of",
     "site_of",
@@ -102,24 +99,14 @@ def _others(pool: Pool, site: str) -> list[Answer]:
 _PAGE = Answer(status=200)
 
 
-def learn(pool: Pool, outcomes: Outcomes, site: str, rule: SiteRule | None, link: UpLink) -> None:
-    """A whole answer of ``site`` through ``link``, read by ``rule``: its page got
-    through, or the site turned it away (its words, or a stub), for the picks that
-    follow."""
+def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink) -> str:
+    """What a whole answer of ``site`` through ``link`` says, read by ``rule``: its page
+    got through, the site turned it away (its words, or a stub), or paced it."""
     if rule is not None and (link.head_only or link.status in (204, 304)):
-        said = head_verdict(rule, link.status, link.location)  # no page to read
-    elif rule is not None:
+        return head_verdict(rule, link.status, link.location)  # no page to read
+    if rule is not None:
         answer = Answer(
             status=link.status, location=link.location, head=bytes(link.seen), size=link.size
         )
-        said = verdict(rule, answer)
-    else:
-        said = generic(Answer(status=link.status, location=link.location), _others(pool, site))
-    if said == THROUGH:
-        pool.got_through(link.up, site)
-    elif said == PACED:
-        outcomes.count("paced")
-        pace(link.up, site, time.monotonic(), retry_after_s(link.retry_after))
-    elif said == BLOCKED:
-        outcomes.count("turned_away")
-        pool.turned_away(link.up, site, time.monotonic())
+        return verdict(rule, answer)
+    return generic(Answer(status=link.status, location=link.location), _others(pool, site))

@@ -1,0 +1,69 @@
+"""How much one consumer's traffic may teach the endpoint about a site for everyone.
+
+A site turning a request away marks that proxy turned away there for every consumer
+(``Pool.turned_away``) and goes to the fleet in the endpoint's rounds. One consumer may
+so mark at most ``SHARE`` of the pool (at least ``MIN_MARKS`` proxies) for one site in
+``SITE_BLOCK_S``; past that, what its traffic shows acts for itself alone: the proxy is
+left out of its own picks for that site, never of another consumer's, and nothing of it
+goes to the log. So a consumer that draws refusals on purpose (a path that answers 403,
+junk for a TLS handshake) cannot turn a site's pool away for everyone, while an honest
+one still routes around what it met. Bounded: ``CONSUMER_SITES`` pairs, the least
+recently marked let go first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from endpoint.router.choose import SITE_BLOCK_S
+
+__all__ = ["CONSUMER_SITES", "MIN_MARKS", "SHARE", "Shares"]
+
+SHARE = 0.05
+MIN_MARKS = 2
+CONSUMER_SITES = 10_000
+
+Key = tuple[str, int]
+V = TypeVar("V")
+
+
+@dataclass
+class Shares:
+    # (consumer, site) -> when each of its shared marks ends, oldest first
+    shared: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    # (consumer, site) -> proxy -> until when it is left out of that consumer's picks
+    private: dict[tuple[str, str], dict[Key, float]] = field(default_factory=dict)
+
+    def may_share(self, consumer: str, site: str, pool_size: int, now: float) -> bool:
+        """Whether one more mark of ``consumer``'s for ``site`` acts for everyone: taken
+        from its share when it does."""
+        pair = (consumer, site)
+        ends = [t for t in self.shared.pop(pair, []) if t > now]
+        allowed = max(MIN_MARKS, int(SHARE * pool_size))
+        fits = len(ends) < allowed
+        if fits:
+            ends.append(now + SITE_BLOCK_S)
+        if ends:
+            self.shared[pair] = ends
+            _bound(self.shared)
+        return fits
+
+    def keep_private(self, consumer: str, site: str, key: Key, now: float) -> None:
+        pair = (consumer, site)
+        kept = self.private.pop(pair, {})
+        kept[key] = now + SITE_BLOCK_S
+        self.private[pair] = kept
+        _bound(self.private)
+
+    def left_out(self, consumer: str, site: str, now: float) -> frozenset[Key]:
+        """The proxies ``consumer``'s own refusals at ``site`` leave out of its picks."""
+        kept = self.private.get((consumer, site))
+        if not kept:
+            return frozenset()
+        return frozenset(key for key, until in kept.items() if until > now)
+
+
+def _bound(table: dict[tuple[str, str], V]) -> None:
+    while len(table) > CONSUMER_SITES:
+        del table[next(iter(table))]
