@@ -255,7 +255,29 @@ def make_server(config: McpConfig) -> MCPServer:
             body["site"] = site
         return await gateway("POST", f"/v1/proxies/{quote(address, safe=':[]')}/report", json=body)
 
+    _refuse_unknown_arguments(server)
     return server
+
+
+def _refuse_unknown_arguments(server: MCPServer) -> None:
+    """A tool's argument it does not take is its error, naming it, as the HTTP API's 400
+    names a parameter it does not take: the SDK drops such an argument unsaid, so a
+    misspelt filter (``min_uptme``) would answer the whole pool. The names are each
+    tool's own parameters, read from the schema the SDK made of it."""
+    takes: dict[str, frozenset[str]] = {}
+    call_tool = server.call_tool
+
+    async def checked(name: str, arguments: dict[str, Any], context: Any) -> Any:
+        if not takes:
+            for tool in await server.list_tools():
+                takes[tool.name] = frozenset(tool.input_schema.get("properties", {}))
+        unknown = sorted(set(arguments) - takes.get(name, frozenset(arguments)))
+        if unknown:
+            known = ", ".join(sorted(takes[name]))
+            raise ToolError(f"{name} takes no {', '.join(unknown)} (it takes {known})")
+        return await call_tool(name, arguments, context)
+
+    server.call_tool = checked  # type: ignore[method-assign,assignment]
 
 
 def _public_url(url: str, lab: bool) -> None:

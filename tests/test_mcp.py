@@ -79,6 +79,9 @@ async def test_mcp_over_http_needs_its_bearer_token_and_lists_its_tools() -> Non
             got = await client.call_tool("get_proxies", {"works_on": ["example.com"]})
             text = " ".join(getattr(c, "text", "") for c in got.content)
             assert got.is_error and "gave no answer" in text, text  # nothing on port 9
+            got = await client.call_tool("get_proxies", {"min_uptme": 90, "limit": 5})
+            text = " ".join(getattr(c, "text", "") for c in got.content)
+            assert got.is_error and "get_proxies takes no min_uptme (it takes " in text, text
             for limit in (0, -1, 1_001):  # refused before any gateway is asked
                 got = await client.call_tool("get_proxies", {"limit": limit})
                 text = " ".join(getattr(c, "text", "") for c in got.content)
