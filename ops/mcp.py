@@ -76,7 +76,7 @@ def make_server(config: McpConfig) -> MCPServer:
         "and a word back on a proxy that failed you.",
     )
     headers = {"Authorization": f"Bearer {config.token}"}
-    names: list[str] = []  # the consumer's, asked of the gateway once
+    me: dict[str, Any] = {}  # the consumer's name and judge key, asked of the gateway once
 
     async def gateway(method: str, path: str, **kw: Any) -> dict[str, Any]:
         """The gateway's JSON answer; a ToolError saying why when there is none."""
@@ -92,10 +92,13 @@ def make_server(config: McpConfig) -> MCPServer:
             raise ToolError(f"the gateway said {r.status}: {body.get('detail', body)}")
         return dict(body)
 
+    async def whoami() -> dict[str, Any]:
+        if not me:
+            me.update(await gateway("GET", "/v1/agents/me"))
+        return me
+
     async def consumer_name() -> str:
-        if not names:
-            names.append((await gateway("GET", "/v1/agents/me"))["name"])
-        return names[0]
+        return str((await whoami())["name"])
 
     @server.tool(
         description="Working open proxies from the ppf pool, filtered. Costs one query of "
@@ -176,7 +179,12 @@ def make_server(config: McpConfig) -> MCPServer:
             raise ToolError(f"not public proxy addresses: {', '.join(refused)}")
         if https_target is not None:
             _public_url(https_target, config.lab)
-        pool = JudgePool([config.gateway + "/judge"], own=[config.gateway + "/judge"])
+        # The gateway's judge answers only nonces minted under an enrolled name's key: the
+        # consumer's own, which the gateway gives it (without, every check was its 403).
+        who = await whoami()
+        key = bytes.fromhex(str(who.get("judge_key") or ""))
+        own = [config.gateway + "/judge"]
+        pool = JudgePool(own, own=own, agent=str(who["name"]), key=key)
         try:
             await pool.start(require=True)
         except ValueError as exc:  # no judge answers
