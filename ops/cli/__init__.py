@@ -21,6 +21,7 @@ from ops.cli import (
     bench,
     checks,
     completion,
+    doctor,
     endpoint,
     fleet,
     history,
@@ -55,6 +56,7 @@ GROUPS = (
     bench,
     completion,
     mcp,
+    doctor,
 )
 
 

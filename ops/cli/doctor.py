@@ -1,0 +1,240 @@
+"""``ppf doctor``: what a newcomer would otherwise dig out of logs, checked from where it
+runs, one line each with the fix: the data directory's lock, NATS and its stream, the
+gateway, the fold's lag and the clock, the agents seen lately, the pool, the sites
+learned, the endpoint, the disk. Exit 1 when anything failed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import time
+from email.utils import parsedate_to_datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from ops.cli.common import DEFAULT_NATS, data_dir, hostport, port_holder
+
+__all__ = ["register"]
+
+SKEW_S = 5.0  # a clock this far from the gateway's misdates what this machine says
+AGENT_SEEN_S = 300.0
+DISK_FREE = 0.05
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    dr = sub.add_parser("doctor", help="check a ppf up from here: one line each, with the fix")
+    dr.add_argument("--data", default=None, help="the ppf up's data directory (default ./data)")
+    dr.add_argument("--nats", default=DEFAULT_NATS)
+    dr.add_argument(
+        "--gateway", default=None, help="its URL (default: the one its data directory names)"
+    )
+    dr.add_argument(
+        "--endpoint", default="127.0.0.1:8899", help="the rotating endpoint's HOST:PORT"
+    )
+    dr.add_argument("--json", action="store_true")
+    dr.set_defaults(run=_doctor)
+
+
+class _Report:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, str]] = []
+
+    def say(self, state: str, what: str, fix: str = "") -> None:
+        self.lines.append({"state": state, "what": what, "fix": fix})
+
+    @property
+    def failed(self) -> bool:
+        return any(line["state"] == "fail" for line in self.lines)
+
+
+async def _doctor(args: argparse.Namespace) -> int:
+    data, report = data_dir(args), _Report()
+    _lock(data, report)
+    await _nats(args.nats, report)
+    base = args.gateway or _named_gateway(data)
+    if base is None:
+        report.say("fail", f"no gateway: {data} names none", "make up (or --gateway URL)")
+    else:
+        await _gateway(base.rstrip("/"), report)
+    await _endpoint(args.endpoint, report)
+    _disk(data, report)
+    for line in report.lines:
+        if args.json:
+            print(json.dumps(line))
+        else:
+            fix = f"  -> {line['fix']}" if line["fix"] else ""
+            print(f"{line['state']:4}  {line['what']}{fix}")
+    return 1 if report.failed else 0
+
+
+def _lock(data: Path, report: _Report) -> None:
+    """Who holds ``data/ppf.lock`` (ops/cli/common.py ``holding``)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    path = data / "ppf.lock"
+    if not path.exists():
+        report.say("warn", f"no ppf up has run on {data}", "make up, or --data DIR")
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        pid = _lock_holder(path) or os.read(fd, 32).decode(errors="replace").strip() or "?"
+        if _is_ppf(pid):
+            report.say("ok", f"{data} is held by ppf (pid {pid})")
+        else:
+            why = f"{data} is locked by pid {pid} ({_comm(pid) or 'unknown'}), not a ppf up"
+            report.say("fail", why, "stop it, or give ppf up a --data of its own")
+        return
+    finally:
+        os.close(fd)
+    report.say("fail", f"nothing runs on {data}", "start it: make up (or ppf up --data DIR)")
+
+
+def _lock_holder(path: Path) -> str:
+    """The pid holding a flock on ``path``, from ``/proc/locks`` (Linux; "" elsewhere)."""
+    inode = os.stat(path).st_ino
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return ""
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].endswith(f":{inode}"):
+            return fields[4]
+    return ""
+
+
+def _is_ppf(pid: str) -> bool:
+    """Whether ``pid`` runs ppf (its program, or python running it), by its argv."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return any(Path(a).name == "ppf" for a in argv[:2]) or "ops.cli" in argv[:3]
+
+
+def _comm(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+async def _nats(url: str, report: _Report) -> None:
+    from ops.nats.client import Log
+
+    shown = url.split("@")[-1]
+    try:
+        lg = await asyncio.wait_for(Log.connect(url, name="ppf-doctor", wait_s=2), 10)
+    except Exception as exc:  # every way a connect fails is said, not raised
+        report.say("fail", f"NATS at {shown} does not answer: {exc!s:.120}", _nats_fix(shown))
+        return
+    try:
+        head = await lg.head_seq()
+        stored, deposits = await lg.stored_bytes()
+        held = f"{head} messages, {stored >> 20} MiB, deposits {deposits >> 20} MiB"
+        report.say("ok", f"NATS at {shown}: the log holds {held}")
+    except Exception as exc:
+        report.say("fail", f"NATS at {shown} has no ppf stream: {exc!s:.120}", "start ppf up")
+    finally:
+        await lg.close()
+
+
+def _nats_fix(shown: str) -> str:
+    _, port = hostport(shown.removeprefix("nats://").removeprefix("tls://"), 4222)
+    holder = port_holder(port)
+    if holder and "nats" not in holder:
+        return f"port {port} is {holder}'s, not NATS: stop it, or ppf up --nats-listen"
+    return "start ppf up (or give --nats the URL it listens on)"
+
+
+def _named_gateway(data: Path) -> str | None:
+    try:
+        return (data / "gateway").read_text().strip() or None
+    except OSError:
+        return None
+
+
+async def _gateway(base: str, report: _Report) -> None:
+    timeout = aiohttp.ClientTimeout(total=10)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            stats, date = await _get(http, base + "/v1/stats")
+            agents, _ = await _get(http, base + "/v1/agents")
+            metrics = await (await http.get(base + "/metrics")).text()
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+        _, port = hostport(base.split("//")[-1], 80)
+        holder = port_holder(port)
+        fix = f"port {port} is {holder}'s" if holder else "start it: make up"
+        report.say("fail", f"the gateway at {base} does not answer as ppf's: {exc!s:.100}", fix)
+        return
+    lag = int(stats.get("head_seq", 0)) - int(stats.get("applied_seq", 0))
+    report.say("ok" if lag < 10_000 else "warn", f"the gateway at {base}: the fold {lag} behind")
+    if date is not None:
+        skew = abs(time.time() - date)
+        state = "ok" if skew < SKEW_S else "warn"
+        report.say(
+            state,
+            f"this clock is {skew:.1f} s off the gateway's",
+            "" if state == "ok" else "run NTP",
+        )
+    now_ms = time.time() * 1000
+    seen = [
+        a for a in agents.get("agents", []) if now_ms - a.get("last_seen", 0) < AGENT_SEEN_S * 1000
+    ]
+    roles = sorted({str(a.get("role")) for a in seen if a.get("role") != "consumer"})
+    if any(r in roles for r in ("worker", "checker")):
+        report.say("ok", f"{len(seen)} agents seen in {AGENT_SEEN_S:.0f} s ({', '.join(roles)})")
+    else:
+        report.say("warn", "no worker or checker seen lately", "ppf up starts its own; ppf agent")
+    pool = stats.get("pool", {}).get("alive", 0)
+    report.say(
+        "ok" if pool else "warn",
+        f"the pool serves {pool} proxies",
+        "" if pool else "agents fill it within minutes",
+    )
+    through = sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in metrics.splitlines()
+        if line.startswith("ppf_site_proxies{") and 'latest="through"' in line
+    )
+    report.say("ok", f"sites: {through} proxies known to get through (names: the admin's)")
+
+
+async def _get(http: aiohttp.ClientSession, url: str) -> tuple[dict[str, Any], float | None]:
+    async with http.get(url) as r:
+        r.raise_for_status()
+        date = r.headers.get("Date")
+        when = parsedate_to_datetime(date).timestamp() if date else None
+        return await r.json(), when
+
+
+async def _endpoint(where: str, report: _Report) -> None:
+    host, port = hostport(where, 8899)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+        writer.close()
+        report.say("ok", f"the rotating endpoint listens on {host}:{port}")
+    except (OSError, TimeoutError):
+        report.say(
+            "warn", f"nothing listens on {host}:{port}", "ppf up --serve-listen, or --endpoint"
+        )
+
+
+def _disk(data: Path, report: _Report) -> None:
+    usage = shutil.disk_usage(data if data.exists() else Path.cwd())
+    free = usage.free / usage.total
+    state = "ok" if free > DISK_FREE else "fail"
+    report.say(
+        state,
+        f"the disk has {free:.0%} free ({usage.free >> 30} GiB)",
+        "" if state == "ok" else "free some: the log stops at its limit",
+    )
