@@ -223,6 +223,13 @@ class Feed:
         else:
             self.traffic_dropped += 1
 
+    async def _post(self, event: ProxiesChecked | SitesChecked, token: str) -> str:
+        """One round to the gateways under ``token``: "" when one took it, else what
+        came back (None: no gateway answered), for the caller's log line."""
+        body = {"events": [msgspec.to_builtins(event)]}
+        answer = await ask(self._http, self.gateways, "POST", EVENTS_PATH, token, body)
+        return "" if answer is not None and answer[0] == 200 else str(answer)[:200]
+
     async def _send_traffic(self) -> None:
         while True:
             await asyncio.sleep(TRAFFIC_S)
@@ -245,19 +252,11 @@ class Feed:
                     key=TRAFFIC_KEY,
                     results=results[start : start + MAX_RESULTS],
                 )
-                answer = await ask(
-                    self._http,
-                    self.gateways,
-                    "POST",
-                    EVENTS_PATH,
-                    token,
-                    {"events": [msgspec.to_builtins(batch)]},
-                )
-                if answer is not None and answer[0] == 200:
+                if not (why := await self._post(batch, token)):
                     self.reports += sum(not r.ok for r in batch.results)
                 else:
                     self.traffic_dropped += len(batch.results)
-                    log.warning("traffic_not_sent", consumer=name, answer=str(answer)[:200])
+                    log.warning("traffic_not_sent", consumer=name, answer=why)
 
     async def _send_sites(self) -> None:
         while True:
@@ -309,16 +308,8 @@ class Feed:
                 id=fresh_id(), agent=name, at=now_ms(), key=TRAFFIC_KEY, psl=PSL_VERSION,
                 results=results[start : start + MAX_RESULTS],
             )  # fmt: skip
-            answer = await ask(
-                self._http,
-                self.gateways,
-                "POST",
-                EVENTS_PATH,
-                token,
-                {"events": [msgspec.to_builtins(batch)]},
-            )
-            if answer is not None and answer[0] == 200:
+            if not (why := await self._post(batch, token)):
                 self.sites_sent += len(batch.results)
             else:
                 self.sites_dropped += len(batch.results)
-                log.warning("sites_not_sent", endpoint=name, answer=str(answer)[:200])
+                log.warning("sites_not_sent", endpoint=name, answer=why)

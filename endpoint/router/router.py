@@ -111,10 +111,11 @@ class Router:
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
-    def place(self, req: Request) -> None:
-        """Where ``req`` goes, as far as routing asks: its site, and how that site's
-        answers read (events/sites.py)."""
-        req.site = site_of(req.host)
+    def place(self, req: Request, name: str = "") -> None:
+        """Where ``req`` goes, as far as routing asks: its site (of its host, or of the
+        ``name`` a tunnel's ClientHello gave), and how that site's answers read
+        (events/sites.py)."""
+        req.site = site_of(name or req.host)
         req.rule = rule_of(self.pool, req.site)
 
     def refused_destination(self, host: str) -> str:

@@ -30,7 +30,6 @@ from endpoint.router.door import Refused
 from endpoint.router.hedge import first_through
 from endpoint.router.login import Want
 from endpoint.router.router import Router
-from endpoint.router.verdicts import rule_of, site_of
 
 __all__ = ["carry"]
 
@@ -56,8 +55,8 @@ async def carry(
         cw.write(ok)
         first = await first_record(cr, router.answer_s)
         if name := server_name(first or b""):
-            req.site, req.named = site_of(name), True
-            req.rule = rule_of(router.pool, req.site)
+            router.place(req, name)
+            req.named = True
     try:
         up, (ur, uw) = await _open(router, want, password, req)
     except Refused:
@@ -84,7 +83,8 @@ async def carry(
                 break
             now = time.monotonic()
             if reply and reply[0] != _TLS_ALERT:
-                router.handshakes.got_through(req.site, now)
+                if req.site:  # a ClientHello's name may make none
+                    router.handshakes.got_through(req.site, now)
                 cw.write(reply)
                 break
             # A site named by the client alone (SNI) routes, and never teaches a block.
