@@ -1,35 +1,46 @@
-# The two commands: `make up` and `make test`. Everything they need is installed here.
+# The two commands: `make up` and `make test`. Everything they need is installed here,
+# from the lock: `make lock` refreshes it.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
+LOCK   := lock/python.txt
 
-.PHONY: up test lint bench clean system-deps
+.PHONY: up test lint bench clean system-deps lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
 
+# Every dependency at the lock's version, each file checked against the lock's hashes;
+# then ppf itself from this tree, nothing resolved again (no dependencies, and built by
+# the lock's setuptools). `pip check` catches a pyproject.toml changed without `make lock`.
 # The C extensions' built files are removed first: an editable reinstall keeps a built
 # module it finds in the tree, however old.
-$(STAMP): pyproject.toml setup.py agents/_scan.c ops/nats/_frames.c | $(BIN)/python
+$(STAMP): $(LOCK) pyproject.toml setup.py agents/_scan.c ops/nats/_frames.c | $(BIN)/python
 	rm -f agents/_scan.*.so ops/nats/_frames.*.so
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --require-hashes -r $(LOCK)
+	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	$(BIN)/pip check || { echo "the lock misses what pyproject.toml asks for: run make lock"; exit 1; }
 	touch $@
 
 up: $(STAMP)
 	$(BIN)/ppf up
 
-# Debian packages the integration tests use: installed when missing and we are root;
-# otherwise those tests skip, naming what to install.
-SYSTEM_PACKAGES := chromium squid tinyproxy microsocks dante-server openssl iproute2
+# Debian packages the integration tests use, at lock/debian.txt's versions.
 system-deps:
-	@missing=""; for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing:$$missing"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  else echo "not root: install$$missing (apt-get install$$missing); their tests will skip"; fi; \
-	fi
+	@bash lock/debian-packages.sh
+
+# The lock, refreshed: every Python dependency at its newest version pyproject.toml
+# allows, with the hashes of its files (pip-tools, in a throwaway virtualenv), and the
+# Debian packages' versions as installed here.
+lock:
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	$(PYTHON) -m venv "$$tmp" && "$$tmp/bin/pip" install -q 'pip-tools>=7.7' && \
+	"$$tmp/bin/pip-compile" -q --upgrade --generate-hashes --extra dev --strip-extras \
+	  --build-deps-for editable --unsafe-package ppf --no-emit-index-url \
+	  --no-emit-find-links -o $(LOCK) pyproject.toml
+	dpkg-query -W -f='$${Package}=$${Version}\n' $$(cut -d= -f1 lock/debian.txt) > lock/debian.txt.new
+	mv lock/debian.txt.new lock/debian.txt
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
