@@ -35,6 +35,8 @@ def _wanted() -> list[Requirement]:
 
 
 def test_the_lock_pins_every_dependency_at_an_allowed_version_with_its_hashes() -> None:
+    """Each of pyproject.toml's requirements (runtime, dev, mcp, the build's) is in the
+    lock at a version its specifier admits, and every entry has its files' hashes."""
     pins, env = _pins(), default_environment()
     assert len(pins) > 50, "the lock lost its entries"
     for name, (_version, hashes) in pins.items():
@@ -51,6 +53,7 @@ def test_the_lock_pins_every_dependency_at_an_allowed_version_with_its_hashes() 
 
 
 def test_make_installs_from_the_lock_checking_hashes_and_resolves_nothing_again() -> None:
+    """The Makefile takes the lock with hashes required, then ppf without its deps."""
     make = (ROOT / "Makefile").read_text()
     assert "pip install -q --require-hashes -r $(LOCK)" in make
     assert "pip install -q --no-deps --no-build-isolation -e ." in make
@@ -58,6 +61,7 @@ def test_make_installs_from_the_lock_checking_hashes_and_resolves_nothing_again(
 
 
 def test_the_debian_packages_the_tests_use_are_recorded_with_their_versions() -> None:
+    """lock/debian.txt names a version for each package the integration tests use."""
     lines = (ROOT / "lock" / "debian.txt").read_text().split()
     recorded = dict(line.split("=", 1) for line in lines)
     for package in ("chromium", "squid", "tinyproxy", "microsocks", "dante-server", "iproute2"):
