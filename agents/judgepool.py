@@ -6,7 +6,8 @@ list of well-known public echo services, and for each one:
 
 - **health**: asked directly at start and every ``health_every_s``; a judge that fails
   directly, or answers 429, is **benched** with a cooldown that doubles each time
-  (``cooldown_s`` up to ``max_cooldown_s``) and comes back when a direct ask works again;
+  (``cooldown_s`` up to ``max_cooldown_s``; while none answers, the agent's own outage,
+  up to ``cooldown_s`` only) and comes back when a direct ask works again;
 - **blame**: a check that fails while its judge does not answer directly is ``void``:
   the judge's failure, never counted against the proxy (and the judge is benched);
 - **reachability**: a judge on a loopback or private address is used only for proxies on
@@ -184,11 +185,15 @@ class JudgePool:
 
     def _bench(self, state: JudgeState, why: str, *, quiet: bool = False) -> None:
         state.failures += 1
-        state.cooldown_s = min(max(state.cooldown_s * 2, self.base_cooldown_s), self.max_cooldown_s)
+        was_healthy, state.healthy, state.last_error = state.healthy, False, why
+        # While no judge answers, the fault is most likely our own way out (an outage):
+        # each is asked again within the base period, so the agent sees its network back
+        # (and says so to the fleet) within it, not after a judge's long bench.
+        longest = self.max_cooldown_s if self.healthy_any() else self.base_cooldown_s
+        state.cooldown_s = min(max(state.cooldown_s * 2, self.base_cooldown_s), longest)
         state.benched_until = time.monotonic() + state.cooldown_s
-        if state.healthy or (state.failures == 1 and not quiet):
+        if was_healthy or (state.failures == 1 and not quiet):
             log.warning("judge_benched", judge=state.url, error=why, cooldown_s=state.cooldown_s)
-        state.healthy, state.last_error = False, why
 
     def pick(self, ip: str) -> Judge | None:
         """The next healthy judge that can see ``ip``'s answers and has budget, or None.

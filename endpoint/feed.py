@@ -230,6 +230,13 @@ class Feed:
         answer = await ask(self._http, self.gateways, "POST", EVENTS_PATH, token, body)
         return "" if answer is not None and answer[0] == 200 else str(answer)[:200]
 
+    async def tell(self, path: str, body: Any) -> tuple[int, dict[str, Any]] | None:
+        """``POST path`` under the endpoint's own name (None without one, or when no
+        gateway answered)."""
+        if self.identity is None:
+            return None
+        return await ask(self._http, self.gateways, "POST", path, self.identity[1], body)
+
     async def _send_traffic(self) -> None:
         while True:
             await asyncio.sleep(TRAFFIC_S)

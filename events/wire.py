@@ -18,6 +18,7 @@ from events.sites import SiteRule
 
 __all__ = [
     "AGENT_HEADER",
+    "ENDPOINT_FIGURES_PATH",
     "EVENTS_PATH",
     "MAX_NONCE",
     "MAX_TOKEN",
@@ -34,6 +35,7 @@ __all__ = [
     "CheckoutReply",
     "CheckoutRequest",
     "DepositReply",
+    "EndpointFigures",
     "EventsAccepted",
     "EventsRequest",
     "FieldError",
@@ -306,6 +308,7 @@ ME_PATH = "/v1/agents/me"
 EVENTS_PATH = "/v1/events"
 SITE_RULES_PATH = "/v1/sites/rules"
 SITE_CHANGES_PATH = "/v1/sites/changes"
+ENDPOINT_FIGURES_PATH = "/v1/endpoints/figures"
 
 
 class ProxyOut(msgspec.Struct):
@@ -375,6 +378,18 @@ class SiteRules(msgspec.Struct):
     """``GET /v1/sites/rules``: the operator's rules for reading sites' answers."""
 
     rules: list[SiteRule]
+
+
+class EndpointFigures(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /v1/endpoints/figures``: what one process of an endpoint did since it
+    started (its outcomes, as its ``/metrics`` counts them), and its latencies to a first
+    byte since its last report; each of ``ppf serve``'s workers reports its own."""
+
+    process: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    counts: Annotated[dict[str, Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=64)]
+    first_byte_ms: Annotated[
+        list[Annotated[float, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=1_000)
+    ]
 
 
 _JSON = msgspec.json.Encoder()

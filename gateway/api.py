@@ -16,6 +16,7 @@ from events.wire import (
     CheckoutRelease,
     CheckoutReply,
     CheckoutRequest,
+    EndpointFigures,
     EventsAccepted,
     EventsRequest,
     HeartbeatReply,
@@ -115,6 +116,7 @@ def openapi() -> dict[str, Any]:
         CheckoutRequest,
         CheckoutReply,
         CheckoutRelease,
+        EndpointFigures,
         Problem,
     ]
     (event_schema, *_), components = msgspec.json.schema_components(
@@ -227,6 +229,15 @@ def openapi() -> dict[str, Any]:
             "get": {
                 "summary": "networks where many proxies failed at once (computed every 30 s)",
                 "responses": {"200": _reply(None)},
+            }
+        },
+        "/v1/endpoints/figures": {
+            "post": {
+                "summary": "what one process of a rotating endpoint did since it started "
+                "(endpoint; every 5 s, kept in the gateway's memory for /v1/stats' endpoint)",
+                "security": _AUTH,
+                "requestBody": _body("EndpointFigures"),
+                "responses": {"200": _reply(None), **_problems(400, 401, 403, 413, 429)},
             }
         },
         "/v1/proxies/{addr}/report": {

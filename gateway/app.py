@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -37,6 +38,8 @@ from gateway.deposits import PAGES, Inputs, Pages, sweeping
 from gateway.deposits import routes as deposit_routes
 from gateway.dropin import DELETED
 from gateway.dropin import routes as dropin_routes
+from gateway.endpoints import ENDPOINTS, EndpointBoard
+from gateway.endpoints import routes as endpoint_routes
 from gateway.http import (
     AUTH_FAILURES,
     CONFIG,
@@ -55,6 +58,7 @@ from gateway.leases import Granter
 from gateway.metrics import ENDPOINT_OUTCOMES
 from gateway.metrics import routes as metrics_routes
 from gateway.natsauth import Callout, Kicker
+from gateway.panels import PANELS, Panels
 from gateway.penalty import PENALTIES, Penalties, watching
 from gateway.queries import routes as query_routes
 from gateway.views import POOL_VIEW, PoolViewKeeper, pool_census
@@ -182,6 +186,10 @@ async def stats(request: web.Request) -> web.Response:
             "warnings": [w for w in (guard.warning if guard else "",) if w],
             "log": _log_span(fold, now),
             "settings": state.settings,
+            # The rotating endpoints' traffic, as they report it (gateway/endpoints.py),
+            # and the pool's sites and quality, no site named (gateway/panels.py).
+            "endpoint": request.app[ENDPOINTS].summary(time.monotonic()),
+            **request.app[PANELS].get(request.app),
         }
     )
 
@@ -350,6 +358,9 @@ def make_app(
     app[REFUSALS] = app[JUDGE_DOOR].refusals  # the judge's bytes count with the rest
     app[PAGES] = Pages()
     app[PENALTIES] = Penalties(lambda: fold.refused_bytes)
+    app[ENDPOINTS] = EndpointBoard()
+    app[PANELS] = Panels()
+    app.on_cleanup.append(lambda app: app[PANELS].stop())
     app.cleanup_ctx.append(_sampling)
     app.cleanup_ctx.append(_granting_ahead)
     app.cleanup_ctx.append(sweeping)
@@ -365,6 +376,7 @@ def make_app(
     app.add_routes(metrics_routes)
     app.add_routes(dropin_routes)
     app.add_routes(checkout_routes)
+    app.add_routes(endpoint_routes)
     if config.endpoint_outcomes is not None:
         app[ENDPOINT_OUTCOMES] = config.endpoint_outcomes
     return app

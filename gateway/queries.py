@@ -302,7 +302,7 @@ async def sites_known(request: web.Request) -> web.Response:
     authorize(request, "admin")
     state = request.app[FOLD].state
     tally = SiteTally(now_ms(), state.site_hour)
-    async for step in _cells_in_steps(state.sites.values()):
+    async for step in cells_in_steps(state.sites.values()):
         tally.add(step)
     return reply({"sites": tally.answer(), "unkept": state.sites_unkept})
 
@@ -310,7 +310,7 @@ async def sites_known(request: web.Request) -> web.Response:
 _TALLY_STEP = 10_000  # cells a step: a few milliseconds of the loop
 
 
-async def _cells_in_steps(rows: Iterable[SiteCells]) -> AsyncIterator[list[SiteCells]]:
+async def cells_in_steps(rows: Iterable[SiteCells]) -> AsyncIterator[list[SiteCells]]:
     """The rows of site cells (as they are now) in steps of about ``_TALLY_STEP``
     cells, the loop given back between steps: a walk of 2 million cells never holds it."""
     step: list[SiteCells] = []
@@ -337,7 +337,7 @@ async def site_changes(request: web.Request) -> web.Response:
     state, now = request.app[FOLD].state, now_ms()
     moved: list[tuple[str, int, str, str]] = []
     recent = (row for row in state.sites.values() if row.last_at > since)
-    async for step in _cells_in_steps(recent):
+    async for step in cells_in_steps(recent):
         for cells in step:
             moved += sites.moved(cells, since, now, state.site_proxy)
     return reply(SiteChanges(now=now, cells=moved))

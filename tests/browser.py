@@ -140,6 +140,17 @@ class Browser:
             await asyncio.sleep(0.2)
         raise AssertionError(f"{selector}: wanted {want!r}, saw {seen!r}")
 
+    async def evaluate(self, expression: str) -> Any:
+        result = await self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result.get("result", {}).get("value")
+
+    async def width(self, pixels: int, height: int = 900) -> None:
+        """The page laid out as in a window ``pixels`` wide."""
+        await self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=pixels, height=height, deviceScaleFactor=1, mobile=False,
+        )  # fmt: skip
+
     async def screenshot(self, path: Path) -> None:
         shot = await self.call("Page.captureScreenshot", format="png")
         path.write_bytes(base64.b64decode(shot["data"]))

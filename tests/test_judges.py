@@ -196,3 +196,38 @@ async def test_an_answer_to_an_ask_sent_before_a_check_does_not_clear_the_judge(
     finally:
         await pool.stop()
         await server.close()
+
+
+async def test_while_no_judge_answers_none_is_benched_past_the_base_cooldown() -> None:
+    """The agent's own network down benches every judge: each is asked again within the
+    base cooldown however often it failed, so the agent sees its network back (and tells
+    the fleet) within it; beside a judge that answers, a failing one's bench doubles."""
+    from aiohttp.test_utils import TestServer
+
+    from agents.judgepool import JudgePool
+
+    async def get(request: web.Request) -> web.Response:
+        echo = {"args": dict(request.query), "headers": dict(request.headers)}
+        return web.json_response({**echo, "origin": request.remote, "url": str(request.url)})
+
+    app = web.Application()
+    app.router.add_get("/get", get)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    up = str(server.make_url("/get"))
+    down = "http://127.0.0.1:9/get"  # discard: refused
+    try:
+        alone = JudgePool([down], own=[down], timeout_s=2, cooldown_s=30)
+        await alone.start(require=False)
+        for _ in range(5):
+            await alone._ask(alone.states[0], quiet=True)
+        assert alone.outage().startswith("no judge answers directly")
+        assert alone.states[0].cooldown_s == 30  # not 30 * 2**5
+        await alone.stop()
+        beside = await JudgePool([up, down], own=[up, down], timeout_s=2, cooldown_s=30).start()
+        for _ in range(5):
+            await beside._ask(beside.states[1], quiet=True)
+        assert beside.states[0].healthy and beside.states[1].cooldown_s == 30 * 2**5
+        await beside.stop()
+    finally:
+        await server.close()

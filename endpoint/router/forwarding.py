@@ -171,6 +171,8 @@ class Forwarding:
 
     def _no_proxy(self, req: Request) -> None:
         self.router.outcomes.count("no_proxy")
+        if req.tried:  # every one that matched was tried (a 503's two reasons, apart)
+            self.router.outcomes.count("no_proxy_after_tries")
         tried = " and answers" if req.tried else ""
         self.conn.refuse(503, f"no proxy in the pool matches{tried}")
 
@@ -186,6 +188,7 @@ class Forwarding:
         site = req.site
         said = head_verdict_of(router.pool, site, req.rule, status, location) if site else NONE
         if said == NONE:
+            router.outcomes.first_byte(req.read_at)
             return True
         now = time.monotonic()
         if said == PACED:
@@ -196,6 +199,7 @@ class Forwarding:
             router.turned_away(self.want.consumer, link.up, site, now)
         req.tried |= {link.up.key}
         if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
+            router.outcomes.first_byte(req.read_at)
             return True  # the client sees the site's answer
         self.link = None
         asyncio.get_running_loop().call_soon(self._again, req)
@@ -245,7 +249,7 @@ class Forwarding:
             return
         if link.reused:
             if req.method not in IDEMPOTENT:
-                self.conn.refuse(502, "the proxy took the request and gave no answer")
+                self._no_answer()
                 return
             req.fresh_only = True
         else:
@@ -258,9 +262,13 @@ class Forwarding:
                 req.failures += 1
                 router.failed(self.want, self.password, link.up, f"request: {why}")
             if req.method not in IDEMPOTENT or req.failures >= router.attempts:
-                self.conn.refuse(502, "the proxy took the request and gave no answer")
+                self._no_answer()
                 return
         self.route(req)
+
+    def _no_answer(self) -> None:
+        self.router.outcomes.count("no_answer")
+        self.conn.refuse(502, "the proxy took the request and gave no answer")
 
     def broken(self, link: UpLink) -> None:
         """The answer broke off midway: what came is sent, and the client's connection

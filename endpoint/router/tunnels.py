@@ -70,6 +70,7 @@ async def carry(
         if not named:
             cw.write(ok)
         router.outcomes.count("tunnel")
+        router.outcomes.first_byte(req.read_at)
         # Only where the client speaks first (TLS): elsewhere the server may, and is
         # carried at once.
         if not named and req.site and req.port in _TLS_PORTS:
@@ -157,6 +158,8 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
     )
     if through is None:
         router.outcomes.count("no_proxy")
+        if req.tried:
+            router.outcomes.count("no_proxy_after_tries")
         why = "no proxy in the pool matches" + (" and answers" if req.tried else "")
         raise Refused(503, 1, why)
     up, stream = through

@@ -96,6 +96,7 @@ async def endpoint_site(
     without a token; it is said in the log all the same."""
     from endpoint.connection.client import serve
     from endpoint.feed import SITES_S, Feed
+    from endpoint.figures import FIGURES_S, Figures
     from endpoint.router.choose import Pool
     from endpoint.router.router import Router
 
@@ -151,6 +152,9 @@ async def endpoint_site(
         return ""
     stack.callback(endpoint.close)
     stack.push_async_callback(_closed, server)
+    figures = Figures(feed, endpoint.outcomes, float(os.environ.get("PPF_FIGURES_S", FIGURES_S)))
+    figures.start()
+    stack.push_async_callback(figures.stop)
     _said(host, port, listen_at)
     return f"{host}:{port}"
 
