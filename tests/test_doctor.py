@@ -5,14 +5,19 @@ line, and exits 1 when something failed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
+import msgspec
 import pytest
 
+from events.catalogue import Heartbeat
+from events.mint import fresh_id, now_ms
 from tests.test_cli import Up
 
 
@@ -42,6 +47,29 @@ def test_ppf_doctor_names_what_is_wrong_and_how_to_fix_it(ppf_bin: str, tmp_path
         assert code == 0, said
         assert "ok    NATS at" in said and f"ok    the gateway at {up.base}" in said, said
         assert "is held by ppf (pid" in said and f"listens on {endpoint}" in said, said
+        assert "ok    JetStream: stream PPF (file, 1 replica): no size limit of its own" in said
+        # An agent whose own way out is down (it says so in its heartbeat): named, exit 1.
+        token = subprocess.run(
+            [ppf_bin, "token", "issue", "far-worker", "--role", "worker", "--nats", up.nats],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.strip().splitlines()[-1]  # fmt: skip
+        beat = Heartbeat(
+            id=fresh_id(), agent="far-worker", at=now_ms(), leases=[],
+            outage="no judge answers directly: http://judge.example/get: DNS failed",
+        )  # fmt: skip
+        body = json.dumps({"events": [msgspec.to_builtins(beat)]}).encode()
+        urllib.request.urlopen(
+            urllib.request.Request(
+                up.base + "/v1/events", data=body, headers={
+                    "Authorization": f"Bearer {token}", "Content-Type": "application/json"
+                },
+            ),
+            timeout=10,
+        )  # fmt: skip
+        up.caught_up()
+        code, said = _doctor(ppf_bin, data, "--endpoint", endpoint)
+        assert code == 1, said
+        assert "fail  1 agent reach no judge (far-worker): no judge answers directly" in said
     finally:
         assert up.stop() == 0
     holder = socket.socket()

@@ -246,3 +246,57 @@ async def _heartbeat(live: Live, token: str, outage: str) -> None:
     beat = Heartbeat(id=fresh_id(), agent="remote-worker", at=now_ms(), leases=[], outage=outage)
     body = {"events": [msgspec.to_builtins(beat)]}
     await asyncio.to_thread(_post, live.up.base + "/v1/events", token, body)
+
+
+def _text(got: Any) -> str:
+    return " ".join(getattr(c, "text", "") for c in got.content)
+
+
+@pytest.mark.timeout(300)
+async def test_mcp_drives_its_four_tools_against_a_live_ppf_up(
+    ppf_bin: str, lab: ProxyLab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The MCP SDK's stdio client, as an AI agent's host, drives ``ppf mcp --lab``'s four
+    tools against a live pool: ``get_proxies`` answers as ``/v1/proxies`` does (an
+    impossible ``limit`` is the tool's error), ``check_proxies`` passes a served proxy,
+    ``fetch_url`` gets a page through the endpoint as its readable text (menus and
+    footer left out) and raw, and ``report_proxy`` is taken by the gateway."""
+    mcp = pytest.importorskip("mcp", reason="pip install -e '.[mcp]' (make test does)")
+    from mcp.client.client import Client
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    assert mcp is not None
+    async with live_up(ppf_bin, lab, tmp_path, monkeypatch) as live:
+        server = StdioServerParameters(
+            command=ppf_bin,
+            args=["mcp", "--lab"],
+            env={
+                "PPF_GATEWAY": live.up.base,
+                "PPF_TOKEN": live.consumer,
+                "PPF_ENDPOINT": f"127.0.0.1:{live.up.serve_port}",
+            },
+        )
+        served = f"{live.proxy['ip']}:{live.proxy['port']}"
+        async with Client(stdio_client(server)) as client:
+            got = await client.call_tool("get_proxies", {"limit": 5})
+            assert not got.is_error, _text(got)
+            rows = json.loads(_text(got))["proxies"]
+            assert served in {f"{r['ip']}:{r['port']}" for r in rows}, rows
+            got = await client.call_tool("get_proxies", {"limit": 0})
+            assert got.is_error and "limit" in _text(got), _text(got)
+            got = await client.call_tool("check_proxies", {"addresses": [served], "timeout_s": 10})
+            assert not got.is_error and "passed" in _text(got), _text(got)
+            got = await client.call_tool("fetch_url", {"url": live.site + "/article"})
+            assert not got.is_error, _text(got)
+            page = json.loads(_text(got))
+            assert page["status"] == 200 and "Paragraph 7: a published proxy" in page["text"]
+            assert "cookie banner" not in page["text"] and "<p>" not in page["text"], page
+            got = await client.call_tool(
+                "fetch_url", {"url": live.site + "/article", "as_text": False}
+            )
+            assert not got.is_error and "<footer>cookie banner" in json.loads(_text(got))["text"]
+            got = await client.call_tool(
+                "report_proxy", {"address": served, "outcome": "failed", "detail": "timed out"}
+            )
+            assert not got.is_error, _text(got)
+            assert json.loads(_text(got)).get("outcome") == "failed", _text(got)

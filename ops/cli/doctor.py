@@ -142,10 +142,36 @@ async def _nats(url: str, report: _Report) -> None:
         stored, deposits = await lg.stored_bytes()
         held = f"{head} messages, {stored >> 20} MiB, deposits {deposits >> 20} MiB"
         report.say("ok", f"NATS at {shown}: the log holds {held}")
+        await _limits(lg, report)
     except Exception as exc:
         report.say("fail", f"NATS at {shown} has no ppf stream: {exc!s:.120}", "start ppf up")
     finally:
         await lg.close()
+
+
+async def _limits(lg: Any, report: _Report) -> None:
+    """JetStream's room for the log: the stream's own limits and the account's storage,
+    warned at 90 % (past its limit JetStream refuses every publish: the fleet stops)."""
+    from events.subjects import STREAM
+
+    info, account = await lg.js.stream_info(STREAM), await lg.js.account_info()
+    config, used = info.config, int(info.state.bytes)
+    limit = config.max_bytes if config.max_bytes and config.max_bytes > 0 else None
+    said = f"{used >> 20} of {limit >> 20} MiB" if limit else "no size limit of its own"
+    near = limit is not None and used >= 0.9 * limit
+    store = account.limits.max_storage if account.limits.max_storage > 0 else None
+    if store is not None and account.storage >= 0.9 * store:
+        near, said = (
+            True,
+            f"{said}; the account's store {account.storage >> 20} of {store >> 20} MiB",
+        )
+    report.say(
+        "warn" if near else "ok",
+        f"JetStream: stream {STREAM} ({getattr(config.storage, 'value', config.storage)}, "
+        f"{config.num_replicas} "
+        f"replica{'s' if (config.num_replicas or 1) > 1 else ''}): {said}",
+        "give NATS more room: its store's disk, and the account's max_storage" if near else "",
+    )
 
 
 def _nats_fix(shown: str) -> str:
@@ -195,6 +221,17 @@ async def _gateway(base: str, report: _Report) -> None:
         report.say("ok", f"{len(seen)} agents seen in {AGENT_SEEN_S:.0f} s ({', '.join(roles)})")
     else:
         report.say("warn", "no worker or checker seen lately", "ppf up starts its own; ppf agent")
+    down = [o for o in stats.get("outages", []) if o.get("agent") in {a.get("name") for a in seen}]
+    if down:
+        names = ", ".join(sorted(o["agent"] for o in down))
+        cause = str(down[0].get("outage", ""))[:120]
+        report.say(
+            "fail",
+            f"{len(down)} agent{'s' if len(down) > 1 else ''} reach no judge ({names}): {cause}",
+            "their own way out is down: check its DNS and firewall, or give them --judge URL",
+        )
+    elif roles:
+        report.say("ok", "every agent seen lately reaches a judge")
     pool = stats.get("pool", {}).get("alive", 0)
     report.say(
         "ok" if pool else "warn",
