@@ -158,6 +158,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # (``ppf sites add``): its verdicts on other sites count on cells already kept, or
     # are counted as not kept. One untested checker's invented sites took every slot.
     site_cells_guarded: bool = False
+    # Learning that never stops (reducers/sites.py): from the Configured that sets it, a
+    # new site finds room in a full table by evicting the lowest ranked site (operator's
+    # targets first, then the latest traffic to it, then its latest verdict, in log time;
+    # ties by name) when the new one outranks it. Before, the first sites kept their
+    # slots for good, and a pool that had run a while learned no new site.
+    site_eviction: bool = False
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

@@ -9,7 +9,11 @@ trust off, every agent. A cell lives as long as its proxy. A site holds at most
 counted as not kept (``State.sites_unkept``), first come first kept, so every replica
 keeps the same cells; with ``Settings.site_cells_guarded``, an agent not trusted then
 opens no cell but on the operator's targets (its verdicts elsewhere count on cells kept
-already).
+already). With ``Settings.site_eviction``, a new site finds room in a full table by
+evicting the lowest ranked site when it outranks it (``_rank``: the operator's targets,
+then the latest traffic, then the latest verdict, in log time, ties by name): the same
+on every replica, and a flood of invented sites evicts only sites nobody's traffic went
+to lately, never a target.
 A block is never the proxy's failure: nothing here touches its row.
 
 Kept in columns, 34 bytes a cell (reducers/rows.py ``SiteCells``): a proxy's first cell
@@ -92,7 +96,7 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
             _traffic_went_to(state, r.site, ts)
         _answered(state, r.site, hour, r.through + r.blocked, traffic)
         if opens or r.site in state.site_rules:
-            found = _cell(state, r.ip, r.port, r.site)
+            found = _cell(state, r.ip, r.port, r.site, ts)
         elif (found := _found(state, (r.ip, r.port), r.site)) is None:
             state.sites_unkept += 1
         if found is None:
@@ -108,6 +112,7 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
             else:
                 cells.blocked_at[i] = ts
             cells.last_at = max(cells.last_at, ts)
+            state.site_seen[cells.site] = max(state.site_seen.get(cells.site, 0), ts)
             _move(cells, before, _latest(cells, i))
         _saw(cells, i, batch.agent)
         state.dirty_sites.add((cells.site, cells.chunk))
@@ -118,7 +123,7 @@ def reported(state: State, event: ProxyReported, ts: int) -> None:
     for everyone when the consumer is trusted (or trust is off), else only within
     ``report_share`` of the site's cells an hour (at least one), so one token cannot
     turn a site's pool away. A consumer's word that a proxy works never steers."""
-    found = _cell(state, event.ip, event.port, event.site)
+    found = _cell(state, event.ip, event.port, event.site, ts)
     if found is None:
         return
     cells, i = found
@@ -127,12 +132,13 @@ def reported(state: State, event: ProxyReported, ts: int) -> None:
         before = _latest(cells, i)
         cells.blocked_at[i] = ts
         cells.last_at = max(cells.last_at, ts)
+        state.site_seen[cells.site] = max(state.site_seen.get(cells.site, 0), ts)
         _move(cells, before, _latest(cells, i))
     state.dirty_sites.add((cells.site, cells.chunk))
     state.settings_dirty = True  # meta holds the takes
 
 
-def _cell(state: State, ip: str, port: int, site: str) -> tuple[SiteCells, int] | None:
+def _cell(state: State, ip: str, port: int, site: str, ts: int) -> tuple[SiteCells, int] | None:
     """The row of the cell of (``ip``, ``port``) and ``site`` and its index there, the
     cell made when its proxy is known and the caps leave room; None (counted as not
     kept) else."""
@@ -140,7 +146,7 @@ def _cell(state: State, ip: str, port: int, site: str) -> tuple[SiteCells, int] 
     found = _found(state, proxy, site)
     if found is not None:
         return found
-    if proxy not in state.proxies or not _room(state, site):
+    if proxy not in state.proxies or not _room(state, site, ts):
         state.sites_unkept += 1
         return None
     number = state.site_proxies.get(proxy)
@@ -223,11 +229,35 @@ def _traffic_went_to(state: State, site: str, ts: int) -> None:
     state.settings_dirty = True  # meta holds the sites of traffic
 
 
-def _room(state: State, site: str) -> bool:
+def _room(state: State, site: str, ts: int) -> bool:
     cells = state.site_cells.get(site)
-    if cells is None:
-        return len(state.site_cells) < MAX_SITES
-    return cells < MAX_CELLS
+    if cells is not None:
+        return cells < MAX_CELLS
+    if len(state.site_cells) < MAX_SITES:
+        return True
+    if not state.settings.site_eviction:
+        return False
+    lowest = min(state.site_cells, key=lambda s: _rank(state, s, state.site_seen.get(s, 0)))
+    if _rank(state, lowest, state.site_seen.get(lowest, 0)) >= _rank(state, site, ts):
+        return False
+    _evict(state, lowest)
+    return True
+
+
+def _rank(state: State, site: str, seen: int) -> tuple[bool, int, int, str]:
+    """Which sites keep their room: the operator's targets, then the latest traffic to
+    them, then their latest verdict (``seen``), in log time; ties by name."""
+    return site in state.site_rules, state.site_traffic.get(site, 0), seen, site
+
+
+def _evict(state: State, site: str) -> None:
+    """Every cell of ``site`` let go (counted as not kept), its rows deleted at the next
+    checkpoint."""
+    for chunk in range(state.next_site_no // CHUNK + 1):
+        if state.sites.pop((site, chunk), None) is not None:
+            state.dirty_sites.add((site, chunk))
+    state.sites_unkept += state.site_cells.pop(site)
+    state.site_seen.pop(site, None)
 
 
 def forget(state: State, proxy: ProxyKey) -> None:
@@ -255,6 +285,7 @@ def forget(state: State, proxy: ProxyKey) -> None:
             state.site_cells[site] = left
         else:
             del state.site_cells[site]
+            state.site_seen.pop(site, None)
 
 
 def _latest(cells: SiteCells, i: int) -> str:
@@ -426,7 +457,8 @@ def latest_counts(state: State) -> dict[str, dict[str, int]]:
 
 def reindex(state: State) -> None:
     """The derived counts and index of the cells, after a restore."""
-    state.site_cells = {}
+    state.site_cells, state.site_seen = {}, {}
     for cells in state.sites.values():
         state.site_cells[cells.site] = state.site_cells.get(cells.site, 0) + len(cells.nos)
+        state.site_seen[cells.site] = max(state.site_seen.get(cells.site, 0), cells.last_at)
     state.site_proxy = {p.no: (p.ip, p.port) for p in state.site_proxies.values()}

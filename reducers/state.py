@@ -167,6 +167,7 @@ class State:
     operators: frozenset[str] = derived(frozenset)
     doubts: dict[str, set[ProxyKey]] = derived(dict)  # ``doubted`` by consumer
     site_cells: dict[str, int] = derived(dict)  # site -> its cells (reducers/sites.py)
+    site_seen: dict[str, int] = derived(dict)  # site -> its cells' latest verdict (log ms)
     site_proxy: dict[int, ProxyKey] = derived(dict)  # ``site_proxies`` by number
 
     # This replica's own. Re-sends met and ignored since it started, per agent (a
