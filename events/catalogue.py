@@ -164,6 +164,12 @@ class Settings(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     # ties by name) when the new one outranks it. Before, the first sites kept their
     # slots for good, and a pool that had run a while learned no new site.
     site_eviction: bool = False
+    # Verdicts charged and kept to targets (reducers/admission.py): from the Configured
+    # that sets it, each verdict of a SitesChecked round counts against its agent's
+    # ``quota_events_per_min`` (a round past the quota is refused whole; before, a round
+    # of 500 counted as one event), and a round of an agent not trusted then that names a
+    # site other than the operator's targets is refused (``forbidden``, in the DLQ).
+    verdicts_guarded: bool = False
 
 
 class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):

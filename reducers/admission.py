@@ -24,6 +24,7 @@ from events import (
     ProxiesChecked,
     ProxyFailed,
     ProxyWorked,
+    SitesChecked,
     SubjectError,
     subject_for,
 )
@@ -89,11 +90,32 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
                 f"id {event.id} is at or below the oldest id {event.agent}'s re-send window"
                 f" keeps ({floor}): a re-send from long ago, or a clock far behind"
             )
+    if (
+        settings.verdicts_guarded
+        and isinstance(event, SitesChecked)
+        and (why := _stray_site(state, event))
+    ):
+        return FORBIDDEN, why
     if kind in _OBSERVED and settings.trust and event.agent not in state.operators:
         why = trust.over_quota(state, event, ts)
         if why:
             return trust.QUOTA, why
     return _OK
+
+
+def _stray_site(state: State, batch: SitesChecked) -> str:
+    """Why an agent not trusted now may not give these verdicts: they name a site that
+    is not one of the operator's targets ("" when they may). One untested checker's
+    invented sites took every slot of the table once."""
+    if not state.settings.trust or batch.agent in state.trusted:
+        return ""
+    for r in batch.results:
+        if r.site not in state.site_rules:
+            return (
+                f"{batch.agent} is not trusted: its site verdicts are taken on the "
+                f"operator's targets only, and {r.site} is not one"
+            )
+    return ""
 
 
 _OBSERVED = frozenset(OBSERVATIONS)

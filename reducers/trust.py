@@ -34,7 +34,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable
 
-from events.catalogue import Discovered, Event, ProxyWorked
+from events.catalogue import Discovered, Event, ProxyWorked, SitesChecked
 from reducers.state import AgentRow, ProxyKey, ProxyRow, State
 
 __all__ = [
@@ -217,6 +217,11 @@ def over_quota(state: State, event: Event, ts: int) -> str:
             and (event.ip, event.port) not in state.proxies
         ):
             return f"{name} reported {a.quota_proxies} new proxies this hour (quota {cap})"
+    elif isinstance(event, SitesChecked) and s.verdicts_guarded and per_min:
+        this_minute = a.quota_events if a.quota_minute == ts // 60_000 else 0
+        if this_minute + len(event.results) > per_min:
+            past = f"{len(event.results)} verdicts more pass the quota ({per_min})"
+            return f"{name} sent {this_minute} events this minute; {past}"
     elif isinstance(event, Discovered):
         cap = s.quota_sources_per_hour
         taken = a.quota_sources if same_hour else 0
@@ -234,7 +239,9 @@ def count(state: State, a: AgentRow, event: Event, ts: int) -> None:
     minute = ts // 60_000
     if a.quota_minute != minute:
         a.quota_minute, a.quota_events = minute, 0
-    a.quota_events += 1
+    # A round of site verdicts: each verdict, once ``verdicts_guarded``.
+    verdicts = type(event) is SitesChecked and state.settings.verdicts_guarded
+    a.quota_events += len(event.results) if verdicts else 1  # type: ignore[attr-defined]
     hour = ts // 3_600_000
     if a.quota_hour != hour:
         a.quota_hour, a.quota_proxies, a.quota_sources = hour, 0, 0

@@ -85,3 +85,32 @@ def test_eviction_folds_the_same_on_every_replica_and_from_a_restore() -> None:
     restored.apply(log.messages[half:])
     assert digest(restored.state) == digest(log.state)
     assert set(restored.state.site_cells) == set(log.state.site_cells)
+
+
+def test_verdicts_are_charged_each_and_an_untested_agent_gives_them_on_targets_only() -> None:
+    """With ``verdicts_guarded`` (ppf up sets it), a round of site verdicts counts each
+    verdict against its agent's events-a-minute quota (a round past it refused whole,
+    ``quota``), and an untested checker's round naming a site other than the operator's
+    targets is refused (``forbidden``, in the DLQ) while its verdicts on a target fold;
+    without it, a round of 500 counted as one event and every site was taken."""
+    for guarded in (False, True):
+        log = FoldedLog(verdicts_guarded=guarded, quota_events_per_min=100)
+        log.enrol("c-other", "checker")
+        for n in range(3):
+            log.report("w-own", ip(n))
+        target = SiteRule(site="target.example")
+        log.service(ev.SiteRuled(id=eid(), agent="admin", at=0, rule=target))
+        log.says(_verdicts("c-other", (0, "elsewhere.example")), at_s=10)
+        assert bool([why for reason, why in log.refused if reason == "forbidden"]) is guarded
+        assert (sites.cell(log.state, (ip(0), 8080), "elsewhere.example") is None) is guarded
+        many = [(n % 3, "target.example") for n in range(60)]
+        log.says(_verdicts("c-other", *many), at_s=20)
+        log.says(_verdicts("c-other", *many), at_s=21)  # 120 verdicts in a minute
+        quota = [why for reason, why in log.refused if reason == "quota"]
+        assert bool(quota) is guarded, log.refused
+        if guarded:
+            assert (
+                log.refused[0][0] == "forbidden"
+                and "elsewhere.example is not one" in (log.refused[0][1])
+            )
+            assert "60 verdicts more pass the quota (100)" in quota[0]

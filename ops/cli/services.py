@@ -140,8 +140,7 @@ async def open_log(stack: AsyncExitStack, url: str, name: str, replicas: int | N
     return lg
 
 
-# Ids each agent's re-send mark keeps (reducers/marks.py): minutes of a busy agent's.
-RESEND_WINDOW = 512
+RESEND_WINDOW = 512  # ids each agent's re-send mark keeps (reducers/marks.py)
 # The re-send window in log time (reducers/marks.py): what an agent's outbox may still
 # send (OUTBOX_REPLAY_S after its id's date) reaches the log within that plus the skew
 # its clock may have (``id_skew_s``): past both, nothing honest comes again.
@@ -154,7 +153,7 @@ async def configure(lg: Log, lab: bool) -> None:
     trust, the local agents the operator's own (reducers/trust.py); a re-send window
     per agent (reducers/marks.py), check rounds as one message each (events/batches.py),
     the guarded rules (events/catalogue.py Settings), the newest address rule, sites'
-    cells kept for the trusted, and evicted."""
+    cells kept for the trusted and evicted, verdicts charged each and kept to targets."""
     local = tuple(name for name, _ in LOCAL_AGENTS)
 
     def change(s: Settings) -> Settings:
@@ -173,10 +172,11 @@ async def configure(lg: Log, lab: bool) -> None:
             quality=True,
             site_cells_guarded=True,
             site_eviction=True,
+            verdicts_guarded=True,
         )
 
     if await reconfigure(lg, change) is not None:
-        on = "agent_subjects trust batches guarded quality site_cells_guarded site_eviction"
+        on = "agent_subjects trust batches guarded quality site_* verdicts_guarded"
         log.info("settings_published", lab=lab, on=on, address_rule=ADDRESS_RULE)
 
 
