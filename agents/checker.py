@@ -24,6 +24,7 @@ from agents.loop import Agent, AgentConfig, Results
 from agents.probe import Prober
 from agents.speed import SpeedBudget
 from events import ProxyFailed, SitesChecked
+from events.blockpages import READER_VERSION
 from events.catalogue import SiteResult
 from events.wire import LeaseGrant
 
@@ -234,7 +235,14 @@ class Checker(Agent):
             if verdicts[g]:
                 shard = grants[g].target
                 lease = grants[g].lease
-                out.append(self._ev(SitesChecked, key=shard, results=verdicts[g], lease=lease))
+                said = self._ev(
+                    SitesChecked,
+                    key=shard,
+                    results=verdicts[g],
+                    lease=lease,
+                    reader=READER_VERSION,
+                )
+                out.append(said)
             await out.flush()
             if void[g] and void[g] == size[g]:
                 # Our judges failed it, not its proxies: nothing was said, and the shard

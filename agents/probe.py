@@ -3,10 +3,10 @@
 The gateway hands probes out with recheck shards (projections/core/probes.py); the
 checker asks each site's root through each proxy (HTTPS through a tunnel where the proxy
 tunnels, plain HTTP through an HTTP proxy), reads the answer's head and the first
-``HEAD_BYTES`` of its page, and reads it by the site's rule (events/sites.py), or, for a
-site without one, against what other proxies got from it lately (``Seen``). What goes
-to the log is the site, the verdict, the status class, the latency and the bytes: the
-URL stays here.
+``HEAD_BYTES`` of its page (after its Content-Encoding), and reads it by the site's rule
+(events/sites.py; a vendor's block page whatever the rule), or, for a site without one,
+against what other proxies got from it lately (``Seen``). What goes to the log is the
+site, the verdict, the status class, the latency and the bytes: the URL stays here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ import structlog
 from python_socks import ProxyError
 
 from agents.tunnel import TUNNELS, Stream, Tls, connect
+from events.blockpages import SIGN_HEADERS
 from events.catalogue import SiteResult
+from events.pages import readable
 from events.sites import BLOCKED, HEAD_BYTES, THROUGH, Answer, SiteRule, read, rule_for
 
 __all__ = ["PROBE_TIMEOUT_S", "Probed", "Prober", "Seen", "probe"]
@@ -69,10 +71,17 @@ class _Head:
     def __init__(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
         self.location, self.body, self.size, self.done = "", bytearray(), 0, False
+        self.encoding = ""
+        self.signs: list[tuple[str, str]] = []  # the headers a block page is told by
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"location":
+        lower = name.lower()
+        if lower == b"location":
             self.location = value.decode("latin-1")[:2048]
+        elif lower == b"content-encoding":
+            self.encoding = value.decode("latin-1")[:64]
+        elif lower in SIGN_HEADERS:
+            self.signs.append((lower.decode(), value.decode("latin-1")[:256]))
 
     def on_body(self, body: bytes) -> None:
         self.size += len(body)
@@ -112,7 +121,8 @@ async def probe(ip: str, port: int, proto: str, site: str, timeout: float) -> Pr
             target = "/" if tunnel else f"http://{site}/"
             out.write(
                 f"GET {target} HTTP/1.1\r\nHost: {site}\r\nUser-Agent: Mozilla/5.0\r\n"
-                "Accept: text/html\r\nConnection: close\r\n\r\n".encode()
+                "Accept: text/html\r\nAccept-Encoding: gzip, deflate, br\r\n"
+                "Connection: close\r\n\r\n".encode()
             )
             await out.drain()
             while not head.done and head.size < HEAD_BYTES:
@@ -135,9 +145,10 @@ async def probe(ip: str, port: int, proto: str, site: str, timeout: float) -> Pr
     answer = Answer(
         status=status,
         location=head.location,
-        head=bytes(head.body),
+        head=readable(bytes(head.body), head.encoding),
         size=head.size,
         closed=opened and not read and not timed_out,
+        headers=tuple(head.signs),
     )
     return Probed(answer, _ms(started), read)
 

@@ -28,6 +28,7 @@ from endpoint.logins import Logins
 from endpoint.router.choose import Facts, Pool
 from endpoint.router.verdicts import PSL_VERSION
 from events.batches import MAX_RESULTS, TRAFFIC_KEY
+from events.blockpages import READER_VERSION
 from events.catalogue import CheckResult, ProxiesChecked, SiteResult, SitesChecked
 from events.mint import fresh_id, now_ms
 from events.wire import (
@@ -313,7 +314,7 @@ class Feed:
         for start in range(0, len(results), MAX_RESULTS):
             batch = SitesChecked(
                 id=fresh_id(), agent=name, at=now_ms(), key=TRAFFIC_KEY, psl=PSL_VERSION,
-                results=results[start : start + MAX_RESULTS],
+                reader=READER_VERSION, results=results[start : start + MAX_RESULTS],
             )  # fmt: skip
             if not (why := await self._post(batch, token)):
                 self.sites_sent += len(batch.results)

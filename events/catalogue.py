@@ -410,12 +410,14 @@ class SiteResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 class SitesChecked(Event, frozen=True, kw_only=True, tag="SitesChecked"):
     """Site verdicts of one round: a checker's probes of its shard (``key`` the shard).
-    ``psl``: the public suffix list's version the sites were named by."""
+    ``psl``: the public suffix list's version the sites were named by; ``reader``: the
+    version of the block-page reading the verdicts were made by (events/blockpages.py)."""
 
     key: str
     results: list[SiteResult]
     lease: str = ""
     psl: str = ""
+    reader: str = ""
 
 
 AnyEvent = (

@@ -26,6 +26,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from events.blockpages import block_sign
+
 __all__ = [
     "BLOCKED",
     "BUILTIN_RULES",
@@ -89,7 +91,7 @@ def site_of(host: str, registrable: Callable[[str], str | None]) -> str:
 
 class Answer(msgspec.Struct, frozen=True, kw_only=True):
     """What an edge saw of one answer through one proxy: its status (0: none came), its
-    ``Location``, and the first ``HEAD_BYTES`` of its body (its length, whole);
+    ``Location``, and the first ``HEAD_BYTES`` of its body, decoded (its length, whole);
     ``closed``: the way to the site was open and it ended before any answer."""
 
     status: int = 0
@@ -97,6 +99,8 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True):
     head: bytes = b""
     size: int = 0
     closed: bool = False
+    # The headers a block page is told by (events/blockpages.py), lower-case names.
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class SiteRule(msgspec.Struct, frozen=True, kw_only=True):
@@ -137,6 +141,8 @@ def verdict(rule: SiteRule, answer: Answer) -> str:
         return PACED
     if blocked_redirect(answer.status, answer.location, rule.redirects):
         return BLOCKED
+    if block_sign(answer.head, answer.size, answer.headers):
+        return BLOCKED
     if answer.head:
         page = answer.head.lower()
         if any(m.lower().encode() in page for m in rule.markers):
@@ -160,7 +166,8 @@ def head_verdict(rule: SiteRule, status: int, location: str) -> str:
 
 
 def generic(answer: Answer, others: Iterable[Answer]) -> str:
-    """A site without a rule. ``blocked``: a redirect to a block page; or a refusal (a
+    """A site without a rule. ``blocked``: a redirect to a block page; a block page by
+    its maker's signs, whatever its status (events/blockpages.py); or a refusal (a
     403, a proxy's 502-504 that could not get the page, a connection closed
     before any answer) where another proxy got the site's page (a 2xx) for the same
     request. ``through``: a 2xx or a 3xx of the site's own. Else ``none``: a refusal
@@ -170,6 +177,8 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
         return PACED
     if blocked_redirect(answer.status, answer.location):
         return BLOCKED
+    if block_sign(answer.head, answer.size, answer.headers):
+        return BLOCKED  # a vendor's challenge, or a page that says it is a block
     if 200 <= answer.status < 400:
         return THROUGH
     refused = answer.closed or answer.status in _REFUSALS

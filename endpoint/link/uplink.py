@@ -22,7 +22,7 @@ import httptools
 
 from endpoint.link.request import Request
 from endpoint.link.upstream import Upstream
-from events.sites import HEAD_BYTES
+from events.blockpages import SIGN_HEADERS
 
 __all__ = ["CLOSED", "HOP", "Client", "Idle", "UpLink", "idle_key"]
 
@@ -74,11 +74,15 @@ class UpLink(asyncio.Protocol):
         self.closed = False
         self.ended = ""  # why it ended before a request was sent on it (none: it did not)
         # What the site's verdict reads (events/sites.py): the answer's status, its
-        # redirect, its body's size and, when ``capture``, its first HEAD_BYTES.
+        # redirect, its body's size and, of an HTML page, its first ``capture`` bytes,
+        # its Content-Encoding and the headers a block page is told by.
         self.status, self.location, self.size = 0, "", 0
         self.retry_after = b""  # a rate limit's Retry-After, as it came
-        self.capture = False
+        self.capture = 0
         self.seen = bytearray()
+        self.html = False
+        self.encoding = b""
+        self.signs: list[tuple[str, str]] = []
         self.reused = False
         self.opened_at = time.monotonic()
         self.idle_since = 0.0
@@ -105,6 +109,8 @@ class UpLink(asyncio.Protocol):
         self.status, self.location, self.size = 0, "", 0
         self.retry_after = b""
         self.seen.clear()
+        self.html, self.encoding = False, b""
+        self.signs.clear()
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
         if self.timer is None:  # one kept from an earlier request re-arms itself
@@ -165,6 +171,12 @@ class UpLink(asyncio.Protocol):
             self.location = value.decode("latin-1")
         elif lower == b"retry-after":
             self.retry_after = value
+        elif lower == b"content-type":
+            self.html = b"html" in value.lower()
+        elif lower == b"content-encoding":
+            self.encoding = value
+        elif lower in SIGN_HEADERS:
+            self.signs.append((lower.decode("latin-1"), value.decode("latin-1")))
         elif lower == b"transfer-encoding":  # said again below, as the client can take it
             self._framed = self.chunked = b"chunked" in value.lower()
             return
@@ -208,8 +220,8 @@ class UpLink(asyncio.Protocol):
         if self.client is None:
             return
         self.size += len(body)
-        if self.capture and len(self.seen) < HEAD_BYTES:
-            self.seen += body[: HEAD_BYTES - len(self.seen)]
+        if self.html and len(self.seen) < self.capture:
+            self.seen += body[: self.capture - len(self.seen)]
         if self.chunked:  # httptools hands the body de-chunked: chunked again as it goes
             self.client.write(b"%x\r\n%s\r\n" % (len(body), body))
         else:

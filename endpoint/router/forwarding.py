@@ -26,7 +26,7 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.choose import pace
 from endpoint.router.login import Want, challenge
 from endpoint.router.router import Router
-from endpoint.router.verdicts import head_verdict_of, read_answer, retry_after_s, wants_page
+from endpoint.router.verdicts import head_verdict_of, page_bytes, read_answer, retry_after_s
 from events.sites import BLOCKED, NONE, PACED, THROUGH
 
 __all__ = ["IDEMPOTENT", "Answering", "Forwarding"]
@@ -165,7 +165,7 @@ class Forwarding:
 
     def _send(self, req: Request, link: UpLink) -> None:
         self.link = link
-        link.capture = wants_page(req.rule)
+        link.capture = page_bytes(req.rule) if req.site else 0
         link.begin(self, req)
         self.router.outcomes.added_ms.append((time.perf_counter() - req.read_at) * 1000)
 

@@ -14,8 +14,11 @@ from publicsuffixlist import PublicSuffixList
 
 from endpoint.link.uplink import UpLink
 from endpoint.router.choose import Pool
+from events.blockpages import SIGN_BYTES
+from events.pages import readable
 from events.sites import (
     BLOCKED,
+    HEAD_BYTES,
     NONE,
     PACED,
     Answer,
@@ -34,11 +37,11 @@ __all__ = [
     "PACED",
     "PSL_VERSION",
     "head_verdict_of",
+    "page_bytes",
     "read_answer",
     "retry_after_s",
     "rule_of",
     "site_of",
-    "wants_page",
 ]
 
 # The public suffix list's ICANN section (a site is a registrable domain), made once; its
@@ -66,9 +69,11 @@ def rule_of(pool: Pool, site: str) -> SiteRule | None:
     return rule_for(site, pool.rules) if site else None
 
 
-def wants_page(rule: SiteRule | None) -> bool:
-    """Whether a verdict by ``rule`` reads the page (its rule has words or a least size)."""
-    return rule is not None and bool(rule.markers or rule.min_bytes)
+def page_bytes(rule: SiteRule | None) -> int:
+    """How much of an HTML answer a verdict by ``rule`` reads: its first ``HEAD_BYTES``
+    when its rule has words or a least size, else what a block page is told by in
+    (events/blockpages.py)."""
+    return HEAD_BYTES if rule is not None and (rule.markers or rule.min_bytes) else SIGN_BYTES
 
 
 def head_verdict_of(
@@ -104,9 +109,13 @@ def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink) -> s
     got through, the site turned it away (its words, or a stub), or paced it."""
     if rule is not None and (link.head_only or link.status in (204, 304)):
         return head_verdict(rule, link.status, link.location)  # no page to read
+    answer = Answer(
+        status=link.status,
+        location=link.location,
+        head=readable(bytes(link.seen), link.encoding.decode("latin-1")),
+        size=link.size,
+        headers=tuple(link.signs),
+    )
     if rule is not None:
-        answer = Answer(
-            status=link.status, location=link.location, head=bytes(link.seen), size=link.size
-        )
         return verdict(rule, answer)
-    return generic(Answer(status=link.status, location=link.location), _others(pool, site))
+    return generic(answer, _others(pool, site))

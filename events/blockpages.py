@@ -1,0 +1,100 @@
+"""Block pages by the signs their makers leave, whatever the site: the anti-bot vendors'
+challenge and block pages, and a short page that calls itself a block.
+
+A site's own page with a vendor's protection on it carries the vendor's scripts too (a
+Cloudflare site's ``/cdn-cgi/challenge-platform/scripts/jsd/``, DataDome's
+``js.datadome.co`` tag, PerimeterX's ``_pxAppId``, an ``_Incapsula_Resource`` script), so
+none of those is a sign: a sign is what only the page that stops a client has. Each is
+from its maker's public description of the page (named beside it); read in the first
+``SIGN_BYTES`` of the page, after its ``Content-Encoding`` (events/pages.py), and in the
+answer's headers. ``READER_VERSION`` names this reading: every round of verdicts carries
+it, as it carries the public suffix list's version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+__all__ = ["READER_VERSION", "SIGNS", "SIGN_BYTES", "SIGN_HEADERS", "Sign", "block_sign"]
+
+READER_VERSION = "blockpages-1"
+SIGN_BYTES = 16 * 1024  # a block page says what it is in its head and first lines
+# A page this short whose title is a block's is one (a site's own page says more).
+SHORT_PAGE = 32 * 1024
+
+
+class Sign(NamedTuple):
+    """A block page of ``maker``: its body holds one of ``any_of`` and all of ``all_of``
+    (lower case), or its headers hold ``header`` (name, a value it contains)."""
+
+    maker: str
+    any_of: tuple[str, ...] = ()
+    all_of: tuple[str, ...] = ()
+    header: tuple[str, str] = ("", "")
+
+
+SIGNS: tuple[Sign, ...] = (
+    # Cloudflare: "cf-mitigated: challenge" on every challenge answer (developers.
+    # cloudflare.com, "Detect a Challenge Page response"); the challenge page's own
+    # options object and orchestration path; the block page "Sorry, you have been
+    # blocked" and the 1020 "Access denied" page (its "Cloudflare Ray ID" footer).
+    Sign("cloudflare", header=("cf-mitigated", "challenge")),
+    Sign("cloudflare", any_of=("window._cf_chl_opt", "/cdn-cgi/challenge-platform/h/")),
+    Sign("cloudflare", any_of=("sorry, you have been blocked", "error code: 1020"),
+         all_of=("cloudflare",)),
+    # Akamai: "Access Denied ... You don't have permission to access ... Reference #"
+    # (its edge's error page, errors.edgesuite.net).
+    Sign("akamai", any_of=("errors.edgesuite.net", "reference&#32;&#35;"),
+         all_of=("access denied",)),
+    # DataDome: the block page loads its captcha from captcha-delivery.com (a protected
+    # site's own pages load js.datadome.co instead).
+    Sign("datadome", any_of=("captcha-delivery.com",)),
+    # PerimeterX / HUMAN: the block page's "px-captcha" element ("Press & Hold").
+    Sign("perimeterx", any_of=('id="px-captcha"', "px-captcha-wrapper", "press &amp; hold")),
+    # Imperva / Incapsula: "Request unsuccessful. Incapsula incident ID".
+    Sign("imperva", any_of=("incapsula incident id", "request unsuccessful. incapsula")),
+    # AWS WAF: "x-amzn-waf-action: captcha" (or "challenge") on the CAPTCHA and challenge
+    # answers (docs.aws.amazon.com, "CAPTCHA and Challenge actions").
+    Sign("aws-waf", header=("x-amzn-waf-action", "captcha")),
+    Sign("aws-waf", header=("x-amzn-waf-action", "challenge")),
+)  # fmt: skip
+
+# The headers an edge keeps of an answer for ``block_sign`` (lower case, as bytes).
+SIGN_HEADERS = frozenset(sign.header[0].encode() for sign in SIGNS if sign.header[0])
+# Titles a page that stops a client calls itself by.
+_TITLE_WORDS = (
+    "access denied", "attention required", "just a moment", "are you a robot",
+    "are you human", "verify you are human", "security check", "unusual traffic",
+    "captcha", "blocked", "bot check", "request unsuccessful", "pardon our interruption",
+)  # fmt: skip
+
+
+def block_sign(page: bytes, size: int, headers: Iterable[tuple[str, str]] = ()) -> str:
+    """The maker of the block page ``page`` is (its first bytes, decoded; ``size`` the
+    whole body's), "page" for a short one that calls itself a block by its title (a
+    captcha's, a challenge's); "" for none."""
+    said = [(name.lower(), value.lower()) for name, value in headers]
+    for sign in SIGNS:
+        name, value = sign.header
+        if name and any(n == name and value in v for n, v in said):
+            return sign.maker
+    text = page[:SIGN_BYTES].lower()
+    for sign in SIGNS:
+        if (
+            sign.any_of
+            and any(s.encode() in text for s in sign.any_of)
+            and all(s.encode() in text for s in sign.all_of)
+        ):
+            return sign.maker
+    title = _title(text) if size <= SHORT_PAGE else ""
+    return "page" if any(w in title for w in _TITLE_WORDS) else ""
+
+
+def _title(text: bytes) -> str:
+    start = text.find(b"<title")
+    if start < 0:
+        return ""
+    start = text.find(b">", start) + 1
+    end = text.find(b"</title", start)
+    return text[start:end].decode("utf-8", "replace").strip() if 0 < start <= end else ""
