@@ -74,15 +74,16 @@ async def test_each_site_learns_which_proxies_get_through_and_is_served_its_page
         for _ in range(10):  # learning: until each site's page came through once
             await _ask(port, a, 1)
             await _ask(port, b, 1)
-            if relay.pool.through.get("127.0.0.10") and relay.pool.through.get("127.0.0.11"):
+            through = relay.pool.standing.through
+            if through.get("127.0.0.10") and through.get("127.0.0.11"):
                 break
         served = await _ask(port, a, 20) + await _ask(port, b, 20)
     assert served == [b"HTTP/1.1 200 OK"] * 40
     by_port = {up.port: up for up in relay.pool.upstreams.values()}
     squid = next(up for up in by_port.values() if up.port == _port(lab, "squid"))
     tiny = next(up for up in by_port.values() if up.port == _port(lab, "tinyproxy-elite"))
-    assert set(relay.pool.through["127.0.0.10"]) == {tiny.key}
-    assert set(relay.pool.through["127.0.0.11"]) == {squid.key}
+    assert set(relay.pool.standing.through["127.0.0.10"]) == {tiny.key}
+    assert set(relay.pool.standing.through["127.0.0.11"]) == {squid.key}
     assert "127.0.0.10" in squid.turned_away and "127.0.0.11" in tiny.turned_away
     assert squid.strikes == tiny.strikes == 0  # a block is not the proxy's failure
     assert relay.outcomes.counts.get("turned_away", 0) >= 1
@@ -172,12 +173,12 @@ def test_a_connection_closed_by_one_site_is_its_block_by_two_the_proxys_failure(
     pool.replace([up])
     router = Router(pool, lambda name, token: asyncio.sleep(0, True))
     for now in (0.0, 1.0):  # the same site again: its block
-        assert pool.closed_on(up, "shop.example", now=now)
+        assert pool.standing.closed_on(up, "shop.example", now=now)
         router.turned_away("shop", up, "shop.example", now)
     assert up.turned_away["shop.example"] == 1.0 + choose.SITE_BLOCK_S
-    assert not pool.closed_on(up, "news.example", now=2.0)
+    assert not pool.standing.closed_on(up, "news.example", now=2.0)
     assert "news.example" not in up.turned_away
-    assert pool.closed_on(up, "news.example", now=2.0 + choose.SITE_BLOCK_S)  # long after
+    assert pool.standing.closed_on(up, "news.example", now=2.0 + choose.SITE_BLOCK_S)  # long after
 
 
 async def test_the_sites_answer_reaches_the_client_when_no_other_proxy_is_left(
@@ -272,19 +273,19 @@ def test_the_endpoints_map_of_sites_forgets_the_least_recent_not_the_newest() ->
     """Past MAX_SITES sites known to get through, the one least recently asked for or
     learned goes: before, a full map learned no new site for good (a pool that had run a
     while stopped learning)."""
-    from endpoint.router import choose
+    from endpoint.router import standing
 
     pool = Pool(rng=random.Random(1))
     up = Upstream("8.8.8.8", 80, "http")
     pool.replace([up])
     want = Want("me")
-    for n in range(choose.MAX_SITES):
+    for n in range(standing.MAX_SITES):
         pool.got_through(up, f"s{n}.example")
     assert pool.pick(want, tunnel=False, now=0.0, site="s0.example") is up  # asked: recent
     pool.got_through(up, "new.example")
-    assert len(pool.through) == choose.MAX_SITES
-    assert "new.example" in pool.through and "s0.example" in pool.through
-    assert "s1.example" not in pool.through  # the least recent went
+    assert len(pool.standing.through) == standing.MAX_SITES
+    assert "new.example" in pool.standing.through and "s0.example" in pool.standing.through
+    assert "s1.example" not in pool.standing.through  # the least recent went
 
 
 def test_a_rate_limit_paces_the_proxy_for_that_site_for_the_time_asked_never_blocks() -> None:
@@ -308,7 +309,7 @@ def test_a_rate_limit_paces_the_proxy_for_that_site_for_the_time_asked_never_blo
     assert all(p is other for p in picks)
     elsewhere = [pool.pick(_want(), tunnel=False, now=61.0, site="news.example") for _ in range(40)]
     assert any(p is fast for p in elsewhere)
-    assert pool.through["shop.example"] == {fast.key: fast}  # still known to get through
+    assert pool.standing.through["shop.example"] == {fast.key: fast}  # still known to get through
     assert pool.tally.take() == ({}, 0)  # not a verdict for the log
     later = [pool.pick(_want(), tunnel=False, now=240.0, site="shop.example") for _ in range(6)]
     taken = sum(p is fast for p in later)

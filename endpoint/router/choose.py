@@ -38,6 +38,7 @@ from typing import Protocol
 
 from endpoint.link.upstream import Upstream
 from endpoint.router.login import Want
+from endpoint.router.standing import SITE_BLOCK_S, Standing
 from events.sites import BLOCKED, THROUGH, SiteRule
 
 __all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Tally", "pace"]
@@ -46,11 +47,7 @@ AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit o
 AVOID_FIRST_S = 10.0
 SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
-SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for that site
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
-# Sites whose proxies known to get through are remembered here; past it, the least
-# recently asked for or learned goes, so a pool that has run a while still learns.
-MAX_SITES = 1_024
 MAX_VERDICTS = 50_000  # (proxy, site) cells counted between two rounds to the log
 _PER_UPSTREAM = 64  # sites an upstream's marks hold before those run out are let go
 
@@ -78,8 +75,8 @@ class Pool:
     # (consumer, session) -> (upstream key, last used); a round robin's cursor per filter.
     sessions: dict[tuple[str, str], tuple[tuple[str, int], float]] = field(default_factory=dict)
     cursors: dict[tuple[object, ...], int] = field(default_factory=dict)
-    # site -> the upstreams known to get through to it, as this endpoint saw them.
-    through: dict[str, dict[tuple[str, int], Upstream]] = field(default_factory=dict)
+    # Which upstreams get through to which site, as this endpoint learned it.
+    standing: Standing = field(default_factory=Standing)
     # What this endpoint's own traffic said of each (proxy, site), for the log.
     tally: Tally = field(default_factory=lambda: Tally())
     # The operator's rules for reading sites' answers (events/sites.py), from the feed.
@@ -114,10 +111,7 @@ class Pool:
             new[key] = up
         self.upstreams = new
         self._lists = {}
-        self.through = {
-            site: {k: u for k, u in known.items() if new.get(k) is u}
-            for site, known in self.through.items()
-        }
+        self.standing.keep(new)
 
     def pick(
         self,
@@ -195,10 +189,9 @@ class Pool:
     ) -> list[Upstream]:
         """Upstreams known to get through to ``site`` that may take this request: a sample,
         then all of them when the sample has none."""
-        known = self.through.pop(site, None)  # and put back last: the most recent
-        if not known:
+        ups = self.standing.known(site)
+        if not ups:
             return []
-        self.through[site] = known
         minute = int(now // 60)
 
         def may(u: Upstream) -> bool:
@@ -212,22 +205,13 @@ class Pool:
                 and _matches(u, want, tunnel)
             )
 
-        ups = list(known.values())
         found = [u for u in self._sample(ups) if may(u)]
         return found or [u for u in ups if may(u)]
 
     def got_through(self, up: Upstream, site: str) -> None:
         """An answer through ``up`` was ``site``'s own page."""
         self.tally.count(up, site, 0)
-        self._get_through(up, site)
-
-    def _get_through(self, up: Upstream, site: str) -> None:
-        up.turned_away.pop(site, None)
-        known = self.through.pop(site, None)  # and put back last: the most recent
-        if known is None and len(self.through) >= MAX_SITES:
-            del self.through[next(iter(self.through))]
-        known = self.through[site] = known or {}
-        known[up.key] = up
+        self.standing.got_through(up, site)
 
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request through ``up`` away: not for that site a while."""
@@ -238,9 +222,7 @@ class Pool:
         if len(up.turned_away) >= _PER_UPSTREAM:  # what has run out goes first
             up.turned_away = {s: t for s, t in up.turned_away.items() if t > now}
         up.turned_away[site] = now + SITE_BLOCK_S
-        known = self.through.get(site)
-        if known is not None:
-            known.pop(up.key, None)
+        self.standing.lost(up, site)
 
     def heard(self, cells: Iterable[tuple[str, int, str, str]], now: float) -> int:
         """The fleet's word on proxies and sites (``ip, port, site, standing``; the feed
@@ -254,21 +236,10 @@ class Pool:
                 continue
             taken += 1
             if standing == THROUGH:
-                self._get_through(up, site)
+                self.standing.got_through(up, site)
             elif standing == BLOCKED:
                 self._turn_away(up, site, now)
         return taken
-
-    def closed_on(self, up: Upstream, site: str, now: float) -> bool:
-        """A fresh connection through ``up`` to ``site`` ended before any answer: the
-        site's refusal (True: the caller marks it turned away) when no other site did so
-        lately; else the proxy's failure (False: a failure on two sites is the proxy's,
-        for the caller to count)."""
-        other, until = up.closed_by
-        if other and other != site and until > now:
-            return False
-        up.closed_by = (site, now + SITE_BLOCK_S)
-        return True
 
     def _matching(self, want: Want, tunnel: bool) -> list[Upstream]:
         """The upstreams a login's filters allow, in key order, kept until the next

@@ -256,7 +256,7 @@ class Forwarding:
             req.tried |= {link.up.key}
             router = self.router
             closed, now = why == CLOSED and req.site, time.monotonic()
-            if closed and router.pool.closed_on(link.up, req.site, now):
+            if closed and router.pool.standing.closed_on(link.up, req.site, now):
                 router.turned_away(self.want.consumer, link.up, req.site, now)  # not the proxy's
             else:
                 req.failures += 1

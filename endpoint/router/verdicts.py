@@ -98,7 +98,7 @@ def retry_after_s(value: bytes) -> float | None:
 def _others(pool: Pool, site: str) -> list[Answer]:
     """What other proxies got from ``site``, as far as a verdict asks: its page, when
     one is known to get through."""
-    return [_PAGE] if pool.through.get(site) else []
+    return [_PAGE] if pool.standing.through.get(site) else []
 
 
 _PAGE = Answer(status=200)

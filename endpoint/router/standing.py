@@ -1,0 +1,62 @@
+"""What this endpoint learned of sites: which upstreams get through to each, as its own
+traffic and the fleet's verdicts said (endpoint/router/choose.py's picks prefer them);
+an upstream that served a block loses its standing at once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from endpoint.link.upstream import Upstream
+
+__all__ = ["MAX_SITES", "SITE_BLOCK_S", "Standing"]
+
+SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for that site
+# Sites whose upstreams known to get through are remembered here; past it, the least
+# recently asked for or learned goes, so a pool that has run a while still learns.
+MAX_SITES = 1_024
+
+
+@dataclass
+class Standing:
+    # site -> the upstreams known to get through to it, as this endpoint saw them.
+    through: dict[str, dict[tuple[str, int], Upstream]] = field(default_factory=dict)
+
+    def known(self, site: str) -> list[Upstream]:
+        """``site``'s upstreams known to get through; the site is now the most recent."""
+        known = self.through.pop(site, None)  # and put back last: the most recent
+        if not known:
+            return []
+        self.through[site] = known
+        return list(known.values())
+
+    def got_through(self, up: Upstream, site: str) -> None:
+        up.turned_away.pop(site, None)
+        known = self.through.pop(site, None)  # and put back last: the most recent
+        if known is None and len(self.through) >= MAX_SITES:
+            del self.through[next(iter(self.through))]
+        known = self.through[site] = known or {}
+        known[up.key] = up
+
+    def lost(self, up: Upstream, site: str) -> None:
+        """``up`` served ``site``'s block: no standing there any more."""
+        known = self.through.get(site)
+        if known is not None:
+            known.pop(up.key, None)
+
+    def closed_on(self, up: Upstream, site: str, now: float) -> bool:
+        """A fresh connection through ``up`` to ``site`` ended before any answer: the
+        site's refusal (True: the caller marks it turned away) when no other site did so
+        lately; else the proxy's failure (False: a failure on two sites is the proxy's,
+        for the caller to count)."""
+        other, until = up.closed_by
+        if other and other != site and until > now:
+            return False
+        up.closed_by = (site, now + SITE_BLOCK_S)
+        return True
+
+    def keep(self, upstreams: dict[tuple[str, int], Upstream]) -> None:
+        """Only the upstreams still in the pool (a new pool from the feed)."""
+        self.through = {
+            site: {k: u for k, u in known.items() if upstreams.get(k) is u}
+            for site, known in self.through.items()
+        }
