@@ -350,3 +350,46 @@ def test_one_consumers_refusals_act_for_everyone_only_within_its_share() -> None
     assert router.left_out("mallory", "shop.example", later) == frozenset()
     router.turned_away("mallory", ups[20], "shop.example", later)  # its share came back
     assert "shop.example" in ups[20].turned_away
+
+
+async def test_a_200_block_page_is_held_back_and_the_request_tried_elsewhere(
+    lab: ProxyLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site answering a listed exit a 200 challenge page (a vendor's sign, no rule):
+    the endpoint holds an HTML answer back until its page is read, so the consumer gets
+    the real page every time, the first included, and the challenging exit's proxy is
+    learned as turned away, not as getting through (before, the 200 went to the client
+    and the proxy serving it was preferred)."""
+    from endpoint.router import choose
+
+    monkeypatch.setattr(choose, "SITE_BUDGET", 1)  # so the challenging proxy is tried too
+    exits = {p.name: p.exit_ip for p in lab.proxies}
+    challenge = (
+        "<html><head><title>Just a moment...</title></head><body><script>"
+        "window._cf_chl_opt={cType:'managed'};</script></body></html>"
+    )
+
+    async def page(request: web.Request) -> web.Response:
+        if request.remote == exits["squid"]:
+            return web.Response(text=challenge, content_type="text/html")
+        return web.Response(text="<html><title>Shop</title>the real page</html>",
+                            content_type="text/html")  # fmt: skip
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port("127.0.0.13")
+    await web.TCPSite(runner, "127.0.0.13", port).start()
+    try:
+        async with _endpoint(lab, "squid", "tinyproxy-elite") as relay:
+            pages = [
+                await _raw(relay.port, _get(f"127.0.0.13:{port}", "/"), 1)  # type: ignore[attr-defined]
+                for _ in range(12)
+            ]
+            squid = next(u for u in relay.pool.upstreams.values() if u.port == _port(lab, "squid"))
+    finally:
+        await runner.cleanup()
+    assert all(b"the real page" in answer for (answer,) in pages), pages
+    assert "127.0.0.13" in squid.turned_away
+    assert squid.key not in relay.pool.standing.through.get("127.0.0.13", {})

@@ -50,6 +50,7 @@ class Client(Protocol):
 
     def write(self, data: bytes | bytearray, *, flush: bool = False) -> None: ...
     def head_passes(self, link: UpLink, status: int, location: str) -> bool: ...
+    def page_passes(self, link: UpLink) -> bool: ...
     def answered(self, link: UpLink, reusable: bool) -> None: ...
     def broken(self, link: UpLink) -> None: ...
     def unanswered(self, link: UpLink, why: str) -> None: ...
@@ -83,6 +84,9 @@ class UpLink(asyncio.Protocol):
         self.html = False
         self.encoding = b""
         self.signs: list[tuple[str, str]] = []
+        # An HTML answer of a site, held back (its head and first ``capture`` bytes)
+        # until its page is read: a block page is tried elsewhere, never sent (None: not).
+        self.held: bytearray | None = None
         self.reused = False
         self.opened_at = time.monotonic()
         self.idle_since = 0.0
@@ -111,6 +115,7 @@ class UpLink(asyncio.Protocol):
         self.seen.clear()
         self.html, self.encoding = False, b""
         self.signs.clear()
+        self.held = None
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
         if self.timer is None:  # one kept from an earlier request re-arms itself
@@ -211,7 +216,10 @@ class UpLink(asyncio.Protocol):
         if self.until_close:  # the client learns the end the same way
             head += b"Connection: close\r\n"
             self.cut_client = True
-        client.write(head + b"\r\n")
+        if self.capture and self.html and not bodyless:
+            self.held = bytearray(head + b"\r\n")  # its page is read first
+        else:
+            client.write(head + b"\r\n")
         self.in_body = True
         if self.head_only:  # llhttp would wait for the body its length announces
             self._done(reusable=False)
@@ -222,19 +230,40 @@ class UpLink(asyncio.Protocol):
         self.size += len(body)
         if self.html and len(self.seen) < self.capture:
             self.seen += body[: self.capture - len(self.seen)]
-        if self.chunked:  # httptools hands the body de-chunked: chunked again as it goes
-            self.client.write(b"%x\r\n%s\r\n" % (len(body), body))
+        # httptools hands the body de-chunked: chunked again as it goes.
+        out = b"%x\r\n%s\r\n" % (len(body), body) if self.chunked else body
+        if self.held is None:
+            self.client.write(out)
         else:
-            self.client.write(body)
+            self.held += out
+            if len(self.seen) >= self.capture:
+                self._release()
 
     def on_message_complete(self) -> None:
         if self.client is None or not self.in_body:
             return  # a 1xx ended, or an answer already done
         if self.chunked:
-            self.client.write(b"0\r\n\r\n")
+            if self.held is None:
+                self.client.write(b"0\r\n\r\n")
+            else:
+                self.held += b"0\r\n\r\n"
         self._done(reusable=self._keep and not self.until_close)
 
+    def _release(self) -> bool:
+        """The held answer, its page read: to the client when it passes; else the link
+        is let go (the client tries another proxy) and False."""
+        held, self.held, client = self.held, None, self.client
+        assert held is not None and client is not None
+        if client.page_passes(self):
+            client.write(held)
+            return True
+        self.client = None
+        self.close()
+        return False
+
     def _done(self, reusable: bool) -> None:
+        if self.held is not None and not self._release():
+            return
         client, self.client = self.client, None
         if client is not None:
             client.answered(self, reusable and not self.closed)
@@ -243,9 +272,10 @@ class UpLink(asyncio.Protocol):
         client, self.client = self.client, None
         if client is None:
             return
-        if self.in_body:
+        if self.in_body and self.held is None:
             client.broken(self)
-        else:
+        else:  # nothing of it went to the client: as if none came
+            self.held = None
             client.unanswered(self, why)
 
     def close(self) -> None:

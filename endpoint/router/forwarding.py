@@ -205,6 +205,25 @@ class Forwarding:
         asyncio.get_running_loop().call_soon(self._again, req)
         return False
 
+    def page_passes(self, link: UpLink) -> bool:
+        """Whether a held HTML answer goes to the client: not when its page reads as the
+        site's block and the request may still be tried through another proxy (the
+        block learned, and tried again), so the consumer sees the real page."""
+        req, router = self.current, self.router
+        assert req is not None and self.want is not None
+        tried = req.tried | {link.up.key}
+        if (
+            read_answer(router.pool, req.site, req.rule, link) != BLOCKED
+            or req.method not in IDEMPOTENT
+            or len(tried) >= router.attempts
+        ):
+            return True  # the whole answer's reading learns what it says (answered)
+        router.turned_away(self.want.consumer, link.up, req.site, time.monotonic())
+        req.tried = tried
+        self.link = None
+        asyncio.get_running_loop().call_soon(self._again, req)
+        return False
+
     def _again(self, req: Request) -> None:
         if not self.conn.closing and self.current is req:
             self.route(req)
