@@ -260,8 +260,8 @@ async def test_gateway_serves_the_projections(
     await feed.start()
     await feed.refresh_standing()
     await feed.stop()
-    assert set(edge.through["google.com"]) == {("8.8.8.8", 1080)}
-    assert set(edge.through["shop.example"]) == {("1.1.1.1", 3128)}
+    assert set(edge.standing.through["google.com"]) == {("8.8.8.8", 1080)}
+    assert set(edge.standing.through["shop.example"]) == {("1.1.1.1", 3128)}
     assert "google.com" in edge.upstreams[("1.1.1.1", 3128)].turned_away
     assert edge.tally.take() == ({}, 0)  # the fleet's word is not this endpoint's to say again
     later = await client.get(
