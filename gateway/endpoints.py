@@ -22,6 +22,9 @@ from gateway.http import authorize, decode_body, reply
 __all__ = ["ENDPOINTS", "EndpointBoard", "routes"]
 
 KEPT_S = 30.0
+# Processes kept at once: an endpoint's token naming ever new processes evicts its own
+# oldest (and any endpoint's silent ones) before it grows the gateway's memory.
+MAX_PROCESSES = 1_024
 WINDOW_S = 60.0  # the rates are over a process's reports of the last minute
 # A request's end, by who it ended for: the pool answered it, the pool could not, or the
 # client's own doing (a login, a limit, a destination, its own slowness or bytes).
@@ -68,6 +71,10 @@ class EndpointBoard:
         key = (endpoint, figures.process)
         counts = dict(figures.counts)
         p = self._processes.get(key)
+        if p is None and len(self._processes) >= MAX_PROCESSES:
+            self._processes = {k: q for k, q in self._processes.items() if at - q.at <= KEPT_S}
+            if len(self._processes) >= MAX_PROCESSES:
+                del self._processes[min(self._processes, key=lambda k: self._processes[k].at)]
         if p is None or any(v < p.counts.get(k, 0) for k, v in counts.items()):
             p = self._processes[key] = _Process(counts, at)  # new, or restarted
         p.counts, p.at = counts, at
