@@ -117,3 +117,36 @@ async def test_a_spliced_tunnel_carries_early_bytes_a_slow_read_and_its_end(
             while not ENDS:
                 await asyncio.sleep(0.01)
         assert ENDS == [True]
+
+
+async def test_a_sites_first_bytes_that_come_with_the_proxys_200_are_kept() -> None:
+    """An HTTP proxy whose answer to CONNECT arrives in one piece with the site's first
+    bytes (a site that speaks first, on a busy machine): the tunnel carries them. The
+    CONNECT was python-socks' before, which reads the answer in one read and drops what
+    follows its head (tests/test_tunnel_splice.py's first test failed so, now and then,
+    in CI). A refusal is the proxy's ProxyError with its status."""
+    from python_socks import ProxyError
+
+    from endpoint.link.tunnel import open_stream
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        if b"refused.example" in head:
+            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\n\r\n")
+        else:
+            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\nhello\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        up = Upstream("127.0.0.1", port, "http", https="yes")
+        reader, writer = await open_stream(up, "site.example", 25, 5)
+        assert await asyncio.wait_for(reader.readline(), 5) == b"hello\n"
+        writer.close()
+        with pytest.raises(ProxyError) as refused:
+            await open_stream(up, "refused.example", 443, 5)
+        assert refused.value.error_code == 403
+    finally:
+        server.close()

@@ -3,8 +3,9 @@
 Plain HTTP goes to an HTTP proxy itself (it is sent absolute URIs) or through a SOCKS
 tunnel to the site (``open_link``); a client's tunnel (CONNECT, SOCKS5) is a SOCKS
 tunnel or an HTTP proxy's CONNECT to the site (``open_stream``), whose bytes are then
-piped both ways (``pipe``). python-socks speaks to the proxy; it raises its own errors
-as well as the OS's, all the proxy's.
+piped both ways (``pipe``). python-socks speaks SOCKS to the proxy; it raises its own
+errors as well as the OS's, all the proxy's (a CONNECT refused is its ``ProxyError``
+too, with the proxy's status).
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import asyncio
 import socket
 from typing import cast
 
-from python_socks import ProxyType
+import httptools
+from python_socks import ProxyError, ProxyType
 from python_socks.async_.asyncio import Proxy
 
 from endpoint.link.hello import hello_size
@@ -34,8 +36,45 @@ async def _through(up: Upstream, host: str, port: int, connect_s: float) -> sock
 
 
 async def open_stream(up: Upstream, host: str, port: int, connect_s: float) -> Stream:
-    """A tunnel to ``host:port`` through ``up``, as streams."""
-    return await asyncio.open_connection(sock=await _through(up, host, port, connect_s))
+    """A tunnel to ``host:port`` through ``up``, as streams. An HTTP proxy's CONNECT is
+    asked here, not by python-socks: it reads the proxy's answer in one read and drops
+    what came after its head in it, the site's first bytes when the site speaks first;
+    a stream keeps them for the tunnel (``pipe`` takes what it holds)."""
+    if up.proto not in ("http", "https"):
+        return await asyncio.open_connection(sock=await _through(up, host, port, connect_s))
+    async with asyncio.timeout(connect_s):
+        reader, writer = await asyncio.open_connection(up.ip, up.port)
+        try:
+            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            status = _status(await reader.readuntil(b"\r\n\r\n"))
+        except BaseException:
+            writer.close()
+            raise
+    if status != 200:
+        writer.close()
+        raise ProxyError(f"the proxy answered CONNECT with {status}", status)
+    return reader, writer
+
+
+class _Head:
+    """httptools' reader of an answer's head, for its status alone."""
+
+    def on_headers_complete(self) -> None:
+        raise _HeadRead
+
+
+class _HeadRead(Exception):
+    pass
+
+
+def _status(head: bytes) -> int:
+    parser = httptools.HttpResponseParser(_Head())
+    try:
+        parser.feed_data(head)
+    except httptools.HttpParserCallbackError:
+        return int(parser.get_status_code())
+    raise ProxyError("the proxy's answer to CONNECT is not an HTTP answer's head")
 
 
 async def open_link(

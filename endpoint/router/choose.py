@@ -38,7 +38,7 @@ from typing import Protocol
 
 from endpoint.link.upstream import Upstream
 from endpoint.router.login import Want
-from endpoint.router.standing import SITE_BLOCK_S, Standing
+from endpoint.router.standing import EXPLORE, SITE_BLOCK_S, Standing
 from events.sites import BLOCKED, THROUGH, SiteRule
 
 __all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Tally", "pace"]
@@ -143,14 +143,26 @@ class Pool:
                 up = listed[(start + step) % len(listed)]
                 if up.key not in exclude and up.avoid_until <= now and _open(up, site, now):
                     return self._use(up, want, now, site)
-        # Known to get through first, for the strategies that choose; a round robin goes
-        # in turn over every proxy the site has not turned away.
+        # Known to get through first, for the strategies that choose, but for a share of
+        # plain HTTP that explores (router/standing.py); a round robin goes in turn over
+        # every proxy the site has not turned away.
         if (
             site
             and want.strategy != "roundrobin"
             and (known := self._known(site, want, tunnel, now, exclude))
         ):
+            if not tunnel and EXPLORE and self.rng.random() < EXPLORE:
+                without = exclude | self.standing.through[site].keys()
+                if (other := self._any(want, tunnel, now, without, site)) is not None:
+                    return other
             return self._use(self._weighted(known), want, now, site)
+        return self._any(want, tunnel, now, exclude, site)
+
+    def _any(
+        self, want: Want, tunnel: bool, now: float, exclude: frozenset[tuple[str, int]], site: str
+    ) -> Upstream | None:
+        """An upstream of the login's by its strategy, whatever its standing with ``site``
+        but a block."""
         listed = self._matching(want, tunnel)
         if not listed:
             return None

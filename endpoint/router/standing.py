@@ -1,6 +1,11 @@
 """What this endpoint learned of sites: which upstreams get through to each, as its own
 traffic and the fleet's verdicts said (endpoint/router/choose.py's picks prefer them);
-an upstream that served a block loses its standing at once."""
+an upstream that served a block loses its standing at once.
+
+Never worse than blind: the picks send ``EXPLORE`` of a site's plain-HTTP requests to
+upstreams with no standing there, so what the fleet learns does not come only from the
+few routing already prefers; a miss costs the consumer nothing, since a block (told by
+its head, or by its page, held back until read) is tried through another proxy."""
 
 from __future__ import annotations
 
@@ -8,12 +13,13 @@ from dataclasses import dataclass, field
 
 from endpoint.link.upstream import Upstream
 
-__all__ = ["MAX_SITES", "SITE_BLOCK_S", "Standing"]
+__all__ = ["EXPLORE", "MAX_SITES", "SITE_BLOCK_S", "Standing"]
 
 SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for that site
 # Sites whose upstreams known to get through are remembered here; past it, the least
 # recently asked for or learned goes, so a pool that has run a while still learns.
 MAX_SITES = 1_024
+EXPLORE = 0.1  # of a site's plain-HTTP requests, to upstreams with no standing there
 
 
 @dataclass
