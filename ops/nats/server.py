@@ -55,6 +55,9 @@ class NatsServerError(RuntimeError):
     pass
 
 
+RELEASE_S = 5.0  # how long a port held by a dying server is waited for
+
+
 class PortInUse(NatsServerError):
     """Another program listens on the address a server was to take: said before the
     server starts, since a NATS already there would answer the readiness probe for it."""
@@ -293,8 +296,13 @@ class NatsServer:
         return cmd
 
     def start(self, timeout: float = 15.0) -> None:
-        if not _claimable(self.host, self.port):
-            raise PortInUse(self.host, self.port)
+        # A run killed a moment ago (kill -9: its server follows it down by PDEATHSIG)
+        # may hold the port a little longer: waited for, then said in one line.
+        given_up = time.monotonic() + RELEASE_S
+        while not _claimable(self.host, self.port):
+            if time.monotonic() >= given_up:
+                raise PortInUse(self.host, self.port)
+            time.sleep(0.1)
         self.store_dir.mkdir(parents=True, exist_ok=True)
         logfile = open(self.store_dir / "nats-server.log", "ab")  # noqa: SIM115
         env = {**os.environ, "PPF_NATS_STORE": str(self.store_dir)}
