@@ -13,6 +13,7 @@ it, as it carries the public suffix list's version.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -73,28 +74,37 @@ _TITLE_WORDS = (
 def block_sign(page: bytes, size: int, headers: Iterable[tuple[str, str]] = ()) -> str:
     """The maker of the block page ``page`` is (its first bytes, decoded; ``size`` the
     whole body's), "page" for a short one that calls itself a block by its title (a
-    captcha's, a challenge's); "" for none."""
-    said = [(name.lower(), value.lower()) for name, value in headers]
-    for sign in SIGNS:
-        name, value = sign.header
-        if name and any(n == name and value in v for n, v in said):
-            return sign.maker
+    captcha's, a challenge's); "" for none. Read at every HTML answer the endpoint
+    carries: one pass of one expression over the page, the signs told apart only when
+    it finds one."""
+    for name, value in headers:
+        for maker, sign_name, sign_value in _HEADER_SIGNS:
+            if name.lower() == sign_name and sign_value in value.lower():
+                return maker
     text = page[:SIGN_BYTES].lower()
-    for sign in SIGNS:
-        if (
-            sign.any_of
-            and any(s.encode() in text for s in sign.any_of)
-            and all(s.encode() in text for s in sign.all_of)
-        ):
-            return sign.maker
-    title = _title(text) if size <= SHORT_PAGE else ""
-    return "page" if any(w in title for w in _TITLE_WORDS) else ""
+    if _ANY_MARKER.search(text):
+        for maker, any_of, all_of in _BODY_SIGNS:
+            if any(m in text for m in any_of) and all(m in text for m in all_of):
+                return maker
+    if size <= SHORT_PAGE and (title := _title(text)) and _BLOCK_TITLE.search(title):
+        return "page"
+    return ""
 
 
-def _title(text: bytes) -> str:
+_HEADER_SIGNS = tuple((s.maker, *s.header) for s in SIGNS if s.header[0])
+_BODY_SIGNS = tuple(
+    (s.maker, tuple(m.encode() for m in s.any_of), tuple(m.encode() for m in s.all_of))
+    for s in SIGNS
+    if s.any_of
+)
+_ANY_MARKER = re.compile(b"|".join(re.escape(m) for _, any_of, _ in _BODY_SIGNS for m in any_of))
+_BLOCK_TITLE = re.compile(b"|".join(re.escape(w.encode()) for w in _TITLE_WORDS))
+
+
+def _title(text: bytes) -> bytes:
     start = text.find(b"<title")
     if start < 0:
-        return ""
+        return b""
     start = text.find(b">", start) + 1
     end = text.find(b"</title", start)
-    return text[start:end].decode("utf-8", "replace").strip() if 0 < start <= end else ""
+    return text[start:end] if 0 < start <= end else b""

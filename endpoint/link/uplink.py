@@ -87,6 +87,7 @@ class UpLink(asyncio.Protocol):
         # An HTML answer of a site, held back (its head and first ``capture`` bytes)
         # until its page is read: a block page is tried elsewhere, never sent (None: not).
         self.held: bytearray | None = None
+        self.said = ""  # its page's verdict, read once (the router's, as it read it)
         self.reused = False
         self.opened_at = time.monotonic()
         self.idle_since = 0.0
@@ -115,7 +116,7 @@ class UpLink(asyncio.Protocol):
         self.seen.clear()
         self.html, self.encoding = False, b""
         self.signs.clear()
-        self.held = None
+        self.held, self.said = None, ""
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
         if self.timer is None:  # one kept from an earlier request re-arms itself

@@ -212,11 +212,8 @@ class Forwarding:
         req, router = self.current, self.router
         assert req is not None and self.want is not None
         tried = req.tried | {link.up.key}
-        if (
-            read_answer(router.pool, req.site, req.rule, link) != BLOCKED
-            or req.method not in IDEMPOTENT
-            or len(tried) >= router.attempts
-        ):
+        link.said = read_answer(router.pool, req.site, req.rule, link)
+        if link.said != BLOCKED or req.method not in IDEMPOTENT or len(tried) >= router.attempts:
             return True  # the whole answer's reading learns what it says (answered)
         router.turned_away(self.want.consumer, link.up, req.site, time.monotonic())
         req.tried = tried
@@ -247,7 +244,7 @@ class Forwarding:
         """What a whole answer says of its site, for the picks that follow."""
         assert self.want is not None
         router, now = self.router, time.monotonic()
-        said = read_answer(router.pool, req.site, req.rule, link)
+        said = link.said or read_answer(router.pool, req.site, req.rule, link)
         if said == THROUGH:
             router.pool.got_through(link.up, req.site)
         elif said == PACED:
