@@ -44,6 +44,9 @@ HOP = frozenset(
 )
 
 
+_READ = SIGN_HEADERS | {b"content-type", b"content-encoding"}
+
+
 class Client(Protocol):
     """Whom a link answers (the router's ``Forwarding``, endpoint/router/forwarding.py):
     where the answer's bytes go, and what became of each request."""
@@ -177,12 +180,13 @@ class UpLink(asyncio.Protocol):
             self.location = value.decode("latin-1")
         elif lower == b"retry-after":
             self.retry_after = value
-        elif lower == b"content-type":
-            self.html = b"html" in value.lower()
-        elif lower == b"content-encoding":
-            self.encoding = value
-        elif lower in SIGN_HEADERS:
-            self.signs.append((lower.decode("latin-1"), value.decode("latin-1")))
+        elif lower in _READ:  # what a page's verdict reads
+            if lower == b"content-type":
+                self.html = b"html" in value.lower()
+            elif lower == b"content-encoding":
+                self.encoding = value
+            else:
+                self.signs.append((lower.decode("latin-1"), value.decode("latin-1")))
         elif lower == b"transfer-encoding":  # said again below, as the client can take it
             self._framed = self.chunked = b"chunked" in value.lower()
             return

@@ -109,13 +109,16 @@ def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink) -> s
     got through, the site turned it away (its words, or a stub), or paced it."""
     if rule is not None and (link.head_only or link.status in (204, 304)):
         return head_verdict(rule, link.status, link.location)  # no page to read
-    answer = Answer(
-        status=link.status,
-        location=link.location,
-        head=readable(bytes(link.seen), link.encoding.decode("latin-1")),
-        size=link.size,
-        headers=tuple(link.signs),
-    )
+    if link.seen or link.signs:
+        answer = Answer(
+            status=link.status,
+            location=link.location,
+            head=readable(bytes(link.seen), link.encoding.decode("latin-1")),
+            size=link.size,
+            headers=tuple(link.signs),
+        )
+    else:  # no page read (not HTML), nor a header that tells a block page
+        answer = Answer(status=link.status, location=link.location, size=link.size)
     if rule is not None:
         return verdict(rule, answer)
     return generic(answer, _others(pool, site))
