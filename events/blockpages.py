@@ -17,7 +17,15 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
-__all__ = ["READER_VERSION", "SIGNS", "SIGN_BYTES", "SIGN_HEADERS", "Sign", "block_sign"]
+__all__ = [
+    "READER_VERSION",
+    "SHORT_PAGE",
+    "SIGNS",
+    "SIGN_BYTES",
+    "SIGN_HEADERS",
+    "Sign",
+    "block_sign",
+]
 
 READER_VERSION = "blockpages-1"
 SIGN_BYTES = 16 * 1024  # a block page says what it is in its head and first lines

@@ -408,3 +408,57 @@ async def test_a_200_block_page_is_held_back_and_the_request_tried_elsewhere(
     assert all(b"the real page" in answer for (answer,) in pages), pages
     assert "127.0.0.13" in squid.turned_away
     assert squid.key not in relay.pool.standing.through.get("127.0.0.13", {})
+
+
+async def test_a_long_page_titled_with_a_blocks_words_is_the_sites_own(lab: ProxyLab) -> None:
+    """A real page of 80 KiB whose title has a block's words, read while still coming
+    (its first 16 KiB held back): not a short page, so not a block; it goes to the
+    client at once and its proxy keeps its standing (read by its first bytes' size, it
+    was taken for a block page)."""
+    article = "<p>" + "A long article about why captcha pages annoy everyone. " * 1500 + "</p>"
+    real = f"<html><head><title>Why captcha pages annoy everyone</title></head>{article}</html>"
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=real, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port("127.0.0.15")
+    await web.TCPSite(runner, "127.0.0.15", port).start()
+    try:
+        async with _endpoint(lab, "tinyproxy-elite") as relay:
+            (answer,) = await _raw(relay.port, _get(f"127.0.0.15:{port}", "/"), 1)  # type: ignore[attr-defined]
+            (tiny,) = relay.pool.upstreams.values()
+    finally:
+        await runner.cleanup()
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"</p></html>")
+    assert "127.0.0.15" not in tiny.turned_away
+    assert relay.outcomes.counts.get("turned_away", 0) == 0
+
+
+async def test_a_block_page_with_no_other_proxy_left_reaches_the_client_not_a_503(
+    lab: ProxyLab,
+) -> None:
+    """A held answer read as a block, and no other proxy to try: the client gets what the
+    site said through the last one (the challenge page), not the endpoint's 503."""
+    challenge = "<html><head><title>Just a moment...</title></head><body>wait</body></html>"
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(text=challenge, content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", page)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port("127.0.0.16")
+    await web.TCPSite(runner, "127.0.0.16", port).start()
+    try:
+        async with _endpoint(lab, "squid") as relay:
+            (answer,) = await _raw(relay.port, _get(f"127.0.0.16:{port}", "/"), 1)  # type: ignore[attr-defined]
+            (squid,) = relay.pool.upstreams.values()
+    finally:
+        await runner.cleanup()
+    assert answer.startswith(b"HTTP/1.1 200") and b"Just a moment" in answer, answer[:200]
+    assert "127.0.0.16" in squid.turned_away

@@ -31,6 +31,9 @@ class Request:
     tried: frozenset[tuple[str, int]] = frozenset()
     failures: int = 0
     fresh_only: bool = False  # a stale idle link was met: the next try opens a new one
+    # The last proxy's whole answer, held back and read as a block: the client's when no
+    # other proxy is left to try (router/forwarding.py).
+    last: bytes = b""
     site: str = ""  # the site it goes to (events/sites.py)
     named: bool = False  # a tunnel to an address whose site its ClientHello named (SNI)
     rule: SiteRule | None = None  # how that site's answers read

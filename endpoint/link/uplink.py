@@ -53,7 +53,7 @@ class Client(Protocol):
 
     def write(self, data: bytes | bytearray, *, flush: bool = False) -> None: ...
     def head_passes(self, link: UpLink, status: int, location: str) -> bool: ...
-    def page_passes(self, link: UpLink) -> bool: ...
+    def page_passes(self, link: UpLink, whole: bytearray | None) -> bool: ...
     def answered(self, link: UpLink, reusable: bool) -> None: ...
     def broken(self, link: UpLink) -> None: ...
     def unanswered(self, link: UpLink, why: str) -> None: ...
@@ -91,6 +91,7 @@ class UpLink(asyncio.Protocol):
         # until its page is read: a block page is tried elsewhere, never sent (None: not).
         self.held: bytearray | None = None
         self.said = ""  # its page's verdict, read once (the router's, as it read it)
+        self.whole = True  # the answer had ended when its page was read (its size, whole)
         self.reused = False
         self.opened_at = time.monotonic()
         self.idle_since = 0.0
@@ -119,7 +120,7 @@ class UpLink(asyncio.Protocol):
         self.seen.clear()
         self.html, self.encoding = False, b""
         self.signs.clear()
-        self.held, self.said = None, ""
+        self.held, self.said, self.whole = None, "", True
         self.last = time.monotonic()
         self.transport.write(req.head(self.forward) + req.body)
         if self.timer is None:  # one kept from an earlier request re-arms itself
@@ -242,7 +243,7 @@ class UpLink(asyncio.Protocol):
         else:
             self.held += out
             if len(self.seen) >= self.capture:
-                self._release()
+                self._release(whole=False)
 
     def on_message_complete(self) -> None:
         if self.client is None or not self.in_body:
@@ -254,12 +255,14 @@ class UpLink(asyncio.Protocol):
                 self.held += b"0\r\n\r\n"
         self._done(reusable=self._keep and not self.until_close)
 
-    def _release(self) -> bool:
-        """The held answer, its page read: to the client when it passes; else the link
-        is let go (the client tries another proxy) and False."""
+    def _release(self, whole: bool) -> bool:
+        """The held answer, its page read (``whole``: the answer has ended): to the
+        client when it passes; else the link is let go (the client tries another proxy)
+        and False."""
         held, self.held, client = self.held, None, self.client
+        self.whole = whole
         assert held is not None and client is not None
-        if client.page_passes(self):
+        if client.page_passes(self, held if whole else None):
             client.write(held)
             return True
         self.client = None
@@ -267,7 +270,7 @@ class UpLink(asyncio.Protocol):
         return False
 
     def _done(self, reusable: bool) -> None:
-        if self.held is not None and not self._release():
+        if self.held is not None and not self._release(whole=True):
             return
         client, self.client = self.client, None
         if client is not None:

@@ -170,6 +170,10 @@ class Forwarding:
         self.router.outcomes.added_ms.append((time.perf_counter() - req.read_at) * 1000)
 
     def _no_proxy(self, req: Request) -> None:
+        if req.last:  # what the last proxy got, held back as a block: the site's word
+            self.conn.write(req.last, flush=True)
+            self.conn.close()
+            return
         self.router.outcomes.count("no_proxy")
         if req.tried:  # every one that matched was tried (a 503's two reasons, apart)
             self.router.outcomes.count("no_proxy_after_tries")
@@ -205,10 +209,11 @@ class Forwarding:
         asyncio.get_running_loop().call_soon(self._again, req)
         return False
 
-    def page_passes(self, link: UpLink) -> bool:
+    def page_passes(self, link: UpLink, whole: bytearray | None) -> bool:
         """Whether a held HTML answer goes to the client: not when its page reads as the
         site's block and the request may still be tried through another proxy (the
-        block learned, and tried again), so the consumer sees the real page."""
+        block learned, and tried again), so the consumer sees the real page; a ``whole``
+        answer is kept for the client should no other proxy be left."""
         req, router = self.current, self.router
         assert req is not None and self.want is not None
         tried = req.tried | {link.up.key}
@@ -216,7 +221,7 @@ class Forwarding:
         if link.said != BLOCKED or req.method not in IDEMPOTENT or len(tried) >= router.attempts:
             return True  # the whole answer's reading learns what it says (answered)
         router.turned_away(self.want.consumer, link.up, req.site, time.monotonic())
-        req.tried = tried
+        req.tried, req.last = tried, bytes(whole) if whole is not None else b""
         self.link = None
         asyncio.get_running_loop().call_soon(self._again, req)
         return False

@@ -14,7 +14,7 @@ from publicsuffixlist import PublicSuffixList
 
 from endpoint.link.uplink import UpLink
 from endpoint.router.choose import Pool
-from events.blockpages import SIGN_BYTES
+from events.blockpages import SHORT_PAGE, SIGN_BYTES
 from events.pages import readable
 from events.sites import (
     BLOCKED,
@@ -114,7 +114,8 @@ def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink) -> s
             status=link.status,
             location=link.location,
             head=readable(bytes(link.seen), link.encoding.decode("latin-1")),
-            size=link.size,
+            # Read while still coming: longer than what came, so not a short page.
+            size=link.size if link.whole else max(link.size, SHORT_PAGE + 1),
             headers=tuple(link.signs),
         )
     else:  # no page read (not HTML), nor a header that tells a block page
