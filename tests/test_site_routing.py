@@ -10,7 +10,7 @@ import asyncio
 import base64
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp import web
@@ -22,17 +22,12 @@ from ops.lab.testbed import ProxyLab
 from ops.nats.server import free_port
 from tests.test_forward import AUTH, TOKEN, _endpoint, _get, _raw
 
+Handler = Callable[[web.Request], Awaitable[web.Response]]
+
 
 @contextlib.asynccontextmanager
-async def _site(host: str, refused: str) -> AsyncIterator[str]:
-    """A site on ``host`` that turns away requests from the exit ``refused`` (403 and a
-    block page) and serves its page to every other exit."""
-
-    async def page(request: web.Request) -> web.Response:
-        if request.remote == refused:
-            return web.Response(status=403, text="blocked: your network is listed")
-        return web.Response(text=f"the page of {host}")
-
+async def _serving(host: str, page: Handler) -> AsyncIterator[str]:
+    """A site on ``host`` whose root ``page`` answers; its ``host:port``."""
     app = web.Application()
     app.router.add_get("/", page)
     runner = web.AppRunner(app, access_log=None)
@@ -43,6 +38,18 @@ async def _site(host: str, refused: str) -> AsyncIterator[str]:
         yield f"{host}:{port}"
     finally:
         await runner.cleanup()
+
+
+def _site(host: str, refused: str) -> contextlib.AbstractAsyncContextManager[str]:
+    """A site on ``host`` that turns away requests from the exit ``refused`` (403 and a
+    block page) and serves its page to every other exit."""
+
+    async def page(request: web.Request) -> web.Response:
+        if request.remote == refused:
+            return web.Response(status=403, text="blocked: your network is listed")
+        return web.Response(text=f"the page of {host}")
+
+    return _serving(host, page)
 
 
 async def _ask(port: int, site: str, times: int) -> list[bytes]:
@@ -221,25 +228,19 @@ async def test_an_operators_rule_turns_a_captcha_redirect_away_at_once(lab: Prox
             raise web.HTTPFound("/captcha?from=listed")
         return web.Response(text="the shop")
 
-    app = web.Application()
-    app.router.add_get("/", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port("127.0.0.15")
-    await web.TCPSite(runner, "127.0.0.15", port).start()
-    try:
-        async with _endpoint(lab, "squid", "tinyproxy-elite") as relay:
-            relay.pool.rules = (SiteRule(site="127.0.0.15", redirects=("/captcha",)),)
-            login = b"Proxy-Authorization: Basic " + base64.b64encode(
-                f"shop-strategy-roundrobin:{TOKEN}".encode()
-            )
-            got = []
-            for _ in range(4):
-                request = _get(f"127.0.0.15:{port}", "/").replace(AUTH, login + b"\r\n")
-                (answer,) = await _raw(relay.port, request, 1)  # type: ignore[attr-defined]
-                got.append(answer.split(b"\r\n", 1)[0])
-    finally:
-        await runner.cleanup()
+    async with (
+        _serving("127.0.0.15", page) as site,
+        _endpoint(lab, "squid", "tinyproxy-elite") as relay,
+    ):
+        relay.pool.rules = (SiteRule(site="127.0.0.15", redirects=("/captcha",)),)
+        login = b"Proxy-Authorization: Basic " + base64.b64encode(
+            f"shop-strategy-roundrobin:{TOKEN}".encode()
+        )
+        got = []
+        for _ in range(4):
+            request = _get(site, "/").replace(AUTH, login + b"\r\n")
+            (answer,) = await _raw(relay.port, request, 1)  # type: ignore[attr-defined]
+            got.append(answer.split(b"\r\n", 1)[0])
     assert got == [b"HTTP/1.1 200 OK"] * 4
     assert relay.outcomes.counts.get("turned_away", 0) >= 1
 
@@ -390,21 +391,15 @@ async def test_a_200_block_page_is_held_back_and_the_request_tried_elsewhere(
         return web.Response(text="<html><title>Shop</title>the real page</html>",
                             content_type="text/html")  # fmt: skip
 
-    app = web.Application()
-    app.router.add_get("/", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port("127.0.0.13")
-    await web.TCPSite(runner, "127.0.0.13", port).start()
-    try:
-        async with _endpoint(lab, "squid", "tinyproxy-elite") as relay:
-            pages = [
-                await _raw(relay.port, _get(f"127.0.0.13:{port}", "/"), 1)  # type: ignore[attr-defined]
-                for _ in range(12)
-            ]
-            squid = next(u for u in relay.pool.upstreams.values() if u.port == _port(lab, "squid"))
-    finally:
-        await runner.cleanup()
+    async with (
+        _serving("127.0.0.13", page) as site,
+        _endpoint(lab, "squid", "tinyproxy-elite") as relay,
+    ):
+        pages = [
+            await _raw(relay.port, _get(site, "/"), 1)  # type: ignore[attr-defined]
+            for _ in range(12)
+        ]
+        squid = next(u for u in relay.pool.upstreams.values() if u.port == _port(lab, "squid"))
     assert all(b"the real page" in answer for (answer,) in pages), pages
     assert "127.0.0.13" in squid.turned_away
     assert squid.key not in relay.pool.standing.through.get("127.0.0.13", {})
@@ -421,18 +416,9 @@ async def test_a_long_page_titled_with_a_blocks_words_is_the_sites_own(lab: Prox
     async def page(request: web.Request) -> web.Response:
         return web.Response(text=real, content_type="text/html")
 
-    app = web.Application()
-    app.router.add_get("/", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port("127.0.0.15")
-    await web.TCPSite(runner, "127.0.0.15", port).start()
-    try:
-        async with _endpoint(lab, "tinyproxy-elite") as relay:
-            (answer,) = await _raw(relay.port, _get(f"127.0.0.15:{port}", "/"), 1)  # type: ignore[attr-defined]
-            (tiny,) = relay.pool.upstreams.values()
-    finally:
-        await runner.cleanup()
+    async with _serving("127.0.0.15", page) as site, _endpoint(lab, "tinyproxy-elite") as relay:
+        (answer,) = await _raw(relay.port, _get(site, "/"), 1)  # type: ignore[attr-defined]
+        (tiny,) = relay.pool.upstreams.values()
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"</p></html>")
     assert "127.0.0.15" not in tiny.turned_away
     assert relay.outcomes.counts.get("turned_away", 0) == 0
@@ -448,17 +434,8 @@ async def test_a_block_page_with_no_other_proxy_left_reaches_the_client_not_a_50
     async def page(request: web.Request) -> web.Response:
         return web.Response(text=challenge, content_type="text/html")
 
-    app = web.Application()
-    app.router.add_get("/", page)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    port = free_port("127.0.0.16")
-    await web.TCPSite(runner, "127.0.0.16", port).start()
-    try:
-        async with _endpoint(lab, "squid") as relay:
-            (answer,) = await _raw(relay.port, _get(f"127.0.0.16:{port}", "/"), 1)  # type: ignore[attr-defined]
-            (squid,) = relay.pool.upstreams.values()
-    finally:
-        await runner.cleanup()
+    async with _serving("127.0.0.16", page) as site, _endpoint(lab, "squid") as relay:
+        (answer,) = await _raw(relay.port, _get(site, "/"), 1)  # type: ignore[attr-defined]
+        (squid,) = relay.pool.upstreams.values()
     assert answer.startswith(b"HTTP/1.1 200") and b"Just a moment" in answer, answer[:200]
     assert "127.0.0.16" in squid.turned_away
