@@ -61,7 +61,7 @@ from gateway.natsauth import Callout, Kicker
 from gateway.panels import PANELS, Panels
 from gateway.penalty import PENALTIES, Penalties, watching
 from gateway.queries import routes as query_routes
-from gateway.views import POOL_VIEW, PoolViewKeeper, pool_census
+from gateway.views import POOL_VIEW, PoolViewKeeper, following, pool_census
 from projections.core.quality import HOSTING_LIST
 from projections.live import FoldService
 from projections.log import EventLog
@@ -365,6 +365,7 @@ def make_app(
     app.cleanup_ctx.append(_granting_ahead)
     app.cleanup_ctx.append(sweeping)
     app.cleanup_ctx.append(watching)
+    app.cleanup_ctx.append(following)
     if config.disk_guard is not None:
         app.cleanup_ctx.append(_guarding)
     if config.agent_nats is not None and config.agent_nats.enforced:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
@@ -14,11 +14,13 @@ from aiohttp import web
 
 from events.mint import now_ms
 from gateway.http import FOLD
-from projections.core.poolview import PoolView, ThroughKept, building, dropping, held
+from projections.core.poolview import PoolView, building, dropping, held
+from projections.core.through import ThroughKept
 from projections.foreground import Foreground, drive
 from reducers import State
+from reducers.state import ProxyKey
 
-__all__ = ["POOL_VIEW", "PoolViewKeeper", "pool_census"]
+__all__ = ["POOL_VIEW", "PoolViewKeeper", "following", "pool_census"]
 
 log = structlog.get_logger("ppf.gateway")
 
@@ -27,12 +29,17 @@ class PoolViewKeeper:
     """Holds the current pool view; rebuilds it when the fold moved and it is stale.
 
     Stale means older than ``1 / share`` times its own build took (within ``min_age_s``
-    and ``max_age_s``), so rebuilding takes at most ``share`` of the event loop's time: a
-    small pool's view follows the fold within a tenth of a second (a death served a
-    second longer cost the churn lab's precision), a million proxies' (seconds to build)
-    is not rebuilt every second while the fold moves. A build gives the loop back every
-    ``slice_s`` (``projections.core.poolview.building``), so the other requests (a lease,
-    /v1/stats) are answered meanwhile. One build at a time.
+    and ``max_age_s``), so rebuilding takes at most ``share`` of the event loop's time
+    while the fold moves: a small pool's view follows the fold within a tenth of a
+    second (a death served a second longer cost the churn lab's precision), a million
+    proxies' (seconds to build) is not rebuilt every second while the fold moves. Once
+    the fold has stood still for ``settled_s`` (a catch-up's end, a burst folded), the
+    view is stale at once: the fold no longer wants the loop, and what it folded is
+    served within a second. A build gives the loop back every ``slice_s``
+    (``projections.core.poolview.building``), so the other requests (a lease, /v1/stats)
+    are answered meanwhile. One build at a time; each after the first copies only the
+    rows that changed since the one before (``State.view_changes``), unless what it
+    was built under changed (the state itself, trust, the TTL) or most rows did.
     """
 
     def __init__(
@@ -43,10 +50,14 @@ class PoolViewKeeper:
         max_age_s: float = 30.0,
         slice_s: float = 0.002,
         wait_s: float = 0.01,
+        settled_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         foreground: Foreground | None = None,
     ) -> None:
         self.share, self.min_age_s, self.max_age_s = share, min_age_s, max_age_s
+        self.settled_s = settled_s
+        self._moved = (-1, 0.0)  # the fold's sequence as last seen, and since when
+        self._basis: tuple[object, ...] | None = None  # what the current view was built under
         # A build nobody waits for (a big pool's) and the old views' release yield to
         # the requests in flight between their steps; a build a request waits for not.
         self.foreground = foreground
@@ -68,7 +79,12 @@ class PoolViewKeeper:
         view = self.current
         if view is None:
             return True
-        return view.seq != state.last_seq and self.clock() - self._built >= self._age_s
+        now = self.clock()
+        if state.last_seq != self._moved[0]:
+            self._moved = (state.last_seq, now)
+        if view.seq == state.last_seq:
+            return False
+        return now - self._built >= self._age_s or now - self._moved[1] >= self.settled_s
 
     async def view(self, state: State, *, idle: bool | None = None) -> PoolView:
         """The current view, or a newer one when one is due and cheap to build.
@@ -106,11 +122,29 @@ class PoolViewKeeper:
             self._task = asyncio.get_running_loop().create_task(self._build(state, waited))
         return self._task
 
+    def _since(self, state: State) -> tuple[PoolView | None, set[ProxyKey]]:
+        """The view to build the next from and the keys changed since it, or (None, ...)
+        for a whole build: the first, or one under another state, trust or TTL."""
+        basis = (state, state.trusted, state.settings.trust, state.settings.proxy_ttl_s)
+        followed = state.view_changes is not None
+        changed = state.take_view_changes()
+        if self.current is None or not followed or basis != self._basis:
+            self._basis = basis
+            return None, set()
+        if 3 * len(changed) > len(state.proxies):  # most rows: sorting anew is cheaper
+            return None, set()
+        return self.current, changed
+
     async def _build(self, state: State, waited: bool) -> PoolView:
         fg = None if waited else self.foreground
         rows = len(state.proxies)
-        built = building(state, now_ms(), self._through)
-        view, self._took = await drive(built, self.slice_s, self.clock, fg)
+        since, changed = self._since(state)
+        built = building(state, now_ms(), self._through, since, changed)
+        try:
+            view, self._took = await drive(built, self.slice_s, self.clock, fg)
+        except BaseException:
+            self._basis = None  # the changes it took are lost: the next is whole
+            raise
         self._rows = rows
         self._built = self.clock()
         old, self.current = self.current, view  # readers see the old or the new one
@@ -129,6 +163,25 @@ class PoolViewKeeper:
 
 
 POOL_VIEW = web.AppKey("pool_view", PoolViewKeeper)
+FOLLOW_S = 0.05
+
+
+async def following(app: web.Application) -> AsyncIterator[None]:
+    """The pool view follows the fold whether or not queries come (a view built on a
+    query's call answered only the query after it): asked every ``FOLLOW_S``."""
+
+    async def follow() -> None:
+        keeper, fold = app[POOL_VIEW], app[FOLD]
+        while True:
+            await asyncio.sleep(FOLLOW_S)
+            if keeper.stale(fold.state):
+                await keeper.view(fold.state)
+
+    task = asyncio.create_task(follow(), name="ppf-pool-view")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def pool_census(

@@ -150,7 +150,7 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
     on while a checkpoint of a big pool is cut (a single pass over 50,000 changed rows
     held the loop past /v1/stats' p99). The caller keeps the fold from running until it
     returns: the rows must not change mid-cut."""
-    dirty, state.dirty_proxies = state.dirty_proxies, set()
+    dirty = state.take_unwritten()
     try:
         keys = list(dirty)
         found: list[ProxyRow] = []
@@ -213,7 +213,7 @@ def collect(
 ) -> Checkpoint:
     """Take the changed rows out of ``state`` and clear its dirt. ``proxies``: the
     changed proxy rows and the deleted keys, when the caller found them already."""
-    found, gone_p = proxies or _changed(state.proxies, state.dirty_proxies)
+    found, gone_p = proxies or _changed(state.proxies, state.take_unwritten())
     sources, gone_uids = _changed(state.sources, state.dirty_sources)
     gone_s = [(uid,) for uid in gone_uids]
     leases = [state.leases[t] for t in state.dirty_leases]

@@ -66,6 +66,7 @@ def settle(state: State, url_id: str, lease: str) -> None:
     row.cur_lease = ""
     row.cur_candidates = 0
     row.cur_working = ()
+    state.working_sets.pop(url_id, None)
     state.dirty_sources.add(url_id)
 
 
@@ -119,7 +120,7 @@ def credit(state: State, row: SourceRow, found: list[tuple[ProxyWorked, bool]]) 
     row.proxies_added += sum(new for _, new in found)
     if row.cur_lease:
         working = row.cur_working
-        known = set(working)
+        known = _working_set(state, row)
         more = []
         for event, _ in found:
             if event.lease == row.cur_lease:
@@ -130,6 +131,17 @@ def credit(state: State, row: SourceRow, found: list[tuple[ProxyWorked, bool]]) 
         if more:
             row.cur_working = (*working, *more)
     state.dirty_sources.add(row.url_id)
+
+
+def _working_set(state: State, row: SourceRow) -> set[str]:
+    """The addresses of ``row.cur_working`` as a set, kept between calls: a fetch's
+    confirmations sent one by one (single events) would otherwise rebuild it from the
+    tuple at each, a fetch's cost growing with the square of what it found. Kept while
+    the fetch is the same and the tuple only grew by what ``credit`` added."""
+    kept = state.working_sets.get(row.url_id)
+    if kept is None or kept[0] != row.cur_lease or len(kept[1]) != len(row.cur_working):
+        kept = state.working_sets[row.url_id] = (row.cur_lease, set(row.cur_working))
+    return kept[1]
 
 
 _NONE = SourceRow(url_id="", url="")

@@ -169,6 +169,9 @@ class State:
     site_cells: dict[str, int] = derived(dict)  # site -> its cells (reducers/sites.py)
     site_seen: dict[str, int] = derived(dict)  # site -> its cells' latest verdict (log ms)
     site_proxy: dict[int, ProxyKey] = derived(dict)  # ``site_proxies`` by number
+    # A source's fetch in progress -> (its lease, the addresses of its cur_working):
+    # built when first needed, never rebuilt (reducers/sources.py _working_set).
+    working_sets: dict[str, tuple[str, set[str]]] = derived(dict)
 
     # This replica's own. Re-sends met and ignored since it started, per agent (a
     # re-send changes no projection: its digest is the log's without it); for an agent
@@ -190,6 +193,12 @@ class State:
     dirty_site_proxies: set[ProxyKey] = replica(set)
     dirty_quality: set[ProxyKey] = replica(set)
     settings_dirty: bool = replica(bool)
+    # ``dirty_proxies`` has two readers, the checkpoint and the pool view that follows
+    # this state (gateway/views.py), each taking the keys changed since it last took:
+    # what one took and the other has not yet waits for it here (``view_changes`` is
+    # None while no view follows).
+    unwritten: set[ProxyKey] = replica(set)
+    view_changes: set[ProxyKey] | None = replica(lambda: None)
 
     def __init__(self) -> None:
         for piece in PIECES:
@@ -207,7 +216,29 @@ class State:
         self.dirty_quality = set(self.quality)
         self.settings_dirty = True
 
+    def take_unwritten(self) -> set[ProxyKey]:
+        """The proxy keys changed since the last checkpoint took them (its cut)."""
+        dirty, self.dirty_proxies = self.dirty_proxies, set()
+        if self.view_changes is not None:
+            self.view_changes |= dirty
+        if self.unwritten:
+            dirty |= self.unwritten
+            self.unwritten = set()
+        return dirty
+
+    def take_view_changes(self) -> set[ProxyKey]:
+        """The proxy keys changed since the pool view last took them; from the first
+        call on, the checkpoint's cuts keep them for it."""
+        dirty, self.dirty_proxies = self.dirty_proxies, set()
+        self.unwritten |= dirty
+        changed = self.view_changes if self.view_changes is not None else set()
+        changed |= dirty
+        self.view_changes = set()
+        return changed
+
     def clear_dirty(self) -> None:
+        if self.view_changes is not None:
+            self.view_changes |= self.dirty_proxies
         self.dirty_proxies = set()
         self.dirty_sources = set()
         self.dirty_leases = set()

@@ -15,6 +15,7 @@ from projections.core import poolview
 from projections.core.poolview import build
 from projections.core.readmodels import ProxyFilter, query_proxies
 from reducers import State, fold
+from reducers.steps import at_once
 from tests.helpers import worked
 
 T0 = 1_800_000_000_000
@@ -84,9 +85,9 @@ async def test_a_pool_view_stays_fresh_ten_times_as_long_as_it_took_to_build(
     now = [100.0]
     build_s = [0.001]
 
-    def slow_building(state: State, at: int | None = None, kept: Any = None) -> Any:
+    def slow_building(state: State, *args: Any) -> Any:
         now[0] += build_s[0]  # the build's own time passes on the keeper's clock
-        return (yield from poolview.building(state, at, kept))
+        return (yield from poolview.building(state, *args))
 
     monkeypatch.setattr(views, "building", slow_building)
     state = State()
@@ -188,3 +189,51 @@ async def test_a_big_pools_build_gives_the_loop_back_and_stats_do_not_wait_for_i
     ticker.cancel()
     assert second.seq == state.last_seq and second is not first
     assert ticks > 20  # the loop ran others between the build's steps
+
+
+def _orders(view: poolview.PoolView, now: int) -> tuple[Any, ...]:
+    indexes = {k: {v: list(vs) for v, vs in index.items()} for k, index in view.indexes.items()}
+    return (view.seq, list(view.by_latency), list(view.by_last_seen), indexes, view.census(now))
+
+
+@settings(max_examples=60, deadline=None)
+@given(state=pools(), data=st.data())
+def test_a_view_built_from_the_rows_that_changed_is_the_whole_build(
+    state: State, data: st.DataObject
+) -> None:
+    """A view built from the one before and the rows changed since (new, confirmed
+    again, failed, evicted by the log's time, some cut by a checkpoint in between) has
+    the very orders, indexes and census of a view built from the whole pool."""
+    from events import ProxyFailed
+    from projections.store import collect
+    from tests.helpers import eid
+
+    state.take_view_changes()  # a view follows the state from here
+    before = build(state)
+    seq = state.last_seq
+    for _ in range(data.draw(st.integers(0, 25))):
+        seq += 1
+        p = data.draw(st.integers(0, 60))
+        ip, port = f"8.8.{p // 200}.{p % 200 + 1}", 1000 + p % 7
+        ts = T0 + data.draw(st.integers(0, 40_000_000)) + data.draw(st.sampled_from([0, 10**9]))
+        if data.draw(st.booleans()):
+            latency = data.draw(st.integers(0, 3000))
+            fold(
+                state,
+                worked(ip, port, latency_ms=latency, proto=data.draw(st.sampled_from(PROTOS))),
+                seq,
+                ts,
+            )
+        else:
+            fold(
+                state,
+                ProxyFailed(id=eid(), agent="w1", at=0, ip=ip, port=port, proto="http"),
+                seq,
+                ts,
+            )
+        if data.draw(st.integers(0, 9)) == 0:
+            collect(state)  # a checkpoint's cut hands its keys on to the view
+    changed = state.take_view_changes()
+    now = T0 + data.draw(st.integers(0, 100_000_000))
+    moved = at_once(poolview.building(state, now, None, before, changed))
+    assert _orders(moved, now) == _orders(build(state), now)

@@ -11,21 +11,20 @@ assignment, so a reader sees one sequence or the next, never half.
 from __future__ import annotations
 
 import heapq
-import operator
+from collections import defaultdict
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
 
-import msgspec
-
+from projections.core.census import CENSUS_MS, STEP, Tally, edge
 from projections.core.chunks import Chunks
-from projections.core.quality import datacenter
+from projections.core.proxyview import ProxyView, Views, view_of
 from projections.core.readmodels import ProxyFilter
-from reducers import State, sites, trust
-from reducers.pool import STANDINGS, band_edges, seen_bounds, standing
-from reducers.rows import ProxyQuality, SiteCells
-from reducers.state import ProxyKey, ProxyRow
+from projections.core.through import ThroughKept
+from reducers import State, trust
+from reducers.pool import STANDINGS, seen_bounds, standing
+from reducers.state import ProxyKey
 from reducers.steps import at_once
 
 __all__ = [
@@ -39,46 +38,9 @@ __all__ = [
     "held",
 ]
 
-CENSUS_MS = 5_000
-
-
-class ProxyView(msgspec.Struct, gc=False):
-    """One row as a query reads it, copied whole. Untracked by the collector (``gc=False``:
-    it holds no container that could hold it back), so a view's hundred thousand views
-    cost no collection a walk; built by msgspec in C, not by a Python ``__new__``."""
-
-    latency: float
-    ip: str
-    port: int
-    proto: str
-    protos: tuple[str, ...]
-    anonymity: str
-    country: str
-    asn: int
-    as_org: str
-    mitm: bool
-    https: str
-    last_seen: int
-    first_seen: int
-    exit_ip: str
-    confirmations: int
-    fail_streak: int
-    agents: int
-    sources: tuple[str, ...]
-    samples: bytes
-    line: str  # "proto://ip:port\n"
-    confirmed: bool  # an agent trusted now confirmed it (reducers/trust.py)
-    datacenter: str  # "yes", "no", "" (no AS known): projections/core/quality.py
-    # Its figures over time (reducers/quality.py): the fold's own row, read only where a
-    # filter or an answer asks (as of the read, not the build). Working them out for
-    # every row made a build of 100,000 proxies 0.50 s (0.34 without figures; 0.375
-    # reading them so).
-    quality: ProxyQuality | None = None
-
-
-Views = Chunks[ProxyView]
 Index = dict[object, Views]
 _NONE: Views = Chunks()
+INDEXED = ("proto", "anonymity", "country", "asn")  # the order _indexing walks them in
 
 
 def _standing_terms(status: str) -> tuple[bool | None, bool | None]:
@@ -99,53 +61,6 @@ def _standing_terms(status: str) -> tuple[bool | None, bool | None]:
 
 
 _STANDING_TERMS = {s: _standing_terms(s) for s in STANDINGS if s != "mitm"}
-_BY = (("by_proto", "proto"), ("by_anonymity", "anonymity"), ("by_country", "country"))
-
-
-def _line(v: ProxyView) -> str:
-    """The census line of a row within the TTL."""
-    return standing(v.fail_streak > 0, v.confirmed, v.mitm)
-
-
-@dataclass(slots=True)
-class Tally:
-    """Counts of the rows ``by_last_seen[:edge]``: moving the edge adds or takes away only
-    the rows between the old edge and the new one (a few, as the TTL's edge moves in
-    real time), so a census costs a full walk once a view, not once a slice."""
-
-    edge: int = 0
-    at: int = -1
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STANDINGS, 0))
-    by: dict[str, dict[str, int]] = field(default_factory=lambda: {k: {} for k, _ in _BY})
-    answer: dict[str, Any] | None = None
-
-    def moving(self, rows: Views, edge: int) -> Generator[None, None, None]:
-        """Move the edge to ``edge``, ``STEP`` rows a step."""
-        while self.edge != edge:
-            step = max(-STEP, min(STEP, edge - self.edge))
-            lo, hi = sorted((self.edge, self.edge + step))
-            self._count(rows.between(lo, hi), 1 if step > 0 else -1)
-            self.edge += step
-            yield
-
-    def _count(self, rows: Iterable[ProxyView], sign: int) -> None:
-        counts, by = self.counts, self.by
-        for v in rows:
-            line = _line(v)
-            counts[line] += sign
-            if line != "alive":
-                continue
-            for name, attr in _BY:
-                d = by[name]
-                value = getattr(v, attr) if attr == "proto" else getattr(v, attr) or "unknown"
-                left = d.get(value, 0) + sign
-                if left:
-                    d[value] = left
-                else:
-                    del d[value]
-
-    def answer_counts(self) -> dict[str, Any]:
-        return {**self.counts, **{k: dict(sorted(d.items())) for k, d in self.by.items()}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +79,9 @@ class PoolView:
     # The census's running tally (``Tally``): what the walk of by_last_seen counted down
     # to the TTL's edge it was last asked at, moved from there as the edge moves.
     tally: Tally = field(default_factory=lambda: Tally())
+    # Each row's view by its key: what the next view, built from the rows that changed
+    # (``building``'s ``since``), starts from.
+    by_key: dict[ProxyKey, ProxyView] = field(default_factory=dict)
 
     def census(self, now: int) -> dict[str, Any]:
         """The pool within the TTL as ``GET /v1/proxies`` sees it: ``alive`` is what it
@@ -181,10 +99,7 @@ class PoolView:
         at = now // CENSUS_MS
         tally = self.tally
         if tally.at != at:
-            alive_from, _ = band_edges(at * CENSUS_MS, self.ttl_s)
-            # by_last_seen is newest first: the rows within the TTL are a prefix of it.
-            edge = self.by_last_seen.bisect_right(-alive_from, key=_newest_first)
-            yield from tally.moving(self.by_last_seen, edge)
+            yield from tally.moving(self.by_last_seen, edge(self.by_last_seen, at, self.ttl_s))
             tally.at, tally.answer = at, None
         if tally.answer is None:
             tally.answer = {"seq": self.seq, **tally.answer_counts()}
@@ -266,62 +181,10 @@ def _by_last_seen(v: ProxyView) -> tuple[int, str, int]:
     return (-v.last_seen, v.ip, v.port)
 
 
-def _newest_first(v: ProxyView) -> int:
-    return -v.last_seen
-
-
-# Rows a step of ``building``: at most ~2.5 ms of this machine's time for any kind of step.
-STEP = 1_024
-
 Building = Generator[None, None, PoolView]
 
 
 _NO_ONE: set[ProxyKey] = set()
-
-
-class ThroughKept:
-    """What the pool views found of the sites, kept from one view to the next (the
-    gateway's keeper holds one): a row of cells whose columns are the bytes they were,
-    read before the earliest lifting of a block in it, gets the same proxies through;
-    a site whose rows all did gets the same set. Walking 2,000,000 cells anew was 0.4
-    s of each view's build (1.05 s against 0.65 without cells), and a request waits on
-    a build's slices while it runs."""
-
-    def __init__(self) -> None:
-        # (site, chunk, as of a time or not) -> (its columns' bytes, until, the proxies)
-        self._rows: dict[tuple[str, int, bool], tuple[bytes, int, list[ProxyKey]]] = {}
-        self._sites: dict[str, tuple[list[list[ProxyKey]], set[ProxyKey]]] = {}
-
-    def row(
-        self, cells: SiteCells, now: int, proxy_of: dict[int, ProxyKey]
-    ) -> tuple[list[ProxyKey], bool]:
-        """(the proxies of ``cells`` through at ``now``, whether they were walked)."""
-        key = (cells.site, cells.chunk, now > 0)
-        columns = b"".join((cells.nos, cells.through_at, cells.blocked_at))
-        held = self._rows.get(key)
-        if held is not None and held[0] == columns and now < held[1]:
-            return held[2], False
-        found, until = sites.through_until(cells, now, proxy_of)
-        self._rows[key] = (columns, until, found)
-        return found, True
-
-    def union(self, site: str, founds: list[list[ProxyKey]]) -> set[ProxyKey]:
-        """The proxies of ``founds`` as one set: the last one made for ``site`` when
-        they are the very lists it was made of."""
-        made_of, union = self._sites.get(site, ([], set()))
-        if made_of and len(made_of) == len(founds) and all(map(operator.is_, made_of, founds)):
-            return union
-        union = set().union(*founds)
-        self._sites[site] = (founds, union)
-        return union
-
-    def forget(self, sites_through: Iterable[str], rows: Iterable[tuple[str, int]]) -> None:
-        """Let go of what was kept of the sites with no proxy through any more, and of
-        the rows gone."""
-        keep = set(sites_through)
-        self._sites = {s: v for s, v in self._sites.items() if s in keep}
-        present = set(rows)
-        self._rows = {k: v for k, v in self._rows.items() if k[:2] in present}
 
 
 def build(state: State) -> PoolView:
@@ -329,28 +192,50 @@ def build(state: State) -> PoolView:
     return at_once(building(state))
 
 
-def building(state: State, now: int | None = None, kept: ThroughKept | None = None) -> Building:
+def building(
+    state: State,
+    now: int | None = None,
+    kept: ThroughKept | None = None,
+    since: PoolView | None = None,
+    changed: Iterable[ProxyKey] = (),
+) -> Building:
     """The pool view of ``state``, built a step of at most ``STEP`` rows at a time: the
-    caller (gateway/queries.py) gives the event loop back between steps, so a pool of a
+    caller (gateway/views.py) gives the event loop back between steps, so a pool of a
     million rows never holds it for the second its view takes. Each row is copied
     whole within one step; rows the fold changes between steps are copied as they are
     then (the view's ``seq`` is where it started), and rows it adds wait for the next
     view. With ``now``, the census at ``now`` is counted as a last step, and the sites'
     standing is as of ``now`` (without: as of the latest words, no block expired);
-    ``kept``: what the last views found of the sites, for the rows that did not move."""
+    ``kept``: what the last views found of the sites, for the rows that did not move.
+
+    ``since``: a view of the same state, built under the same trust and settings, and
+    ``changed``: every key whose row changed since it was built (``State.view_changes``):
+    only those rows are copied again, and the orders are the old ones with them taken
+    out and merged back in (``_merging``), not sorted anew: a burst of 30,000 new
+    proxies into a pool of 100,000 is a view in a fraction of a whole build."""
     vouched = trust.vouched(state)
     seq, ttl_s = state.last_seq, state.settings.proxy_ttl_s
-    rows = list(state.proxies.values())
-    views: list[tuple[ProxyView, ...]] = []  # a step's each
-    for i in range(0, len(rows), STEP):
-        views.append(tuple(_view(r, vouched, state.quality) for r in rows[i : i + STEP]))
-        yield
-    del rows
-    by_latency = yield from _sorting(views, _by_latency)
-    by_last_seen = yield from _sorting(views, _by_last_seen)
-    indexes = {}
-    for key in ("proto", "anonymity", "country", "asn"):
-        indexes[key] = yield from _indexing(by_latency, key)
+    if since is None:
+        by_key: dict[ProxyKey, ProxyView] = {}
+        keys, rows = list(state.proxies), list(state.proxies.values())
+        views: list[tuple[ProxyView, ...]] = []  # a step's each
+        for i in range(0, len(rows), STEP):
+            part = tuple(view_of(r, vouched, state.quality) for r in rows[i : i + STEP])
+            by_key.update(zip(keys[i : i + STEP], part, strict=True))
+            views.append(part)
+            yield
+        del keys, rows
+        by_latency = yield from _sorting(views, _by_latency)
+        by_last_seen = yield from _sorting(views, _by_last_seen)
+        indexes = yield from _indexing(by_latency)
+        tally = Tally()
+    else:
+        by_key, fresh, gone = yield from _changing(state, since.by_key, changed, vouched)
+        ids = {id(v) for v in gone}
+        by_latency = yield from _merging(since.by_latency, ids, fresh, _by_latency)
+        by_last_seen = yield from _merging(since.by_last_seen, ids, fresh, _by_last_seen)
+        indexes = (yield from _indexing(by_latency)) if fresh or gone else since.indexes
+        tally = since.tally.carried(gone, fresh, by_last_seen, ttl_s)
     kept = kept if kept is not None else ThroughKept()
     founds: dict[str, list[list[ProxyKey]]] = {}
     walked = 0
@@ -367,42 +252,53 @@ def building(state: State, now: int | None = None, kept: ThroughKept | None = No
         through[site] = kept.union(site, lists)
         yield
     kept.forget(founds.keys(), state.sites.keys())
-    view = PoolView(seq, ttl_s, by_latency, by_last_seen, indexes, through)
+    view = PoolView(seq, ttl_s, by_latency, by_last_seen, indexes, through, tally, by_key)
     if now is not None:
         yield from view.counting(now)  # the one full walk, here rather than on a request
     return view
 
 
-def _view(
-    r: ProxyRow,
+def _changing(
+    state: State,
+    before: dict[ProxyKey, ProxyView],
+    changed: Iterable[ProxyKey],
     vouched: Callable[[tuple[str, ...]], bool],
-    quality: dict[ProxyKey, ProxyQuality],
-) -> ProxyView:
-    return ProxyView(
-        r.latency_ema,
-        r.ip,
-        r.port,
-        r.proto,
-        r.protos,
-        r.anonymity,
-        r.country,
-        r.asn,
-        r.as_org,
-        r.mitm,
-        r.https,
-        r.last_seen,
-        r.first_seen,
-        r.exit_ip,
-        r.confirmations,
-        r.fail_streak,
-        len(r.agents),
-        r.sources,
-        r.samples,
-        f"{r.proto}://{r.ip}:{r.port}\n",
-        vouched(r.agents),
-        datacenter(r.as_org),
-        quality.get((r.ip, r.port)) if quality else None,
-    )
+) -> Generator[None, None, tuple[dict[ProxyKey, ProxyView], list[ProxyView], list[ProxyView]]]:
+    """The views by key with the ``changed`` rows copied anew (those gone, left out);
+    the new views, and the old ones they replace."""
+    by_key = dict(before)
+    fresh: list[ProxyView] = []
+    gone: list[ProxyView] = []
+    keys = list(changed)
+    for i in range(0, len(keys), STEP):
+        for key in keys[i : i + STEP]:
+            old = by_key.pop(key, None)
+            if old is not None:
+                gone.append(old)
+            row = state.proxies.get(key)
+            if row is not None:
+                view = by_key[key] = view_of(row, vouched, state.quality)
+                fresh.append(view)
+        yield
+    return by_key, fresh, gone
+
+
+def _merging(
+    before: Views, gone: set[int], fresh: list[ProxyView], key: Callable[[ProxyView], Any]
+) -> Generator[None, None, Views]:
+    """``before``'s order without the views of ``gone`` and with ``fresh`` merged in,
+    ``STEP`` at a time: the old order is one sorted run already."""
+    if not (gone or fresh):
+        return before
+    parts = [tuple(fresh[i : i + STEP]) for i in range(0, len(fresh), STEP)]
+    added = yield from _sorting(parts, key)
+    staying = (v for v in before if id(v) not in gone)
+    merged = heapq.merge(staying, added, key=key)
+    out = []
+    while chunk := tuple(islice(merged, STEP)):
+        out.append(chunk)
+        yield
+    return Chunks(out)
 
 
 def _sorting(
@@ -422,31 +318,42 @@ def _sorting(
     return Chunks(out)
 
 
-def _indexing(views: Views, key: str) -> Generator[None, None, Index]:
-    """The views by the values of ``key``, each value's in the order of ``views``: a
-    step's part of it at a time, a tuple for each value it holds."""
-    groups: dict[object, list[tuple[ProxyView, ...]]] = {}
-    for part in views.parts:
-        found: dict[object, list[ProxyView]] = {}
-        if key == "proto":
-            for v in part:
-                for p in v.protos:
-                    found.setdefault(p, []).append(v)
-        else:
-            for v in part:
-                found.setdefault(getattr(v, key), []).append(v)
-        for k, vs in found.items():
-            groups.setdefault(k, []).append(tuple(vs))
+def _indexing(views: Views) -> Generator[None, None, dict[str, Index]]:
+    """The views by each value of proto, anonymity, country and ASN, each value's in
+    the order of ``views``: one walk, a step's part of it at a time, a tuple for each
+    value a part holds."""
+    groups: dict[str, dict[object, list[tuple[ProxyView, ...]]]] = {k: {} for k in INDEXED}
+    # A quarter of a step's rows a step: each row goes into four indexes (and the young
+    # tuples a step leaves are what a young collection walks, projections/core/chunks.py).
+    quarter = STEP // len(INDEXED)
+    for rows in (islice(p, i, i + quarter) for p in views.parts for i in range(0, len(p), quarter)):
+        found: dict[str, defaultdict[object, list[ProxyView]]] = {
+            k: defaultdict(list) for k in INDEXED
+        }
+        protos, anonymity, country, asn = found.values()
+        for v in rows:
+            for p in v.protos:
+                protos[p].append(v)
+            anonymity[v.anonymity].append(v)
+            country[v.country].append(v)
+            asn[v.asn].append(v)
+        for key, by_value in found.items():
+            group = groups[key]
+            for value, vs in by_value.items():
+                group.setdefault(value, []).append(tuple(vs))
         yield
-    index: Index = {}
+    indexes: dict[str, Index] = {}
     made = 0
-    for k, parts in groups.items():  # about STEP parts a step (a value's all in one)
-        index[k] = Chunks(parts)
-        made += len(parts)
-        if made >= STEP:
-            made = 0
-            yield
-    return index
+    for key, group in groups.items():
+        index: Index = {}
+        indexes[key] = index
+        for value, parts in group.items():  # about STEP parts a step (a value's all in one)
+            index[value] = Chunks(parts)
+            made += len(parts)
+            if made >= STEP:
+                made = 0
+                yield
+    return indexes
 
 
 def held(view: PoolView) -> list[tuple[tuple[ProxyView, ...], ...]]:
