@@ -121,10 +121,12 @@ class SourceRow(msgspec.Struct, gc=False):
     last_worker: str = ""
     last_error: str = ""
     # The fetch in progress: its lease, what it extracted, the distinct proxies that
-    # worked from it. Settled into working_ratio when the lease ends.
+    # worked from it. Settled into working_ratio when the lease ends. A list, grown in
+    # place: a fetch's confirmations sent one by one copied a tuple of all found so far
+    # at each (stored as the tuple was: the same array in the checkpoint and digest).
     cur_lease: str = ""
     cur_candidates: int = 0
-    cur_working: tuple[str, ...] = ()
+    cur_working: list[str] = []
 
 
 class LeaseRow(msgspec.Struct, gc=False):

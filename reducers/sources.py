@@ -65,7 +65,7 @@ def settle(state: State, url_id: str, lease: str) -> None:
         row.working_ratio = _ema(state.settings.ema_alpha, ratio, row.working_ratio, first)
     row.cur_lease = ""
     row.cur_candidates = 0
-    row.cur_working = ()
+    row.cur_working = []
     state.working_sets.pop(url_id, None)
     state.dirty_sources.add(url_id)
 
@@ -116,20 +116,17 @@ def extracted(state: State, event: Extracted) -> None:
 def credit(state: State, row: SourceRow, found: list[tuple[ProxyWorked, bool]]) -> None:
     """Proxies found through a source (each with whether it was new) count toward its
     additions, and those of its fetch in progress toward its working ratio. A round's
-    confirmations come together: the fetch's tuple of addresses is rebuilt once."""
+    confirmations come together."""
     row.proxies_added += sum(new for _, new in found)
     if row.cur_lease:
         working = row.cur_working
         known = _working_set(state, row)
-        more = []
         for event, _ in found:
             if event.lease == row.cur_lease:
                 addr = f"{event.ip}:{event.port}"
                 if addr not in known:
                     known.add(addr)
-                    more.append(addr)
-        if more:
-            row.cur_working = (*working, *more)
+                    working.append(addr)
     state.dirty_sources.add(row.url_id)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 
 import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import events as ev
 from events.batches import MAX_RESULTS, MAX_RESULTS_BYTES, expand, group
@@ -15,6 +17,7 @@ from projections import Folder
 from projections.core.digest import digests
 from reducers import State
 from reducers.fold import PIECE
+from reducers.kept import Kept, declared
 from tests.helpers import message, worked
 
 T0 = 1_800_000_000_000
@@ -290,3 +293,80 @@ def test_a_round_is_folded_in_pieces_that_add_up_to_the_whole() -> None:
     assert grown == [PIECE, 2 * PIECE, 3 * PIECE, size]
     assert not folder.midway and state.last_seq == 2 and folder.applied == 2
     assert digests(state) == digests(whole)
+
+
+@st.composite
+def _checks(draw: st.DrawFn) -> list[ev.Event]:
+    """An enrolled checker's and worker's rounds, each agent's results grouped as its
+    client groups them (under a few leases and sources, some proxies seen twice, some
+    failing, a Fetched among them), the two agents' messages interleaved; trust,
+    quotas, the re-send window and quality on."""
+    settings = ev.Settings(
+        agent_subjects=False, trust=True, trusted_agents=("c1", "w1"), resend_window=64,
+        quality=True, quota_events_per_min=1 << 30, quota_proxies_per_hour=1 << 30,
+    )  # fmt: skip
+    setup: list[ev.Event] = [
+        ev.Configured(id=_id(T0, 0), agent="admin", at=0, settings=settings),
+        ev.SourceAdded(
+            id=_id(T0, 1), agent="admin", at=0, url="https://l.example.net/", url_id=_SOURCE
+        ),
+    ]
+    for n, (name, role) in enumerate((("c1", "checker"), ("w1", "worker")), start=2):
+        setup.append(
+            ev.AgentEnrolled(
+                id=_id(T0, n), agent="admin", at=0, name=name, role=role, token_sha256="0" * 64
+            )
+        )
+    outboxes: dict[str, list[ev.Event]] = {"c1": [], "w1": []}
+    for i in range(draw(st.integers(1, 120))):
+        agent = draw(st.sampled_from(["c1", "w1"]))
+        p = draw(st.integers(0, 40))
+        ip, lease = f"31.0.{p // 200}.{p % 200 + 1}", f"lease-{draw(st.integers(0, 2))}"
+        eid = _id(T0, 100 + i)
+        if agent == "c1" and draw(st.booleans()):
+            check: ev.Event = ev.ProxyFailed(
+                id=eid, agent=agent, at=0, ip=ip, port=3128, proto="http", lease=lease
+            )
+        else:
+            check = worked(
+                agent=agent, ip=ip, port=3128, id=eid, lease=lease,
+                source=draw(st.sampled_from(["", _SOURCE])),
+                latency_ms=draw(st.integers(0, 3000)), speed_kb_s=draw(st.integers(0, 900)),
+                anonymity=draw(st.sampled_from(["", "elite", "transparent"])),
+            )  # fmt: skip
+        outboxes[agent].append(check)
+        if draw(st.integers(0, 30)) == 0:
+            outboxes["w1"].append(
+                ev.Fetched(id=_id(T0, 10_000 + i), agent="w1", at=0, url_id=_SOURCE, ok=True)
+            )
+    sent = {agent: group(events) for agent, events in outboxes.items()}
+    rounds = setup
+    while sent["c1"] or sent["w1"]:
+        agent = draw(st.sampled_from([a for a, left in sent.items() if left]))
+        rounds.append(sent[agent].pop(0))
+    return rounds
+
+
+_SOURCE = "0123456789abcdef"
+
+
+@settings(max_examples=80, deadline=None)
+@given(rounds=_checks())
+def test_a_drawn_round_folds_to_every_table_its_results_fold_to(rounds: list[ev.Event]) -> None:
+    """Drawn rounds (ProxiesChecked, the fleet's form) and their results folded one by
+    one, in the same order, each under an id of its own, give the same rows in every
+    table, and the same meta but the fold's position and the re-send marks (a round is
+    one message and one id)."""
+    singles = [
+        msgspec.structs.replace(e, id=_id(T0, 20_000 + i)) for i, e in enumerate(_singles(rounds))
+    ]
+    one, other = State(), State()
+    Folder(one).apply(message(seq, T0, e) for seq, e in enumerate(singles, start=1))
+    Folder(other).apply(message(seq, T0, e) for seq, e in enumerate(rounds, start=1))
+    by_one, by_other = digests(one), digests(other)
+    assert by_one.keys() == by_other.keys()
+    for table in by_one.keys() - {"meta"}:
+        assert by_one[table] == by_other[table], table
+    for piece in declared(State):
+        if isinstance(piece, Kept) and piece.name not in ("last_seq", "marks"):
+            assert getattr(one, piece.name) == getattr(other, piece.name), piece.name
