@@ -339,7 +339,7 @@ def make_app(
     app[REPORTS] = RateLimiter(REPORTS_PER_HOUR / 3600, REPORTS_BURST)
     app[DELETED] = Deleted()
     app[TRUSTED] = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
-    app[POOL_VIEW] = PoolViewKeeper(foreground=fold.foreground)
+    app[POOL_VIEW] = PoolViewKeeper(foreground=fold.foreground, catching_up=fold.catching_up)
     app[GRANTER] = Granter(
         fold,
         app[LOG],

@@ -24,6 +24,8 @@ __all__ = ["POOL_VIEW", "PoolViewKeeper", "following", "pool_census"]
 
 log = structlog.get_logger("ppf.gateway")
 
+FOLLOW_S = 0.05  # how often the view looks at the fold (PoolViewKeeper.follow)
+
 
 class PoolViewKeeper:
     """Holds the current pool view; rebuilds it when the fold moved and it is stale.
@@ -32,7 +34,9 @@ class PoolViewKeeper:
     and ``max_age_s``), so rebuilding takes at most ``share`` of the event loop's time
     while the fold moves: a small pool's view follows the fold within a tenth of a
     second (a death served a second longer cost the churn lab's precision), a million
-    proxies' (seconds to build) is not rebuilt every second while the fold moves. Once
+    proxies' (seconds to build) is not rebuilt every second while the fold moves; while
+    it catches up with a backlog (``catching_up``), every ``max_age_s`` (rebuilding as
+    it went took a sixth to a quarter of a catch-up's time, `ppf bench fold`). Once
     the fold has stood still for ``settled_s`` (a catch-up's end, a burst folded), the
     view is stale at once: the fold no longer wants the loop, and what it folded is
     served within a second. A build gives the loop back every ``slice_s``
@@ -53,9 +57,11 @@ class PoolViewKeeper:
         settled_s: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
         foreground: Foreground | None = None,
+        catching_up: Callable[[], bool] = lambda: False,
     ) -> None:
         self.share, self.min_age_s, self.max_age_s = share, min_age_s, max_age_s
         self.settled_s = settled_s
+        self.catching_up = catching_up  # the fold's: far behind the log's head
         self._moved = (-1, 0.0)  # the fold's sequence as last seen, and since when
         self._basis: tuple[object, ...] | None = None  # what the current view was built under
         # A build nobody waits for (a big pool's) and the old views' release yield to
@@ -84,6 +90,8 @@ class PoolViewKeeper:
             self._moved = (state.last_seq, now)
         if view.seq == state.last_seq:
             return False
+        if self.catching_up():  # the fold wants the loop: a view at most max_age_s old
+            return now - self._built >= self.max_age_s
         return now - self._built >= self._age_s or now - self._moved[1] >= self.settled_s
 
     async def view(self, state: State, *, idle: bool | None = None) -> PoolView:
@@ -109,6 +117,14 @@ class PoolViewKeeper:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(task), self.wait_s)
         return self.current or view
+
+    async def follow(self, state: Callable[[], State]) -> None:
+        """Keep the view following ``state()`` (the fold's, which a snapshot may
+        replace), looked at every ``FOLLOW_S``."""
+        while True:
+            await asyncio.sleep(FOLLOW_S)
+            if self.stale(state()):
+                await self.view(state())
 
     def _cheap(self, state: State) -> bool:
         """Whether the next build is one to wait for: the last one was short and the pool
@@ -163,21 +179,13 @@ class PoolViewKeeper:
 
 
 POOL_VIEW = web.AppKey("pool_view", PoolViewKeeper)
-FOLLOW_S = 0.05
 
 
 async def following(app: web.Application) -> AsyncIterator[None]:
     """The pool view follows the fold whether or not queries come (a view built on a
-    query's call answered only the query after it): asked every ``FOLLOW_S``."""
-
-    async def follow() -> None:
-        keeper, fold = app[POOL_VIEW], app[FOLD]
-        while True:
-            await asyncio.sleep(FOLLOW_S)
-            if keeper.stale(fold.state):
-                await keeper.view(fold.state)
-
-    task = asyncio.create_task(follow(), name="ppf-pool-view")
+    query's call answered only the query after it)."""
+    fold = app[FOLD]
+    task = asyncio.create_task(app[POOL_VIEW].follow(lambda: fold.state), name="ppf-pool-view")
     yield
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import heapq
 import itertools
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -53,7 +52,7 @@ async def far_behind(fold: FoldService) -> bool:
     head as last read (every 250 ms): no NATS round trip of its own, so it neither waits
     nor fails while NATS is away or a cluster elects (the reading is then old, and says
     less). The lease granter and the locator hold back while it is so."""
-    return await fold.head_seq(max_age_s=math.inf) - fold.state.last_seq > LAG_BOUND
+    return fold.catching_up()
 
 
 class Sink(Protocol):
@@ -143,6 +142,11 @@ class FoldService:
     @property
     def applied_seq(self) -> int:
         return self.state.last_seq
+
+    def catching_up(self) -> bool:
+        """Whether more than ``LAG_BOUND`` messages are left to apply, by the head as
+        last read (``far_behind``'s reading, without a wait)."""
+        return self._head[1] - self.state.last_seq > LAG_BOUND
 
     def digest(self) -> tuple[int, str]:
         """(digest_seq, digest): the projections' digest at the last checkpoint, kept by

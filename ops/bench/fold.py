@@ -1,11 +1,14 @@
-"""``ppf bench fold``: end-to-end fold throughput against the consume ceiling, same run.
+"""``ppf bench fold``: what a gateway catching up delivers, against the consume ceiling
+and the design ppf replaces, same run.
 
 Phases, all against one real nats-server on loopback:
 1. publish N synthetic events (in a child process, so its memory is not ours);
 2. ceiling: nats-py ordered push consumer with a callback that does nothing;
-3. lean path: the firehose reader with no decoding;
-4. ppf: firehose + decode + reducers + DuckDB checkpoints into a fresh file (a replay);
-5. baseline: the design ppf replaces, a coordinator that upserts every report into
+3. lean path: the firehose reader with no decoding (the raw read);
+4. a fresh gateway: its fold and the pool view following it, from the first message
+   read to the served view holding the last, wall clock (ops/bench/catchup.py);
+5. ppf's replay: firehose + decode + reducers + DuckDB checkpoints into a fresh file;
+6. baseline: the design ppf replaces, a coordinator that upserts every report into
    SQLite one row at a time (``INSERT OR REPLACE`` per report), over the same events.
 """
 
@@ -26,6 +29,7 @@ from typing import Any
 
 from events import Fetched, ProxiesChecked, ProxyFailed, ProxyWorked, decode
 from events.batches import expand
+from ops.bench.catchup import gateway_catch_up
 from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
 from ops.bench.streams import publish_synthetic, publisher, synthetic_in_lockstep
 from ops.nats.client import Log
@@ -178,6 +182,9 @@ async def bench_fold(
                 head = await publish_synthetic(nats_url, events, proxies, seed)
             ceiling = await _ceiling_nats_py(nats_url, head)
             lean = await _firehose_raw(nats_url, head)
+            gc.collect()
+            gateway = await gateway_catch_up(nats_url, head)
+            gc.collect()
             rss_before = _rss_mb()
             progress = Progress("fold", head)
             t = time.perf_counter()
@@ -205,10 +212,23 @@ async def bench_fold(
                 server.stop()
     fold_rate = seq / fold_s
     observations = events if rounds else seq
+    gateway_rate = observations / gateway["seconds"]
+    raw_rate = lean * observations / seq  # the raw read in observations a second
     return {
         "form": "rounds" if rounds else "singles",
         "events": seq,
         "observations": observations,
+        # What a fresh gateway delivers: from its first message read to the served view
+        # holding the last, wall clock, against the old master's upsert per report and
+        # the raw read, in the same run (ops/bench/catchup.py).
+        "gateway_observations_per_s": round(gateway_rate),
+        "gateway_vs_sqlite": round(gateway_rate / baseline["reports_per_s"], 3),
+        "gateway_vs_raw_read": round(gateway_rate / raw_rate, 3),
+        "gateway_seconds": gateway["seconds"],
+        "gateway_fold_seconds": gateway["fold_seconds"],
+        "gateway_view_after_fold_s": gateway["view_after_fold_s"],
+        "gateway_cpu_seconds": gateway["cpu_seconds"],
+        "raw_read_observations_per_s": round(raw_rate),
         "fold_observations_per_s": round(observations / fold_s),
         "seed": seed,
         "distinct_proxies": proxies_in_projection,

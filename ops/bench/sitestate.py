@@ -37,6 +37,7 @@ from events import AgentEnrolled, SiteResult, SitesChecked, token_sha256
 from events.mint import fresh_id, now_ms
 from ops.bench.gateway import _pct, _settled
 from ops.bench.snapshot import _gateway, _ready_at
+from ops.bench.stats import stats_then_lease
 from ops.bench.streams import publisher
 from ops.bench.workload import _ip
 from ops.nats.client import Log
@@ -191,16 +192,11 @@ async def _one(
             rss = _rss_mb(proc.pid)
             await _first_checkpoint(http, base)
             for _ in range(asks):
-                t = time.perf_counter()
-                async with http.get(base + "/v1/stats") as r:
-                    await r.read()
-                stats_ms.append((time.perf_counter() - t) * 1000)
-                t = time.perf_counter()
-                async with http.post(base + "/v1/leases", json=body) as r:
-                    await r.read()
-                    if r.status != 200:
-                        raise RuntimeError(f"lease: {r.status}")
-                lease_ms.append((time.perf_counter() - t) * 1000)
+                stats, lease, status = await stats_then_lease(http, base, body)
+                if status != 200:
+                    raise RuntimeError(f"lease: {status}")
+                stats_ms.append(stats)
+                lease_ms.append(lease)
         return {
             "start_s": round(start_s, 2),
             "rss_mb": round(rss),

@@ -54,6 +54,7 @@ from ops.progress import Progress
 __all__ = ["bench_stats"]
 
 POLL_S = 0.1
+AFTER_S = 10.0  # asked after each catch-up for this long
 
 
 def _worked(n: int) -> ProxyWorked:
@@ -187,7 +188,7 @@ def _summary(latencies: list[float]) -> dict[str, float]:
 
 
 async def _backlog(
-    workdir: Path, observations: int, proxies: int, seed: int, *, burst: bool
+    workdir: Path, observations: int, proxies: int, seed: int, *, burst: bool, run: int = 0
 ) -> dict[str, Any]:
     """Phase 4: /v1/stats and a lease grant while the gateway works off a backlog. Not
     ``burst``: the gateway is paused (SIGSTOP) while the backlog is published, then let
@@ -197,7 +198,7 @@ async def _backlog(
     gateway, and every lease waits for JetStream's ack behind the burst."""
     from ops.bench.streams import publisher
 
-    server = NatsServer(workdir / f"nats-backlog-{burst}", port=free_port())
+    server = NatsServer(workdir / f"nats-backlog-{burst}-{run}", port=free_port())
     server.start()
     try:
         setup = await asyncio.create_subprocess_exec(
@@ -215,7 +216,7 @@ async def _backlog(
         await lg.close()
         async with (
             aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http,
-            _gateway_process(server.url, workdir, f"backlog-{burst}") as (base, gateway),
+            _gateway_process(server.url, workdir, f"backlog-{burst}-{run}") as (base, gateway),
         ):
             await _wait_up(http, base)
             await _settled(base, quiet_s=1.0, timeout=300)
@@ -272,6 +273,7 @@ async def _backlog(
                     with contextlib.suppress(TimeoutError):  # and notice the publisher's end
                         await asyncio.wait_for(load.wait(), left)
             worked_off_s = time.monotonic() - t0
+            after_stats, after_lease = await _after(http, base, body)
             probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
@@ -288,10 +290,42 @@ async def _backlog(
         "max_lag_messages": lag,
         "stats": _summary(stats_ms),
         "lease": {**_summary(lease_ms), "statuses": statuses, "granted": granted},
+        # The AFTER_S once it caught up: whatever the checkpoint and the view are doing.
+        "after": {"stats": _summary(after_stats), "lease": _summary(after_lease)},
         # The same claim as a grant's, from this process, not the gateway's: what
         # JetStream's ack of a compare-and-set costs meanwhile, the gateway aside.
         "claim_ack": _summary(probe_ms),
     }
+
+
+async def stats_then_lease(
+    http: aiohttp.ClientSession, base: str, body: dict[str, Any]
+) -> tuple[float, float, int]:
+    """/v1/stats asked, then a lease: each one's time (ms), and the lease's status."""
+    t = time.perf_counter()
+    async with http.get(base + "/v1/stats") as r:
+        await r.read()
+    stats_ms = (time.perf_counter() - t) * 1000
+    t = time.perf_counter()
+    async with http.post(base + "/v1/leases", json=body) as r:
+        await r.read()
+    return stats_ms, (time.perf_counter() - t) * 1000, r.status
+
+
+async def _after(
+    http: aiohttp.ClientSession, base: str, body: dict[str, Any]
+) -> tuple[list[float], list[float]]:
+    """/v1/stats and a lease grant every ``POLL_S`` for ``AFTER_S``: their times (ms)."""
+    stats_ms: list[float] = []
+    lease_ms: list[float] = []
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < AFTER_S:
+        t = time.perf_counter()
+        stats, lease, _ = await stats_then_lease(http, base, body)
+        stats_ms.append(stats)
+        lease_ms.append(lease)
+        await asyncio.sleep(max(0.0, POLL_S - (time.perf_counter() - t)))
+    return stats_ms, lease_ms
 
 
 async def _probe_claims(url: str, samples: list[float]) -> None:
@@ -334,6 +368,7 @@ async def bench_stats(
     backlog: int = 1_000_000,
     runs: int = 3,
     backlog_observations: int = 1_000_000,
+    backlog_runs: int = 1,
     seed: int = 1,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="ppf-bench-stats-") as tmp:
@@ -379,10 +414,17 @@ async def bench_stats(
                     await asyncio.to_thread(load.wait, 30)
         finally:
             server.stop()
-        worked_off = burst = None
+        worked_off: list[dict[str, Any]] = []
+        burst = None
         if backlog_observations:
-            worked_off = await _backlog(workdir, backlog_observations, proxies, seed, burst=False)
+            for run in range(backlog_runs):
+                worked_off.append(
+                    await _backlog(
+                        workdir, backlog_observations, proxies, seed, burst=False, run=run
+                    )
+                )
             burst = await _backlog(workdir, backlog_observations, proxies, seed, burst=True)
+        after = [ms for run in worked_off for ms in (run["after"]["stats"], run["after"]["lease"])]
     healthz, stats = statistics.median(rates["healthz"]), statistics.median(rates["stats"])
     return {
         "proxies": proxies,
@@ -393,8 +435,11 @@ async def bench_stats(
         "load_events_per_s_asked": rate,
         "stats": {**_summary(stats_ms), "fold_events_per_s": round(stats_rate)},
         "proxies_limit_100": {**_summary(proxies_ms), "fold_events_per_s": round(proxies_rate)},
-        "backlog": worked_off,
+        "backlog": worked_off[0] if len(worked_off) == 1 else worked_off or None,
         "burst": burst,
+        # Over every backlog run's AFTER_S once caught up, /v1/stats and leases alike.
+        "after_catch_ups_p99_ms_max": max((a["p99_ms"] for a in after), default=None),
+        "after_catch_ups_max_ms": max((a["max_ms"] for a in after), default=None),
     }
 
 

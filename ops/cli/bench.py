@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         p.set_defaults(run=_runner(_call(run) if isinstance(run, str) else run))
         return p
 
-    fold = bench("fold", "fold throughput from a real stream", _fold)
+    fold = bench("fold", "what a gateway catching up with a real stream delivers", _fold)
     fold.add_argument(
         "--events", type=int, default=1_000_000, help="observations, as rounds (or --singles)"
     )
@@ -41,16 +41,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     fold.add_argument("--seed", type=int, default=1)
     fold.add_argument("--nats", default=None, help="an existing NATS (default: its own)")
     mode = fold.add_mutually_exclusive_group()
-    mode.add_argument(
-        "--rounds",
-        action="store_true",
-        help="the pinned workload as single events and as rounds, folded side by side",
-    )
-    mode.add_argument(
-        "--located",
-        action="store_true",
-        help="what Located adds (the stream without and with one Located per distinct proxy)",
-    )
+    rounds = "the pinned workload as single events and as rounds, folded side by side"
+    mode.add_argument("--rounds", action="store_true", help=rounds)
+    located = "what Located adds (the stream without and with one Located per distinct proxy)"
+    mode.add_argument("--located", action="store_true", help=located)
     fold.add_argument(
         "--observations", type=int, default=1_000_000, help="--rounds: proxy checks made"
     )
@@ -92,6 +86,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stats.add_argument("--rate", type=int, default=10_000, help="events/s folded meanwhile")
     backlog = "observations, as rounds over --proxies new proxies, of the backlog phase (0: none)"
     stats.add_argument("--backlog-rounds", type=int, default=1_000_000, help=backlog)
+    runs = "backlog phases, each caught up with, then asked for 10 s"
+    stats.add_argument("--backlog-runs", type=int, default=1, help=runs)
     singles = "observations over --proxies new proxies, as single events and as rounds (0: none)"
     stats.add_argument("--singles", type=int, default=300_000, help=singles)
     stats.add_argument("--singles-runs", type=int, default=5, help="runs of each form, interleaved")
@@ -255,7 +251,11 @@ async def _stats(args: argparse.Namespace) -> dict[str, Any]:
     from ops.bench.stats import bench_stats
 
     out = await bench_stats(
-        args.proxies, args.seconds, rate=args.rate, backlog_observations=args.backlog_rounds
+        args.proxies,
+        args.seconds,
+        rate=args.rate,
+        backlog_observations=args.backlog_rounds,
+        backlog_runs=args.backlog_runs,
     )
     if args.singles:
         out["single_events"] = await bench_singles(
