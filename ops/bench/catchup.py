@@ -7,19 +7,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from gateway.views import FOLLOW_S, PoolViewKeeper
+from ops.bench.streams import publish_synthetic, publisher
 from ops.nats.client import Log
+from ops.nats.server import NatsServer, free_port
 from projections.live import FoldService
 
-__all__ = ["gateway_catch_up"]
+__all__ = ["bench_catch_up_versus", "gateway_catch_up"]
 
 
-async def gateway_catch_up(url: str, head: int, timeout_s: float = 900.0) -> dict[str, Any]:
+async def gateway_catch_up(
+    url: str,
+    head: int,
+    burst: Callable[[], Awaitable[int]] | None = None,
+    timeout_s: float = 900.0,
+) -> dict[str, Any]:
     """Seconds to the fold's last message and to the view holding it, and the CPU
-    seconds of this process meanwhile (the checkpoint writer's child not counted)."""
+    seconds of this process meanwhile (the checkpoint writer's child not counted).
+    ``burst``: publishes more once it caught up (returning the new head): the seconds
+    from the fold's last message of it to the view holding it."""
     lg = await Log.connect(url, name="ppf-bench-gateway")
     fold = FoldService(lg, dlq=False)
     keeper = PoolViewKeeper(foreground=fold.foreground, catching_up=fold.catching_up)
@@ -36,6 +53,7 @@ async def gateway_catch_up(url: str, head: int, timeout_s: float = 900.0) -> dic
             await asyncio.sleep(FOLLOW_S / 5)
         served_s = time.perf_counter() - started
         cpu = time.process_time() - cpu
+        after_burst = await _burst(fold, keeper, burst) if burst is not None else None
     finally:
         follower.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -43,8 +61,117 @@ async def gateway_catch_up(url: str, head: int, timeout_s: float = 900.0) -> dic
         await fold.stop()
         await lg.close()
     return {
+        "view_after_burst": after_burst,
         "seconds": round(served_s, 2),
         "fold_seconds": round(folded_s or served_s, 2),
         "view_after_fold_s": round(served_s - (folded_s or served_s), 2),
         "cpu_seconds": round(cpu, 2),
+    }
+
+
+async def _burst(
+    fold: FoldService, keeper: PoolViewKeeper, burst: Callable[[], Awaitable[int]]
+) -> dict[str, Any]:
+    """The seconds from the fold's last message of ``burst`` to the view holding it,
+    and the rows that view holds."""
+    await asyncio.sleep(2.0)  # a gateway serving, its view whole
+    head = await burst()
+    while fold.state.last_seq < head:
+        await asyncio.sleep(0.001)
+    folded = time.perf_counter()
+    while (view := keeper.current) is None or view.seq < head:
+        await asyncio.sleep(0.001)
+    return {"seconds": round(time.perf_counter() - folded, 2), "served": len(view.by_latency)}
+
+
+# Runs inside either tree (cwd, first on the path): a fresh gateway's catch-up with the
+# stream at URL up to HEAD, its figures as one JSON line. A tree from before the view
+# followed the fold is asked for its view as queries ask (every 50 ms).
+_CHILD = r"""
+import asyncio, json, sys, time
+import structlog
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
+from ops.nats.client import Log
+from projections.live import FoldService
+from gateway.views import PoolViewKeeper
+
+async def main(url, head):
+    lg = await Log.connect(url)
+    fold = FoldService(lg, dlq=False)
+    try:
+        keeper = PoolViewKeeper(foreground=fold.foreground, catching_up=fold.catching_up)
+    except (TypeError, AttributeError):
+        keeper = PoolViewKeeper(foreground=fold.foreground)
+    started, cpu = time.perf_counter(), time.process_time()
+    await fold.start()
+    follow = getattr(keeper, "follow", None)
+    task = asyncio.create_task(follow(lambda: fold.state)) if follow else None
+    while keeper.current is None or keeper.current.seq < head:
+        if task is None:
+            await keeper.view(fold.state)
+        await asyncio.sleep(0.01 if task else 0.05)
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    if task:
+        task.cancel()
+    await fold.stop()
+    print(json.dumps({"seconds": seconds, "cpu_seconds": cpu}))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+async def bench_catch_up_versus(
+    other: Path,
+    observations: int = 1_000_000,
+    proxies: int = 100_000,
+    seed: int = 1,
+    runs: int = 3,
+    rounds: bool = True,
+) -> dict[str, Any]:
+    """A fresh gateway's catch-up with this tree and with ``other`` (``git worktree add
+    DIR REV``, its C built), in turns (A B A B, which starts first alternating), on one
+    stream published once: observations a second, medians and each run's ratio."""
+    trees = {"old": Path(other).resolve(), "new": Path(__file__).resolve().parents[2]}
+    seconds: dict[str, list[float]] = {name: [] for name in trees}
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-catch-up-") as tmp:
+        server = NatsServer(Path(tmp) / "nats", port=free_port())
+        server.start()
+        try:
+            if rounds:
+                child = await asyncio.create_subprocess_exec(
+                    *publisher([server.url], "r", observations, proxies, seed)
+                )
+                if await child.wait() != 0:
+                    raise RuntimeError("publishing the workload failed")
+                lg = await Log.connect(server.url)
+                head = await lg.head_seq()
+                await lg.close()
+            else:
+                head = observations = await publish_synthetic(
+                    server.url, observations, proxies, seed
+                )
+            for run in range(runs):
+                for name in trees if run % 2 == 0 else reversed(trees):
+                    said = await asyncio.to_thread(
+                        subprocess.run,
+                        [sys.executable, "-c", _CHILD, server.url, str(head)],
+                        cwd=trees[name],
+                        env={**os.environ, "PYTHONPATH": str(trees[name])},
+                        capture_output=True,
+                        check=True,
+                    )
+                    seconds[name].append(json.loads(said.stdout.splitlines()[-1])["seconds"])
+        finally:
+            server.stop()
+    rate = {name: [observations / s for s in runs_s] for name, runs_s in seconds.items()}
+    return {
+        "form": "rounds" if rounds else "singles",
+        "observations": observations,
+        "old": str(trees["old"]),
+        "old_observations_per_s": [round(r) for r in rate["old"]],
+        "new_observations_per_s": [round(r) for r in rate["new"]],
+        "new_vs_old": round(statistics.median(rate["new"]) / statistics.median(rate["old"]), 2),
+        "new_vs_old_by_run": [
+            round(n / o, 2) for n, o in zip(rate["new"], rate["old"], strict=True)
+        ],
     }

@@ -121,6 +121,24 @@ def _upsert(con: sqlite3.Connection, ev: Any, ts: int) -> int:
     return 1
 
 
+BURST = 30_000
+
+
+async def _burst(url: str, rounds: bool, proxies: int, seed: int) -> int:
+    """``BURST`` new proxies (after the workload's), as rounds or single events: the
+    stream's head once they are in it."""
+    form = "r" if rounds else "s"
+    command = publisher([url], form, BURST, BURST, seed, setup=False, first=proxies)
+    child = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL)
+    if await child.wait() != 0:
+        raise RuntimeError("publishing the burst failed")
+    lg = await Log.connect(url)
+    try:
+        return await lg.head_seq()
+    finally:
+        await lg.close()
+
+
 async def _fold_with_dead_axiom(url: str, head: int, workdir: Path) -> tuple[float, float]:
     """The same fold with the Axiom tap on, Axiom a port that accepts and never answers;
     then once more with the tap off, since a second fold in one process runs a few
@@ -183,7 +201,9 @@ async def bench_fold(
             ceiling = await _ceiling_nats_py(nats_url, head)
             lean = await _firehose_raw(nats_url, head)
             gc.collect()
-            gateway = await gateway_catch_up(nats_url, head)
+            gateway = await gateway_catch_up(
+                nats_url, head, lambda: _burst(nats_url, rounds, proxies, seed)
+            )
             gc.collect()
             rss_before = _rss_mb()
             progress = Progress("fold", head)
@@ -227,6 +247,9 @@ async def bench_fold(
         "gateway_seconds": gateway["seconds"],
         "gateway_fold_seconds": gateway["fold_seconds"],
         "gateway_view_after_fold_s": gateway["view_after_fold_s"],
+        # BURST new proxies published once it caught up: from the fold's last of them
+        # to the served view holding it.
+        "gateway_view_after_burst": gateway["view_after_burst"],
         "gateway_cpu_seconds": gateway["cpu_seconds"],
         "raw_read_observations_per_s": round(raw_rate),
         "fold_observations_per_s": round(observations / fold_s),

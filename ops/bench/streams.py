@@ -124,7 +124,14 @@ async def _synthetic(
 
 
 async def _workload(
-    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
+    urls: list[str],
+    forms: str,
+    observations: int,
+    proxies: int,
+    seed: int,
+    *,
+    setup: bool = True,
+    first: int = 0,
 ) -> int:
     """Publish the workload's steps to each server of ``urls`` in lockstep, each in its
     form (``forms``: ``s`` single events, ``r`` rounds, one letter a server); without
@@ -133,7 +140,7 @@ async def _workload(
     streams = await Streams.open(urls)
     made = 0
     progress = Progress("publish", observations)
-    for n, step in enumerate(steps(observations, proxies=proxies, seed=seed)):
+    for n, step in enumerate(steps(observations, proxies=proxies, seed=seed, first=first)):
         if n == 0 and not setup:
             continue
         for i, form in enumerate(forms):
@@ -149,13 +156,20 @@ async def _workload(
 
 
 def publisher(
-    urls: list[str], forms: str, observations: int, proxies: int, seed: int, *, setup: bool = True
+    urls: list[str],
+    forms: str,
+    observations: int,
+    proxies: int,
+    seed: int,
+    *,
+    setup: bool = True,
+    first: int = 0,
 ) -> list[str]:
     """The command that publishes the workload from a child process (its memory and CPU
-    are not the fold's)."""
+    are not the fold's); ``first``: new proxies from the ``first``-th on (``steps``)."""
     return [
         sys.executable, "-m", "ops.bench.streams", "workload", ",".join(urls), forms,
-        str(observations), str(proxies), str(seed), "setup" if setup else "nosetup",
+        str(observations), str(proxies), str(seed), "setup" if setup else "nosetup", str(first),
     ]  # fmt: skip
 
 
@@ -168,7 +182,15 @@ if __name__ == "__main__":
         n, px, sd, *located = args
         at = int(located[0].removeprefix("located=")) if located else None
         asyncio.run(_synthetic(urls.split(","), int(n), int(px), int(sd), at))
-    else:  # workload URLS FORMS N PROXIES SEED setup|nosetup
-        forms, n, px, sd, setup = args
-        run = _workload(urls.split(","), forms, int(n), int(px), int(sd), setup=setup == "setup")
+    else:  # workload URLS FORMS N PROXIES SEED setup|nosetup FIRST
+        forms, n, px, sd, setup, first = args
+        run = _workload(
+            urls.split(","),
+            forms,
+            int(n),
+            int(px),
+            int(sd),
+            setup=setup == "setup",
+            first=int(first),
+        )
         asyncio.run(run)

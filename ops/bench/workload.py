@@ -79,10 +79,15 @@ def steps(
     workers: int = 20,
     checkers: int = 5,
     seed: int = 1,
+    first: int = 0,
 ) -> Iterator[Step]:
-    """Steps until ``observations`` proxy checks have been made (the last round cut)."""
+    """Steps until ``observations`` proxy checks have been made (the last round cut).
+    ``first``: the proxies are the ``first``-th on (a burst of new ones onto a pool made
+    by an earlier run), and the ids come after any earlier run's."""
     rng = random.Random(seed)
     eid = _Ids()
+    if first:
+        eid.made = 1 << 40
 
     names = [f"w{i:03d}" for i in range(workers)]
     checking = [f"c{i:03d}" for i in range(checkers)]
@@ -118,7 +123,8 @@ def steps(
     # first ``proxies`` observations find them all; a checker's shard holds those seen.
     seen: list[int] = []
     shards: dict[str, list[int]] = {}
-    cursor = [0]
+    cursor = [first]
+    proxies += first
     left = observations
     cycle = 0
     while left > 0:

@@ -45,13 +45,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.add_argument("--rounds", action="store_true", help=rounds)
     located = "what Located adds (the stream without and with one Located per distinct proxy)"
     mode.add_argument("--located", action="store_true", help=located)
-    fold.add_argument(
-        "--observations", type=int, default=1_000_000, help="--rounds: proxy checks made"
-    )
+    checks = "--rounds: proxy checks made"
+    fold.add_argument("--observations", type=int, default=1_000_000, help=checks)
     fold.add_argument("--pairs", type=int, default=3, help="--located: runs of each in turn")
-    fold.add_argument(
-        "--interleaved", type=int, default=3, help="--located: runs side by side, in turns"
-    )
+    side = "--located: runs side by side, in turns"
+    fold.add_argument("--interleaved", type=int, default=3, help=side)
     fold.add_argument(
         "--versus",
         default=None,
@@ -59,17 +57,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="against the checkout in DIR, side by side (with --rounds: on the single events)",
     )
     fold.add_argument("--runs", type=int, default=5, help="--versus, --rounds: runs")
+    catch_up = "with --versus: a fresh gateway's catch-up in each tree, in turns"
+    fold.add_argument("--catch-up", action="store_true", help=catch_up)
 
     lease = bench("lease", "lease grants under concurrent agents", _lease)
     lease.add_argument("--clients", type=int, default=50, help="concurrent agents")
     lease.add_argument("--seconds", type=float, default=10.0)
     lease.add_argument("--count", type=int, default=1, help="targets per request")
 
-    query = bench(
-        "query",
-        "GET /v1/proxies over a large pool",
-        "ops.bench.gateway:bench_query proxies",
-    )
+    query_pool = "ops.bench.gateway:bench_query proxies"
+    query = bench("query", "GET /v1/proxies over a large pool", query_pool)
     query.add_argument("--proxies", type=int, default=100_000)
 
     snap = bench(
@@ -120,9 +117,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     pool.add_argument("--duration", type=int, default=3_600, help="simulated seconds")
     pool.add_argument("--budget", type=int, default=0, help="rechecks an hour (0: none)")
     pool.add_argument("--interval", type=int, default=0, help="recheck interval (0: defaults)")
-    pool.add_argument(
-        "--failing", type=int, default=0, help="a failing proxy's interval (0: half --interval)"
-    )
+    failing = "a failing proxy's interval (0: half --interval)"
+    pool.add_argument("--failing", type=int, default=0, help=failing)
 
     ingest = bench(
         "ingest",
@@ -221,6 +217,11 @@ async def _fold(args: argparse.Namespace) -> dict[str, Any]:
 
         versus = Path(args.versus) if args.versus else None
         return await bench_rounds(args.observations, args.proxies, args.seed, versus, args.runs)
+    if args.versus and args.catch_up:
+        from ops.bench.catchup import bench_catch_up_versus
+
+        forms = (args.events, args.proxies, args.seed, args.runs, not args.singles)
+        return await bench_catch_up_versus(Path(args.versus), *forms)
     if args.versus:
         from ops.bench.versus import bench_versus
 
