@@ -16,8 +16,8 @@ $(BIN)/python:
 # the lock's setuptools). `pip check` catches a pyproject.toml changed without `make lock`.
 # The C extensions' built files are removed first: an editable reinstall keeps a built
 # module it finds in the tree, however old.
-$(STAMP): $(LOCK) pyproject.toml setup.py agents/_scan.c ops/nats/_frames.c | $(BIN)/python
-	rm -f agents/_scan.*.so ops/nats/_frames.*.so
+$(STAMP): $(LOCK) pyproject.toml setup.py agents/_scan.c eventlog/_frames.c | $(BIN)/python
+	rm -f agents/_scan.*.so eventlog/_frames.*.so
 	$(BIN)/pip install -q --require-hashes -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "the lock misses what pyproject.toml asks for: run make lock"; exit 1; }

@@ -22,6 +22,7 @@ import aiohttp
 import msgspec
 import structlog
 
+from eventlog.client import Log, LogError, redact
 from events import (
     MAX_MESSAGE,
     DecodeError,
@@ -37,7 +38,6 @@ from events.ids import uuid7_ms
 from events.mint import fresh_id_after, now_ms
 from events.sites import SiteRule
 from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, WireError
-from ops.nats.client import Log, LogError, redact
 
 __all__ = ["GatewayClient", "GatewayError"]
 

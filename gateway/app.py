@@ -19,6 +19,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from eventlog.protocol import EventLog
 from events.mint import now_ms
 from gateway.api import openapi
 from gateway.bounds import (
@@ -64,7 +65,6 @@ from gateway.queries import routes as query_routes
 from gateway.views import POOL_VIEW, PoolViewKeeper, following, pool_census
 from projections.core.quality import HOSTING_LIST
 from projections.live import FoldService
-from projections.log import EventLog
 from projections.tasks import stop_tasks
 from reducers.pool import lease_live
 

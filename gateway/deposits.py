@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 import structlog
 from aiohttp import web
 
+from eventlog.protocol import DepositError, DepositStore
 from events.keys import items_of, parse_key, range_target
 from events.mint import now_ms
 from events.wire import DepositReply
 from gateway.http import CONFIG, FOLD, ApiError, authorize, reply
-from projections.log import DepositError, DepositStore
 from reducers import State
 from reducers.pool import lease_live
 

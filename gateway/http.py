@@ -12,6 +12,7 @@ import msgspec
 import structlog
 from aiohttp import web
 
+from eventlog.protocol import DepositStore, EventLog, LogError
 from events import AgentEnrolled, agent_name_ok, token_sha256
 from events.subjects import enrolment_subject
 from events.wire import AGENT_HEADER, MAX_TOKEN, FieldError, Problem, WireError
@@ -23,7 +24,6 @@ from gateway.penalty import PENALTIES
 from gateway.rechecks import Probing
 from projections.core.recheck import RecheckPolicy
 from projections.live import LAG_BOUND, FoldService
-from projections.log import DepositStore, EventLog, LogError
 
 __all__ = [
     "AUTH_FAILURES",
@@ -97,7 +97,7 @@ class GatewayConfig:
     # nonce is spent on all of them; agents get their keys with GET /v1/agents/me.
     # None: /judge answers nobody.
     judge: JudgeDoor | None = None
-    # The deposit bucket (ops/nats/objects.py): seed batches and pages are stored through
+    # The deposit bucket (eventlog/objects.py): seed batches and pages are stored through
     # this gateway (gateway/deposits.py); None: it takes none.
     deposits: DepositStore | None = None
     # Pauses seed leases while the store holds too much of its disk (gateway/diskguard.py);

@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from eventlog.protocol import ConflictError, DepositError, EventLog, LogError
 from events import Leased, LeaseKind, Released
 from events.mint import fresh_id, now_ms
 from events.subjects import proxy_of, proxy_token
@@ -37,7 +38,6 @@ from projections.core.readmodels import due_score, due_sources, rank_due, scored
 from projections.core.recheck import RecheckPolicy
 from projections.holdings import live_holdings, untested_room
 from projections.live import FoldService, far_behind
-from projections.log import ConflictError, DepositError, EventLog, LogError
 from projections.seeding import seed_candidates, seed_status
 from reducers import LeaseRow, SourceRow
 from reducers.ledger import clamped_ttl, sure_claim

@@ -21,8 +21,8 @@ import time
 from collections.abc import Iterator
 from itertools import islice
 
+from eventlog.protocol import EventLog
 from events.subjects import lease_subject
-from projections.log import EventLog
 from reducers import State
 
 __all__ = ["FRESH_S", "Lookahead"]

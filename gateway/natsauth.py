@@ -37,8 +37,8 @@ import nkeys
 import structlog
 from nats.aio.client import Client
 
+from eventlog.dial import dial
 from events import AGENT_INBOX, AGENT_PREFIX, MAX_MESSAGE
-from ops.nats.dial import dial
 from reducers.state import State
 from reducers.trust import untested
 

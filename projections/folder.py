@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Generator, Iterable
 from pathlib import Path
 
+from eventlog.protocol import Message
 from events import DLQ_PREFIX, OBSERVATIONS, DecodeError, decode
 from projections.foreground import Foreground
-from projections.log import Message
 from projections.store import Checkpoint, collect_async
 from projections.writer import ProcessWriter
 from reducers import State, skip

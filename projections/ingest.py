@@ -30,6 +30,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
+from eventlog.protocol import DepositError, DepositStore
 from events import (
     DepositFolded,
     DepositRejected,
@@ -45,7 +46,6 @@ from events.keys import derived_id, parse_key
 from events.mint import now_ms
 from events.wire import SeedBatch
 from projections.live import FoldService
-from projections.log import DepositError, DepositStore
 from projections.retention import expired
 from projections.tasks import stop_tasks
 from reducers.state import DepositRow

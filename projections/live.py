@@ -19,10 +19,10 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 
+from eventlog.protocol import DepositStore, EventLog, GapError, LogError
 from events import AGENT_PREFIX, DecodeError, dlq_subject
 from projections.folder import Checkpointer, Folder, Message
 from projections.foreground import Foreground
-from projections.log import DepositStore, EventLog, GapError, LogError
 from projections.rates import PipelineStats
 from projections.snapshot import Loaded
 from projections.snapshot_policy import Snapshots

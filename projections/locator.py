@@ -21,11 +21,11 @@ from typing import Any
 
 import structlog
 
+from eventlog.protocol import LogError
 from events import Located, uuid7
 from events import Place as EventPlace
 from events.mint import now_ms
 from projections.live import SLICE_S, FoldService, far_behind
-from projections.log import LogError
 from projections.tasks import stop_tasks
 
 __all__ = ["Locator", "Place", "located_id", "lookup"]

@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
+from eventlog.protocol import SnapshotError
 from projections import row_strings
 from projections.core.digest import table_sum
 from projections.frames import FRAME, read_frame
-from projections.log import SnapshotError
 from reducers.pool import Composition, counted
 
 __all__ = ["Counted", "RowSums", "array_sum", "serve_sums"]

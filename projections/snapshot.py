@@ -31,9 +31,9 @@ from typing import Any, NamedTuple
 import msgspec
 import structlog
 
+from eventlog.protocol import SnapshotError
 from projections import row_strings
 from projections.core.digest import MOD, combine, meta_digest, row_hash
-from projections.log import SnapshotError
 from projections.rowsums import RowSums, array_sum
 from projections.store import Checkpoint, array_header, put_rows, restore_meta, state_meta
 from reducers.indexes import reindex

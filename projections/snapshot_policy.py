@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import structlog
 
+from eventlog.protocol import GapError, SnapshotStore, Span
 from projections.foreground import drive
-from projections.log import GapError, SnapshotStore, Span
 from projections.rowsums import RowSums
 from projections.snapshot import Loaded, SnapshotError, opened, taking
 from reducers import State

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from eventlog.client import Log
 from ops.lab.testbed import TRIES, ProxyLab, missing
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, NatsServerError, find_binary, free_port
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared"

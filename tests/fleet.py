@@ -14,10 +14,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
+from eventlog.client import Log, fresh_id, now_ms
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli import enroll
-from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
 from projections.live import FoldService
 

@@ -15,11 +15,11 @@ from aiohttp.test_utils import TestServer
 
 import events as ev
 from agents.gateway_client import GatewayClient
+from eventlog.client import Log, fresh_id, now_ms
 from gateway.app import make_app
 from gateway.diskguard import DiskGuard
 from gateway.http import GatewayConfig
 from ops.cli import enroll
-from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
 from projections.ingest import DepositIngest
 from projections.live import FoldService

@@ -20,10 +20,10 @@ from aiohttp.test_utils import TestClient
 
 import events as ev
 from agents.gateway_client import GatewayClient
+from eventlog.client import Log
 from events.mint import enrollment, fresh_id, now_ms
 from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
-from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from projections.live import FoldService
 from tests.fleet import serving

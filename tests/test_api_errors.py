@@ -4,7 +4,7 @@ one declaration of the parameters (``gateway/queries.py`` ``PROXY_PARAMS``)."""
 
 from __future__ import annotations
 
-from ops.nats.client import Log
+from eventlog.client import Log
 from tests.fleet import serving
 
 

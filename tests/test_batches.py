@@ -249,6 +249,13 @@ class _FoldAt:
     async def head_seq(self, max_age_s: float = 5.0) -> int:
         return self.head
 
+    def catching_up(self) -> bool:
+        """The live fold's own rule, over this head as last read."""
+        from projections.live import FoldService
+
+        self._head = (0.0, self.head)
+        return FoldService.catching_up(self)  # type: ignore[arg-type]
+
 
 async def test_the_locator_waits_while_the_fold_is_far_behind_the_log() -> None:
     """In a catch-up the addresses not located yet mostly are, further on in the log:

@@ -15,13 +15,13 @@ import nats.errors
 import pytest
 
 import events as ev
+from eventlog.client import Log
 from events.batches import group
 from events.ids import token_sha256
 from events.mint import fresh_id, now_ms
 from events.wire import judge_nonce
 from gateway.bounds import ANONYMOUS_POOL_SHARE, JUDGE_BYTES_BURST, REPORTS_BURST
 from gateway.judge import JUDGE_DOOR, MAX_SPEED_BYTES
-from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from tests.test_agent_identity import Agent, _me, _refused_login
 from tests.test_guarded_fleet import _auth, _guarded, _pool, _served_at, _worked

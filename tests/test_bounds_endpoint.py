@@ -21,8 +21,8 @@ from endpoint.feed import Feed
 from endpoint.link.upstream import Upstream
 from endpoint.router.choose import Pool
 from endpoint.router.router import Router
+from eventlog.client import Log
 from events.mint import fresh_id, now_ms
-from ops.nats.client import Log
 from ops.nats.server import free_port
 from tests.test_walls import _gateway
 from tests.test_walls_endpoint import _recording_upstream

@@ -16,13 +16,13 @@ from aiohttp.test_utils import TestServer
 import events as ev
 from agents.checker import Checker, CheckerConfig, fitted_timeout
 from agents.gateway_client import GatewayClient
+from eventlog.client import Log, fresh_id, now_ms
 from gateway.app import judge as judge_handler
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys
 from ops.cli import enroll
 from ops.lab.testbed import Proxy, ProxyLab
-from ops.nats.client import Log, fresh_id, now_ms
 from projections.core.recheck import RecheckPolicy, due_in_shard
 from projections.live import FoldService
 from reducers import ProxyRow

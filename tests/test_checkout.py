@@ -14,13 +14,13 @@ import aiohttp
 import msgspec
 
 import events as ev
+from eventlog.client import Log
+from eventlog.stream import Firehose
 from events.batches import group
 from events.mint import fresh_id, now_ms
 from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
-from ops.nats.client import Log
 from ops.nats.server import NatsServer
-from ops.nats.stream import Firehose
 from tests.fleet import serving
 from tests.folded import FoldedLog, ip
 from tests.helpers import eid

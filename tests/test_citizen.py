@@ -10,8 +10,8 @@ from pathlib import Path
 
 from agents.checker import Checker, CheckerConfig
 from agents.citizen import Citizen, metered, on_battery
+from eventlog.client import Log
 from ops.lab.testbed import ProxyLab
-from ops.nats.client import Log
 from tests.test_checker import _rechecks
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import events as ev
-from ops.nats.client import Log, LogError, fresh_id
+from eventlog.client import Log, LogError, fresh_id
 from ops.nats.server import free_port, free_run, with_credentials
 from ops.schemas import generate
 from tests.helpers import worked

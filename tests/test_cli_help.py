@@ -94,8 +94,8 @@ async def test_a_token_is_replaced_only_when_asked_and_only_a_token_held_is_revo
     import asyncio
 
     import events as ev
+    from eventlog.client import Log
     from events.mint import fresh_id, now_ms
-    from ops.nats.client import Log
 
     async def ppf(*argv: str) -> tuple[int, str]:
         proc = await asyncio.create_subprocess_exec(

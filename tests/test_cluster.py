@@ -15,12 +15,12 @@ import nats.errors
 import pytest
 from aiohttp.test_utils import TestServer
 
+from eventlog.client import Log, LogError
 from events import STREAM, ProxyWorked, SourceAdded, decode
 from events.mint import fresh_id, now_ms
 from events.subjects import url_id
 from gateway.app import make_app
 from ops.cli import enroll
-from ops.nats.client import Log, LogError
 from ops.nats.cluster import LocalCluster
 from ops.nats.server import find_binary
 from projections import Folder, digest

@@ -9,10 +9,10 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 import events as ev
+from eventlog.client import Log, fresh_id, now_ms
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli.seed import plan
-from ops.nats.client import Log, fresh_id, now_ms
 from projections.live import FoldService
 from tests.browser import Browser, chromium_path
 from tests.helpers import worked

@@ -17,13 +17,13 @@ import pytest
 
 import events as ev
 from agents.gateway_client import GatewayClient
+from eventlog.client import fresh_id, now_ms
+from eventlog.protocol import DepositError
 from events.keys import page_key, seed_key
 from ops.cli.seed import plan
-from ops.nats.client import fresh_id, now_ms
 from ops.nats.server import NatsServer
 from projections.ingest import DepositIngest
 from projections.live import FoldService
-from projections.log import DepositError
 from reducers.deposits import ATTEMPTS
 from tests.seedbox import deposit_box, source_lease, until
 

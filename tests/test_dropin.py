@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 import events as ev
+from eventlog.client import Log
 from events.mint import fresh_id, now_ms
 from ops.lab.testbed import ProxyLab
-from ops.nats.client import Log
 from tests.test_endpoint import _endpoint, _target
 
 requests = pytest.importorskip("requests")

@@ -25,12 +25,12 @@ from endpoint.router.choose import Pool
 from endpoint.router.login import LoginError, parse_login
 from endpoint.router.outcomes import Outcomes
 from endpoint.router.router import Router
+from eventlog.client import Log
 from events.batches import group
 from events.mint import fresh_id, now_ms
 from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
 from ops.lab.testbed import ProxyLab
-from ops.nats.client import Log
 from ops.nats.server import free_port
 from tests.fleet import serving
 

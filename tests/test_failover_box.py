@@ -18,10 +18,10 @@ import pytest
 
 import events as ev
 from agents.checker import CheckerConfig
+from eventlog.client import Log
+from eventlog.stream import Firehose
 from ops.lab.world import LINK_HOST, World, unavailable
-from ops.nats.client import Log
 from ops.nats.server import free_port, with_credentials
-from ops.nats.stream import Firehose
 from tests.test_cli import Up, _get
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))

@@ -13,10 +13,10 @@ import events as ev
 from endpoint.feed import Feed
 from endpoint.link.upstream import Upstream
 from endpoint.router.choose import Pool
+from eventlog.client import Log, fresh_id, now_ms
+from eventlog.stream import Firehose
 from events.sites import SiteRule
 from gateway.app import make_app
-from ops.nats.client import Log, fresh_id, now_ms
-from ops.nats.stream import Firehose
 from projections import Folder, digest
 from projections.live import FoldService
 from reducers import State

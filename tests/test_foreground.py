@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from ops.nats.client import Log
+from eventlog.client import Log
 from projections.foreground import Foreground
 from projections.live import FoldService
 from tests.helpers import worked

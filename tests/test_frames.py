@@ -1,4 +1,4 @@
-"""ops/nats/_frames.c against its Python twin, ``_scan_py``.
+"""eventlog/_frames.c against its Python twin, ``_scan_py``.
 
 The stream reader parses runs of JetStream data frames in C and hands everything else
 to its general path. The contract is the twin's, answer for answer: the same messages,
@@ -13,11 +13,11 @@ import random
 
 import pytest
 
-from ops.nats import stream
-from ops.nats.stream import _GAP, _MORE, _UNTIL, _scan_py, native_frames
+from eventlog import stream
+from eventlog.stream import _GAP, _MORE, _UNTIL, _scan_py, native_frames
 
 NO_NATIVE = (
-    "ops/nats/_frames.c was not built: install a C compiler (apt-get install gcc) and reinstall"
+    "eventlog/_frames.c was not built: install a C compiler (apt-get install gcc) and reinstall"
 )
 
 

@@ -14,12 +14,12 @@ from aiohttp.test_utils import TestClient, TestServer
 
 import events as ev
 from agents.gateway_client import GatewayClient
+from eventlog.client import Log, fresh_id, now_ms
 from gateway.app import make_app
 from gateway.commands import GRANTER
 from gateway.http import GatewayConfig
 from gateway.natsauth import NatsAuth
 from ops.cli import enroll
-from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
 from projections.live import FoldService
 from tests.fleet import serving

@@ -14,12 +14,12 @@ import msgspec
 import pytest
 
 from agents.seeds import source_added
+from eventlog.client import Log
 from events import MAX_MESSAGE, Released
 from events.mint import fresh_id, now_ms
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
-from ops.nats.client import Log
 from projections.live import DLQ_COPY_BYTES, FoldService
 from tests.fleet import serving
 from tests.helpers import worked

@@ -23,10 +23,10 @@ import aiohttp
 import pytest
 
 import events as ev
+from eventlog.client import Log, fresh_id, now_ms
+from eventlog.stream import Firehose
 from ops.cli import enroll
-from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer, free_port
-from ops.nats.stream import Firehose
 
 DURATION_S = float(os.environ.get("PPF_LEASE_SOAK_S", "30"))
 AGENTS = 50

@@ -10,11 +10,11 @@ import pytest
 from nats.js.api import DiscardPolicy, StorageType, StoreCompression, StreamConfig
 
 import events as ev
+from eventlog import stream
+from eventlog.client import ConflictError, Log, fresh_id
+from eventlog.stream import Firehose
 from events.subjects import MAX_MESSAGE
-from ops.nats import stream
-from ops.nats.client import ConflictError, Log, fresh_id
 from ops.nats.server import NatsServer
-from ops.nats.stream import Firehose
 from tests.helpers import worked
 
 
@@ -28,7 +28,7 @@ async def test_stream_is_created_idempotently_with_the_contracted_settings(log_c
     assert dlq.config.subjects == ["ppf.dlq.>"] and dlq.config.max_bytes > 0
     assert dlq.config.discard == DiscardPolicy.OLD  # bounded: its oldest entries go first
     assert info.config.storage == StorageType.FILE
-    assert info.config.compression == StoreCompression.NONE  # ops/nats/client.py: why
+    assert info.config.compression == StoreCompression.NONE  # eventlog/client.py: why
     assert info.config.allow_direct
     assert info.config.duplicate_window is not None and info.config.duplicate_window >= 120
 
@@ -78,12 +78,12 @@ async def test_firehose_reads_in_order_from_a_sequence(
     log_client: Log, frames: str, buffer_bytes: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The stream reader hands out messages in order from a sequence, with the frame
-    parser in C (ops/nats/_frames.c) and with its Python twin, from a read buffer of
+    parser in C (eventlog/_frames.c) and with its Python twin, from a read buffer of
     megabytes and from one smaller than every frame (grown for each, its tail moved)."""
     if frames == "python":
         monkeypatch.setattr(stream, "_scan", stream._scan_py)
     elif not stream.native_frames():
-        pytest.skip("ops/nats/_frames.c was not built: install gcc and reinstall")
+        pytest.skip("eventlog/_frames.c was not built: install gcc and reinstall")
     batch = [worked(f"8.8.{i // 250}.{i % 250 + 1}") for i in range(3000)]
     await log_client.publish_many(batch)
     got = []
@@ -202,7 +202,7 @@ async def test_a_server_that_never_greets_costs_the_client_no_socket(
     """While its server is away, a listener on its port takes connections and never says
     INFO (a node still starting); the client dials it again and again, then gets its
     server back. nats-py would drop each of those sockets open (its transport dials the
-    next server over the last one); ops/nats/dial.py closes them, so the garbage
+    next server over the last one); eventlog/dial.py closes them, so the garbage
     collector finds no unclosed stream here (warnings are errors in this suite)."""
     lg = await Log.connect(nats_server.url, timeout=0.5)
     await lg.ensure_stream()

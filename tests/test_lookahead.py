@@ -11,12 +11,12 @@ import time
 
 import nats.errors
 
+from eventlog.client import Log, fresh_id, now_ms
 from events import Heartbeat, Leased, Released
 from gateway.commands import GRANTER
 from gateway.http import GatewayConfig
 from gateway.lookahead import FRESH_S, Lookahead
 from ops.cli import enroll
-from ops.nats.client import Log, fresh_id, now_ms
 from projections.live import LAG_BOUND, FoldService
 from tests.fleet import serving
 

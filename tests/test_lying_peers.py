@@ -17,10 +17,10 @@ from agents.check import Check, Target
 from agents.judgepool import JudgePool
 from agents.seednode import SeedNode
 from agents.worker import Worker, WorkerConfig
+from eventlog.client import Log, fresh_id, now_ms
 from events.batches import group
 from ops.cli.seed import plan
 from ops.lab.testbed import ProxyLab
-from ops.nats.client import Log, fresh_id, now_ms
 from ops.nats.server import NatsServer
 from tests.fleet import fleet
 from tests.seedbox import deposit_box, until

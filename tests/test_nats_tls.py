@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
+from eventlog.client import Log, LogError, NatsTls
+from eventlog.ordered import ordered_batches
+from eventlog.protocol import SnapshotError
+from eventlog.stream import Firehose
 from ops.lab.tls import nats_certs
-from ops.nats.client import Log, LogError, NatsTls
-from ops.nats.ordered import ordered_batches
 from ops.nats.server import NatsServer, ServerTls, free_port
-from ops.nats.stream import Firehose
 from projections import Folder, digest
 from projections.live import FoldService
-from projections.log import SnapshotError
 from tests.helpers import worked
 
 

@@ -4,10 +4,10 @@ The core is three folders: ``events/`` (but its two edge modules: ``mint.py``, t
 edges' clock and entropy, and ``pages.py``, the edges' page decoding), ``reducers/`` and
 ``projections/core/``. It imports nothing beyond
 the stdlib, msgspec and the core, and not every stdlib module is harmless: no clock, no
-randomness, no I/O. Outside the core, the one part of ``ops/`` that ``agents/``,
-``endpoint/``, ``gateway/`` and ``projections/`` may import is the NATS adapter,
-``ops/nats/``, which imports nothing else of ``ops/``. Inside the endpoint, its three
-rooms (connection, router, link) import only the rooms below them.
+randomness, no I/O. Outside the core, nothing but ``ops/`` imports ``ops/``: the log the
+rooms need is ``eventlog/`` (the NATS adapter), below them, which imports none of them.
+Inside the endpoint, its three rooms (connection, router, link) import only the rooms
+below them.
 """
 
 from __future__ import annotations
@@ -119,39 +119,52 @@ def test_the_check_itself_catches_a_clock(tmp_path: Path) -> None:
     assert "time" in roots and "time" in FORBIDDEN
 
 
-NATS_ADAPTER = "ops.nats"
+# The log below the gateway (the NATS adapter) and what it may not import: the rooms
+# above it, and ops/.
+LOG = "eventlog"
+ABOVE_THE_LOG = ("ops", "projections", "gateway", "agents", "endpoint")
 
 
 def _modules(folder: str) -> list[Path]:
     return sorted((ROOT / folder).rglob("*.py"))
 
 
-def _ops_imported(path: Path) -> list[str]:
-    """What of ``ops/`` a module imports but the NATS adapter, even lazily."""
-    return [
-        m
-        for m, _ in _imports(path)
-        if m.split(".")[0] == "ops" and not (m == NATS_ADAPTER or m.startswith(NATS_ADAPTER + "."))
-    ]
+def _imported(path: Path, roots: tuple[str, ...]) -> list[str]:
+    """What of the packages ``roots`` a module imports, even lazily."""
+    return [m for m, _ in _imports(path) if m.split(".")[0] in roots]
 
 
 @pytest.mark.parametrize(
     "path",
-    [p for f in ("agents", "endpoint", "gateway", "projections", "ops/nats") for p in _modules(f)],
+    [
+        p
+        for f in ("agents", "endpoint", "gateway", "projections", "reducers", "events")
+        for p in _modules(f)
+    ],
     ids=lambda p: str(p.relative_to(ROOT)),
 )
-def test_the_rooms_reach_ops_only_through_the_nats_adapter(path: Path) -> None:
-    """agents/, endpoint/, gateway/ and projections/ import nothing of ops/ but the NATS
-    adapter (ops/nats/), and the adapter nothing else of ops/."""
-    assert _ops_imported(path) == []
+def test_the_rooms_import_nothing_of_ops(path: Path) -> None:
+    """agents/, endpoint/, gateway/, projections/, reducers/ and events/ import nothing of
+    ops/: the log they need is eventlog/, below them."""
+    assert _imported(path, ("ops",)) == []
+
+
+@pytest.mark.parametrize("path", _modules(LOG), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_log_imports_nothing_above_it(path: Path) -> None:
+    """eventlog/ imports events/ and its own modules, none of the rooms that use it."""
+    assert _imported(path, ABOVE_THE_LOG) == []
 
 
 def test_the_direction_check_catches_a_back_arrow(tmp_path: Path) -> None:
-    """The direction rule is not vacuous: a lazy import of ops/ beyond the adapter is
-    found, the adapter itself is not."""
+    """The direction rule is not vacuous: a lazy import of ops/ or of a room above the
+    log is found, the log itself and events/ are not."""
     bad = tmp_path / "bad.py"
-    bad.write_text("from ops.nats.dial import dial\ndef f():\n    from ops.geo import x\n")
-    assert _ops_imported(bad) == ["ops.geo"]
+    bad.write_text(
+        "from eventlog.dial import dial\nimport events\ndef f():\n    from ops.geo import x\n"
+        "    from projections.store import Store\n"
+    )
+    assert _imported(bad, ("ops",)) == ["ops.geo"]
+    assert _imported(bad, ABOVE_THE_LOG) == ["ops.geo", "projections.store"]
 
 
 # The endpoint's rooms, top to bottom: each may import only the rooms below it. The

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 import events as ev
+from eventlog.client import Log, fresh_id
 from gateway.leases import CheckBudget
 from ops.cli import enroll
-from ops.nats.client import Log, fresh_id
 from projections.core.recheck import (
     RecheckPolicy,
     due_in_shard,

@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from ops.nats.client import Log, fresh_id
+from eventlog.client import Log, fresh_id
 from projections import digests
 from projections.store import Store, collect
 from tests.helpers import worked

@@ -24,11 +24,11 @@ import pytest
 
 from agents.gateway_client import GatewayClient
 from agents.seednode import SeedConfig, SeedNode
+from eventlog.client import now_ms
 from events.keys import page_key
 from gateway.leases import Granter
 from ops.cli.seed import plan, uncovered
 from ops.lab.testbed import ProxyLab
-from ops.nats.client import now_ms
 from ops.nats.server import NatsServer, free_port
 from reducers import LeaseRow, State
 from tests.seedbox import Box, deposit_box, until

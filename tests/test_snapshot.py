@@ -10,8 +10,8 @@ import msgspec
 import pytest
 
 import events as ev
+from eventlog.protocol import Span
 from projections import Folder, digest, row_strings
-from projections.log import Span
 from projections.rowsums import Counted
 from projections.snapshot import (
     FORMAT,

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from ops.nats import objects
-from ops.nats.client import Log
+from eventlog import objects
+from eventlog.client import Log
+from eventlog.protocol import GapError, SnapshotError
 from ops.nats.server import NatsServer
 from projections import digest
 from projections.live import FoldService
-from projections.log import GapError, SnapshotError
 from projections.snapshot import take
 from projections.snapshot_policy import SnapshotPolicy, Snapshots
 from reducers import State

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from eventlog.protocol import Message
 from projections import Checkpointer, Folder, Store, StoreError, digest
-from projections.log import Message
 from projections.store import Checkpoint
 from projections.writer import NICE, ProcessWriter
 from reducers import State

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from eventlog.client import Log, now_ms
 from gateway.http import GatewayConfig
 from ops.cli import enroll
-from ops.nats.client import Log, now_ms
 from projections.live import FoldService
 from tests.fleet import serving
 

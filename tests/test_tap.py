@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from ops.nats.client import Log
+from eventlog.client import Log
 from ops.telemetry.tap import Tap, TapConfig
 from projections.live import FoldService
 from tests.helpers import worked
@@ -156,7 +156,7 @@ def test_tap_is_off_without_a_token(monkeypatch: pytest.MonkeyPatch) -> None:
 
 async def test_the_metrics_row_counts_deposit_store_operations(log_client: Log) -> None:
     """The tap's metrics row carries the deposit store's operations by outcome."""
-    from projections.log import DepositError
+    from eventlog.protocol import DepositError
 
     data = b"1.2.3.4:80\n"
     key = "page/" + hashlib.sha256(data).hexdigest()

@@ -20,10 +20,10 @@ import msgspec
 import pytest
 
 import events as ev
+from eventlog.client import Log, LogError
 from events.mint import fresh_id, now_ms
 from events.subjects import url_id
 from ops.cli.admin import reconfigure
-from ops.nats.client import Log, LogError
 from tests.helpers import worked
 from tests.test_cli import Up, _get
 

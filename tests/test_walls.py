@@ -11,11 +11,11 @@ import msgspec
 import pytest
 
 import events as ev
+from eventlog.client import Log
 from events.mint import fresh_id, now_ms
 from gateway.http import GatewayConfig
 from gateway.leases import Granter
 from ops.cli.admin import enroll
-from ops.nats.client import Log
 from projections.live import FoldService
 from tests.fleet import serving
 from tests.helpers import worked
@@ -303,7 +303,7 @@ def test_byte_pressure_takes_a_snapshot_early() -> None:
     """The stream grown by ``every_bytes`` since the last snapshot (large refused
     messages, say) makes one due however few messages came: trimming can then free what
     the snapshot covers."""
-    from projections.log import Span
+    from eventlog.protocol import Span
     from projections.snapshot_policy import SnapshotPolicy, Snapshots
 
     policy = SnapshotPolicy(every_messages=1_000_000, every_s=3_600, every_bytes=100 << 20)

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 import events as ev
+from eventlog.client import Log
 from events.mint import fresh_id, now_ms
-from ops.nats.client import Log
 from tests.test_walls import _gateway
 
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 import events as ev
+from eventlog.client import Log
 from events.mint import fresh_id, now_ms
-from ops.nats.client import Log
 from ops.nats.server import NatsServer
 from tests.test_agent_identity import Agent, _fleet, _me
 

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from eventlog.client import Log
 from gateway.views import FOLLOW_S, PoolViewKeeper
 from ops.bench.streams import publish_synthetic, publisher
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 from projections.live import FoldService
 
@@ -91,7 +91,7 @@ _CHILD = r"""
 import asyncio, json, sys, time
 import structlog
 structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(40))
-from ops.nats.client import Log
+from eventlog.client import Log
 from projections.live import FoldService
 from gateway.views import PoolViewKeeper
 

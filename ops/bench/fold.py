@@ -27,14 +27,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eventlog.client import Log
+from eventlog.stream import Firehose, native_frames
 from events import Fetched, ProxiesChecked, ProxyFailed, ProxyWorked, decode
 from events.batches import expand
 from ops.bench.catchup import gateway_catch_up
 from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
 from ops.bench.streams import publish_synthetic, publisher, synthetic_in_lockstep
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
-from ops.nats.stream import Firehose, native_frames
 from ops.progress import Progress
 from projections import Store, digest
 from projections.folder import Checkpointer, Folder
@@ -265,7 +265,7 @@ async def bench_fold(
         "peak_rss_mb": round(rss_fold),
         "rss_before_fold_mb": round(rss_before),
         "restore_digest_equal": restore_ok,
-        # ops/nats/_frames.c, or the stream reader's Python twin
+        # eventlog/_frames.c, or the stream reader's Python twin
         "native_frames": native_frames(),
         "fold_with_dead_axiom_tap_per_s": round(tapped[0]) if tapped else None,
         "fold_tap_off_again_per_s": round(tapped[1]) if tapped else None,

@@ -19,10 +19,10 @@ from typing import Any
 
 import aiohttp
 
+from eventlog.client import Log
 from events import ProxyWorked, SourceAdded, url_id
 from events.mint import enrollment, fresh_id, now_ms
 from ops.bench.workload import _ip
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 from ops.progress import Progress
 

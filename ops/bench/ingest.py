@@ -30,12 +30,12 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from eventlog.client import Log
+from eventlog.dial import dial
+from eventlog.objects import BUCKET
 from events import Deposited
 from events.keys import page_key
 from events.mint import fresh_id, now_ms
-from ops.nats.client import Log
-from ops.nats.dial import dial
-from ops.nats.objects import BUCKET
 from ops.nats.server import NatsServer, free_port
 from projections.ingest import DepositIngest
 from projections.live import FoldService

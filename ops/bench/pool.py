@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from agents.check import Judge, check
+from eventlog.client import Log
 from ops.bench.upbox import UpBeside, get_json, up_beside
 from ops.lab.churn import PROFILES, Plan, plan, scaled
 from ops.lab.world import World
-from ops.nats.client import Log
 
 __all__ = ["bench_pool", "churn_beside"]
 

@@ -1,8 +1,8 @@
 """``ppf bench read``: how fast the fold's reader takes the log, in plain and over TLS.
 
-The fold reads through the lean reader (``ops/nats/stream.py``: its own socket, frames
+The fold reads through the lean reader (``eventlog/stream.py``: its own socket, frames
 parsed straight from it) where it can, and over TLS through nats-py's ordered consumer
-(``ops/nats/ordered.py``: the lean reader speaks no TLS). Two nats-servers on loopback,
+(``eventlog/ordered.py``: the lean reader speaks no TLS). Two nats-servers on loopback,
 one plain and one with TLS (a CA of the bench's own), hold the same ``messages`` single
 observations; each run reads all of them from sequence 1 three ways, in turns (A B C):
 the lean reader in plain, nats-py's ordered consumer in plain, and the fold's reader
@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+from eventlog.client import Log, NatsTls
+from eventlog.ordered import ordered_batches
 from events import ProxyWorked
 from events.mint import fresh_id, now_ms
 from ops.lab.tls import nats_certs
-from ops.nats.client import Log, NatsTls
-from ops.nats.ordered import ordered_batches
 from ops.nats.server import NatsServer, ServerTls, free_port
 
 __all__ = ["bench_read"]

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eventlog.client import Log
 from ops.bench.compare import median_ci, pct_by_run
 from ops.bench.streams import publisher
 from ops.bench.versus import Side, side_by_side
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 
 __all__ = ["bench_rounds"]

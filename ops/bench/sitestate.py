@@ -33,6 +33,7 @@ from typing import Any
 
 import aiohttp
 
+from eventlog.client import Log
 from events import AgentEnrolled, SiteResult, SitesChecked, token_sha256
 from events.mint import fresh_id, now_ms
 from ops.bench.gateway import _pct, _settled
@@ -40,7 +41,6 @@ from ops.bench.snapshot import _gateway, _ready_at
 from ops.bench.stats import stats_then_lease
 from ops.bench.streams import publisher
 from ops.bench.workload import _ip
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 
 __all__ = ["bench_site_state"]

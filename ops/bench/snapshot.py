@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 
+from eventlog.client import Log
 from ops.bench.gateway import _settled
 from ops.bench.streams import publisher
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 
 __all__ = ["bench_snapshot"]

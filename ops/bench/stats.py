@@ -43,11 +43,11 @@ from typing import Any
 import aiohttp
 import msgspec
 
+from eventlog.client import Log
 from events import AgentEnrolled, Leased, ProxyWorked, encode, subject_for, token_sha256
 from events.mint import fresh_id, now_ms
 from ops.bench.gateway import _pct, _settled, _spawn_gateway
 from ops.bench.workload import PROTOS, _ip
-from ops.nats.client import Log
 from ops.nats.server import NatsServer, free_port
 from ops.progress import Progress
 

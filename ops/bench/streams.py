@@ -15,11 +15,11 @@ import asyncio
 import sys
 import time
 
+from eventlog.client import Log
 from events import Event, Located, encode
 from ops.bench import synthetic
 from ops.bench.synthetic import route
 from ops.bench.workload import steps
-from ops.nats.client import Log
 from ops.progress import Progress
 
 __all__ = ["Streams", "publish_synthetic", "publisher", "synthetic_in_lockstep"]

@@ -38,7 +38,7 @@ import asyncio, gc, inspect, json, sys, time
 gc.set_threshold(*json.loads(sys.argv[4]))
 url, head, db = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 try:
-    from ops.nats.stream import Firehose
+    from eventlog.stream import Firehose
 except ImportError:  # trees before ops/ had its rooms
     from ops.firehose import Firehose
 from projections.replay import replay

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from eventlog.client import LogError
 from ops.cli import (
     admin,
     agent,
@@ -35,7 +36,6 @@ from ops.cli import (
 )
 from ops.cli.admin import enroll
 from ops.cli.common import SHARED_HELP, CommandError, data_dir, unsaid
-from ops.nats.client import LogError
 from ops.telemetry import logs
 
 __all__ = ["enroll", "main"]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import msgspec
 
+from eventlog.client import Log
+from eventlog.enrolled import holds_token
 from events import (
     RESERVED_AGENT_NAMES,
     AgentEnrolled,
@@ -22,8 +24,6 @@ from events import (
 )
 from events.mint import enrollment, fresh_id, now_ms
 from ops.cli.common import DEFAULT_NATS
-from ops.nats.client import Log
-from ops.nats.enrolled import holds_token
 
 __all__ = ["enroll", "reconfigure", "register"]
 

@@ -129,7 +129,7 @@ def _comm(pid: str) -> str:
 
 
 async def _nats(url: str, report: _Report) -> None:
-    from ops.nats.client import Log
+    from eventlog.client import Log
 
     shown = url.split("@")[-1]
     try:

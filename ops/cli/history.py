@@ -11,11 +11,11 @@ from pathlib import Path
 
 import msgspec
 
+from eventlog.client import Log
+from eventlog.protocol import GapError, Message
 from events import DecodeError, Event, ProxiesChecked, decode
 from events.batches import expand
 from ops.cli.common import DEFAULT_NATS, REPO
-from ops.nats.client import Log
-from projections.log import GapError, Message
 from reducers import State
 
 __all__ = ["register"]

@@ -12,10 +12,10 @@ from typing import Any
 
 import structlog
 
+from eventlog.client import Log
 from events import Role
 from gateway.judge import JudgeKeys
 from ops.cli.admin import enroll
-from ops.nats.client import Log
 
 __all__ = ["enroll_local_agents", "local_agents"]
 

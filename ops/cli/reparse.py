@@ -20,14 +20,14 @@ from dataclasses import dataclass, field
 from hashlib import sha256
 
 from agents.extract import EXTRACTOR, extract
+from eventlog.client import Log
+from eventlog.protocol import DepositError
 from events import Extracted, decode
 from events.keys import plan_id
 from events.mint import now_ms
 from ops.cli.common import DEFAULT_NATS
 from ops.cli.seed import plan
-from ops.nats.client import Log
 from projections.folder import Folder
-from projections.log import DepositError
 from reducers import State
 
 __all__ = ["Reparsed", "register", "reparse"]

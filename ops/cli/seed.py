@@ -12,11 +12,11 @@ from pathlib import Path
 
 import aiohttp
 
+from eventlog.client import Log
 from events import Deposited, SeedKind, SeedPlanned
 from events.keys import input_key, items_of, plan_id
 from events.mint import fresh_id, now_ms
 from ops.cli.common import DEFAULT_NATS
-from ops.nats.client import Log
 
 __all__ = ["plan", "register", "uncovered"]
 

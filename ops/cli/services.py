@@ -15,6 +15,8 @@ import msgspec
 import structlog
 
 from agents.gateway_client import OUTBOX_REPLAY_S
+from eventlog.client import Log
+from eventlog.waiting import START_WAIT_S
 from events import Settings
 from events.address import ADDRESS_RULE
 from gateway.guard import GuardedRunner, listen
@@ -25,10 +27,8 @@ from ops.cli.common import hostport, port_taken, wait_for_signal
 from ops.cli.local import LOCAL_AGENTS
 from ops.cli.snapshots import snapshots_for
 from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
-from ops.nats.client import Log
 from ops.nats.cluster import LocalCluster
 from ops.nats.server import NatsServer, PortInUse
-from ops.nats.waiting import START_WAIT_S
 from projections.live import FoldService
 from projections.locator import Locator
 

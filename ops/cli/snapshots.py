@@ -7,8 +7,8 @@ import argparse
 import json
 import sys
 
+from eventlog.client import Log
 from ops.cli.common import DEFAULT_NATS
-from ops.nats.client import Log
 from projections.snapshot_policy import SnapshotPolicy, Snapshots
 
 __all__ = ["register", "snapshot_options", "snapshots_for"]
@@ -76,10 +76,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 async def _snapshot(args: argparse.Namespace) -> int:
     """From the newest snapshot (or sequence 1), fold to the head, take one there."""
+    from eventlog.protocol import GapError
     from ops.collector import for_folding
     from projections import digest
     from projections.live import FoldService
-    from projections.log import GapError
 
     for_folding()
     lg = await Log.connect(args.nats, name="ppf-snapshot")

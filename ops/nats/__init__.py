@@ -1,1 +1,1 @@
-"""Embedded nats-server, the JetStream client (the log) and the stream reader."""
+"""The embedded nats-server and a cluster of them (the log's client is ``eventlog/``)."""

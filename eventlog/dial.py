@@ -1,5 +1,5 @@
 """Every nats-py connection ppf opens is dialled here: the log client's
-(ops/nats/client.py) and the gateway's callout and kicker (gateway/natsauth.py), which
+(eventlog/client.py) and the gateway's callout and kicker (gateway/natsauth.py), which
 may not import ops/.
 
 nats-py keeps one transport for a client's life and, when a connection to a server is

@@ -10,7 +10,7 @@ import nats.errors
 import nats.js.errors
 import structlog
 
-from projections.log import LogError
+from eventlog.protocol import LogError
 
 __all__ = ["START_PAUSE_MAX_S", "START_WAIT_S", "TRANSIENT", "until_answered"]
 

@@ -26,6 +26,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StoreCompression, StreamConfig
 
+from eventlog.dial import dial
+from eventlog.objects import DepositBucket, SnapshotBucket
+from eventlog.ordered import ordered_batches
+from eventlog.protocol import ConflictError, LogError, Message, Published, PublishError
+from eventlog.stream import Firehose
+from eventlog.waiting import START_WAIT_S, until_answered
+from eventlog.waiting import TRANSIENT as _TRANSIENT
 from events import (
     DLQ_PREFIX,
     DLQ_STREAM,
@@ -38,13 +45,6 @@ from events import (
     subject_for,
 )
 from events.mint import fresh_id, now_ms
-from ops.nats.dial import dial
-from ops.nats.objects import DepositBucket, SnapshotBucket
-from ops.nats.ordered import ordered_batches
-from ops.nats.stream import Firehose
-from ops.nats.waiting import START_WAIT_S, until_answered
-from ops.nats.waiting import TRANSIENT as _TRANSIENT
-from projections.log import ConflictError, LogError, Message, Published, PublishError
 
 __all__ = [
     "ConflictError",
@@ -144,7 +144,7 @@ class NatsTls:
 
 
 class Log:
-    """A connection to the PPF stream (implements ``projections.log.EventLog``)."""
+    """A connection to the PPF stream (implements ``eventlog.protocol.EventLog``)."""
 
     def __init__(
         self, nc: Client, js: JetStreamContext, url: str, tls: NatsTls | None = None
@@ -471,7 +471,7 @@ class Log:
     def read(self, start_seq: int, until: int | None = None) -> AsyncIterator[list[Message]]:
         """Batches in stream order: through the lean reader on its own connection, which
         dials each of the URLs in turn; over TLS, through nats-py's ordered consumer on
-        this connection (ops/nats/ordered.py: the lean reader speaks no TLS)."""
+        this connection (eventlog/ordered.py: the lean reader speaks no TLS)."""
         if self.tls is not None or "tls://" in self.url:
             return ordered_batches(self.js, start_seq, until)
         return Firehose(self.url, start_seq).batches(until=until)

@@ -1,5 +1,5 @@
 """The PPF stream read through nats-py's ordered consumer: where the lean reader
-(``ops/nats/stream.py``) does not go, a NATS reached over TLS. nats-py does the TLS, the
+(``eventlog/stream.py``) does not go, a NATS reached over TLS. nats-py does the TLS, the
 reconnects to another of the cluster's URLs and the ordered consumer's gap handling;
 this module only turns its messages into the fold's ``(stream_seq, server_ts_ms,
 subject, payload)`` batches, read from the same ack reply subject the lean reader reads,
@@ -17,9 +17,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from eventlog.protocol import Message
 from events import STREAM
 from events.subjects import STREAM_SUBJECTS
-from projections.log import Message
 
 __all__ = ["ordered_batches"]
 

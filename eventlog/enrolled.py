@@ -8,9 +8,9 @@ import asyncio
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
+from eventlog.client import Log
 from events import AgentEnrolled, decode
 from events.subjects import enrolment_subject
-from ops.nats.client import Log
 
 __all__ = ["holds_token"]
 

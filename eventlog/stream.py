@@ -25,8 +25,8 @@ from urllib.parse import unquote, urlsplit
 
 import structlog
 
+from eventlog.protocol import Message
 from events import STREAM
-from projections.log import Message
 
 __all__ = ["Firehose", "FirehoseError", "Message", "native_frames"]
 
@@ -41,7 +41,7 @@ _READ = 1 << 20
 # every byte and a fresh megabyte (page faults) per read, a quarter of the reader's CPU.
 _BUFFER = 4 * _READ
 # The common frame: a data message with headers on sid 1 and a v1 ack reply. Runs of it
-# are parsed by _frames.scan (ops/nats/_frames.c) or its twin _scan_py; anything else
+# are parsed by _frames.scan (eventlog/_frames.c) or its twin _scan_py; anything else
 # (statuses, API replies, PING, other reply forms) takes the general path below.
 _DATA = re.compile(
     rb"HMSG ([^ \r\n]+) 1 \$JS\.ACK\.[^. \r\n]+\.[^. \r\n]+\."
@@ -64,7 +64,7 @@ def _scan_py(
     Returns (pos, expect, status): where the run stopped, the consumer sequence
     expected next, and why (_MORE: another kind of frame or an incomplete one; _GAP: a
     consumer sequence other than ``expect``; _UNTIL: a stream sequence past ``until``,
-    when it is not 0). The contract of ops/nats/_frames.c, which the tests compare.
+    when it is not 0). The contract of eventlog/_frames.c, which the tests compare.
     """
     end = len(data) if end < 0 or end > len(data) else end
     fast = _DATA.match
@@ -92,7 +92,7 @@ def _scan_py(
 
 
 try:
-    from ops.nats._frames import (  # type: ignore[import-not-found, unused-ignore]
+    from eventlog._frames import (  # type: ignore[import-not-found, unused-ignore]
         scan as _frames_scan,
     )
 except ImportError:  # no C compiler at install time: the twin, slower
@@ -101,7 +101,7 @@ _scan = _frames_scan or _scan_py
 
 
 def native_frames() -> bool:
-    """Whether ops/nats/_frames.c was built here (``ppf bench fold`` reports it)."""
+    """Whether eventlog/_frames.c was built here (``ppf bench fold`` reports it)."""
     return _frames_scan is not None
 
 
@@ -127,7 +127,7 @@ class Firehose:
         filter_subject: str = "",
     ) -> None:
         # ``stream`` and ``filter_subject``: another stream read the same way (an
-        # object's chunks: ops/nats/objects.py reads a snapshot so).
+        # object's chunks: eventlog/objects.py reads a snapshot so).
         self.stream, self.filter_subject = stream, filter_subject
         # One URL or a cluster's several, comma-separated: each session dials the next
         # after one that failed.

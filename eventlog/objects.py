@@ -24,10 +24,10 @@ from nats.js import JetStreamContext
 from nats.js.api import ObjectMeta, ObjectMetaOptions, StorageType
 from nats.js.object_store import ObjectStore
 
+from eventlog.protocol import DepositError, LogError, SnapshotError, Span
+from eventlog.stream import Firehose
+from eventlog.waiting import START_WAIT_S, until_answered
 from events.subjects import STREAM
-from ops.nats.stream import Firehose
-from ops.nats.waiting import START_WAIT_S, until_answered
-from projections.log import DepositError, LogError, SnapshotError, Span
 
 __all__ = ["BUCKET", "SNAPSHOTS", "DepositBucket", "SnapshotBucket"]
 
@@ -71,7 +71,7 @@ async def _bucket(
 
 
 class DepositBucket:
-    """Implements ``projections.log.DepositStore``; the bucket is made on first use."""
+    """Implements ``eventlog.protocol.DepositStore``; the bucket is made on first use."""
 
     def __init__(self, js: JetStreamContext, log: _Replicated | None = None) -> None:
         self._js = js
@@ -165,7 +165,7 @@ CHUNK_WAIT_S = 10.0
 
 
 class SnapshotBucket:
-    """Implements ``projections.log.SnapshotStore`` on the ``ppf-snapshots`` bucket: one
+    """Implements ``eventlog.protocol.SnapshotStore`` on the ``ppf-snapshots`` bucket: one
     object a snapshot, named by its sequence. Only the service's login may write it
     (agents publish on their own subjects only: gateway/natsauth.py); what is read is
     checked again by its digest (projections/snapshot.py)."""
@@ -205,7 +205,7 @@ class SnapshotBucket:
                 return await _read_whole(store, name)  # nats-py checks its digest
             except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as e:
                 raise SnapshotError(f"snapshot {name}: {type(e).__name__}") from e
-        # The chunks through the lean reader (ops/nats/stream.py): nats-py's parser was
+        # The chunks through the lean reader (eventlog/stream.py): nats-py's parser was
         # the loaded gateway's longest wait (docs/decisions.md, Snapshots). Each chunk
         # is copied once, into a buffer of the object's size, and hashed as it comes
         # (joining a list of chunks faults in and copies every byte again).

@@ -1,6 +1,6 @@
 """The log as the projections and the gateway see it: a Protocol and its errors.
 
-``ops/nats/client.py`` implements it on JetStream; the live fold, the gateway and the
+``eventlog/client.py`` implements it on JetStream; the live fold, the gateway and the
 replay driver are written against this, so none of them imports ``ops/`` (the arrows
 point inward) and a test can hand them any object with these methods.
 """

@@ -3,7 +3,7 @@
  * Why C: the fold reads a million messages for every million events, and in Python the
  * frame of each (a regex match, six groups, four int() calls, two slices and a tuple)
  * cost about as much CPU as the fold's own admission checks. Here a run of frames is
- * one call. ops/nats/stream.py's _scan_py is its Python twin and the reference
+ * one call. eventlog/stream.py's _scan_py is its Python twin and the reference
  * (tests/test_firehose.py runs both over the same buffers and compares).
  *
  *   scan(data, pos, expect, until, batch[, end]) -> (pos, expect, status)
