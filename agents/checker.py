@@ -10,9 +10,8 @@ soon as its own checks are done.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -68,19 +67,9 @@ def fitted_timeout(latency_ms: int, cfg: CheckerConfig) -> float:
     return min(cfg.check_timeout_s, fitted)
 
 
-class Checker(Agent):
-    config: CheckerConfig
-
-    def __init__(
-        self,
-        gateway: str,
-        token: str,
-        name: str,
-        judges: str | Sequence[str],
-        data: Path,
-        config: CheckerConfig,
-    ) -> None:
-        super().__init__(gateway, token, name, judges, data, config)
+class Checker(Agent[CheckerConfig]):
+    def _own_state(self) -> None:
+        config = self.config
         self.rechecked = 0
         self.voided = 0  # rounds thrown away because the judge did not answer
         self._holding = 0  # recheck leases held by rounds in flight

@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import structlog
 
@@ -174,9 +174,12 @@ class Results:
         await self.flush()
 
 
-class Agent:
+Config = TypeVar("Config", bound="AgentConfig")
+
+
+class Agent(Generic[Config]):
     """An agent's identity and its way to the gateway; subclasses define ``run``, most
-    of them as ``_run`` over their own ``cycle``."""
+    of them as ``_run`` over their own ``cycle``, and their own state in ``_own_state``."""
 
     def __init__(
         self,
@@ -185,7 +188,7 @@ class Agent:
         name: str,
         judges: str | Sequence[str],
         data: Path,
-        config: AgentConfig,
+        config: Config,
     ) -> None:
         self.gateway = gateway
         self.token = token
@@ -203,6 +206,10 @@ class Agent:
         # Cancelled otherwise (a crash's stand-in in tests, a caller's timeout), it dies
         # holding them, and they expire as a dead agent's do.
         self._stop: asyncio.Event | None = None
+        self._own_state()
+
+    def _own_state(self) -> None:
+        """A role's own state, made once the agent's is (nothing here)."""
 
     async def _run(
         self,

@@ -20,7 +20,6 @@ import ipaddress
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import msgspec
 import structlog
@@ -77,19 +76,9 @@ class _PerNet:
         return at - now
 
 
-class SeedNode(Agent):
-    config: SeedConfig
-
-    def __init__(
-        self,
-        gateway: str,
-        token: str,
-        name: str,
-        judges: str | Sequence[str],
-        data: Path,
-        config: SeedConfig,
-    ) -> None:
-        super().__init__(gateway, token, name, judges, data, config)
+class SeedNode(Agent[SeedConfig]):
+    def _own_state(self) -> None:
+        config = self.config
         self._nets = [ipaddress.ip_network(c, strict=False) for c in config.exclude]
         self._per_net = _PerNet(config.per_net_per_s)
         self.items_done = 0

@@ -16,9 +16,7 @@ import asyncio
 import dataclasses
 import re
 from collections import OrderedDict
-from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin
 
@@ -73,19 +71,8 @@ class WorkerConfig(AgentConfig):
     deposit_pages_max: int = 1024 * 1024
 
 
-class Worker(Agent):
-    config: WorkerConfig
-
-    def __init__(
-        self,
-        gateway: str,
-        token: str,
-        name: str,
-        judges: str | Sequence[str],
-        data: Path,
-        config: WorkerConfig,
-    ) -> None:
-        super().__init__(gateway, token, name, judges, data, config)
+class Worker(Agent[WorkerConfig]):
+    def _own_state(self) -> None:
         self.confirmed = 0
         # url -> (etag, last_modified, content_hash) of this worker's last fetch: the
         # lease payload carries only the log's last hash, so validators live here.

@@ -141,7 +141,7 @@ async def stats(request: web.Request) -> web.Response:
             "queues": {
                 "due_sources": granter.due_count(now),
                 "stale_proxies": pool["stale"],
-                "dlq_pending": fold.dlq_pending,
+                "dlq_pending": fold.dead_letters.pending,
             },
             "sources": len(state.sources),
             "leases": len(state.leases),
@@ -161,7 +161,7 @@ async def stats(request: web.Request) -> web.Response:
             # ... and the list that says which networks are datacenters
             # (projections/core/quality.py), read with the pool, not kept in the log.
             "geo": {"unlocated": len(state.unlocated), "hosting_list": HOSTING_LIST},
-            "dlq_sent": fold.dlq_sent,
+            "dlq_sent": fold.dead_letters.sent,
             "grants": {
                 "granted": granter.granted,
                 "lost": granter.lost,
@@ -357,7 +357,7 @@ def make_app(
     )
     app[REFUSALS] = app[JUDGE_DOOR].refusals  # the judge's bytes count with the rest
     app[PAGES] = Pages()
-    app[PENALTIES] = Penalties(lambda: fold.refused_bytes)
+    app[PENALTIES] = Penalties(lambda: fold.dead_letters.refused_bytes)
     app[ENDPOINTS] = EndpointBoard()
     app[PANELS] = Panels()
     app.on_cleanup.append(lambda app: app[PANELS].stop())

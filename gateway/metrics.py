@@ -107,7 +107,9 @@ def metrics_text(
         "agents' re-sends met and ignored",
         [({}, fold.folder.resent)],
     )
-    lines += _family("ppf_dlq_sent_total", "counter", "DLQ entries written", [({}, fold.dlq_sent)])
+    lines += _family(
+        "ppf_dlq_sent_total", "counter", "DLQ entries written", [({}, fold.dead_letters.sent)]
+    )
     if (guard := app[CONFIG].disk_guard) is not None:
         lines += _family(
             "ppf_store_used_ratio",

@@ -272,7 +272,7 @@ class Kicker:
         self._sys: Client | None = None
         self.kicked = 0
 
-    def stale(self, login: str) -> bool:
+    def outlived(self, login: str) -> bool:
         """Whether a connection logged in as ``login`` may no longer be open."""
         agent, sep, fingerprint = login.partition("#")
         if not sep:
@@ -318,7 +318,7 @@ class Kicker:
             server = answer.get("server", {}).get("id", "")
             for conn in (answer.get("data") or {}).get("connections") or []:
                 login = str(conn.get("authorized_user", ""))
-                if not self.stale(login):
+                if not self.outlived(login):
                     continue
                 body = json.dumps({"cid": conn["cid"]}).encode()
                 await nc.request(f"$SYS.REQ.SERVER.{server}.KICK", body, timeout=2)

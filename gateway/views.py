@@ -81,7 +81,7 @@ class PoolViewKeeper:
     async def get(self, request: web.Request) -> PoolView:
         return await self.view(request.app[FOLD].state)
 
-    def stale(self, state: State) -> bool:
+    def due(self, state: State) -> bool:
         view = self.current
         if view is None:
             return True
@@ -110,7 +110,7 @@ class PoolViewKeeper:
         if view.seq == state.last_seq or idle is False:
             return view
         cheap = self._cheap(state)
-        if not (self.stale(state) or (idle and cheap)):
+        if not (self.due(state) or (idle and cheap)):
             return view
         task = self._start(state)
         if cheap:
@@ -123,7 +123,7 @@ class PoolViewKeeper:
         replace), looked at every ``FOLLOW_S``."""
         while True:
             await asyncio.sleep(FOLLOW_S)
-            if self.stale(state()):
+            if self.due(state()):
                 await self.view(state())
 
     def _cheap(self, state: State) -> bool:

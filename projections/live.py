@@ -16,11 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import msgspec
 import structlog
 
-from eventlog.protocol import DepositStore, EventLog, GapError, LogError
-from events import AGENT_PREFIX, DecodeError, dlq_subject
+from eventlog.protocol import DepositStore, EventLog, GapError
+from projections.deadletters import DeadLetters
 from projections.folder import Checkpointer, Folder, Message
 from projections.foreground import Foreground
 from projections.rates import PipelineStats
@@ -31,15 +30,11 @@ from projections.tasks import stop_tasks
 from projections.writer import MEMORY
 from reducers import State
 
-__all__ = ["LAG_BOUND", "SLICE_S", "FoldService", "Sink", "far_behind"]
+__all__ = ["LAG_BOUND", "SLICE_S", "FoldService", "Sink", "far_behind", "metrics_row"]
 
 log = structlog.get_logger("ppf.fold")
 
 HEAD_EVERY_S = 0.25  # how often the stream's head is read, for queries to find it read
-DLQ_COPY_BYTES = 16_384  # of a rejected message, copied into its DLQ entry
-DLQ_SMALL = 256  # of a message, copied whatever its entry's headers weigh
-_AGENT_PREFIX = AGENT_PREFIX.encode()
-_json = msgspec.json.Encoder().encode
 # The longest the fold holds the event loop at a time (projections/folder.py apply_for).
 SLICE_S = 0.002
 # Messages behind the log's head within which a fold counts as caught up: /readyz says
@@ -68,6 +63,32 @@ class Sink(Protocol):
     def feed(self, batch: list[Message]) -> None: ...
 
     def metrics(self, row: dict[str, object]) -> None: ...
+
+
+class SeqWaiters:
+    """Waiters for a sequence, in a heap: each batch wakes only those it satisfied (a
+    Condition's notify_all woke every waiting request on every batch)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._ids = itertools.count()
+
+    async def wait(self, seq: int, timeout: float) -> bool:
+        """Wait until ``wake`` is told ``seq`` or later; False on timeout."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._heap, (seq, next(self._ids), fut))
+        try:
+            await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def wake(self, applied: int) -> None:
+        heap = self._heap
+        while heap and heap[0][0] <= applied:
+            fut = heapq.heappop(heap)[2]
+            if not fut.done():
+                fut.set_result(None)
 
 
 class FoldService:
@@ -112,26 +133,15 @@ class FoldService:
         )
         # Without a DLQ to write (a gateway beside the fold that writes it), refusals are
         # still counted per agent: the cut-off (gateway/penalty.py) is every gateway's.
-        self.folder = Folder(self.state, self._reject if dlq else self._count_refused)
+        self.dead_letters = DeadLetters(log_client, lambda: self.state.last_seq, write=dlq)
+        self.folder = Folder(self.state, self.dead_letters.refused)
         self.tap = tap
         self.stats = PipelineStats()
-        # A message's refusals (a round's results, one by one), kept until it is whole,
-        # then written as one DLQ entry: by sequence, (subject, payload, refusals).
-        self._refused: dict[int, tuple[bytes, bytes, list[DecodeError]]] = {}
-        self._refusing = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        # Waiters for a sequence, in a heap: each batch wakes only those it satisfied
-        # (a Condition's notify_all woke every waiting request on every batch).
-        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._waiter_ids = itertools.count()
+        self._waiters = SeqWaiters()
         self._cut = asyncio.Lock()
         self._head = (0.0, 0)
         self._whole_after = 0  # the head when a snapshot was adopted (_maybe_checkpoint)
-        self.dlq_sent = 0
-        # Bytes of refused messages on each agent's own subjects, this process's count:
-        # what cuts an agent off (gateway/penalty.py).
-        self.refused_bytes: dict[str, int] = {}
-        self._counted_seq = 0
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
 
     @property
@@ -198,7 +208,7 @@ class FoldService:
             await self.tap.start()
         self._tasks = [
             asyncio.create_task(self._run(), name="ppf-fold"),
-            asyncio.create_task(self._send_dlq(), name="ppf-dlq"),
+            asyncio.create_task(self.dead_letters.run(), name="ppf-dlq"),
             asyncio.create_task(self._tick(), name="ppf-stats"),
             asyncio.create_task(self._idle_checkpoints(), name="ppf-checkpoint"),
             asyncio.create_task(self._watch_head(), name="ppf-head"),
@@ -241,27 +251,13 @@ class FoldService:
         """Wait until the projection has applied ``seq``; False on timeout."""
         if self.state.last_seq >= seq:
             return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._waiters, (seq, next(self._waiter_ids), fut))
-        try:
-            await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await self._waiters.wait(seq, timeout)
 
     async def caught_up_now(self, timeout: float) -> bool:
         """Wait until the projection has applied the log as it is at this moment: for
         what another gateway granted a moment ago (it answered once the log had it). The
         head is read afresh: the cached one may predate that grant by 250 ms."""
         return await self.wait_for(await self.head_seq(max_age_s=0.0), timeout)
-
-    def _wake(self) -> None:
-        applied = self.state.last_seq
-        waiters = self._waiters
-        while waiters and waiters[0][0] <= applied:
-            fut = heapq.heappop(waiters)[2]
-            if not fut.done():
-                fut.set_result(None)
 
     async def _run(self) -> None:
         async for batch in self.log.read(self.state.last_seq + 1):
@@ -289,7 +285,7 @@ class FoldService:
                     while self.folder.midway:
                         await self.foreground.yield_to(SLICE_S)
                         i = self.folder.apply_for(messages, i, SLICE_S)
-                self._wake()
+                self._waiters.wake(self.state.last_seq)
                 await self.foreground.yield_to(SLICE_S)  # queries, publishes go first
             async with self._cut:
                 if self.tap is not None:
@@ -327,39 +323,10 @@ class FoldService:
             if self.tap is not None and time.monotonic() - last_row >= 10:
                 last_row = time.monotonic()
                 try:
-                    self.tap.metrics(await self.metrics())
+                    self.tap.metrics(await metrics_row(self))
                 except Exception as exc:  # NATS away: skip this row, keep sampling
                     log.warning("metrics_row_failed", error=repr(exc))
             await asyncio.sleep(self.stats.every_s)
-
-    async def metrics(self) -> dict[str, object]:
-        """The figures an operator watches, in one flat row."""
-        head = await self.head_seq()
-        row: dict[str, object] = {
-            "applied_seq": self.state.last_seq,
-            "head_seq": head,
-            "lag": max(head - self.state.last_seq, 0),
-            "lag_s": self.lag_s(head),
-            "proxies_known": len(self.state.proxies),
-            "sources": len(self.state.sources),
-            "agents": len(self.state.agents),
-            "rejected": self.folder.rejected,
-            "resent": self.folder.resent,
-        }
-        for kind, rate in self.stats.rates()["1m"].items():
-            row[f"rate_1m.{kind}"] = rate
-        for op, n in self.log.ops.items():
-            row[f"nats.{op}"] = n
-        if self.deposits is not None:  # puts, gets, lists, deletes, by outcome
-            for op, n in self.deposits.ops.items():
-                row[f"deposit.{op}"] = n
-        if self.tap is not None:
-            row["tap.dropped"] = self.tap.stats.dropped + self.tap.stats.failed
-        return row
-
-    @property
-    def dlq_pending(self) -> int:
-        return len(self._refused)
 
     def lag_s(self, head: int) -> float:
         """How far behind the head the fold is, in seconds of the log's own time."""
@@ -367,78 +334,28 @@ class FoldService:
             return 0.0
         return round(max(time.time() - self.folder.last_ts / 1000, 0.0), 3)
 
-    def _reject(self, seq: int, subject: bytes, payload: bytes, exc: DecodeError) -> None:
-        log.warning(
-            "event_rejected",
-            seq=seq,
-            subject=subject.decode(errors="replace"),
-            reason=exc.reason,
-            detail=exc.detail[:200],
-            **({"index": exc.index} if exc.index >= 0 else {}),
-        )
-        refused = self._refused.get(seq)
-        if refused is None:
-            refused = self._refused[seq] = (subject, payload, [])
-        self._count_refused(seq, subject, payload, exc)
-        refused[2].append(exc)
-        self._refusing.set()
 
-    def _count_refused(self, seq: int, subject: bytes, payload: bytes, _: DecodeError) -> None:
-        """A refused message's bytes, once (a round's refused results come one by one),
-        to the agent whose own subject it came on."""
-        if seq == self._counted_seq or not subject.startswith(_AGENT_PREFIX):
-            return
-        self._counted_seq = seq
-        agent = subject[len(_AGENT_PREFIX) :].partition(b".")[0].decode(errors="replace")
-        self.refused_bytes[agent] = self.refused_bytes.get(agent, 0) + len(payload)
-
-    async def _send_dlq(self) -> None:
-        """One DLQ entry a refused message, once the fold has applied it whole (a round's
-        refused results are gathered): at most the size of the message it names, so
-        refused input grows the log by at most its own size again."""
-        while True:
-            await self._refusing.wait()
-            self._refusing.clear()
-            whole = [seq for seq in self._refused if seq <= self.state.last_seq]
-            if len(whole) < len(self._refused):
-                self._refusing.set()  # a round still being folded: looked at again
-                await asyncio.sleep(0.05)
-            for seq in whole:
-                subject, payload, refusals = self._refused[seq]
-                await self._write_dlq(seq, subject, payload, refusals)
-                del self._refused[seq]
-
-    async def _write_dlq(
-        self, seq: int, subject: bytes, payload: bytes, refusals: list[DecodeError]
-    ) -> None:
-        first = refusals[0]
-        headers = {
-            "Ppf-Seq": str(seq),
-            "Ppf-Subject": subject.decode(errors="replace"),
-            "Ppf-Reason": first.reason,
-            "Ppf-Error": first.detail[:500],
-            "Ppf-Size": str(len(payload)),
-        }
-        if first.index >= 0:  # a round's results: which were refused, and why
-            headers["Ppf-Index"] = str(first.index)
-            headers["Ppf-Refused"] = str(len(refusals))
-            said = [[r.index, r.reason, r.detail[:120]] for r in refusals]
-            headers["Ppf-Refusals"] = _json(said)[:DLQ_COPY_BYTES].decode(errors="replace")
-        # The original stays in the log at Ppf-Seq; the copy is for reading, cut so the
-        # entry is no larger than the message (a megabyte of junk is not stored twice,
-        # nor a round's 16 KiB once for each of its 500 results), but for the first
-        # DLQ_SMALL bytes, which a small message keeps whole.
-        room = len(payload) - sum(len(k) + len(v) + 4 for k, v in headers.items())
-        copy = payload[: min(DLQ_COPY_BYTES, max(room, DLQ_SMALL))]
-        while True:
-            try:
-                # The id is the original sequence's: a fold that restarts and meets the
-                # same bad message again stores its DLQ entry once.
-                await self.log.publish_raw(
-                    dlq_subject(first.reason), copy, msg_id=f"dlq-{seq}", headers=headers
-                )
-                self.dlq_sent += 1
-                return
-            except LogError as err:
-                log.warning("dlq_publish_retried", seq=seq, error=str(err))
-                await asyncio.sleep(1.0)
+async def metrics_row(fold: FoldService) -> dict[str, object]:
+    """The figures an operator watches of ``fold``, in one flat row (the tap's, every 10 s)."""
+    head = await fold.head_seq()
+    row: dict[str, object] = {
+        "applied_seq": fold.state.last_seq,
+        "head_seq": head,
+        "lag": max(head - fold.state.last_seq, 0),
+        "lag_s": fold.lag_s(head),
+        "proxies_known": len(fold.state.proxies),
+        "sources": len(fold.state.sources),
+        "agents": len(fold.state.agents),
+        "rejected": fold.folder.rejected,
+        "resent": fold.folder.resent,
+    }
+    for kind, rate in fold.stats.rates()["1m"].items():
+        row[f"rate_1m.{kind}"] = rate
+    for op, n in fold.log.ops.items():
+        row[f"nats.{op}"] = n
+    if fold.deposits is not None:  # puts, gets, lists, deletes, by outcome
+        for op, n in fold.deposits.ops.items():
+            row[f"deposit.{op}"] = n
+    if fold.tap is not None:
+        row["tap.dropped"] = fold.tap.stats.dropped + fold.tap.stats.failed
+    return row

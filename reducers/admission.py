@@ -84,7 +84,7 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
         if what:
             return what, why
     elif kind in _OBSERVED and settings.resend_window and event.id[:4] != DERIVED_PREFIX:
-        floor = marks.stale(state.marks, event.agent, event.id)
+        floor = marks.floor_at_or_above(state.marks, event.agent, event.id)
         if floor:
             return STALE, (
                 f"id {event.id} is at or below the oldest id {event.agent}'s re-send window"

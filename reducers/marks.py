@@ -60,11 +60,11 @@ __all__ = [
     "Mark",
     "Recent",
     "expire",
+    "floor_at_or_above",
     "recent_cap",
     "recent_refusal",
     "remember",
     "see",
-    "stale",
 ]
 
 NEW, RESENT, STALE = 0, 1, 2
@@ -77,7 +77,7 @@ class Mark(msgspec.Struct, kw_only=True):
     ids: list[str] = []
 
 
-def stale(marks: dict[str, Mark], agent: str, eid: str) -> str:
+def floor_at_or_above(marks: dict[str, Mark], agent: str, eid: str) -> str:
     """The floor ``eid`` is at or below ("" when it is above, or the agent has no
     mark): older than anything the agent's window remembers."""
     mark = marks.get(agent)
@@ -86,7 +86,7 @@ def stale(marks: dict[str, Mark], agent: str, eid: str) -> str:
 
 def see(marks: dict[str, Mark], agent: str, eid: str, window: int) -> int:
     """NEW (now remembered), RESENT (in the window) or STALE (at or below the floor)."""
-    if stale(marks, agent, eid):
+    if floor_at_or_above(marks, agent, eid):
         return STALE
     mark = marks.get(agent)
     if mark is None:

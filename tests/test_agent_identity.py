@@ -232,9 +232,9 @@ async def test_forgeries_on_an_agents_own_subjects_reach_only_the_dlq(
     assert not fold.state.leases
     # Each refusal is kept in the DLQ under `forbidden`, with its reason.
     deadline = asyncio.get_running_loop().time() + 5
-    while fold.dlq_sent < len(forgeries) and asyncio.get_running_loop().time() < deadline:
+    while fold.dead_letters.sent < len(forgeries) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
-    assert fold.dlq_sent == len(forgeries)
+    assert fold.dead_letters.sent == len(forgeries)
     entries = {}
     for msg in await dlq_messages(log_client):
         if msg.subject == "ppf.dlq.forbidden" and msg.headers:
@@ -386,7 +386,7 @@ async def test_nonsense_facts_are_refused_over_nats_and_over_http(
     assert not fold.state.proxies and not fold.state.sources
     assert fold.folder.rejected >= len(seqs)
     deadline = asyncio.get_running_loop().time() + 5
-    while fold.dlq_sent < len(seqs) and asyncio.get_running_loop().time() < deadline:
+    while fold.dead_letters.sent < len(seqs) and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     reasons = []
     for msg in await dlq_messages(log_client):

@@ -63,7 +63,7 @@ async def test_bad_messages_go_to_the_dlq_and_the_fold_goes_on(
         assert set(fold.state.proxies) == {("8.8.8.8", 8080), ("8.8.4.4", 8080)}
         assert fold.folder.rejected == 3
         for _ in range(100):
-            if fold.dlq_sent == 3:
+            if fold.dead_letters.sent == 3:
                 break
             await asyncio.sleep(0.05)
         undecodable = await _dlq(log_client, "undecodable")

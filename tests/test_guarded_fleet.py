@@ -112,7 +112,7 @@ def _worked(agent: str, ip: str, port: int = 8080, **kw: Any) -> ev.ProxyWorked:
 async def _dlq(log_client: Log, fold: FoldService, since: int, count: int) -> list[str]:
     """The DLQ entries' subjects and reasons (``ppf.dlq.<reason> <why>``) from ``since``."""
     deadline = asyncio.get_running_loop().time() + 10
-    while fold.dlq_sent < count and asyncio.get_running_loop().time() < deadline:
+    while fold.dead_letters.sent < count and asyncio.get_running_loop().time() < deadline:
         await asyncio.sleep(0.05)
     out = []
     for msg in await dlq_messages(log_client):  # those of what was refused from ``since``

@@ -20,7 +20,8 @@ from events.mint import fresh_id, now_ms
 from gateway.app import make_app
 from gateway.http import GatewayConfig
 from ops.cli.admin import enroll
-from projections.live import DLQ_COPY_BYTES, FoldService
+from projections.deadletters import DLQ_COPY_BYTES
+from projections.live import FoldService
 from tests.fleet import serving
 from tests.helpers import worked
 
@@ -146,7 +147,7 @@ async def test_junk_is_not_copied_whole_into_the_dlq(log_client: Log) -> None:
     try:
         assert await fold.wait_for(await log_client.head_seq(), 10)
         for _ in range(100):
-            if fold.dlq_sent:
+            if fold.dead_letters.sent:
                 break
             await asyncio.sleep(0.05)
         sub = await log_client.js.subscribe("ppf.dlq.undecodable", ordered_consumer=True)

@@ -60,10 +60,10 @@ async def test_refused_rounds_and_junk_grow_the_log_by_at_most_twice_what_was_se
         finally:
             await w1.close()
         for _ in range(200):
-            if fold.dlq_sent >= 210 and not fold.dlq_pending:
+            if fold.dead_letters.sent >= 210 and not fold.dead_letters.pending:
                 break
             await _sleep()
-        assert fold.dlq_sent == 210, fold.dlq_sent
+        assert fold.dead_letters.sent == 210, fold.dead_letters.sent
         grown = await _stored(log_client) - before
         assert grown <= 2 * sent, (grown, sent)
         assert not fold.state.proxies
