@@ -143,6 +143,47 @@ class NatsTls:
         return ctx
 
 
+def _log_stream(replicas: int) -> StreamConfig:
+    """The log's stream as ppf wants it."""
+    return StreamConfig(
+        name=STREAM,
+        subjects=list(LOG_SUBJECTS),
+        storage=StorageType.FILE,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        allow_direct=True,
+        # Uncompressed: a reader that meets a block not in the server's cache (a fold
+        # catching up, a replay) has it S2-decompressed while the store's lock is held,
+        # and every publish waits behind it. It costs disk, four times S2's
+        # (docs/decisions.md, The log). An existing stream is updated; its old blocks
+        # stay compressed and still read.
+        compression=StoreCompression.NONE,
+        # No event comes near it: a larger message is junk, refused before it is stored
+        # (the service's DLQ copies are cut at 16 KiB). A per-login payload limit in the
+        # callout's user JWT does not apply in config mode (docs/decisions.md, The log):
+        # the stream is where it holds.
+        max_msg_size=MAX_MESSAGE,
+        # 3 in a cluster (--replicas); an existing stream is moved to as many by the
+        # update, and keeps its own where none is asked.
+        num_replicas=replicas,
+    )
+
+
+def _dlq_stream(replicas: int) -> StreamConfig:
+    """The DLQ, apart (a stream over ppf.> held it before: its subjects are narrowed
+    first, so the two never overlap): bounded, its oldest entries dropped first, while
+    the refused originals stay in the log at their sequences."""
+    return StreamConfig(
+        name=DLQ_STREAM,
+        subjects=[f"{DLQ_PREFIX}>"],
+        storage=StorageType.FILE,
+        max_bytes=DLQ_MAX_BYTES,
+        discard=DiscardPolicy.OLD,
+        duplicate_window=DUPLICATE_WINDOW_S,
+        max_msg_size=MAX_MESSAGE,
+        num_replicas=replicas,
+    )
+
+
 class Log:
     """A connection to the PPF stream (implements ``eventlog.protocol.EventLog``)."""
 
@@ -250,40 +291,8 @@ class Log:
 
     async def ensure_stream(self) -> None:
         """Create stream PPF, or bring its settings to ours; idempotent."""
-        config = StreamConfig(
-            name=STREAM,
-            subjects=list(LOG_SUBJECTS),
-            storage=StorageType.FILE,
-            duplicate_window=DUPLICATE_WINDOW_S,
-            allow_direct=True,
-            # Uncompressed: a reader that meets a block not in the server's cache (a
-            # fold catching up, a replay) has it S2-decompressed while the store's lock
-            # is held, and every publish waits behind it. It costs disk, four times S2's
-            # (docs/decisions.md, The log). An existing stream is updated; its old
-            # blocks stay compressed and still read.
-            compression=StoreCompression.NONE,
-            # No event comes near it: a larger message is junk, refused before it is
-            # stored (the service's DLQ copies are cut at 16 KiB). A per-login payload
-            # limit in the callout's user JWT does not apply in config mode
-            # (docs/decisions.md, The log): the stream is where it holds.
-            max_msg_size=MAX_MESSAGE,
-            # 3 in a cluster (--replicas); an existing stream is moved to as many by
-            # the update below, and keeps its own where none is asked.
-            num_replicas=self.replicas or 1,
-        )
-        # The DLQ, apart (a stream over ppf.> held it before: its subjects are narrowed
-        # first, so the two never overlap): bounded, its oldest entries dropped first,
-        # while the refused originals stay in the log at their sequences.
-        dlq = StreamConfig(
-            name=DLQ_STREAM,
-            subjects=[f"{DLQ_PREFIX}>"],
-            storage=StorageType.FILE,
-            max_bytes=DLQ_MAX_BYTES,
-            discard=DiscardPolicy.OLD,
-            duplicate_window=DUPLICATE_WINDOW_S,
-            max_msg_size=MAX_MESSAGE,
-            num_replicas=config.num_replicas,
-        )
+        config = _log_stream(self.replicas or 1)
+        dlq = _dlq_stream(config.num_replicas or 1)
 
         async def both() -> None:
             await self._add_or_update(config)

@@ -113,6 +113,25 @@ class _Gap(Exception):
     pass
 
 
+async def _connect(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP connection to the first of ``host``'s addresses that answers."""
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    error: OSError = OSError(f"no address for {host}")
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+    raise error
+
+
 class Firehose:
     """Iterate ``batches()`` from ``start_seq`` on, in stream order, forever or ``until``."""
 
@@ -183,26 +202,9 @@ class Firehose:
     async def _send(sock: socket.socket, data: bytes) -> None:
         await asyncio.get_running_loop().sock_sendall(sock, data)
 
-    async def _connect(self) -> socket.socket:
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        error: OSError = OSError(f"no address for {self.host}")
-        for family, kind, proto, _, address in infos:
-            sock = socket.socket(family, kind, proto)
-            sock.setblocking(False)
-            try:
-                await loop.sock_connect(sock, address)
-            except OSError as exc:
-                sock.close()
-                error = exc
-                continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            return sock
-        raise error
-
     async def _session(self, until: int | None) -> AsyncIterator[list[Message]]:
         loop = asyncio.get_running_loop()
-        sock = self._sock = await self._connect()
+        sock = self._sock = await _connect(self.host, self.port)
         buf = bytearray(self.buffer_bytes)
         filled = 0  # bytes of buf received and not yet parsed, from 0
         timeout = self.heartbeat_s * 5
