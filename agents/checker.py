@@ -67,6 +67,13 @@ def fitted_timeout(latency_ms: int, cfg: CheckerConfig) -> float:
     return min(cfg.check_timeout_s, fitted)
 
 
+async def _logged(agent: str, round_: Coroutine[Any, Any, None]) -> None:
+    try:
+        await round_
+    except Exception as exc:  # its shards went back (or expire); the checker goes on
+        log.warning("cycle_failed", agent=agent, error=repr(exc))
+
+
 class Checker(Agent[CheckerConfig]):
     def _own_state(self) -> None:
         config = self.config
@@ -80,7 +87,6 @@ class Checker(Agent[CheckerConfig]):
         if config.speed_bytes_per_hour:
             self.speed_budget = SpeedBudget(config.speed_bytes_per_hour)
         self.probed = 0
-        self._rules_at = -1e9  # loop time the sites' rules were last asked for
 
     async def run(self, stop: asyncio.Event, *, cycles: int | None = None) -> None:
         """Lease and check until ``stop`` (or ``cycles`` rounds that leased work).
@@ -168,27 +174,14 @@ class Checker(Agent[CheckerConfig]):
         if not grants:
             return 0
         if probes:
-            await self._refresh_rules(gw)
+            await self.prober.refresh_rules(gw, self.config.rules_refresh_s)
         self._holding += len(grants)
         self._in_flight += len(targets)
         round_ = self._round(gw, judge, grants, targets, timeouts, owner, probes)
-        task = asyncio.create_task(self._logged(round_))
+        task = asyncio.create_task(_logged(self.name, round_))
         rounds.add(task)
         task.add_done_callback(rounds.discard)
         return len(grants)
-
-    async def _refresh_rules(self, gw: GatewayClient) -> None:
-        """The sites' rules, asked for at most every ``rules_refresh_s``."""
-        now = asyncio.get_running_loop().time()
-        if now - self._rules_at >= self.config.rules_refresh_s:
-            self._rules_at = now
-            self.prober.rules = await gw.site_rules(self.prober.rules)
-
-    async def _logged(self, round_: Coroutine[Any, Any, None]) -> None:
-        try:
-            await round_
-        except Exception as exc:  # its shards went back (or expire); the checker goes on
-            log.warning("cycle_failed", agent=self.name, error=repr(exc))
 
     async def _round(
         self,

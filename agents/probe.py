@@ -20,6 +20,7 @@ import httptools
 import structlog
 from python_socks import ProxyError
 
+from agents.gateway_client import GatewayClient
 from agents.tunnel import TUNNELS, Stream, Tls, connect
 from events.blockpages import SIGN_HEADERS
 from events.catalogue import SiteResult
@@ -169,6 +170,14 @@ class Prober:
         self.skipped = 0
         self._hour, self._spent = -1, 0
         self._said_at = -1  # the hour the spent budget was last said in the log
+        self._rules_at = -1e9  # loop time the sites' rules were last asked for
+
+    async def refresh_rules(self, gateway: GatewayClient, every_s: float) -> None:
+        """The sites' rules, asked of ``gateway`` at most every ``every_s``."""
+        now = asyncio.get_running_loop().time()
+        if now - self._rules_at >= every_s:
+            self._rules_at = now
+            self.rules = await gateway.site_rules(self.rules)
 
     def _room(self) -> bool:
         hour = int(time.time() // 3600)
