@@ -132,6 +132,159 @@ LOOPBACK_EXITS = {
 
 
 @dataclass
+class FakeProxies:
+    """The lab's proxies that are not proxies, served by threads of this process: one
+    that refuses, a tarpit, one that answers garbage, and two that tamper (TLS, body)."""
+
+    exits: dict[str, str]
+    _servers: list[socket.socket] = field(default_factory=list)
+
+    def _listen(self) -> socket.socket:
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 0))
+        s.listen(1000)
+        self._servers.append(s)
+        return s
+
+    def closed(self) -> Proxy:
+        # Bound and never listening: every connect is refused, and no other test's server
+        # can be given the port (a free port number alone was, and then it answered).
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        self._servers.append(s)
+        return Proxy("closed", s.getsockname()[1], None)
+
+    def tarpit(self) -> Proxy:
+        s = self._listen()  # the kernel accepts; nobody ever reads or answers
+        return Proxy("tarpit", s.getsockname()[1], None)
+
+    def garbage(self) -> Proxy:
+        s = self._listen()
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    return
+                try:
+                    # Garbage as the answer to what came, not before it: said first and
+                    # closed, its bytes raced the request, and a reset that beat them read
+                    # as the site closing on the proxy, not the proxy's garbage.
+                    conn.settimeout(5)
+                    with contextlib.suppress(OSError):
+                        conn.recv(65_536)
+                    conn.sendall(os.urandom(512) + b"\r\n\r\nHTTP/1.1 200 OK\r\n\r\n{}")
+                except OSError:
+                    pass  # the client went away first
+                finally:
+                    conn.close()
+
+        threading.Thread(target=serve, daemon=True).start()
+        return Proxy("garbage", s.getsockname()[1], None)
+
+    def _serve(self, handle: Callable[[socket.socket], None]) -> int:
+        """A thread accepting on a fresh loopback port, a thread per connection."""
+        s = self._listen()
+
+        def accept() -> None:
+            while True:
+                try:
+                    conn, _ = s.accept()
+                except OSError:
+                    return
+
+                def one(conn: socket.socket = conn) -> None:
+                    try:
+                        conn.settimeout(30)
+                        handle(conn)
+                    except (OSError, ValueError):
+                        pass
+                    finally:
+                        conn.close()
+
+                threading.Thread(target=one, daemon=True).start()
+
+        threading.Thread(target=accept, daemon=True).start()
+        return int(s.getsockname()[1])
+
+    def mitm_tls(self, root: Path) -> Proxy:
+        """CONNECT, then TLS answered with its own certificate and re-made to the target;
+        anything else through the tunnel passes untouched (as interceptors do)."""
+        cert, key = self_signed(root, "mitm")
+        server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_side.load_cert_chain(cert, key)
+        client_side = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        client_side.check_hostname = False
+        client_side.verify_mode = ssl.CERT_NONE
+
+        def handle(conn: socket.socket) -> None:
+            head = _read_head(conn)
+            parts = head.split(b" ", 2)
+            if len(parts) < 3 or parts[0] != b"CONNECT":
+                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\n\r\n")
+                return
+            host, _, port = parts[1].decode().rpartition(":")
+            upstream = socket.create_connection((host, int(port)), 10, (self.exits["mitm-tls"], 0))
+            with upstream:
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                first = conn.recv(1, socket.MSG_PEEK)
+                if first[:1] != b"\x16":  # not a TLS handshake: relay as is
+                    _relay(conn, upstream)
+                    return
+                with (
+                    server_side.wrap_socket(conn, server_side=True) as inner,
+                    client_side.wrap_socket(upstream, server_hostname=host) as outer,
+                ):
+                    # Non-blocking from here: a blocking read of a TLS side that only
+                    # had session tickets to say would wait for data that never comes
+                    # while the other side's request waits unread (a deadlock whenever
+                    # the tickets arrive first, as they do behind a slow link).
+                    inner.setblocking(False)
+                    outer.setblocking(False)
+                    _relay(inner, outer)
+
+        exit_ip = self.exits["mitm-tls"]
+        return Proxy("mitm-tls", self._serve(handle), "https", "elite", exit_ip, mitm="tls")
+
+    def mitm_body(self) -> Proxy:
+        """An HTTP forwarding proxy that appends a script to every page it carries."""
+
+        def handle(conn: socket.socket) -> None:
+            head = _read_head(conn)
+            line, _, rest = head.partition(b"\r\n")
+            method, uri, version = line.split(b" ", 2)
+            target = urlsplit(uri.decode())
+            if method == b"CONNECT" or not target.hostname:
+                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\n\r\n")
+                return
+            path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+            upstream = socket.create_connection(
+                (target.hostname, target.port or 80), 10, (self.exits["mitm-body"], 0)
+            )
+            with upstream:
+                upstream.sendall(b" ".join([method, path.encode(), version]) + b"\r\n" + rest)
+                answer = b""
+                while chunk := upstream.recv(65536):
+                    answer += chunk
+            head_out, _, body = answer.partition(b"\r\n\r\n")
+            body += b"<script src=//ads.invalid/x.js></script>"
+            lines = [
+                h for h in head_out.split(b"\r\n") if not h.lower().startswith(b"content-length")
+            ]
+            conn.sendall(b"\r\n".join(lines) + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+        # It forwards our headers untouched (no Via): elite, exiting from its address.
+        exit_ip = self.exits["mitm-body"]
+        return Proxy("mitm-body", self._serve(handle), "http", "elite", exit_ip, mitm="body")
+
+    def stop(self) -> None:
+        for s in self._servers:
+            s.close()
+
+
+@dataclass
 class ProxyLab:
     root: Path
     proxies: list[Proxy] = field(default_factory=list)
@@ -139,8 +292,11 @@ class ProxyLab:
     # squid takes its client's address from a PROXY protocol header (the world in a box
     # puts a delaying relay in front of it, and squid must still see who really asked).
     proxy_protocol: bool = False
-    _servers: list[socket.socket] = field(default_factory=list)
     _ports: set[int] = field(default_factory=set)  # handed out: never twice in one lab
+    fakes: FakeProxies = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fakes = FakeProxies(self.exits)
 
     def _port(self) -> int:
         """A free port no daemon of this lab was given: they are started side by side,
@@ -161,8 +317,9 @@ class ProxyLab:
         os.chmod(self.root, 0o777)  # squid and tinyproxy drop root for their own users
         try:
             self._daemons()
-            self.proxies += [self._mitm_tls(), self._mitm_body()]
-            self.proxies += [self._closed(), self._tarpit(), self._garbage()]
+            fakes = self.fakes
+            self.proxies += [fakes.mitm_tls(self.root), fakes.mitm_body()]
+            self.proxies += [fakes.closed(), fakes.tarpit(), fakes.garbage()]
         except BaseException:
             self.stop()  # none of what did start outlives a lab that failed to
             raise
@@ -247,149 +404,8 @@ class ProxyLab:
         proc = self._spawn("danted", [binary, "-f", str(conf)])
         return Proxy("dante", port, "socks5", "elite", self.exits["dante"], proc)
 
-    def _listen(self) -> socket.socket:
-        s = socket.socket()
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 0))
-        s.listen(1000)
-        self._servers.append(s)
-        return s
-
-    def _closed(self) -> Proxy:
-        # Bound and never listening: every connect is refused, and no other test's server
-        # can be given the port (a free port number alone was, and then it answered).
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        self._servers.append(s)
-        return Proxy("closed", s.getsockname()[1], None)
-
-    def _tarpit(self) -> Proxy:
-        s = self._listen()  # the kernel accepts; nobody ever reads or answers
-        return Proxy("tarpit", s.getsockname()[1], None)
-
-    def _garbage(self) -> Proxy:
-        s = self._listen()
-
-        def serve() -> None:
-            while True:
-                try:
-                    conn, _ = s.accept()
-                except OSError:
-                    return
-                try:
-                    # Garbage as the answer to what came, not before it: said first and
-                    # closed, its bytes raced the request, and a reset that beat them read
-                    # as the site closing on the proxy, not the proxy's garbage.
-                    conn.settimeout(5)
-                    with contextlib.suppress(OSError):
-                        conn.recv(65_536)
-                    conn.sendall(os.urandom(512) + b"\r\n\r\nHTTP/1.1 200 OK\r\n\r\n{}")
-                except OSError:
-                    pass  # the client went away first
-                finally:
-                    conn.close()
-
-        threading.Thread(target=serve, daemon=True).start()
-        return Proxy("garbage", s.getsockname()[1], None)
-
-    def _serve(self, handle: Callable[[socket.socket], None]) -> int:
-        """A thread accepting on a fresh loopback port, a thread per connection."""
-        s = self._listen()
-
-        def accept() -> None:
-            while True:
-                try:
-                    conn, _ = s.accept()
-                except OSError:
-                    return
-
-                def one(conn: socket.socket = conn) -> None:
-                    try:
-                        conn.settimeout(30)
-                        handle(conn)
-                    except (OSError, ValueError):
-                        pass
-                    finally:
-                        conn.close()
-
-                threading.Thread(target=one, daemon=True).start()
-
-        threading.Thread(target=accept, daemon=True).start()
-        return int(s.getsockname()[1])
-
-    def _mitm_tls(self) -> Proxy:
-        """CONNECT, then TLS answered with its own certificate and re-made to the target;
-        anything else through the tunnel passes untouched (as interceptors do)."""
-        cert, key = self_signed(self.root, "mitm")
-        server_side = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        server_side.load_cert_chain(cert, key)
-        client_side = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        client_side.check_hostname = False
-        client_side.verify_mode = ssl.CERT_NONE
-
-        def handle(conn: socket.socket) -> None:
-            head = _read_head(conn)
-            parts = head.split(b" ", 2)
-            if len(parts) < 3 or parts[0] != b"CONNECT":
-                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\n\r\n")
-                return
-            host, _, port = parts[1].decode().rpartition(":")
-            upstream = socket.create_connection((host, int(port)), 10, (self.exits["mitm-tls"], 0))
-            with upstream:
-                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                first = conn.recv(1, socket.MSG_PEEK)
-                if first[:1] != b"\x16":  # not a TLS handshake: relay as is
-                    _relay(conn, upstream)
-                    return
-                with (
-                    server_side.wrap_socket(conn, server_side=True) as inner,
-                    client_side.wrap_socket(upstream, server_hostname=host) as outer,
-                ):
-                    # Non-blocking from here: a blocking read of a TLS side that only
-                    # had session tickets to say would wait for data that never comes
-                    # while the other side's request waits unread (a deadlock whenever
-                    # the tickets arrive first, as they do behind a slow link).
-                    inner.setblocking(False)
-                    outer.setblocking(False)
-                    _relay(inner, outer)
-
-        exit_ip = self.exits["mitm-tls"]
-        return Proxy("mitm-tls", self._serve(handle), "https", "elite", exit_ip, mitm="tls")
-
-    def _mitm_body(self) -> Proxy:
-        """An HTTP forwarding proxy that appends a script to every page it carries."""
-
-        def handle(conn: socket.socket) -> None:
-            head = _read_head(conn)
-            line, _, rest = head.partition(b"\r\n")
-            method, uri, version = line.split(b" ", 2)
-            target = urlsplit(uri.decode())
-            if method == b"CONNECT" or not target.hostname:
-                conn.sendall(b"HTTP/1.1 405 Method Not Allowed\r\nConnection: close\r\n\r\n")
-                return
-            path = (target.path or "/") + (f"?{target.query}" if target.query else "")
-            upstream = socket.create_connection(
-                (target.hostname, target.port or 80), 10, (self.exits["mitm-body"], 0)
-            )
-            with upstream:
-                upstream.sendall(b" ".join([method, path.encode(), version]) + b"\r\n" + rest)
-                answer = b""
-                while chunk := upstream.recv(65536):
-                    answer += chunk
-            head_out, _, body = answer.partition(b"\r\n\r\n")
-            body += b"<script src=//ads.invalid/x.js></script>"
-            lines = [
-                h for h in head_out.split(b"\r\n") if not h.lower().startswith(b"content-length")
-            ]
-            conn.sendall(b"\r\n".join(lines) + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
-
-        # It forwards our headers untouched (no Via): elite, exiting from its address.
-        exit_ip = self.exits["mitm-body"]
-        return Proxy("mitm-body", self._serve(handle), "http", "elite", exit_ip, mitm="body")
-
     def stop(self) -> None:
-        for s in self._servers:
-            s.close()
+        self.fakes.stop()
         for p in self.proxies:
             if p.proc is not None and p.proc.poll() is None:
                 try:
