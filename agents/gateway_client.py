@@ -22,6 +22,7 @@ import aiohttp
 import msgspec
 import structlog
 
+from agents.outbox import Outbox
 from eventlog.client import Log, LogError, redact
 from events import (
     MAX_MESSAGE,
@@ -34,8 +35,6 @@ from events import (
     encode,
 )
 from events.batches import group
-from events.ids import uuid7_ms
-from events.mint import fresh_id_after, now_ms
 from events.sites import SiteRule
 from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, WireError
 
@@ -55,12 +54,6 @@ def _invalid_indexes(problem: str, count: int) -> dict[int, str]:
 log = structlog.get_logger("ppf.agent")
 
 
-class _Dated(msgspec.Struct):
-    """What the outbox's expiry reads of an event."""
-
-    id: str = ""
-
-
 class GatewayError(WireError):
     """The gateway said no, or could not be reached (status 0)."""
 
@@ -72,10 +65,6 @@ NATS_CHUNK = 200
 # ids past its skew setting, 5 minutes by default); asked again every STANDING_S.
 CLOCK_WARN_MS = 2_000
 STANDING_S = 600.0
-# How long after its id's date an event may still be sent from the outbox: past it the
-# fleet's re-send window (a setting at least this plus the skew allowed) may have
-# forgotten it, so it is set aside in ``outbox.rejected`` as expired, not sent twice.
-OUTBOX_REPLAY_S = 3_600
 
 
 class GatewayClient:
@@ -95,7 +84,7 @@ class GatewayClient:
         self.bases = [b.strip().rstrip("/") for b in base.split(",") if b.strip()]
         self._at = 0
         self.agent = agent
-        self.outbox = outbox
+        self.box = Outbox(outbox)
         self._headers = {"Authorization": f"Bearer {token}"}
         self._http: aiohttp.ClientSession | None = None
         self._nats_url = None if http_only else nats
@@ -109,9 +98,7 @@ class GatewayClient:
         self.judge_key = ""
         self._log: Log | None = None
         self.sent = 0
-        self.buffered = 0
         self._sending = asyncio.Lock()
-        self._last_id = ""
         self._warned: set[str] = set()
         self._rejected_seen = 0
         self._standing_at = time.monotonic()
@@ -323,10 +310,10 @@ class GatewayClient:
         so it neither blocks everything after it nor is lost."""
         async with self._sending:
             await self._ask_for_nats()
-            outbox = self._unexpired(self._read_outbox())
+            outbox = self.box.unexpired(self.box.read())
             if self.batches:  # a round's results as one message (events/batches.py)
                 events = group(events)
-            pending = [*outbox, *(encode(e) for e in self._stamp(events, outbox))]
+            pending = [*outbox, *(encode(e) for e in self.box.stamp(events, outbox))]
             send = self._send_nats if self._nats_url else self._send_http
             left, detail = await send(pending)
             if left and send == self._send_nats:
@@ -339,41 +326,11 @@ class GatewayClient:
                     if not me.nats:
                         left, detail = await self._send_http(left)
             if left:
-                self._write_outbox(left)
+                self.box.write(left)
                 log.warning("events_buffered", count=len(left), via=self.via, detail=detail)
                 return False
-            self.outbox.unlink(missing_ok=True)
+            self.box.path.unlink(missing_ok=True)
             return True
-
-    def _unexpired(self, outbox: list[bytes]) -> list[bytes]:
-        """The outbox less what is past ``OUTBOX_REPLAY_S``, which is set aside."""
-        oldest = now_ms() - OUTBOX_REPLAY_S * 1000
-        kept = []
-        for line in outbox:
-            try:
-                dated = uuid7_ms(msgspec.json.decode(line, type=_Dated).id)
-            except msgspec.DecodeError:
-                dated = oldest  # left to the send, which sets a damaged line aside
-            if 0 <= dated < oldest:
-                self._set_aside(line, f"expired: older than the outbox's {OUTBOX_REPLAY_S} s")
-            else:
-                kept.append(line)
-        return kept
-
-    def _stamp(self, events: list[Event], outbox: list[bytes]) -> list[Event]:
-        """Each event gets a fresh id after the last one sent, as it is sent: the fold
-        takes an agent's observations in id order and ignores one at or below the
-        highest it has folded (a re-send), so ids must follow the order of sending, not
-        of making (tasks make events concurrently). Sends are one at a time (the lock),
-        and the outbox, sent first, holds only older ids."""
-        if not self._last_id and outbox:
-            with contextlib.suppress(DecodeError):
-                self._last_id = decode(outbox[-1]).id
-        stamped = []
-        for event in events:
-            self._last_id = fresh_id_after(self._last_id)
-            stamped.append(msgspec.structs.replace(event, id=self._last_id))
-        return stamped
 
     async def announce(self, events: list[Event]) -> bool:
         """Send now through ``POST /v1/events``, never the outbox: for events whose
@@ -407,7 +364,7 @@ class GatewayClient:
                 size //= 2
             elif status == 400 and (invalid := _invalid_indexes(text, len(chunk))):
                 for i, why in invalid.items():
-                    self._set_aside(chunk[i], why)
+                    self.box.set_aside(chunk[i], why)
                 pending = [e for i, e in enumerate(chunk) if i not in invalid] + pending[size:]
             else:
                 return pending, f"{status} {text[:300]}"
@@ -429,12 +386,12 @@ class GatewayClient:
             lines, chunk = pending[:NATS_CHUNK], []
             for line in lines:
                 if len(line) > MAX_MESSAGE:  # the stream refuses it: retried, it never goes
-                    self._set_aside(line, f"larger than the {MAX_MESSAGE} bytes allowed")
+                    self.box.set_aside(line, f"larger than the {MAX_MESSAGE} bytes allowed")
                     continue
                 try:
                     chunk.append(decode(line))
                 except DecodeError as exc:  # a damaged outbox line
-                    self._set_aside(line, exc.reason)
+                    self.box.set_aside(line, exc.reason)
             try:
                 # On its own subjects, under ids scoped by its name: the only ones its
                 # NATS credentials may write, and the only ones the fold takes from it.
@@ -447,25 +404,6 @@ class GatewayClient:
             pending = pending[NATS_CHUNK:]
         return [], ""
 
-    def _set_aside(self, line: bytes, reason: str) -> None:
-        bad = self.outbox.with_suffix(".rejected")
-        bad.parent.mkdir(parents=True, exist_ok=True)
-        with bad.open("ab") as f:
-            f.write(reason.encode()[:300].replace(b"\n", b" ") + b"\t" + line + b"\n")
-        log.error("event_set_aside", reason=reason, kept_in=str(bad))
-
     async def flush(self) -> bool:
         """Send what the outbox holds, if anything; True when it is empty after."""
-        return not self.outbox.exists() or await self.publish([])
-
-    def _read_outbox(self) -> list[bytes]:
-        if not self.outbox.exists():
-            return []
-        return [line for line in self.outbox.read_bytes().splitlines() if line.strip()]
-
-    def _write_outbox(self, encoded: list[bytes]) -> None:
-        self.outbox.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.outbox.with_suffix(".tmp")
-        tmp.write_bytes(b"\n".join(encoded) + b"\n")
-        tmp.replace(self.outbox)  # atomic: a crash leaves the old or the new outbox
-        self.buffered = len(encoded)
+        return not self.box.path.exists() or await self.publish([])

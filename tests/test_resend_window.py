@@ -174,7 +174,8 @@ def test_the_window_survives_a_checkpoint_and_old_logs_keep_their_digest(
 async def test_the_outbox_sets_aside_what_the_window_may_have_forgotten(tmp_path: Path) -> None:
     """An event older than the outbox's replay (by its id's date) is never sent again:
     it goes to ``outbox.rejected`` as expired; a fresh one stays for the next send."""
-    from agents.gateway_client import OUTBOX_REPLAY_S, GatewayClient
+    from agents.gateway_client import GatewayClient
+    from agents.outbox import OUTBOX_REPLAY_S
     from events.mint import fresh_id, now_ms
     from ops.nats.server import free_port
 

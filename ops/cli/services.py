@@ -14,7 +14,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from agents.gateway_client import OUTBOX_REPLAY_S
+from agents.outbox import OUTBOX_REPLAY_S
 from eventlog.client import Log
 from eventlog.waiting import START_WAIT_S
 from events import Settings
