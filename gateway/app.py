@@ -139,7 +139,7 @@ async def stats(request: web.Request) -> web.Response:
             "proxies": {"known": pool["known"], "alive": pool["alive"]},
             "pool": pool,
             "queues": {
-                "due_sources": granter.due_count(now),
+                "due_sources": granter.ranking.count(now),
                 "stale_proxies": pool["stale"],
                 "dlq_pending": fold.dead_letters.pending,
             },

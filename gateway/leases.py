@@ -32,16 +32,14 @@ from gateway.budget import CheckBudget
 from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
 from gateway.lookahead import Lookahead
+from gateway.ranking import SourceRanking, free
 from gateway.rechecks import Probing, RecheckWork
 from projections.core.poolview import ProxyView
-from projections.core.readmodels import due_score, due_sources, rank_due, scored_due
 from projections.core.recheck import RecheckPolicy
 from projections.holdings import live_holdings, untested_room
 from projections.live import FoldService, far_behind
 from projections.seeding import seed_candidates, seed_status
-from reducers import LeaseRow, SourceRow
 from reducers.ledger import clamped_ttl, sure_claim
-from reducers.pool import lease_live
 
 __all__ = ["SHARDS", "CheckBudget", "Granter"]
 
@@ -52,19 +50,9 @@ log = structlog.get_logger("ppf.leases")
 # a kind (the look-ahead's own bounds are in gateway/lookahead.py).
 LOOK_EVERY_S = 0.25
 LOOK_ASKED_S = 60.0
-# The sources' ranking in the background: sources scored between two turns of the
-# loop, and how much older than ``due_refresh_s`` a grant takes it before ranking itself.
-RANK_STEP = 256
-RANK_SLACK_S = 1.0
 
 # Recheck targets: the shards events.shard_of() maps proxies to.
 SHARDS = tuple(f"s{i:03d}" for i in range(256))
-
-
-def _free(row: LeaseRow | None, now: int) -> bool:
-    if row is None:
-        return True
-    return row.status != "failed" and not lease_live(row, now)
 
 
 class Granter:
@@ -89,17 +77,11 @@ class Granter:
         self.log = lg
         self.max_per_agent = max_per_agent
         self.wait_s = wait_s
-        self.due_refresh_s = due_refresh_s
+        self.ranking = SourceRanking(fold, due_refresh_s)
         self._claiming: set[str] = set()  # targets this gateway has a claim in flight for
         # Targets granted ahead of the fold (a sure claim), by the claim's sequence; kept
         # in _claiming until the fold has applied them.
         self._ahead: dict[str, int] = {}
-        self._due: list[tuple[float, str]] = []
-        self._due_from = 0
-        # None: never ranked. (A sentinel time such as -1.0 looked fresh on a machine
-        # whose monotonic clock, its uptime, was younger than ``due_refresh_s``: a CI
-        # machine booted minutes before the test granted nothing.)
-        self._due_at: float | None = None
         self.granted = 0
         self.lost = 0
         self.rechecks = RecheckWork(fold, recheck, probing)
@@ -109,46 +91,6 @@ class Granter:
         self.lookahead = Lookahead()
         self._asked: dict[str, float] = {}  # kind -> when a grant last asked for it
         self._look_now = asyncio.Event()
-
-    def due_sources(self, now: int, max_age_s: float | None = None) -> list[tuple[float, str]]:
-        """Due sources by score, as last ranked.
-
-        Scoring every source costs O(sources) (docs/decisions.md, The gateway), so the ranking
-        is kept a moment and made again in the background (``prepare``), in steps that
-        give the loop back, every ``due_refresh_s`` while sources are asked for. Ranked
-        here only when the last ranking is older than ``max_age_s`` (default: that
-        period and a second, the background being idle while none was asked for). Each
-        candidate is scored again as it is taken (``_due_free``), so a source fetched
-        since the ranking is not leased again.
-        """
-        limit = self.due_refresh_s + RANK_SLACK_S if max_age_s is None else max_age_s
-        if self._ranking_age() > limit:
-            self._ranked(due_sources(self.fold.state, now, 0))
-        return self._due
-
-    def _ranking_age(self) -> float:
-        return float("inf") if self._due_at is None else time.monotonic() - self._due_at
-
-    def _ranked(self, ranking: list[tuple[float, SourceRow]]) -> None:
-        self._due = [(score, row.url_id) for score, row in ranking]
-        self._due_from = 0  # where _due_free starts: past the settled head
-        self._due_at = time.monotonic()
-
-    async def _rank_sources(self) -> None:
-        """``due_sources``' ranking, ``RANK_STEP`` sources at a time between turns of
-        the loop (the rows are the fold's: each is scored as it is at its turn)."""
-        now = now_ms()
-        rows = list(self.fold.state.sources.values())
-        scored: list[tuple[float, SourceRow]] = []
-        for i in range(0, len(rows), RANK_STEP):
-            scored += scored_due(rows[i : i + RANK_STEP], now)
-            await asyncio.sleep(0)
-        self._ranked(rank_due(scored))
-
-    def due_count(self, now: int, max_age_s: float = 10.0) -> int:
-        """How many sources the last ranking found due, ranked again when older than
-        ``max_age_s``: ``/v1/stats`` reads it without scoring every source per call."""
-        return len(self.due_sources(now, max_age_s))
 
     def seed_status(self, now: int, max_age_s: float = 5.0) -> dict[str, Any]:
         """``projections.seeding.seed_status``, computed at most every ``max_age_s`` (a
@@ -163,38 +105,10 @@ class Granter:
         self._seed["disk"] = guard.status() if guard is not None else {"guard": "off"}
         return self._seed
 
-    def _due_free(self, now: int) -> Iterator[tuple[str, float]]:
-        """Ranked sources that are free and still due, best first, lazily.
-
-        Each is scored again as it is taken, so a source fetched since the ranking is
-        not leased again; one held or being claimed is passed over before it is scored
-        (50 agents leasing at once hold about as many, and scoring each of them on
-        every grant was a tenth of the gateway's time in ``ppf bench lease``). A run of
-        settled sources at the ranking's head is dropped from it: each stays settled
-        until the next ranking, and every grant would walk them again.
-        """
-        ranking = self.due_sources(now)
-        state = self.fold.state
-        sources, leases, claiming = state.sources, state.leases, self._claiming
-        head = True  # everything before this entry is settled
-        for i in range(self._due_from, len(ranking)):
-            uid = ranking[i][1]
-            if uid in claiming or not _free(leases.get(uid), now):
-                head = False
-                continue
-            row = sources.get(uid)
-            score = due_score(row, now) if row is not None else None
-            if score is None:
-                if head:
-                    self._due_from = i + 1
-                continue
-            head = False
-            yield uid, score
-
     def _candidates(self, kind: LeaseKind, now: int) -> Iterator[tuple[str, float]]:
         """Free targets in priority order, lazily: a grant takes the first few only."""
         if kind == "source":
-            return self._due_free(now)
+            return self.ranking.free_due(now, self._claiming)
         if kind == "seed":
             return self._seed_candidates(now)
         # Only shards with proxies due now (an empty shard is no work: leasing it would
@@ -204,7 +118,7 @@ class Granter:
             self.rechecks.due_shards(now),
             key=lambda t: (leases[t].leased_at if t in leases else 0, t),
         )
-        return ((t, 0.0) for t in shards if t not in self._claiming and _free(leases.get(t), now))
+        return ((t, 0.0) for t in shards if t not in self._claiming and free(leases.get(t), now))
 
     def _targets(self, kind: LeaseKind) -> int:
         """How many targets of ``kind`` there are: what an untested share is of."""
@@ -220,7 +134,7 @@ class Granter:
         leases = self.fold.state.leases
         for v in views:
             target = proxy_token(v.ip, v.port)
-            if target not in self._claiming and _free(leases.get(target), now):
+            if target not in self._claiming and free(leases.get(target), now):
                 yield target, v.latency
 
     def _seed_candidates(self, now: int) -> Iterator[tuple[str, float]]:
@@ -291,18 +205,12 @@ class Granter:
         steps, every ``due_refresh_s``) apart from the look-ahead (gateway/lookahead.py),
         whose rounds wait on the server and left it stale (grants then ranked, 4-6 ms)."""
         async with asyncio.TaskGroup() as group:  # one failing stops both, as one did
-            group.create_task(self._keep_ranked())
+            group.create_task(self.ranking.keep(lambda: "source" in self._asked_lately()))
             group.create_task(self._look_ahead())
 
     def _asked_lately(self) -> list[str]:
         now_s = time.monotonic()
         return [kind for kind, at in self._asked.items() if now_s - at < LOOK_ASKED_S]
-
-    async def _keep_ranked(self) -> None:
-        while True:
-            await asyncio.sleep(self.due_refresh_s / 2)
-            if self._ranking_age() > self.due_refresh_s and "source" in self._asked_lately():
-                await self._rank_sources()
 
     async def _look_ahead(self) -> None:  # every LOOK_EVERY_S, or when a grant found too few
         while True:

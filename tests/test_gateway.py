@@ -441,7 +441,7 @@ async def test_a_source_fetched_since_the_ranking_is_not_leased_again(
     """The granter keeps its ranking of due sources a moment; a source fetched and
     released in that moment is not due any more, and is not granted from the ranking."""
     client, fold, tokens = gw
-    client.app[GRANTER].due_refresh_s = 3600.0  # the ranking outlives this whole test
+    client.app[GRANTER].ranking.due_refresh_s = 3600.0  # the ranking outlives this whole test
     url = "http://lists.example/once.txt"
     r = await client.post("/v1/sources", json={"urls": [url]}, headers=auth(tokens["admin"]))
     assert r.status == 200
@@ -480,7 +480,7 @@ async def test_the_ranking_stays_fresh_while_a_look_ahead_round_waits(
     itself on the request's time."""
     client, fold, tokens = gw
     granter = client.app[GRANTER]
-    granter.due_refresh_s = 0.2
+    granter.ranking.due_refresh_s = 0.2
     looked = asyncio.Event()
 
     async def stuck(*_args: Any) -> None:
@@ -496,5 +496,5 @@ async def test_the_ranking_stays_fresh_while_a_look_ahead_round_waits(
     ranked = []
     for _ in range(10):
         await asyncio.sleep(0.25)
-        ranked.append(granter._ranking_age())
-    assert max(ranked) <= 2 * granter.due_refresh_s, ranked
+        ranked.append(granter.ranking.age())
+    assert max(ranked) <= 2 * granter.ranking.due_refresh_s, ranked
