@@ -16,6 +16,7 @@ import os
 import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 import nats
@@ -184,6 +185,85 @@ def _dlq_stream(replicas: int) -> StreamConfig:
     )
 
 
+async def _connected(
+    url: str,
+    name: str,
+    timeout: float,
+    inbox_prefix: str | None,
+    tls: NatsTls | None,
+    wait_s: float,
+) -> tuple[Client, list[bool]]:
+    """A nats-py connection for ``Log.connect``, and the flag its close sets (a
+    disconnect then is expected, not warned of)."""
+    shown = redact(url)
+
+    async def error_cb(exc: Exception) -> None:
+        log.warning("nats_error", url=shown, error=repr(exc))
+
+    closing: list[bool] = []  # set by close(): a disconnect then is expected
+
+    async def disconnected_cb() -> None:
+        if not closing:
+            log.warning("nats_disconnected", url=shown)
+
+    async def reconnected_cb() -> None:
+        log.info("nats_reconnected", url=shown)
+
+    await until_answered(
+        f"NATS at {shown}", lambda: _probe(url, timeout), wait_s=wait_s, transient=(LogError,)
+    )
+    try:
+        # Reconnect forever once connected, but a first connect that fails is an
+        # operator's error to report now, not to retry silently.
+        nc = await asyncio.wait_for(
+            dial(
+                [one.strip() for one in url.split(",") if one.strip()],
+                name=name,
+                **({"tls": tls.context()} if tls is not None else {}),
+                connect_timeout=timeout,
+                max_reconnect_attempts=-1,
+                # Agents (their own inbox) wait longer than the service between
+                # tries, so the gateway's callout is back before they ask it.
+                reconnect_time_wait=1.0 if inbox_prefix else 0.5,
+                allow_reconnect=True,
+                pending_size=64 * 1024 * 1024,
+                error_cb=error_cb,
+                disconnected_cb=disconnected_cb,
+                reconnected_cb=reconnected_cb,
+                **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
+            ),
+            timeout,
+        )
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        raise LogError(f"cannot connect to NATS at {shown}: {exc!r}") from exc
+    return nc, closing
+
+
+async def _publish_async(
+    js: JetStreamContext,
+    events: list[Event],
+    subject: Callable[[Event], str],
+    msg_id: Callable[[Event], str],
+) -> list[asyncio.Future[Any]]:
+    """``events`` handed to nats-py's pipelined publish: the futures of their acks."""
+    futures = []
+    for ev in events:
+        try:
+            future = await js.publish_async(
+                subject(ev), encode(ev), headers={"Nats-Msg-Id": msg_id(ev)}
+            )
+        except nats.errors.Error as exc:  # closed, or its buffer is full
+            raise PublishError(f"cannot publish: {exc!r}") from exc
+        except asyncio.CancelledError:
+            # nats-py cancels its own flush when the server goes away: that is a lost
+            # connection, not this task being cancelled.
+            if _cancelled_by_caller():
+                raise
+            raise PublishError("the connection went away mid-publish") from None
+        futures.append(future)
+    return futures
+
+
 class Log:
     """A connection to the PPF stream (implements ``eventlog.protocol.EventLog``)."""
 
@@ -219,48 +299,8 @@ class Log:
         may read only its own. ``tls``: the CA (and client certificate) for ``tls://``.
         ``wait_s``: how long a service starting beside its servers waits for one to
         accept a connection (0: a command fails at once, naming what it could not reach)."""
-        shown = redact(url)
         tls = tls if tls is not None else NatsTls.from_env()
-
-        async def error_cb(exc: Exception) -> None:
-            log.warning("nats_error", url=shown, error=repr(exc))
-
-        closing: list[bool] = []  # set by close(): a disconnect then is expected
-
-        async def disconnected_cb() -> None:
-            if not closing:
-                log.warning("nats_disconnected", url=shown)
-
-        async def reconnected_cb() -> None:
-            log.info("nats_reconnected", url=shown)
-
-        await until_answered(
-            f"NATS at {shown}", lambda: _probe(url, timeout), wait_s=wait_s, transient=(LogError,)
-        )
-        try:
-            # Reconnect forever once connected, but a first connect that fails is an
-            # operator's error to report now, not to retry silently.
-            nc = await asyncio.wait_for(
-                dial(
-                    [one.strip() for one in url.split(",") if one.strip()],
-                    name=name,
-                    **({"tls": tls.context()} if tls is not None else {}),
-                    connect_timeout=timeout,
-                    max_reconnect_attempts=-1,
-                    # Agents (their own inbox) wait longer than the service between
-                    # tries, so the gateway's callout is back before they ask it.
-                    reconnect_time_wait=1.0 if inbox_prefix else 0.5,
-                    allow_reconnect=True,
-                    pending_size=64 * 1024 * 1024,
-                    error_cb=error_cb,
-                    disconnected_cb=disconnected_cb,
-                    reconnected_cb=reconnected_cb,
-                    **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
-                ),
-                timeout,
-            )
-        except (OSError, TimeoutError, nats.errors.Error) as exc:
-            raise LogError(f"cannot connect to NATS at {shown}: {exc!r}") from exc
+        nc, closing = await _connected(url, name, timeout, inbox_prefix, tls, wait_s)
         client = cls(nc, nc.jetstream(timeout=timeout), url, tls)
         client._closing = closing
         return client
@@ -444,23 +484,9 @@ class Log:
             failed: list[int] = []
             for start in range(0, len(pending), window):
                 chunk = pending[start : start + window]
-                futures = []
                 self.ops["publish"] += len(chunk)
-                for i in chunk:
-                    ev = events[i]
-                    try:
-                        future = await self.js.publish_async(
-                            subject(ev), encode(ev), headers={"Nats-Msg-Id": msg_id(ev)}
-                        )
-                    except nats.errors.Error as exc:  # closed, or its buffer is full
-                        raise PublishError(f"cannot publish: {exc!r}") from exc
-                    except asyncio.CancelledError:
-                        # nats-py cancels its own flush when the server goes away: that
-                        # is a lost connection, not this task being cancelled.
-                        if _cancelled_by_caller():
-                            raise
-                        raise PublishError("the connection went away mid-publish") from None
-                    futures.append(future)
+                sending = [events[i] for i in chunk]
+                futures = await _publish_async(self.js, sending, subject, msg_id)
                 results = await asyncio.gather(
                     *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True
                 )
