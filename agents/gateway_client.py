@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,70 @@ NATS_CHUNK = 200
 # ids past its skew setting, 5 minutes by default); asked again every STANDING_S.
 CLOCK_WARN_MS = 2_000
 STANDING_S = 600.0
+
+
+async def _post_events(
+    http: aiohttp.ClientSession,
+    base: str,
+    pending: list[bytes],
+    set_aside: Callable[[bytes, str], None],
+) -> tuple[list[bytes], str, int]:
+    """``POST /v1/events`` in batches: what is left to send, why, and how many went; an
+    event the gateway names invalid is ``set_aside`` with its reason."""
+    sent = 0
+    size = 500
+    while pending:
+        chunk = pending[:size]
+        body = b'{"events":[' + b",".join(chunk) + b"]}"
+        try:
+            async with http.post(
+                base + "/v1/events",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            ) as r:
+                status, text = r.status, await r.text()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return pending, repr(exc), sent
+        if status == 200:
+            sent += len(chunk)
+            pending = pending[size:]
+        elif status == 413 and size > 1:  # this gateway takes smaller batches
+            size //= 2
+        elif status == 400 and (invalid := _invalid_indexes(text, len(chunk))):
+            for i, why in invalid.items():
+                set_aside(chunk[i], why)
+            pending = [e for i, e in enumerate(chunk) if i not in invalid] + pending[size:]
+        else:
+            return pending, f"{status} {text[:300]}", sent
+    return [], "", sent
+
+
+async def _publish_lines(
+    lg: Log, pending: list[bytes], set_aside: Callable[[bytes, str], None]
+) -> tuple[list[bytes], str, int]:
+    """The outbox's lines straight to JetStream, each on ``ppf.in.<agent>...`` under
+    ``<agent>:<id>``, ``NATS_CHUNK`` at a time: what is left, why, and how many went; a
+    line the stream would never take is ``set_aside``."""
+    sent = 0
+    while pending:
+        lines, chunk = pending[:NATS_CHUNK], []
+        for line in lines:
+            if len(line) > MAX_MESSAGE:  # the stream refuses it: retried, it never goes
+                set_aside(line, f"larger than the {MAX_MESSAGE} bytes allowed")
+                continue
+            try:
+                chunk.append(decode(line))
+            except DecodeError as exc:  # a damaged outbox line
+                set_aside(line, exc.reason)
+        try:
+            # On its own subjects, under ids scoped by its name: the only ones its
+            # NATS credentials may write, and the only ones the fold takes from it.
+            await lg.publish_many(chunk, timeout=5.0, subject=agent_subject, msg_id=agent_msg_id)
+        except LogError as exc:
+            return [encode(e) for e in chunk] + pending[NATS_CHUNK:], repr(exc), sent
+        sent += len(chunk)
+        pending = pending[NATS_CHUNK:]
+    return [], "", sent
 
 
 class GatewayClient:
@@ -344,31 +409,9 @@ class GatewayClient:
     async def _send_http(self, pending: list[bytes]) -> tuple[list[bytes], str]:
         """``POST /v1/events`` in batches; what is left to send, and why."""
         assert self._http is not None
-        size = 500
-        while pending:
-            chunk = pending[:size]
-            body = b'{"events":[' + b",".join(chunk) + b"]}"
-            try:
-                async with self._http.post(
-                    self.base + "/v1/events",
-                    data=body,
-                    headers={"Content-Type": "application/json"},
-                ) as r:
-                    status, text = r.status, await r.text()
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                return pending, repr(exc)
-            if status == 200:
-                self.sent += len(chunk)
-                pending = pending[size:]
-            elif status == 413 and size > 1:  # this gateway takes smaller batches
-                size //= 2
-            elif status == 400 and (invalid := _invalid_indexes(text, len(chunk))):
-                for i, why in invalid.items():
-                    self.box.set_aside(chunk[i], why)
-                pending = [e for i, e in enumerate(chunk) if i not in invalid] + pending[size:]
-            else:
-                return pending, f"{status} {text[:300]}"
-        return [], ""
+        left, why, sent = await _post_events(self._http, self.base, pending, self.box.set_aside)
+        self.sent += sent
+        return left, why
 
     async def _send_nats(self, pending: list[bytes]) -> tuple[list[bytes], str]:
         """Straight to JetStream, each event on ``ppf.in.<agent>...`` under ``<agent>:<id>``."""
@@ -382,27 +425,9 @@ class GatewayClient:
                 )
         except LogError as exc:
             return pending, repr(exc)
-        while pending:
-            lines, chunk = pending[:NATS_CHUNK], []
-            for line in lines:
-                if len(line) > MAX_MESSAGE:  # the stream refuses it: retried, it never goes
-                    self.box.set_aside(line, f"larger than the {MAX_MESSAGE} bytes allowed")
-                    continue
-                try:
-                    chunk.append(decode(line))
-                except DecodeError as exc:  # a damaged outbox line
-                    self.box.set_aside(line, exc.reason)
-            try:
-                # On its own subjects, under ids scoped by its name: the only ones its
-                # NATS credentials may write, and the only ones the fold takes from it.
-                await self._log.publish_many(
-                    chunk, timeout=5.0, subject=agent_subject, msg_id=agent_msg_id
-                )
-            except LogError as exc:
-                return [encode(e) for e in chunk] + pending[NATS_CHUNK:], repr(exc)
-            self.sent += len(chunk)
-            pending = pending[NATS_CHUNK:]
-        return [], ""
+        left, why, sent = await _publish_lines(self._log, pending, self.box.set_aside)
+        self.sent += sent
+        return left, why
 
     async def flush(self) -> bool:
         """Send what the outbox holds, if anything; True when it is empty after."""
