@@ -173,7 +173,7 @@ async def stats(request: web.Request) -> web.Response:
             "nats_ops": dict(request.app[LOG].ops),
             # The deposit store's operations by outcome (put.ok, get.missing, ...).
             "deposit_ops": dict(store.ops) if store is not None else {},
-            "seed": granter.seed_status(now),
+            "seed": granter.seeds.status(now),
             "tap": None
             if tap is None
             else {

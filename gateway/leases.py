@@ -14,7 +14,6 @@ Compare-and-set publishes are awaited ``js.publish`` calls issued concurrently: 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -27,7 +26,7 @@ from eventlog.protocol import ConflictError, DepositError, EventLog, LogError
 from events import Leased, LeaseKind, Released
 from events.mint import fresh_id, now_ms
 from events.subjects import proxy_of, proxy_token
-from events.wire import LeaseGrant, ProxyPayload, RecheckPayload, SeedPayload, SourcePayload
+from events.wire import LeaseGrant, ProxyPayload, SeedPayload, SourcePayload
 from gateway.budget import CheckBudget
 from gateway.deposits import Inputs
 from gateway.diskguard import DiskGuard
@@ -39,6 +38,7 @@ from projections.core.recheck import RecheckPolicy
 from projections.holdings import live_holdings, untested_room
 from projections.live import FoldService, far_behind
 from projections.seeding import seed_candidates, seed_status
+from reducers import State
 from reducers.ledger import clamped_ttl, sure_claim
 
 __all__ = ["SHARDS", "CheckBudget", "Granter"]
@@ -46,13 +46,78 @@ __all__ = ["SHARDS", "CheckBudget", "Granter"]
 
 log = structlog.get_logger("ppf.leases")
 
-# The work done ahead of the grants: how often, and for how long after a grant asked for
-# a kind (the look-ahead's own bounds are in gateway/lookahead.py).
-LOOK_EVERY_S = 0.25
-LOOK_ASKED_S = 60.0
 
 # Recheck targets: the shards events.shard_of() maps proxies to.
 SHARDS = tuple(f"s{i:03d}" for i in range(256))
+
+
+def _payload(
+    state: State, inputs: Inputs, kind: str, target: str, score: float
+) -> SourcePayload | SeedPayload | ProxyPayload | None:
+    """What the holder of a source, a seed range or a checked-out proxy works on (None:
+    a recheck shard's, which the recheck work makes)."""
+    row = state.leases.get(target)
+    if kind == "source":
+        src = state.sources[target]
+        return SourcePayload(
+            url=src.url,
+            last_hash=src.last_hash,
+            proto_hint=src.proto_hint,
+            priority=round(score, 4),
+        )
+    if kind == "seed" and row is not None:
+        items = inputs.cached(row.input) or []
+        plan, _, rng = target.partition("-")
+        given = row.input_kind or "proxies"
+        chosen = items[row.cursor : row.end + 1]
+        return SeedPayload(
+            cursor=row.cursor, end=row.end, plan=plan, range=rng, kind=given, items=chosen
+        )
+    if kind == "proxy":
+        ip, port = proxy_of(target)
+        proxy = state.proxies.get((ip, port))
+        return ProxyPayload(ip=ip, port=port, proto=proxy.proto if proxy else "")
+    return None
+
+
+class SeedInputs:
+    """The seed plans' inputs as this gateway reads them (``inputs``), those it could
+    not, and the seed status ``/v1/stats`` shows (a scan, kept a moment)."""
+
+    def __init__(self, fold: FoldService, inputs: Inputs, guard: DiskGuard | None) -> None:
+        self.fold, self.inputs, self.guard = fold, inputs, guard
+        self.unreadable_inputs: dict[str, str] = {}  # seed input key -> why, for status
+        self._seed: dict[str, Any] = {}
+        self._seed_at = -1e9
+
+    def status(self, now: int, max_age_s: float = 5.0) -> dict[str, Any]:
+        """``projections.seeding.seed_status``, computed at most every ``max_age_s`` (a
+        scan of the seed ranges and deposits), with the inputs this gateway could not read."""
+        if time.monotonic() - self._seed_at > max_age_s:
+            self._seed = seed_status(self.fold.state, now)
+            self._seed["unreadable_inputs"] = dict(self.unreadable_inputs)
+            self._seed_at = time.monotonic()
+        guard = self.guard
+        # Fresh at every call: an operator waits on this to see imports resume.
+        self._seed["paused"] = guard.reason if guard is not None else ""
+        self._seed["disk"] = guard.status() if guard is not None else {"guard": "off"}
+        return self._seed
+
+    async def readable(self, picked: list[tuple[str, float]]) -> list[tuple[str, float]]:
+        """The picked ranges whose plan's input this gateway can read (kept after the
+        first read): a range whose input is missing or corrupt is not leased, and said."""
+        leases = self.fold.state.leases
+        out = []
+        for target, score in picked:
+            key = leases[target].input
+            try:
+                await self.inputs.items(key)
+            except DepositError as exc:
+                log.warning("seed_input_unreadable", target=target, input=key, error=str(exc))
+                self.unreadable_inputs[key] = exc.reason
+                continue
+            out.append((target, score))
+        return out
 
 
 class Granter:
@@ -73,7 +138,7 @@ class Granter:
     ) -> None:
         self.fold = fold
         self.guard = guard
-        self.inputs = inputs or Inputs(None)
+        self.seeds = SeedInputs(fold, inputs or Inputs(None), guard)
         self.log = lg
         self.max_per_agent = max_per_agent
         self.wait_s = wait_s
@@ -85,25 +150,7 @@ class Granter:
         self.granted = 0
         self.lost = 0
         self.rechecks = RecheckWork(fold, recheck, probing)
-        self.unreadable_inputs: dict[str, str] = {}  # seed input key -> why, for status
-        self._seed: dict[str, Any] = {}
-        self._seed_at = -1e9
         self.lookahead = Lookahead()
-        self._asked: dict[str, float] = {}  # kind -> when a grant last asked for it
-        self._look_now = asyncio.Event()
-
-    def seed_status(self, now: int, max_age_s: float = 5.0) -> dict[str, Any]:
-        """``projections.seeding.seed_status``, computed at most every ``max_age_s`` (a
-        scan of the seed ranges and deposits), with the inputs this gateway could not read."""
-        if time.monotonic() - self._seed_at > max_age_s:
-            self._seed = seed_status(self.fold.state, now)
-            self._seed["unreadable_inputs"] = dict(self.unreadable_inputs)
-            self._seed_at = time.monotonic()
-        guard = self.guard
-        # Fresh at every call: an operator waits on this to see imports resume.
-        self._seed["paused"] = guard.reason if guard is not None else ""
-        self._seed["disk"] = guard.status() if guard is not None else {"guard": "off"}
-        return self._seed
 
     def _candidates(self, kind: LeaseKind, now: int) -> Iterator[tuple[str, float]]:
         """Free targets in priority order, lazily: a grant takes the first few only."""
@@ -140,55 +187,13 @@ class Granter:
     def _seed_candidates(self, now: int) -> Iterator[tuple[str, float]]:
         return seed_candidates(self.fold.state, self._claiming, now)
 
-    async def _readable(self, picked: list[tuple[str, float]]) -> list[tuple[str, float]]:
-        """The picked ranges whose plan's input this gateway can read (kept after the
-        first read): a range whose input is missing or corrupt is not leased, and said."""
-        leases = self.fold.state.leases
-        out = []
-        for target, score in picked:
-            key = leases[target].input
-            try:
-                await self.inputs.items(key)
-            except DepositError as exc:
-                log.warning("seed_input_unreadable", target=target, input=key, error=str(exc))
-                self.unreadable_inputs[key] = exc.reason
-                continue
-            out.append((target, score))
-        return out
-
     def _payload(
         self, kind: str, target: str, score: float, agent: str, aside: set[str]
     ) -> dict[str, Any]:
         """What the holder of ``target`` works on; ``aside``: networks whose failing
         proxies ``agent`` leaves to another checker (``RecheckWork.left_to_others``)."""
-        state = self.fold.state
-        payload: SourcePayload | SeedPayload | RecheckPayload | ProxyPayload
-        row = state.leases.get(target)
-        if kind == "source":
-            src = state.sources[target]
-            payload = SourcePayload(
-                url=src.url,
-                last_hash=src.last_hash,
-                proto_hint=src.proto_hint,
-                priority=round(score, 4),
-            )
-        elif kind == "seed" and row is not None:
-            items = self.inputs.cached(row.input) or []
-            plan, _, rng = target.partition("-")
-            payload = SeedPayload(
-                cursor=row.cursor,
-                end=row.end,
-                plan=plan,
-                range=rng,
-                kind=row.input_kind or "proxies",
-                items=items[row.cursor : row.end + 1],
-            )
-        elif kind == "proxy":
-            ip, port = proxy_of(target)
-            proxy = state.proxies.get((ip, port))
-            payload = ProxyPayload(ip=ip, port=port, proto=proxy.proto if proxy else "")
-        else:
-            payload = self.rechecks.payload(target, agent, aside)
+        made = _payload(self.fold.state, self.seeds.inputs, kind, target, score)
+        payload = made if made is not None else self.rechecks.payload(target, agent, aside)
         return msgspec.structs.asdict(payload)
 
     def _settle_ahead(self) -> None:
@@ -205,19 +210,12 @@ class Granter:
         steps, every ``due_refresh_s``) apart from the look-ahead (gateway/lookahead.py),
         whose rounds wait on the server and left it stale (grants then ranked, 4-6 ms)."""
         async with asyncio.TaskGroup() as group:  # one failing stops both, as one did
-            group.create_task(self.ranking.keep(lambda: "source" in self._asked_lately()))
+            group.create_task(self.ranking.keep(lambda: "source" in self.lookahead.asked_lately()))
             group.create_task(self._look_ahead())
-
-    def _asked_lately(self) -> list[str]:
-        now_s = time.monotonic()
-        return [kind for kind, at in self._asked.items() if now_s - at < LOOK_ASKED_S]
 
     async def _look_ahead(self) -> None:  # every LOOK_EVERY_S, or when a grant found too few
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._look_now.wait(), LOOK_EVERY_S)
-            self._look_now.clear()
-            asked = self._asked_lately()
+            asked = await self.lookahead.next_round()
             self.lookahead.forget_old(time.monotonic())
             try:
                 if asked and await far_behind(self.fold):
@@ -256,17 +254,17 @@ class Granter:
             candidates: Iterator[tuple[str, float]] = self._proxy_candidates(proxies or [], now)
             confirmed_only = False  # a checkout's candidates are the request's own
         else:
-            self._asked[kind] = time.monotonic()
+            self.lookahead.asked(kind)
             candidates = self._candidates(kind, now)
             confirmed_only = want > 0 and await far_behind(self.fold)
         claimable = self.lookahead.claimable(kind, candidates, self.fold.state, confirmed_only)
         picked = list(islice(claimable, want))
         if confirmed_only and len(picked) < want:
-            self._look_now.set()  # look further ahead for the next grant
+            self.lookahead.now()  # look further ahead for the next grant
         if not picked:
             return []
         if kind == "seed":
-            picked = await self._readable(picked)
+            picked = await self.seeds.readable(picked)
         claims = []
         for target, score in picked:
             lease = fresh_id()
@@ -319,7 +317,7 @@ class Granter:
         except BaseException:
             # The claims are stored and the agent will never hear of them: given back at
             # once (uncounted), not left to hold their targets until their TTL.
-            await self._give_back(agent, kind, acked)
+            await _give_back(self.log, agent, kind, acked)
             raise
         self.granted += len(grants)
         self.lost += len(claims) - len(acked)
@@ -358,24 +356,25 @@ class Granter:
             )
         return grants
 
-    async def _give_back(
-        self, agent: str, kind: LeaseKind, acked: list[tuple[Leased, int, float, bool]]
-    ) -> None:
-        """``Released`` ``abandoned``, uncounted, for claims a failed grant stored."""
-        for ev, _, _, _ in acked:
-            release = Released(
-                id=fresh_id(),
-                agent=agent,
-                at=now_ms(),
-                lease=ev.lease,
-                target=ev.target,
-                outcome="abandoned",
-                counted=False,
-                error="the gateway failed to answer the grant",
-                kind=kind,
-            )
-            try:
-                await self.log.publish(release)
-            except LogError as exc:  # the claim then expires at its TTL
-                log.warning("claim_not_given_back", target=ev.target, error=repr(exc))
-        log.exception("grant_failed_after_claims", agent=agent, kind=kind, given_back=len(acked))
+
+async def _give_back(
+    lg: EventLog, agent: str, kind: LeaseKind, acked: list[tuple[Leased, int, float, bool]]
+) -> None:
+    """``Released`` ``abandoned``, uncounted, for claims a failed grant stored."""
+    for ev, _, _, _ in acked:
+        release = Released(
+            id=fresh_id(),
+            agent=agent,
+            at=now_ms(),
+            lease=ev.lease,
+            target=ev.target,
+            outcome="abandoned",
+            counted=False,
+            error="the gateway failed to answer the grant",
+            kind=kind,
+        )
+        try:
+            await lg.publish(release)
+        except LogError as exc:  # the claim then expires at its TTL
+            log.warning("claim_not_given_back", target=ev.target, error=repr(exc))
+    log.exception("grant_failed_after_claims", agent=agent, kind=kind, given_back=len(acked))

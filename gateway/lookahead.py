@@ -17,6 +17,8 @@ before.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Iterator
 from itertools import islice
@@ -31,6 +33,10 @@ Candidates = Iterator[tuple[str, float]]  # (target, score), best first
 
 # A lookup counts this long: another gateway may claim the target meanwhile, and then
 # the claim is refused, on a subject the index answers for.
+# The work done ahead of the grants: how often, and for how long after a grant asked for
+# a kind.
+LOOK_EVERY_S = 0.25
+LOOK_ASKED_S = 60.0
 FRESH_S = 8.0
 # What is forgotten after this long (a subject still wanted is looked up again).
 FORGET_S = 120.0
@@ -47,6 +53,27 @@ class Lookahead:
         self._held: dict[str, tuple[bool, float]] = {}
         self.lookups = 0  # subjects looked up, for /v1/stats
         self.passed_over = 0  # candidates passed over because the log had moved on
+        self._asked: dict[str, float] = {}  # kind -> when a grant last asked for it
+        self._now = asyncio.Event()
+
+    def asked(self, kind: str) -> None:
+        """A grant asked for ``kind``: the rounds ahead look for it ``LOOK_ASKED_S``."""
+        self._asked[kind] = time.monotonic()
+
+    def asked_lately(self) -> list[str]:
+        now_s = time.monotonic()
+        return [kind for kind, at in self._asked.items() if now_s - at < LOOK_ASKED_S]
+
+    def now(self) -> None:
+        """A grant found too few: the next round at once."""
+        self._now.set()
+
+    async def next_round(self) -> list[str]:
+        """Wait ``LOOK_EVERY_S`` or until ``now``; the kinds asked for lately."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._now.wait(), LOOK_EVERY_S)
+        self._now.clear()
+        return self.asked_lately()
 
     def note(self, subject: str, held: bool) -> None:
         self._held[subject] = (held, time.monotonic())

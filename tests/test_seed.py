@@ -86,7 +86,7 @@ async def _why_not_done(box: Box) -> str:
     said = [
         f"granted {g.granted} lost {g.lost} claiming {sorted(g._claiming)} far behind "
         f"{await far_behind(box.fold)} applied {box.fold.applied_seq} head "
-        f"{await box.log.head_seq()} unreadable {g.unreadable_inputs}"
+        f"{await box.log.head_seq()} unreadable {g.seeds.unreadable_inputs}"
     ]
     for target, row in box.fold.state.leases.items():
         if row.kind == "seed":
