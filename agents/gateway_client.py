@@ -132,6 +132,105 @@ async def _publish_lines(
     return [], "", sent
 
 
+class Notices:
+    """What the gateway says the fold holds against an agent, told to its operator once
+    each; asked again every ``STANDING_S``."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+        self.asked_at = time.monotonic()
+        self._warned: set[str] = set()
+        self._rejected_seen = 0
+
+    def due(self) -> bool:
+        return time.monotonic() - self.asked_at >= STANDING_S
+
+    def heard(self, me: AgentMe) -> None:
+        """Tell the operator, once, what the fold holds against this agent: a clock far
+        from the log's (its ids are refused past the fleet's skew) and its events the
+        fold refused, with the latest reason (GET /v1/agents/me)."""
+        self.asked_at = time.monotonic()
+        if abs(me.skew_ms) >= CLOCK_WARN_MS and "skew" not in self._warned:
+            self._warned.add("skew")
+            log.warning("agent_clock_off", agent=self.agent, skew_ms=me.skew_ms)
+        if me.rejected > self._rejected_seen:
+            if "rejected" not in self._warned:
+                self._warned.add("rejected")
+                log.warning(
+                    "agent_events_refused",
+                    agent=self.agent,
+                    rejected=me.rejected,
+                    last_refusal=me.last_refusal,
+                )
+            self._rejected_seen = me.rejected
+
+
+async def _put_deposit(
+    http: aiohttp.ClientSession, base: str, key: str, data: bytes, lease: str
+) -> tuple[int, str]:
+    """``PUT /v1/deposits/{key}``: (200, the SHA-256 as stored) or (status, why)."""
+    digest = hashlib.sha256(data).hexdigest()
+    headers = {"X-Content-SHA256": digest, "Content-Type": "application/octet-stream"}
+    if lease:
+        headers["Ppf-Lease"] = lease
+    try:
+        async with http.put(f"{base}/v1/deposits/{key}", data=data, headers=headers) as r:
+            status, raw = r.status, await r.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        return 0, repr(exc)
+    if status != 200:
+        return status, raw[:300].decode("utf-8", "replace")
+    stored = msgspec.json.decode(raw, type=DepositReply)
+    if stored.sha256 != digest:  # stored, but not what we sent: never announce it
+        return 502, f"stored {stored.sha256}, sent {digest}"
+    return 200, digest
+
+
+class Gateways:
+    """The gateways an agent was given (comma-separated): one is used until it cannot be
+    reached, then the next; leases live in the log, so any gateway heartbeats and
+    releases them, and the outbox keeps what none took."""
+
+    def __init__(self, given: str, agent: str) -> None:
+        self.bases = [b.strip().rstrip("/") for b in given.split(",") if b.strip()]
+        self.agent = agent
+        self._at = 0
+
+    @property
+    def base(self) -> str:
+        return self.bases[self._at]
+
+    def _next(self, why: str) -> None:
+        if len(self.bases) > 1:
+            gone = self.base
+            self._at = (self._at + 1) % len(self.bases)
+            log.warning("gateway_failover", agent=self.agent, gone=gone, to=self.base, why=why)
+
+    async def call(
+        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
+    ) -> tuple[int, Any]:
+        """(status, decoded JSON); (0, why) when no gateway could be reached (each tried
+        once, from the one in use). A body that is not JSON (a proxy's error page) comes
+        back as its first 300 characters."""
+        why = ""
+        for _ in self.bases:
+            try:
+                async with http.request(method, self.base + path, json=body) as r:
+                    raw = await r.read()
+                    status = r.status
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                why = repr(exc)
+                self._next(why[:200])
+                continue
+            break
+        else:
+            return 0, why
+        try:
+            return status, msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            return status, raw[:300].decode("utf-8", "replace")
+
+
 class GatewayClient:
     def __init__(
         self,
@@ -143,11 +242,7 @@ class GatewayClient:
         nats: str | None = None,
         http_only: bool = False,
     ) -> None:
-        # Several gateways (comma-separated): one is used until it cannot be reached,
-        # then the next; leases live in the log, so any gateway heartbeats and releases
-        # them, and the outbox keeps what none took.
-        self.bases = [b.strip().rstrip("/") for b in base.split(",") if b.strip()]
-        self._at = 0
+        self.gateways = Gateways(base, agent)
         self.agent = agent
         self.box = Outbox(outbox)
         self._headers = {"Authorization": f"Bearer {token}"}
@@ -164,9 +259,7 @@ class GatewayClient:
         self._log: Log | None = None
         self.sent = 0
         self._sending = asyncio.Lock()
-        self._warned: set[str] = set()
-        self._rejected_seen = 0
-        self._standing_at = time.monotonic()
+        self._notices = Notices(agent)
 
     @property
     def via(self) -> str:
@@ -192,7 +285,7 @@ class GatewayClient:
             return
         await self._follow(me)  # before it is asked: this first answer is logged below
         self._asked = True
-        self._said(me)
+        self._notices.heard(me)
         self.batches = me.batches
         self.judge_key = me.judge_key
         log.info(
@@ -221,35 +314,16 @@ class GatewayClient:
         if self._asked:
             log.info("agent_events_via", agent=self.agent, via=self.via)
 
-    def _said(self, me: AgentMe) -> None:
-        """Tell the operator, once, what the fold holds against this agent: a clock far
-        from the log's (its ids are refused past the fleet's skew) and its events the
-        fold refused, with the latest reason (GET /v1/agents/me)."""
-        self._standing_at = time.monotonic()
-        if abs(me.skew_ms) >= CLOCK_WARN_MS and "skew" not in self._warned:
-            self._warned.add("skew")
-            log.warning("agent_clock_off", agent=self.agent, skew_ms=me.skew_ms)
-        if me.rejected > self._rejected_seen:
-            if "rejected" not in self._warned:
-                self._warned.add("rejected")
-                log.warning(
-                    "agent_events_refused",
-                    agent=self.agent,
-                    rejected=me.rejected,
-                    last_refusal=me.last_refusal,
-                )
-            self._rejected_seen = me.rejected
-
     async def _standing(self) -> None:
         """Ask again every STANDING_S (after a lease): a clock drifts, a bug ships."""
-        if time.monotonic() - self._standing_at < STANDING_S:
+        if not self._notices.due():
             return
         try:
             me = await self.whoami()
         except GatewayError:
-            self._standing_at = time.monotonic()
+            self._notices.asked_at = time.monotonic()
             return
-        self._said(me)
+        self._notices.heard(me)
         await self._follow(me)
 
     async def __aexit__(self, *exc: object) -> None:
@@ -261,36 +335,11 @@ class GatewayClient:
     @property
     def base(self) -> str:
         """The gateway in use now."""
-        return self.bases[self._at]
-
-    def _next_gateway(self, why: str) -> None:
-        if len(self.bases) > 1:
-            gone = self.base
-            self._at = (self._at + 1) % len(self.bases)
-            log.warning("gateway_failover", agent=self.agent, gone=gone, to=self.base, why=why)
+        return self.gateways.base
 
     async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """(status, decoded JSON); (0, why) when no gateway could be reached (each tried
-        once, from the one in use). A body that is not JSON (a proxy's error page) comes
-        back as its first 300 characters."""
         assert self._http is not None
-        why = ""
-        for _ in self.bases:
-            try:
-                async with self._http.request(method, self.base + path, json=body) as r:
-                    raw = await r.read()
-                    status = r.status
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                why = repr(exc)
-                self._next_gateway(why[:200])
-                continue
-            break
-        else:
-            return 0, why
-        try:
-            return status, msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            return status, raw[:300].decode("utf-8", "replace")
+        return await self.gateways.call(self._http, method, path, body)
 
     async def _post(self, path: str, body: Any) -> tuple[int, Any]:
         return await self._call("POST", path, body)
@@ -331,23 +380,7 @@ class GatewayClient:
         or (status, why); a page under the source ``lease`` it was fetched for. The
         caller announces it after, with ``Deposited``."""
         assert self._http is not None
-        digest = hashlib.sha256(data).hexdigest()
-        headers = {"X-Content-SHA256": digest, "Content-Type": "application/octet-stream"}
-        if lease:
-            headers["Ppf-Lease"] = lease
-        try:
-            async with self._http.put(
-                f"{self.base}/v1/deposits/{key}", data=data, headers=headers
-            ) as r:
-                status, raw = r.status, await r.read()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return 0, repr(exc)
-        if status != 200:
-            return status, raw[:300].decode("utf-8", "replace")
-        stored = msgspec.json.decode(raw, type=DepositReply)
-        if stored.sha256 != digest:  # stored, but not what we sent: never announce it
-            return 502, f"stored {stored.sha256}, sent {digest}"
-        return 200, digest
+        return await _put_deposit(self._http, self.base, key, data, lease)
 
     async def heartbeat(self, lease: str) -> bool:
         status, _ = await self._post(f"/v1/leases/{lease}/heartbeat", None)
