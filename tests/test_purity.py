@@ -248,6 +248,23 @@ def test_the_endpoint_has_no_long_class_and_no_protocol_restating_one() -> None:
     assert long == [] and restated == []
 
 
+PRODUCT = ("events", "eventlog", "reducers", "projections", "agents", "gateway", "endpoint", "ops")
+CLASS_LINES = 250  # a class longer than this holds more than one job
+
+
+def test_no_product_class_is_over_250_lines() -> None:
+    """A class of more than 250 lines anywhere in the product is split by its jobs (the
+    endpoint's rule, for every room)."""
+    long = [
+        f"{path.relative_to(ROOT)}:{cls.name} ({_lines(cls)})"
+        for folder in PRODUCT
+        for path in _modules(folder)
+        for cls in _classes(path)
+        if _lines(cls) > CLASS_LINES
+    ]
+    assert long == []
+
+
 def test_the_class_rules_find_a_long_class_and_a_wide_protocol(tmp_path: Path) -> None:
     """The class rules are not vacuous."""
     wide = "class Big(Protocol):\n" + "".join(f"    def m{i}(self): ...\n" for i in range(7))
@@ -256,4 +273,4 @@ def test_the_class_rules_find_a_long_class_and_a_wide_protocol(tmp_path: Path) -
     assert _protocol_methods(cls) == 7 > PROTOCOL_METHODS
     (tmp_path / "c.py").write_text("class C:\n" + "    x = 1\n" * 300)
     [cls] = _classes(tmp_path / "c.py")
-    assert _lines(cls) > ENDPOINT_CLASS_LINES
+    assert _lines(cls) > ENDPOINT_CLASS_LINES and _lines(cls) > CLASS_LINES
