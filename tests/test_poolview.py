@@ -237,3 +237,28 @@ def test_a_view_built_from_the_rows_that_changed_is_the_whole_build(
     now = T0 + data.draw(st.integers(0, 100_000_000))
     moved = at_once(poolview.building(state, now, None, before, changed))
     assert _orders(moved, now) == _orders(build(state), now)
+
+
+async def test_a_view_is_due_once_the_fold_stands_still_and_waits_while_it_catches_up() -> None:
+    """While the fold moves, a view is due after ten times its build; once the fold has
+    stood still for ``settled_s``, at once (what it folded is served within a second);
+    while the fold is far behind the log, only after ``max_age_s``."""
+    from gateway import views
+
+    now = [100.0]
+    behind = [False]
+    keeper = views.PoolViewKeeper(clock=lambda: now[0], slice_s=10.0, catching_up=lambda: behind[0])
+    state = State()
+    fold(state, worked("8.8.8.8"), 1, T0)
+    await keeper.view(state)
+    keeper._age_s = 5.0  # as a pool whose build took half a second
+    fold(state, worked("8.8.4.4"), 2, T0)
+    assert not keeper.due(state)  # it just moved: neither old enough nor still
+    now[0] += 0.05
+    assert not keeper.due(state)
+    now[0] += 0.1  # the fold stood still 0.15 s
+    assert keeper.due(state)
+    behind[0] = True  # far behind the log: the view waits for its max age
+    assert not keeper.due(state)
+    now[0] += keeper.max_age_s
+    assert keeper.due(state)
