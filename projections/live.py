@@ -237,6 +237,7 @@ class FoldService:
         return seq
 
     async def stop(self) -> None:
+        log.info("fold_stopping", last_seq=self.state.last_seq)  # a slow stop: before or in here
         if left := await stop_tasks(self._tasks, 10):
             log.warning("fold_tasks_left_running", count=left)
         self._tasks = []

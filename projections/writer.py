@@ -125,6 +125,9 @@ async def end_child(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
     try:
         await asyncio.wait_for(proc.wait(), timeout_s)
     except TimeoutError:
+        import structlog  # here: the child imports this module and need not load it
+
+        structlog.get_logger("ppf.fold").warning("child_killed", pid=proc.pid, after_s=timeout_s)
         proc.kill()
         await proc.wait()
 
