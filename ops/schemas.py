@@ -16,6 +16,6 @@ def generate() -> dict[str, str]:
     return {
         "events.schema.json": json.dumps(schema(), indent=2, sort_keys=True) + "\n",
         "openapi.json": json.dumps(openapi(), indent=2, sort_keys=True) + "\n",
-        "duckdb.sql": "-- DuckDB DDL of the checkpointed projections (projections/store.py)\n"
-        + DDL,
+        "duckdb.sql": "-- DuckDB DDL of the checkpointed projections: the tables State declares\n"
+        "-- (reducers/state.py), as projections/store.py makes them\n" + DDL,
     }

@@ -15,6 +15,7 @@ first row, so every batch here carries each key once (the dirty sets guarantee i
 from __future__ import annotations
 
 import threading
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,9 @@ import msgspec
 from projections.core.digest import DigestKeeper, meta_digest
 from projections.foreground import Foreground, give_way
 from reducers.indexes import reindex
+from reducers.kept import Table
 from reducers.rows import decode_column, encode_column
-from reducers.state import KEPT, TABLES, ProxyKey, ProxyRow, State
+from reducers.state import DIRTY, KEPT, TABLES, WHOLE, ProxyKey, ProxyRow, State
 
 __all__ = [
     "DDL",
@@ -36,6 +38,7 @@ __all__ = [
     "collect",
     "collect_async",
     "keep_digest",
+    "put_back",
     "put_rows",
     "restore_meta",
     "state_meta",
@@ -43,26 +46,31 @@ __all__ = [
 
 SCHEMA_VERSION = "1"
 
-DDL = """\
-CREATE TABLE IF NOT EXISTS proxies (
-    ip VARCHAR NOT NULL, port INTEGER NOT NULL, proto VARCHAR, last_seen BIGINT,
-    row BLOB NOT NULL, PRIMARY KEY (ip, port));
-CREATE TABLE IF NOT EXISTS sources (
-    url_id VARCHAR PRIMARY KEY, url VARCHAR, check_time BIGINT, row BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS leases (
-    target VARCHAR PRIMARY KEY, kind VARCHAR, status VARCHAR, row BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS agents (name VARCHAR PRIMARY KEY, row BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS deposits (
-    key VARCHAR PRIMARY KEY, status VARCHAR, row BLOB NOT NULL);
-CREATE TABLE IF NOT EXISTS sites (
-    site VARCHAR NOT NULL, chunk BIGINT NOT NULL, row BLOB NOT NULL,
-    PRIMARY KEY (site, chunk));
-CREATE TABLE IF NOT EXISTS site_proxies (
-    ip VARCHAR NOT NULL, port INTEGER NOT NULL, row BLOB NOT NULL, PRIMARY KEY (ip, port));
-CREATE TABLE IF NOT EXISTS quality (
-    ip VARCHAR NOT NULL, port INTEGER NOT NULL, row BLOB NOT NULL, PRIMARY KEY (ip, port));
-CREATE TABLE IF NOT EXISTS meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);
-"""
+# A column's SQL type by its field's type; a port fits in 32 bits, as the first files
+# declared it.
+_SQL = {str: "VARCHAR", int: "BIGINT"}
+_NARROW = {"port": "INTEGER"}
+
+
+def _ddl(name: str, declared: Table) -> str:
+    """A table's DuckDB declaration: its key, its plain columns, the row's bytes."""
+    hints = typing.get_type_hints(declared.row)
+    keyed = len(declared.key) == 1
+    cols = []
+    for col in (*declared.key, *declared.columns):
+        sql = _NARROW.get(col) or _SQL[hints[col]]
+        if col in declared.key:
+            sql += " PRIMARY KEY" if keyed else " NOT NULL"
+        cols.append(f"{col} {sql}")
+    cols.append("row BLOB NOT NULL")
+    if not keyed:
+        cols.append(f"PRIMARY KEY ({', '.join(declared.key)})")
+    return f"CREATE TABLE IF NOT EXISTS {name} (\n    {', '.join(cols)});\n"
+
+
+DDL = "".join(_ddl(name, declared) for name, declared in TABLES.items()) + (
+    "CREATE TABLE IF NOT EXISTS meta (k VARCHAR PRIMARY KEY, v VARCHAR NOT NULL);\n"
+)
 
 _encode = msgspec.msgpack.Encoder(enc_hook=encode_column).encode
 _json = msgspec.json.Encoder().encode
@@ -165,7 +173,7 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
                     found.append(row)
             await give_way(foreground, _CUT_YIELD_S)
     except BaseException:  # cancelled mid-cut: the rows are still to be written
-        state.dirty_proxies |= dirty
+        state.dirty["proxies"] |= dirty
         raise
     cp = collect(state, encode=False, proxies=(found, gone))
     try:
@@ -176,18 +184,7 @@ async def collect_async(state: State, foreground: Foreground | None = None) -> C
                 await give_way(foreground, _CUT_YIELD_S)
             cp.parts[name] = _pieces(blobs, len(pending)) if blobs else [_encode([])]
     except BaseException:  # cancelled mid-cut: the rows are still to be written
-        state.dirty_proxies |= {(r.ip, r.port) for r in cp.pending["proxies"]}
-        state.dirty_proxies |= {tuple(k) for k in cp.deletes["proxies"]}
-        state.dirty_sources |= {r.url_id for r in cp.pending["sources"]}
-        state.dirty_sources |= {k[0] for k in cp.deletes["sources"]}
-        state.dirty_leases |= {r.target for r in cp.pending["leases"]}
-        state.dirty_deposits |= {r.key for r in cp.pending["deposits"]}
-        state.dirty_sites |= {(r.site, r.chunk) for r in cp.pending["sites"]}
-        state.dirty_sites |= {tuple(k) for k in cp.deletes["sites"]}
-        state.dirty_site_proxies |= {(r.ip, r.port) for r in cp.pending["site_proxies"]}
-        state.dirty_site_proxies |= {tuple(k) for k in cp.deletes["site_proxies"]}
-        state.dirty_quality |= {(r.ip, r.port) for r in cp.pending["quality"]}
-        state.dirty_quality |= {tuple(k) for k in cp.deletes["quality"]}
+        put_back(state, cp)
         raise
     cp.pending = {}
     return cp
@@ -205,6 +202,14 @@ def _changed(rows: dict[Any, Any], dirty: set[Any]) -> tuple[list[Any], list[Any
     return found, gone
 
 
+def put_back(state: State, cp: Checkpoint) -> None:
+    """A checkpoint's rows and deletes marked dirty again (its cut was cancelled)."""
+    for name in DIRTY:
+        declared = TABLES[name]
+        state.dirty[name] |= set(map(declared.key_of, cp.pending[name]))
+        state.dirty[name] |= {declared.key_from(key) for key in cp.deletes[name]}
+
+
 def collect(
     state: State,
     *,
@@ -213,110 +218,45 @@ def collect(
 ) -> Checkpoint:
     """Take the changed rows out of ``state`` and clear its dirt. ``proxies``: the
     changed proxy rows and the deleted keys, when the caller found them already."""
-    found, gone_p = proxies or _changed(state.proxies, state.take_unwritten())
-    sources, gone_uids = _changed(state.sources, state.dirty_sources)
-    gone_s = [(uid,) for uid in gone_uids]
-    leases = [state.leases[t] for t in state.dirty_leases]
-    deposits = [state.deposits[k] for k in state.dirty_deposits]
-    sites, gone_c = _changed(state.sites, state.dirty_sites)
-    numbered, gone_n = _changed(state.site_proxies, state.dirty_site_proxies)
-    quality, gone_q = _changed(state.quality, state.dirty_quality)
-    agents = list(state.agents.values())
+    pending: dict[str, list[Any]] = {}
+    deletes: dict[str, list[tuple[Any, ...]]] = {}
+    for name, keys in state.take_dirty().items():
+        found, gone = _changed(getattr(state, name), keys)
+        if name == "proxies" and proxies is not None:
+            found, gone = proxies
+        pending[name] = found
+        deletes[name] = [key if isinstance(key, tuple) else (key,) for key in gone]
+    for name in WHOLE:
+        pending[name] = list(getattr(state, name).values())
     meta = state_meta(state)
     cp = Checkpoint(
         meta_digest=meta["meta_digest"],
         last_seq=state.last_seq,
         meta=meta,
         tables={},
-        pending={
-            "proxies": found,
-            "sources": sources,
-            "leases": leases,
-            "agents": agents,
-            "deposits": deposits,
-            "sites": sites,
-            "site_proxies": numbered,
-            "quality": quality,
-        },
-        deletes={
-            "proxies": list(gone_p),
-            "sources": gone_s,
-            "sites": gone_c,
-            "site_proxies": gone_n,
-            "quality": gone_q,
-        },
-        rows=len(found)
-        + len(sources)
-        + len(leases)
-        + len(agents)
-        + len(deposits)
-        + len(sites)
-        + len(gone_p)
-        + len(gone_s)
-        + len(gone_c)
-        + len(numbered)
-        + len(gone_n)
-        + len(quality)
-        + len(gone_q),
+        pending={name: pending[name] for name in TABLES},
+        deletes=deletes,
+        rows=sum(map(len, pending.values())) + sum(map(len, deletes.values())),
     )
-    state.clear_dirty()
     if encode:
         cp.tables = {name: _encode(rows) for name, rows in cp.pending.items()}
         cp.pending = {}
     return cp
 
 
-class _ProxyCols(msgspec.Struct):
-    ip: str
-    port: int
-    proto: str
-    last_seen: int
+def _plain_columns(name: str, declared: Table) -> msgspec.msgpack.Decoder[Any]:
+    """A decoder of a table's rows into its plain columns only (a view that skips every
+    other field of the row)."""
+    hints = typing.get_type_hints(declared.row)
+    names = (*declared.key, *declared.columns)
+    cols = msgspec.defstruct(f"{name}_columns", [(col, hints[col]) for col in names])
+    return msgspec.msgpack.Decoder(list[cols])  # type: ignore[valid-type]
 
 
-class _SourceCols(msgspec.Struct):
-    url_id: str
-    url: str
-    check_time: int
-
-
-class _LeaseCols(msgspec.Struct):
-    target: str
-    kind: str
-    status: str
-
-
-class _AgentCols(msgspec.Struct):
-    name: str
-
-
-class _DepositCols(msgspec.Struct):
-    key: str
-    status: str
-
-
-class _SiteCols(msgspec.Struct):
-    site: str
-    chunk: int
-
-
-class _AddressCols(msgspec.Struct):
-    ip: str
-    port: int
-
-
-# Each table blob is decoded twice, both in C: once into its plain columns (a view that
-# skips every other field), once into each row's own bytes (msgspec.Raw), which are
-# stored as they are, with no decode and re-encode of whole rows.
-_COLUMNS: dict[str, msgspec.msgpack.Decoder[Any]] = {
-    "proxies": msgspec.msgpack.Decoder(list[_ProxyCols]),
-    "sources": msgspec.msgpack.Decoder(list[_SourceCols]),
-    "leases": msgspec.msgpack.Decoder(list[_LeaseCols]),
-    "agents": msgspec.msgpack.Decoder(list[_AgentCols]),
-    "deposits": msgspec.msgpack.Decoder(list[_DepositCols]),
-    "sites": msgspec.msgpack.Decoder(list[_SiteCols]),
-    "site_proxies": msgspec.msgpack.Decoder(list[_AddressCols]),
-    "quality": msgspec.msgpack.Decoder(list[_AddressCols]),
-}
+# Each table blob is decoded twice, both in C: once into its plain columns, once into
+# each row's own bytes (msgspec.Raw), which are stored as they are, with no decode and
+# re-encode of whole rows.
+_COLUMNS = {name: _plain_columns(name, declared) for name, declared in TABLES.items()}
 _raw_rows = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 
 
@@ -327,20 +267,14 @@ def _tuples(table: str, blob: bytes) -> list[tuple[Any, ...]]:
     return [(*msgspec.structs.astuple(c), bytes(r)) for c, r in zip(columns, raws, strict=True)]
 
 
-def _key(table: str, values: tuple[Any, ...]) -> Any:
-    """A row's key for the digest keeper: (ip, port) for proxies, else the one column."""
-    width = len(TABLES[table].key)
-    return values[:width] if width > 1 else values[0]
-
-
 def keep_digest(keeper: DigestKeeper, cp: Checkpoint) -> None:
     """Move the keeper's sums by the rows of one checkpoint."""
     for table, blob in cp.tables.items():
         for values in _tuples(table, blob):
-            keeper.put(table, _key(table, values), values[-1])
+            keeper.put(table, TABLES[table].key_from(values), values[-1])
     for table, keys in cp.deletes.items():
         for key in keys:
-            keeper.delete(table, _key(table, tuple(key)))
+            keeper.delete(table, TABLES[table].key_from(key))
 
 
 _KEYS = {name: list(t.key) for name, t in TABLES.items()}
@@ -443,7 +377,7 @@ class Store:
             for table, keys in _KEYS.items():
                 cols = ", ".join(keys)
                 for values in self._con.execute(f"SELECT {cols}, row FROM {table}").fetchall():
-                    keeper.put(table, _key(table, values), values[-1])
+                    keeper.put(table, TABLES[table].key_from(values), values[-1])
         return keeper, meta
 
     def close(self) -> None:

@@ -46,7 +46,7 @@ def deposited(state: State, event: Deposited, seq: int, ts: int) -> str:
         # it is fresh: retention (projections/retention.py) counts its age from here.
         row.seq = seq
         row.at = ts
-        state.dirty_deposits.add(event.key)
+        state.dirty["deposits"].add(event.key)
         return ""
     if row is None:
         row = DepositRow(key=event.key, sha256=event.sha256)
@@ -65,7 +65,7 @@ def deposited(state: State, event: Deposited, seq: int, ts: int) -> str:
     row.tried = row.attempts
     row.reason = ""
     state.pending_deposits.add(event.key)
-    state.dirty_deposits.add(event.key)
+    state.dirty["deposits"].add(event.key)
     return ""
 
 
@@ -76,7 +76,7 @@ def folded(state: State, event: DepositFolded) -> None:
     row.status = "folded"
     row.reason = event.reason
     state.pending_deposits.discard(event.key)
-    state.dirty_deposits.add(event.key)
+    state.dirty["deposits"].add(event.key)
 
 
 def rejected(state: State, event: DepositRejected) -> None:
@@ -88,4 +88,4 @@ def rejected(state: State, event: DepositRejected) -> None:
     if row.attempts - row.tried >= ATTEMPTS:
         row.status = "poisoned"
         state.pending_deposits.discard(event.key)
-    state.dirty_deposits.add(event.key)
+    state.dirty["deposits"].add(event.key)

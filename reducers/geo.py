@@ -45,7 +45,7 @@ def admitted(state: State, row: ProxyRow) -> None:
     state.by_ip[row.ip] = (place, (*entry[1], row.port))
     if place is not None and _place(row) != place:
         row.country, row.asn, row.as_org, row.geo = place
-        state.dirty_proxies.add((row.ip, row.port))
+        state.dirty["proxies"].add((row.ip, row.port))
 
 
 def evicted(state: State, row: ProxyRow) -> None:
@@ -79,7 +79,7 @@ def _locate(state: State, ip: str, place: Place) -> None:
     state.by_ip[ip] = (place, ports)
     if was is None:
         state.unlocated.discard(ip)
-    rows, composition, dirty = state.proxies, state.composition, state.dirty_proxies
+    rows, composition, dirty = state.proxies, state.composition, state.dirty["proxies"]
     country, asn, as_org, geo = place
     for port in ports:
         row = rows[(ip, port)]

@@ -3,7 +3,10 @@
 derived from the declarations (projections/store.py, projections/core/digest.py).
 
 - ``table(Row, *key)``: a projection of rows, checkpointed row by row, with its own
-  part of the digest (the sum of its rows' hashes);
+  part of the digest (the sum of its rows' hashes). The declaration is all a table
+  needs: its dirty set (``State.dirty``), its rows' collection, restoration and cancel
+  path, and its DuckDB table (the key, ``columns`` for SQL, the row's bytes) follow
+  from it (projections/store.py);
 - ``kept(new, ...)``: a piece of the meta, kept whole as JSON in every checkpoint and
   counted in the meta digest by its rule: ``ALWAYS``; ``WHILE_ANY`` (left out while
   empty, so a log written before the piece existed keeps its digest); ``when=`` a
@@ -64,18 +67,37 @@ class Piece:
 class Table(Piece):
     """A projection of rows of ``row``, keyed by the fields ``key``; ``digest``: ALWAYS,
     or WHILE_ANY (a table added after the first logs: left out of the digest, and of a
-    snapshot, while it has no row)."""
+    snapshot, while it has no row). ``columns``: the row's fields its DuckDB table keeps
+    as plain columns beside the key, for SQL; ``whole``: written whole at every
+    checkpoint, with no dirty set (a few rows, each touched by most events); ``packed``:
+    a snapshot keeps it zlib-packed (projections/snapshot.py)."""
 
-    __slots__ = ("digest", "key", "key_of", "row")
+    __slots__ = ("columns", "digest", "key", "key_of", "packed", "row", "whole")
 
-    def __init__(self, row: type[msgspec.Struct], key: tuple[str, ...], digest: str) -> None:
+    def __init__(
+        self,
+        row: type[msgspec.Struct],
+        key: tuple[str, ...],
+        *,
+        digest: str,
+        columns: tuple[str, ...],
+        whole: bool,
+        packed: bool,
+    ) -> None:
         super().__init__(dict)
         self.row = row
         self.key = key
         self.digest = digest
+        self.columns = columns
+        self.whole = whole
+        self.packed = packed
         # The row's key in its projection: its one key field, or a tuple of them (in C:
         # a restore takes a key of every row).
         self.key_of: Callable[[Any], Any] = operator.attrgetter(*key)
+
+    def key_from(self, values: tuple[Any, ...] | list[Any]) -> Any:
+        """A row's key from its leading column values (a stored key, a deleted one)."""
+        return tuple(values[: len(self.key)]) if len(self.key) > 1 else values[0]
 
 
 class Kept(Piece):
@@ -128,8 +150,15 @@ class Kept(Piece):
         return self.from_stored(msgspec.json.decode(text, type=self.load_as))
 
 
-def table(row: type[msgspec.Struct], *key: str, digest: str = ALWAYS) -> Any:
-    return Table(row, key, digest)
+def table(
+    row: type[msgspec.Struct],
+    *key: str,
+    digest: str = ALWAYS,
+    columns: tuple[str, ...] = (),
+    whole: bool = False,
+    packed: bool = False,
+) -> Any:
+    return Table(row, key, digest=digest, columns=columns, whole=whole, packed=packed)
 
 
 def kept(

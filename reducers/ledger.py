@@ -58,7 +58,7 @@ def _expire(state: State, row: LeaseRow, ts: int) -> None:
         _end(state, row)
         row.last_error = "expired"
         _count_attempt(state, row)
-        state.dirty_leases.add(row.target)
+        state.dirty["leases"].add(row.target)
 
 
 def _live(state: State, lease: str, ts: int) -> LeaseRow | None:
@@ -75,7 +75,7 @@ def on_subject(state: State, target: str, kind: str, seq: int) -> LeaseRow:
     """Every message on a lease subject, granted, lost or late, moves its sequence."""
     row = _row(state, target, kind)
     row.subject_seq = seq
-    state.dirty_leases.add(target)
+    state.dirty["leases"].add(target)
     return row
 
 
@@ -149,7 +149,7 @@ def touch(state: State, lease: str, agent: str, ts: int) -> bool:
     if row.status != "leased" or row.lease != lease or row.holder != agent:
         return False
     row.expires_at = ts + row.ttl_s * 1000
-    state.dirty_leases.add(row.target)
+    state.dirty["leases"].add(row.target)
     return True
 
 
@@ -168,7 +168,7 @@ def release(state: State, event: Released, ts: int) -> bool:
         row.attempts = 0
     elif event.counted:
         _count_attempt(state, row)
-    state.dirty_leases.add(row.target)
+    state.dirty["leases"].add(row.target)
     return True
 
 
@@ -177,7 +177,7 @@ def reset(state: State, event: LeaseReset) -> None:
     _end(state, row)
     row.attempts = 0
     row.last_error = ""
-    state.dirty_leases.add(row.target)
+    state.dirty["leases"].add(row.target)
 
 
 def plan(state: State, event: SeedPlanned) -> None:
@@ -194,10 +194,10 @@ def plan(state: State, event: SeedPlanned) -> None:
         row.priority = event.priority
         row.input = event.input
         row.input_kind = event.kind
-        state.dirty_leases.add(target)
+        state.dirty["leases"].add(target)
 
 
 def advance(state: State, row: LeaseRow, cursor: int) -> None:
     """A seed range's resume cursor: ``max(cursor, min(deposited, end + 1))``."""
     row.cursor = max(row.cursor, min(cursor, row.end + 1))
-    state.dirty_leases.add(row.target)
+    state.dirty["leases"].add(row.target)

@@ -124,7 +124,7 @@ def worked(state: State, event: ProxyWorked, ts: int, agent: str, source: str) -
             row.agents = trust.make_room(state, row.agents, agent)
     if source not in row.sources:
         row.sources = _add(row.sources, source, settings.provenance_cap)
-    state.dirty_proxies.add(key)
+    state.dirty["proxies"].add(key)
     if settings.quality:
         quality.checked(state, key, True, ts, agent)
         quality.measured(state, key, event.speed_kb_s, ts, agent)
@@ -153,7 +153,7 @@ def _evict(state: State, keys: list[ProxyKey]) -> None:
             sites.forget(state, key)
         if state.quality:
             quality.forget(state, key)
-        state.dirty_proxies.add(key)
+        state.dirty["proxies"].add(key)
 
 
 def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
@@ -176,7 +176,7 @@ def failed(state: State, event: ProxyFailed, ts: int, agent: str) -> bool:
     if ts > row.last_failed:
         row.last_failed = ts
     row.failed_by = _add(row.failed_by, agent, _VANTAGES)
-    state.dirty_proxies.add(key)
+    state.dirty["proxies"].add(key)
     if state.settings.quality:
         quality.checked(state, key, False, ts, agent)
     return True
@@ -206,7 +206,7 @@ def reported(state: State, event: ProxyReported, ts: int, consumer: AgentRow) ->
     state.failing.add(row)
     row.fail_streak = 1
     row.reported_at = ts
-    state.dirty_proxies.add(key)
+    state.dirty["proxies"].add(key)
     return True
 
 

@@ -47,7 +47,7 @@ def _row(state: State, key: ProxyKey) -> ProxyQuality:
     row = state.quality.get(key)
     if row is None:
         row = state.quality[key] = ProxyQuality(ip=key[0], port=key[1])
-    state.dirty_quality.add(key)
+    state.dirty["quality"].add(key)
     return row
 
 
@@ -84,7 +84,7 @@ def measured(state: State, key: ProxyKey, kb_s: int, ts: int, agent: str) -> Non
 def forget(state: State, key: ProxyKey) -> None:
     """The proxy was evicted: its figures go with it."""
     if state.quality.pop(key, None) is not None:
-        state.dirty_quality.add(key)
+        state.dirty["quality"].add(key)
 
 
 def _count(row: ProxyQuality, start: int, end: int, up: bool) -> None:

@@ -57,7 +57,7 @@ def reported(state: State, event: ProxyReported, ts: int, consumer: AgentRow) ->
             state.failing.add(row)
             row.fail_streak = 1
     row.reported_at = ts
-    state.dirty_proxies.add(key)
+    state.dirty["proxies"].add(key)
     return True
 
 

@@ -115,7 +115,7 @@ def checked(state: State, batch: SitesChecked, ts: int) -> None:
             state.site_seen[cells.site] = max(state.site_seen.get(cells.site, 0), ts)
             _move(cells, before, _latest(cells, i))
         _saw(cells, i, batch.agent)
-        state.dirty_sites.add((cells.site, cells.chunk))
+        state.dirty["sites"].add((cells.site, cells.chunk))
 
 
 def reported(state: State, event: ProxyReported, ts: int) -> None:
@@ -134,7 +134,7 @@ def reported(state: State, event: ProxyReported, ts: int) -> None:
         cells.last_at = max(cells.last_at, ts)
         state.site_seen[cells.site] = max(state.site_seen.get(cells.site, 0), ts)
         _move(cells, before, _latest(cells, i))
-    state.dirty_sites.add((cells.site, cells.chunk))
+    state.dirty["sites"].add((cells.site, cells.chunk))
     state.settings_dirty = True  # meta holds the takes
 
 
@@ -154,7 +154,7 @@ def _cell(state: State, ip: str, port: int, site: str, ts: int) -> tuple[SiteCel
         number = state.site_proxies[proxy] = SiteProxy(ip, port, state.next_site_no)
         state.next_site_no += 1
         state.site_proxy[number.no] = proxy
-        state.dirty_site_proxies.add(proxy)
+        state.dirty["site_proxies"].add(proxy)
     chunk = number.no // CHUNK
     cells = state.sites.get((site, chunk))
     if cells is None:
@@ -255,7 +255,7 @@ def _evict(state: State, site: str) -> None:
     checkpoint."""
     for chunk in range(state.next_site_no // CHUNK + 1):
         if state.sites.pop((site, chunk), None) is not None:
-            state.dirty_sites.add((site, chunk))
+            state.dirty["sites"].add((site, chunk))
     state.sites_unkept += state.site_cells.pop(site)
     state.site_seen.pop(site, None)
 
@@ -266,7 +266,7 @@ def forget(state: State, proxy: ProxyKey) -> None:
     if number is None:
         return
     del state.site_proxy[number.no]
-    state.dirty_site_proxies.add(proxy)
+    state.dirty["site_proxies"].add(proxy)
     chunk = number.no // CHUNK
     for site in list(state.site_cells):
         cells = state.sites.get((site, chunk))
@@ -277,7 +277,7 @@ def forget(state: State, proxy: ProxyKey) -> None:
             continue
         _move(cells, _latest(cells, i), NONE)
         _drop(cells, i)
-        state.dirty_sites.add((site, chunk))
+        state.dirty["sites"].add((site, chunk))
         if not cells.nos:
             del state.sites[(site, chunk)]
         left = state.site_cells[site] - 1

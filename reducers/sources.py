@@ -22,7 +22,7 @@ def _row(state: State, url_id: str) -> SourceRow:
     if row is None:  # an observation for a source we never heard of is still kept
         row = SourceRow(url_id=url_id, url="")
         state.sources[url_id] = row
-    state.dirty_sources.add(url_id)
+    state.dirty["sources"].add(url_id)
     return row
 
 
@@ -51,7 +51,7 @@ def discover(state: State, event: Discovered, ts: int) -> None:
         state.sources[uid] = SourceRow(
             url_id=uid, url=url, origin="discovered", parent=event.parent, added_at=ts
         )
-        state.dirty_sources.add(uid)
+        state.dirty["sources"].add(uid)
 
 
 def settle(state: State, url_id: str, lease: str) -> None:
@@ -67,7 +67,7 @@ def settle(state: State, url_id: str, lease: str) -> None:
     row.cur_candidates = 0
     row.cur_working = []
     state.working_sets.pop(url_id, None)
-    state.dirty_sources.add(url_id)
+    state.dirty["sources"].add(url_id)
 
 
 def fetched(state: State, event: Fetched, ts: int) -> None:
@@ -127,7 +127,7 @@ def credit(state: State, row: SourceRow, found: list[tuple[ProxyWorked, bool]]) 
                 if addr not in known:
                     known.add(addr)
                     working.append(addr)
-    state.dirty_sources.add(row.url_id)
+    state.dirty["sources"].add(row.url_id)
 
 
 def _working_set(state: State, row: SourceRow) -> set[str]:

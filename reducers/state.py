@@ -32,9 +32,11 @@ from reducers.rows import (
 )
 
 __all__ = [
+    "DIRTY",
     "KEPT",
     "MAX_SAMPLE_MS",
     "TABLES",
+    "WHOLE",
     "AgentRow",
     "DepositRow",
     "LeaseRow",
@@ -75,21 +77,22 @@ def _doubted(rows: list[tuple[str, int, tuple[str, ...]]]) -> dict[ProxyKey, tup
 
 
 class State:
-    """Everything the reducers fold into, with the keys changed since the last checkpoint.
-
-    Agents are few (one row per enrolled machine) and touched by every event, so they
-    carry no dirty set: each checkpoint writes them all.
-    """
+    """Everything the reducers fold into, with the keys changed since the last checkpoint
+    (``dirty``, a set per table but those written whole)."""
 
     # The projections, in the digest's order.
-    proxies: dict[ProxyKey, ProxyRow] = table(ProxyRow, "ip", "port")
-    sources: dict[str, SourceRow] = table(SourceRow, "url_id")
-    leases: dict[str, LeaseRow] = table(LeaseRow, "target")
-    agents: dict[str, AgentRow] = table(AgentRow, "name")
-    deposits: dict[str, DepositRow] = table(DepositRow, "key")
+    proxies: dict[ProxyKey, ProxyRow] = table(
+        ProxyRow, "ip", "port", columns=("proto", "last_seen")
+    )
+    sources: dict[str, SourceRow] = table(SourceRow, "url_id", columns=("url", "check_time"))
+    leases: dict[str, LeaseRow] = table(LeaseRow, "target", columns=("kind", "status"))
+    agents: dict[str, AgentRow] = table(AgentRow, "name", whole=True)
+    deposits: dict[str, DepositRow] = table(DepositRow, "key", columns=("status",))
     # Per proxy and site (reducers/sites.py), from the fleet's site verdicts: each site's
     # cells in rows of a run of proxy numbers, by (site, chunk); and the numbers.
-    sites: dict[tuple[str, int], SiteCells] = table(SiteCells, "site", "chunk", digest=WHILE_ANY)
+    sites: dict[tuple[str, int], SiteCells] = table(
+        SiteCells, "site", "chunk", digest=WHILE_ANY, packed=True
+    )
     site_proxies: dict[ProxyKey, SiteProxy] = table(SiteProxy, "ip", "port", digest=WHILE_ANY)
     # Per proxy, what its checks say of it over time (reducers/quality.py), from the
     # quality setting.
@@ -184,16 +187,11 @@ class State:
     # (GET /v1/sites); at most twice MAX_SITES sites, each hour's anew.
     site_hour: dict[str, list[int]] = replica(dict)
     sites_unkept: int = replica(int)  # site verdicts not kept: an unknown proxy, a cap
-    # The keys changed since the last checkpoint.
-    dirty_proxies: set[ProxyKey] = replica(set)
-    dirty_sources: set[str] = replica(set)
-    dirty_leases: set[str] = replica(set)
-    dirty_deposits: set[str] = replica(set)
-    dirty_sites: set[tuple[str, int]] = replica(set)
-    dirty_site_proxies: set[ProxyKey] = replica(set)
-    dirty_quality: set[ProxyKey] = replica(set)
+    # Per table, the keys changed since the last checkpoint (a table written whole has
+    # none): filled in by __init__ from ``TABLES``.
+    dirty: dict[str, set[Any]] = replica(dict)
     settings_dirty: bool = replica(bool)
-    # ``dirty_proxies`` has two readers, the checkpoint and the pool view that follows
+    # ``dirty["proxies"]`` has two readers, the checkpoint and the pool view that follows
     # this state (gateway/views.py), each taking the keys changed since it last took:
     # what one took and the other has not yet waits for it here (``view_changes`` is
     # None while no view follows).
@@ -203,22 +201,17 @@ class State:
     def __init__(self) -> None:
         for piece in PIECES:
             setattr(self, piece.name, piece.new())
+        self.dirty = {name: set() for name in DIRTY}
 
     def mark_all_dirty(self) -> None:
         """Every row changed: the next checkpoint writes them all (a state loaded from a
         snapshot, into a fresh file)."""
-        self.dirty_proxies = set(self.proxies)
-        self.dirty_sources = set(self.sources)
-        self.dirty_leases = set(self.leases)
-        self.dirty_deposits = set(self.deposits)
-        self.dirty_sites = set(self.sites)
-        self.dirty_site_proxies = set(self.site_proxies)
-        self.dirty_quality = set(self.quality)
+        self.dirty = {name: set(getattr(self, name)) for name in DIRTY}
         self.settings_dirty = True
 
     def take_unwritten(self) -> set[ProxyKey]:
         """The proxy keys changed since the last checkpoint took them (its cut)."""
-        dirty, self.dirty_proxies = self.dirty_proxies, set()
+        dirty, self.dirty["proxies"] = self.dirty["proxies"], set()
         if self.view_changes is not None:
             self.view_changes |= dirty
         if self.unwritten:
@@ -229,28 +222,27 @@ class State:
     def take_view_changes(self) -> set[ProxyKey]:
         """The proxy keys changed since the pool view last took them; from the first
         call on, the checkpoint's cuts keep them for it."""
-        dirty, self.dirty_proxies = self.dirty_proxies, set()
+        dirty, self.dirty["proxies"] = self.dirty["proxies"], set()
         self.unwritten |= dirty
         changed = self.view_changes if self.view_changes is not None else set()
         changed |= dirty
         self.view_changes = set()
         return changed
 
-    def clear_dirty(self) -> None:
-        if self.view_changes is not None:
-            self.view_changes |= self.dirty_proxies
-        self.dirty_proxies = set()
-        self.dirty_sources = set()
-        self.dirty_leases = set()
-        self.dirty_deposits = set()
-        self.dirty_sites = set()
-        self.dirty_site_proxies = set()
-        self.dirty_quality = set()
+    def take_dirty(self) -> dict[str, set[Any]]:
+        """Every table's changed keys, taken (the proxies' as ``take_unwritten``)."""
+        taken = {name: self.take_unwritten() if name == "proxies" else keys
+                 for name, keys in self.dirty.items()}  # fmt: skip
+        self.dirty = {name: set() for name in DIRTY}
         self.settings_dirty = False
+        return taken
 
 
 PIECES = declared(State)
 # The projections, in the digest's order, by name.
 TABLES: dict[str, Table] = {p.name: p for p in PIECES if isinstance(p, Table)}
+# The tables with a dirty set, in the digest's order.
+DIRTY: tuple[str, ...] = tuple(name for name, t in TABLES.items() if not t.whole)
+WHOLE: tuple[str, ...] = tuple(name for name, t in TABLES.items() if t.whole)
 # The meta in the digest's order; a checkpoint keeps the fold's position first.
 KEPT: tuple[Kept, ...] = tuple(p for p in PIECES if isinstance(p, Kept))

@@ -134,7 +134,7 @@ def test_dead_proxies_are_evicted_by_log_time() -> None:
     assert ("8.8.8.8", 8080) in log.state.proxies  # not past 3 TTLs yet
     log(worked("8.8.4.4"), at_s=(3 * ttl_ms + SWEEP_MS + 1) / 1000)
     assert ("8.8.8.8", 8080) not in log.state.proxies
-    assert ("8.8.8.8", 8080) in log.state.dirty_proxies  # the delete reaches DuckDB
+    assert ("8.8.8.8", 8080) in log.state.dirty["proxies"]  # the delete reaches DuckDB
     assert ("8.8.4.4", 8080) in log.state.proxies
 
 

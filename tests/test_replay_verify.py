@@ -60,7 +60,7 @@ def test_replay_verify_names_the_table_a_tampered_state_differs_in(
             state.proxies[("127.0.0.1", 3128)] = msgspec.structs.replace(
                 row, confirmations=row.confirmations + 41
             )
-            state.dirty_proxies.add(("127.0.0.1", 3128))
+            state.dirty["proxies"].add(("127.0.0.1", 3128))
             store.write(collect(state))
             tampered = digests(state)
         finally:

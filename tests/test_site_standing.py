@@ -349,7 +349,7 @@ async def test_a_snapshots_rows_as_stored_are_a_fresh_files_first_checkpoint(
     log = _log(proxies=20)
     log.says(_verdicts("c-own", *[(n, f"s{n % 3}.example", 1, n % 2) for n in range(20)]), at_s=60)
     loaded = opened(take(log.state))
-    assert not loaded.state.dirty_sites and not loaded.state.dirty_proxies
+    assert not loaded.state.dirty["sites"] and not loaded.state.dirty["proxies"]
     path = tmp_path / "fresh.duckdb"
     writer = ProcessWriter(path)
     await writer.start()

@@ -107,7 +107,7 @@ async def test_a_fold_from_a_snapshot_writes_its_rows_as_stored_once_caught_up(
         )
         await second.start()
         try:
-            assert not second.state.dirty_proxies  # the snapshot's rows go as stored
+            assert not second.state.dirty["proxies"]  # the snapshot's rows go as stored
             assert await second.wait_for(9_000, 30) and second.folder.applied == 6_000
             assert second.checkpointer.written <= 2  # the snapshot's, the first cut
             assert await first.wait_for(9_000, 30)

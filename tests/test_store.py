@@ -74,10 +74,10 @@ async def test_a_fold_stopped_while_a_checkpoint_waits_loses_no_row(tmp_path: Pa
     folder.apply([message(20_001, T0 + 20_001, worked("9.9.9.9"))])
     waiting = asyncio.create_task(cp.checkpoint(state))  # cuts 9.9.9.9, waits for the first
     for _ in range(100):  # until it has cut its rows and waits
-        if not state.dirty_proxies and cp.written == 2:
+        if not state.dirty["proxies"] and cp.written == 2:
             break
         await asyncio.sleep(0)
-    assert cp.written == 2 and not state.dirty_proxies
+    assert cp.written == 2 and not state.dirty["proxies"]
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
