@@ -17,7 +17,6 @@ import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import msgspec
@@ -37,12 +36,13 @@ from events import (
 )
 from events.batches import group
 from events.sites import SiteRule
-from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, WireError
+from events.wire import AgentMe, DepositReply, LeaseGrant, LeasesReply, SiteRules
+from gatewayapi import GatewayApi, GatewayError
 
 __all__ = ["GatewayClient", "GatewayError"]
 
 
-def _invalid_indexes(problem: str, count: int) -> dict[int, str]:
+def _invalid_indexes(problem: bytes, count: int) -> dict[int, str]:
     """The events a 400 names as invalid (index -> why), or none if it names none."""
     try:
         errors = msgspec.json.decode(problem).get("errors") or []
@@ -55,10 +55,6 @@ def _invalid_indexes(problem: str, count: int) -> dict[int, str]:
 log = structlog.get_logger("ppf.agent")
 
 
-class GatewayError(WireError):
-    """The gateway said no, or could not be reached (status 0)."""
-
-
 # Events per JetStream round (pipelined): a failure re-sends at most this many that
 # may have been stored already, and those the duplicate window absorbs.
 NATS_CHUNK = 200
@@ -69,10 +65,7 @@ STANDING_S = 600.0
 
 
 async def _post_events(
-    http: aiohttp.ClientSession,
-    base: str,
-    pending: list[bytes],
-    set_aside: Callable[[bytes, str], None],
+    api: GatewayApi, pending: list[bytes], set_aside: Callable[[bytes, str], None]
 ) -> tuple[list[bytes], str, int]:
     """``POST /v1/events`` in batches: what is left to send, why, and how many went; an
     event the gateway names invalid is ``set_aside`` with its reason."""
@@ -80,27 +73,18 @@ async def _post_events(
     size = 500
     while pending:
         chunk = pending[:size]
-        body = b'{"events":[' + b",".join(chunk) + b"]}"
-        try:
-            async with http.post(
-                base + "/v1/events",
-                data=body,
-                headers={"Content-Type": "application/json"},
-            ) as r:
-                status, text = r.status, await r.text()
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return pending, repr(exc), sent
-        if status == 200:
+        answer = await api.events(b'{"events":[' + b",".join(chunk) + b"]}")
+        if answer.status == 200:
             sent += len(chunk)
             pending = pending[size:]
-        elif status == 413 and size > 1:  # this gateway takes smaller batches
+        elif answer.status == 413 and size > 1:  # this gateway takes smaller batches
             size //= 2
-        elif status == 400 and (invalid := _invalid_indexes(text, len(chunk))):
+        elif answer.status == 400 and (invalid := _invalid_indexes(answer.body, len(chunk))):
             for i, why in invalid.items():
                 set_aside(chunk[i], why)
             pending = [e for i, e in enumerate(chunk) if i not in invalid] + pending[size:]
         else:
-            return pending, f"{status} {text[:300]}", sent
+            return pending, f"{answer.status} {answer.text()}", sent
     return [], "", sent
 
 
@@ -165,70 +149,19 @@ class Notices:
             self._rejected_seen = me.rejected
 
 
-async def _put_deposit(
-    http: aiohttp.ClientSession, base: str, key: str, data: bytes, lease: str
-) -> tuple[int, str]:
+async def _put_deposit(api: GatewayApi, key: str, data: bytes, lease: str) -> tuple[int, str]:
     """``PUT /v1/deposits/{key}``: (200, the SHA-256 as stored) or (status, why)."""
     digest = hashlib.sha256(data).hexdigest()
     headers = {"X-Content-SHA256": digest, "Content-Type": "application/octet-stream"}
     if lease:
         headers["Ppf-Lease"] = lease
-    try:
-        async with http.put(f"{base}/v1/deposits/{key}", data=data, headers=headers) as r:
-            status, raw = r.status, await r.read()
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return 0, repr(exc)
-    if status != 200:
-        return status, raw[:300].decode("utf-8", "replace")
-    stored = msgspec.json.decode(raw, type=DepositReply)
+    answer = await api.deposit(key, data, headers)
+    if answer.status != 200:
+        return answer.status, answer.text()
+    stored = answer.of(DepositReply, "deposit")
     if stored.sha256 != digest:  # stored, but not what we sent: never announce it
         return 502, f"stored {stored.sha256}, sent {digest}"
     return 200, digest
-
-
-class Gateways:
-    """The gateways an agent was given (comma-separated): one is used until it cannot be
-    reached, then the next; leases live in the log, so any gateway heartbeats and
-    releases them, and the outbox keeps what none took."""
-
-    def __init__(self, given: str, agent: str) -> None:
-        self.bases = [b.strip().rstrip("/") for b in given.split(",") if b.strip()]
-        self.agent = agent
-        self._at = 0
-
-    @property
-    def base(self) -> str:
-        return self.bases[self._at]
-
-    def _next(self, why: str) -> None:
-        if len(self.bases) > 1:
-            gone = self.base
-            self._at = (self._at + 1) % len(self.bases)
-            log.warning("gateway_failover", agent=self.agent, gone=gone, to=self.base, why=why)
-
-    async def call(
-        self, http: aiohttp.ClientSession, method: str, path: str, body: Any = None
-    ) -> tuple[int, Any]:
-        """(status, decoded JSON); (0, why) when no gateway could be reached (each tried
-        once, from the one in use). A body that is not JSON (a proxy's error page) comes
-        back as its first 300 characters."""
-        why = ""
-        for _ in self.bases:
-            try:
-                async with http.request(method, self.base + path, json=body) as r:
-                    raw = await r.read()
-                    status = r.status
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                why = repr(exc)
-                self._next(why[:200])
-                continue
-            break
-        else:
-            return 0, why
-        try:
-            return status, msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            return status, raw[:300].decode("utf-8", "replace")
 
 
 class GatewayClient:
@@ -242,11 +175,12 @@ class GatewayClient:
         nats: str | None = None,
         http_only: bool = False,
     ) -> None:
-        self.gateways = Gateways(base, agent)
         self.agent = agent
         self.box = Outbox(outbox)
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._bases = base
+        self._token = token
         self._http: aiohttp.ClientSession | None = None
+        self._api: GatewayApi | None = None
         self._nats_url = None if http_only else nats
         self._nats_given = nats  # --nats: used as given; else the gateway's offer, followed
         self._http_only = http_only
@@ -267,8 +201,12 @@ class GatewayClient:
         return "nats" if self._nats_url else "http"
 
     async def __aenter__(self) -> GatewayClient:
-        self._http = aiohttp.ClientSession(
-            headers=self._headers, timeout=aiohttp.ClientTimeout(total=30)
+        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        # The gateways given (comma-separated): one is used until it cannot be reached,
+        # then the next; leases live in the log, so any gateway heartbeats and releases
+        # them, and the outbox keeps what none took.
+        self._api = GatewayApi(
+            self._http, self._bases, token=self._token, sticky=True, on_failover=self._moved
         )
         await self._ask_for_nats()
         return self
@@ -332,59 +270,46 @@ class GatewayClient:
         if self._log is not None:
             await self._log.close()
 
+    def _moved(self, gone: str, to: str, why: str) -> None:
+        log.warning("gateway_failover", agent=self.agent, gone=gone, to=to, why=why)
+
+    @property
+    def api(self) -> GatewayApi:
+        assert self._api is not None, "the client is used inside its async with"
+        return self._api
+
     @property
     def base(self) -> str:
         """The gateway in use now."""
-        return self.gateways.base
-
-    async def _call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        assert self._http is not None
-        return await self.gateways.call(self._http, method, path, body)
-
-    async def _post(self, path: str, body: Any) -> tuple[int, Any]:
-        return await self._call("POST", path, body)
+        return self.api.base
 
     async def whoami(self) -> AgentMe:
-        status, data = await self._call("GET", "/v1/agents/me")
-        if status != 200:
-            raise GatewayError(status, f"whoami: {status} {data}")
-        try:
-            return msgspec.convert(data, AgentMe)
-        except msgspec.ValidationError as exc:
-            raise GatewayError(status, f"whoami: {exc}: {data}") from None
+        return (await self.api.me()).of(AgentMe, "whoami")
 
     async def site_rules(self, known: tuple[SiteRule, ...]) -> tuple[SiteRule, ...]:
         """The operator's rules for reading sites (``GET /v1/sites/rules``); ``known``
         when no gateway answers them."""
-        status, data = await self._call("GET", "/v1/sites/rules")
-        if status != 200:
-            return known
         try:
-            return tuple(msgspec.convert(data["rules"], list[SiteRule]))
-        except (msgspec.ValidationError, KeyError, TypeError):
+            return tuple((await self.api.site_rules()).of(SiteRules, "site rules").rules)
+        except GatewayError:
             return known
 
     async def lease(self, kind: str, count: int, ttl_s: int) -> list[LeaseGrant]:
         body = {"agent": self.agent, "kind": kind, "count": count, "ttl_s": ttl_s}
-        status, data = await self._post("/v1/leases", body)
-        if status != 200:
-            raise GatewayError(status, f"lease: {status} {data}")
+        answer = await self.api.lease(body)
+        if answer.status != 200:
+            raise GatewayError(answer.status, f"lease: {answer.status} {answer.text()}")
         await self._standing()
-        try:
-            return msgspec.convert(data, LeasesReply).leases
-        except msgspec.ValidationError as exc:
-            raise GatewayError(status, f"lease: {exc}") from None
+        return answer.of(LeasesReply, "lease").leases
 
     async def deposit(self, key: str, data: bytes, lease: str = "") -> tuple[int, str]:
         """Store ``data`` under ``key`` through the gateway: (200, its SHA-256 as stored)
         or (status, why); a page under the source ``lease`` it was fetched for. The
         caller announces it after, with ``Deposited``."""
-        assert self._http is not None
-        return await _put_deposit(self._http, self.base, key, data, lease)
+        return await _put_deposit(self.api, key, data, lease)
 
     async def heartbeat(self, lease: str) -> bool:
-        status, _ = await self._post(f"/v1/leases/{lease}/heartbeat", None)
-        return status == 200
+        return (await self.api.heartbeat(lease)).ok
 
     async def release(
         self, lease: str, outcome: str, error: str = "", *, counted: bool = True
@@ -393,7 +318,7 @@ class GatewayClient:
         # A few tries over a gateway's blip: a release that never arrives lets the lease
         # expire, and expiry counts an attempt whatever the outcome was.
         for delay in (0.5, 1.0, 2.0, 0.0):
-            status, _ = await self._post(f"/v1/leases/{lease}/release", body)
+            status = (await self.api.release(lease, body)).status
             if status != 0 and status < 500:
                 return status == 200
             if delay:
@@ -441,8 +366,7 @@ class GatewayClient:
 
     async def _send_http(self, pending: list[bytes]) -> tuple[list[bytes], str]:
         """``POST /v1/events`` in batches; what is left to send, and why."""
-        assert self._http is not None
-        left, why, sent = await _post_events(self._http, self.base, pending, self.box.set_aside)
+        left, why, sent = await _post_events(self.api, pending, self.box.set_aside)
         self.sent += sent
         return left, why
 

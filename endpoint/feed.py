@@ -22,7 +22,6 @@ import aiohttp
 import msgspec
 import structlog
 
-from endpoint.gateways import ask
 from endpoint.link.upstream import Upstream
 from endpoint.logins import Logins
 from endpoint.router.choose import Facts, Pool
@@ -31,16 +30,9 @@ from events.batches import MAX_RESULTS, TRAFFIC_KEY
 from events.blockpages import READER_VERSION
 from events.catalogue import CheckResult, ProxiesChecked, SiteResult, SitesChecked
 from events.mint import fresh_id, now_ms
-from events.wire import (
-    EVENTS_PATH,
-    PROXIES_PATH,
-    SITE_CHANGES_PATH,
-    SITE_RULES_PATH,
-    ProxiesPage,
-    ProxyRoute,
-    SiteChanges,
-    SiteRules,
-)
+from events.wire import ProxiesPage, ProxyRoute, SiteChanges, SiteRules
+from gatewayapi import GatewayApi, GatewayError
+from gatewayapi.client import UNREACHED
 
 __all__ = ["Feed"]
 
@@ -54,7 +46,6 @@ SITES_S = 60.0  # what the traffic showed of sites goes to the log once a minute
 _OVERLAP_MS = 5_000
 
 
-_rules = msgspec.json.Decoder(SiteRules)
 # The rows as the router reads them (events/wire.py ProxyRoute: ProxyOut's routing fields).
 _rows: msgspec.json.Decoder[Any] = msgspec.json.Decoder(ProxyRoute)
 _page = msgspec.json.Decoder(ProxiesPage)
@@ -107,6 +98,7 @@ class Feed:
         self._json_only: set[str] = set()  # gateways that answer no ndjson (older ones)
         self.logins = Logins(self.gateways, self.headers)
         self._http: aiohttp.ClientSession | None = None
+        self._api: GatewayApi | None = None
         self._task: asyncio.Task[None] | None = None
         self._sender: asyncio.Task[None] | None = None
         # A consumer's outcomes not sent yet, by its token: (its name, results).
@@ -128,6 +120,7 @@ class Feed:
         self._http = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=30), headers=self.headers
         )
+        self._api = GatewayApi(self._http, self.gateways)
         self.logins.start()
         await self.refresh()
         await self.refresh_rules()
@@ -147,6 +140,11 @@ class Feed:
         if self._http is not None:
             await self._http.close()
 
+    @property
+    def api(self) -> GatewayApi:
+        assert self._api is not None, "the feed is started"
+        return self._api
+
     async def _run(self) -> None:
         while True:
             # An empty pool (a fleet just started) is asked for every second until it fills.
@@ -158,29 +156,29 @@ class Feed:
         """The operator's rules for reading sites (``ppf sites add``), from the first
         gateway that has them, asked under the endpoint's own name (an endpoint without
         one reads the built-in rules only); kept as they are when none answers."""
-        assert self._http is not None
         if self.identity is None:  # the rules are for endpoints with a name of their own
             return
-        headers = {"Authorization": f"Bearer {self.identity[1]}"}
         for base in self.gateways:
+            answer = await self.api.only(base).site_rules(token=self.identity[1])
+            if answer.status == 0:
+                log.warning("rules_not_read", gateway=base, error=answer.text(200))
+                continue
+            if answer.status != 200:
+                continue
             try:
-                async with self._http.get(f"{base}{SITE_RULES_PATH}", headers=headers) as r:
-                    if r.status != 200:
-                        continue
-                    self.pool.rules = tuple(_rules.decode(await r.read()).rules)
-                    return
-            except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
-                log.warning("rules_not_read", gateway=base, error=repr(exc)[:200])
+                self.pool.rules = tuple(answer.of(SiteRules, "site rules").rules)
+                return
+            except GatewayError as exc:
+                log.warning("rules_not_read", gateway=base, error=exc.detail[:200])
 
     async def refresh(self) -> bool:
         """One ask of the gateways, in order; True when the pool was replaced."""
-        assert self._http is not None
         headers = {"If-None-Match": self._etag} if self._etag else {}
         for base in self.gateways:
             try:
-                form = "&format=ndjson" if base not in self._json_only else ""
-                async with self._http.get(
-                    f"{base}{PROXIES_PATH}?limit=0&mitm=any{form}", headers=headers
+                form = "ndjson" if base not in self._json_only else None
+                async with self.api.only(base).proxies_stream(
+                    headers, limit=0, mitm="any", format=form
                 ) as r:
                     if r.status == 304:
                         return False
@@ -194,7 +192,7 @@ class Feed:
                     else:
                         fresh = _rows.decode_lines(_json_page(await r.read()))
                     self._etag = r.headers.get("ETag", "")
-            except (aiohttp.ClientError, TimeoutError, OSError, msgspec.DecodeError) as exc:
+            except (*UNREACHED, GatewayError, msgspec.DecodeError) as exc:
                 self.failures += 1
                 log.warning("feed_failed", gateway=base, error=repr(exc)[:200])
                 continue
@@ -227,16 +225,8 @@ class Feed:
     async def _post(self, event: ProxiesChecked | SitesChecked, token: str) -> str:
         """One round to the gateways under ``token``: "" when one took it, else what
         came back (None: no gateway answered), for the caller's log line."""
-        body = {"events": [msgspec.to_builtins(event)]}
-        answer = await ask(self._http, self.gateways, "POST", EVENTS_PATH, token, body)
-        return "" if answer is not None and answer[0] == 200 else str(answer)[:200]
-
-    async def tell(self, path: str, body: Any) -> tuple[int, dict[str, Any]] | None:
-        """``POST path`` under the endpoint's own name (None without one, or when no
-        gateway answered)."""
-        if self.identity is None:
-            return None
-        return await ask(self._http, self.gateways, "POST", path, self.identity[1], body)
+        answer = await self.api.events({"events": [msgspec.to_builtins(event)]}, token=token)
+        return "" if answer.ok else f"{answer.status} {answer.text(190)}"
 
     async def _send_traffic(self) -> None:
         while True:
@@ -279,16 +269,11 @@ class Feed:
         if self.identity is None:
             return
         since = max(0, self._standing_at - _OVERLAP_MS)
-        answer = await ask(
-            self._http, self.gateways, "GET", f"{SITE_CHANGES_PATH}?since={since}", self.identity[1]
-        )
-        if answer is None or answer[0] != 200:
-            log.warning("site_changes_not_read", answer=str(answer)[:200])
-            return
+        answer = await self.api.site_changes(since, token=self.identity[1])
         try:
-            changes = msgspec.convert(answer[1], SiteChanges)
-        except msgspec.ValidationError as exc:
-            log.warning("site_changes_not_read", answer=str(exc)[:200])
+            changes = answer.of(SiteChanges, "site changes")
+        except GatewayError as exc:
+            log.warning("site_changes_not_read", answer=exc.detail[:200])
             return
         self.pool.heard(changes.cells, time.monotonic())
         self._standing_at = changes.now

@@ -15,8 +15,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from endpoint.gateways import ask
-from events.wire import ME_PATH
+from gatewayapi import GatewayApi
 
 __all__ = ["LOGIN_FRESH_S", "LOGIN_TTL_S", "Logins"]
 
@@ -37,6 +36,7 @@ class Logins:
         self._asking: dict[str, asyncio.Future[bool | None]] = {}  # one ask per login
         self.asks = 0
         self._http: aiohttp.ClientSession | None = None
+        self._api: GatewayApi | None = None
 
     def start(self) -> None:
         self._http = aiohttp.ClientSession(
@@ -44,6 +44,7 @@ class Logins:
             timeout=aiohttp.ClientTimeout(total=10),
             connector=aiohttp.TCPConnector(limit=LOGIN_ASKS),
         )
+        self._api = GatewayApi(self._http, self.gateways)
 
     async def stop(self) -> None:
         for pending in list(self._asking.values()):
@@ -93,10 +94,11 @@ class Logins:
         """One ask of the gateways: True a login, False not (forgotten at once), None
         when no gateway answers (a login that worked holds until ``LOGIN_TTL_S``)."""
         self.asks += 1
-        me = await ask(self._http, self.gateways, "GET", ME_PATH, token, agent=name)
-        if me is None:
+        assert self._api is not None
+        me = await self._api.me(token=token, agent=name)
+        if me.status == 0:  # no gateway answered
             return None
-        status, body = me
+        status, body = me.status, me.object()
         if status == 200 and body.get("name") == name and body.get("role") in _ROLES:
             self._logins.pop(key, None)
             self._logins[key] = time.monotonic()

@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from events.wire import AGENT_HEADER, ME_PATH, PROXIES_PATH, SITE_RULES_PATH
+from gatewayapi import GatewayApi
 
 __all__ = ["SECRET_HEADER", "Shared"]
 
@@ -53,11 +54,13 @@ class Shared:
         self._kept: dict[tuple[str, str, str], _Kept] = {}
         self._asking: dict[tuple[str, str, str], asyncio.Future[_Kept | None]] = {}
         self._http: aiohttp.ClientSession | None = None
+        self._api: GatewayApi | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     async def start(self, port: int) -> str:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
+        self._api = GatewayApi(self._http, self.gateways)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{path:.*}", self._call)
         self._runner = web.AppRunner(app, access_log=None)
@@ -129,17 +132,12 @@ class Shared:
     async def _ask(
         self, method: str, path_qs: str, headers: dict[str, str], body: bytes
     ) -> _Kept | None:
-        assert self._http is not None
-        for base in self.gateways:
-            try:
-                async with self._http.request(
-                    method, base + path_qs, headers=headers, data=body or None
-                ) as r:
-                    data = await r.read()
-                    self.asked[path_qs.split("?")[0]] += 1
-                    kind = r.headers.get("Content-Type", "")
-                    etag = r.headers.get("ETag", "")
-                    return _Kept(r.status, data, etag, kind, time.monotonic())
-            except (aiohttp.ClientError, TimeoutError, OSError):
-                continue
-        return None
+        assert self._api is not None
+        # The worker's own headers (its token among them) go as they came.
+        answer = await self._api.call(method, path_qs, headers=headers, data=body or None)
+        if answer.status == 0:
+            return None
+        self.asked[path_qs.split("?")[0]] += 1
+        kind = answer.headers.get("Content-Type", "")
+        etag = answer.headers.get("ETag", "")
+        return _Kept(answer.status, answer.body, etag, kind, time.monotonic())

@@ -185,8 +185,9 @@ async def test_the_ingest_never_lists_the_store_counted_by_the_server() -> None:
     deposits and retries go on, and reads equal deposits plus retries, as the server's
     API advisories tell it; the bench's own list at the end is seen (the count works)."""
     from ops.bench.ingest import bench_ingest
+    from ops.bench.options import Ingest
 
-    got = await bench_ingest(sweeps=20, sweep_s=0.05, deposits=12, missing=2)
+    got = await bench_ingest(Ingest(sweeps=20, sweep_s=0.05, deposits=12, missing=2))
     assert got["idle"]["lists"] == 0 and got["idle"]["reads"] == 0, got
     assert got["busy"]["lists"] == 0, got
     assert got["busy"]["reads"] == got["expected_reads"] == 12 + 2 * ATTEMPTS, got

@@ -262,9 +262,10 @@ async def test_bench_serve_counts_what_it_carried() -> None:
     package needed): every request answered through the endpoint, each run's rate its
     requests over its own time (a pair's ratio is its rates'), the endpoint's CPU a
     request from its process, and memory held by open tunnels."""
+    from ops.bench.options import Serve
     from ops.bench.serve import bench_serve
 
-    out = await bench_serve(requests=300, concurrency=5, runs=2, latency_requests=8, tunnels=50)
+    out = await bench_serve(Serve(requests=300, concurrency=5, runs=2, tunnels=50), 8)
     for kind in ("http", "socks5"):
         one = out[kind]
         assert one["answered"] == 600, kind

@@ -189,9 +189,10 @@ async def test_bench_read_reads_every_message_three_ways() -> None:
     over TLS) took every message (it raises otherwise), and the ratios are its rates'."""
     if shutil.which("openssl") is None:
         pytest.skip("openssl not found: apt-get install openssl")
+    from ops.bench.options import Read
     from ops.bench.read import bench_read
 
-    out = await bench_read(messages=3_000, runs=1)
+    out = await bench_read(Read(messages=3_000, runs=1))
     assert out["messages"] == 3_000
     rates = {k: out[f"{k}_per_s"] for k in ("lean_plain", "nats_py_plain", "fold_reader_tls")}
     assert all(r > 0 for r in rates.values())

@@ -274,7 +274,8 @@ def test_the_marks_bench_fills_every_window_and_counts_at_least_the_ids() -> Non
     """`ppf bench marks`: every window full, and a figure no smaller than the ids' own
     text (36 characters each), so a bench that measured nothing would fail."""
     from ops.bench.marks import bench_marks
+    from ops.bench.options import Marks
 
-    out = bench_marks(agents=20, window=64)
+    out = bench_marks(Marks(agents=20, window=64))
     assert out["ids_kept"] == 20 * 64
     assert out["marks_mb"] * 1e6 >= 20 * 64 * 36 * 0.95

@@ -20,8 +20,9 @@ from typing import Any
 
 from eventlog.client import Log
 from gateway.views import FOLLOW_S, PoolViewKeeper
-from ops.bench.streams import publish_synthetic, publisher
-from ops.nats.server import NatsServer, free_port
+from ops.bench.harness import checkout, head_seq, nats_servers, publish_workload
+from ops.bench.options import Fold
+from ops.bench.streams import publish_synthetic
 from projections.live import FoldService
 
 __all__ = ["bench_catch_up_versus", "gateway_catch_up"]
@@ -120,49 +121,36 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2])))
 """
 
 
-async def bench_catch_up_versus(
-    other: Path,
-    observations: int = 1_000_000,
-    proxies: int = 100_000,
-    seed: int = 1,
-    runs: int = 3,
-    rounds: bool = True,
-) -> dict[str, Any]:
-    """A fresh gateway's catch-up with this tree and with ``other`` (``git worktree add
-    DIR REV``, its C built), in turns (A B A B, which starts first alternating), on one
-    stream published once: observations a second, medians and each run's ratio."""
-    trees = {"old": Path(other).resolve(), "new": Path(__file__).resolve().parents[2]}
+async def bench_catch_up_versus(fold: Fold) -> dict[str, Any]:
+    """A fresh gateway's catch-up with this tree and with ``fold.versus`` (``git worktree
+    add DIR REV``, its C built), in turns (A B A B, which starts first alternating), on
+    one stream of ``fold.events`` observations published once: observations a second,
+    medians and each run's ratio."""
+    assert fold.versus is not None
+    observations, proxies, seed, runs = fold.events, fold.proxies, fold.seed, fold.runs
+    rounds = not fold.singles
+    trees = {"old": checkout(fold.versus), "new": Path(__file__).resolve().parents[2]}
     seconds: dict[str, list[float]] = {name: [] for name in trees}
-    with tempfile.TemporaryDirectory(prefix="ppf-bench-catch-up-") as tmp:
-        server = NatsServer(Path(tmp) / "nats", port=free_port())
-        server.start()
-        try:
-            if rounds:
-                child = await asyncio.create_subprocess_exec(
-                    *publisher([server.url], "r", observations, proxies, seed)
+    with (
+        tempfile.TemporaryDirectory(prefix="ppf-bench-catch-up-") as tmp,
+        nats_servers(Path(tmp), "nats") as (server,),
+    ):
+        if rounds:
+            await publish_workload([server.url], "r", observations, proxies, seed)
+            head = await head_seq(server.url)
+        else:
+            head = observations = await publish_synthetic(server.url, observations, proxies, seed)
+        for run in range(runs):
+            for name in trees if run % 2 == 0 else reversed(trees):
+                said = await asyncio.to_thread(
+                    subprocess.run,
+                    [sys.executable, "-c", _CHILD, server.url, str(head)],
+                    cwd=trees[name],
+                    env={**os.environ, "PYTHONPATH": str(trees[name])},
+                    capture_output=True,
+                    check=True,
                 )
-                if await child.wait() != 0:
-                    raise RuntimeError("publishing the workload failed")
-                lg = await Log.connect(server.url)
-                head = await lg.head_seq()
-                await lg.close()
-            else:
-                head = observations = await publish_synthetic(
-                    server.url, observations, proxies, seed
-                )
-            for run in range(runs):
-                for name in trees if run % 2 == 0 else reversed(trees):
-                    said = await asyncio.to_thread(
-                        subprocess.run,
-                        [sys.executable, "-c", _CHILD, server.url, str(head)],
-                        cwd=trees[name],
-                        env={**os.environ, "PYTHONPATH": str(trees[name])},
-                        capture_output=True,
-                        check=True,
-                    )
-                    seconds[name].append(json.loads(said.stdout.splitlines()[-1])["seconds"])
-        finally:
-            server.stop()
+                seconds[name].append(json.loads(said.stdout.splitlines()[-1])["seconds"])
     rate = {name: [observations / s for s in runs_s] for name, runs_s in seconds.items()}
     return {
         "form": "rounds" if rounds else "singles",

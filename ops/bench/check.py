@@ -18,6 +18,7 @@ from typing import Any
 
 from agents.check import Judge, check_many
 from gateway.judge import JudgeKeys
+from ops.bench.options import Check
 from ops.lab.testbed import ProxyLab, self_signed
 from ops.nats.server import free_port
 
@@ -66,9 +67,10 @@ async def _judge_up(port: int, tls_port: int | None, key: Path) -> Judge:
     raise RuntimeError("the judge did not start")
 
 
-async def bench_check(checks: int = 10_000, *, tls: bool = False) -> dict[str, Any]:
+async def bench_check(check: Check) -> dict[str, Any]:
     """With ``tls``, the tunnels (SOCKS here) carry TLS to a pinned judge, as an agent
     given ``--tls-judge`` does: the cost of watching for interception."""
+    checks, tls = check.checks, check.tls
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # 5,000 sockets at once
     with tempfile.TemporaryDirectory(prefix="ppf-bench-check-") as tmp:

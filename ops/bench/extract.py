@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from agents.extract import extract, native_scanner
+from ops.bench.options import Extract
 
 __all__ = ["bench_extract", "dense_list"]
 
@@ -29,8 +30,9 @@ def dense_list(mb: int, seed: int) -> bytes:
     return "".join(lines).encode()
 
 
-def bench_extract(mb: int = 30, seed: int = 1, rounds: int = 3) -> dict[str, Any]:
+def bench_extract(options: Extract, rounds: int = 3) -> dict[str, Any]:
     """Best of ``rounds`` for each, interleaved, so a noisy moment hurts both alike."""
+    mb, seed = options.mb, options.seed
     data = dense_list(mb, seed)
     bare_s = ours_s = float("inf")
     for _ in range(rounds):

@@ -15,6 +15,7 @@ Phases, all against one real nats-server on loopback:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import resource
@@ -33,8 +34,9 @@ from events import Fetched, ProxiesChecked, ProxyFailed, ProxyWorked, decode
 from events.batches import expand
 from ops.bench.catchup import gateway_catch_up
 from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
-from ops.bench.streams import publish_synthetic, publisher, synthetic_in_lockstep
-from ops.nats.server import NatsServer, free_port
+from ops.bench.harness import head_seq, nats_servers, publish_workload
+from ops.bench.options import Fold
+from ops.bench.streams import publish_synthetic, synthetic_in_lockstep
 from ops.progress import Progress
 from projections import Store, digest
 from projections.folder import Checkpointer, Folder
@@ -127,16 +129,10 @@ BURST = 30_000
 async def _burst(url: str, rounds: bool, proxies: int, seed: int) -> int:
     """``BURST`` new proxies (after the workload's), as rounds or single events: the
     stream's head once they are in it."""
-    form = "r" if rounds else "s"
-    command = publisher([url], form, BURST, BURST, seed, setup=False, first=proxies)
-    child = await asyncio.create_subprocess_exec(*command, stdout=asyncio.subprocess.DEVNULL)
-    if await child.wait() != 0:
-        raise RuntimeError("publishing the burst failed")
-    lg = await Log.connect(url)
-    try:
-        return await lg.head_seq()
-    finally:
-        await lg.close()
+    await publish_workload(
+        [url], "r" if rounds else "s", BURST, BURST, seed, setup=False, first=proxies
+    )
+    return await head_seq(url)
 
 
 async def _fold_with_dead_axiom(url: str, head: int, workdir: Path) -> tuple[float, float]:
@@ -169,67 +165,49 @@ async def _fold_with_dead_axiom(url: str, head: int, workdir: Path) -> tuple[flo
 
 
 async def bench_fold(
-    events: int = 1_000_000,
-    proxies: int = 100_000,
-    seed: int = 1,
-    nats_url: str | None = None,
-    baseline_budget_s: float = 20.0,
-    tap_check: bool = True,
-    rounds: bool = True,
+    fold: Fold, baseline_budget_s: float = 20.0, tap_check: bool = True
 ) -> dict[str, Any]:
-    """``events`` observations as rounds (the fleet's form from the ``batches``
-    setting), or with ``rounds`` false, ``events`` single events."""
-    with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp:
+    """``fold.events`` observations as rounds (the fleet's form from the ``batches``
+    setting), or with ``fold.singles``, ``fold.events`` single events."""
+    events, proxies, seed = fold.events, fold.proxies, fold.seed
+    rounds = not fold.singles
+    with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp, contextlib.ExitStack() as own:
         workdir = Path(tmp)
-        server = None
-        if nats_url is None:
-            server = NatsServer(workdir / "nats", port=free_port())
-            server.start()
-            nats_url = server.url
-        try:
-            if rounds:  # the workload as the fleet sends it: events counts observations
-                child = await asyncio.create_subprocess_exec(
-                    *publisher([nats_url], "r", events, proxies, seed)
-                )
-                if await child.wait() != 0:
-                    raise RuntimeError("publishing the workload failed")
-                lg = await Log.connect(nats_url)
-                head = await lg.head_seq()
-                await lg.close()
-            else:
-                head = await publish_synthetic(nats_url, events, proxies, seed)
-            ceiling = await _ceiling_nats_py(nats_url, head)
-            lean = await _firehose_raw(nats_url, head)
-            gc.collect()
-            gateway = await gateway_catch_up(
-                nats_url, head, lambda: _burst(nats_url, rounds, proxies, seed)
-            )
-            gc.collect()
-            rss_before = _rss_mb()
-            progress = Progress("fold", head)
-            t = time.perf_counter()
-            folder = await replay(
-                Firehose(nats_url).batches(until=head),
-                workdir / "fold.duckdb",
-                on_progress=progress.update,
-            )
-            fold_s = time.perf_counter() - t
-            progress.close()
-            seq = folder.state.last_seq
-            t = time.perf_counter()
-            live_digest = digest(folder.state)
-            digest_s = time.perf_counter() - t
-            rss_fold = _rss_mb()
-            proxies_in_projection = len(folder.state.proxies)
-            del folder
-            restored = Store(workdir / "fold.duckdb")
-            restore_ok = digest(restored.restore()) == live_digest
-            restored.close()
-            tapped = await _fold_with_dead_axiom(nats_url, head, workdir) if tap_check else None
-            baseline = await _sqlite_baseline(nats_url, head, baseline_budget_s, workdir)
-        finally:
-            if server is not None:
-                server.stop()
+        nats_url = fold.nats or own.enter_context(nats_servers(workdir, "nats"))[0].url
+        if rounds:  # the workload as the fleet sends it: events counts observations
+            await publish_workload([nats_url], "r", events, proxies, seed)
+            head = await head_seq(nats_url)
+        else:
+            head = await publish_synthetic(nats_url, events, proxies, seed)
+        ceiling = await _ceiling_nats_py(nats_url, head)
+        lean = await _firehose_raw(nats_url, head)
+        gc.collect()
+        gateway = await gateway_catch_up(
+            nats_url, head, lambda: _burst(nats_url, rounds, proxies, seed)
+        )
+        gc.collect()
+        rss_before = _rss_mb()
+        progress = Progress("fold", head)
+        t = time.perf_counter()
+        folder = await replay(
+            Firehose(nats_url).batches(until=head),
+            workdir / "fold.duckdb",
+            on_progress=progress.update,
+        )
+        fold_s = time.perf_counter() - t
+        progress.close()
+        seq = folder.state.last_seq
+        t = time.perf_counter()
+        live_digest = digest(folder.state)
+        digest_s = time.perf_counter() - t
+        rss_fold = _rss_mb()
+        proxies_in_projection = len(folder.state.proxies)
+        del folder
+        restored = Store(workdir / "fold.duckdb")
+        restore_ok = digest(restored.restore()) == live_digest
+        restored.close()
+        tapped = await _fold_with_dead_axiom(nats_url, head, workdir) if tap_check else None
+        baseline = await _sqlite_baseline(nats_url, head, baseline_budget_s, workdir)
     fold_rate = seq / fold_s
     observations = events if rounds else seq
     gateway_rate = observations / gateway["seconds"]
@@ -341,13 +319,7 @@ async def _fold_interleaved(
     return wall, cpu
 
 
-async def bench_located(
-    events: int = 1_000_000,
-    proxies: int = 100_000,
-    seed: int = 1,
-    pairs: int = 3,
-    interleaved: int = 3,
-) -> dict[str, Any]:
+async def bench_located(fold: Fold) -> dict[str, Any]:
     """What ``Located`` adds to the fold: the same synthetic stream without and with one
     ``Located`` per distinct proxy, in two servers, folded in this one process, medians
     compared.
@@ -359,12 +331,11 @@ async def bench_located(
     cost. Wall seconds are the figure; the process's CPU seconds (the fold's own work,
     without waiting on the server) are given beside them.
     """
+    events, proxies, seed = fold.events, fold.proxies, fold.seed
+    pairs, interleaved = fold.pairs, fold.interleaved
     with tempfile.TemporaryDirectory(prefix="ppf-bench-") as tmp:
         workdir = Path(tmp)
-        servers = [NatsServer(workdir / name, port=free_port()) for name in ("plain", "located")]
-        try:
-            for server in servers:
-                server.start()
+        with nats_servers(workdir, "plain", "located") as servers:
             urls = [server.url for server in servers]
             heads = await synthetic_in_lockstep(urls, events, proxies, seed, located_in=1)
             timelines: list[list[int]] = [[0, 0], [0, 0]]
@@ -390,9 +361,6 @@ async def bench_located(
                     cpu_s[i].append(round(time.process_time() - c, 2))
                     assert folder.state.last_seq == heads[i]
                     del folder
-        finally:
-            for server in servers:
-                server.stop()
     result: dict[str, Any] = {
         "events": heads[0],
         "located_events": heads[1] - heads[0],

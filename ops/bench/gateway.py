@@ -22,8 +22,10 @@ import aiohttp
 from eventlog.client import Log
 from events import ProxyWorked, SourceAdded, url_id
 from events.mint import enrollment, fresh_id, now_ms
+from ops.bench.harness import nats_servers
+from ops.bench.options import Lease, Query
 from ops.bench.workload import _ip
-from ops.nats.server import NatsServer, free_port
+from ops.nats.server import free_port
 from ops.progress import Progress
 
 __all__ = ["bench_lease", "bench_query"]
@@ -55,21 +57,20 @@ def _spawn_gateway(url: str, port: int, logfile: Path) -> subprocess.Popen[bytes
 @contextlib.asynccontextmanager
 async def _system(workdir: Path) -> AsyncIterator[tuple[Log, str, subprocess.Popen[bytes]]]:
     """A nats-server and one gateway process; yields (log client, gateway URL, process)."""
-    server = NatsServer(workdir / "nats", port=free_port())
-    server.start()
-    port = free_port()
-    gateway = None
-    lg = await Log.connect(server.url, name="ppf-bench")
-    try:
-        await lg.ensure_stream()
-        gateway = await asyncio.to_thread(_spawn_gateway, server.url, port, workdir / "gateway.log")
-        yield lg, f"http://127.0.0.1:{port}", gateway
-    finally:
-        if gateway is not None:
-            gateway.terminate()
-            gateway.wait(20)
-        await lg.close()
-        server.stop()
+    with nats_servers(workdir, "nats") as (server,):
+        port = free_port()
+        gateway = None
+        lg = await Log.connect(server.url, name="ppf-bench")
+        try:
+            await lg.ensure_stream()
+            logfile = workdir / "gateway.log"
+            gateway = await asyncio.to_thread(_spawn_gateway, server.url, port, logfile)
+            yield lg, f"http://127.0.0.1:{port}", gateway
+        finally:
+            if gateway is not None:
+                gateway.terminate()
+                gateway.wait(20)
+            await lg.close()
 
 
 async def _wait_applied(base: str, seq: int, timeout: float = 120) -> None:
@@ -101,14 +102,14 @@ async def _settled(base: str, quiet_s: float = 3.0, timeout: float = 300) -> Non
     raise RuntimeError("the log did not settle")
 
 
-async def bench_lease(
-    clients: int = 50, seconds: float = 10.0, sources: int = 10_000, count: int = 1
-) -> dict[str, Any]:
-    """Grants/s and grant latency with ``clients`` agents leasing concurrently.
+async def bench_lease(lease: Lease, sources: int = 10_000) -> dict[str, Any]:
+    """Grants/s and grant latency with ``lease.clients`` agents leasing concurrently.
 
-    Each agent leases ``count`` sources, releases them (done) and leases again; only the
-    lease requests are timed. Releasing keeps every agent under the per-agent cap.
+    Each agent leases ``lease.count`` sources, releases them (done) and leases again;
+    only the lease requests are timed. Releasing keeps every agent under the per-agent
+    cap.
     """
+    clients, seconds, count = lease.clients, lease.seconds, lease.count
     with tempfile.TemporaryDirectory(prefix="ppf-bench-lease-") as tmp:
         async with _system(Path(tmp)) as (lg, base, _):
             tokens = {}
@@ -183,8 +184,10 @@ QUERIES = [
 ]
 
 
-async def bench_query(proxies: int = 100_000, rounds: int = 200) -> dict[str, Any]:
-    """Latency of filtered queries at ``proxies`` alive proxies, and txt of them all."""
+async def bench_query(query: Query, rounds: int = 200) -> dict[str, Any]:
+    """Latency of filtered queries at ``query.proxies`` alive proxies, and txt of them
+    all."""
+    proxies = query.proxies
     with tempfile.TemporaryDirectory(prefix="ppf-bench-query-") as tmp:
         async with _system(Path(tmp)) as (lg, base, _):
             protos = ("http", "https", "socks4", "socks5")

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ops.bench.options import Harvest
 from ops.bench.upbox import UpBeside, get_json, up_beside
 from ops.lab.world import World
 
@@ -34,7 +35,8 @@ def _served(base: str) -> int:
     return 0
 
 
-async def bench_harvest(candidates: int = 10_000, working_share: float = 0.05) -> dict[str, Any]:
+async def bench_harvest(harvest: Harvest) -> dict[str, Any]:
+    candidates, working_share = harvest.candidates, harvest.working_share
     working = max(int(candidates * working_share), 7)
     dead_each = (candidates - working - 2) // 3  # the portal and the garbage speaker
     with tempfile.TemporaryDirectory(prefix="ppf-bench-harvest-") as tmp:

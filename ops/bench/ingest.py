@@ -36,7 +36,8 @@ from eventlog.objects import BUCKET
 from events import Deposited
 from events.keys import page_key
 from events.mint import fresh_id, now_ms
-from ops.nats.server import NatsServer, free_port
+from ops.bench.harness import nats_servers
+from ops.bench.options import Ingest
 from projections.ingest import DepositIngest
 from projections.live import FoldService
 from reducers.deposits import ATTEMPTS
@@ -77,12 +78,13 @@ class _Audit:
             self.by_kind[f"{client or '?'} {subject.split('.')[3].lower()}"] += 1
 
 
-async def bench_ingest(
-    sweeps: int = 50, sweep_s: float = 0.1, deposits: int = 200, missing: int = 10
-) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="ppf-bench-ingest-") as tmp:
-        server = NatsServer(Path(tmp) / "nats", port=free_port())
-        server.start()
+async def bench_ingest(options: Ingest) -> dict[str, Any]:
+    sweeps, sweep_s = options.sweeps, options.sweep_s
+    deposits, missing = options.deposits, options.missing
+    with (
+        tempfile.TemporaryDirectory(prefix="ppf-bench-ingest-") as tmp,
+        nats_servers(Path(tmp), "nats") as (server,),
+    ):
         audit = _Audit()
         watch = await dial([server.url], name="ppf-bench-audit")
         lg = await Log.connect(server.url, name="ppf-bench-depositor")
@@ -145,7 +147,6 @@ async def bench_ingest(
             await fold_log.close()
             await lg.close()
             await watch.close()
-            server.stop()
     return {
         "bench": "ingest",
         "sweep_s": sweep_s,

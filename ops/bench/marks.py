@@ -11,12 +11,14 @@ import tracemalloc
 from typing import Any
 
 from events.ids import uuid7
+from ops.bench.options import Marks
 from reducers.marks import Mark, see
 
 __all__ = ["bench_marks"]
 
 
-def bench_marks(agents: int = 1_000, window: int = 512, seed: int = 1) -> dict[str, Any]:
+def bench_marks(options: Marks, seed: int = 1) -> dict[str, Any]:
+    agents, window = options.agents, options.window
     rng = random.Random(seed)
     tracemalloc.start()
     try:

@@ -31,6 +31,7 @@ from typing import Any
 
 from agents.check import Judge, check
 from eventlog.client import Log
+from ops.bench.options import Pool
 from ops.bench.upbox import UpBeside, get_json, up_beside
 from ops.lab.churn import PROFILES, Plan, plan, scaled
 from ops.lab.world import World
@@ -38,41 +39,30 @@ from ops.lab.world import World
 __all__ = ["bench_pool", "churn_beside"]
 
 
-async def bench_pool(
-    profile: str = "steady",
-    proxies: int = 200,
-    seed: int = 1,
-    speed: float = 10.0,
-    duration_s: int = 3_600,
-    poll_s: float = 3.0,
-    recheck_budget_per_hour: int = 0,
-    interval_s: int = 0,
-    failing_s: int = 0,
-) -> dict[str, Any]:
-    """``interval_s`` (simulated, 0: ppf's defaults): every routine recheck interval set
-    to it, a failing proxy's to ``failing_s`` (0: half of it), a dead one's at most ten
-    times the longer of the two. (Where only precision counts, as in ``flappy``'s bar, a
-    failing proxy is worth fewer checks than a live one: its checks buy recall.)"""
-    schedule = plan(profile, proxies, seed, duration_s)
-    lab = churn_beside(schedule, speed, recheck_budget_per_hour, interval_s, failing_s)
+async def bench_pool(pool: Pool, poll_s: float = 3.0) -> dict[str, Any]:
+    """``pool.interval`` (simulated, 0: ppf's defaults): every routine recheck interval
+    set to it, a failing proxy's to ``pool.failing`` (0: half of it), a dead one's at most
+    ten times the longer of the two. (Where only precision counts, as in ``flappy``'s
+    bar, a failing proxy is worth fewer checks than a live one: its checks buy recall.)"""
+    schedule = plan(pool.profile, pool.proxies, pool.seed, pool.duration)
+    lab = churn_beside(schedule, pool.speed, pool.budget, pool.interval, pool.failing)
     async with lab as (world, up):
         consumer = Consumer(up.base, world, await Judge.discover(world.judges["httpbin"]))
         figures = await consumer.run(poll_s)
-    sim_hours = duration_s / 3_600
     checks = figures.pop("checks")
     return {
-        "profile": profile,
-        "proxies": proxies,
-        "seed": seed,
-        "speed": speed,
-        "simulated_s": duration_s,
-        "recheck_budget_per_hour": recheck_budget_per_hour,
-        "recheck_interval_s": interval_s or "defaults",
-        "recheck_failing_s": failing_s or "defaults",
+        "profile": pool.profile,
+        "proxies": pool.proxies,
+        "seed": pool.seed,
+        "speed": pool.speed,
+        "simulated_s": pool.duration,
+        "recheck_budget_per_hour": pool.budget,
+        "recheck_interval_s": pool.interval or "defaults",
+        "recheck_failing_s": pool.failing or "defaults",
         **figures,
         # The checkers' rechecks; the local worker's fetches of the page check every
         # listed proxy again on top (its source interval, scaled too).
-        "checks_per_proxy_per_sim_hour": round(checks / proxies / sim_hours, 1),
+        "checks_per_proxy_per_sim_hour": round(checks / pool.proxies / (pool.duration / 3_600), 1),
     }
 
 

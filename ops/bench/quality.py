@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ops.bench.options import Quality
 from ops.bench.pool import churn_beside
 from ops.bench.upbox import get_json
 from ops.lab.churn import Plan, plan
@@ -30,13 +31,8 @@ __all__ = ["MIN_CHECKS", "bench_quality", "spearman", "uptime_truth"]
 MIN_CHECKS = 10
 
 
-async def bench_quality(
-    proxies: int = 30,
-    speed: float = 10.0,
-    duration: int = 1_800,
-    seed: int = 1,
-    interval_s: int = 30,
-) -> dict[str, Any]:
+async def bench_quality(quality: Quality, seed: int = 1, interval_s: int = 30) -> dict[str, Any]:
+    proxies, speed, duration = quality.proxies, quality.speed, quality.duration
     schedule = plan("steady", proxies, seed, duration, shaped=True)
     async with churn_beside(schedule, speed, interval_s=interval_s) as (world, up):
         end = world.churn_t0 + duration / speed

@@ -24,8 +24,10 @@ from eventlog.client import Log, NatsTls
 from eventlog.ordered import ordered_batches
 from events import ProxyWorked
 from events.mint import fresh_id, now_ms
+from ops.bench.harness import nats_servers
+from ops.bench.options import Read
 from ops.lab.tls import nats_certs
-from ops.nats.server import NatsServer, ServerTls, free_port
+from ops.nats.server import ServerTls
 
 __all__ = ["bench_read"]
 
@@ -48,16 +50,16 @@ async def _rate(batches: Callable[[], AsyncIterator[list[Any]]], expected: int) 
     return expected / (time.perf_counter() - started)
 
 
-async def bench_read(messages: int = 200_000, runs: int = 3) -> dict[str, Any]:
+async def bench_read(read: Read) -> dict[str, Any]:
+    messages, runs = read.messages, read.runs
     with tempfile.TemporaryDirectory(prefix="ppf-bench-read-") as tmp:
         root = Path(tmp)
         certs = nats_certs(root / "certs")
-        plain = NatsServer(root / "plain", port=free_port())
         tls = ServerTls(cert=certs["cert"], key=certs["key"], ca=certs["ca"])
-        secure = NatsServer(root / "tls", port=free_port(), tls=tls)
-        plain.start()
-        secure.start()
-        try:
+        with (
+            nats_servers(root, "plain") as (plain,),
+            nats_servers(root, "tls", tls=tls) as (secure,),
+        ):
             a = await Log.connect(plain.url)
             mine = NatsTls(ca=certs["ca"], cert=certs["client"], key=certs["client_key"])
             b = await Log.connect(secure.url, tls=mine)
@@ -81,9 +83,6 @@ async def bench_read(messages: int = 200_000, runs: int = 3) -> dict[str, Any]:
             finally:
                 await a.close()
                 await b.close()
-        finally:
-            plain.stop()
-            secure.stop()
     medians = {name: statistics.median(r) for name, r in rates.items()}
     return {
         "messages": head,

@@ -21,9 +21,9 @@ from typing import Any
 
 from eventlog.client import Log
 from ops.bench.compare import median_ci, pct_by_run
-from ops.bench.streams import publisher
+from ops.bench.harness import checkout, nats_servers, publish_workload
+from ops.bench.options import Fold
 from ops.bench.versus import Side, side_by_side
-from ops.nats.server import NatsServer, free_port
 
 __all__ = ["bench_rounds"]
 
@@ -70,27 +70,14 @@ async def _stream(url: str) -> tuple[int, int]:
     return head, stored
 
 
-async def bench_rounds(
-    observations: int = 1_000_000,
-    proxies: int = 100_000,
-    seed: int = 1,
-    versus: Path | None = None,
-    runs: int = 3,
-) -> dict[str, Any]:
-    if versus is not None and not (Path(versus) / "projections" / "replay.py").exists():
-        raise SystemExit(f"{versus} is not a ppf checkout (no projections/replay.py)")
+async def bench_rounds(fold: Fold) -> dict[str, Any]:
+    observations, proxies, seed, runs = fold.observations, fold.proxies, fold.seed, fold.runs
+    versus = checkout(fold.versus) if fold.versus is not None else None
     with tempfile.TemporaryDirectory(prefix="ppf-bench-rounds-") as tmp:
         workdir = Path(tmp)
-        servers = [NatsServer(workdir / f"nats-{n}", port=free_port()) for n in ("s", "r")]
-        for server in servers:
-            server.start()
-        try:
+        with nats_servers(workdir, "nats-s", "nats-r") as servers:
             singles_url, rounds_url = (s.url for s in servers)
-            child = await asyncio.create_subprocess_exec(
-                *publisher([singles_url, rounds_url], "sr", observations, proxies, seed)
-            )
-            if await child.wait() != 0:
-                raise RuntimeError("publishing the workload failed")
+            await publish_workload([singles_url, rounds_url], "sr", observations, proxies, seed)
             (s_msgs, s_bytes), (r_msgs, r_bytes) = [
                 await _stream(u) for u in (singles_url, rounds_url)
             ]
@@ -99,7 +86,7 @@ async def bench_rounds(
                 "singles": (HERE, singles_url, s_msgs),
             }
             if versus is not None:
-                sides["old_singles"] = (Path(versus).resolve(), singles_url, s_msgs)
+                sides["old_singles"] = (versus, singles_url, s_msgs)
             spent: dict[str, list[float]] = {name: [] for name in sides}
             for run in range(runs):
                 t = time.perf_counter()
@@ -109,9 +96,6 @@ async def bench_rounds(
                 print(f"run {run + 1}/{runs}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
             # What both forms built, from the files the first run wrote: the same pool.
             pools = {name: _pool(workdir / f"{name}-0.duckdb") for name in sides}
-        finally:
-            for server in servers:
-                server.stop()
     rate = {name: [observations / s for s in cpu] for name, cpu in spent.items()}
     result: dict[str, Any] = {
         "observations": observations,

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ops.bench.options import Seed
 from ops.bench.upbox import get_json, up_beside
 from ops.lab.world import World
 
@@ -169,9 +170,8 @@ async def seed_world(
     }
 
 
-async def bench_seed(
-    lines: int = 200_000, nodes: int = 3, extra_working: int = 300
-) -> dict[str, Any]:
+async def bench_seed(seed: Seed) -> dict[str, Any]:
+    lines, nodes, extra_working = seed.lines, seed.nodes, seed.working
     with tempfile.TemporaryDirectory(prefix="ppf-bench-seed-") as tmp:
         root = Path(tmp)
         with World(root / "world", extra_working=extra_working) as world:

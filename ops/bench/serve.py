@@ -28,7 +28,8 @@ from typing import Any
 
 import aiohttp
 
-from ops.bench.upstreams import KINDS, Running, upstream
+from ops.bench.options import KINDS, Serve
+from ops.bench.upstreams import Running, upstream
 from ops.nats.server import free_port
 
 __all__ = ["SITE", "bench_serve", "child"]
@@ -176,15 +177,11 @@ async def _tunnels(endpoint: str, target_port: int, count: int, pid: int) -> flo
     return (after - before) / count
 
 
-async def bench_serve(
-    requests: int = 5_000,
-    concurrency: int = 20,
-    runs: int = 5,
-    latency_requests: int = 400,
-    tunnels: int = 1_000,
-    kinds: tuple[str, ...] = KINDS,
-) -> dict[str, Any]:
-    """Each kind of upstream in turn (ops/bench/upstreams.py), its figures apart."""
+async def bench_serve(serve: Serve, latency_requests: int = 400) -> dict[str, Any]:
+    """Each kind of upstream in turn (ops/bench/upstreams.py), its figures apart:
+    ``serve.requests`` (5,000 unless said) a run."""
+    requests, concurrency, runs = serve.requests or 5_000, serve.concurrency, serve.runs
+    tunnels, kinds = serve.tunnels, tuple(serve.upstream or KINDS)
     target_port = free_port()
     target = await asyncio.create_subprocess_exec(sys.executable, "-c", SITE, str(target_port))
     out: dict[str, Any] = {"requests": requests, "concurrency": concurrency, "runs": runs}

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench.loadgen import Load, Result, generate
+from ops.bench.options import ServeChurn
 from ops.bench.upbox import get_json, up_beside
 from ops.lab.churn import Down, Plan
 from ops.lab.world import World
@@ -67,7 +68,8 @@ async def _both(load: Load, proxy: str, plain: str, secure: str, tls: ssl.SSLCon
     return total
 
 
-async def bench_serve_churn(requests: int = 10_000, concurrency: int = 40) -> dict[str, Any]:
+async def bench_serve_churn(options: ServeChurn) -> dict[str, Any]:
+    requests, concurrency = options.requests, options.concurrency
     tls = ssl.create_default_context()
     tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE  # the box's own certificate
     with tempfile.TemporaryDirectory(prefix="ppf-bench-serve-churn-") as tmp:

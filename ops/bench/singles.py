@@ -31,8 +31,9 @@ from typing import Any
 import aiohttp
 
 from ops.bench.gateway import _settled
-from ops.bench.stats import _head, _summary, _unlocated, _wait_up
-from ops.bench.streams import publisher
+from ops.bench.harness import head_seq, publish_workload
+from ops.bench.options import Stats
+from ops.bench.stats import _summary, _unlocated, _wait_up
 from ops.nats.server import free_port, with_credentials
 
 __all__ = ["bench_singles"]
@@ -76,20 +77,11 @@ async def _run(
     workdir: Path, form: str, observations: int, proxies: int, after: int, seed: int
 ) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http, _up(workdir) as (base, url, up):
-        setup = await asyncio.create_subprocess_exec(
-            *publisher([url], FORMS[form], 0, proxies, seed)
-        )
-        if await setup.wait() != 0:
-            raise RuntimeError("publishing the workload's setup failed")
+        await publish_workload([url], FORMS[form], 0, proxies, seed)
         await _settled(base, quiet_s=1.0, timeout=300)
         up.send_signal(signal.SIGSTOP)
-        load = await asyncio.create_subprocess_exec(
-            *publisher([url], FORMS[form], observations, proxies, seed, setup=False),
-            stdout=subprocess.DEVNULL,
-        )
-        if await load.wait() != 0:
-            raise RuntimeError("publishing the backlog failed")
-        target = await _head(url)
+        await publish_workload([url], FORMS[form], observations, proxies, seed, setup=False)
+        target = await head_seq(url)
         up.send_signal(signal.SIGCONT)
         during: list[float] = []
         past: list[float] = []
@@ -121,16 +113,12 @@ async def _run(
     }
 
 
-async def bench_singles(
-    observations: int = 300_000,
-    proxies: int = 100_000,
-    *,
-    runs: int = 5,
-    after: int = 500,
-    seed: int = 1,
-) -> dict[str, Any]:
-    """Runs of each form, interleaved; per form the runs' figures and the bar's terms:
-    the median of the runs' p99, and the runs with no call over 100 ms."""
+async def bench_singles(stats: Stats, *, after: int = 500, seed: int = 1) -> dict[str, Any]:
+    """``stats.singles`` observations over ``stats.proxies`` new proxies, as single events
+    and as rounds, ``stats.singles_runs`` runs of each form, interleaved; per form the
+    runs' figures and the bar's terms: the median of the runs' p99, and the runs with no
+    call over 100 ms."""
+    observations, proxies, runs = stats.singles, stats.proxies, stats.singles_runs
     by_form: dict[str, list[dict[str, Any]]] = {form: [] for form in FORMS}
     with tempfile.TemporaryDirectory(prefix="ppf-bench-singles-") as tmp:
         for run in range(runs):

@@ -11,13 +11,13 @@ sites, from a trusted checker, as probes riding on rechecks would say).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
+from ops.bench.options import FoldSites
 
 __all__ = ["bench_fold_sites"]
 
@@ -75,7 +75,8 @@ def _fold_s(tree: Path, observations: int, proxies: int, sites: bool) -> tuple[f
     return float(seconds), int(messages)
 
 
-def bench_fold_sites(tree: Path, observations: int, proxies: int, runs: int) -> dict[str, Any]:
+def bench_fold_sites(fold: FoldSites) -> dict[str, Any]:
+    tree, observations, proxies, runs = fold.tree, fold.observations, fold.proxies, fold.runs
     here = Path(__file__).resolve().parents[2]
     before: list[float] = []
     after: list[float] = []
@@ -95,8 +96,3 @@ def bench_fold_sites(tree: Path, observations: int, proxies: int, runs: int) -> 
         "slower_pct_by_run": pct_by_run(before, after),
         "median_ci_with_verdicts": median_ci(after),
     }
-
-
-if __name__ == "__main__":
-    tree, *numbers = sys.argv[1:]
-    print(json.dumps(bench_fold_sites(Path(tree), *map(int, numbers))))

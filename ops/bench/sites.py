@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from ops.bench.options import Sites
 from ops.bench.upbox import UpBeside, get_json, up_beside
 from ops.lab.sitebox import SITES, real_page_of
 from ops.lab.world import World
@@ -124,12 +125,13 @@ async def sites_box(root: Path, tree: Path | None = None) -> AsyncIterator[Sites
         yield SitesBox(world, up, honest)
 
 
-async def bench_sites(learn: int, measured: int, tree: Path | None) -> dict[str, Any]:
+async def bench_sites(bench: Sites) -> dict[str, Any]:
     """``ppf bench sites``: the box's three sites (ops/lab/sitebox.py), ``ppf up`` beside
     it (of this tree, or of ``tree``: another commit's checkout, measured in the same
     box), a consumer naming no site: ``learn`` requests to each site over each scheme,
     then ``measured`` more; the share of those that got the real page, and at the end of
     learning ``works_on`` against the box's truth (precision, recall)."""
+    learn, measured, tree = bench.learn, bench.measured, bench.tree
     with tempfile.TemporaryDirectory(prefix="ppf-bench-sites-") as tmp:
         async with sites_box(Path(tmp), tree) as box:
             world, up, honest = box.world, box.up, box.honest

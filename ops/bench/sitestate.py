@@ -20,7 +20,6 @@ know are refused), and that tree's gateway on it.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import statistics
@@ -37,9 +36,10 @@ from eventlog.client import Log
 from events import AgentEnrolled, SiteResult, SitesChecked, token_sha256
 from events.mint import fresh_id, now_ms
 from ops.bench.gateway import _pct, _settled
+from ops.bench.harness import publish_workload
+from ops.bench.options import SiteState
 from ops.bench.snapshot import _gateway, _ready_at
 from ops.bench.stats import stats_then_lease
-from ops.bench.streams import publisher
 from ops.bench.workload import _ip
 from ops.nats.server import NatsServer, free_port
 
@@ -88,11 +88,7 @@ async def _log(
 ) -> NatsServer:
     server = NatsServer(workdir / f"nats-{name}", port=free_port())
     server.start()
-    load = await asyncio.create_subprocess_exec(
-        *publisher([server.url], "r", observations, proxies, 1)
-    )
-    if await load.wait() != 0:
-        raise RuntimeError("publishing the workload failed")
+    await publish_workload([server.url], "r", observations, proxies, 1)
     lg = await Log.connect(server.url)
     try:
         await lg.publish(
@@ -208,15 +204,9 @@ async def _one(
         await asyncio.to_thread(proc.wait, 60)
 
 
-async def bench_site_state(
-    observations: int = 300_000,
-    proxies: int = 100_000,
-    sites: int = 200,
-    cells: int = 10_000,
-    runs: int = 3,
-    asks: int = 200,
-    tree: Path | None = None,
-) -> dict[str, Any]:
+async def bench_site_state(state: SiteState) -> dict[str, Any]:
+    observations, proxies, runs, tree = state.observations, state.proxies, state.runs, state.tree
+    sites, cells, asks = state.sites, state.cells, state.asks
     with tempfile.TemporaryDirectory(prefix="ppf-bench-site-state-") as tmp:
         workdir = Path(tmp)
         servers = {"with": await _log(workdir, "with", observations, proxies, sites, cells)}
@@ -249,9 +239,3 @@ async def bench_site_state(
         "more_mb": round(b["rss_mb"] - a["rss_mb"]),
         "ratio": {k: round(b[k] / a[k], 3) if a[k] else None for k in a if k != "rss_mb"},
     }
-
-
-if __name__ == "__main__":
-    o, p, s, c, r, a = map(int, sys.argv[1:7])
-    tree = Path(sys.argv[7]) if len(sys.argv) > 7 else None
-    print(json.dumps(asyncio.run(bench_site_state(o, p, s, c, r, a, tree))))

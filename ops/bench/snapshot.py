@@ -32,8 +32,9 @@ import aiohttp
 
 from eventlog.client import Log
 from ops.bench.gateway import _settled
-from ops.bench.streams import publisher
-from ops.nats.server import NatsServer, free_port
+from ops.bench.harness import ensure_stream, nats_servers, publish_workload
+from ops.bench.options import Snapshot
+from ops.nats.server import free_port
 
 __all__ = ["bench_snapshot"]
 
@@ -82,22 +83,13 @@ async def _ready_s(url: str, workdir: Path, name: str, *extra: str, timeout: flo
         await asyncio.to_thread(proc.wait, 60)
 
 
-async def bench_snapshot(
-    observations: int = 10_000_000, proxies: int = 1_000_000, runs: int = 2, seed: int = 1
-) -> dict[str, Any]:
+async def bench_snapshot(snap: Snapshot, seed: int = 1) -> dict[str, Any]:
+    observations, proxies, runs = snap.observations, snap.proxies, snap.runs
     with tempfile.TemporaryDirectory(prefix="ppf-bench-snapshot-") as tmp:
         workdir = Path(tmp)
-        server = NatsServer(workdir / "nats", port=free_port())
-        server.start()
-        try:
-            lg = await Log.connect(server.url)
-            await lg.ensure_stream()
-            await lg.close()
-            load = await asyncio.create_subprocess_exec(
-                *publisher([server.url], "r", observations, proxies, seed)
-            )
-            if await load.wait() != 0:
-                raise RuntimeError("publishing the workload failed")
+        with nats_servers(workdir, "nats") as (server,):
+            await ensure_stream(server.url)
+            await publish_workload([server.url], "r", observations, proxies, seed)
             port = free_port()
             locator = await asyncio.to_thread(
                 _gateway, server.url, port, workdir / "locate.log", "--no-snapshots"
@@ -133,8 +125,6 @@ async def bench_snapshot(
                         server.url, workdir, f"from-seq1-{run}", "--no-snapshots", timeout=3600
                     )
                 )
-        finally:
-            server.stop()
     a, b = statistics.median(ready["snapshot"]), statistics.median(ready["seq1"])
     return {
         "observations": observations,

@@ -47,8 +47,11 @@ from eventlog.client import Log
 from events import AgentEnrolled, Leased, ProxyWorked, encode, subject_for, token_sha256
 from events.mint import fresh_id, now_ms
 from ops.bench.gateway import _pct, _settled, _spawn_gateway
+from ops.bench.harness import ensure_stream, head_seq, nats_servers, publish_workload
+from ops.bench.options import Stats
+from ops.bench.streams import Workload, publisher
 from ops.bench.workload import PROTOS, _ip
-from ops.nats.server import NatsServer, free_port
+from ops.nats.server import free_port
 from ops.progress import Progress
 
 __all__ = ["bench_stats"]
@@ -196,16 +199,8 @@ async def _backlog(
     ``burst``, the backlog is published while the gateway runs, as fast as the stream
     takes it: the publisher and nats-server then take the machine's two cores from the
     gateway, and every lease waits for JetStream's ack behind the burst."""
-    from ops.bench.streams import publisher
-
-    server = NatsServer(workdir / f"nats-backlog-{burst}-{run}", port=free_port())
-    server.start()
-    try:
-        setup = await asyncio.create_subprocess_exec(
-            *publisher([server.url], "r", 0, proxies, seed)  # enrolments, settings, sources
-        )
-        if await setup.wait() != 0:
-            raise RuntimeError("publishing the workload's setup failed")
+    with nats_servers(workdir, f"nats-backlog-{burst}-{run}") as (server,):
+        await publish_workload([server.url], "r", 0, proxies, seed)  # enrolments, settings
         token = f"bench-{fresh_id()}"
         lg = await Log.connect(server.url)
         enrolled = AgentEnrolled(
@@ -223,14 +218,23 @@ async def _backlog(
             if not burst:
                 gateway.send_signal(signal.SIGSTOP)
             load = await asyncio.create_subprocess_exec(
-                *publisher([server.url], "r", observations, proxies, seed, setup=False),
+                *publisher(
+                    Workload(
+                        urls=[server.url],
+                        forms="r",
+                        observations=observations,
+                        proxies=proxies,
+                        seed=seed,
+                        setup=False,
+                    )
+                ),
                 stdout=subprocess.DEVNULL,
-            )
+            )  # not waited for: the gateway is asked while it runs
             published_s = 0.0  # from the gateway's go to the publisher's end
             target = 0  # the log's head once the backlog is in it
             if not burst:
                 await load.wait()
-                target = await _head(server.url)
+                target = await head_seq(server.url)
                 gateway.send_signal(signal.SIGCONT)  # its cached head is the old one yet
             probe_ms: list[float] = []
             probe = asyncio.create_task(_probe_claims(server.url, probe_ms))
@@ -260,7 +264,7 @@ async def _backlog(
                 if published and load.returncode != 0:
                     raise RuntimeError("publishing the backlog failed")
                 if published and not target:
-                    target = await _head(server.url)
+                    target = await head_seq(server.url)
                 caught_up = stats["applied_seq"] == stats["head_seq"] >= target and not _unlocated(
                     stats
                 )
@@ -280,8 +284,6 @@ async def _backlog(
             if load.returncode is None:
                 load.terminate()
             await load.wait()
-    finally:
-        server.stop()
     return {
         "observations": observations,
         "new_proxies": proxies,
@@ -347,47 +349,29 @@ async def _probe_claims(url: str, samples: list[float]) -> None:
         await lg.close()
 
 
-async def _head(url: str) -> int:
-    lg = await Log.connect(url)
-    try:
-        return await lg.head_seq()
-    finally:
-        await lg.close()
-
-
 def _unlocated(stats: dict[str, Any]) -> int:
     """Addresses the gateway has still to locate, as /v1/stats reports them."""
     return int(stats.get("geo", {}).get("unlocated", 0))
 
 
 async def bench_stats(
-    proxies: int = 100_000,
-    seconds: float = 20.0,
-    *,
-    rate: int = 10_000,
-    backlog: int = 1_000_000,
-    runs: int = 3,
-    backlog_observations: int = 1_000_000,
-    backlog_runs: int = 1,
-    seed: int = 1,
+    stats: Stats, *, backlog: int = 1_000_000, runs: int = 3, seed: int = 1
 ) -> dict[str, Any]:
+    """``backlog`` events folded in ``runs`` runs polling /healthz and /v1/stats in turns,
+    then the latency under load, then ``stats.backlog_runs`` backlogs caught up with."""
+    proxies, seconds, rate = stats.proxies, stats.seconds, stats.rate
+    backlog_observations, backlog_runs = stats.backlog_rounds, stats.backlog_runs
     with tempfile.TemporaryDirectory(prefix="ppf-bench-stats-") as tmp:
         workdir = Path(tmp)
-        server = NatsServer(workdir / "nats", port=free_port())
-        server.start()
-        try:
-            lg = await Log.connect(server.url)
-            await lg.ensure_stream()
-            await lg.close()
+        with nats_servers(workdir, "nats") as (server,):
+            await ensure_stream(server.url)
             progress = Progress("publish", None)
             await _publish(server.url, 0, proxies, proxies)
             async with _gateway(server.url, workdir, "locate") as base:
                 async with aiohttp.ClientSession() as http:
                     await _wait_up(http, base)
                 await _settled(base, timeout=1800)
-            lg = await Log.connect(server.url)
-            pool_head = await lg.head_seq()
-            await lg.close()
+            pool_head = await head_seq(server.url)
             progress.update(pool_head)
             head = await _publish(server.url, 0, backlog, proxies)
             progress.close()
@@ -412,8 +396,6 @@ async def bench_stats(
                 finally:
                     load.terminate()
                     await asyncio.to_thread(load.wait, 30)
-        finally:
-            server.stop()
         worked_off: list[dict[str, Any]] = []
         burst = None
         if backlog_observations:
@@ -425,13 +407,13 @@ async def bench_stats(
                 )
             burst = await _backlog(workdir, backlog_observations, proxies, seed, burst=True)
         after = [ms for run in worked_off for ms in (run["after"]["stats"], run["after"]["lease"])]
-    healthz, stats = statistics.median(rates["healthz"]), statistics.median(rates["stats"])
+    healthz, polled = statistics.median(rates["healthz"]), statistics.median(rates["stats"])
     return {
         "proxies": proxies,
         "backlog_events": backlog,
         "fold_events_per_s_polling_healthz": [round(r) for r in rates["healthz"]],
         "fold_events_per_s_polling_stats": [round(r) for r in rates["stats"]],
-        "fold_cost_of_stats_polling_pct": round(100 * (healthz - stats) / healthz, 1),
+        "fold_cost_of_stats_polling_pct": round(100 * (healthz - polled) / healthz, 1),
         "load_events_per_s_asked": rate,
         "stats": {**_summary(stats_ms), "fold_events_per_s": round(stats_rate)},
         "proxies_limit_100": {**_summary(proxies_ms), "fold_events_per_s": round(proxies_rate)},

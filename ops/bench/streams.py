@@ -15,6 +15,8 @@ import asyncio
 import sys
 import time
 
+import msgspec
+
 from eventlog.client import Log
 from events import Event, Located, encode
 from ops.bench import synthetic
@@ -22,7 +24,7 @@ from ops.bench.synthetic import route
 from ops.bench.workload import steps
 from ops.progress import Progress
 
-__all__ = ["Streams", "publish_synthetic", "publisher", "synthetic_in_lockstep"]
+__all__ = ["Streams", "Workload", "publish_synthetic", "publisher", "synthetic_in_lockstep"]
 
 
 class Streams:
@@ -123,27 +125,31 @@ async def _synthetic(
     return heads
 
 
-async def _workload(
-    urls: list[str],
-    forms: str,
-    observations: int,
-    proxies: int,
-    seed: int,
-    *,
-    setup: bool = True,
-    first: int = 0,
-) -> int:
-    """Publish the workload's steps to each server of ``urls`` in lockstep, each in its
-    form (``forms``: ``s`` single events, ``r`` rounds, one letter a server); without
-    ``setup``, the first step (enrolments, settings, sources) is left out. Returns the
-    observations made."""
-    streams = await Streams.open(urls)
+class Workload(msgspec.Struct, kw_only=True):
+    """The pinned workload's steps (ops/bench/workload.py) for each server of ``urls``,
+    each in its form (``forms``: ``s`` single events, ``r`` rounds, one letter a server);
+    without ``setup``, the first step (enrolments, settings, sources) is left out;
+    ``first``: new proxies from the ``first``-th on."""
+
+    urls: list[str]
+    forms: str
+    observations: int
+    proxies: int
+    seed: int
+    setup: bool = True
+    first: int = 0
+
+
+async def _workload(work: Workload) -> int:
+    """Publish the workload to its servers in lockstep; the observations made."""
+    streams = await Streams.open(work.urls)
     made = 0
-    progress = Progress("publish", observations)
-    for n, step in enumerate(steps(observations, proxies=proxies, seed=seed, first=first)):
-        if n == 0 and not setup:
+    progress = Progress("publish", work.observations)
+    made_steps = steps(work.observations, proxies=work.proxies, seed=work.seed, first=work.first)
+    for n, step in enumerate(made_steps):
+        if n == 0 and not work.setup:
             continue
-        for i, form in enumerate(forms):
+        for i, form in enumerate(work.forms):
             for event in step.singles if form == "s" else step.rounds:
                 await streams.send(i, event)
         made += step.observations
@@ -155,22 +161,16 @@ async def _workload(
     return made
 
 
-def publisher(
-    urls: list[str],
-    forms: str,
-    observations: int,
-    proxies: int,
-    seed: int,
-    *,
-    setup: bool = True,
-    first: int = 0,
-) -> list[str]:
-    """The command that publishes the workload from a child process (its memory and CPU
-    are not the fold's); ``first``: new proxies from the ``first``-th on (``steps``)."""
+def publisher(work: Workload) -> list[str]:
+    """The command that publishes ``work`` from a child process (its memory and CPU are
+    not the bench's)."""
     return [
-        sys.executable, "-m", "ops.bench.streams", "workload", ",".join(urls), forms,
-        str(observations), str(proxies), str(seed), "setup" if setup else "nosetup", str(first),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "ops.bench.streams",
+        "workload",
+        msgspec.json.encode(work).decode(),
+    ]
 
 
 if __name__ == "__main__":
@@ -182,15 +182,5 @@ if __name__ == "__main__":
         n, px, sd, *located = args
         at = int(located[0].removeprefix("located=")) if located else None
         asyncio.run(_synthetic(urls.split(","), int(n), int(px), int(sd), at))
-    else:  # workload URLS FORMS N PROXIES SEED setup|nosetup FIRST
-        forms, n, px, sd, setup, first = args
-        run = _workload(
-            urls.split(","),
-            forms,
-            int(n),
-            int(px),
-            int(sd),
-            setup=setup == "setup",
-            first=int(first),
-        )
-        asyncio.run(run)
+    else:  # workload JSON (``publisher``)
+        asyncio.run(_workload(msgspec.json.decode(urls, type=Workload)))

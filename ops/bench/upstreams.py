@@ -12,11 +12,11 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from ops.bench.options import KINDS
 from ops.nats.server import free_port
 
 __all__ = ["KINDS", "Running", "upstream"]
 
-KINDS = ("http", "socks5")
 
 # What both programs share: the import, a pipe, the server on argv[1] around ``handle``.
 _HEAD = r"""

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
+from ops.bench.harness import checkout, nats_servers
+from ops.bench.options import Fold
 from ops.bench.streams import publish_synthetic
 from ops.collector import THRESHOLDS
-from ops.nats.server import NatsServer, free_port
 
 __all__ = ["Side", "bench_versus", "side_by_side"]
 
@@ -118,21 +119,17 @@ def side_by_side(sides: dict[str, Side], workdir: Path, run: int) -> dict[str, d
     return figures
 
 
-async def bench_versus(
-    other: Path, events: int = 1_000_000, proxies: int = 100_000, seed: int = 1, runs: int = 5
-) -> dict[str, Any]:
-    """Fold the synthetic stream with this tree and ``other`` side by side, ``runs`` times
-    (which starts first alternates); medians and run-by-run ratios, new against old."""
-    here = Path(__file__).resolve().parents[2]
-    trees = {"old": Path(other).resolve(), "new": here}
-    if not (trees["old"] / "projections" / "replay.py").exists():
-        raise SystemExit(f"{other} is not a ppf checkout (no projections/replay.py)")
+async def bench_versus(fold: Fold) -> dict[str, Any]:
+    """Fold the synthetic stream with this tree and ``fold.versus`` side by side, ``runs``
+    times (which starts first alternates); medians and run-by-run ratios, new against
+    old."""
+    assert fold.versus is not None
+    events, proxies, seed, runs = fold.events, fold.proxies, fold.seed, fold.runs
+    trees = {"old": checkout(fold.versus), "new": Path(__file__).resolve().parents[2]}
     out: dict[str, dict[str, list[float]]] = {n: {"wall": [], "cpu": []} for n in trees}
     with tempfile.TemporaryDirectory(prefix="ppf-bench-versus-") as tmp:
         workdir = Path(tmp)
-        server = NatsServer(workdir / "nats", port=free_port())
-        server.start()
-        try:
+        with nats_servers(workdir, "nats") as (server,):
             head = await publish_synthetic(server.url, events, proxies, seed)
             for run in range(runs):
                 t = time.perf_counter()
@@ -142,8 +139,6 @@ async def bench_versus(
                     out[name]["wall"].append(round(fig["wall"], 3))
                     out[name]["cpu"].append(round(fig["cpu"], 3))
                 print(f"run {run + 1}/{runs}: {time.perf_counter() - t:.0f} s", file=sys.stderr)
-        finally:
-            server.stop()
     result: dict[str, Any] = {"events": head, "seed": seed, "old": str(trees["old"])}
     for kind in ("wall", "cpu"):
         old, new = out["old"][kind], out["new"][kind]
