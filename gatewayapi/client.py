@@ -173,6 +173,10 @@ class GatewayApi:
     async def healthz(self) -> Answer:
         return await self.call("GET", "/healthz")
 
+    async def metrics(self) -> Answer:
+        """``GET /metrics``: Prometheus's text."""
+        return await self.call("GET", "/metrics")
+
     async def stats(self) -> Answer:
         """``GET /v1/stats``: the fleet's figures (a JSON object)."""
         return await self.call("GET", "/v1/stats")

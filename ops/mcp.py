@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hmac
 import os
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 from urllib.parse import quote
 
@@ -32,6 +33,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from agents.explain import parse_targets
 from agents.fetch import Fetcher, refusal
 from events.address import proxy_address_ok
+from gatewayapi import Answer, GatewayApi
 
 __all__ = ["FETCH_TRIES", "McpConfig", "make_server", "serve_http", "serve_stdio"]
 
@@ -75,26 +77,23 @@ def make_server(config: McpConfig) -> MCPServer:
         instructions="Open proxies the ppf fleet has checked, a page fetched through them, "
         "and a word back on a proxy that failed you.",
     )
-    headers = {"Authorization": f"Bearer {config.token}"}
     me: dict[str, Any] = {}  # the consumer's name and judge key, asked of the gateway once
 
-    async def gateway(method: str, path: str, **kw: Any) -> dict[str, Any]:
-        """The gateway's JSON answer; a ToolError saying why when there is none."""
-        try:
-            async with (
-                aiohttp.ClientSession(headers=headers) as http,
-                http.request(method, config.gateway + path, **kw) as r,
-            ):
-                body = await r.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            raise ToolError(f"the gateway at {config.gateway} gave no answer: {exc}") from exc
-        if r.status != 200:
-            raise ToolError(f"the gateway said {r.status}: {body.get('detail', body)}")
-        return dict(body)
+    async def gateway(ask: Callable[[GatewayApi], Awaitable[Answer]]) -> dict[str, Any]:
+        """The gateway's JSON answer to ``ask``; a ToolError saying why when there is none."""
+        async with aiohttp.ClientSession() as http:
+            answer = await ask(GatewayApi(http, config.gateway, token=config.token))
+        if answer.status == 0:
+            raise ToolError(f"the gateway at {config.gateway} gave no answer: {answer.text()}")
+        body = answer.json()
+        if answer.status != 200 or not isinstance(body, dict):
+            detail = body.get("detail", body) if isinstance(body, dict) else body
+            raise ToolError(f"the gateway said {answer.status}: {detail}")
+        return body
 
     async def whoami() -> dict[str, Any]:
         if not me:
-            me.update(await gateway("GET", "/v1/agents/me"))
+            me.update(await gateway(lambda api: api.me()))
         return me
 
     async def consumer_name() -> str:
@@ -133,13 +132,15 @@ def make_server(config: McpConfig) -> MCPServer:
     ) -> dict[str, Any]:
         if not 1 <= limit <= MAX_LIMIT:  # a model reads every row; limit=0 is the whole pool
             raise ToolError(f"limit: 1 to {MAX_LIMIT}, not {limit}")
-        params = {"limit": str(limit), "sort": sort, "status": status}
-        params["mitm"] = mitm
-        given = {
+        params = {
+            "limit": limit,
+            "sort": sort,
+            "status": status,
+            "mitm": mitm,
             "proto": proto,
             "country": ",".join(countries) if countries else None,
             "anonymity": anonymity,
-            "https": None if https is None else str(https).lower(),
+            "https": https,
             "max_latency_ms": max_latency_ms,
             "fresh_s": fresh_s,
             "works_on": ",".join(works_on) if works_on else None,
@@ -148,10 +149,9 @@ def make_server(config: McpConfig) -> MCPServer:
             "min_uptime": min_uptime,
             "stable_for_s": stable_for_s,
             "min_speed_kb_s": min_speed_kb_s,
-            "datacenter": None if datacenter is None else str(datacenter).lower(),
+            "datacenter": datacenter,
         }
-        params |= {k: str(v) for k, v in given.items() if v is not None}
-        return await gateway("GET", "/v1/proxies", params=params)
+        return await gateway(lambda api: api.proxies(**params))
 
     @server.tool(
         description="Check open proxies from this machine, as ppf's agents do, and say "
@@ -261,7 +261,7 @@ def make_server(config: McpConfig) -> MCPServer:
         body: dict[str, Any] = {"outcome": "blocked" if site else outcome, "detail": detail[:200]}
         if site:
             body["site"] = site
-        return await gateway("POST", f"/v1/proxies/{quote(address, safe=':[]')}/report", json=body)
+        return await gateway(lambda api: api.report(address, body))
 
     _refuse_unknown_arguments(server)
     return server

@@ -149,6 +149,13 @@ def test_the_rooms_import_nothing_of_ops(path: Path) -> None:
     assert _imported(path, ("ops",)) == []
 
 
+@pytest.mark.parametrize("path", _modules("gatewayapi"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_gateway_client_imports_none_of_the_rooms(path: Path) -> None:
+    """gatewayapi/ (the gateway's API as ppf calls it) imports events/ and its own
+    modules: the agents, the endpoint and ops/ use it, and it needs none of them."""
+    assert _imported(path, (*ABOVE_THE_LOG, LOG, "reducers")) == []
+
+
 @pytest.mark.parametrize("path", _modules(LOG), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_log_imports_nothing_above_it(path: Path) -> None:
     """eventlog/ imports events/ and its own modules, none of the rooms that use it."""
@@ -248,7 +255,17 @@ def test_the_endpoint_has_no_long_class_and_no_protocol_restating_one() -> None:
     assert long == [] and restated == []
 
 
-PRODUCT = ("events", "eventlog", "reducers", "projections", "agents", "gateway", "endpoint", "ops")
+PRODUCT = (
+    "events",
+    "eventlog",
+    "gatewayapi",
+    "reducers",
+    "projections",
+    "agents",
+    "gateway",
+    "endpoint",
+    "ops",
+)
 CLASS_LINES = 250  # a class longer than this holds more than one job
 
 
@@ -274,3 +291,60 @@ def test_the_class_rules_find_a_long_class_and_a_wide_protocol(tmp_path: Path) -
     (tmp_path / "c.py").write_text("class C:\n" + "    x = 1\n" * 300)
     [cls] = _classes(tmp_path / "c.py")
     assert _lines(cls) > ENDPOINT_CLASS_LINES and _lines(cls) > CLASS_LINES
+
+
+# Where a /v1/ path may be written: the client of the API, the gateway's routes, and the
+# declarations of the paths both share.
+API_PATHS_AT = (ROOT / "gatewayapi", ROOT / "gateway", ROOT / "events" / "wire.py")
+
+
+def _api_paths(path: Path) -> list[str]:
+    """The /v1/ paths a module writes: strings (or f-string pieces) that begin with
+    ``/v1/`` and hold no space (help texts and prose say "/v1/stats and ..."), docstrings
+    aside."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and node.value.startswith("/v1/")
+        and not any(c.isspace() for c in node.value)
+    ]
+
+
+def test_no_api_path_is_written_outside_the_client_and_the_routes() -> None:
+    """Every call of the gateway's API inside ppf goes through gatewayapi/: no other
+    product module writes a /v1/ path."""
+    written = [
+        f"{path.relative_to(ROOT)}: {found}"
+        for folder in PRODUCT
+        for path in _modules(folder)
+        if not any(path == at or at in path.parents for at in API_PATHS_AT)
+        for found in _api_paths(path)
+    ]
+    assert written == []
+
+
+def test_the_api_path_rule_finds_a_path_built_by_hand(tmp_path: Path) -> None:
+    """The rule is not vacuous: a path in an f-string or a plain string is found; a
+    docstring, a help text and a third party's URL are not."""
+    (tmp_path / "m.py").write_text(
+        '"""GET /v1/stats"""\n'
+        "def f(base):\n"
+        '    """Asks /v1/stats."""\n'
+        '    a = f"{base}/v1/leases/{x}/release"\n'
+        '    b = "/v1/stats"\n'
+        '    c = "/v1/stats and leases a run"\n'
+        '    d = "https://example.net/api/v1/get"\n'
+    )
+    assert sorted(_api_paths(tmp_path / "m.py")) == ["/v1/leases/", "/v1/stats"]

@@ -16,12 +16,15 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 
 from eventlog.client import Log
 from events import ProxyWorked, SourceAdded, url_id
 from events.mint import enrollment, fresh_id, now_ms
+from events.wire import LeasesReply
+from gatewayapi import GatewayApi
 from ops.bench.harness import nats_servers
 from ops.bench.options import Lease, Query
 from ops.bench.workload import _ip
@@ -76,11 +79,11 @@ async def _system(workdir: Path) -> AsyncIterator[tuple[Log, str, subprocess.Pop
 async def _wait_applied(base: str, seq: int, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as http:
+        api = GatewayApi(http, base)
         while time.monotonic() < deadline:
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(f"{base}/v1/stats") as r:
-                    if r.status == 200 and (await r.json())["applied_seq"] >= seq:
-                        return
+            stats = await api.stats()
+            if stats.ok and stats.object()["applied_seq"] >= seq:
+                return
             await asyncio.sleep(0.2)
     raise RuntimeError(f"gateway did not reach seq {seq}")
 
@@ -90,9 +93,9 @@ async def _settled(base: str, quiet_s: float = 3.0, timeout: float = 300) -> Non
     deadline = time.monotonic() + timeout
     last, since = -1, time.monotonic()
     async with aiohttp.ClientSession() as http:
+        api = GatewayApi(http, base)
         while time.monotonic() < deadline:
-            async with http.get(f"{base}/v1/stats") as r:
-                stats = await r.json()
+            stats = (await api.stats()).of(dict[str, Any], "stats")
             head = stats["head_seq"]
             if head != last or stats["applied_seq"] != head:
                 last, since = head, time.monotonic()
@@ -132,22 +135,19 @@ async def bench_lease(lease: Lease, sources: int = 10_000) -> dict[str, Any]:
             async def agent(name: str, token: str) -> None:
                 nonlocal granted
                 body = {"agent": name, "kind": "source", "count": count, "ttl_s": 600}
-                headers = {"Authorization": f"Bearer {token}"}
                 conn = aiohttp.TCPConnector(limit=1)
-                async with aiohttp.ClientSession(headers=headers, connector=conn) as http:
+                async with aiohttp.ClientSession(connector=conn) as http:
+                    api = GatewayApi(http, base, token=token)
                     while time.monotonic() < deadline:
                         t = time.perf_counter()
-                        async with http.post(f"{base}/v1/leases", json=body) as r:
-                            data = await r.json()
+                        answer = await api.lease(body)
                         latencies.append((time.perf_counter() - t) * 1000)
-                        if r.status != 200:
-                            raise RuntimeError(f"lease answered {r.status}: {data}")
-                        granted += len(data["leases"])
-                        for g in data["leases"]:  # done at once: the next cycle may lease
-                            url = f"{base}/v1/leases/{g['lease']}/release"
-                            async with http.post(url, json={"outcome": "done"}) as r:
-                                if r.status != 200:
-                                    raise RuntimeError(f"release answered {r.status}")
+                        leases = answer.of(LeasesReply, "lease").leases
+                        granted += len(leases)
+                        for g in leases:  # done at once: the next cycle may lease
+                            released = await api.release(g.lease, {"outcome": "done"})
+                            if not released.ok:
+                                raise RuntimeError(f"release answered {released.status}")
 
             async def show() -> None:
                 progress = Progress("leases", None)
@@ -172,15 +172,16 @@ async def bench_lease(lease: Lease, sources: int = 10_000) -> dict[str, Any]:
     }
 
 
-QUERIES = [
-    "/v1/proxies",
-    "/v1/proxies?proto=socks5",
-    "/v1/proxies?anonymity=elite&max_latency_ms=500",
-    "/v1/proxies?proto=http&sort=last_seen&limit=50",
-    "/v1/proxies?fresh_s=3600&limit=200",
-    "/v1/proxies?format=txt&proto=socks4",
-    "/v1/proxies?format=csv&limit=100",
-    "/v1/proxies?country=ZZ",  # matches nothing: a full scan
+# GET /v1/proxies with each of these filters (the figures name them by their query).
+QUERIES: list[dict[str, str | int]] = [
+    {},
+    {"proto": "socks5"},
+    {"anonymity": "elite", "max_latency_ms": 500},
+    {"proto": "http", "sort": "last_seen", "limit": 50},
+    {"fresh_s": 3600, "limit": 200},
+    {"format": "txt", "proto": "socks4"},
+    {"format": "csv", "limit": 100},
+    {"country": "ZZ"},  # matches nothing: a full scan
 ]
 
 
@@ -218,24 +219,22 @@ async def bench_query(query: Query, rounds: int = 200) -> dict[str, Any]:
             await _settled(base)
             per_query: dict[str, list[float]] = {}
             async with aiohttp.ClientSession() as http:
-                async with http.get(f"{base}/v1/stats") as r:
-                    alive = (await r.json())["proxies"]["alive"]
+                api = GatewayApi(http, base)
+                alive = (await api.stats()).object()["proxies"]["alive"]
                 for q in QUERIES:  # warm: the first query after the fold builds a snapshot
-                    async with http.get(base + q) as r:
-                        await r.read()
+                    await api.proxies(**q)
                 for _ in range(rounds):
                     for q in QUERIES:
                         t = time.perf_counter()
-                        async with http.get(base + q) as r:
-                            await r.read()
-                            if r.status != 200:
-                                raise RuntimeError(f"{q} answered {r.status}")
-                        per_query.setdefault(q, []).append((time.perf_counter() - t) * 1000)
+                        answer = await api.proxies(**q)
+                        named = urlencode(q) or "all"
+                        if not answer.ok:
+                            raise RuntimeError(f"{named} answered {answer.status}")
+                        per_query.setdefault(named, []).append((time.perf_counter() - t) * 1000)
                 txt_ms = []
                 for _ in range(10):
                     t = time.perf_counter()
-                    async with http.get(f"{base}/v1/proxies?format=txt&limit=0") as r:
-                        body = await r.read()
+                    body = (await api.proxies(format="txt", limit=0)).body
                     txt_ms.append((time.perf_counter() - t) * 1000)
                 lines = body.count(b"\n")
     every = [x for xs in per_query.values() for x in xs]

@@ -23,15 +23,17 @@ from pathlib import Path
 from typing import Any
 
 from ops.bench.options import Harvest
-from ops.bench.upbox import UpBeside, get_json, up_beside
+from ops.bench.upbox import Refused, UpBeside, gateway_json, up_beside
 from ops.lab.world import World
 
 __all__ = ["bench_harvest"]
 
 
-def _served(base: str) -> int:
-    with contextlib.suppress(OSError, ValueError):
-        return len(get_json(base + "/v1/proxies?limit=0&mitm=any")["proxies"])
+async def _served(base: str) -> int:
+    with contextlib.suppress(Refused):
+        return len(
+            (await gateway_json(base, lambda api: api.proxies(limit=0, mitm="any")))["proxies"]
+        )
     return 0
 
 
@@ -54,7 +56,7 @@ async def _measure(up: UpBeside, world: World, started: float, candidates: int) 
     first_100 = None
     deadline = added + 600
     while time.monotonic() < deadline:
-        served = await asyncio.to_thread(_served, up.base)
+        served = await _served(up.base)
         if first_100 is None and served >= 100:
             first_100 = time.monotonic() - started
         cycle = _cycle_done(up.log)
@@ -66,7 +68,7 @@ async def _measure(up: UpBeside, world: World, started: float, candidates: int) 
         raise RuntimeError(f"the worker did not finish its cycle:\n{up.log.read_text()[-2000:]}")
     checked, ended = cycle
     settle_s = ended - added
-    served = await asyncio.to_thread(_served, up.base)
+    served = await _served(up.base)
     return {
         "candidates_listed": candidates,
         "working_in_the_box": len(world.proxies) + len(world.extra),

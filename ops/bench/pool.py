@@ -31,8 +31,9 @@ from typing import Any
 
 from agents.check import Judge, check
 from eventlog.client import Log
+from gatewayapi import GatewayApi
 from ops.bench.options import Pool
-from ops.bench.upbox import UpBeside, get_json, up_beside
+from ops.bench.upbox import UpBeside, gateway_json, up_beside
 from ops.lab.churn import PROFILES, Plan, plan, scaled
 from ops.lab.world import World
 
@@ -158,7 +159,7 @@ class Consumer:
         end = world.churn_t0 + world.churn.duration_ms / 1000 / world.speed
         warm = world.churn_t0 + (end - world.churn_t0) / 10
         while (now := time.time()) < end:
-            body = await asyncio.to_thread(get_json, self.base + "/v1/proxies?limit=0")
+            body = await gateway_json(self.base, lambda api: api.proxies(limit=0))
             protos = {(p["ip"], p["port"]): p["proto"] for p in body["proxies"]}
             served = set(protos) & set(self.index)
             for addr, i in self.index.items():
@@ -174,7 +175,7 @@ class Consumer:
                 self.worked += sum(results)
                 self.polls.append((now, len(results), sum(results)))
             await asyncio.sleep(max(0.0, poll_s - (time.time() - now)))
-        stats = await asyncio.to_thread(get_json, self.base + "/v1/agents")
+        stats = await gateway_json(self.base, GatewayApi.agents)
         return self._figures(warm, stats)
 
     def _latencies(self, warm: float) -> tuple[list[float], list[float]]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ops.bench.options import Quality
 from ops.bench.pool import churn_beside
-from ops.bench.upbox import get_json
+from ops.bench.upbox import gateway_json
 from ops.lab.churn import Plan, plan
 
 __all__ = ["MIN_CHECKS", "bench_quality", "spearman", "uptime_truth"]
@@ -37,8 +37,8 @@ async def bench_quality(quality: Quality, seed: int = 1, interval_s: int = 30) -
     async with churn_beside(schedule, speed, interval_s=interval_s) as (world, up):
         end = world.churn_t0 + duration / speed
         await asyncio.sleep(max(0.0, end - time.time()))
-        query = "/v1/proxies?status=all&mitm=any&limit=0"
-        body = await asyncio.to_thread(get_json, up.base + query)
+        everything = {"limit": 0, "status": "all", "mitm": "any"}
+        body = await gateway_json(up.base, lambda api: api.proxies(**everything))
         at = time.time()
         index = {addr: i for i, addr in enumerate(world.churn_addresses())}
         t0 = world.churn_t0

@@ -27,8 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gatewayapi import GatewayApi
 from ops.bench.options import Seed
-from ops.bench.upbox import get_json, up_beside
+from ops.bench.upbox import gateway_json, up_beside
 from ops.lab.world import World
 
 __all__ = ["bench_seed", "dump_lines", "seed_world"]
@@ -110,7 +111,7 @@ async def seed_world(
             victim: dict[str, Any] | None = None
             deadline = time.monotonic() + timeout_s
             while time.monotonic() < deadline and victim is None:
-                leases = await asyncio.to_thread(get_json, up.base + "/v1/leases?kind=seed")
+                leases = await gateway_json(up.base, lambda api: api.leases(kind="seed"))
                 for row in leases["leases"]:
                     held = row["holder"] == "seed0" and row["status"] == "leased"
                     if held and row["start"] < row["cursor"] <= row["end"]:
@@ -120,7 +121,7 @@ async def seed_world(
                 os.kill(procs[0].pid, signal.SIGKILL)
             seed: dict[str, Any] = {}
             while time.monotonic() < deadline:
-                seed = (await asyncio.to_thread(get_json, up.base + "/v1/stats"))["seed"]
+                seed = (await gateway_json(up.base, GatewayApi.stats))["seed"]
                 # The seed status is recomputed every few seconds: a plan imported just
                 # now may not be in it yet.
                 reached = seed["plans"].get(plan, {}).get("reached")
@@ -128,10 +129,9 @@ async def seed_world(
                     break
                 await asyncio.sleep(1)
             seconds = time.monotonic() - began
-            leases = (await asyncio.to_thread(get_json, up.base + "/v1/leases?kind=seed"))["leases"]
-            pool = await asyncio.to_thread(
-                get_json, up.base + "/v1/proxies?limit=0&status=all&mitm=any"
-            )
+            leases = (await gateway_json(up.base, lambda api: api.leases(kind="seed")))["leases"]
+            everything = {"limit": 0, "status": "all", "mitm": "any"}
+            pool = await gateway_json(up.base, lambda api: api.proxies(**everything))
         finally:
             for proc in procs:
                 if proc.poll() is None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from ops.bench.loadgen import Load, Result, generate
 from ops.bench.options import ServeChurn
-from ops.bench.upbox import get_json, up_beside
+from ops.bench.upbox import gateway_json, up_beside
 from ops.lab.churn import Down, Plan
 from ops.lab.world import World
 from ops.nats.server import free_port
@@ -81,7 +81,7 @@ async def bench_serve_churn(options: ServeChurn) -> dict[str, Any]:
             deadline = time.monotonic() + 300
             served: set[str] = set()
             while served != churn and time.monotonic() < deadline:
-                rows = await asyncio.to_thread(get_json, up.base + "/v1/proxies?limit=0")
+                rows = await gateway_json(up.base, lambda api: api.proxies(limit=0))
                 served = {f"{p['ip']}:{p['port']}" for p in rows["proxies"]}
                 await asyncio.sleep(1)
             token = await up.cli("token", "issue", "shop", "--role", "consumer")

@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from gatewayapi import GatewayApi
 from ops.bench.gateway import _settled
 from ops.bench.harness import head_seq, publish_workload
 from ops.bench.options import Stats
@@ -59,7 +60,7 @@ async def _up(workdir: Path) -> AsyncIterator[tuple[str, str, subprocess.Popen[b
     base = f"http://127.0.0.1:{http}"
     try:
         async with aiohttp.ClientSession() as session:
-            await _wait_up(session, base)
+            await _wait_up(GatewayApi(session, base))
         yield base, with_credentials(f"nats://127.0.0.1:{nats}", data / "nats"), proc
     finally:
         if proc.poll() is None:
@@ -89,8 +90,7 @@ async def _run(
         caught_up_s = 0.0
         while len(past) < after and time.monotonic() - t0 < 900:
             t = time.perf_counter()
-            async with http.get(base + "/v1/stats") as r:
-                stats = await r.json()
+            stats = (await GatewayApi(http, base).stats()).object()
             took = (time.perf_counter() - t) * 1000
             (past if caught_up_s else during).append(took)
             if not caught_up_s and (

@@ -10,7 +10,6 @@ import contextlib
 import ssl
 import tempfile
 import time
-import urllib.error
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 import aiohttp
 
 from ops.bench.options import Sites
-from ops.bench.upbox import UpBeside, get_json, up_beside
+from ops.bench.upbox import Refused, UpBeside, gateway_json, up_beside
 from ops.lab.sitebox import SITES, real_page_of
 from ops.lab.world import World
 
@@ -118,7 +117,7 @@ async def sites_box(root: Path, tree: Path | None = None) -> AsyncIterator[Sites
         began = time.monotonic()
         await up.add_source(world.page_url)
         honest = {a for a, name in world.via().items() if not name.startswith("mitm")}
-        while served(up.base) != honest:
+        while await served(up.base) != honest:
             if time.monotonic() - began > 180:
                 raise RuntimeError(f"the pool did not come: {up.log.read_text()[-1500:]}")
             await asyncio.sleep(1)
@@ -169,8 +168,8 @@ async def _works_on(
     while True:
         for site in SITES:
             try:
-                said = served(base, f"&works_on={site.name}")
-            except urllib.error.HTTPError:
+                said = await served(base, site.name)
+            except Refused:
                 sites[site.name]["precision"] = sites[site.name]["recall"] = None
                 continue
             p, r = precision_recall(said, world.gets_through(site.name) & honest)
@@ -183,7 +182,8 @@ async def _works_on(
         await asyncio.sleep(2)
 
 
-def served(base: str, query: str = "") -> set[str]:
-    """The proxies ``GET /v1/proxies`` serves (with ``query``), as ``ip:port``."""
-    rows = get_json(f"{base}/v1/proxies?limit=0{query}")["proxies"]
-    return {f"{p['ip']}:{p['port']}" for p in rows}
+async def served(base: str, works_on: str | None = None) -> set[str]:
+    """The proxies ``GET /v1/proxies`` serves (those that work on ``works_on``), as
+    ``ip:port``."""
+    page = await gateway_json(base, lambda api: api.proxies(limit=0, works_on=works_on))
+    return {f"{p['ip']}:{p['port']}" for p in page["proxies"]}

@@ -35,6 +35,7 @@ import aiohttp
 from eventlog.client import Log
 from events import AgentEnrolled, SiteResult, SitesChecked, token_sha256
 from events.mint import fresh_id, now_ms
+from gatewayapi import GatewayApi
 from ops.bench.gateway import _pct, _settled
 from ops.bench.harness import publish_workload
 from ops.bench.options import SiteState
@@ -150,16 +151,15 @@ async def _tree_log(workdir: Path, of: NatsServer, tree: Path) -> NatsServer:
     return server
 
 
-async def _first_checkpoint(http: aiohttp.ClientSession, base: str, timeout: float = 60) -> None:
+async def _first_checkpoint(api: GatewayApi, timeout: float = 60) -> None:
     """Until the gateway's first checkpoint is committed (``digest_seq`` in /v1/stats):
     every row of the snapshot written by the checkpoint child, a second or so of a core
     that, on two, slows the asks of whichever run it falls in. The p99s are of a
     gateway past its start, whose cost is the start's figure."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        async with http.get(base + "/v1/stats") as r:
-            if (await r.json())["digest_seq"] > 0:
-                return
+        if (await api.stats()).object().get("digest_seq", 0) > 0:
+            return
         await asyncio.sleep(0.2)
     raise RuntimeError(f"no checkpoint within {timeout} s")
 
@@ -170,7 +170,6 @@ async def _one(
     """One gateway on ``url`` (``tree``'s, when given): its start from the snapshot, its
     memory, its p99s."""
     port = free_port()
-    base = f"http://127.0.0.1:{port}"
     t0 = time.monotonic()
     logfile = workdir / f"{name}.log"
     proc = await asyncio.to_thread(_gateway, url, port, logfile, tree=tree)
@@ -180,15 +179,14 @@ async def _one(
         stats_ms: list[float] = []
         lease_ms: list[float] = []
         body = {"agent": "wbench", "kind": "source", "count": 1, "ttl_s": 600}
-        headers = {"Authorization": f"Bearer {TOKEN}"}
-        async with aiohttp.ClientSession(headers=headers) as http:
-            async with http.get(base + "/v1/proxies?limit=1") as r:  # the pool view, built
-                await r.read()
+        async with aiohttp.ClientSession() as http:
+            api = GatewayApi(http, f"http://127.0.0.1:{port}", token=TOKEN)
+            await api.proxies(limit=1)  # the pool view, built
             await asyncio.sleep(2)
             rss = _rss_mb(proc.pid)
-            await _first_checkpoint(http, base)
+            await _first_checkpoint(api)
             for _ in range(asks):
-                stats, lease, status = await stats_then_lease(http, base, body)
+                stats, lease, status = await stats_then_lease(api, body)
                 if status != 200:
                     raise RuntimeError(f"lease: {status}")
                 stats_ms.append(stats)

@@ -36,16 +36,17 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
 
 from eventlog.client import Log
 from events import AgentEnrolled, Leased, ProxyWorked, encode, subject_for, token_sha256
 from events.mint import fresh_id, now_ms
+from events.wire import LeasesReply
+from gatewayapi import Answer, GatewayApi, GatewayError
 from ops.bench.gateway import _pct, _settled, _spawn_gateway
 from ops.bench.harness import ensure_stream, head_seq, nats_servers, publish_workload
 from ops.bench.options import Stats
@@ -125,31 +126,33 @@ async def _gateway_process(
         await asyncio.to_thread(proc.wait, 30)
 
 
-async def _applied(http: aiohttp.ClientSession, base: str, path: str = "/healthz") -> int:
-    async with http.get(base + path) as r:
-        return int((await r.json())["applied_seq"])
+async def _applied(api: GatewayApi, ask: Ask = GatewayApi.healthz) -> int:
+    """The fold's applied sequence, as ``ask`` (/healthz, or /v1/stats) says it."""
+    return int((await ask(api)).of(dict[str, Any], "applied")["applied_seq"])
 
 
-async def _wait_up(http: aiohttp.ClientSession, base: str, timeout: float = 60) -> None:
+async def _wait_up(api: GatewayApi, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        with contextlib.suppress(aiohttp.ClientError):
-            await _applied(http, base)
+        with contextlib.suppress(GatewayError):
+            await _applied(api)
             return
         await asyncio.sleep(0.05)
-    raise RuntimeError(f"gateway {base} did not answer")
+    raise RuntimeError(f"gateway {api.base} did not answer")
 
 
 async def _fold_rate(
-    url: str, workdir: Path, pool_head: int, head: int, poll: str, run: int
+    url: str, workdir: Path, pool_head: int, head: int, poll: Ask, run: int
 ) -> float:
-    """Events/s the gateway's fold applies between ``pool_head`` and ``head``."""
+    """Events/s the gateway's fold applies between ``pool_head`` and ``head``, asking
+    ``poll`` (/healthz or /v1/stats)."""
     async with aiohttp.ClientSession() as http, _gateway(url, workdir, f"fold-{run}") as base:
-        await _wait_up(http, base)
+        api = GatewayApi(http, base)
+        await _wait_up(api)
         marks: list[tuple[float, int]] = []
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
-            seq = await _applied(http, base, poll)
+            seq = await _applied(api, poll)
             marks.append((time.monotonic(), seq))
             if seq >= head:
                 break
@@ -162,22 +165,27 @@ async def _fold_rate(
     return (end[1] - start[1]) / max(end[0] - start[0], 1e-9)
 
 
-async def _latency(
-    http: aiohttp.ClientSession, base: str, path: str, seconds: float
-) -> tuple[list[float], float]:
-    """Latencies (ms) of ``path`` asked every 100 ms, and the fold's applied rate meanwhile."""
-    first = await _applied(http, base)
+# A call of the gateway's API, timed.
+Ask = Callable[[GatewayApi], Awaitable[Answer]]
+
+
+def _first_hundred(api: GatewayApi) -> Awaitable[Answer]:
+    return api.proxies(limit=100)
+
+
+async def _latency(api: GatewayApi, ask: Ask, seconds: float) -> tuple[list[float], float]:
+    """Latencies (ms) of ``ask`` every 100 ms, and the fold's applied rate meanwhile."""
+    first = await _applied(api)
     t0 = time.monotonic()
     latencies = []
     while time.monotonic() - t0 < seconds:
         t = time.perf_counter()
-        async with http.get(base + path) as r:
-            await r.read()
-            if r.status != 200:
-                raise RuntimeError(f"{path} answered {r.status}")
+        answer = await ask(api)
+        if not answer.ok:
+            raise RuntimeError(f"{ask} answered {answer.status}")
         latencies.append((time.perf_counter() - t) * 1000)
         await asyncio.sleep(max(0.0, POLL_S - (time.perf_counter() - t)))
-    rate = (await _applied(http, base) - first) / (time.monotonic() - t0)
+    rate = (await _applied(api) - first) / (time.monotonic() - t0)
     return latencies, rate
 
 
@@ -210,10 +218,11 @@ async def _backlog(
         await lg.publish(enrolled)
         await lg.close()
         async with (
-            aiohttp.ClientSession(headers={"Authorization": f"Bearer {token}"}) as http,
+            aiohttp.ClientSession() as http,
             _gateway_process(server.url, workdir, f"backlog-{burst}-{run}") as (base, gateway),
         ):
-            await _wait_up(http, base)
+            api = GatewayApi(http, base, token=token)
+            await _wait_up(api)
             await _settled(base, quiet_s=1.0, timeout=300)
             if not burst:
                 gateway.send_signal(signal.SIGSTOP)
@@ -247,15 +256,13 @@ async def _backlog(
             t0 = time.monotonic()
             while time.monotonic() - t0 < 900:
                 t = time.perf_counter()
-                async with http.get(base + "/v1/stats") as r:
-                    stats = await r.json()
+                stats = (await api.stats()).object()
                 stats_ms.append((time.perf_counter() - t) * 1000)
                 t = time.perf_counter()
-                async with http.post(base + "/v1/leases", json=body) as r:
-                    answer = await r.read()
-                    statuses[r.status] = statuses.get(r.status, 0) + 1
-                if r.status == 200:  # a fast answer that grants nothing is no grant
-                    granted += len(msgspec.json.decode(answer)["leases"])
+                answer = await api.lease(body)
+                statuses[answer.status] = statuses.get(answer.status, 0) + 1
+                if answer.ok:  # a fast answer that grants nothing is no grant
+                    granted += len(answer.of(LeasesReply, "lease").leases)
                 lease_ms.append((time.perf_counter() - t) * 1000)
                 lag = max(lag, stats["head_seq"] - stats["applied_seq"])
                 published = load.returncode is not None
@@ -277,7 +284,7 @@ async def _backlog(
                     with contextlib.suppress(TimeoutError):  # and notice the publisher's end
                         await asyncio.wait_for(load.wait(), left)
             worked_off_s = time.monotonic() - t0
-            after_stats, after_lease = await _after(http, base, body)
+            after_stats, after_lease = await _after(api, body)
             probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probe
@@ -300,30 +307,24 @@ async def _backlog(
     }
 
 
-async def stats_then_lease(
-    http: aiohttp.ClientSession, base: str, body: dict[str, Any]
-) -> tuple[float, float, int]:
+async def stats_then_lease(api: GatewayApi, body: dict[str, Any]) -> tuple[float, float, int]:
     """/v1/stats asked, then a lease: each one's time (ms), and the lease's status."""
     t = time.perf_counter()
-    async with http.get(base + "/v1/stats") as r:
-        await r.read()
+    await api.stats()
     stats_ms = (time.perf_counter() - t) * 1000
     t = time.perf_counter()
-    async with http.post(base + "/v1/leases", json=body) as r:
-        await r.read()
-    return stats_ms, (time.perf_counter() - t) * 1000, r.status
+    status = (await api.lease(body)).status
+    return stats_ms, (time.perf_counter() - t) * 1000, status
 
 
-async def _after(
-    http: aiohttp.ClientSession, base: str, body: dict[str, Any]
-) -> tuple[list[float], list[float]]:
+async def _after(api: GatewayApi, body: dict[str, Any]) -> tuple[list[float], list[float]]:
     """/v1/stats and a lease grant every ``POLL_S`` for ``AFTER_S``: their times (ms)."""
     stats_ms: list[float] = []
     lease_ms: list[float] = []
     t0 = time.monotonic()
     while time.monotonic() - t0 < AFTER_S:
         t = time.perf_counter()
-        stats, lease, _ = await stats_then_lease(http, base, body)
+        stats, lease, _ = await stats_then_lease(api, body)
         stats_ms.append(stats)
         lease_ms.append(lease)
         await asyncio.sleep(max(0.0, POLL_S - (time.perf_counter() - t)))
@@ -369,7 +370,7 @@ async def bench_stats(
             await _publish(server.url, 0, proxies, proxies)
             async with _gateway(server.url, workdir, "locate") as base:
                 async with aiohttp.ClientSession() as http:
-                    await _wait_up(http, base)
+                    await _wait_up(GatewayApi(http, base))
                 await _settled(base, timeout=1800)
             pool_head = await head_seq(server.url)
             progress.update(pool_head)
@@ -377,22 +378,23 @@ async def bench_stats(
             progress.close()
             rates: dict[str, list[float]] = {"healthz": [], "stats": []}
             for run in range(runs):  # A B A B: the machine's drift falls on both
-                for poll, path in (("healthz", "/healthz"), ("stats", "/v1/stats")):
-                    r = await _fold_rate(server.url, workdir, pool_head, head, path, run)
+                for poll, ask in (("healthz", GatewayApi.healthz), ("stats", GatewayApi.stats)):
+                    r = await _fold_rate(server.url, workdir, pool_head, head, ask, run)
                     rates[poll].append(r)
             async with (
                 aiohttp.ClientSession() as http,
                 _gateway(server.url, workdir, "latency") as base,
             ):
-                await _wait_up(http, base)
+                api = GatewayApi(http, base)
+                await _wait_up(api)
                 await _settled(base, timeout=1800)
                 count = int(rate * seconds * 2.5)  # outlasts both windows below
                 load = _publisher(server.url, 0, count, proxies, float(rate))
                 try:
                     await asyncio.sleep(2.0)  # the load settles
-                    stats_ms, stats_rate = await _latency(http, base, "/v1/stats", seconds)
-                    query = "/v1/proxies?limit=100"
-                    proxies_ms, proxies_rate = await _latency(http, base, query, seconds)
+                    stats_ms, stats_rate = await _latency(api, GatewayApi.stats, seconds)
+                    page = _first_hundred
+                    proxies_ms, proxies_rate = await _latency(api, page, seconds)
                 finally:
                     load.terminate()
                     await asyncio.to_thread(load.wait, 30)

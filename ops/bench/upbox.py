@@ -6,22 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
+from gatewayapi import Answer, GatewayApi
 from ops.lab.world import LINK_HOST, World
 from ops.nats.server import free_port, with_credentials
 
-__all__ = ["UpBeside", "answers", "get_json", "up_beside"]
+__all__ = ["Refused", "UpBeside", "answers", "gateway_json", "up_beside"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class UpBeside:
     async def started(self, timeout_s: float = 60.0) -> None:
         """Until its gateway answers; an error with the log's tail when it does not."""
         began = time.monotonic()
-        while not answers(self.base):
+        while not await answers(self.base):
             if self.proc.poll() is not None or time.monotonic() - began > timeout_s:
                 raise RuntimeError(f"ppf up did not start:\n{self.log.read_text()[-2000:]}")
             await asyncio.sleep(0.1)
@@ -64,15 +65,24 @@ class UpBeside:
         return out.decode().strip()
 
 
-def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as r:
-        return json.load(r)
+class Refused(RuntimeError):
+    """The gateway answered with something else than what was asked (a status, say)."""
 
 
-def answers(base: str) -> bool:
+async def gateway_json(base: str, ask: Callable[[GatewayApi], Awaitable[Answer]]) -> Any:
+    """The JSON the gateway at ``base`` answers to ``ask``; ``Refused`` when it does not
+    answer 200."""
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http:
+        answer = await ask(GatewayApi(http, base))
+    if not answer.ok:
+        raise Refused(f"{base}: {answer.status} {answer.text()}")
+    return answer.json()
+
+
+async def answers(base: str) -> bool:
     """Whether the gateway at ``base`` is up."""
-    with contextlib.suppress(OSError, ValueError):
-        return bool(get_json(base + "/healthz")["ok"])
+    with contextlib.suppress(Refused, AttributeError, TypeError):
+        return bool((await gateway_json(base, GatewayApi.healthz))["ok"])
     return False
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import aiohttp
 
+from gatewayapi import GatewayApi
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, port_holder
 
 __all__ = ["register"]
@@ -190,22 +191,24 @@ def _named_gateway(data: Path) -> str | None:
 
 
 async def _gateway(base: str, report: _Report) -> None:
-    timeout = aiohttp.ClientTimeout(total=10)
-    try:
-        async with aiohttp.ClientSession(timeout=timeout) as http:
-            stats, date = await _get(http, base + "/v1/stats")
-            agents, _ = await _get(http, base + "/v1/agents")
-            metrics = await (await http.get(base + "/metrics")).text()
-    except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+        api = GatewayApi(http, base)
+        asked = await api.stats(), await api.agents(), await api.metrics()
+    stats, agents = asked[0].object(), asked[1].object()
+    wrong = next((a for a in asked if not a.ok), None)
+    if wrong is not None or not stats or not agents:
+        said = f"{wrong.status} {wrong.text(100)}" if wrong else "no JSON figures"
         _, port = hostport(base.split("//")[-1], 80)
         holder = port_holder(port)
         fix = f"port {port} is {holder}'s" if holder else "start it: make up"
-        report.say("fail", f"the gateway at {base} does not answer as ppf's: {exc!s:.100}", fix)
+        report.say("fail", f"the gateway at {base} does not answer as ppf's: {said}", fix)
         return
+    metrics = asked[2].text(len(asked[2].body))
+    date = asked[0].headers.get("Date")
     lag = int(stats.get("head_seq", 0)) - int(stats.get("applied_seq", 0))
     report.say("ok" if lag < 10_000 else "warn", f"the gateway at {base}: the fold {lag} behind")
     if date is not None:
-        skew = abs(time.time() - date)
+        skew = abs(time.time() - parsedate_to_datetime(date).timestamp())
         state = "ok" if skew < SKEW_S else "warn"
         report.say(
             state,
@@ -244,14 +247,6 @@ async def _gateway(base: str, report: _Report) -> None:
         if line.startswith("ppf_site_proxies{") and 'latest="through"' in line
     )
     report.say("ok", f"sites: {through} proxies known to get through (names: the admin's)")
-
-
-async def _get(http: aiohttp.ClientSession, url: str) -> tuple[dict[str, Any], float | None]:
-    async with http.get(url) as r:
-        r.raise_for_status()
-        date = r.headers.get("Date")
-        when = parsedate_to_datetime(date).timestamp() if date else None
-        return await r.json(), when
 
 
 async def _endpoint(where: str, report: _Report) -> None:

@@ -5,16 +5,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import msgspec
 
 from eventlog.client import Log
 from eventlog.protocol import GapError, Message
 from events import DecodeError, Event, ProxiesChecked, decode
 from events.batches import expand
+from gatewayapi import GatewayApi
 from ops.cli.common import DEFAULT_NATS, REPO
 from reducers import State
 
@@ -69,9 +70,11 @@ async def _replay(args: argparse.Namespace) -> int:
             if not args.gateway:
                 print("ppf replay: --verify needs --gateway URL", file=sys.stderr)
                 return 2
-            url = args.gateway.rstrip("/") + "/v1/stats"
-            with urllib.request.urlopen(url, timeout=10) as r:
-                stats = json.load(r)
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http:
+                stats = (await GatewayApi(http, args.gateway).stats()).object()
+            if "digest_seq" not in stats:
+                print(f"ppf replay: {args.gateway} gave no figures to verify", file=sys.stderr)
+                return 1
             # The gateway's digest belongs to its last checkpoint (digest_seq), not to
             # what it has applied since: compare there.
             to, expected = int(stats["digest_seq"]), stats["digest"]

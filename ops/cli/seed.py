@@ -16,6 +16,7 @@ from eventlog.client import Log
 from events import Deposited, SeedKind, SeedPlanned
 from events.keys import input_key, items_of, plan_id
 from events.mint import fresh_id, now_ms
+from gatewayapi import GatewayApi
 from ops.cli.common import DEFAULT_NATS
 
 __all__ = ["plan", "register", "uncovered"]
@@ -123,14 +124,13 @@ async def _paused(gateway: str, command: str) -> str:
     """Why the gateway's disk budget guard pauses imports ("" when it does not). A
     gateway that cannot be asked is said, and planning goes on: the guard also holds
     seed leases back, so nothing is worked past the budget either way."""
-    url = gateway.rstrip("/") + "/v1/stats"
-    try:
-        async with aiohttp.ClientSession() as http, http.get(url) as r:
-            r.raise_for_status()
-            return str((await r.json()).get("seed", {}).get("paused", ""))
-    except (OSError, aiohttp.ClientError, ValueError) as exc:
-        print(f"{command}: the disk guard was not asked ({url}: {exc!r})", file=sys.stderr)
+    async with aiohttp.ClientSession() as http:
+        answer = await GatewayApi(http, gateway).stats()
+    if not answer.ok:
+        said = f"{answer.status} {answer.text(200)}"
+        print(f"{command}: the disk guard was not asked ({gateway}: {said})", file=sys.stderr)
         return ""
+    return str(answer.object().get("seed", {}).get("paused", ""))
 
 
 async def _plan(args: argparse.Namespace) -> int:
@@ -165,13 +165,12 @@ async def _plan(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    url = args.gateway.rstrip("/") + "/v1/stats"
-    try:
-        async with aiohttp.ClientSession() as http, http.get(url) as r:
-            stats = await r.json()
-    except (OSError, aiohttp.ClientError) as exc:
-        print(f"ppf seed status: {url}: {exc}", file=sys.stderr)
+    async with aiohttp.ClientSession() as http:
+        answer = await GatewayApi(http, args.gateway).stats()
+    if answer.status == 0:
+        print(f"ppf seed status: {args.gateway}: {answer.text(200)}", file=sys.stderr)
         return 1
+    stats = answer.object()
     seed = stats.get("seed", {})
     if args.json:
         print(json.dumps(seed))
