@@ -252,7 +252,7 @@ class GatewayClient:
         if self._asked:
             log.info("agent_events_via", agent=self.agent, via=self.via)
 
-    async def _standing(self) -> None:
+    async def _ask_again(self) -> None:
         """Ask again every STANDING_S (after a lease): a clock drifts, a bug ships."""
         if not self._notices.due():
             return
@@ -299,7 +299,7 @@ class GatewayClient:
         answer = await self.api.lease(body)
         if answer.status != 200:
             raise GatewayError(answer.status, f"lease: {answer.status} {answer.text()}")
-        await self._standing()
+        await self._ask_again()
         return answer.of(LeasesReply, "lease").leases
 
     async def deposit(self, key: str, data: bytes, lease: str = "") -> tuple[int, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
 import aiohttp
@@ -76,6 +76,17 @@ async def _rows_of(content: aiohttp.StreamReader) -> list[Facts]:
     return rows
 
 
+STOP_STEP_S = 5.0  # the longest one step of a stop waits (a cancelled task, a close)
+
+
+async def _bounded(step: Awaitable[object], what: str) -> None:
+    """``step`` awaited for at most ``STOP_STEP_S``; a warning naming it when it overran."""
+    try:
+        await asyncio.wait_for(step, STOP_STEP_S)
+    except TimeoutError:
+        log.warning("feed_stop_step_overran", step=what, after_s=STOP_STEP_S)
+
+
 class Feed:
     def __init__(
         self,
@@ -130,15 +141,16 @@ class Feed:
             self._sites_task = asyncio.create_task(self._send_sites(), name="ppf-serve-sites")
 
     async def stop(self) -> None:
+        # Each step bounded, and said when it overran: a stop that hangs tells where.
         for task in (self._task, self._sender, self._sites_task):
             if task is not None:
                 task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-        await self.flush_traffic()
+                await _bounded(asyncio.gather(task, return_exceptions=True), task.get_name())
+        await self.flush_traffic()  # bounded by the session's timeout, its rounds counted
         await self.flush_sites()
-        await self.logins.stop()
+        await _bounded(self.logins.stop(), "logins")
         if self._http is not None:
-            await self._http.close()
+            await _bounded(self._http.close(), "session")
 
     @property
     def api(self) -> GatewayApi:

@@ -444,20 +444,10 @@ class Log:
                 delay *= 2
         raise AssertionError("unreachable")
 
-    async def publish_many(
-        self,
-        events: Sequence[Event],
-        *,
-        window: int = 4000,
-        timeout: float = 10.0,
-        subject: Callable[[Event], str] = subject_for,
-        msg_id: Callable[[Event], str] = _own_id,
-    ) -> list[int]:
-        """Pipelined publish of unguarded events; sequences in input order."""
-        acks = await self.publish_acks(
-            events, window=window, timeout=timeout, subject=subject, msg_id=msg_id
-        )
-        return [a.seq for a in acks]
+    async def publish_many(self, events: Sequence[Event], **how: Any) -> list[int]:
+        """Pipelined publish of unguarded events; sequences in input order (``how``: as
+        ``publish_acks`` takes it)."""
+        return [a.seq for a in await self.publish_acks(events, **how)]
 
     async def publish_acks(
         self,

@@ -10,26 +10,7 @@ from typing import Any
 
 import msgspec
 
-from events import AnyEvent
-from events.wire import (
-    AgentMe,
-    CheckoutRelease,
-    CheckoutReply,
-    CheckoutRequest,
-    EndpointFigures,
-    EventsAccepted,
-    EventsRequest,
-    HeartbeatReply,
-    LeaseRequest,
-    LeasesReply,
-    Problem,
-    ReleaseReply,
-    ReleaseRequest,
-    ReportReply,
-    ReportRequest,
-    SourcesAdded,
-    SourcesRequest,
-)
+from events import AnyEvent, wire
 from gateway.queries import PROXY_PARAMS, WORKS_ON
 
 __all__ = ["openapi"]
@@ -101,23 +82,23 @@ def _dropin() -> dict[str, Any]:
 def openapi() -> dict[str, Any]:
     """The OpenAPI 3.1 document (committed as schemas/openapi.json)."""
     types = [
-        LeaseRequest,
-        LeasesReply,
-        HeartbeatReply,
-        ReleaseRequest,
-        ReleaseReply,
-        ReportRequest,
-        ReportReply,
-        EventsRequest,
-        EventsAccepted,
-        SourcesRequest,
-        SourcesAdded,
-        AgentMe,
-        CheckoutRequest,
-        CheckoutReply,
-        CheckoutRelease,
-        EndpointFigures,
-        Problem,
+        wire.LeaseRequest,
+        wire.LeasesReply,
+        wire.HeartbeatReply,
+        wire.ReleaseRequest,
+        wire.ReleaseReply,
+        wire.ReportRequest,
+        wire.ReportReply,
+        wire.EventsRequest,
+        wire.EventsAccepted,
+        wire.SourcesRequest,
+        wire.SourcesAdded,
+        wire.AgentMe,
+        wire.CheckoutRequest,
+        wire.CheckoutReply,
+        wire.CheckoutRelease,
+        wire.EndpointFigures,
+        wire.Problem,
     ]
     (event_schema, *_), components = msgspec.json.schema_components(
         [AnyEvent, *types], ref_template="#/components/schemas/{name}"

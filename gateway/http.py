@@ -43,7 +43,6 @@ __all__ = [
     "decode_body",
     "integer",
     "middleware",
-    "problem",
     "reply",
     "retry_later",
 ]
@@ -129,34 +128,26 @@ class ApiError(WireError):
         self.parameter = parameter
         self.headers = headers or {}
 
+    def response(self) -> web.Response:
+        """The problem as the client gets it (application/problem+json)."""
+        body = Problem(
+            type=f"https://ppf.dev/problems/{self.kind}",
+            title=self.kind.replace("-", " "),
+            status=self.status,
+            detail=self.detail,
+            errors=self.errors,
+            parameter=self.parameter,
+        )
+        return web.Response(
+            body=_json.encode(body),
+            status=self.status,
+            content_type="application/problem+json",
+            headers=self.headers,
+        )
+
 
 def reply(body: Any, status: int = 200) -> web.Response:
     return web.Response(body=_json.encode(body), status=status, content_type="application/json")
-
-
-def problem(
-    status: int,
-    kind: str,
-    detail: str,
-    *,
-    errors: list[FieldError] | None = None,
-    parameter: str = "",
-    headers: dict[str, str] | None = None,
-) -> web.Response:
-    body = Problem(
-        type=f"https://ppf.dev/problems/{kind}",
-        title=kind.replace("-", " "),
-        status=status,
-        detail=detail,
-        errors=errors or [],
-        parameter=parameter,
-    )
-    return web.Response(
-        body=_json.encode(body),
-        status=status,
-        content_type="application/problem+json",
-        headers=headers,
-    )
 
 
 @web.middleware
@@ -219,27 +210,22 @@ async def _answer(request: web.Request, handler: Any) -> web.StreamResponse:
         response: web.StreamResponse = await handler(request)
         return response
     except LogError as exc:  # the log is the one dependency every write goes through
-        return problem(503, "log-unavailable", str(exc))
+        return ApiError(503, "log-unavailable", str(exc)).response()
     except ApiError as exc:
         if exc.kind == "too-many-failures":  # a guesser waits for its answer
             await asyncio.sleep(request.app[CONFIG].auth_failure_delay_s)
-        return problem(
-            exc.status,
-            exc.kind,
-            exc.detail,
-            errors=exc.errors,
-            parameter=exc.parameter,
-            headers=exc.headers,
-        )
+        return exc.response()
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         kind = (exc.reason or "error").lower().replace(" ", "-")
         keep = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after")}
-        return problem(exc.status, kind, exc.text or exc.reason or "error", headers=keep)
+        return ApiError(
+            exc.status, kind, exc.text or exc.reason or "error", headers=keep
+        ).response()
     except Exception:  # a bug: still a problem body, and a log line to find it by
         log.exception("request_failed", path=request.path, method=request.method)
-        return problem(500, "internal-error", "the gateway failed on this request")
+        return ApiError(500, "internal-error", "the gateway failed on this request").response()
 
 
 async def decode_body(request: web.Request, kind: type[T]) -> T:

@@ -22,7 +22,7 @@ from gateway.http import CONFIG, FOLD, LOG, ROLE_ADMIN, authorize
 from gateway.judge import JUDGE_DOOR
 from gateway.views import pool_census
 from reducers import sites, trust
-from reducers.pool import STANDINGS, lease_live
+from reducers.pool import FRESH_STATUSES, lease_live
 
 __all__ = ["ENDPOINT_OUTCOMES", "EndpointCounts", "metrics_text", "routes"]
 
@@ -123,7 +123,7 @@ def metrics_text(
         "lease targets by kind and status",
         [({"kind": k, "status": s}, n) for (k, s), n in sorted(leases.items())],
     )
-    statuses = (*STANDINGS, "stale")
+    statuses = (*FRESH_STATUSES, "stale")
     lines += _family(
         "ppf_pool_proxies",
         "gauge",

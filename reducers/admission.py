@@ -38,7 +38,7 @@ from reducers.state import State
 __all__ = [
     "FORBIDDEN",
     "INVALID",
-    "STALE",
+    "PAST_WINDOW",
     "refusal",
     "refused_event",
     "result_refusal",
@@ -47,7 +47,7 @@ __all__ = [
 
 FORBIDDEN = "forbidden"  # DLQ reasons: said by whom it may not be said,
 INVALID = "invalid"  # or facts that cannot be (events/validate.py),
-STALE = "stale"  # or an id older than its agent's re-send window (reducers/marks.py)
+PAST_WINDOW = "stale"  # or an id older than its agent's re-send window (reducers/marks.py)
 
 _SKIP = len(AGENT_PREFIX)
 
@@ -86,7 +86,7 @@ def refusal(state: State, subject: bytes, event: Event, ts: int) -> tuple[str, s
     elif kind in _OBSERVED and settings.resend_window and event.id[:4] != DERIVED_PREFIX:
         floor = marks.floor_at_or_above(state.marks, event.agent, event.id)
         if floor:
-            return STALE, (
+            return PAST_WINDOW, (
                 f"id {event.id} is at or below the oldest id {event.agent}'s re-send window"
                 f" keeps ({floor}): a re-send from long ago, or a clock far behind"
             )
@@ -131,7 +131,7 @@ def _outside_window(state: State, event: Event, ts: int) -> tuple[str, str]:
     what, why = marks.recent_refusal(
         state.recent, event.agent, event.id, ts, s.resend_window_s, cap
     )
-    return {"invalid": INVALID, "stale": STALE, "full": trust.QUOTA}.get(what, ""), why
+    return {"invalid": INVALID, "stale": PAST_WINDOW, "full": trust.QUOTA}.get(what, ""), why
 
 
 def _id_refused(subject: bytes, event: Event, ts: int, skew_ms: int) -> str:

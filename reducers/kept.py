@@ -74,23 +74,16 @@ class Table(Piece):
 
     __slots__ = ("columns", "digest", "key", "key_of", "packed", "row", "whole")
 
-    def __init__(
-        self,
-        row: type[msgspec.Struct],
-        key: tuple[str, ...],
-        *,
-        digest: str,
-        columns: tuple[str, ...],
-        whole: bool,
-        packed: bool,
-    ) -> None:
+    def __init__(self, row: type[msgspec.Struct], *key: str, **how: Any) -> None:
         super().__init__(dict)
         self.row = row
         self.key = key
-        self.digest = digest
-        self.columns = columns
-        self.whole = whole
-        self.packed = packed
+        self.digest: str = how.pop("digest", ALWAYS)
+        self.columns: tuple[str, ...] = how.pop("columns", ())
+        self.whole: bool = how.pop("whole", False)
+        self.packed: bool = how.pop("packed", False)
+        if how:
+            raise TypeError(f"table(): {', '.join(how)} is not a table's")
         # The row's key in its projection: its one key field, or a tuple of them (in C:
         # a restore takes a key of every row).
         self.key_of: Callable[[Any], Any] = operator.attrgetter(*key)
@@ -150,15 +143,9 @@ class Kept(Piece):
         return self.from_stored(msgspec.json.decode(text, type=self.load_as))
 
 
-def table(
-    row: type[msgspec.Struct],
-    *key: str,
-    digest: str = ALWAYS,
-    columns: tuple[str, ...] = (),
-    whole: bool = False,
-    packed: bool = False,
-) -> Any:
-    return Table(row, key, digest=digest, columns=columns, whole=whole, packed=packed)
+def table(row: type[msgspec.Struct], *key: str, **how: Any) -> Any:
+    """A table of ``row`` keyed by ``key`` (see ``Table`` for ``how``)."""
+    return Table(row, *key, **how)
 
 
 def kept(

@@ -54,9 +54,9 @@ from events.ids import uuid7_ms
 
 __all__ = [
     "NEW",
+    "PAST",
     "RECENT_CAP",
     "RESENT",
-    "STALE",
     "Mark",
     "Recent",
     "expire",
@@ -67,7 +67,7 @@ __all__ = [
     "see",
 ]
 
-NEW, RESENT, STALE = 0, 1, 2
+NEW, RESENT, PAST = 0, 1, 2
 
 
 class Mark(msgspec.Struct, kw_only=True):
@@ -85,9 +85,9 @@ def floor_at_or_above(marks: dict[str, Mark], agent: str, eid: str) -> str:
 
 
 def see(marks: dict[str, Mark], agent: str, eid: str, window: int) -> int:
-    """NEW (now remembered), RESENT (in the window) or STALE (at or below the floor)."""
+    """NEW (now remembered), RESENT (in the window) or PAST (at or below the floor)."""
     if floor_at_or_above(marks, agent, eid):
-        return STALE
+        return PAST
     mark = marks.get(agent)
     if mark is None:
         mark = marks[agent] = Mark()

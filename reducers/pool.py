@@ -21,22 +21,22 @@ __all__ = [
     "BANDS",
     "BUCKET_MS",
     "DEAD_AFTER_TTLS",
-    "STANDINGS",
+    "FRESH_STATUSES",
     "STATUSES",
     "Composition",
     "band_edges",
     "counted",
+    "fresh_status",
     "lease_live",
     "liveness",
     "seen_bounds",
-    "standing",
 ]
 
 DEAD_AFTER_TTLS = 3
 BANDS = ("alive", "stale", "dead")  # by age (``liveness``)
-STANDINGS = ("alive", "unconfirmed", "suspect", "mitm")  # within the TTL (``standing``)
+FRESH_STATUSES = ("alive", "unconfirmed", "suspect", "mitm")  # within the TTL (``fresh_status``)
 # What /v1/proxies' ``status`` says of a row and selects by, in the order the API
-# document lists them: a standing within the TTL (mitm apart: a field and a filter of its
+# document lists them: a fresh status within the TTL (mitm apart: a field and a filter of its
 # own), else the band.
 STATUSES = ("alive", "suspect", "unconfirmed", "stale", "dead")
 # Counts are kept per 30 s of last_seen: a band edge falls inside one bucket, which is
@@ -54,9 +54,9 @@ def band_edges(now: int, ttl_s: int) -> tuple[int, int]:
 
 def seen_bounds(status: str, now: int, ttl_s: int) -> tuple[int | None, int | None]:
     """The ``last_seen`` range (oldest, newest; None where open) of the rows whose status
-    is ``status`` at ``now``: a standing's is the alive band's."""
+    is ``status`` at ``now``: a fresh status's is the alive band's."""
     alive_from, stale_from = band_edges(now, ttl_s)
-    if status in STANDINGS:
+    if status in FRESH_STATUSES:
         return alive_from, None
     if status == "stale":
         return stale_from, alive_from - 1
@@ -76,12 +76,12 @@ def liveness(age_ms: int, ttl_s: int) -> str:
     return "dead"
 
 
-def standing(failing: bool, confirmed: bool, mitm: bool) -> str:
+def fresh_status(failing: bool, confirmed: bool, mitm: bool) -> str:
     """Where a proxy seen within the TTL stands: ``suspect`` while its latest check
     failed (back with its next success), ``unconfirmed`` until an agent trusted now
     confirmed it (reducers/trust.py), ``mitm`` when seen tampering, else ``alive``.
     ``/v1/proxies`` serves ``alive`` alone by default; its ``status`` field says the
-    standing without the mitm line (``mitm`` is a field and a filter of its own). The
+    fresh status without the mitm line (``mitm`` is a field and a filter of its own). The
     census of /v1/stats, the consumers' share (reducers/reports.py) and the status all
     read it here."""
     if failing:

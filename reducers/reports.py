@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection
 
 from events.catalogue import ProxiesChecked, ProxyReported
 from reducers import trust
-from reducers.pool import band_edges, standing
+from reducers.pool import band_edges, fresh_status
 from reducers.rows import Take
 from reducers.state import AgentRow, ProxyKey, ProxyRow, State
 
@@ -126,7 +126,7 @@ def _served_at(state: State, ts: int) -> Callable[[ProxyRow], bool]:
     def served(row: ProxyRow) -> bool:
         if row.last_seen < alive_from:
             return False
-        return standing(row.fail_streak > 0, vouched(row.agents), row.mitm) == "alive"
+        return fresh_status(row.fail_streak > 0, vouched(row.agents), row.mitm) == "alive"
 
     return served
 

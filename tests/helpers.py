@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 from pathlib import Path
@@ -28,6 +29,55 @@ def worked(ip: str = "8.8.8.8", port: int = 8080, **kw: Any) -> ProxyWorked:
     fields.update(kw)
     fields.setdefault("id", eid())
     return ProxyWorked(ip=ip, port=port, **fields)
+
+
+async def publish_until(
+    url: str, stop: asyncio.Event, net: int, nets: int, pause_s: float = 0.0, **kw: Any
+) -> int:
+    """``ProxyWorked`` (``kw`` its fields) of addresses ``<net>.<1..nets>.x.y``, 500 a
+    publish, ids dated now, until ``stop`` is set or the server goes away: how many went."""
+    from eventlog.client import Log, LogError
+    from events.mint import fresh_id
+
+    sent = 0
+    lg = await Log.connect(url)
+    try:
+        for i in itertools.count():
+            if stop.is_set():
+                break
+            octet = i % nets + 1
+            batch = [
+                worked(f"{net}.{octet}.{j // 250}.{j % 250 + 1}", id=fresh_id(), **kw)
+                for j in range(500)
+            ]
+            try:
+                await lg.publish_many(batch, timeout=2)
+            except LogError:
+                break
+            sent += len(batch)
+            await asyncio.sleep(pause_s)
+    finally:
+        await lg.close()  # the server may be gone by now: closes without waiting on it
+    return sent
+
+
+def check_found_as_made(row: dict[str, Any], proxy: Any) -> None:
+    """A served row says what the lab's or the world's ``proxy`` is: its protocol,
+    anonymity, exit and whether it tampers (a TLS judge shows an interceptor too)."""
+    found = (row["proto"], row["anonymity"], row["exit_ip"], row["mitm"])
+    assert found == (proxy.proto, proxy.anonymity, proxy.exit_ip, bool(proxy.mitm)), proxy.name
+
+
+def stored_and_restored(state: Any, path: Path) -> Any:
+    """``state`` checkpointed into a new DuckDB file at ``path``, and restored from it."""
+    from projections.store import Store, collect
+
+    store = Store(path)
+    try:
+        store.write(collect(state))
+        return store.restore()
+    finally:
+        store.close()
 
 
 def leased(target: str, agent: str = "w1", ttl_s: int = 60, kind: str = "source") -> Leased:

@@ -201,7 +201,7 @@ async def test_an_agent_publishes_through_the_gateway_until_it_is_trusted(
             said = ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=trusted)
             assert await fold.wait_for((await log_client.publish(said)).seq, 10)
             agent._notices.asked_at = -1e9  # its next ask is due (every 600 s)
-            await agent._standing()
+            await agent._ask_again()
             assert agent.via == "nats"
             assert await agent.publish([_worked("w1", "9.9.9.10")])
             assert await fold.wait_for(await log_client.head_seq(), 10)

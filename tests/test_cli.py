@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 import events as ev
-from eventlog.client import Log, LogError, fresh_id
+from eventlog.client import Log, fresh_id
 from ops.nats.server import free_port, free_run, with_credentials
 from ops.schemas import generate
-from tests.helpers import worked
+from tests.helpers import publish_until, worked
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -122,24 +122,7 @@ class Up:
 
 async def _load(url: str, stop: asyncio.Event) -> int:
     """Publish batches until told to stop or the server goes away."""
-    sent = 0
-    lg = await Log.connect(url)
-    try:
-        i = 0
-        while not stop.is_set():
-            batch = [
-                worked(f"8.{i % 200 + 1}.{j // 250}.{j % 250 + 1}", id=fresh_id())
-                for j in range(500)
-            ]
-            i += 1
-            try:
-                await lg.publish_many(batch, timeout=2)
-            except LogError:
-                break
-            sent += len(batch)
-    finally:
-        await lg.close()  # the server is gone by now: closes without waiting on it
-    return sent
+    return await publish_until(url, stop, 8, 200)
 
 
 @pytest.mark.timeout(180)
@@ -329,17 +312,19 @@ def test_event_schema_names_every_event() -> None:
     assert {t.__name__ for t in ev.EVENT_TYPES} <= set(schema["$defs"])
 
 
+def _bench(ppf_bin: str, *argv: str) -> Any:
+    """``ppf bench ARGV --json``, run to its end: its figures."""
+    res = subprocess.run(
+        [ppf_bin, "bench", *argv, "--json"], capture_output=True, timeout=220, env={**os.environ}
+    )
+    assert res.returncode == 0, res.stderr.decode()[-2000:]
+    return json.loads(res.stdout)
+
+
 @pytest.mark.timeout(240)
 def test_bench_fold_runs_and_reports(ppf_bin: str) -> None:
     """A small `ppf bench fold`: every figure present, and the restore is exact."""
-    res = subprocess.run(
-        [ppf_bin, "bench", "fold", "--events", "5000", "--proxies", "500", "--json"],
-        capture_output=True,
-        timeout=220,
-        env={**os.environ},
-    )
-    assert res.returncode == 0, res.stderr.decode()[-2000:]
-    out = json.loads(res.stdout)
+    out = _bench(ppf_bin, "fold", "--events", "5000", "--proxies", "500")
     assert out["form"] == "rounds" and out["observations"] == 5000
     # The setup (2,000 sources, enrolments), then rounds, leases and heartbeats: fewer
     # messages than observations.
@@ -364,30 +349,10 @@ def test_bench_fold_runs_and_reports(ppf_bin: str) -> None:
 def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
     """`ppf bench fold --located` folds both streams whole by both methods and compares
     them: the second stream holds one Located per distinct proxy."""
-    res = subprocess.run(
-        [
-            ppf_bin,
-            "bench",
-            "fold",
-            "--located",
-            "--events",
-            # Enough for a timeline of seconds: the skew of two lockstep streams is tens
-            # of ms (flushes), and a shorter span would not tell it from streams in turn.
-            "60000",
-            "--proxies",
-            "300",
-            "--pairs",
-            "1",
-            "--interleaved",
-            "2",
-            "--json",
-        ],
-        capture_output=True,
-        timeout=220,
-        env={**os.environ},
-    )
-    assert res.returncode == 0, res.stderr.decode()[-2000:]
-    out = json.loads(res.stdout)
+    # Enough events for a timeline of seconds: the skew of two lockstep streams is tens
+    # of ms (flushes), and a shorter span would not tell it from streams in turn.
+    located = ("--located", "--events", "60000", "--proxies", "300")
+    out = _bench(ppf_bin, "fold", *located, "--pairs", "1", "--interleaved", "2")
     assert out["events"] == 60000  # 2,000 of them add the sources, before any proxy
     assert 0 < out["located_events"] <= 300
     # Published in lockstep: one timeline, where streams published in turn would skew
@@ -408,14 +373,8 @@ def test_bench_fold_located_folds_both_streams_whole(ppf_bin: str) -> None:
 def test_bench_fold_versus_folds_both_trees_whole(ppf_bin: str) -> None:
     """`ppf bench fold --versus DIR` folds the stream whole in both trees (here this tree
     against itself) and compares them run by run."""
-    res = subprocess.run(
-        [ppf_bin, "bench", "fold", "--versus", str(REPO), "--events", "15000",
-         "--proxies", "300", "--runs", "2", "--json"],
-        capture_output=True,
-        timeout=220,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr.decode()[-2000:]
-    out = json.loads(res.stdout)
+    versus = ("--versus", str(REPO), "--events", "15000", "--proxies", "300")
+    out = _bench(ppf_bin, "fold", *versus, "--runs", "2")
     assert out["events"] == 15000
     for side in ("old", "new"):
         assert len(out[f"{side}_wall_s"]) == 2 and all(s > 0 for s in out[f"{side}_cpu_s"])
@@ -428,14 +387,8 @@ def test_bench_fold_rounds_folds_the_same_observations_in_both_forms(ppf_bin: st
     """`ppf bench fold --rounds`: the workload's single events and its rounds are the
     same observations (both folds build one pool), rounds are far fewer messages and
     bytes, and each rate is the observations over that side's own CPU seconds."""
-    res = subprocess.run(
-        [ppf_bin, "bench", "fold", "--rounds", "--observations", "20000", "--proxies", "2000",
-         "--runs", "2", "--json"],
-        capture_output=True,
-        timeout=220,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr.decode()[-2000:]
-    out = json.loads(res.stdout)
+    rounds = ("--rounds", "--observations", "20000", "--proxies", "2000")
+    out = _bench(ppf_bin, "fold", *rounds, "--runs", "2")
     assert out["observations"] == 20000
     assert out["same_pool"] is True and out["pools_compared"] == ["rounds", "singles"]
     assert out["rounds_messages"] * 5 < out["singles_messages"]

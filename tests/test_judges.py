@@ -8,6 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -156,12 +157,28 @@ async def test_the_judge_answers_only_nonces_minted_for_it_once_in_time(tmp_path
         await server.close()
 
 
+def _httpbin_echo(request: web.Request) -> web.Response:
+    """What an httpbin-style judge answers: the request, as it saw it."""
+    echo = {"args": dict(request.query), "headers": dict(request.headers)}
+    return web.json_response({**echo, "origin": request.remote, "url": str(request.url)})
+
+
+async def _judge_at(get: Any) -> tuple[Any, str]:
+    """A judge on loopback answering ``GET /get`` with ``get``: its server and URL."""
+    from aiohttp.test_utils import TestServer
+
+    app = web.Application()
+    app.router.add_get("/get", get)
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    return server, str(server.make_url("/get"))
+
+
 async def test_an_answer_to_an_ask_sent_before_a_check_does_not_clear_the_judge() -> None:
     """A health ask reaches the judge, a check begins, the judge answers the ask and then
     dies: the check's failure is the judge's (``answers`` is False), since nothing sent
     after the check began was answered. Counting the answer's arrival made it the
     proxy's (tests/test_world.py's killed judge, now and then)."""
-    from aiohttp.test_utils import TestServer
 
     from agents.judgepool import JudgePool
 
@@ -171,14 +188,9 @@ async def test_an_answer_to_an_ask_sent_before_a_check_does_not_clear_the_judge(
     async def get(request: web.Request) -> web.Response:
         reached.set()
         await gate.wait()
-        echo = {"args": dict(request.query), "headers": dict(request.headers)}
-        return web.json_response({**echo, "origin": request.remote, "url": str(request.url)})
+        return _httpbin_echo(request)
 
-    app = web.Application()
-    app.router.add_get("/get", get)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    url = str(server.make_url("/get"))
+    server, url = await _judge_at(get)
     pool = await JudgePool([url], own=[url], health_every_s=3600, timeout_s=2).start()
     try:
         judge = pool.states[0].judge
@@ -202,19 +214,13 @@ async def test_while_no_judge_answers_none_is_benched_past_the_base_cooldown() -
     """The agent's own network down benches every judge: each is asked again within the
     base cooldown however often it failed, so the agent sees its network back (and tells
     the fleet) within it; beside a judge that answers, a failing one's bench doubles."""
-    from aiohttp.test_utils import TestServer
 
     from agents.judgepool import JudgePool
 
     async def get(request: web.Request) -> web.Response:
-        echo = {"args": dict(request.query), "headers": dict(request.headers)}
-        return web.json_response({**echo, "origin": request.remote, "url": str(request.url)})
+        return _httpbin_echo(request)
 
-    app = web.Application()
-    app.router.add_get("/get", get)
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    up = str(server.make_url("/get"))
+    server, up = await _judge_at(get)
     down = "http://127.0.0.1:9/get"  # discard: refused
     try:
         alone = JudgePool([down], own=[down], timeout_s=2, cooldown_s=30)

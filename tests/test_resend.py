@@ -11,10 +11,9 @@ import msgspec
 import events as ev
 from events.ids import uuid7, uuid7_after
 from projections import Folder, digest
-from projections.store import Store, collect
 from reducers import State
-from reducers.marks import NEW, RESENT, STALE, Mark, see
-from tests.helpers import message, worked
+from reducers.marks import NEW, PAST, RESENT, Mark, see
+from tests.helpers import message, stored_and_restored, worked
 
 T0 = 1_800_000_000_000
 MIN = 60_000
@@ -29,13 +28,12 @@ def _on_own(seq: int, ts: int, event: ev.Event) -> tuple[int, int, bytes, bytes]
     return (seq, ts, ev.agent_subject(event).encode(), ev.encode(event))
 
 
-def _preamble(switched: bool) -> list[ev.Event]:
-    settings = ev.Settings(agent_subjects=switched)
+def _start(settings: ev.Settings, workers: tuple[str, ...]) -> list[ev.Event]:
+    """``settings``, then each of ``workers`` enrolled with the token ``token-<name>``."""
     out: list[ev.Event] = [
         ev.Configured(id=_id(T0 - 10, 0), agent="admin", at=0, settings=settings)
     ]
-    for n, name in enumerate(("w1", "w2")):
-        digest_ = ev.token_sha256(f"token-{name}")
+    for n, name in enumerate(workers):
         out.append(
             ev.AgentEnrolled(
                 id=_id(T0 - 5, n),
@@ -43,10 +41,14 @@ def _preamble(switched: bool) -> list[ev.Event]:
                 at=0,
                 name=name,
                 role="worker",
-                token_sha256=digest_,
+                token_sha256=ev.token_sha256(f"token-{name}"),
             )
         )
     return out
+
+
+def _preamble(switched: bool) -> list[ev.Event]:
+    return _start(ev.Settings(agent_subjects=switched), ("w1", "w2"))
 
 
 def _log(switched: bool, resend: bool) -> list[tuple[int, int, bytes, bytes]]:
@@ -250,7 +252,7 @@ def test_the_window_is_bounded_and_its_floor_rises_only_to_ids_let_go() -> None:
     assert len(mark.ids) == 4 and future in mark.ids
     assert mark.floor == _id(T0 + 6, 0)
     assert see(marks_, "w", _id(T0 + 9, 0), 4) == RESENT
-    assert see(marks_, "w", _id(T0 + 2, 0), 4) == STALE
+    assert see(marks_, "w", _id(T0 + 2, 0), 4) == PAST
     assert see(marks_, "w", _id(T0 + 20, 0), 4) == NEW
 
 
@@ -260,12 +262,7 @@ def test_the_window_survives_a_checkpoint(tmp_path: Path) -> None:
     msgs = _window_log(resend=False)[:2_000]
     state = State()
     Folder(state).apply(msgs)
-    store = Store(tmp_path / "p.duckdb")
-    try:
-        store.write(collect(state))
-        restored = store.restore()
-    finally:
-        store.close()
+    restored = stored_and_restored(state, tmp_path / "p.duckdb")
     assert restored.marks == state.marks
     assert digest(restored) == digest(state)
 

@@ -12,12 +12,11 @@ import msgspec
 import events as ev
 from events.ids import uuid7
 from projections import Folder, digest
-from projections.store import Store, collect
 from reducers import State
 from reducers.marks import RECENT_CAP, Recent, expire, recent_cap, recent_refusal, remember
 from reducers.proxies import SWEEP_MS
-from tests.helpers import message, worked
-from tests.test_resend import MIN, T0, _id, _on_own
+from tests.helpers import message, stored_and_restored, worked
+from tests.test_resend import MIN, T0, _id, _on_own, _start
 
 WINDOW_S = 3_900
 
@@ -31,20 +30,7 @@ def _preamble(window_s: int = WINDOW_S, **more: object) -> list[Msg]:
         agent_subjects=True, trust=True, trusted_agents=("op",), guarded=True,
         resend_window=512, resend_window_s=window_s, batches=True, **more,  # type: ignore[arg-type]
     )  # fmt: skip
-    out: list[ev.Event] = [
-        ev.Configured(id=_id(T0 - 10, 0), agent="admin", at=0, settings=settings)
-    ]
-    for n, name in enumerate(("op", "w1")):
-        out.append(
-            ev.AgentEnrolled(
-                id=_id(T0 - 5, n),
-                agent="admin",
-                at=0,
-                name=name,
-                role="worker",
-                token_sha256=ev.token_sha256(f"token-{name}"),
-            )
-        )
+    out = _start(settings, ("op", "w1"))
     return [message(seq, T0 - 1, e) for seq, e in enumerate(out, start=1)]
 
 
@@ -155,12 +141,7 @@ def test_the_window_survives_a_checkpoint_and_old_logs_keep_their_digest(
     for at, e in _flood(2_000):
         msgs.append(_on_own(len(msgs) + 1, at, e))
     state, _ = _fold(msgs)
-    store = Store(tmp_path / "p.duckdb")
-    try:
-        store.write(collect(state))
-        restored = store.restore()
-    finally:
-        store.close()
+    restored = stored_and_restored(state, tmp_path / "p.duckdb")
     assert restored.recent == state.recent and len(state.recent["op"].until) == 2_000
     assert digest(restored) == digest(state)
     first = ev.decode(msgs[0][3])

@@ -20,11 +20,11 @@ import msgspec
 import pytest
 
 import events as ev
-from eventlog.client import Log, LogError
+from eventlog.client import Log
 from events.mint import fresh_id, now_ms
 from events.subjects import url_id
 from ops.cli.admin import reconfigure
-from tests.helpers import worked
+from tests.helpers import publish_until, worked
 from tests.test_cli import Up, _get
 
 LOCAL = ("local-worker", "local-checker", "local-seed")
@@ -129,28 +129,9 @@ async def _load(url: str, stop: asyncio.Event) -> int:
     """The local worker's confirmations (the operator's: no quota), 500 a publish, until
     told to stop: proxies the checker then finds due. Ids dated now: `ppf up`'s re-send
     window refuses an id dated more than an hour before it reaches the log."""
-    sent = 0
-    lg = await Log.connect(url)
-    try:
-        i = 0
-        while not stop.is_set():
-            # 45.1-45.60: the world-in-a-box tests, beside this one, own 45.67 and 45.68.
-            batch = [
-                worked(
-                    f"45.{i % 60 + 1}.{j // 250}.{j % 250 + 1}", agent="local-worker", id=fresh_id()
-                )
-                for j in range(500)
-            ]
-            i += 1
-            try:
-                await lg.publish_many(batch, timeout=2)
-            except LogError:
-                break
-            sent += len(batch)
-            await asyncio.sleep(0.2)  # ~2,500 a second: the fold's load, not a flood
-    finally:
-        await lg.close()
-    return sent
+    # 45.1-45.60: the world-in-a-box tests, beside this one, own 45.67 and 45.68; ~2,500
+    # a second: the fold's load, not a flood.
+    return await publish_until(url, stop, 45, 60, pause_s=0.2, agent="local-worker")
 
 
 async def _setup(url: str, sources: list[str]) -> None:

@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from ops.lab.testbed import ProxyLab
+from tests.helpers import check_found_as_made
 from tests.test_cli import Up
 
 
@@ -73,14 +74,8 @@ async def test_worker_turns_a_list_into_verified_proxies(
         found = {p["port"]: p for p in pool}
         assert set(found) == set(real), (sorted(found), sorted(real))  # no fake, none missed
         for port, proxy in real.items():
-            got = found[port]
-            assert (got["proto"], got["anonymity"], got["exit_ip"]) == (
-                proxy.proto,
-                proxy.anonymity,
-                proxy.exit_ip,
-            ), proxy.name
             # `ppf up` serves a TLS judge: the interceptor's certificate shows too.
-            assert got["mitm"] == bool(proxy.mitm), proxy.name
+            check_found_as_made(found[port], proxy)
         # By default the pool leaves the interceptors out.
         served = {p["port"] for p in await asyncio.to_thread(_pool, up.base, "false")}
         assert served == {port for port, p in real.items() if not p.mitm}

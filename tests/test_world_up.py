@@ -19,6 +19,7 @@ from events.mint import fresh_id_after
 from ops.lab.world import LINK_HOST, World, unavailable
 from ops.nats.server import free_port
 from projections.locator import lookup
+from tests.helpers import check_found_as_made
 from tests.test_cli import Up
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
@@ -102,12 +103,7 @@ async def test_ppf_up_outside_the_lab_serves_the_worlds_real_proxies(
         assert set(pool) == set(real), (sorted(pool), sorted(real))  # no fake, none missed
         for key, proxy in real.items():
             got = pool[key]
-            assert (got["proto"], got["anonymity"], got["exit_ip"]) == (
-                proxy.proto,
-                proxy.anonymity,
-                proxy.exit_ip,
-            ), proxy.name
-            assert got["mitm"] == bool(proxy.mitm), proxy.name
+            check_found_as_made(got, proxy)
             assert got["https"] == proxy.https, proxy.name
             assert got["country"] == lookup(proxy.addr).country != "", proxy.name
         served = await asyncio.to_thread(_pool, up.base, "false")

@@ -20,7 +20,7 @@ from typing import Any
 
 from eventlog.client import Log
 from gateway.views import FOLLOW_S, PoolViewKeeper
-from ops.bench.harness import checkout, head_seq, nats_servers, publish_workload
+from ops.bench.harness import Workload, checkout, head_seq, nats_servers, publish_workload
 from ops.bench.options import Fold
 from ops.bench.streams import publish_synthetic
 from projections.live import FoldService
@@ -136,7 +136,7 @@ async def bench_catch_up_versus(fold: Fold) -> dict[str, Any]:
         nats_servers(Path(tmp), "nats") as (server,),
     ):
         if rounds:
-            await publish_workload([server.url], "r", observations, proxies, seed)
+            await publish_workload(Workload([server.url], "r", observations, proxies, seed))
             head = await head_seq(server.url)
         else:
             head = observations = await publish_synthetic(server.url, observations, proxies, seed)

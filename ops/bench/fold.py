@@ -34,7 +34,7 @@ from events import Fetched, ProxiesChecked, ProxyFailed, ProxyWorked, decode
 from events.batches import expand
 from ops.bench.catchup import gateway_catch_up
 from ops.bench.compare import median_ci, pct_by_run, pct_of_medians
-from ops.bench.harness import head_seq, nats_servers, publish_workload
+from ops.bench.harness import Workload, head_seq, nats_servers, publish_workload
 from ops.bench.options import Fold
 from ops.bench.streams import publish_synthetic, synthetic_in_lockstep
 from ops.progress import Progress
@@ -129,9 +129,8 @@ BURST = 30_000
 async def _burst(url: str, rounds: bool, proxies: int, seed: int) -> int:
     """``BURST`` new proxies (after the workload's), as rounds or single events: the
     stream's head once they are in it."""
-    await publish_workload(
-        [url], "r" if rounds else "s", BURST, BURST, seed, setup=False, first=proxies
-    )
+    form = "r" if rounds else "s"
+    await publish_workload(Workload([url], form, BURST, BURST, seed, setup=False, first=proxies))
     return await head_seq(url)
 
 
@@ -175,7 +174,7 @@ async def bench_fold(
         workdir = Path(tmp)
         nats_url = fold.nats or own.enter_context(nats_servers(workdir, "nats"))[0].url
         if rounds:  # the workload as the fleet sends it: events counts observations
-            await publish_workload([nats_url], "r", events, proxies, seed)
+            await publish_workload(Workload([nats_url], "r", events, proxies, seed))
             head = await head_seq(nats_url)
         else:
             head = await publish_synthetic(nats_url, events, proxies, seed)

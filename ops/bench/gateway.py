@@ -21,13 +21,13 @@ from urllib.parse import urlencode
 import aiohttp
 
 from eventlog.client import Log
-from events import ProxyWorked, SourceAdded, url_id
+from events import SourceAdded, url_id
 from events.mint import enrollment, fresh_id, now_ms
 from events.wire import LeasesReply
 from gatewayapi import GatewayApi
 from ops.bench.harness import nats_servers
 from ops.bench.options import Lease, Query
-from ops.bench.workload import _ip
+from ops.bench.workload import ANON, seen_working
 from ops.nats.server import free_port
 from ops.progress import Progress
 
@@ -191,21 +191,8 @@ async def bench_query(query: Query, rounds: int = 200) -> dict[str, Any]:
     proxies = query.proxies
     with tempfile.TemporaryDirectory(prefix="ppf-bench-query-") as tmp:
         async with _system(Path(tmp)) as (lg, base, _):
-            protos = ("http", "https", "socks4", "socks5")
-            anon = ("transparent", "anonymous", "elite")
             events = [
-                ProxyWorked(
-                    id=fresh_id(),
-                    agent="bench",
-                    at=now_ms(),
-                    ip=_ip(p),
-                    port=1024 + p % 50000,
-                    proto=protos[p % 4],
-                    latency_ms=20 + (p * 7919) % 3000,
-                    exit_ip=_ip(p),
-                    anonymity=anon[p % 3],  # type: ignore[arg-type]
-                )
-                for p in range(proxies)
+                seen_working(p, 1024 + p % 50000, anonymity=ANON[p % 3]) for p in range(proxies)
             ]
             progress = Progress("publish", len(events))
             seqs = []

@@ -13,7 +13,14 @@ from eventlog.client import Log
 from ops.bench.streams import Workload, publisher
 from ops.nats.server import NatsServer, ServerTls, free_port
 
-__all__ = ["checkout", "ensure_stream", "head_seq", "nats_servers", "publish_workload"]
+__all__ = [
+    "Workload",
+    "checkout",
+    "ensure_stream",
+    "head_seq",
+    "nats_servers",
+    "publish_workload",
+]
 
 
 def checkout(tree: Path) -> Path:
@@ -39,27 +46,9 @@ def nats_servers(
             server.stop()
 
 
-async def publish_workload(
-    urls: list[str],
-    forms: str,
-    observations: int,
-    proxies: int,
-    seed: int,
-    *,
-    setup: bool = True,
-    first: int = 0,
-) -> None:
-    """The pinned workload into each of ``urls`` (ops/bench/streams.py ``Workload``), by
-    its own process: its memory and CPU are not the bench's."""
-    work = Workload(
-        urls=urls,
-        forms=forms,
-        observations=observations,
-        proxies=proxies,
-        seed=seed,
-        setup=setup,
-        first=first,
-    )
+async def publish_workload(work: Workload) -> None:
+    """The pinned workload into its servers (ops/bench/streams.py ``Workload``), by its
+    own process: its memory and CPU are not the bench's."""
     child = await asyncio.create_subprocess_exec(
         *publisher(work), stdout=asyncio.subprocess.DEVNULL
     )

@@ -21,7 +21,7 @@ from typing import Any
 
 from eventlog.client import Log
 from ops.bench.compare import median_ci, pct_by_run
-from ops.bench.harness import checkout, nats_servers, publish_workload
+from ops.bench.harness import Workload, checkout, nats_servers, publish_workload
 from ops.bench.options import Fold
 from ops.bench.versus import Side, side_by_side
 
@@ -77,7 +77,9 @@ async def bench_rounds(fold: Fold) -> dict[str, Any]:
         workdir = Path(tmp)
         with nats_servers(workdir, "nats-s", "nats-r") as servers:
             singles_url, rounds_url = (s.url for s in servers)
-            await publish_workload([singles_url, rounds_url], "sr", observations, proxies, seed)
+            await publish_workload(
+                Workload([singles_url, rounds_url], "sr", observations, proxies, seed)
+            )
             (s_msgs, s_bytes), (r_msgs, r_bytes) = [
                 await _stream(u) for u in (singles_url, rounds_url)
             ]

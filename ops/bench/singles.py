@@ -32,7 +32,7 @@ import aiohttp
 
 from gatewayapi import GatewayApi
 from ops.bench.gateway import _settled
-from ops.bench.harness import head_seq, publish_workload
+from ops.bench.harness import Workload, head_seq, publish_workload
 from ops.bench.options import Stats
 from ops.bench.stats import _summary, _unlocated, _wait_up
 from ops.nats.server import free_port, with_credentials
@@ -78,10 +78,12 @@ async def _run(
     workdir: Path, form: str, observations: int, proxies: int, after: int, seed: int
 ) -> dict[str, Any]:
     async with aiohttp.ClientSession() as http, _up(workdir) as (base, url, up):
-        await publish_workload([url], FORMS[form], 0, proxies, seed)
+        await publish_workload(Workload([url], FORMS[form], 0, proxies, seed))
         await _settled(base, quiet_s=1.0, timeout=300)
         up.send_signal(signal.SIGSTOP)
-        await publish_workload([url], FORMS[form], observations, proxies, seed, setup=False)
+        await publish_workload(
+            Workload([url], FORMS[form], observations, proxies, seed, setup=False)
+        )
         target = await head_seq(url)
         up.send_signal(signal.SIGCONT)
         during: list[float] = []

@@ -37,7 +37,7 @@ from events import AgentEnrolled, SiteResult, SitesChecked, token_sha256
 from events.mint import fresh_id, now_ms
 from gatewayapi import GatewayApi
 from ops.bench.gateway import _pct, _settled
-from ops.bench.harness import publish_workload
+from ops.bench.harness import Workload, publish_workload
 from ops.bench.options import SiteState
 from ops.bench.snapshot import _gateway, _ready_at
 from ops.bench.stats import stats_then_lease
@@ -89,7 +89,7 @@ async def _log(
 ) -> NatsServer:
     server = NatsServer(workdir / f"nats-{name}", port=free_port())
     server.start()
-    await publish_workload([server.url], "r", observations, proxies, 1)
+    await publish_workload(Workload([server.url], "r", observations, proxies, 1))
     lg = await Log.connect(server.url)
     try:
         await lg.publish(

@@ -32,7 +32,7 @@ import aiohttp
 
 from eventlog.client import Log
 from ops.bench.gateway import _settled
-from ops.bench.harness import ensure_stream, nats_servers, publish_workload
+from ops.bench.harness import Workload, ensure_stream, nats_servers, publish_workload
 from ops.bench.options import Snapshot
 from ops.nats.server import free_port
 
@@ -89,7 +89,7 @@ async def bench_snapshot(snap: Snapshot, seed: int = 1) -> dict[str, Any]:
         workdir = Path(tmp)
         with nats_servers(workdir, "nats") as (server,):
             await ensure_stream(server.url)
-            await publish_workload([server.url], "r", observations, proxies, seed)
+            await publish_workload(Workload([server.url], "r", observations, proxies, seed))
             port = free_port()
             locator = await asyncio.to_thread(
                 _gateway, server.url, port, workdir / "locate.log", "--no-snapshots"

@@ -51,7 +51,7 @@ from ops.bench.gateway import _pct, _settled, _spawn_gateway
 from ops.bench.harness import ensure_stream, head_seq, nats_servers, publish_workload
 from ops.bench.options import Stats
 from ops.bench.streams import Workload, publisher
-from ops.bench.workload import PROTOS, _ip
+from ops.bench.workload import seen_working
 from ops.nats.server import free_port
 from ops.progress import Progress
 
@@ -62,16 +62,7 @@ AFTER_S = 10.0  # asked after each catch-up for this long
 
 
 def _worked(n: int) -> ProxyWorked:
-    return ProxyWorked(
-        id=fresh_id(),
-        agent="bench",
-        at=now_ms(),
-        ip=_ip(n),
-        port=8080 + n % 3,
-        proto=PROTOS[n % 4],
-        latency_ms=20 + (n * 7919) % 3000,
-        exit_ip=_ip(n),
-    )
+    return seen_working(n, 8080 + n % 3)
 
 
 async def _publish(url: str, first: int, count: int, pool: int, *, rate: float = 0.0) -> int:
@@ -208,7 +199,8 @@ async def _backlog(
     takes it: the publisher and nats-server then take the machine's two cores from the
     gateway, and every lease waits for JetStream's ack behind the burst."""
     with nats_servers(workdir, f"nats-backlog-{burst}-{run}") as (server,):
-        await publish_workload([server.url], "r", 0, proxies, seed)  # enrolments, settings
+        # The setup alone: enrolments, settings, sources.
+        await publish_workload(Workload([server.url], "r", 0, proxies, seed))
         token = f"bench-{fresh_id()}"
         lg = await Log.connect(server.url)
         enrolled = AgentEnrolled(
@@ -227,16 +219,7 @@ async def _backlog(
             if not burst:
                 gateway.send_signal(signal.SIGSTOP)
             load = await asyncio.create_subprocess_exec(
-                *publisher(
-                    Workload(
-                        urls=[server.url],
-                        forms="r",
-                        observations=observations,
-                        proxies=proxies,
-                        seed=seed,
-                        setup=False,
-                    )
-                ),
+                *publisher(Workload([server.url], "r", observations, proxies, seed, setup=False)),
                 stdout=subprocess.DEVNULL,
             )  # not waited for: the gateway is asked while it runs
             published_s = 0.0  # from the gateway's go to the publisher's end

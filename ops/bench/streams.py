@@ -125,7 +125,7 @@ async def _synthetic(
     return heads
 
 
-class Workload(msgspec.Struct, kw_only=True):
+class Workload(msgspec.Struct):
     """The pinned workload's steps (ops/bench/workload.py) for each server of ``urls``,
     each in its form (``forms``: ``s`` single events, ``r`` rounds, one letter a server);
     without ``setup``, the first step (enrolments, settings, sources) is left out;

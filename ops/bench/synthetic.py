@@ -8,19 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from events import (
-    Event,
-    Extracted,
-    Fetched,
-    Located,
-    ProxiesChecked,
-    ProxyFailed,
-    ProxyWorked,
-    agent_msg_id,
-    agent_subject,
-    subject_for,
-    uuid7,
-)
+from events import OBSERVATIONS, Event, Located, ProxyWorked, uuid7
+from events.subjects import agent_msg_id, agent_subject, subject_for
 from ops.bench.workload import steps
 
 __all__ = ["events", "route"]
@@ -61,12 +50,9 @@ def events(
                 )  # fmt: skip
 
 
-_OBSERVATIONS = (Fetched, Extracted, ProxyWorked, ProxyFailed, ProxiesChecked)
-
-
 def route(event: Event) -> tuple[str, str]:
     """(subject, Nats-Msg-Id) as the fleet publishes it: an agent's observations on its
     own subjects under its scoped id, the rest on the service's subjects."""
-    if isinstance(event, _OBSERVATIONS):
+    if isinstance(event, OBSERVATIONS):
         return agent_subject(event), agent_msg_id(event)
     return subject_for(event), event.id

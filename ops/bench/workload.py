@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from events import (
     AgentEnrolled,
@@ -36,12 +37,29 @@ from events import (
     uuid7,
 )
 from events.batches import group
+from events.mint import fresh_id, now_ms
 
-__all__ = ["Step", "steps"]
+__all__ = ["Step", "seen_working", "steps"]
 
 T0 = 1_790_000_000_000
 PROTOS = ("http", "https", "socks4", "socks5")
 ANON = ("transparent", "anonymous", "elite")
+
+
+def seen_working(n: int, port: int, **more: Any) -> ProxyWorked:
+    """The n-th proxy seen working on ``port``, as the gateway benches publish it (no
+    lease, no source): its protocol and latency drawn from ``n``."""
+    return ProxyWorked(
+        id=fresh_id(),
+        agent="bench",
+        at=now_ms(),
+        ip=_ip(n),
+        port=port,
+        proto=PROTOS[n % 4],
+        latency_ms=20 + (n * 7919) % 3000,
+        exit_ip=_ip(n),
+        **more,
+    )
 
 
 def _ip(n: int) -> str:

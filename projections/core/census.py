@@ -1,4 +1,4 @@
-"""The census of a pool view: its rows within the TTL counted by standing, protocol,
+"""The census of a pool view: its rows within the TTL counted by fresh status, protocol,
 anonymity and country, kept as the TTL's edge moves and carried from one view to the
 next built from the rows that changed."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from projections.core.proxyview import ProxyView, Views
-from reducers.pool import STANDINGS, band_edges, standing
+from reducers.pool import FRESH_STATUSES, band_edges, fresh_status
 
 __all__ = ["CENSUS_MS", "STEP", "Tally", "edge"]
 
@@ -37,7 +37,7 @@ def _newest_first(v: ProxyView) -> int:
 
 def _line(v: ProxyView) -> str:
     """The census line of a row within the TTL."""
-    return standing(v.fail_streak > 0, v.confirmed, v.mitm)
+    return fresh_status(v.fail_streak > 0, v.confirmed, v.mitm)
 
 
 @dataclass(slots=True)
@@ -48,7 +48,7 @@ class Tally:
 
     edge: int = 0
     at: int = -1
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(STANDINGS, 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FRESH_STATUSES, 0))
     by: dict[str, dict[str, int]] = field(default_factory=lambda: {k: {} for k, _ in _BY})
     answer: dict[str, Any] | None = None
 

@@ -23,7 +23,7 @@ from projections.core.proxyview import ProxyView, Views, view_of
 from projections.core.readmodels import ProxyFilter
 from projections.core.through import ThroughKept
 from reducers import State, trust
-from reducers.pool import STANDINGS, seen_bounds, standing
+from reducers.pool import FRESH_STATUSES, fresh_status, seen_bounds
 from reducers.state import ProxyKey
 from reducers.steps import at_once
 
@@ -43,12 +43,12 @@ _NONE: Views = Chunks()
 INDEXED = ("proto", "anonymity", "country", "asn")  # the order _indexing walks them in
 
 
-def _standing_terms(status: str) -> tuple[bool | None, bool | None]:
-    """(failing, confirmed) a row within the TTL needs for ``standing`` to say ``status``
-    with mitm apart (None: either), found by asking ``standing`` itself, so a scan
+def _fresh_terms(status: str) -> tuple[bool | None, bool | None]:
+    """(failing, confirmed) a row within the TTL needs for ``fresh_status`` to say ``status``
+    with mitm apart (None: either), found by asking ``fresh_status`` itself, so a scan
     tests two fields a row rather than calling it."""
     cases = [
-        (f, c) for f in (False, True) for c in (False, True) if standing(f, c, False) == status
+        (f, c) for f in (False, True) for c in (False, True) if fresh_status(f, c, False) == status
     ]
     failing = {f for f, _ in cases}
     confirmed = {c for _, c in cases}
@@ -60,7 +60,7 @@ def _standing_terms(status: str) -> tuple[bool | None, bool | None]:
     )
 
 
-_STANDING_TERMS = {s: _standing_terms(s) for s in STANDINGS if s != "mitm"}
+_FRESH_TERMS = {s: _fresh_terms(s) for s in FRESH_STATUSES if s != "mitm"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ class PoolView:
         self, rows: Views, f: ProxyFilter, now: int, sort: str, limit: int
     ) -> Iterator[ProxyView]:
         oldest, newest = seen_bounds(f.status, now, self.ttl_s)
-        failing, confirmed = _STANDING_TERMS.get(f.status, (None, None))
+        failing, confirmed = _FRESH_TERMS.get(f.status, (None, None))
         fresh = now - f.fresh_s * 1000 if f.fresh_s is not None else None
         works = [self.through.get(site, _NO_ONE) for site in f.works_on or ()]
         taken = 0

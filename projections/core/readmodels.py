@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from events.sites import THROUGH
 from projections.core.quality import datacenter, stable_since, uptime
 from reducers import sites, trust
-from reducers.pool import liveness, standing
+from reducers.pool import fresh_status, liveness
 from reducers.rows import ProxyQuality, SiteCells
 from reducers.state import ProxyRow, SourceRow, State
 
@@ -118,7 +118,7 @@ def status_at(last_seen: int, now: int, ttl_s: int, confirmed: bool, failed: boo
     band = liveness(now - last_seen, ttl_s)
     if band != "alive":
         return band
-    return standing(failed, confirmed, mitm=False)  # the status field: mitm apart
+    return fresh_status(failed, confirmed, mitm=False)  # the status field: mitm apart
 
 
 def percentile(samples: Iterable[int], q: float) -> int | None:
