@@ -40,10 +40,14 @@ __all__ = [
     "Answer",
     "SiteRule",
     "blocked_redirect",
+    "blockish",
+    "by_classes",
     "generic",
     "head_verdict",
+    "page_title",
     "read",
     "rule_for",
+    "same_class",
     "site_key_ok",
     "site_of",
     "verdict",
@@ -180,7 +184,8 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
     if block_sign(answer.head, answer.size, answer.headers):
         return BLOCKED  # a vendor's challenge, or a page that says it is a block
     if 200 <= answer.status < 400:
-        return THROUGH
+        read = [o for o in others if 200 <= o.status < 400 and (o.head or o.size or o.location)]
+        return by_classes(answer, read)
     refused = answer.closed or answer.status in _REFUSALS
     if refused and any(200 <= o.status < 300 for o in others):
         return BLOCKED
@@ -188,6 +193,83 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
 
 
 _REFUSALS = frozenset({403, 502, 503, 504})
+
+
+def by_classes(answer: Answer, others: Iterable[Answer]) -> str:
+    """A page or a redirect of a site without a rule, against the answers other proxies
+    got to the same request (each read: a page, a redirect). Answers that look alike are
+    one class (``same_class``); where the classes disagree, the one that looks like a
+    block beside the others (``blockish``) is ``blocked`` and the others ``through``,
+    never by how many exits got which: most exits may be turned away. Where no class
+    can be told from the others, ``none``: never ``through`` on a split it cannot read."""
+    differing = [o for o in others if not same_class(answer, o)]
+    if not differing:
+        return THROUGH
+    mine = any(blockish(answer, o) for o in differing)
+    theirs = [blockish(o, answer) for o in differing]
+    if mine and not any(theirs):
+        return BLOCKED
+    if all(theirs) and not mine:
+        return THROUGH
+    return NONE
+
+
+def same_class(a: Answer, b: Answer) -> bool:
+    """Whether two answers to one request look alike: the same kind of status, the same
+    redirect target, the same title, and lengths within a factor of ``FAR`` (a page's
+    size moves a little from answer to answer; a block page is far shorter)."""
+    return (
+        a.status // 100 == b.status // 100
+        and _target(a) == _target(b)
+        and page_title(a.head) == page_title(b.head)
+        and not _far_apart(a.size, b.size)
+    )
+
+
+def blockish(a: Answer, b: Answer) -> bool:
+    """Whether ``a`` looks like the block of the two: a block page by its maker's signs,
+    a redirect away where ``b`` is a page, a page far shorter than ``b``'s and titled
+    otherwise, or a title with a block's words where ``b``'s has none."""
+    if block_sign(a.head, a.size, a.headers):
+        return True
+    if 300 <= a.status < 400 and 200 <= b.status < 300:
+        return True
+    if not (200 <= a.status < 300):
+        return False
+    a_title, b_title = page_title(a.head), page_title(b.head)
+    if a.size * FAR <= b.size and a_title != b_title:
+        return True
+    return bool(_BLOCK_WORDS.search(a_title)) and not _BLOCK_WORDS.search(b_title)
+
+
+# A page this many times shorter than another answer to the same request is another
+# class, and the shorter one's the block where their titles differ too.
+FAR = 4
+_BLOCK_WORDS = re.compile(
+    rb"captcha|challenge|blocked|denied|verify|verification|unusual|robot|security check|"
+    rb"just a moment|attention required|are you human|access"
+)
+
+
+def page_title(head: bytes) -> bytes:
+    """A page's title, lower case, spaces folded ("" when it has none)."""
+    start = head.find(b"<title")
+    if start < 0:
+        return b""
+    start = head.find(b">", start) + 1
+    end = head.find(b"</title", start)
+    return b" ".join(head[start:end].lower().split())[:200] if 0 < start <= end else b""
+
+
+def _target(answer: Answer) -> str:
+    """Where a redirect goes (its path), "" for any other answer."""
+    if not (300 <= answer.status < 400 and answer.location):
+        return ""
+    return urlsplit(answer.location).path or "/"
+
+
+def _far_apart(a: int, b: int) -> bool:
+    return max(a, b) > FAR * max(min(a, b), 1)
 
 
 def read(rule: SiteRule | None, answer: Answer, others: Iterable[Answer]) -> str:

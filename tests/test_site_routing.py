@@ -405,6 +405,40 @@ async def test_a_200_block_page_is_held_back_and_the_request_tried_elsewhere(
     assert squid.key not in relay.pool.standing.through.get("127.0.0.13", {})
 
 
+async def test_a_short_page_with_no_sign_is_told_from_the_page_by_the_other_proxies(
+    lab: ProxyLab, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A site answering a listed exit a 200 page with no vendor's sign and no block word
+    (a captcha of its own) and no rule for it: once another proxy brought the real page,
+    the short page reads as the block (its proxy loses its standing at once, and a
+    request that meets it is tried elsewhere), so every request after the first two
+    gets the real page. Before, any 2xx read as ``through`` and the captcha's proxy was
+    preferred."""
+    from endpoint.router import choose
+
+    monkeypatch.setattr(choose, "SITE_BUDGET", 1)  # so the captcha's proxy is tried too
+    exits = {p.name: p.exit_ip for p in lab.proxies}
+    real = "<html><head><title>Shop</title></head><body>" + "<p>the real page</p>" * 300
+    wait = "<html><head><title>One moment</title></head><body>type the letters</body></html>"
+
+    async def page(request: web.Request) -> web.Response:
+        text = wait if request.remote == exits["squid"] else real + "</body></html>"
+        return web.Response(text=text, content_type="text/html")
+
+    async with (
+        _serving("127.0.0.16", page) as site,
+        _endpoint(lab, "squid", "tinyproxy-elite") as relay,
+    ):
+        pages = [
+            await _raw(relay.port, _get(site, "/"), 1)  # type: ignore[attr-defined]
+            for _ in range(14)
+        ]
+        squid = next(u for u in relay.pool.upstreams.values() if u.port == _port(lab, "squid"))
+        through = relay.pool.standing.through.get("127.0.0.16", {})
+    assert all(b"the real page" in answer for (answer,) in pages[2:]), pages
+    assert squid.key not in through and len(through) == 1
+
+
 async def test_a_long_page_titled_with_a_blocks_words_is_the_sites_own(lab: ProxyLab) -> None:
     """A real page of 80 KiB whose title has a block's words, read while still coming
     (its first 16 KiB held back): not a short page, so not a block; it goes to the

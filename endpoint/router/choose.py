@@ -38,6 +38,7 @@ from typing import Protocol
 
 from endpoint.link.upstream import Upstream
 from endpoint.router.login import Want
+from endpoint.router.pages import Pages
 from endpoint.router.standing import EXPLORE, SITE_BLOCK_S, Standing
 from events.sites import BLOCKED, THROUGH, SiteRule
 
@@ -77,6 +78,7 @@ class Pool:
     cursors: dict[tuple[object, ...], int] = field(default_factory=dict)
     # Which upstreams get through to which site, as this endpoint learned it.
     standing: Standing = field(default_factory=Standing)
+    pages: Pages = field(default_factory=Pages)  # answers to a URL by class (router/pages.py)
     # What this endpoint's own traffic said of each (proxy, site), for the log.
     tally: Tally = field(default_factory=lambda: Tally())
     # The operator's rules for reading sites' answers (events/sites.py), from the feed.

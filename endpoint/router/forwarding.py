@@ -217,7 +217,7 @@ class Forwarding:
         req, router = self.current, self.router
         assert req is not None and self.want is not None
         tried = req.tried | {link.up.key}
-        link.said = read_answer(router.pool, req.site, req.rule, link)
+        link.said = read_answer(router.pool, req.site, req.rule, link, _url(req))
         if link.said != BLOCKED or req.method not in IDEMPOTENT or len(tried) >= router.attempts:
             return True  # the whole answer's reading learns what it says (answered)
         router.turned_away(self.want.consumer, link.up, req.site, time.monotonic())
@@ -249,7 +249,7 @@ class Forwarding:
         """What a whole answer says of its site, for the picks that follow."""
         assert self.want is not None
         router, now = self.router, time.monotonic()
-        said = link.said or read_answer(router.pool, req.site, req.rule, link)
+        said = link.said or read_answer(router.pool, req.site, req.rule, link, _url(req))
         if said == THROUGH:
             router.pool.got_through(link.up, req.site)
         elif said == PACED:
@@ -298,3 +298,9 @@ class Forwarding:
         link.close()
         self.write(b"", flush=True)
         self.conn.close()
+
+
+def _url(req: Request) -> bytes:
+    """The request a site's answers are compared by: its host and target (a target in
+    origin form, through a SOCKS tunnel, names no host of its own), at most 512 bytes."""
+    return f"{req.host}:{req.port} ".encode() + req.target[:512]

@@ -45,9 +45,14 @@ class Standing:
 
     def lost(self, up: Upstream, site: str) -> None:
         """``up`` served ``site``'s block: no standing there any more."""
+        self.lose(site, {up.key})
+
+    def lose(self, site: str, keys: set[tuple[str, int]]) -> None:
+        """The upstreams ``keys`` served ``site``'s block: no standing there any more."""
         known = self.through.get(site)
         if known is not None:
-            known.pop(up.key, None)
+            for key in keys:
+                known.pop(key, None)
 
     def closed_on(self, up: Upstream, site: str, now: float) -> bool:
         """A fresh connection through ``up`` to ``site`` ended before any answer: the

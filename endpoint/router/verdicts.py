@@ -21,11 +21,14 @@ from events.sites import (
     HEAD_BYTES,
     NONE,
     PACED,
+    THROUGH,
     Answer,
     SiteRule,
+    blockish,
     generic,
     head_verdict,
     rule_for,
+    same_class,
     site_key_ok,
     verdict,
 )
@@ -104,9 +107,12 @@ def _others(pool: Pool, site: str) -> list[Answer]:
 _PAGE = Answer(status=200)
 
 
-def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink) -> str:
-    """What a whole answer of ``site`` through ``link`` says, read by ``rule``: its page
-    got through, the site turned it away (its words, or a stub), or paced it."""
+def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink, url: bytes) -> str:
+    """What a whole answer of ``site`` through ``link`` to ``url`` says, read by
+    ``rule``: its page got through, the site turned it away (its words, or a stub), or
+    paced it. A site without a rule is read against the other classes of answers ``url``
+    got through other proxies (router/pages.py); a page that tells another class as the
+    block takes the standing of that class's proxies there at once."""
     if rule is not None and (link.head_only or link.status in (204, 304)):
         return head_verdict(rule, link.status, link.location)  # no page to read
     if link.seen or link.signs:
@@ -122,4 +128,12 @@ def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink) -> s
         answer = Answer(status=link.status, location=link.location, size=link.size)
     if rule is not None:
         return verdict(rule, answer)
-    return generic(answer, _others(pool, site))
+    said = generic(answer, _others(pool, site) + pool.pages.others(url, link.up.key))
+    if 200 <= answer.status < 400 and (answer.head or answer.size or answer.location):
+        pages = pool.pages
+        pages.add(url, link.up.key, answer)
+        if said == THROUGH:
+            for other in pages.classes(url):
+                if not same_class(other, answer) and blockish(other, answer):
+                    pool.standing.lose(site, pages.got(url, other))
+    return said
