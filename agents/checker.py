@@ -31,6 +31,9 @@ __all__ = ["Checker", "CheckerConfig", "fitted_timeout"]
 
 log = structlog.get_logger("ppf.checker")
 
+# A TARGET probe of a round: (its grant, ip, port, proto, site, the path it asks).
+Probe = tuple[int, str, int, str, str, str]
+
 
 @dataclass(frozen=True, slots=True)
 class CheckerConfig(AgentConfig):
@@ -150,7 +153,7 @@ class Checker(Agent[CheckerConfig]):
         if await self._outage(gw, judge):
             return 0
         grants: list[LeaseGrant] = []
-        probes: list[tuple[int, str, int, str, str]] = []  # (grant, ip, port, proto, site)
+        probes: list[Probe] = []  # (grant, ip, port, proto, site, path)
         targets: list[tuple[str, int, str | None]] = []
         timeouts: list[float] = []
         owner: list[int] = []  # targets[i] is grants[owner[i]]'s
@@ -169,7 +172,8 @@ class Checker(Agent[CheckerConfig]):
                     targets.append((ip, port, known or None))
                     timeouts.append(fitted_timeout(latency, cfg))
                     owner.append(len(grants))
-                probes.extend((len(grants), *p) for p in payload.probes)
+                paths = payload.paths  # where the operator gave a target's URL
+                probes.extend((len(grants), *p, paths.get(p[3], "/")) for p in payload.probes)
                 grants.append(grant)
         if not grants:
             return 0
@@ -191,7 +195,7 @@ class Checker(Agent[CheckerConfig]):
         targets: list[tuple[str, int, str | None]],
         timeouts: list[float],
         owner: list[int],
-        probes: list[tuple[int, str, int, str, str]],
+        probes: list[Probe],
     ) -> None:
         """Check one round's proxies and make its probes; each shard goes back when its
         own checks and probes end, its probes' verdicts said first (``SitesChecked``)."""
@@ -268,10 +272,12 @@ class Checker(Agent[CheckerConfig]):
                         settled[g] = True
                         releases.append(asyncio.create_task(give_back(g, out)))
 
-                async def probe(g: int, ip: str, port: int, proto: str, site: str) -> None:
+                async def probe(
+                    g: int, ip: str, port: int, proto: str, site: str, path: str
+                ) -> None:
                     # Cancelled with a round that failed, it leaves its shard unsettled
                     # (given back below) and its counts as they were.
-                    found = await self.prober.result(ip, port, proto, site)
+                    found = await self.prober.result(ip, port, proto, site, path)
                     unprobed[g] -= 1
                     self.probed += 1
                     if found is not None:

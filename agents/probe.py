@@ -94,10 +94,13 @@ class _Head:
         self.done = True
 
 
-async def probe(ip: str, port: int, proto: str, site: str, timeout: float) -> Probed:
-    """Ask ``site``'s root through the proxy; never raises (a failure is an answer of
-    status 0: ``closed`` when the way to the site was open and ended before any answer,
-    or when the proxy would not tunnel to it)."""
+async def probe(
+    ip: str, port: int, proto: str, site: str, timeout: float, path: str = "/"
+) -> Probed:
+    """Ask ``site``'s ``path`` (its root, unless the operator gave its URL) through the
+    proxy; never raises (a failure is an answer of status 0: ``closed`` when the way to
+    the site was open and ended before any answer, or when the proxy would not tunnel to
+    it)."""
     started = time.perf_counter()
     tunnel = proto in TUNNELS
     writer = None
@@ -119,7 +122,7 @@ async def probe(ip: str, port: int, proto: str, site: str, timeout: float) -> Pr
                 tls = Tls(reader, writer, site)
                 await tls.handshake()
                 stream = out = tls
-            target = "/" if tunnel else f"http://{site}/"
+            target = path if tunnel else f"http://{site}{path}"
             out.write(
                 f"GET {target} HTTP/1.1\r\nHost: {site}\r\nUser-Agent: Mozilla/5.0\r\n"
                 "Accept: text/html\r\nAccept-Encoding: gzip, deflate, br\r\n"
@@ -185,7 +188,9 @@ class Prober:
             self._hour, self._spent = hour, 0
         return self._spent < self.bytes_per_hour
 
-    async def result(self, ip: str, port: int, proto: str, site: str) -> SiteResult | None:
+    async def result(
+        self, ip: str, port: int, proto: str, site: str, path: str = "/"
+    ) -> SiteResult | None:
         """One probe read as the site's verdict; None when the budget is spent or the
         answer says nothing either way."""
         if not self._room():
@@ -194,7 +199,7 @@ class Prober:
                 self._said_at = self._hour  # once an hour, with the count so far
             self.skipped += 1
             return None
-        got = await probe(ip, port, proto, site, self.timeout)
+        got = await probe(ip, port, proto, site, self.timeout, path)
         self._spent += got.bytes
         said = read(rule_for(site, self.rules), got.answer, self.seen.of(site))
         self.seen.add(site, got.answer)

@@ -389,6 +389,10 @@ class SiteRuled(Event, frozen=True, kw_only=True, tag="SiteRuled"):
 
     rule: SiteRule
     removed: bool = False
+    # The operator's URL of its target (``ppf sites add URL``): the fleet's probes of the
+    # site ask its path there ("" : the site's root). Kept apart from the rule, which
+    # the endpoints and agents read: where the operator looks is the operator's.
+    url: str = ""
 
 
 class SiteResult(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

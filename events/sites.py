@@ -45,6 +45,7 @@ __all__ = [
     "generic",
     "head_verdict",
     "page_title",
+    "path_of",
     "read",
     "rule_for",
     "same_class",
@@ -259,6 +260,12 @@ def page_title(head: bytes) -> bytes:
     start = head.find(b">", start) + 1
     end = head.find(b"</title", start)
     return b" ".join(head[start:end].lower().split())[:200] if 0 < start <= end else b""
+
+
+def path_of(url: str) -> str:
+    """What a request to ``url`` asks of its host: its path and query ("/" at least)."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
 def _target(answer: Answer) -> str:

@@ -403,7 +403,21 @@ def _site_ruled(e: SiteRuled, admit: Admit, guarded: bool) -> tuple[str, str]:
         return "rule.redirects", "paths, each starting with /"
     if not 0 <= rule.min_bytes <= HEAD_BYTES * 16:
         return "rule.min_bytes", f"out of range 0-{HEAD_BYTES * 16}"
+    if e.url and not _url_of_site(e.url, rule.site):
+        return "url", "an http or https URL on the site itself, at most 2,048 characters"
     return _envelope(e.id, "")
+
+
+def _url_of_site(url: str, site: str) -> bool:
+    """Whether ``url`` is an http(s) URL whose host is ``site`` or under it."""
+    if len(url) > 2_048:
+        return False
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    host = (parts.hostname or "").lower()
+    return parts.scheme in ("http", "https") and (host == site or host.endswith("." + site))
 
 
 def _located(e: Located, admit: Admit, guarded: bool) -> tuple[str, str]:

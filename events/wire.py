@@ -96,12 +96,14 @@ class RecheckPayload(msgspec.Struct, kw_only=True):
     check as the pool knows it (its latency EMA, ms; 0 unknown), in the same order
     (``[]`` from a gateway before it was sent); and the TARGET probes due in it,
     ``[ip, port, proto, site]`` each (the site's root, asked through the proxy: ``[]``
-    from a gateway before probes)."""
+    from a gateway before probes), and where the operator gave a target's URL, the path
+    a probe of that site asks (``paths``, by site; the root for any other)."""
 
     shard: str
     proxies: list[tuple[str, int, str]] = []
     latency_ms: list[int] = []
     probes: list[tuple[str, int, str, str]] = []
+    paths: dict[str, str] = {}
 
 
 class SeedPayload(msgspec.Struct, kw_only=True):

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from events.mint import now_ms
+from events.sites import path_of
 from events.wire import RecheckPayload
 from gateway.budget import CheckBudget
 from projections.core.probes import PROBE_GAP_MS, targets, wanted
@@ -96,8 +97,15 @@ class RecheckWork:
             shard=shard,
             proxies=[(p.ip, p.port, p.proto) for p in due],
             latency_ms=[round(p.latency_ema) for p in due],
-            probes=self._probes(shard, agent),
+            probes=(probes := self._probes(shard, agent)),
+            paths=self._paths({site for _, _, _, site in probes}),
         )
+
+    def _paths(self, sites: set[str]) -> dict[str, str]:
+        """Where the probes of ``sites`` ask: the path and query of the operator's URL of
+        each target that has one (the root for the others, left out)."""
+        urls = self.fold.state.site_urls
+        return {site: path_of(urls[site]) for site in sites if site in urls}
 
     def _probes(self, shard: str, agent: str) -> list[tuple[str, int, str, str]]:
         """The probes due in ``shard`` for ``agent``, within each site's rate; each one

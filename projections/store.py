@@ -221,9 +221,11 @@ def collect(
     pending: dict[str, list[Any]] = {}
     deletes: dict[str, list[tuple[Any, ...]]] = {}
     for name, keys in state.take_dirty().items():
-        found, gone = _changed(getattr(state, name), keys)
         if name == "proxies" and proxies is not None:
+            state.unwritten |= keys  # none while the fold stands still: for the next cut
             found, gone = proxies
+        else:
+            found, gone = _changed(getattr(state, name), keys)
         pending[name] = found
         deletes[name] = [key if isinstance(key, tuple) else (key,) for key in gone]
     for name in WHOLE:

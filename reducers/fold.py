@@ -309,10 +309,15 @@ def _apply(state: State, event: AnyEvent, seq: int, ts: int) -> None:
         case SitesChecked():
             sites.checked(state, event, ts)
         case SiteRuled():
+            site = event.rule.site
             if event.removed:
-                state.site_rules.pop(event.rule.site, None)
+                state.site_rules.pop(site, None)
             else:
-                state.site_rules[event.rule.site] = event.rule
+                state.site_rules[site] = event.rule
+            if event.url and not event.removed:
+                state.site_urls[site] = event.url
+            else:
+                state.site_urls.pop(site, None)
             state.settings_dirty = True  # meta holds them
         case Located() | ProxiesChecked():  # folded before they get here (fold above)
             pass

@@ -144,6 +144,9 @@ class State:
     checkouts: dict[str, Checkout] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items)
     # The number the next proxy with cells is given (reducers/sites.py).
     next_site_no: int = kept(int, digest=WHILE_ANY, later=True)
+    # The operator's URL of each target that has one (``SiteRuled.url``): where the
+    # fleet's probes of the site ask (gateway/rechecks.py); the rules stay without it.
+    site_urls: dict[str, str] = kept(dict, digest=WHILE_ANY, canonical=_sorted_items, later=True)
 
     # Derived from the above, rebuilt on restore (reducers/indexes.py).
     # Deposits announced and neither folded nor poisoned: what the deposit ingest reads

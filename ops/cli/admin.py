@@ -240,7 +240,7 @@ async def _sites(args: argparse.Namespace) -> int:
     from endpoint.router.verdicts import site_of
     from events import SiteRuled
     from events.mint import fresh_id, now_ms
-    from events.sites import SiteRule
+    from events.sites import SiteRule, path_of
     from events.validate import host_can_be_public, problem
 
     host = urlsplit(args.url if "//" in args.url else "//" + args.url).hostname or ""
@@ -271,8 +271,11 @@ async def _sites(args: argparse.Namespace) -> int:
     except ValueError:
         print("ppf sites: statuses are numbers, comma-separated", file=sys.stderr)
         return 2
+    adding = args.action == "add"
+    # The probes of the site ask the operator's URL, when it named more than the site.
+    url = args.url if adding and "//" in args.url and path_of(args.url) != "/" else ""
     event = SiteRuled(
-        id=fresh_id(), agent="admin", at=now_ms(), rule=rule, removed=args.action == "remove"
+        id=fresh_id(), agent="admin", at=now_ms(), rule=rule, removed=not adding, url=url
     )
     field, why = problem(event, lab=False)
     if why:
