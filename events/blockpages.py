@@ -25,6 +25,7 @@ __all__ = [
     "SIGN_HEADERS",
     "Sign",
     "block_sign",
+    "title_of",
 ]
 
 READER_VERSION = "blockpages-1"
@@ -94,7 +95,7 @@ def block_sign(page: bytes, size: int, headers: Iterable[tuple[str, str]] = ()) 
         for maker, any_of, all_of in _BODY_SIGNS:
             if any(m in text for m in any_of) and all(m in text for m in all_of):
                 return maker
-    if size <= SHORT_PAGE and (title := _title(text)) and _BLOCK_TITLE.search(title):
+    if size <= SHORT_PAGE and (title := title_of(text)) and _BLOCK_TITLE.search(title):
         return "page"
     return ""
 
@@ -109,7 +110,8 @@ _ANY_MARKER = re.compile(b"|".join(re.escape(m) for _, any_of, _ in _BODY_SIGNS 
 _BLOCK_TITLE = re.compile(b"|".join(re.escape(w.encode()) for w in _TITLE_WORDS))
 
 
-def _title(text: bytes) -> bytes:
+def title_of(text: bytes) -> bytes:
+    """A page's title as written ("" when it has none)."""
     start = text.find(b"<title")
     if start < 0:
         return b""

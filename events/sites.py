@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from events.blockpages import block_sign
+from events.blockpages import block_sign, title_of
 
 __all__ = [
     "BLOCKED",
@@ -254,12 +254,7 @@ _BLOCK_WORDS = re.compile(
 
 def page_title(head: bytes) -> bytes:
     """A page's title, lower case, spaces folded ("" when it has none)."""
-    start = head.find(b"<title")
-    if start < 0:
-        return b""
-    start = head.find(b">", start) + 1
-    end = head.find(b"</title", start)
-    return b" ".join(head[start:end].lower().split())[:200] if 0 < start <= end else b""
+    return b" ".join(title_of(head).lower().split())[:200]
 
 
 def path_of(url: str) -> str:

@@ -11,6 +11,7 @@ import base64
 import contextlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -368,6 +369,25 @@ def test_one_consumers_refusals_act_for_everyone_only_within_its_share() -> None
     assert "shop.example" in ups[20].turned_away
 
 
+async def _squid_listed(
+    lab: ProxyLab, host: str, listed: str, real: str, asks: int
+) -> tuple[list[tuple[bytes, ...]], Any, dict[Any, Any]]:
+    """A site on ``host`` answering squid's exit the HTML ``listed`` and every other
+    exit ``real``, asked ``asks`` times through an endpoint of squid and tinyproxy: the
+    answers, squid's upstream, and the upstreams known to get through to the site."""
+    exits = {p.name: p.exit_ip for p in lab.proxies}
+
+    async def page(request: web.Request) -> web.Response:
+        text = listed if request.remote == exits["squid"] else real
+        return web.Response(text=text, content_type="text/html")
+
+    async with _serving(host, page) as site, _endpoint(lab, "squid", "tinyproxy-elite") as relay:
+        port = relay.port  # type: ignore[attr-defined]
+        pages = [await _raw(port, _get(site, "/"), 1) for _ in range(asks)]
+        squid = next(u for u in relay.pool.upstreams.values() if u.port == _port(lab, "squid"))
+        return pages, squid, dict(relay.pool.standing.through.get(host, {}))
+
+
 async def test_a_200_block_page_is_held_back_and_the_request_tried_elsewhere(
     lab: ProxyLab, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -379,30 +399,16 @@ async def test_a_200_block_page_is_held_back_and_the_request_tried_elsewhere(
     from endpoint.router import choose
 
     monkeypatch.setattr(choose, "SITE_BUDGET", 1)  # so the challenging proxy is tried too
-    exits = {p.name: p.exit_ip for p in lab.proxies}
     challenge = (
         "<html><head><title>Just a moment...</title></head><body><script>"
         "window._cf_chl_opt={cType:'managed'};</script></body></html>"
     )
 
-    async def page(request: web.Request) -> web.Response:
-        if request.remote == exits["squid"]:
-            return web.Response(text=challenge, content_type="text/html")
-        return web.Response(text="<html><title>Shop</title>the real page</html>",
-                            content_type="text/html")  # fmt: skip
-
-    async with (
-        _serving("127.0.0.13", page) as site,
-        _endpoint(lab, "squid", "tinyproxy-elite") as relay,
-    ):
-        pages = [
-            await _raw(relay.port, _get(site, "/"), 1)  # type: ignore[attr-defined]
-            for _ in range(12)
-        ]
-        squid = next(u for u in relay.pool.upstreams.values() if u.port == _port(lab, "squid"))
+    real = "<html><title>Shop</title>the real page</html>"
+    pages, squid, through = await _squid_listed(lab, "127.0.0.13", challenge, real, 12)
     assert all(b"the real page" in answer for (answer,) in pages), pages
     assert "127.0.0.13" in squid.turned_away
-    assert squid.key not in relay.pool.standing.through.get("127.0.0.13", {})
+    assert squid.key not in through
 
 
 async def test_a_short_page_with_no_sign_is_told_from_the_page_by_the_other_proxies(
@@ -417,24 +423,9 @@ async def test_a_short_page_with_no_sign_is_told_from_the_page_by_the_other_prox
     from endpoint.router import choose
 
     monkeypatch.setattr(choose, "SITE_BUDGET", 1)  # so the captcha's proxy is tried too
-    exits = {p.name: p.exit_ip for p in lab.proxies}
     real = "<html><head><title>Shop</title></head><body>" + "<p>the real page</p>" * 300
     wait = "<html><head><title>One moment</title></head><body>type the letters</body></html>"
-
-    async def page(request: web.Request) -> web.Response:
-        text = wait if request.remote == exits["squid"] else real + "</body></html>"
-        return web.Response(text=text, content_type="text/html")
-
-    async with (
-        _serving("127.0.0.16", page) as site,
-        _endpoint(lab, "squid", "tinyproxy-elite") as relay,
-    ):
-        pages = [
-            await _raw(relay.port, _get(site, "/"), 1)  # type: ignore[attr-defined]
-            for _ in range(14)
-        ]
-        squid = next(u for u in relay.pool.upstreams.values() if u.port == _port(lab, "squid"))
-        through = relay.pool.standing.through.get("127.0.0.16", {})
+    pages, squid, through = await _squid_listed(lab, "127.0.0.16", wait, real + "</body>", 14)
     assert all(b"the real page" in answer for (answer,) in pages[2:]), pages
     assert squid.key not in through and len(through) == 1
 

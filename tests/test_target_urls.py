@@ -8,10 +8,13 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from aiohttp import web
+
 import events as ev
 from events.sites import SiteRule, path_of
 from events.validate import problem
 from gateway.rechecks import RecheckWork
+from ops.lab.testbed import ProxyLab
 from projections.core.digest import meta_digest
 from tests.folded import FoldedLog
 from tests.helpers import eid
@@ -68,27 +71,28 @@ def test_the_probes_of_a_target_ask_the_operators_path() -> None:
     assert path_of("https://shop.example") == "/"
 
 
-async def test_a_probe_through_an_http_proxy_asks_the_path_it_was_given() -> None:
-    """Through an HTTP proxy the probe's request line names the site and the operator's
-    path (a proxy on loopback that answers the page and keeps what it was asked)."""
-    import asyncio
+async def test_a_probe_through_an_http_proxy_asks_the_path_it_was_given(lab: ProxyLab) -> None:
+    """Through a real HTTP proxy (squid) the probe asks the site the operator's path, and
+    reads the site's answer."""
+    from aiohttp.test_utils import TestServer
 
     from agents.probe import probe
 
-    asked: list[bytes] = []
+    asked: list[str] = []
+    shoes = "<html><title>Shoes</title>size 42</html>"
 
-    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        asked.append(await reader.readline())
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-        await writer.drain()
-        writer.close()
+    async def page(request: web.Request) -> web.Response:
+        asked.append(request.path_qs)
+        return web.Response(text=shoes, content_type="text/html")
 
-    server = await asyncio.start_server(proxy, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", page)
+    site = TestServer(app, host="127.0.0.17")
+    await site.start_server()
+    squid = next(p for p in lab.proxies if p.name == "squid")
     try:
-        got = await probe("127.0.0.1", port, "http", "shop.example", 5, path_of(URL))
+        got = await probe("127.0.0.1", squid.port, "http", f"127.0.0.17:{site.port}", 10, "/x?y=1")
     finally:
-        server.close()
-    assert got.answer.status == 200
-    assert asked == [b"GET http://shop.example/catalogue/shoes?size=42 HTTP/1.1\r\n"]
+        await site.close()
+    assert got.answer.status == 200 and b"size 42" in got.answer.head
+    assert asked == ["/x?y=1"]
