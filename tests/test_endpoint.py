@@ -147,7 +147,14 @@ async def _endpoint(
         port = free_port()
         server = await serve(relay, "127.0.0.1", port)
         try:
-            assert len(pool.upstreams) == len(CARRIERS) + bool(extra), pool.upstreams
+            # The served view follows the fold within about a second (its pool.seq): the
+            # feed's first ask may meet the view from before these confirmations.
+            want = len(CARRIERS) + bool(extra)
+            for _ in range(30):
+                if len(pool.upstreams) == want:
+                    break
+                await asyncio.sleep(0.1)
+            assert len(pool.upstreams) == want, pool.upstreams
             yield f"127.0.0.1:{port}", token, relay, feed
         finally:
             server.close()
