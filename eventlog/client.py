@@ -244,14 +244,22 @@ async def _publish_async(
     events: list[Event],
     subject: Callable[[Event], str],
     msg_id: Callable[[Event], str],
+    timeout: float,
 ) -> list[asyncio.Future[Any]]:
-    """``events`` handed to nats-py's pipelined publish: the futures of their acks."""
+    """``events`` handed to nats-py's pipelined publish: the futures of their acks. Each
+    hand-over is bounded by ``timeout`` too, as the acks are: nats-py's own waits (room
+    for pending acks, its flusher) have no bound of theirs, and a fresh-clone run saw a
+    worker stand still for minutes after a server restart with a publish its next step
+    (the cause not found; a bounded publish fails into the outbox instead)."""
     futures = []
     for ev in events:
         try:
-            future = await js.publish_async(
-                subject(ev), encode(ev), headers={"Nats-Msg-Id": msg_id(ev)}
+            future = await asyncio.wait_for(
+                js.publish_async(subject(ev), encode(ev), headers={"Nats-Msg-Id": msg_id(ev)}),
+                timeout,
             )
+        except TimeoutError:
+            raise PublishError(f"no room to publish within {timeout} s") from None
         except nats.errors.Error as exc:  # closed, or its buffer is full
             raise PublishError(f"cannot publish: {exc!r}") from exc
         except asyncio.CancelledError:
@@ -476,7 +484,7 @@ class Log:
                 chunk = pending[start : start + window]
                 self.ops["publish"] += len(chunk)
                 sending = [events[i] for i in chunk]
-                futures = await _publish_async(self.js, sending, subject, msg_id)
+                futures = await _publish_async(self.js, sending, subject, msg_id, timeout)
                 results = await asyncio.gather(
                     *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True
                 )
