@@ -51,6 +51,7 @@ __all__ = [
     "same_class",
     "site_key_ok",
     "site_of",
+    "url_on_site",
     "verdict",
 ]
 
@@ -255,6 +256,19 @@ _BLOCK_WORDS = re.compile(
 def page_title(head: bytes) -> bytes:
     """A page's title, lower case, spaces folded ("" when it has none)."""
     return b" ".join(title_of(head).lower().split())[:200]
+
+
+def url_on_site(url: str, site: str) -> bool:
+    """Whether ``url`` is an http(s) URL of at most 2,048 characters whose host is
+    ``site`` or under it (an operator's URL of its target)."""
+    if len(url) > 2_048:
+        return False
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return False
+    host = (parts.hostname or "").lower()
+    return parts.scheme in ("http", "https") and (host == site or host.endswith("." + site))
 
 
 def path_of(url: str) -> str:

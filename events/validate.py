@@ -38,7 +38,7 @@ from events.catalogue import (
 from events.hosts import rules_host, spelled_address
 from events.ids import uuid7_ms
 from events.keys import DERIVED_PREFIX, parse_key
-from events.sites import HEAD_BYTES, site_key_ok
+from events.sites import HEAD_BYTES, site_key_ok, url_on_site
 from events.subjects import url_id
 
 __all__ = [
@@ -403,21 +403,9 @@ def _site_ruled(e: SiteRuled, admit: Admit, guarded: bool) -> tuple[str, str]:
         return "rule.redirects", "paths, each starting with /"
     if not 0 <= rule.min_bytes <= HEAD_BYTES * 16:
         return "rule.min_bytes", f"out of range 0-{HEAD_BYTES * 16}"
-    if e.url and not _url_of_site(e.url, rule.site):
+    if e.url and not url_on_site(e.url, rule.site):
         return "url", "an http or https URL on the site itself, at most 2,048 characters"
     return _envelope(e.id, "")
-
-
-def _url_of_site(url: str, site: str) -> bool:
-    """Whether ``url`` is an http(s) URL whose host is ``site`` or under it."""
-    if len(url) > 2_048:
-        return False
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return False
-    host = (parts.hostname or "").lower()
-    return parts.scheme in ("http", "https") and (host == site or host.endswith("." + site))
 
 
 def _located(e: Located, admit: Admit, guarded: bool) -> tuple[str, str]:

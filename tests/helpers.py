@@ -61,6 +61,15 @@ async def publish_until(
     return sent
 
 
+async def until(cond: Any, timeout: float) -> bool:
+    """Whether ``cond()`` came true within ``timeout`` seconds (asked every 0.1 s)."""
+    for _ in range(int(timeout * 10)):
+        if cond():
+            return True
+        await asyncio.sleep(0.1)
+    return False
+
+
 def check_found_as_made(row: dict[str, Any], proxy: Any) -> None:
     """A served row says what the lab's or the world's ``proxy`` is: its protocol,
     anonymity, exit and whether it tampers (a TLS judge shows an interceptor too)."""

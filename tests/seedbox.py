@@ -4,7 +4,6 @@ agents enrolled with their own tokens (lab mode)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from ops.nats.server import NatsServer
 from projections.ingest import DepositIngest
 from projections.live import FoldService
 
-__all__ = ["Box", "deposit_box", "until"]
+__all__ = ["Box", "deposit_box"]
 
 
 @dataclass
@@ -73,14 +72,6 @@ async def deposit_box(
         await ingest.stop()
         await fold.stop()
         await lg.close()
-
-
-async def until(cond: object, timeout: float) -> bool:
-    for _ in range(int(timeout * 10)):
-        if cond():  # type: ignore[operator]
-            return True
-        await asyncio.sleep(0.1)
-    return False
 
 
 async def source_lease(box: Box, gw: GatewayClient) -> str:

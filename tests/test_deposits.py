@@ -25,7 +25,8 @@ from ops.nats.server import NatsServer
 from projections.ingest import DepositIngest
 from projections.live import FoldService
 from reducers.deposits import ATTEMPTS
-from tests.seedbox import deposit_box, source_lease, until
+from tests.helpers import until
+from tests.seedbox import deposit_box, source_lease
 
 
 async def test_a_deposit_lost_behind_the_folds_back_is_poisoned_across_a_restart(

@@ -33,6 +33,7 @@ from ops.cli.admin import enroll
 from ops.lab.testbed import ProxyLab
 from ops.nats.server import free_port
 from tests.fleet import serving
+from tests.helpers import until
 
 # The lab's proxies that carry traffic, as the pool holds them after a check.
 CARRIERS = {"squid": ("http", "yes"), "microsocks": ("socks5", ""), "dante": ("socks5", "")}
@@ -147,14 +148,8 @@ async def _endpoint(
         port = free_port()
         server = await serve(relay, "127.0.0.1", port)
         try:
-            # The served view follows the fold within about a second (its pool.seq): the
-            # feed's first ask may meet the view from before these confirmations.
-            want = len(CARRIERS) + bool(extra)
-            for _ in range(30):
-                if len(pool.upstreams) == want:
-                    break
-                await asyncio.sleep(0.1)
-            assert len(pool.upstreams) == want, pool.upstreams
+            want = len(CARRIERS) + bool(extra)  # the view follows the fold within ~1 s
+            assert await until(lambda: len(pool.upstreams) == want, 3), pool.upstreams
             yield f"127.0.0.1:{port}", token, relay, feed
         finally:
             server.close()
@@ -164,17 +159,9 @@ async def _endpoint(
 
 
 async def _curl(*argv: str) -> tuple[int, str]:
+    quiet = ("-s", "-o", "-", "-w", "\n%{http_code}", "--max-time", "15")
     proc = await asyncio.create_subprocess_exec(
-        "curl",
-        "-s",
-        "-o",
-        "-",
-        "-w",
-        "\n%{http_code}",
-        "--max-time",
-        "15",
-        *argv,
-        stdout=asyncio.subprocess.PIPE,
+        "curl", *quiet, *argv, stdout=asyncio.subprocess.PIPE
     )
     out, _ = await proc.communicate()
     body, _, code = out.decode().rpartition("\n")

@@ -23,7 +23,8 @@ from ops.cli.seed import plan
 from ops.lab.testbed import ProxyLab
 from ops.nats.server import NatsServer
 from tests.fleet import fleet
-from tests.seedbox import deposit_box, until
+from tests.helpers import until
+from tests.seedbox import deposit_box
 from tests.test_seed import _node, _refusing_ports, _work_to_the_end
 
 

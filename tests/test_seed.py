@@ -31,7 +31,8 @@ from ops.cli.seed import plan, uncovered
 from ops.lab.testbed import ProxyLab
 from ops.nats.server import NatsServer, free_port
 from reducers import LeaseRow, State
-from tests.seedbox import Box, deposit_box, until
+from tests.helpers import until
+from tests.seedbox import Box, deposit_box
 
 
 def _refusing_ports(count: int) -> list[int]:
