@@ -116,6 +116,9 @@ class _Guard:
         return getattr(self.server, name)
 
 
+SHUTDOWN_S = 5.0
+
+
 class GuardedRunner(web.AppRunner):
     """An ``AppRunner`` whose connections are capped and must send headers in time."""
 
@@ -127,6 +130,9 @@ class GuardedRunner(web.AppRunner):
         header_timeout_s: float = 10.0,
         **kwargs: Any,
     ) -> None:
+        # A stop gives the requests in flight this long: with aiohttp's own default, 60 s,
+        # a stop waits that long behind a request that does not end.
+        kwargs.setdefault("shutdown_timeout", SHUTDOWN_S)
         super().__init__(app, **kwargs)
         self.max_connections = max_connections
         self.header_timeout_s = header_timeout_s

@@ -7,8 +7,11 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "DEFAULT_NATS",
@@ -21,6 +24,7 @@ __all__ = [
     "listen",
     "port_holder",
     "port_taken",
+    "stop_step",
     "unsaid",
     "wait_for_signal",
 ]
@@ -182,3 +186,25 @@ def port_taken(host: str, port: int, flag: str) -> CommandError:
     holder = port_holder(port)
     by = f" by {holder}" if holder else " by another program"
     return CommandError(f"{host}:{port} is in use{by}: stop it, or give {flag} another HOST:PORT")
+
+
+# A stop step this slow is said (``stop_slow``, naming it): a stop that stalls tells where.
+SLOW_STOP_S = 2.0
+
+
+def stop_step(
+    stack: AsyncExitStack, name: str, stop: Callable[..., Awaitable[Any]], *args: Any
+) -> None:
+    """``stop(*args)`` pushed onto ``stack`` (run in reverse, as every stop is), timed."""
+
+    async def timed() -> None:
+        began = time.monotonic()
+        try:
+            await stop(*args)
+        finally:
+            if (took := time.monotonic() - began) > SLOW_STOP_S:
+                import structlog
+
+                structlog.get_logger("ppf").warning("stop_slow", part=name, after_s=round(took, 1))
+
+    stack.push_async_callback(timed)

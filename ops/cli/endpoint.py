@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 import structlog
 
 from endpoint.router.outcomes import Outcomes
-from ops.cli.common import hostport, listen, wait_for_signal
+from ops.cli.common import hostport, listen, stop_step, wait_for_signal
 
 __all__ = ["DEFAULT_SERVE", "endpoint_site", "register", "serve_options"]
 
@@ -130,7 +130,7 @@ async def endpoint_site(
         headers=headers,
     )
     await feed.start()
-    stack.push_async_callback(feed.stop)
+    stop_step(stack, "the endpoint's feed", feed.stop)
     endpoint = Router(
         pool,
         feed.logins.ok,
@@ -151,10 +151,10 @@ async def endpoint_site(
         log.warning("no_proxy_endpoint", listen=listen_at, error=repr(exc))
         return ""
     stack.callback(endpoint.close)
-    stack.push_async_callback(_closed, server)
+    stop_step(stack, "the endpoint", _closed, server)
     figures = Figures(feed, endpoint.outcomes, float(os.environ.get("PPF_FIGURES_S", FIGURES_S)))
     figures.start()
-    stack.push_async_callback(figures.stop)
+    stop_step(stack, "the endpoint's figures", figures.stop)
     _said(host, port, listen_at)
     return f"{host}:{port}"
 

@@ -12,7 +12,7 @@ from aiohttp import web
 
 from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeDoor, JudgeKeys
-from ops.cli.common import hostport
+from ops.cli.common import hostport, stop_step
 
 __all__ = [
     "agent_judges",
@@ -91,7 +91,7 @@ async def judge_site(stack: AsyncExitStack, listen_at: str, door: JudgeDoor) -> 
     app.router.add_get("/judge/bytes", judge_bytes)
     runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
-    stack.push_async_callback(runner.cleanup)
+    stop_step(stack, "the judge", runner.cleanup)
     await listen(runner, host, port)
     print(f"ppf up: judge http://{host}:{port}/judge", flush=True)
 
@@ -114,7 +114,7 @@ async def tls_judge_site(
     app.router.add_get("/judge", judge)
     runner = GuardedRunner(app, access_log=None)  # world-facing: capped, headers timed
     await runner.setup()
-    stack.push_async_callback(runner.cleanup)
+    stop_step(stack, "the TLS judge", runner.cleanup)
     try:
         await listen(runner, host, port, ctx)
     except OSError as exc:

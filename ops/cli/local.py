@@ -16,6 +16,7 @@ from eventlog.client import Log
 from events import Role
 from gateway.judge import JudgeKeys
 from ops.cli.admin import enroll
+from ops.cli.common import stop_step
 
 __all__ = ["enroll_local_agents", "local_agents"]
 
@@ -105,4 +106,4 @@ async def local_agents(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(task, 8)  # a cycle has 2 s, its releases 3 (agents/loop.py)
 
-    stack.push_async_callback(_stop)
+    stop_step(stack, "the local agents", _stop)

@@ -23,7 +23,7 @@ from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
-from ops.cli.common import hostport, port_taken, wait_for_signal
+from ops.cli.common import hostport, port_taken, stop_step, wait_for_signal
 from ops.cli.local import LOCAL_AGENTS
 from ops.cli.snapshots import snapshots_for
 from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
@@ -128,14 +128,14 @@ async def nats_server(
         await server.astart()
     except PortInUse as exc:
         raise port_taken(exc.host, exc.port, "--nats-listen") from None
-    stack.push_async_callback(server.astop)
+    stop_step(stack, "nats-server", server.astop)
     return server
 
 
 async def open_log(stack: AsyncExitStack, url: str, name: str, replicas: int | None = None) -> Log:
     lg = await Log.connect(url, name=name, wait_s=START_WAIT_S)
     lg.replicas = replicas
-    stack.push_async_callback(lg.close)
+    stop_step(stack, "the log client", lg.close)
     await lg.ensure_stream()
     return lg
 
@@ -204,7 +204,7 @@ async def fold_service(
     )
     freeze_state()  # its containers, restored: no collection walks them again
     await fold.start()
-    stack.push_async_callback(fold.stop)
+    stop_step(stack, "the fold", fold.stop)
     if data is not None:  # the fold that persists reads the deposits into the log
         from projections.ingest import DepositIngest, Retention
 
@@ -220,12 +220,12 @@ async def fold_service(
             fold, lg.deposits, sweep_s=_env_s("PPF_INGEST_SWEEP_S", 60), retention=retention
         )
         await ingest.start()
-        stack.push_async_callback(ingest.stop)
+        stop_step(stack, "the deposit ingest", ingest.stop)
     # Every replica locates what its projection has not located: the ids are
     # deterministic, so the log keeps one Located per address whoever publishes it.
     locator = Locator(fold)
     await locator.start()
-    stack.push_async_callback(locator.stop)
+    stop_step(stack, "the locator", locator.stop)
     return fold
 
 
@@ -267,7 +267,7 @@ async def gateway_site(
     # Capped connections, headers in time (gateway/guard.py): aiohttp has neither.
     runner = GuardedRunner(make_app(fold, lg, config), access_log=None)
     await runner.setup()
-    stack.push_async_callback(runner.cleanup)
+    stop_step(stack, "the gateway", runner.cleanup)
     try:
         await listen(runner, host, port)
     except OSError as exc:

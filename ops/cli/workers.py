@@ -23,6 +23,7 @@ from contextlib import AsyncExitStack
 import structlog
 
 from endpoint.share import SECRET_HEADER, Shared
+from ops.cli.common import stop_step
 from ops.nats.server import free_port
 
 __all__ = ["SECRET_ENV", "TOKEN_ENV", "start_workers", "worker_headers"]
@@ -51,7 +52,7 @@ async def start_workers(
     secret = secrets.token_urlsafe(24)
     shared = Shared(gateways, args.serve_refresh, secret)
     url = await shared.start(free_port())
-    stack.push_async_callback(shared.stop)
+    stop_step(stack, "the shared asks", shared.stop)
     argv = [sys.executable, "-m", "ops.cli", "serve", "--worker", "--gateway", url]
     argv += ["--listen", listen_at, "--serve-max-conns", str(args.serve_max_conns)]
     argv += ["--serve-refresh", str(args.serve_refresh), "--serve-hedges", str(args.serve_hedges)]
@@ -59,7 +60,7 @@ async def start_workers(
     argv += ["--name", identity[0]] if identity else []
     env = {**os.environ, SECRET_ENV: secret, **({TOKEN_ENV: identity[1]} if identity else {})}
     group = _Workers(argv, env)
-    stack.push_async_callback(group.stop)
+    stop_step(stack, "the workers", group.stop)
     for _ in range(args.serve_workers):
         if not await group.add():
             return None
