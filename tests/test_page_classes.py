@@ -81,3 +81,21 @@ def test_a_vendors_page_beside_the_page_is_the_block() -> None:
     )
     assert generic(challenge, [REAL]) == BLOCKED
     assert by_classes(REAL, [challenge]) == THROUGH
+
+
+def test_the_endpoint_keeps_a_class_small_and_a_vendors_page_as_none() -> None:
+    """A URL's classes keep what comparing reads, not the page (a few hundred bytes for
+    a 9 KB page); a proxy's latest answer decides its class, and a vendor's block page,
+    a block by itself, takes it out of every class."""
+    from endpoint.router.pages import Pages
+
+    pages, url = Pages(), b"shop.example:80 http://shop.example/"
+    pages.add(url, ("45.0.0.1", 8080), REAL)
+    pages.add(url, ("45.0.0.2", 8080), WAIT)
+    (kept_real, kept_wait) = pages.classes(url)
+    assert len(kept_real.head) < 100 and same_class(kept_real, REAL) and same_class(kept_wait, WAIT)
+    assert by_classes(REAL, pages.others(url, ("45.0.0.1", 8080))) == THROUGH
+    assert pages.got(url, WAIT) == {("45.0.0.2", 8080)}
+    challenge = Answer(status=200, head=b"<script>window._cf_chl_opt={}</script>", size=9_000)
+    pages.add(url, ("45.0.0.2", 8080), challenge)
+    assert pages.got(url, WAIT) == set() and pages.classes(url) == [kept_real]
