@@ -35,7 +35,7 @@ from ops.cli import (
     snapshots,
 )
 from ops.cli.admin import enroll
-from ops.cli.common import SHARED_HELP, CommandError, data_dir, unsaid
+from ops.cli.common import SHARED_HELP, CommandError, data_dir, unsaid, watched_exit
 from ops.telemetry import logs
 
 __all__ = ["enroll", "main"]
@@ -128,7 +128,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = args.run(args)
         if not inspect.iscoroutine(result):
             return int(result)
-        return int(_loop_runner(args)(result))
+        return int(_loop_runner(args)(watched_exit(result)))
     except (LogError, CommandError) as exc:
         print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
         return 1

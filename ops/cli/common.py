@@ -7,7 +7,10 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
+import threading
 import time
+import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -27,6 +30,7 @@ __all__ = [
     "stop_step",
     "unsaid",
     "wait_for_signal",
+    "watched_exit",
 ]
 
 
@@ -208,3 +212,37 @@ def stop_step(
                 structlog.get_logger("ppf").warning("stop_slow", part=name, after_s=round(took, 1))
 
     stack.push_async_callback(timed)
+
+
+# Once a command's work is done, its process has this long to exit. Past it, what holds
+# the exit (a thread of the loop's executor, a non-daemon thread) is said with its stack,
+# and the process ends with the command's code: a fresh-clone run met ppf up still alive
+# 30 s after every part of it had stopped.
+EXIT_GRACE_S = 5.0
+
+
+async def watched_exit(work: Awaitable[Any]) -> Any:
+    """``work``, then a watch on the process's exit (see ``EXIT_GRACE_S``)."""
+    code = 1
+    try:
+        result = await work
+        code = int(result or 0)
+        return result
+    finally:
+        threading.Thread(target=_exit_by, args=(code,), daemon=True, name="exit-watch").start()
+
+
+def _exit_by(code: int) -> None:
+    time.sleep(EXIT_GRACE_S)
+    import structlog
+
+    frames = sys._current_frames()
+    holding = {
+        t.name: traceback.format_stack(frames[t.ident])[-3:]
+        for t in threading.enumerate()
+        if t.ident in frames and t is not threading.current_thread()
+    }
+    structlog.get_logger("ppf").warning("exit_stalled", after_s=EXIT_GRACE_S, threads=holding)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
