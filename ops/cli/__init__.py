@@ -128,7 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = args.run(args)
         if not inspect.iscoroutine(result):
             return int(result)
-        return int(_loop_runner(args)(watched_exit(result)))
+        # The process's exit is watched only where ppf is the process (its argv its own):
+        # a caller that hands main() its arguments keeps its process.
+        work = watched_exit(result) if argv is None else result
+        return int(_loop_runner(args)(work))
     except (LogError, CommandError) as exc:
         print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
         return 1
