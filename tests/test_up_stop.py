@@ -271,3 +271,42 @@ async def _releases(url: str, until: int) -> dict[str, list[tuple[str, bool]]]:
     finally:
         await lg.close()
     return found
+
+
+@pytest.mark.parametrize("when", ["starting", "answering"])
+def test_ctrl_c_while_ppf_up_starts_stops_it_though_it_was_started_with_sigint_ignored(
+    ppf_bin: str, tmp_path: Path, when: str
+) -> None:
+    """``ppf up`` started as a shell's background job is (SIGINT ignored from the start),
+    then Ctrl-C to its group while it still starts: once its NATS server runs, or the
+    moment its gateway first answers (its agents and endpoint still to come). It stops
+    within 10 s, and no process of its group is left. (Its start once lost such a
+    Ctrl-C: it ran on until a SIGTERM.)"""
+    up = Up(ppf_bin, tmp_path / "data", "--lab")
+    with open(up.logfile, "ab") as log:
+        proc = subprocess.Popen(
+            up.cmd,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None:
+            if when == "starting" and b"nats_started" in up.logfile.read_bytes():
+                break
+            with contextlib.suppress(OSError):
+                if when == "answering" and _get(up.base + "/healthz")[0] == 200:
+                    break
+            time.sleep(0.01)
+        assert proc.poll() is None, up.logfile.read_text()[-2000:]
+        os.killpg(proc.pid, signal.SIGINT)
+        code = proc.wait(10)
+        assert code in (0, 130), up.logfile.read_text()[-2000:]
+        with pytest.raises(ProcessLookupError):
+            os.killpg(proc.pid, 0)  # nothing of its group left
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)

@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (LogError, CommandError) as exc:
         print(f"ppf {args.cmd}: {exc}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C (ops/cli/common.py StopSignals)
         return 130
     except BrokenPipeError:  # `ppf extract big.txt | head`: the reader left, not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -21,6 +21,7 @@ __all__ = [
     "REPO",
     "SHARED_HELP",
     "CommandError",
+    "StopSignals",
     "data_dir",
     "holding",
     "hostport",
@@ -29,7 +30,6 @@ __all__ = [
     "port_taken",
     "stop_step",
     "unsaid",
-    "wait_for_signal",
     "watched_exit",
 ]
 
@@ -111,12 +111,33 @@ def listen(text: str) -> str:
     return text
 
 
-async def wait_for_signal() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+class StopSignals:
+    """SIGINT and SIGTERM as a long-running command's stop, heard from its first step.
+
+    Made at the start, not once it serves: a process may inherit SIGINT ignored (a
+    shell's background job does), and a Ctrl-C that came while it started was then lost
+    (a fresh-clone run's ``ppf up`` ran on for 30 s after one, until its SIGTERM). While
+    the command starts, the first signal cancels its start, as Python's own Ctrl-C
+    does; once it serves, ``wait`` returns. A start that swallowed the cancel still
+    stops: ``wait`` returns at once for a signal already heard."""
+
+    def __init__(self) -> None:
+        self._heard = asyncio.Event()
+        self._starting: asyncio.Task[Any] | None = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._signalled)
+
+    def _signalled(self) -> None:
+        self._heard.set()
+        starting, self._starting = self._starting, None
+        if starting is not None:
+            starting.cancel()
+
+    async def wait(self) -> None:
+        """Until a signal: the command serves from here."""
+        self._starting = None
+        await self._heard.wait()
 
 
 class CommandError(Exception):

@@ -11,7 +11,7 @@ from contextlib import AsyncExitStack
 import structlog
 
 from endpoint.router.outcomes import Outcomes
-from ops.cli.common import hostport, listen, stop_step, wait_for_signal
+from ops.cli.common import StopSignals, hostport, listen, stop_step
 
 __all__ = ["DEFAULT_SERVE", "endpoint_site", "register", "serve_options"]
 
@@ -178,6 +178,7 @@ def _loopback(host: str) -> bool:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    stop = StopSignals()
     async with AsyncExitStack() as stack:
         gateways = [g.strip() for g in args.gateway.split(",") if g.strip()]
         if args.worker and args.name and args.token is None:  # its endpoint's, from workers.py
@@ -189,5 +190,5 @@ async def _serve(args: argparse.Namespace) -> int:
             return 2
         identity = (args.name, args.token) if args.token else None
         await endpoint_site(stack, args.listen, gateways, args, identity=identity)
-        await wait_for_signal()
+        await stop.wait()
     return 0

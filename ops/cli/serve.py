@@ -15,7 +15,7 @@ import structlog
 
 from endpoint.router.outcomes import Outcomes
 from gateway.judge import JudgeDoor, JudgeKeys, enrolled_in
-from ops.cli.common import DEFAULT_NATS, data_dir, holding, listen
+from ops.cli.common import DEFAULT_NATS, StopSignals, data_dir, holding, listen
 from ops.cli.endpoint import DEFAULT_SERVE, endpoint_site, serve_options
 from ops.cli.judges import agent_judges, judge_site, tls_judge_site
 from ops.cli.local import enroll_local_agents, local_agents
@@ -160,6 +160,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 async def _up(args: argparse.Namespace) -> int:
+    stop = StopSignals()
     data = data_dir(args)
     async with AsyncExitStack() as stack:
         stack.enter_context(holding(data))  # before anything is started or published
@@ -198,11 +199,12 @@ async def _up(args: argparse.Namespace) -> int:
                 stack, args.serve_listen, [base], args, outcomes, required=False, identity=identity
             )
         log.info("started", role="up", nats=lg.address)
-        await serve_forever(fold)
+        await serve_forever(fold, stop)
     return 0
 
 
 async def _gateway(args: argparse.Namespace) -> int:
+    stop = StopSignals()
     async with AsyncExitStack() as stack:
         lg = await open_log(stack, args.nats, "ppf-gateway", args.replicas)
         # A replica without a data dir: its projection lives in memory; its digest is
@@ -214,11 +216,12 @@ async def _gateway(args: argparse.Namespace) -> int:
             door = JudgeDoor(JudgeKeys.load(Path(args.judge_key)), enrolled_in(lambda: fold.state))
         await gateway_site(stack, args, fold, lg, None, "gateway", door, store=store)
         log.info("started", role="gateway", nats=lg.address)
-        await serve_forever(fold)
+        await serve_forever(fold, stop)
     return 0
 
 
 async def _fold(args: argparse.Namespace) -> int:
+    stop = StopSignals()
     data = data_dir(args)
     async with AsyncExitStack() as stack:
         stack.enter_context(holding(data))
@@ -226,5 +229,5 @@ async def _fold(args: argparse.Namespace) -> int:
         fold = await fold_service(stack, lg, data, dlq=True, args=args)
         print(f"ppf fold: nats {lg.address}  db {data / 'ppf.duckdb'}", flush=True)
         log.info("started", role="fold", nats=lg.address)
-        await serve_forever(fold)
+        await serve_forever(fold, stop)
     return 0

@@ -23,7 +23,7 @@ from gateway.guard import GuardedRunner, listen
 from gateway.judge import JudgeDoor
 from gateway.natsauth import NatsAuth
 from ops.cli.admin import reconfigure
-from ops.cli.common import hostport, port_taken, stop_step, wait_for_signal
+from ops.cli.common import StopSignals, hostport, port_taken, stop_step
 from ops.cli.local import LOCAL_AGENTS
 from ops.cli.snapshots import snapshots_for
 from ops.collector import collect_young, for_folding, freeze_projections, freeze_state
@@ -107,9 +107,9 @@ def store_options(parser: argparse.ArgumentParser, *, deposits: bool, disk: bool
         )
 
 
-async def serve_forever(fold: FoldService) -> None:
+async def serve_forever(fold: FoldService, stop: StopSignals) -> None:
     freeze_projections(fold.state)
-    await wait_for_signal()
+    await stop.wait()
 
 
 async def nats_server(
