@@ -25,7 +25,18 @@ from agents.tunnel import TUNNELS, Stream, Tls, connect
 from events.blockpages import SIGN_HEADERS
 from events.catalogue import SiteResult
 from events.pages import readable
-from events.sites import BLOCKED, HEAD_BYTES, THROUGH, Answer, SiteRule, read, rule_for
+from events.sites import (
+    BLOCKED,
+    HEAD_BYTES,
+    THROUGH,
+    Answer,
+    SiteRule,
+    compared,
+    read,
+    rule_for,
+    settled,
+    tells,
+)
 
 __all__ = ["PROBE_TIMEOUT_S", "Probed", "Prober", "Seen", "probe"]
 
@@ -46,7 +57,8 @@ class Probed:
 
 class Seen:
     """What the latest probes of each site got (``_SEEN`` answers a site, for at most
-    ``sites`` sites): what a site without rules is read against."""
+    ``sites`` sites, each as comparing reads it: status, redirect, title, size): what a
+    site without rules is read against, by its classes."""
 
     def __init__(self, sites: int = 1_024) -> None:
         self.sites = sites
@@ -56,14 +68,14 @@ class Seen:
         return list(self._by.get(site, ()))
 
     def add(self, site: str, answer: Answer) -> None:
-        if answer.status == 0:
+        if answer.status == 0 and not answer.closed:  # no answer: nothing of the site
             return
         kept = self._by.get(site)
         if kept is None:
             if len(self._by) >= self.sites:
                 self._by.pop(next(iter(self._by)))  # the site seen first goes first
             kept = self._by[site] = deque(maxlen=_SEEN)
-        kept.append(Answer(status=answer.status))
+        kept.append(compared(answer))
 
 
 class _Head:
@@ -201,7 +213,13 @@ class Prober:
             return None
         got = await probe(ip, port, proto, site, self.timeout, path)
         self._spent += got.bytes
-        said = read(rule_for(site, self.rules), got.answer, self.seen.of(site))
+        rule, others = rule_for(site, self.rules), self.seen.of(site)
+        said = read(rule, got.answer, others)
+        if rule is None:
+            # Read by its classes, as the endpoint reads where a site splits: a round of
+            # probes asks one page through many exits at once, and most may get the
+            # block alike, so only a page told from a block (or a refusal) is through.
+            said = settled(said, tells(got.answer, others), True, others)
         self.seen.add(site, got.answer)
         if said not in (THROUGH, BLOCKED):
             return None

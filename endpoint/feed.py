@@ -307,6 +307,7 @@ class Feed:
         results = [
             SiteResult(ip=ip, port=port, site=site, through=through, blocked=blocked)
             for (ip, port, site), (through, blocked) in cells.items()
+            if through or blocked  # a cell whose answers through were unsaid, and no block
         ]
         for start in range(0, len(results), MAX_RESULTS):
             batch = SitesChecked(

@@ -26,9 +26,10 @@ __all__ = [
     "Sign",
     "block_sign",
     "title_of",
+    "unnamed",
 ]
 
-READER_VERSION = "blockpages-1"
+READER_VERSION = "blockpages-2"  # 2: classes need a comparison; host names in titles
 SIGN_BYTES = 16 * 1024  # a block page says what it is in its head and first lines
 # A page this short whose title is a block's is one (a site's own page says more).
 SHORT_PAGE = 32 * 1024
@@ -95,9 +96,18 @@ def block_sign(page: bytes, size: int, headers: Iterable[tuple[str, str]] = ()) 
         for maker, any_of, all_of in _BODY_SIGNS:
             if any(m in text for m in any_of) and all(m in text for m in all_of):
                 return maker
-    if size <= SHORT_PAGE and (title := title_of(text)) and _BLOCK_TITLE.search(title):
+    if size <= SHORT_PAGE and (title := title_of(text)) and _BLOCK_TITLE.search(unnamed(title)):
         return "page"
     return ""
+
+
+_HOST_NAME = re.compile(rb"[\w-]+(?:\.[\w-]+)+")
+
+
+def unnamed(title: bytes) -> bytes:
+    """A title without the host names in it: a site's name is no block's word, though
+    it may hold one (``example-captcha.com``, ``access.example.net``)."""
+    return _HOST_NAME.sub(b" ", title) if b"." in title else title
 
 
 _HEADER_SIGNS = tuple((s.maker, *s.header) for s in SIGNS if s.header[0])

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from events.blockpages import block_sign, title_of
+from events.blockpages import block_sign, title_of, unnamed
 
 __all__ = [
     "BLOCKED",
@@ -42,15 +42,19 @@ __all__ = [
     "blocked_redirect",
     "blockish",
     "by_classes",
+    "compared",
     "generic",
     "head_verdict",
     "page_title",
     "path_of",
     "read",
+    "refusal",
     "rule_for",
     "same_class",
+    "settled",
     "site_key_ok",
     "site_of",
+    "tells",
     "url_on_site",
     "verdict",
 ]
@@ -176,7 +180,9 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
     its maker's signs, whatever its status (events/blockpages.py); or a refusal (a
     403, a proxy's 502-504 that could not get the page, a connection closed
     before any answer) where another proxy got the site's page (a 2xx) for the same
-    request. ``through``: a 2xx or a 3xx of the site's own. Else ``none``: a refusal
+    request. ``through``: a 2xx or a 3xx of the site's own, read by its classes: a page
+    or a redirect with nothing to compare with is ``none``, a page where other proxies
+    were refused is ``through``. Else ``none``: a refusal
     alone (or where everyone is refused) says nothing, nor does a timeout. A rate limit
     is ``paced``."""
     if answer.status == RATE_LIMITED:
@@ -186,10 +192,18 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
     if block_sign(answer.head, answer.size, answer.headers):
         return BLOCKED  # a vendor's challenge, or a page that says it is a block
     if 200 <= answer.status < 400:
+        others = list(others)
         read = [o for o in others if 200 <= o.status < 400 and (o.head or o.size or o.location)]
+        if (
+            not read
+            and answer.status < 300
+            and (not answer.head or any(refusal(o) for o in others))
+        ):
+            # No page to read (not HTML), or the page other proxies were refused: the
+            # site's own, as its status says.
+            return THROUGH
         return by_classes(answer, read)
-    refused = answer.closed or answer.status in _REFUSALS
-    if refused and any(200 <= o.status < 300 for o in others):
+    if refusal(answer) and any(200 <= o.status < 300 for o in others):
         return BLOCKED
     return NONE
 
@@ -197,13 +211,23 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
 _REFUSALS = frozenset({403, 502, 503, 504})
 
 
+def refusal(answer: Answer) -> bool:
+    """Whether an answer is a refusal: a connection closed before any answer, a 403, or
+    a proxy's 502-504 (it could not get the page)."""
+    return answer.closed or answer.status in _REFUSALS
+
+
 def by_classes(answer: Answer, others: Iterable[Answer]) -> str:
     """A page or a redirect of a site without a rule, against the answers other proxies
-    got to the same request (each read: a page, a redirect). Answers that look alike are
-    one class (``same_class``); where the classes disagree, the one that looks like a
+    got to the same request (each read: a page, a redirect). With none to compare with,
+    ``none``. Answers that look alike are one class (``same_class``); where the classes
+    disagree, the one that looks like a
     block beside the others (``blockish``) is ``blocked`` and the others ``through``,
     never by how many exits got which: most exits may be turned away. Where no class
     can be told from the others, ``none``: never ``through`` on a split it cannot read."""
+    others = list(others)
+    if not others:
+        return NONE  # nothing to compare with: the first answer may be the block
     differing = [o for o in others if not same_class(answer, o)]
     if not differing:
         return THROUGH
@@ -214,6 +238,32 @@ def by_classes(answer: Answer, others: Iterable[Answer]) -> str:
     if all(theirs) and not mine:
         return THROUGH
     return NONE
+
+
+def tells(answer: Answer, others: Iterable[Answer]) -> bool:
+    """Whether ``answer`` tells another class of ``others`` as the block beside it."""
+    return any(not same_class(o, answer) and blockish(o, answer) for o in others)
+
+
+def settled(said: str, told: bool, splits: bool, others: Iterable[Answer]) -> str:
+    """A ``through`` read from answers alike (not ``told`` from a block), where the site
+    told a page from its block lately (``splits``) and no proxy was refused beside it:
+    ``none``. Most exits may be turned away, so answers alike there may be the block
+    alike; only a page told from a block, or beside a refusal, is ``through``."""
+    if said == THROUGH and not told and splits and not any(refusal(o) for o in others):
+        return NONE
+    return said
+
+
+def compared(answer: Answer) -> Answer:
+    """What comparing reads of an answer (``same_class``, ``blockish``): its status,
+    redirect, title and size; a few hundred bytes, never its page."""
+    title = page_title(answer.head)
+    head = b"<title>" + title + b"</title>" if title else b""
+    return Answer(
+        status=answer.status, location=answer.location, head=head, size=answer.size,
+        closed=answer.closed,
+    )  # fmt: skip
 
 
 def same_class(a: Answer, b: Answer) -> bool:
@@ -231,7 +281,8 @@ def same_class(a: Answer, b: Answer) -> bool:
 def blockish(a: Answer, b: Answer) -> bool:
     """Whether ``a`` looks like the block of the two: a block page by its maker's signs,
     a redirect away where ``b`` is a page, a page far shorter than ``b``'s and titled
-    otherwise, or a title with a block's words where ``b``'s has none."""
+    otherwise, or, not far longer than ``b``, a title with a block's words where
+    ``b``'s has none."""
     if block_sign(a.head, a.size, a.headers):
         return True
     if 300 <= a.status < 400 and 200 <= b.status < 300:
@@ -241,6 +292,9 @@ def blockish(a: Answer, b: Answer) -> bool:
     a_title, b_title = page_title(a.head), page_title(b.head)
     if a.size * FAR <= b.size and a_title != b_title:
         return True
+    if a.size >= FAR * b.size:  # a block page is short: a block word in a long page's
+        return False  # title is its subject, or its site's name (example-captcha.com)
+    a_title, b_title = unnamed(a_title), unnamed(b_title)
     return bool(_BLOCK_WORDS.search(a_title)) and not _BLOCK_WORDS.search(b_title)
 
 

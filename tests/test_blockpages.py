@@ -17,7 +17,7 @@ import pytest
 
 from events.blockpages import block_sign
 from events.pages import readable
-from events.sites import BLOCKED, THROUGH, Answer, SiteRule, generic, verdict
+from events.sites import BLOCKED, NONE, THROUGH, Answer, SiteRule, generic, verdict
 
 FILLER = "<p>" + "An ordinary paragraph of the site's own text. " * 40 + "</p>"
 
@@ -97,7 +97,9 @@ def test_a_protected_sites_own_page_is_not_a_block(page: bytes) -> None:
     """The scripts a vendor puts on every page of a site it protects, a captcha widget
     on a long page, block words in a long page's title: none is a block."""
     assert block_sign(page, len(page)) == ""
-    assert generic(Answer(status=200, head=page, size=len(page)), []) == THROUGH
+    answer = Answer(status=200, head=page, size=len(page))
+    assert generic(answer, []) == NONE  # alone, nothing to compare with
+    assert generic(answer, [answer]) == THROUGH
 
 
 def test_a_gzip_a_deflate_and_a_br_page_read_as_their_plain_form() -> None:

@@ -1,7 +1,9 @@
-"""Works where you are going, in the world in a box: three sites turn most of the pool
-away, each its own way (ops/lab/sitebox.py); a consumer that names no site gets each
-site's real page through a proxy's exit, and the pool says which proxies get through;
-an AI agent's MCP client then gets them, and pages through them, from ``ppf mcp``."""
+"""Works where you are going, in the world in a box: seven sites turn most of the pool
+away, each its own way (ops/lab/sitebox.py: a closed connection, a 403 page, a redirect
+to a captcha, a 200 captcha page no rule names, a 429 past a pace, a redirect to a page
+without a block word, a TLS alert); a consumer that names no site gets each site's real
+page through a proxy's exit, and the pool says which proxies get through; an AI
+agent's MCP client then gets them, and pages through them, from ``ppf mcp``."""
 
 from __future__ import annotations
 
@@ -16,54 +18,58 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from ops.bench.sites import Consumer, precision_recall, served, sites_box
+from ops.bench.sites import Consumer, precision_recall, rates_of, served, sites_box
 from ops.lab.sitebox import LEAVES, SITES, real_page_of
 from ops.lab.world import unavailable
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
-LEARN = 15  # requests to each site and scheme before the measured ones
-MEASURED = 100  # requests to each site and scheme measured
+LEARN_S = 20  # seconds of learning before the measured ones
+MEASURED_S = 30  # seconds measured
+OWN_EXITS = 15  # the smaller pool: 20 honest exits (``ppf bench sites`` has 30)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(200)
 async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets_through(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a short learning period, at least 99 % of plain-HTTP and 95 % of HTTPS
-    requests to each of three sites that turn most exits away (a closed connection, a
-    403 page, a redirect to a captcha) get the site's real page through a proxy's exit;
-    then ``works_on=SITE`` against the box's truth: precision at least 0.95, recall at
-    least 0.8. (The endpoint says its sites' verdicts every 5 s here, not every minute:
-    the suite's time; ``ppf bench sites`` measures at the defaults.)"""
+    """After a short learning period (a consumer at 3 requests a second to each site, 1
+    to the one that paces), at least 99 % of plain-HTTP and 95 % of HTTPS requests to
+    each of seven sites that turn most exits away get the site's real page through a
+    proxy's exit; then ``works_on=SITE`` against the box's truth, within 30 s:
+    precision at least 0.85, recall at least 0.6 (the bar of 0.95 and 0.8 is
+    ``ppf bench sites``'s, after minutes of learning on 30 exits: here a minute's on 20;
+    before the classes were read, a 200 captcha page's was 0.0 and 0.0). The endpoint
+    says its sites' verdicts every 5 s here, not every minute: the suite's time."""
     monkeypatch.setenv("PPF_SITES_S", "5")
-    async with sites_box(tmp_path) as box:
+    async with sites_box(tmp_path, own_exits=OWN_EXITS) as box:
         world, up, honest = box.world, box.up, box.honest
         token = await up.cli("token", "issue", "scraper", "--role", "consumer")
-        exits = {p.exit_ip for p in world.proxies}
+        exits = world.exit_ips()
         endpoint = f"http://scraper:{token}@{up.serve}"
-        consumer = Consumer(endpoint, exits, concurrency=20)
-        await consumer.send([s.name for s in SITES], LEARN)
+        consumer = Consumer(endpoint, exits)
+        rates = rates_of(3.0, 1.0)
+        await consumer.send(rates, LEARN_S)
         consumer.reset()
-        await consumer.send([s.name for s in SITES], MEASURED)
+        await consumer.send(rates, MEASURED_S)
         for site in SITES:
             for scheme, least in (("http", 0.99), ("https", 0.95)):
-                got, wrong = consumer.tally[(site.name, scheme)]
-                share = got / MEASURED
-                assert share >= least, (site.name, scheme, share, wrong[:5])
+                share, asked = consumer.share(site.name, (scheme,))
+                wrong = consumer.tally[(site.name, scheme)][1]
+                assert share >= least, (site.name, scheme, share, asked, wrong[:5])
         assert not consumer.elsewhere, consumer.elsewhere[:5]
         # The pool says who gets through once the endpoint's verdicts, and the probes
         # that follow the sites of its traffic, are folded.
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 30
         scores: dict[str, tuple[float, float]] = {}
         while time.monotonic() < deadline:
             for site in SITES:
                 said = await served(up.base, site.name)
                 scores[site.name] = precision_recall(said, world.gets_through(site.name) & honest)
-            if all(p >= 0.95 and r >= 0.8 for p, r in scores.values()):
+            if all(p >= 0.85 and r >= 0.6 for p, r in scores.values()):
                 break
             await asyncio.sleep(2)
-        assert all(p >= 0.95 and r >= 0.8 for p, r in scores.values()), scores
+        assert all(p >= 0.85 and r >= 0.6 for p, r in scores.values()), str(scores)
         # Both sources spoke of every site: the endpoint's traffic and ppf up's
         # checker, probing the sites of traffic at their roots (4 an hour at most).
         admin = await up.cli("token", "issue", "op", "--role", "admin")

@@ -153,11 +153,12 @@ class Pool:
             and want.strategy != "roundrobin"
             and (known := self._known(site, want, tunnel, now, exclude))
         ):
-            if not tunnel and EXPLORE and self.rng.random() < EXPLORE:
+            # A request's first attempt only: a miss is tried again through a known one.
+            if not tunnel and not exclude and EXPLORE and self.rng.random() < EXPLORE:
                 without = exclude | self.standing.through[site].keys()
                 if (other := self._any(want, tunnel, now, without, site)) is not None:
                     return other
-            return self._use(self._weighted(known), want, now, site)
+            return self._use(self._weighted(_least_used(known, site, now)), want, now, site)
         return self._any(want, tunnel, now, exclude, site)
 
     def _any(
@@ -306,6 +307,20 @@ class Pool:
         up.avoid_until = now + min(AVOID_S, AVOID_FIRST_S * 2 ** (up.strikes - 1))
 
 
+def _least_used(known: list[Upstream], site: str, now: float) -> list[Upstream]:
+    """Of ``known``, those that sent ``site`` the fewest requests this minute: a site's
+    requests spread over the proxies known to get through, never piled on the fastest
+    few until the site rate-limits them."""
+    minute = int(now // 60)
+
+    def used(u: Upstream) -> int:
+        uses = u.site_uses.get(site)
+        return uses[1] if uses is not None and uses[0] == minute else 0
+
+    fewest = min(used(u) for u in known)
+    return [u for u in known if used(u) == fewest]
+
+
 def _open(up: Upstream, site: str, now: float) -> bool:
     """Whether ``site`` has neither turned ``up`` away lately nor paces it now (any
     upstream, for no site)."""
@@ -366,6 +381,14 @@ class Tally:
                 return
             cell = self.cells[(up.ip, up.port, site)] = [0, 0]
         cell[kind] += 1
+
+    def unsay_through(self, site: str) -> None:
+        """The answers through counted for ``site`` since the last take, unsaid: they
+        were read alike before the site was seen telling a page from its block, and
+        may have been the block alike (router/verdicts.py)."""
+        for (_, _, at), cell in self.cells.items():
+            if at == site:
+                cell[0] = 0
 
     def take(self) -> tuple[dict[tuple[str, int, str], list[int]], int]:
         """What was counted since the last take (and the cells dropped), and a fresh

@@ -26,7 +26,7 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.choose import pace
 from endpoint.router.login import Want, challenge
 from endpoint.router.router import Router
-from endpoint.router.verdicts import head_verdict_of, page_bytes, read_answer, retry_after_s
+from endpoint.router.verdicts import head_verdict_of, page_bytes, retry_after_s
 from events.sites import BLOCKED, NONE, PACED, THROUGH
 
 __all__ = ["IDEMPOTENT", "Answering", "Forwarding"]
@@ -217,7 +217,7 @@ class Forwarding:
         req, router = self.current, self.router
         assert req is not None and self.want is not None
         tried = req.tried | {link.up.key}
-        link.said = read_answer(router.pool, req.site, req.rule, link, _url(req))
+        link.said = router.read(self.want.consumer, req, link, _url(req))
         if link.said != BLOCKED or req.method not in IDEMPOTENT or len(tried) >= router.attempts:
             return True  # the whole answer's reading learns what it says (answered)
         router.turned_away(self.want.consumer, link.up, req.site, time.monotonic())
@@ -249,7 +249,7 @@ class Forwarding:
         """What a whole answer says of its site, for the picks that follow."""
         assert self.want is not None
         router, now = self.router, time.monotonic()
-        said = link.said or read_answer(router.pool, req.site, req.rule, link, _url(req))
+        said = link.said or router.read(self.want.consumer, req, link, _url(req))
         if said == THROUGH:
             router.pool.got_through(link.up, req.site)
         elif said == PACED:
@@ -276,10 +276,8 @@ class Forwarding:
         else:
             req.tried |= {link.up.key}
             router = self.router
-            closed, now = why == CLOSED and req.site, time.monotonic()
-            if closed and router.pool.standing.closed_on(link.up, req.site, now):
-                router.turned_away(self.want.consumer, link.up, req.site, now)  # not the proxy's
-            else:
+            closed = why == CLOSED and req.site
+            if not (closed and router.site_closed(self.want.consumer, link.up, req, _url(req))):
                 req.failures += 1
                 router.failed(self.want, self.password, link.up, f"request: {why}")
             if req.method not in IDEMPOTENT or req.failures >= router.attempts:

@@ -6,7 +6,14 @@ Per URL, an answer of each class, kept as what comparing reads (its status, redi
 title and size: a few hundred bytes, never its page), and the proxies that got one of
 that class; the least recently asked URLs are forgotten first, so traffic to many sites
 never stops the learning of a new one. A page with a vendor's sign is a block by itself
-and is not kept as a class.
+and is not kept as a class. A refusal (a 403, a closed connection) is a class too: a
+page beside it is what the refused proxies did not get.
+
+And where a site's redirects sent its visitors lately: a client that follows a
+redirect to an interstitial asks the same page of it whatever its exit, so answers
+there tell no class from another (``sent_to``). And the sites that told a page from its
+block lately (``splits``): there, answers alike to a URL may be the block alike (most
+exits may be turned away), so only a page told from a block is ``through``.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from events.blockpages import block_sign
-from events.sites import Answer, page_title, same_class
+from events.sites import Answer, compared, path_of, same_class, tells
 
 __all__ = ["CLASSES", "URLS", "Pages"]
 
@@ -33,6 +40,23 @@ class _Class:
 class Pages:
     def __init__(self) -> None:
         self._urls: OrderedDict[bytes, list[_Class]] = OrderedDict()
+        self._targets: OrderedDict[tuple[str, str], None] = OrderedDict()  # (site, path)
+        self._splits: OrderedDict[str, None] = OrderedDict()  # sites, most recent last
+
+    def sends_to(self, site: str, location: str) -> None:
+        """``site`` redirected a request to ``location``."""
+        target = (site, path_of(location))
+        self._targets[target] = None
+        self._targets.move_to_end(target)
+        while len(self._targets) > URLS:
+            self._targets.popitem(last=False)
+
+    def sent_to(self, site: str, url: bytes) -> bool:
+        """Whether ``url`` (host, port and target) is where ``site`` redirected lately."""
+        if not self._targets:
+            return False
+        target = url.partition(b" ")[2].decode("latin-1")
+        return (site, path_of(target)) in self._targets
 
     def others(self, url: bytes, proxy: Key) -> list[Answer]:
         """An answer of each class ``url`` got through proxies other than ``proxy``."""
@@ -57,10 +81,31 @@ class Pages:
             return
         kind = next((c for c in classes if same_class(c.answer, answer)), None)
         if kind is None:
-            kind = _Class(_compared(answer))
+            kind = _Class(compared(answer))
             classes.append(kind)
             del classes[:-CLASSES]
         kind.proxies.add(proxy)
+
+    def told(self, url: bytes, answer: Answer) -> set[Key]:
+        """The proxies whose latest answer to ``url`` was of a class that looks like the
+        block beside ``answer`` (events/sites.py ``blockish``), in one walk."""
+        told: set[Key] = set()
+        for c in self._urls.get(url, []):
+            if tells(answer, (c.answer,)):
+                told |= c.proxies
+        return told
+
+    def split(self, site: str) -> None:
+        """A URL of ``site`` was told apart lately: a page and its block."""
+        self._splits[site] = None
+        self._splits.move_to_end(site)
+        while len(self._splits) > URLS:
+            self._splits.popitem(last=False)
+
+    def splits(self, site: str) -> bool:
+        """Whether ``site`` told a page from its block lately: answers alike there may be
+        the block alike, and teach nothing."""
+        return site in self._splits
 
     def got(self, url: bytes, answer: Answer) -> set[Key]:
         """The proxies whose latest answer to ``url`` was of ``answer``'s class."""
@@ -72,10 +117,3 @@ class Pages:
     def classes(self, url: bytes) -> list[Answer]:
         """An answer of each class ``url`` got, the oldest class first."""
         return [c.answer for c in self._urls.get(url, [])]
-
-
-def _compared(answer: Answer) -> Answer:
-    """What a class keeps of an answer: what ``same_class`` and ``blockish`` read."""
-    title = page_title(answer.head)
-    head = b"<title>" + title + b"</title>" if title else b""
-    return Answer(status=answer.status, location=answer.location, head=head, size=answer.size)

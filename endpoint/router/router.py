@@ -33,14 +33,16 @@ from endpoint.router.hedge import Hedging, first_through
 from endpoint.router.login import Want
 from endpoint.router.outcomes import Outcomes
 from endpoint.router.shares import Shares
-from endpoint.router.verdicts import rule_of, site_of
+from endpoint.router.verdicts import read_answer, rule_of, site_of
 from events.address import ADDRESS_RULE
 from events.hosts import rules_host
+from events.sites import Answer
 from events.validate import host_can_be_public
 
 __all__ = ["Router"]
 
 log = structlog.get_logger("ppf.serve")
+_CLOSED = Answer(status=0, closed=True)  # a connection the site closed before any answer
 
 
 @dataclass
@@ -166,6 +168,28 @@ class Router:
         else:
             self.outcomes.count("turned_away_own")
             self.shares.keep_private(consumer, site, up.key, now)
+
+    def read(self, consumer: str, req: Request, link: UpLink, url: bytes) -> str:
+        """What a whole answer of ``req``'s site through ``link`` says (router/verdicts.py
+        ``read_answer``); the proxies its page told as the block are turned away, within
+        ``consumer``'s share."""
+        said, told = read_answer(self.pool, req.site, req.rule, link, url)
+        now = time.monotonic()
+        for key in told:
+            if (up := self.pool.upstreams.get(key)) is not None:
+                self.turned_away(consumer, up, req.site, now)
+        return said
+
+    def site_closed(self, consumer: str, up: Upstream, req: Request, url: bytes) -> bool:
+        """A fresh connection through ``up`` for ``req`` ended before any answer: whether
+        it was the site's refusal (router/standing.py ``closed_on``), then turned away
+        (not the proxy's failure) and kept as a refusal's class of ``url``."""
+        now = time.monotonic()
+        if not self.pool.standing.closed_on(up, req.site, now):
+            return False
+        self.turned_away(consumer, up, req.site, now)
+        self.pool.pages.add(url, up.key, _CLOSED)
+        return True
 
     def left_out(self, consumer: str, site: str, now: float) -> frozenset[tuple[str, int]]:
         """The proxies ``consumer``'s own refusals at ``site`` keep from its picks."""

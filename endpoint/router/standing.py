@@ -2,10 +2,11 @@
 traffic and the fleet's verdicts said (endpoint/router/choose.py's picks prefer them);
 an upstream that served a block loses its standing at once.
 
-Never worse than blind: the picks send ``EXPLORE`` of a site's plain-HTTP requests to
-upstreams with no standing there, so what the fleet learns does not come only from the
-few routing already prefers; a miss costs the consumer nothing, since a block (told by
-its head, or by its page, held back until read) is tried through another proxy."""
+Never worse than blind: the picks send the first attempt of ``EXPLORE`` of a site's
+plain-HTTP requests to upstreams with no standing there, so what the fleet learns does
+not come only from the few routing already prefers (``works_on``'s recall); a miss
+costs the consumer an attempt, never the page, since a block (told by its head, or by
+its page, held back until read) is tried again through a known proxy."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for tha
 # Sites whose upstreams known to get through are remembered here; past it, the least
 # recently asked for or learned goes, so a pool that has run a while still learns.
 MAX_SITES = 1_024
-EXPLORE = 0.1  # of a site's plain-HTTP requests, to upstreams with no standing there
+EXPLORE = 0.25  # of a site's plain-HTTP requests, first tried with no standing there
 
 
 @dataclass

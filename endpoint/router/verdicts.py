@@ -24,11 +24,11 @@ from events.sites import (
     THROUGH,
     Answer,
     SiteRule,
-    blockish,
     generic,
     head_verdict,
+    refusal,
     rule_for,
-    same_class,
+    settled,
     site_key_ok,
     verdict,
 )
@@ -107,14 +107,18 @@ def _others(pool: Pool, site: str) -> list[Answer]:
 _PAGE = Answer(status=200)
 
 
-def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink, url: bytes) -> str:
+def read_answer(
+    pool: Pool, site: str, rule: SiteRule | None, link: UpLink, url: bytes
+) -> tuple[str, set[tuple[str, int]]]:
     """What a whole answer of ``site`` through ``link`` to ``url`` says, read by
     ``rule``: its page got through, the site turned it away (its words, or a stub), or
-    paced it. A site without a rule is read against the other classes of answers ``url``
-    got through other proxies (router/pages.py); a page that tells another class as the
-    block takes the standing of that class's proxies there at once."""
+    paced it; and the proxies a page told as the block (their class's, whose standing
+    there is taken at once: the caller charges them to the consumer). A site without a
+    rule is read against the other classes of answers ``url`` got through other proxies
+    (router/pages.py); where the site told a page from its block lately, answers alike
+    are ``none``."""
     if rule is not None and (link.head_only or link.status in (204, 304)):
-        return head_verdict(rule, link.status, link.location)  # no page to read
+        return head_verdict(rule, link.status, link.location), set()  # no page to read
     if link.seen or link.signs:
         answer = Answer(
             status=link.status,
@@ -127,13 +131,25 @@ def read_answer(pool: Pool, site: str, rule: SiteRule | None, link: UpLink, url:
     else:  # no page read (not HTML), nor a header that tells a block page
         answer = Answer(status=link.status, location=link.location, size=link.size)
     if rule is not None:
-        return verdict(rule, answer)
-    said = generic(answer, _others(pool, site) + pool.pages.others(url, link.up.key))
-    if 200 <= answer.status < 400 and (answer.head or answer.size or answer.location):
-        pages = pool.pages
+        return verdict(rule, answer), set()
+    pages = pool.pages
+    if pages.sent_to(site, url):
+        # A page the site sent a proxy's visitor to (an interstitial the client followed):
+        # the same for every exit, so it tells none from another, and teaches nothing.
+        said = generic(answer, [])
+        return (NONE if said == THROUGH else said), set()
+    said = generic(answer, _others(pool, site) + pages.others(url, link.up.key))
+    if 300 <= answer.status < 400 and answer.location:
+        pages.sends_to(site, answer.location)
+    if refusal(answer) or (
+        200 <= answer.status < 400 and (answer.head or answer.size or answer.location)
+    ):
+        told = pages.told(url, answer) if said == THROUGH else set()
         pages.add(url, link.up.key, answer)
-        if said == THROUGH:
-            for other in pages.classes(url):
-                if not same_class(other, answer) and blockish(other, answer):
-                    pool.standing.lose(site, pages.got(url, other))
-    return said
+        if told:
+            if not pages.splits(site):  # its first split: what alike answers said is void
+                pool.tally.unsay_through(site)
+            pages.split(site)
+            pool.standing.lose(site, told)
+        return settled(said, bool(told), pages.splits(site), pages.classes(url)), told
+    return said, set()

@@ -236,8 +236,12 @@ class Sites(Bench, kw_only=True):
     """routing by site in the world in a box (root)"""
 
     run = "ops.bench.sites:bench_sites"
-    learn: Annotated[int, _("requests a site and scheme")] = 100
-    measured: Annotated[int, _("measured after learning")] = 300
+    learn_s: Annotated[float, _("seconds of learning, the first minute's share said")] = 240.0
+    measured_s: Annotated[float, _("seconds measured after learning")] = 120.0
+    rate: Annotated[float, _("requests a second to each site, HTTP and HTTPS in turn")] = 2.0
+    paced_rate: Annotated[float, _("requests a second to the site that paces")] = 1.0
+    own_exits: Annotated[int, _("proxies with exits of their own, beside the seven")] = 25
+    other_sites: Annotated[int, _("sites visited once each before learning")] = 0
     tree: Annotated[Path | None, _OTHER_TREE] = None
 
 

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from gateway.guard import listen
 from ops.lab.churnbox import Churn
-from ops.lab.sitebox import SITES, serve_site
+from ops.lab.sitebox import OTHERS, SITES, Pace, alerting_tls, serve_site
 from ops.lab.testbed import ProxyLab, self_signed
 
 __all__ = ["azenv_text", "httpbin_json", "relay"]
@@ -256,6 +256,10 @@ async def serve(config: dict[str, Any]) -> None:
         for e in config.get("extra", []):
             handle = relay(by_name[e["via"]].port, e["rtt_ms"], proxy_header=e["via"] == "squid")
             servers.append(await asyncio.start_server(handle, e["addr"], e["port"]))
+        for own in config.get("own", []):  # proxies with exits of their own
+            proxy = lab.more(own["name"], own["server"], own["exit"])
+            handle = relay(proxy.port, own["rtt_ms"])
+            servers.append(await asyncio.start_server(handle, own["addr"], own["port"]))
         for addr, port in config["tarpits"]:
             servers.append(await asyncio.start_server(_tarpit, addr, port))
         addr, port = config["portal"]
@@ -272,9 +276,15 @@ async def serve(config: dict[str, Any]) -> None:
         by_site = {s.name: s for s in SITES}
         for spec in config.get("sites", []):
             site, turned = by_site[spec["name"]], frozenset(spec["turned_away"])
+            pace = Pace() if site.way == "paced" else None  # one count for both ports
+            alerting = alerting_tls() if site.way == "alert" else None
             for port, tls in ((80, None), (443, _tls(root, site.name))):
-                handle = serve_site(site, turned, tls, root / "asks.log")
+                handle = serve_site(site, turned, tls, root / "asks.log", pace, alerting)
                 servers.append(await asyncio.start_server(handle, site.addr, port))
+        if "others" in config:  # the sites that let every exit in, one server for all
+            for port, tls in ((80, None), (443, _tls(root, "others"))):
+                handle = serve_site(OTHERS, frozenset(), tls, root / "asks.log")
+                servers.append(await asyncio.start_server(handle, config["others"], port))
         t0 = 0.0
         if "churn" in config:  # the churn lab: its proxies, then its clock
             churn = Churn(config["churn"], root, relay, _tarpit)

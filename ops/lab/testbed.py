@@ -384,11 +384,30 @@ class ProxyLab:
         anonymity = "anonymous" if via else "elite"
         return Proxy(name, port, "http", anonymity, bind, proc)
 
-    def _microsocks(self) -> Proxy:
+    def _microsocks(self, name: str = "microsocks", bind: str = "") -> Proxy:
         port = self._port()
-        bind = self.exits["microsocks"]
+        bind = bind or self.exits["microsocks"]
         cmd = ["microsocks", "-i", "127.0.0.1", "-p", str(port), "-b", bind]
-        return Proxy("microsocks", port, "socks5", "elite", bind, self._spawn("microsocks", cmd))
+        return Proxy(name, port, "socks5", "elite", bind, self._spawn(name, cmd))
+
+    def more(self, name: str, server: str, bind: str) -> Proxy:
+        """One more proxy, ``server`` ("tinyproxy", elite, or "microsocks"), exiting from
+        ``bind``, listening when this returns (started again on another port, as the
+        first ones are, when its port was taken first)."""
+        for attempt in range(1, TRIES + 1):
+            if server == "tinyproxy":
+                proxy = self._tinyproxy(name, bind, via=False)
+            else:
+                proxy = self._microsocks(name, bind)
+            self.proxies.append(proxy)  # in the list: stop() ends it
+            try:
+                _wait_port(proxy.port, proxy.proc)
+                return proxy
+            except RuntimeError as e:
+                if attempt == TRIES:
+                    log = (self.root / f"{name}.log").read_text(errors="replace")
+                    raise RuntimeError(f"{name}: {e}; its log ends: {log[-600:]}") from e
+        raise AssertionError("unreachable")
 
     def _dante(self) -> Proxy:
         port = self._port()

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ops.lab.churn import Plan
-from ops.lab.sitebox import SITES
+from ops.lab.sitebox import OTHERS_AT, OWN_EXITS, SITES, other_site
 from ops.lab.testbed import missing
 
 __all__ = ["LINK_HOST", "World", "WorldProxy", "unavailable"]
@@ -69,6 +69,23 @@ HONEST = ("squid", "tinyproxy-via", "tinyproxy-elite", "microsocks", "dante")
 def _spread(block: int, i: int) -> str:
     """The i-th address of a /20 block of the box (45.68.<block>.0/20, .1-.250 each /24)."""
     return f"45.68.{block + i // 250}.{1 + i % 250}"
+
+
+def own_exit_proxies(count: int, seed: int) -> list[dict[str, Any]]:
+    """The box's first ``count`` proxies with exits of their own: name, address, port,
+    exit, server (a tinyproxy or a microsocks, in turn) and round trip."""
+    rng = random.Random(seed + 1)
+    return [
+        {
+            "name": name,
+            "addr": f"45.68.11.{i}",
+            "port": 8080 if i % 2 else 1080,
+            "exit": f"45.68.12.{i}",
+            "server": "tinyproxy" if i % 2 else "microsocks",
+            "rtt_ms": rng.randint(100, 400),
+        }
+        for i, name in enumerate(OWN_EXITS[:count], 1)
+    ]
 
 
 def unavailable() -> str | None:
@@ -115,6 +132,10 @@ class World:
     # ms, from ``seed``), in front of the honest proxies in turn. They exit where their
     # proxy does: many addresses, few exits, as behind a NAT.
     extra_working: int = 0
+    # Working proxies with exits of their own (``sitebox.OWN_EXITS``, at most 25): a
+    # tinyproxy or a microsocks each, behind a delaying relay, so a site sees as many
+    # exits as the world's pools have.
+    own_exits: int = 0
     seed: int = 1
     name: str = field(default_factory=lambda: f"{PREFIX}{os.getpid()}")
     proxies: list[WorldProxy] = field(default_factory=list)
@@ -137,6 +158,9 @@ class World:
     # The sites that turn most of the pool away (ops/lab/sitebox.py), their names in the
     # box's /etc/hosts.
     sites: bool = False
+    # Sites that let every exit in, beside them (``sitebox.other_site``): what a pool's
+    # consumers visit besides, to fill the maps of sites that learning keeps.
+    other_sites: int = 0
     _proc: subprocess.Popen[bytes] | None = None
     _up: bool = False
 
@@ -199,7 +223,15 @@ class World:
         """Each working address (``addr:port``) and the box's proxy it exits through."""
         named = {f"{p.addr}:{p.port}": p.name for p in self.proxies}
         extra = {f"{a}:{p}": HONEST[i % len(HONEST)] for i, (a, p) in enumerate(self.extra)}
-        return named | extra
+        own = {f"{o['addr']}:{o['port']}": o["name"] for o in self._own()}
+        return named | extra | own
+
+    def exit_ips(self) -> set[str]:
+        """Every address the box's working proxies exit from."""
+        return {p.exit_ip for p in self.proxies} | {o["exit"] for o in self._own()}
+
+    def _own(self) -> list[dict[str, Any]]:
+        return own_exit_proxies(self.own_exits, self.seed)
 
     def gets_through(self, site: str) -> set[str]:
         """The box's truth: the working addresses whose exit ``site`` lets through."""
@@ -218,6 +250,7 @@ class World:
             hosts = Path("/etc/netns") / name
             hosts.mkdir(parents=True, exist_ok=True)
             names = "".join(f"{s.addr} {s.name} www.{s.name}\n" for s in SITES)
+            names += "".join(f"{OTHERS_AT} {other_site(i)}\n" for i in range(self.other_sites))
             (hosts / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
         _ip("netns", "add", name)
         _ip("link", "add", link, "type", "veth", "peer", "name", f"{name}i")
@@ -250,6 +283,8 @@ class World:
         owned += [a for a, _ in self.refusing + self.tarpits + self.extra]
         owned += [a for a, _ in self.churn_addresses()]
         owned += [s.addr for s in SITES] if self.sites else []
+        owned += [OTHERS_AT] if self.other_sites else []
+        owned += [a for o in self._own() for a in (o["addr"], o["exit"])]
         return owned
 
     def _config(self) -> dict[str, Any]:
@@ -265,6 +300,7 @@ class World:
         ]
         listed = [f"{p['addr']}:{p['port']}" for p in proxies.values()]
         listed += [f"{e['addr']}:{e['port']}" for e in extra]
+        listed += [f"{o['addr']}:{o['port']}" for o in self._own()]
         listed += [f"{a}:{p}" for a, p in self.refusing + self.silent + self.tarpits]
         listed += [f"{self.portal[0]}:{self.portal[1]}", f"{self.garbage[0]}:{self.garbage[1]}"]
         config: dict[str, Any] = {
@@ -273,6 +309,7 @@ class World:
             "proxies": proxies,
             "tarpits": self.tarpits,
             "extra": extra,
+            "own": self._own(),
             "portal": self.portal,
             "garbage": self.garbage,
             "judges": [
@@ -286,9 +323,13 @@ class World:
                 "files": {"/proxies.txt": "\n".join(listed)},
             },
         }
+        if self.other_sites:
+            config["others"] = OTHERS_AT
         if self.sites:
+            exit_of = exits | {o["name"]: o["exit"] for o in self._own()}
             config["sites"] = [
-                {"name": s.name, "turned_away": sorted(exits[p] for p in s.blocks)} for s in SITES
+                {"name": s.name, "turned_away": sorted(exit_of[p] for p in s.blocks & set(exit_of))}
+                for s in SITES
             ]
         if self.churn is not None:
             churned = self.churn_addresses()
