@@ -114,3 +114,31 @@ def test_verdicts_are_charged_each_and_an_untested_agent_gives_them_on_targets_o
                 and "elsewhere.example is not one" in (log.refused[0][1])
             )
             assert "60 verdicts more pass the quota (100)" in quota[0]
+
+
+def test_an_untested_checkers_flood_of_invented_sites_leaves_a_target_learned_and_served() -> None:
+    """Exhaustion, as ``ppf up`` folds (``site_eviction`` and ``verdicts_guarded`` on):
+    an untested checker sends 1,024 rounds of verdicts on invented sites (two new sites
+    and 500 verdicts a round); then the operator adds ``shop-target.com`` and its own
+    (trusted) checker probes it. Every invented round is refused (``forbidden`` or ``quota``, in the DLQ),
+    no invented site takes a slot, and the target's verdicts are kept: ``works_on``'s
+    reading (``sites.standing``) says its proxy gets through. (Before: 488,090 cells
+    taken in 1.2 s, and the target's verdicts ``unkept`` for good.)"""
+    log = FoldedLog(
+        site_eviction=True, verdicts_guarded=True, trusted_agents=(*OPERATOR, "c-own")
+    )
+    log.enrol("c-other", "checker")
+    for n in range(3):
+        log.report("w-own", ip(n))
+    for r in range(1_024):
+        flood = [(n % 3, f"x{r}-{n % 2}.example") for n in range(500)]
+        log.says(_verdicts("c-other", *flood), at_s=10 + r * 0.01)
+    assert len(log.refused) == 1_024, log.refused[:3]
+    assert {reason for reason, _ in log.refused} <= {"forbidden", "quota"}
+    assert not [s for s in log.state.site_rules if s.startswith("x")]
+    assert all(sites.cell(log.state, (ip(0), 8080), f"x{r}-0.example") is None for r in range(9))
+    target = SiteRule(site="shop-target.com")
+    log.service(ev.SiteRuled(id=eid(), agent="admin", at=0, rule=target), at_s=100)
+    log.says(_verdicts("c-own", (1, "shop-target.com")), at_s=200)  # ppf up's own checker
+    assert len(log.refused) == 1_024, log.refused[-1]
+    assert sites.standing(log.state, (ip(1), 8080), "shop-target.com", 200_000) == "through"
