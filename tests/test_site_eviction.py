@@ -120,13 +120,12 @@ def test_an_untested_checkers_flood_of_invented_sites_leaves_a_target_learned_an
     """Exhaustion, as ``ppf up`` folds (``site_eviction`` and ``verdicts_guarded`` on):
     an untested checker sends 1,024 rounds of verdicts on invented sites (two new sites
     and 500 verdicts a round); then the operator adds ``shop-target.com`` and its own
-    (trusted) checker probes it. Every invented round is refused (``forbidden`` or ``quota``, in the DLQ),
-    no invented site takes a slot, and the target's verdicts are kept: ``works_on``'s
+    (trusted) checker probes it. Every invented round is refused (``forbidden`` or
+    ``quota``, in the DLQ), no invented site takes a slot, and the target's verdicts
+    are kept: ``works_on``'s
     reading (``sites.standing``) says its proxy gets through. (Before: 488,090 cells
     taken in 1.2 s, and the target's verdicts ``unkept`` for good.)"""
-    log = FoldedLog(
-        site_eviction=True, verdicts_guarded=True, trusted_agents=(*OPERATOR, "c-own")
-    )
+    log = FoldedLog(site_eviction=True, verdicts_guarded=True, trusted_agents=(*OPERATOR, "c-own"))
     log.enrol("c-other", "checker")
     for n in range(3):
         log.report("w-own", ip(n))

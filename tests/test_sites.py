@@ -171,3 +171,19 @@ def test_a_site_without_rules_blocks_only_against_what_others_got() -> None:
     assert rule_for("unknown.example", ()) is None
     captcha = Answer(status=302, location="/captcha?return=/")
     assert generic(captcha, []) == BLOCKED  # a redirect to a block page, whatever others got
+
+
+@pytest.mark.parametrize("rule", BUILTIN_RULES, ids=lambda r: r.site)
+def test_each_built_in_sites_words_alone_tell_its_block_page_under_a_200(rule: SiteRule) -> None:
+    """Each word of a built-in site's rule, in a page the site answers 200 (no block
+    status, no redirect, long enough), reads ``blocked``; the same page without it
+    reads ``through``. So emptying a site's words fails here (before, its block pages
+    were tested by status and redirect, which a rule without words still reads). The
+    pages are written for the test around the words each site is known to answer."""
+    assert rule.markers
+    for marker in rule.markers:
+        filler = "<p>" + "the site's own page. " * 600 + "</p>"
+        page = f"<html><title>{rule.site}</title>{filler}<div>{marker}</div></html>"
+        plain = f"<html><title>{rule.site}</title>{filler}</html>"
+        assert verdict(rule, _page(page, 200, pad=0)) == BLOCKED, (rule.site, marker)
+        assert verdict(rule, _page(plain, 200, pad=0)) == THROUGH, rule.site
