@@ -348,7 +348,10 @@ class ProxyOut(msgspec.Struct):
 # The fields of a row the endpoint routes by, taken from ``ProxyOut`` (declared there
 # once): decoded alone, a pool of 100,000 rows takes about 90 ms where the whole row
 # takes 160; their defaults read a gateway from before a field was added.
-_ROUTE = ("ip", "port", "proto", "latency_ms", "anonymity", "mitm", "https", "country", "asn")
+_ROUTE = (
+    "ip", "port", "proto", "latency_ms", "anonymity", "mitm", "https", "country", "asn",
+    "exit_ip",
+)  # fmt: skip
 _ZERO: dict[Any, Any] = {str: "", int: 0, float: 0.0, bool: False}
 ProxyRoute = msgspec.defstruct(
     "ProxyRoute",

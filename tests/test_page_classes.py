@@ -5,6 +5,8 @@ which, and a split it cannot read says nothing."""
 
 from __future__ import annotations
 
+import pytest
+
 from events.sites import BLOCKED, NONE, THROUGH, Answer, by_classes, generic, same_class
 
 REAL = Answer(
@@ -186,3 +188,46 @@ def test_where_a_site_splits_answers_alike_say_nothing_and_what_they_said_is_uns
         ("45.0.0.2", 8080, "shop.example"): [0, 1],
         ("45.0.0.1", 8080, "other.example"): [1, 0],
     }
+
+
+def test_known_proxies_are_preferred_only_once_they_come_out_of_two_exits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Proxies known to get through all behind one exit (a NAT, one exit a site has not
+    listed yet) are not preferred: the picks stay blind there until a proxy of another
+    exit is known; then the known ones take the site's requests. (No exploring here.)"""
+    import random
+
+    from endpoint.link.upstream import Upstream
+    from endpoint.router import choose
+    from endpoint.router.choose import Pool
+    from endpoint.router.login import Want
+
+    monkeypatch.setattr(choose, "EXPLORE", 0.0)
+
+    pool = Pool(rng=random.Random(5), upstreams={})
+    nat = [Upstream(f"45.0.0.{n}", 8080, "http", https="yes", exit_ip="45.9.9.9") for n in (1, 2)]
+    others = [
+        Upstream(f"45.0.1.{n}", 8080, "http", https="yes", exit_ip=f"45.0.1.{n}")
+        for n in range(1, 9)
+    ]
+    pool.replace([*nat, *others])
+    for up in nat:
+        pool.got_through(pool.upstreams[up.key], "shop.example")
+
+    def picks() -> set[tuple[str, int]]:
+        return {
+            p.key
+            for i in range(200)
+            if (p := pool.pick(Want("a"), tunnel=False, now=60.0 + i, site="shop.example"))
+        }
+
+    assert picks() - {up.key for up in nat}, "one exit's proxies were preferred"
+    pool.got_through(pool.upstreams[others[0].key], "shop.example")
+    known = {up.key for up in nat} | {others[0].key}
+    chosen = [
+        p.key
+        for i in range(200)
+        if (p := pool.pick(Want("a"), tunnel=False, now=60.0 + i, site="shop.example"))
+    ]
+    assert len(chosen) == 200 and set(chosen) <= known, set(chosen) - known

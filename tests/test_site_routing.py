@@ -105,12 +105,16 @@ def _want() -> Want:
     return Want(consumer="shop")
 
 
-def test_a_pick_for_a_site_prefers_known_proxies_within_their_budget() -> None:
+def test_a_pick_for_a_site_prefers_known_proxies_within_their_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Known to get through first, but for a share of plain HTTP that explores the
     proxies with no standing there; never one turned away lately; unknown ones once the
     known have used their budget for the minute; tunnels never explore; another site is
-    not affected."""
+    not affected. (One known proxy prefers here: the exits rule has its own test.)"""
     from endpoint.router import choose, standing
+
+    monkeypatch.setattr(standing, "MIN_EXITS", 1)
 
     pool = Pool(rng=random.Random(7))  # a pinned draw: the same picks every run
     pool.replace(Upstream(f"45.0.0.{n}", 8080, "http", latency_ms=50) for n in range(1, 9))
@@ -288,8 +292,8 @@ def test_the_endpoints_map_of_sites_forgets_the_least_recent_not_the_newest() ->
     from endpoint.router import standing
 
     pool = Pool(rng=random.Random(1))
-    up = Upstream("8.8.8.8", 80, "http")
-    pool.replace([up])
+    pool.replace([Upstream("8.8.8.8", 80, "http")])
+    (up,) = pool.upstreams.values()
     want = Want("me")
     for n in range(standing.MAX_SITES):
         pool.got_through(up, f"s{n}.example")
@@ -307,11 +311,12 @@ def test_a_rate_limit_paces_the_proxy_for_that_site_for_the_time_asked_never_blo
     for its Retry-After (60 s when unsaid), is picked for other sites meanwhile, keeps
     its standing there afterwards, and from then on takes no more requests a minute
     there than the site let through before; nothing of it is a block for the log. (No
-    exploring here: the previous test has it.)"""
-    from endpoint.router import choose
+    exploring here, and no exits rule: their own tests have them.)"""
+    from endpoint.router import choose, standing
     from endpoint.router.verdicts import retry_after_s
 
     monkeypatch.setattr(choose, "EXPLORE", 0.0)
+    monkeypatch.setattr(standing, "MIN_EXITS", 1)  # one known proxy prefers here
 
     pool = Pool(rng=random.Random(1))
     fast, other = Upstream("8.8.8.8", 80, "http"), Upstream("8.8.4.4", 80, "http")

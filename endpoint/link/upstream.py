@@ -19,6 +19,7 @@ class Upstream:
     https: str = ""
     mitm: bool = False
     latency_ms: float = 0.0
+    exit_ip: str = ""  # where its requests come from, as the checks saw ("": unknown)
     # What this endpoint saw of it: the success EMA, when it was last used, until when
     # it is avoided.
     success: float = 1.0

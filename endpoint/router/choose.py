@@ -65,6 +65,7 @@ class Facts(Protocol):
     https: str
     mitm: bool
     latency_ms: float
+    exit_ip: str
 
 
 @dataclass
@@ -105,11 +106,12 @@ class Pool:
             if up is None:
                 up = Upstream(
                     f.ip, f.port, f.proto, f.country, f.asn, f.anonymity, f.https, f.mitm,
-                    f.latency_ms,
+                    f.latency_ms, f.exit_ip,
                 )  # fmt: skip
             else:
                 up.proto, up.country, up.asn, up.anonymity = f.proto, f.country, f.asn, f.anonymity
                 up.https, up.mitm, up.latency_ms = f.https, f.mitm, f.latency_ms
+                up.exit_ip = f.exit_ip
             new[key] = up
         self.upstreams = new
         self._lists = {}
@@ -151,6 +153,7 @@ class Pool:
         if (
             site
             and want.strategy != "roundrobin"
+            and self.standing.several_exits(site)
             and (known := self._known(site, want, tunnel, now, exclude))
         ):
             # A request's first attempt only: a miss is tried again through a known one.

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 
 from endpoint.link.upstream import Upstream
 
-__all__ = ["EXPLORE", "MAX_SITES", "SITE_BLOCK_S", "Standing"]
+__all__ = ["EXPLORE", "MAX_SITES", "MIN_EXITS", "SITE_BLOCK_S", "Standing"]
 
 SITE_BLOCK_S = 1_800.0  # a site's block of a proxy, as seen here, holds for that site
 # Sites whose upstreams known to get through are remembered here; past it, the least
 # recently asked for or learned goes, so a pool that has run a while still learns.
 MAX_SITES = 1_024
 EXPLORE = 0.25  # of a site's plain-HTTP requests, first tried with no standing there
+MIN_EXITS = 2  # distinct exits among a site's known upstreams before the picks prefer them
 
 
 @dataclass
@@ -35,6 +36,22 @@ class Standing:
             return []
         self.through[site] = known
         return list(known.values())
+
+    def several_exits(self, site: str) -> bool:
+        """Whether the upstreams known to get through to ``site`` come out of at least
+        ``MIN_EXITS`` distinct exits (an unknown exit counts as its proxy's own): the
+        picks prefer them only then, so one exit's luck (many proxies behind one NAT, an
+        exit the site has not listed yet) does not pile a site's requests on it."""
+        known = self.through.pop(site, None)  # and put back last: the most recent
+        if not known:
+            return False
+        self.through[site] = known
+        exits: set[str] = set()
+        for up in known.values():  # most often done at the second
+            exits.add(up.exit_ip or up.ip)
+            if len(exits) >= MIN_EXITS:
+                return True
+        return False
 
     def got_through(self, up: Upstream, site: str) -> None:
         up.turned_away.pop(site, None)
