@@ -231,3 +231,21 @@ def test_known_proxies_are_preferred_only_once_they_come_out_of_two_exits(
         if (p := pool.pick(Want("a"), tunnel=False, now=60.0 + i, site="shop.example"))
     ]
     assert len(chosen) == 200 and set(chosen) <= known, set(chosen) - known
+
+
+def test_a_class_told_as_a_sites_block_is_the_block_on_its_other_urls() -> None:
+    """A captcha page is the same whatever was asked: once a URL of a site told it from
+    the real page, the same class on another URL of the site looks blocked there, the
+    first time that URL is asked; a real page there does not, nor the class on another
+    site."""
+    from endpoint.router.pages import Pages
+
+    pages = Pages()
+    one, two = b"shop.example:80 /page/1", b"shop.example:80 /page/2"
+    pages.add(one, ("45.0.0.2", 8080), WAIT)
+    assert pages.told("shop.example", one, REAL) == {("45.0.0.2", 8080)}
+    assert pages.splits("shop.example")
+    assert pages.looks_blocked("shop.example", WAIT)
+    assert not pages.looks_blocked("shop.example", REAL)
+    assert not pages.looks_blocked("other.example", WAIT)
+    assert pages.others(two, ("45.0.0.3", 8080)) == []  # nothing of the URL itself

@@ -36,7 +36,7 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
     """After a short learning period (a consumer at 3 requests a second to each site, 1
     to the one that paces), at least 99 % of plain-HTTP and 95 % of HTTPS requests to
     each of seven sites that turn most exits away get the site's real page through a
-    proxy's exit; then ``works_on=SITE`` against the box's truth, within 30 s:
+    proxy's exit; then ``works_on=SITE`` against the box's truth, within 45 s:
     precision at least 0.85, recall at least 0.6 (the bar of 0.95 and 0.8 is
     ``ppf bench sites``'s, after minutes of learning on 30 exits: here a minute's on 20;
     before the classes were read, a 200 captcha page's was 0.0 and 0.0). The endpoint
@@ -60,7 +60,7 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
         assert not consumer.elsewhere, consumer.elsewhere[:5]
         # The pool says who gets through once the endpoint's verdicts, and the probes
         # that follow the sites of its traffic, are folded.
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 45
         scores: dict[str, tuple[float, float]] = {}
         while time.monotonic() < deadline:
             for site in SITES:

@@ -12,8 +12,10 @@ page beside it is what the refused proxies did not get.
 And where a site's redirects sent its visitors lately: a client that follows a
 redirect to an interstitial asks the same page of it whatever its exit, so answers
 there tell no class from another (``sent_to``). And the sites that told a page from its
-block lately (``splits``): there, answers alike to a URL may be the block alike (most
-exits may be turned away), so only a page told from a block is ``through``.
+block lately (``splits``), with what their blocks looked like: there, answers alike to a
+URL may be the block alike (most exits may be turned away), so only a page told from a
+block is ``through``, and an answer of a block's class is the block on any URL of the
+site (``looks_blocked``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class Pages:
     def __init__(self) -> None:
         self._urls: OrderedDict[bytes, list[_Class]] = OrderedDict()
         self._targets: OrderedDict[tuple[str, str], None] = OrderedDict()  # (site, path)
-        self._splits: OrderedDict[str, None] = OrderedDict()  # sites, most recent last
+        # Sites that told a page from its block, most recent last: the blocks' classes.
+        self._splits: OrderedDict[str, list[Answer]] = OrderedDict()
 
     def sends_to(self, site: str, location: str) -> None:
         """``site`` redirected a request to ``location``."""
@@ -86,19 +89,23 @@ class Pages:
             del classes[:-CLASSES]
         kind.proxies.add(proxy)
 
-    def told(self, url: bytes, answer: Answer) -> set[Key]:
+    def told(self, site: str, url: bytes, answer: Answer) -> set[Key]:
         """The proxies whose latest answer to ``url`` was of a class that looks like the
-        block beside ``answer`` (events/sites.py ``blockish``), in one walk."""
+        block beside ``answer`` (events/sites.py ``blockish``), in one walk; those
+        classes are kept as what ``site``'s block looks like (``looks_blocked``)."""
         told: set[Key] = set()
         for c in self._urls.get(url, []):
             if tells(answer, (c.answer,)):
                 told |= c.proxies
+                self._split(site, c.answer)
         return told
 
-    def split(self, site: str) -> None:
-        """A URL of ``site`` was told apart lately: a page and its block."""
-        self._splits[site] = None
-        self._splits.move_to_end(site)
+    def _split(self, site: str, block: Answer) -> None:
+        looks = self._splits.pop(site, None) or []
+        self._splits[site] = looks  # put back last: the most recent
+        if not any(same_class(b, block) for b in looks):
+            looks.append(block)
+            del looks[:-CLASSES]
         while len(self._splits) > URLS:
             self._splits.popitem(last=False)
 
@@ -106,6 +113,11 @@ class Pages:
         """Whether ``site`` told a page from its block lately: answers alike there may be
         the block alike, and teach nothing."""
         return site in self._splits
+
+    def looks_blocked(self, site: str, answer: Answer) -> bool:
+        """Whether ``answer`` is of a class told as ``site``'s block on some URL of it
+        lately: a captcha or an interstitial is the same page whatever was asked."""
+        return any(same_class(b, answer) for b in self._splits.get(site, ()))
 
     def got(self, url: bytes, answer: Answer) -> set[Key]:
         """The proxies whose latest answer to ``url`` was of ``answer``'s class."""

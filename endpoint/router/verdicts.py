@@ -144,12 +144,14 @@ def read_answer(
     if refusal(answer) or (
         200 <= answer.status < 400 and (answer.head or answer.size or answer.location)
     ):
-        told = pages.told(url, answer) if said == THROUGH else set()
+        if said != BLOCKED and pages.looks_blocked(site, answer):
+            said = BLOCKED  # the class told as this site's block on another of its URLs
+        first = not pages.splits(site)
+        told = pages.told(site, url, answer) if said == THROUGH else set()
         pages.add(url, link.up.key, answer)
         if told:
-            if not pages.splits(site):  # its first split: what alike answers said is void
+            if first:  # the site's first split: what alike answers said is void
                 pool.tally.unsay_through(site)
-            pages.split(site)
             pool.standing.lose(site, told)
         return settled(said, bool(told), pages.splits(site), pages.classes(url)), told
     return said, set()
