@@ -100,8 +100,12 @@ def up_beside(world: World, root: Path, *extra: str, cwd: Path | None = None) ->
     cmd += ["--judge-tls-listen", f"{LINK_HOST}:{tls}"]
     cmd += ["--judge", world.judges["httpbin"], "--judge", world.judges["azenv"], *extra]
     log = root / "up.log"
+    # Unbuffered: what it said before a stop that had to be killed is in the log.
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=out, start_new_session=True, cwd=cwd)
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=out, start_new_session=True, cwd=cwd, env=env
+        )
     try:
         judge_url = f"http://{LINK_HOST}:{judge}/judge"
         base, endpoint = f"http://127.0.0.1:{http}", f"127.0.0.1:{serve}"
