@@ -153,7 +153,6 @@ class Pool:
         if (
             site
             and want.strategy != "roundrobin"
-            and self.standing.several_exits(site)
             and (known := self._known(site, want, tunnel, now, exclude))
         ):
             # A request's first attempt only: a miss is tried again through a known one.

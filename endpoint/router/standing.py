@@ -30,28 +30,21 @@ class Standing:
     through: dict[str, dict[tuple[str, int], Upstream]] = field(default_factory=dict)
 
     def known(self, site: str) -> list[Upstream]:
-        """``site``'s upstreams known to get through; the site is now the most recent."""
+        """``site``'s upstreams known to get through, once they come out of at least
+        ``MIN_EXITS`` distinct exits (an unknown exit counts as its proxy's own), else
+        none: the picks prefer them only then, so one exit's luck (many proxies behind
+        one NAT, an exit the site has not listed yet) does not pile a site's requests on
+        it. The site is now the most recent, either way."""
         known = self.through.pop(site, None)  # and put back last: the most recent
         if not known:
             return []
-        self.through[site] = known
-        return list(known.values())
-
-    def several_exits(self, site: str) -> bool:
-        """Whether the upstreams known to get through to ``site`` come out of at least
-        ``MIN_EXITS`` distinct exits (an unknown exit counts as its proxy's own): the
-        picks prefer them only then, so one exit's luck (many proxies behind one NAT, an
-        exit the site has not listed yet) does not pile a site's requests on it."""
-        known = self.through.pop(site, None)  # and put back last: the most recent
-        if not known:
-            return False
         self.through[site] = known
         exits: set[str] = set()
         for up in known.values():  # most often done at the second
             exits.add(up.exit_ip or up.ip)
             if len(exits) >= MIN_EXITS:
-                return True
-        return False
+                return list(known.values())
+        return []
 
     def got_through(self, up: Upstream, site: str) -> None:
         up.turned_away.pop(site, None)

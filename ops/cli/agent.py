@@ -4,10 +4,8 @@ or as a role."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -15,6 +13,7 @@ from typing import Any
 import structlog
 
 from events.wire import DEFAULT_LEASE_TTL_S, SEED_LEASE_TTL_S
+from ops.cli.common import StopSignals
 
 __all__ = ["register"]
 
@@ -163,6 +162,7 @@ async def _agent(args: argparse.Namespace) -> int:
     if not args.token:
         print("ppf agent: a token is needed: --token or $PPF_TOKEN", file=sys.stderr)
         return 2
+    signals = StopSignals()
     from agents.checker import Checker, CheckerConfig
     from agents.gateway_client import GatewayClient, GatewayError
     from agents.seednode import SeedConfig, SeedNode
@@ -221,13 +221,9 @@ async def _agent(args: argparse.Namespace) -> int:
     else:
         checks = CheckerConfig(**common)
         agent = Checker(args.gateway, args.token, me.name, judges, data / me.name, checks)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     log.info("agent_started", agent=me.name, role=me.role, gateway=args.gateway)
     try:
-        await agent.run(stop)
+        await agent.run(signals.serving())
     except (OSError, ValueError, TimeoutError) as exc:  # the judges, asked at start
         print(f"ppf agent: cannot start: {exc!r}", file=sys.stderr)
         return 1

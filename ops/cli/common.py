@@ -134,10 +134,15 @@ class StopSignals:
         if starting is not None:
             starting.cancel()
 
+    def serving(self) -> asyncio.Event:
+        """The stop as an event, for a command that watches it itself (an agent's
+        loop): the command serves from here, and a signal only sets it."""
+        self._starting = None
+        return self._heard
+
     async def wait(self) -> None:
         """Until a signal: the command serves from here."""
-        self._starting = None
-        await self._heard.wait()
+        await self.serving().wait()
 
 
 class CommandError(Exception):
