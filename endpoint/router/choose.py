@@ -384,13 +384,15 @@ class Tally:
             cell = self.cells[(up.ip, up.port, site)] = [0, 0]
         cell[kind] += 1
 
-    def unsay_through(self, site: str) -> None:
-        """The answers through counted for ``site`` since the last take, unsaid: they
-        were read alike before the site was seen telling a page from its block, and
-        may have been the block alike (router/verdicts.py)."""
+    def unsay_through(self, site: str) -> int:
+        """The answers through counted for ``site`` since the last take, unsaid (how
+        many): they were read alike before the site was seen telling a page from its
+        block, and may have been the block alike (router/router.py ``read``)."""
+        unsaid = 0
         for (_, _, at), cell in self.cells.items():
             if at == site:
-                cell[0] = 0
+                unsaid, cell[0] = unsaid + cell[0], 0
+        return unsaid
 
     def take(self) -> tuple[dict[tuple[str, int, str], list[int]], int]:
         """What was counted since the last take (and the cells dropped), and a fresh

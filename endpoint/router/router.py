@@ -172,8 +172,13 @@ class Router:
     def read(self, consumer: str, req: Request, link: UpLink, url: bytes) -> str:
         """What a whole answer of ``req``'s site through ``link`` says (router/verdicts.py
         ``read_answer``); the proxies its page told as the block are turned away, within
-        ``consumer``'s share."""
+        ``consumer``'s share. At a site's first split, the answers through that answers
+        alike said in the round still to go are unsaid, and how many is logged."""
+        first = not self.pool.pages.splits(req.site)
         said, told = read_answer(self.pool, req.site, req.rule, link, url)
+        if told and first:  # the site's first split: what alike answers said is void
+            unsaid = self.pool.tally.unsay_through(req.site)
+            log.info("site_splits", site=req.site, unsaid=unsaid)
         now = time.monotonic()
         for key in told:
             if (up := self.pool.upstreams.get(key)) is not None:

@@ -146,12 +146,9 @@ def read_answer(
     ):
         if said != BLOCKED and pages.looks_blocked(site, answer):
             said = BLOCKED  # the class told as this site's block on another of its URLs
-        first = not pages.splits(site)
         told = pages.told(site, url, answer) if said == THROUGH else set()
         pages.add(url, link.up.key, answer)
         if told:
-            if first:  # the site's first split: what alike answers said is void
-                pool.tally.unsay_through(site)
             pool.standing.lose(site, told)
         return settled(said, bool(told), pages.splits(site), pages.classes(url)), told
     return said, set()
