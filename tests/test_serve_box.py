@@ -97,6 +97,24 @@ async def _traffic(
     return answered, wrong
 
 
+def _chain(logfile: Path, proxies: set[str]) -> list[str]:
+    """What ppf up said of a dead proxy still served, and of each link between the
+    endpoint meeting it and a check taking it out: the endpoint's failures through it
+    (how many, the first and the last), its reports not sent, the checker's rounds and
+    judges."""
+    links = ("recheck_", "judge_benched", "traffic_not_sent", "feed_failed")
+    said = logfile.read_text(errors="replace").splitlines()
+    failures = [s for s in said if '"serve_upstream_failed"' in s and any(p in s for p in proxies)]
+    others = [
+        line[:300]
+        for line in said
+        if '"serve_upstream_failed"' not in line
+        and (any(p in line for p in proxies) or any(f'"{k}' in line for k in links))
+    ]
+    met = [f"the endpoint failed through it {len(failures)} times", *failures[:1], *failures[-1:]]
+    return [*met, *others[-20:]]
+
+
 @pytest.mark.timeout(420)
 async def test_ten_thousand_requests_through_the_endpoint_while_a_third_dies(
     tmp_path: Path, ppf_bin: str
@@ -161,7 +179,9 @@ async def test_ten_thousand_requests_through_the_endpoint_while_a_third_dies(
                 alive = {f"{p['ip']}:{p['port']}" for p in rows}
                 await asyncio.sleep(1)
             assert not alive & dead, (
-                f"still alive {time.time() - died_at:.0f} s after: {alive & dead}"
+                f"still alive {time.time() - died_at:.0f} s after: {alive & dead}",
+                _chain(up.logfile, alive & dead),
+                [s for s in (world.root / "inet.log").read_text().splitlines() if "churn" in s],
             )
             metrics = await asyncio.to_thread(
                 lambda: urllib.request.urlopen(up.base + "/metrics", timeout=5).read().decode()
