@@ -350,7 +350,7 @@ class ProxyOut(msgspec.Struct):
 # takes 160; their defaults read a gateway from before a field was added.
 _ROUTE = (
     "ip", "port", "proto", "latency_ms", "anonymity", "mitm", "https", "country", "asn",
-    "exit_ip",
+    "exit_ip", "last_seen",
 )  # fmt: skip
 _ZERO: dict[Any, Any] = {str: "", int: 0, float: 0.0, bool: False}
 ProxyRoute = msgspec.defstruct(

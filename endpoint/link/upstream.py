@@ -20,12 +20,15 @@ class Upstream:
     mitm: bool = False
     latency_ms: float = 0.0
     exit_ip: str = ""  # where its requests come from, as the checks saw ("": unknown)
+    last_seen: int = 0  # log ms of the last check it passed, as the gateway serves it
     # What this endpoint saw of it: the success EMA, when it was last used, until when
     # it is avoided.
     success: float = 1.0
     used_at: float = 0.0
     avoid_until: float = 0.0
     strikes: int = 0  # failures in a row
+    # Its ``last_seen`` when this endpoint last reported it failing (-1: never).
+    reported_seen: int = -1
     # By site: until when it is turned away (loop time); (minute, requests) sent there.
     turned_away: dict[str, float] = field(default_factory=dict)
     closed_by: tuple[str, float] = ("", 0.0)  # the one site that closed on it lately, until

@@ -66,6 +66,7 @@ class Facts(Protocol):
     mitm: bool
     latency_ms: float
     exit_ip: str
+    last_seen: int
 
 
 @dataclass
@@ -106,12 +107,12 @@ class Pool:
             if up is None:
                 up = Upstream(
                     f.ip, f.port, f.proto, f.country, f.asn, f.anonymity, f.https, f.mitm,
-                    f.latency_ms, f.exit_ip,
+                    f.latency_ms, f.exit_ip, f.last_seen,
                 )  # fmt: skip
             else:
                 up.proto, up.country, up.asn, up.anonymity = f.proto, f.country, f.asn, f.anonymity
                 up.https, up.mitm, up.latency_ms = f.https, f.mitm, f.latency_ms
-                up.exit_ip = f.exit_ip
+                up.exit_ip, up.last_seen = f.exit_ip, f.last_seen
             new[key] = up
         self.upstreams = new
         self._lists = {}

@@ -205,8 +205,12 @@ class Router:
         self.outcomes.count("upstream_failed")
         log.info("serve_upstream_failed", proxy=up.url(), why=why[:200])
         # The first failure in a row goes to the log; the next ones would only spend the
-        # consumer's hourly budget of reports on what the checkers already have first.
-        if self.record is not None and up.strikes == 1:
+        # consumer's hourly budget of reports on what the checkers already have first,
+        # unless a check passed since the last report (log time against log time: no
+        # clock of ours): then the checkers' queue no longer has it first, and a proxy
+        # whose failure was a burst's and that then died was served 15 minutes dead.
+        if self.record is not None and (up.strikes == 1 or up.last_seen > up.reported_seen):
+            up.reported_seen = up.last_seen
             self.record(password, want.consumer, up, False, 0.0, why)
 
     def worked(self, want: Want, password: str, up: Upstream, started: float) -> None:
