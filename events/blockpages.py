@@ -29,7 +29,9 @@ __all__ = [
     "unnamed",
 ]
 
-READER_VERSION = "blockpages-2"  # 2: classes need a comparison; host names in titles
+# 2: classes need a comparison; host names in titles. 3: the recorded pages' signs
+# (Cloudflare's older pages, Sucuri's), and google.com's rule without "/recaptcha/".
+READER_VERSION = "blockpages-3"
 SIGN_BYTES = 16 * 1024  # a block page says what it is in its head and first lines
 # A page this short whose title is a block's is one (a site's own page says more).
 SHORT_PAGE = 32 * 1024
@@ -54,6 +56,11 @@ SIGNS: tuple[Sign, ...] = (
     Sign("cloudflare", any_of=("window._cf_chl_opt", "/cdn-cgi/challenge-platform/h/")),
     Sign("cloudflare", any_of=("sorry, you have been blocked", "error code: 1020"),
          all_of=("cloudflare",)),
+    # Its older pages, as recorded (tests/fixtures/recorded): the challenge forms' own
+    # actions and tokens, and the 1006-1008 page's title ("... used Cloudflare to
+    # restrict access").
+    Sign("cloudflare", any_of=("/cdn-cgi/l/chk_captcha", "/cdn-cgi/l/chk_jschl",
+         "__cf_chl_captcha_tk__", "__cf_chl_jschl_tk__", "used cloudflare to restrict access")),
     # Akamai: "Access Denied ... You don't have permission to access ... Reference #"
     # (its edge's error page, errors.edgesuite.net).
     Sign("akamai", any_of=("errors.edgesuite.net", "reference&#32;&#35;"),
@@ -69,6 +76,9 @@ SIGNS: tuple[Sign, ...] = (
     # answers (docs.aws.amazon.com, "CAPTCHA and Challenge actions").
     Sign("aws-waf", header=("x-amzn-waf-action", "captcha")),
     Sign("aws-waf", header=("x-amzn-waf-action", "challenge")),
+    # Sucuri's website firewall: its JavaScript challenge sets its cookie by a script
+    # named so (recorded), and its block page names the firewall.
+    Sign("sucuri", any_of=("sucuri_cloudproxy_js", "sucuri website firewall")),
 )  # fmt: skip
 
 # The headers an edge keeps of an answer for ``block_sign`` (lower case, as bytes).
