@@ -298,7 +298,7 @@ class Feed:
             await self._flush_sites()
 
     async def _flush_sites(self) -> None:
-        cells, dropped = self.pool.tally.take()
+        cells, dropped = self.pool.tally.take(time.monotonic())
         if dropped:  # past the cap of cells a round: said, then counted afresh
             log.warning("site_verdicts_dropped", cells=dropped)
         if self.identity is None or not cells:

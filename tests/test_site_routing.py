@@ -323,7 +323,7 @@ def test_a_rate_limit_paces_the_proxy_for_that_site_for_the_time_asked_never_blo
     pool.replace([fast, other])
     fast, other = pool.upstreams[fast.key], pool.upstreams[other.key]
     pool.got_through(fast, "shop.example")
-    pool.tally.take()
+    pool.tally.take(0.0)
     for _ in range(5):  # five requests this minute, then the 429
         assert pool.pick(_want(), tunnel=False, now=60.0, site="shop.example") is fast
     choose.pace(fast, "shop.example", 60.0, retry_after_s(b"120"))
@@ -332,7 +332,7 @@ def test_a_rate_limit_paces_the_proxy_for_that_site_for_the_time_asked_never_blo
     elsewhere = [pool.pick(_want(), tunnel=False, now=61.0, site="news.example") for _ in range(40)]
     assert any(p is fast for p in elsewhere)
     assert pool.standing.through["shop.example"] == {fast.key: fast}  # still known to get through
-    assert pool.tally.take() == ({}, 0)  # not a verdict for the log
+    assert pool.tally.take(0.0) == ({}, 0)  # not a verdict for the log
     later = [pool.pick(_want(), tunnel=False, now=240.0, site="shop.example") for _ in range(6)]
     taken = sum(p is fast for p in later)
     assert taken == fast.tolerated["shop.example"] == 4  # then the one not known there

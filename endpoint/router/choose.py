@@ -40,16 +40,16 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.login import Want
 from endpoint.router.pages import Pages
 from endpoint.router.standing import EXPLORE, SITE_BLOCK_S, Standing
+from endpoint.router.tally import Tally
 from events.sites import BLOCKED, THROUGH, SiteRule
 
-__all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "Tally", "pace"]
+__all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "pace"]
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0
 SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
-MAX_VERDICTS = 50_000  # (proxy, site) cells counted between two rounds to the log
 _PER_UPSTREAM = 64  # sites an upstream's marks hold before those run out are let go
 
 
@@ -226,9 +226,14 @@ class Pool:
         found = [u for u in self._sample(ups) if may(u)]
         return found or [u for u in ups if may(u)]
 
-    def got_through(self, up: Upstream, site: str) -> None:
-        """An answer through ``up`` was ``site``'s own page."""
-        self.tally.count(up, site, 0)
+    def got_through(self, up: Upstream, site: str, alike_at: float = 0.0) -> None:
+        """An answer through ``up`` was ``site``'s own page; ``alike_at`` (loop time):
+        read so only because answers to its URL were alike, on a site not seen telling a
+        page from its block, so held from the log a while (router/tally.py)."""
+        if alike_at:
+            self.tally.hold(up, site, alike_at)
+        else:
+            self.tally.count(up, site, 0)
         self.standing.got_through(up, site)
 
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
@@ -365,39 +370,3 @@ def _matches(up: Upstream, want: Want, tunnel: bool) -> bool:
     if want.max_latency_ms and up.latency_ms > want.max_latency_ms:
         return False
     return not (want.asn and up.asn != want.asn)
-
-
-@dataclass
-class Tally:
-    """What this endpoint's traffic said of each (proxy, site): ``(ip, port, site) ->
-    [answers through, turned away]`` since the feed last took them (``take``), for the
-    log; past ``MAX_VERDICTS`` cells, counted as ``dropped``."""
-
-    cells: dict[tuple[str, int, str], list[int]] = field(default_factory=dict)
-    dropped: int = 0
-
-    def count(self, up: Upstream, site: str, kind: int) -> None:
-        cell = self.cells.get((up.ip, up.port, site))
-        if cell is None:
-            if len(self.cells) >= MAX_VERDICTS:
-                self.dropped += 1
-                return
-            cell = self.cells[(up.ip, up.port, site)] = [0, 0]
-        cell[kind] += 1
-
-    def unsay_through(self, site: str) -> int:
-        """The answers through counted for ``site`` since the last take, unsaid (how
-        many): they were read alike before the site was seen telling a page from its
-        block, and may have been the block alike (router/router.py ``read``)."""
-        unsaid = 0
-        for (_, _, at), cell in self.cells.items():
-            if at == site:
-                unsaid, cell[0] = unsaid + cell[0], 0
-        return unsaid
-
-    def take(self) -> tuple[dict[tuple[str, int, str], list[int]], int]:
-        """What was counted since the last take (and the cells dropped), and a fresh
-        count from here."""
-        taken, self.cells = self.cells, {}
-        dropped, self.dropped = self.dropped, 0
-        return taken, dropped

@@ -26,7 +26,7 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.choose import pace
 from endpoint.router.login import Want, challenge
 from endpoint.router.router import Router
-from endpoint.router.verdicts import head_verdict_of, page_bytes, retry_after_s
+from endpoint.router.verdicts import ALIKE, head_verdict_of, page_bytes, retry_after_s
 from events.sites import BLOCKED, NONE, PACED, THROUGH
 
 __all__ = ["IDEMPOTENT", "Answering", "Forwarding"]
@@ -200,7 +200,7 @@ class Forwarding:
             pace(link.up, site, now, retry_after_s(link.retry_after))
         else:
             assert self.want is not None
-            router.turned_away(self.want.consumer, link.up, site, now)
+            router.refused(self.want.consumer, link.up, req, _url(req), status, location)
         req.tried |= {link.up.key}
         if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
             router.outcomes.first_byte(req.read_at)
@@ -252,6 +252,8 @@ class Forwarding:
         said = link.said or router.read(self.want.consumer, req, link, _url(req))
         if said == THROUGH:
             router.pool.got_through(link.up, req.site)
+        elif said == ALIKE:
+            router.pool.got_through(link.up, req.site, alike_at=now)
         elif said == PACED:
             router.outcomes.count("paced")
             pace(link.up, req.site, now, retry_after_s(link.retry_after))

@@ -172,18 +172,29 @@ class Router:
     def read(self, consumer: str, req: Request, link: UpLink, url: bytes) -> str:
         """What a whole answer of ``req``'s site through ``link`` says (router/verdicts.py
         ``read_answer``); the proxies its page told as the block are turned away, within
-        ``consumer``'s share. At a site's first split, the answers through that answers
-        alike said in the round still to go are unsaid, and how many is logged."""
+        ``consumer``'s share. At a site's first split, what answers alike said, held from
+        the log, is unsaid, and how many is logged (router/tally.py)."""
         first = not self.pool.pages.splits(req.site)
         said, told = read_answer(self.pool, req.site, req.rule, link, url)
         if told and first:  # the site's first split: what alike answers said is void
-            unsaid = self.pool.tally.unsay_through(req.site)
+            unsaid = self.pool.tally.unsay_alike(req.site)
             log.info("site_splits", site=req.site, unsaid=unsaid)
         now = time.monotonic()
         for key in told:
             if (up := self.pool.upstreams.get(key)) is not None:
                 self.turned_away(consumer, up, req.site, now)
         return said
+
+    def refused(
+        self, consumer: str, up: Upstream, req: Request, url: bytes, status: int, location: str
+    ) -> None:
+        """``req``'s site turned it away through ``up`` by its answer's head (a 403, a
+        redirect to a block page): turned away, and, for a site without a rule, kept as
+        a class of ``url``, so the pages beside it read as the site's own (router/pages.py)
+        and not as answers alike, held from the log (router/tally.py)."""
+        self.turned_away(consumer, up, req.site, time.monotonic())
+        if req.rule is None:
+            self.pool.pages.add(url, up.key, Answer(status=status, location=location))
 
     def site_closed(self, consumer: str, up: Upstream, req: Request, url: bytes) -> bool:
         """A fresh connection through ``up`` for ``req`` ended before any answer: whether

@@ -35,6 +35,7 @@ from events.sites import (
 from events.sites import site_of as _site_of
 
 __all__ = [
+    "ALIKE",
     "BLOCKED",
     "NONE",
     "PACED",
@@ -51,6 +52,9 @@ __all__ = [
 # version goes with every round of verdicts the endpoint publishes.
 _PSL = PublicSuffixList(only_icann=True)
 PSL_VERSION = version("publicsuffixlist")
+# This endpoint's own reading, never published: the site's page, as far as answers alike
+# to its URL say, on a site not seen telling a page from its block (read_answer).
+ALIKE = "alike"
 
 
 @functools.lru_cache(maxsize=8_192)
@@ -150,5 +154,10 @@ def read_answer(
         pages.add(url, link.up.key, answer)
         if told:
             pool.standing.lose(site, told)
-        return settled(said, bool(told), pages.splits(site), pages.classes(url)), told
+        if said == THROUGH and settled(said, bool(told), True, pages.classes(url)) == NONE:
+            # Answers alike, no block told beside them: where the site told a page from
+            # its block lately, nothing; else the page for the picks, held from the log
+            # until the site has gone a while without a split (router/tally.py).
+            said = NONE if pages.splits(site) else ALIKE
+        return said, told
     return said, set()
