@@ -264,35 +264,6 @@ async def test_a_dead_upstream_is_avoided_at_once_and_reported(
         assert counts["Traffic.failed"] == 1 and counts["Traffic.worked"] >= 5, counts
 
 
-def test_a_failure_is_reported_again_once_a_check_passed_since_the_last_report() -> None:
-    """A proxy's failures in a row go to the log once; but when a check passed after
-    that report (the feed's row has a newer ``last_seen``), the checkers' queue no longer
-    has it first, and its next failure goes to the log though no request worked between:
-    a proxy whose one failure was a burst's, checked fine, then dead, was not reported
-    again and was served dead for a fresh proxy's recheck interval."""
-    said: list[tuple[str, bool]] = []
-
-    async def login_ok(name: str, token: str) -> bool:
-        return True
-
-    def record(token: str, name: str, up: Upstream, ok: bool, ms: float, why: str) -> None:
-        said.append((up.ip, ok))
-
-    pool = Pool(rng=random.Random(1))
-    pool.replace([Upstream("9.9.9.1", 80, "http", last_seen=1_000)])
-    router = Router(pool, login_ok, record=record)
-    up = pool.upstreams[("9.9.9.1", 80)]
-    shop = parse_login("shop")
-    router.failed(shop, "t", up, "connect: burst")
-    router.failed(shop, "t", up, "connect: again")  # nothing checked since: not said again
-    assert said == [("9.9.9.1", False)]
-    pool.replace([Upstream("9.9.9.1", 80, "http", last_seen=2_000)])  # a check passed
-    assert pool.upstreams[("9.9.9.1", 80)] is up and up.strikes == 2
-    router.failed(shop, "t", up, "connect: dead now")
-    router.failed(shop, "t", up, "connect: still")
-    assert said == [("9.9.9.1", False)] * 2
-
-
 def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:
     """Round robin goes in turn; a session keeps its upstream while it works; a tunnel
     goes only through proxies that tunnel; a failure sits a proxy out 10 s, then 20 s in
