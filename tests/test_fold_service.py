@@ -263,7 +263,7 @@ async def test_gateway_serves_the_projections(
     assert set(edge.standing.through["google.com"]) == {("8.8.8.8", 1080)}
     assert set(edge.standing.through["shop.example"]) == {("1.1.1.1", 3128)}
     assert "google.com" in edge.upstreams[("1.1.1.1", 3128)].turned_away
-    assert edge.tally.take() == ({}, 0)  # the fleet's word is not this endpoint's to say again
+    assert edge.tally.take(0.0) == ({}, 0)  # the fleet's word is not this endpoint's to say again
     later = await client.get(
         f"/v1/sites/changes?since={feed._standing_at}",
         headers={"Authorization": "Bearer edge-token"},

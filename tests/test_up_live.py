@@ -72,6 +72,7 @@ async def live_up(
     # The endpoint reports its figures, and what its traffic showed of sites, at once.
     monkeypatch.setenv("PPF_FIGURES_S", "1")
     monkeypatch.setenv("PPF_SITES_S", "2")
+    monkeypatch.setenv("PPF_SITES_HOLD_S", "2")  # its one site lets every exit in
     listed = "\n".join(
         f"socks5://127.0.0.1:{p.port}" if p.name == "microsocks" else f"127.0.0.1:{p.port}"
         for p in lab.proxies

@@ -36,6 +36,7 @@ class Tally:
     # A site with answers held: when the first of them came (loop time).
     held_since: dict[str, float] = field(default_factory=dict)
     dropped: int = 0
+    hold_s: float = HOLD_S
 
     def count(self, up: Upstream, site: str, kind: int) -> None:
         """An answer through ``up`` said ``site``'s page (``kind`` 0) or its block (1)."""
@@ -67,9 +68,9 @@ class Tally:
 
     def take(self, now: float) -> tuple[dict[Cell, list[int]], int]:
         """What was counted since the last take, with the answers held of the sites that
-        went ``HOLD_S`` without a split by ``now`` (and the cells dropped); a fresh count
+        went ``hold_s`` without a split by ``now`` (and the cells dropped); a fresh count
         from here."""
-        ripe = {site for site, since in self.held_since.items() if now - since >= HOLD_S}
+        ripe = {site for site, since in self.held_since.items() if now - since >= self.hold_s}
         for key in [k for k in self.held if k[2] in ripe]:
             cell = self.cells.setdefault(key, [0, 0])
             cell[0] += self.held.pop(key)

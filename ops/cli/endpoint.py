@@ -99,6 +99,7 @@ async def endpoint_site(
     from endpoint.figures import FIGURES_S, Figures
     from endpoint.router.choose import Pool
     from endpoint.router.router import Router
+    from endpoint.router.tally import HOLD_S
 
     host, port = hostport(listen_at, 8899)
     if args.serve_workers > 1:
@@ -114,8 +115,10 @@ async def endpoint_site(
     worker = getattr(args, "worker", False)
     pool = Pool()
     # What the traffic showed of sites goes to the log once a minute; the box's test of
-    # sites shortens it (``PPF_SITES_S``), as other periods are shortened for tests.
+    # sites shortens it (``PPF_SITES_S``), as other periods are shortened for tests, and
+    # the dashboard's test the hold of answers alike (``PPF_SITES_HOLD_S``).
     sites_s = float(os.environ.get("PPF_SITES_S", SITES_S))
+    pool.tally.hold_s = float(os.environ.get("PPF_SITES_HOLD_S", HOLD_S))
     headers = None
     if worker:
         from ops.cli.workers import worker_headers
