@@ -77,8 +77,8 @@ SIGNS: tuple[Sign, ...] = (
     Sign("aws-waf", header=("x-amzn-waf-action", "captcha")),
     Sign("aws-waf", header=("x-amzn-waf-action", "challenge")),
     # Sucuri's website firewall: its JavaScript challenge sets its cookie by a script
-    # named so (recorded), and its block page names the firewall.
-    Sign("sucuri", any_of=("sucuri_cloudproxy_js", "sucuri website firewall")),
+    # named so (recorded). Not the firewall's name: an article about it says that too.
+    Sign("sucuri", any_of=("sucuri_cloudproxy_js",)),
 )  # fmt: skip
 
 # The headers an edge keeps of an answer for ``block_sign`` (lower case, as bytes).
