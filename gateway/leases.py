@@ -144,9 +144,10 @@ class Granter:
         self.wait_s = wait_s
         self.ranking = SourceRanking(fold, due_refresh_s)
         self._claiming: set[str] = set()  # targets this gateway has a claim in flight for
-        # Targets granted ahead of the fold (a sure claim), by the claim's sequence; kept
-        # in _claiming until the fold has applied them.
-        self._ahead: dict[str, int] = {}
+        # Targets granted ahead of the fold (a sure claim): the claim's sequence, its
+        # agent and kind; kept in _claiming until the fold has applied them, and counted
+        # in their agents' holdings (the ledger does not show them yet).
+        self._ahead: dict[str, tuple[int, str, LeaseKind]] = {}
         self.granted = 0
         self.lost = 0
         self.rechecks = RecheckWork(fold, recheck, probing)
@@ -198,7 +199,7 @@ class Granter:
 
     def _settle_ahead(self) -> None:
         applied = self.fold.applied_seq
-        for target, seq in list(self._ahead.items()):
+        for target, (seq, _, _) in list(self._ahead.items()):
             if seq <= applied:
                 del self._ahead[target]
                 self._claiming.discard(target)
@@ -245,10 +246,14 @@ class Granter:
         if kind == "seed" and self.guard is not None and self.guard.reason:
             return []  # the disk budget: bulk imports wait (the reason is in /v1/stats)
         state = self.fold.state
+        ahead = list(self._ahead.values())  # granted, not in the ledger yet
         if room is None:
-            room = self.max_per_agent - live_holdings(state, agent, now)
+            mine = sum(holder == agent for _, holder, _ in ahead)
+            room = self.max_per_agent - live_holdings(state, agent, now) - mine
         if kind != "proxy" and state.settings.trust and agent not in state.trusted:
-            room = min(room, untested_room(state, agent, kind, self._targets(kind), now))
+            unfolded = [a for _, a, k in ahead if k == kind and a not in state.trusted]
+            targets = self._targets(kind)
+            room = min(room, untested_room(state, agent, kind, targets, now, unfolded))
         want = max(0, min(count, room))
         if kind == "proxy":
             candidates: Iterator[tuple[str, float]] = self._proxy_candidates(proxies or [], now)
@@ -310,7 +315,7 @@ class Granter:
             # until it has: the projection still shows its target free.
             for ev, seq, _, sure in acked:
                 if sure and seq > applied:
-                    self._ahead[ev.target] = seq
+                    self._ahead[ev.target] = (seq, agent, kind)
         self._settle_ahead()
         try:
             grants = self._answer(agent, kind, acked, sent)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from events import LeaseKind
 from reducers import State
 from reducers.pool import lease_live
@@ -22,11 +24,20 @@ UNTESTED_SHARE = 0.5
 UNTESTED_EACH = 16
 
 
-def untested_room(state: State, agent: str, kind: LeaseKind, targets: int, now: int) -> int:
+def untested_room(
+    state: State,
+    agent: str,
+    kind: LeaseKind,
+    targets: int,
+    now: int,
+    unfolded: Sequence[str] = (),
+) -> int:
     """How many more leases of ``kind`` (of ``targets`` in all) the untested ``agent``
-    may take now."""
+    may take now; ``unfolded``: the untested holders of such leases granted and not in
+    the ledger yet (a gateway answers a sure claim before its fold applies it: counted
+    only once folded, ten agents asking in turn took 142 of a share of 128)."""
     untested = [a for a in state.holders if a not in state.trusted]
-    mine = together = 0
+    mine, together = sum(a == agent for a in unfolded), len(unfolded)
     for holder in untested:
         for target in state.holders[holder]:
             row = state.leases[target]

@@ -240,6 +240,22 @@ async def test_untested_agents_together_hold_a_bounded_share_of_the_leases(
         assert await lease("c-op") == 64
 
 
+def test_leases_granted_ahead_of_the_fold_count_against_the_untested_share() -> None:
+    """A gateway answers a sure claim before its fold applies it, so the ledger alone
+    undercounts what untested agents hold: ten of them asking in turn took 142 shards of
+    a share of 128 once the fold lagged (a CI run). The grants not folded yet count: each
+    agent's own against its 16, all of them against the share."""
+    from projections.holdings import UNTESTED_EACH, untested_room
+    from reducers import State
+
+    state = State()
+    assert untested_room(state, "c9", "recheck", 256, 0) == UNTESTED_EACH
+    assert untested_room(state, "c9", "recheck", 256, 0, ["c9"] * 10) == UNTESTED_EACH - 10
+    seven = [f"c{i}" for i in range(7) for _ in range(UNTESTED_EACH)]  # 112 of the 128
+    assert untested_room(state, "c9", "recheck", 256, 0, seven) == 128 - 112
+    assert untested_room(state, "c9", "recheck", 256, 0, [*seven, *["c8"] * 16]) == 0
+
+
 async def test_pages_are_stored_only_under_a_lease_within_its_bytes_and_swept_unannounced(
     nats_server: Any, tmp_path: Any
 ) -> None:
