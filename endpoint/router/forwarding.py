@@ -188,7 +188,7 @@ class Forwarding:
         proxy there), and an idempotent request is tried through another proxy while
         nothing of the answer went to the client."""
         req, router = self.current, self.router
-        assert req is not None
+        assert req is not None and self.want is not None
         site = req.site
         said = head_verdict_of(router.pool, site, req.rule, status, location) if site else NONE
         if said == NONE:
@@ -199,8 +199,7 @@ class Forwarding:
             router.outcomes.count("paced")
             pace(link.up, site, now, retry_after_s(link.retry_after))
         else:
-            assert self.want is not None
-            router.refused(self.want.consumer, link.up, req, _url(req), status, location)
+            router.refused(self.want, self.password, link.up, req, _url(req), status, location)
         req.tried |= {link.up.key}
         if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
             router.outcomes.first_byte(req.read_at)
@@ -279,7 +278,7 @@ class Forwarding:
             req.tried |= {link.up.key}
             router = self.router
             closed = why == CLOSED and req.site
-            if not (closed and router.site_closed(self.want.consumer, link.up, req, _url(req))):
+            if not (closed and router.site_closed(self.want, self.password, link, req, _url(req))):
                 req.failures += 1
                 router.failed(self.want, self.password, link.up, f"request: {why}")
             if req.method not in IDEMPOTENT or req.failures >= router.attempts:

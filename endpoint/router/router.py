@@ -43,6 +43,7 @@ __all__ = ["Router"]
 
 log = structlog.get_logger("ppf.serve")
 _CLOSED = Answer(status=0, closed=True)  # a connection the site closed before any answer
+_THE_PROXYS = frozenset({502, 503, 504})  # the proxy's word: it could not get the page
 
 
 @dataclass
@@ -186,26 +187,45 @@ class Router:
         return said
 
     def refused(
-        self, consumer: str, up: Upstream, req: Request, url: bytes, status: int, location: str
-    ) -> None:
+        self, want: Want, password: str, up: Upstream, req: Request, url: bytes, status: int,
+        location: str,
+    ) -> None:  # fmt: skip
         """``req``'s site turned it away through ``up`` by its answer's head (a 403, a
-        redirect to a block page): turned away, and, for a site without a rule, kept as
-        a class of ``url``, so the pages beside it read as the site's own (router/pages.py)
-        and not as answers alike, held from the log (router/tally.py)."""
-        self.turned_away(consumer, up, req.site, time.monotonic())
+        redirect to a block page, the proxy's 502-504): turned away, and, for a site
+        without a rule, kept as a class of ``url``, so the pages beside it read as the
+        site's own (router/pages.py) and not as answers alike, held from the log."""
+        said = f"refused: {status}" if status in _THE_PROXYS else ""
+        self.refused_through(want, password, up, req.site, said)
         if req.rule is None:
             self.pool.pages.add(url, up.key, Answer(status=status, location=location))
 
-    def site_closed(self, consumer: str, up: Upstream, req: Request, url: bytes) -> bool:
-        """A fresh connection through ``up`` for ``req`` ended before any answer: whether
+    def site_closed(
+        self, want: Want, password: str, link: UpLink, req: Request, url: bytes
+    ) -> bool:
+        """A fresh connection ``link`` for ``req`` ended before any answer: whether
         it was the site's refusal (router/standing.py ``closed_on``), then turned away
         (not the proxy's failure) and kept as a refusal's class of ``url``."""
-        now = time.monotonic()
-        if not self.pool.standing.closed_on(up, req.site, now):
+        if not self.pool.standing.closed_on(link.up, req.site, time.monotonic()):
             return False
-        self.turned_away(consumer, up, req.site, now)
-        self.pool.pages.add(url, up.key, _CLOSED)
+        self.refused_through(want, password, link.up, req.site, "closed")
+        self.pool.pages.add(url, link.up.key, _CLOSED)
         return True
+
+    def refused_through(
+        self, want: Want, password: str, up: Upstream, site: str, said: str
+    ) -> None:
+        """``site`` turned ``up`` away. ``said``: the refusal was the proxy's own word (a
+        502-504, a close, a refused tunnel), and where the site let ``up`` through lately,
+        that is as likely the proxy's way out gone as the site turning it away now: the
+        checkers hear of it (the consumer's report, first in their queue), once until a
+        check passed; a dead proxy a site was known for was otherwise never met again
+        there, and served dead until its routine recheck."""
+        known = up.key in self.pool.standing.through.get(site, ())
+        self.turned_away(want.consumer, up, site, time.monotonic())
+        if said and known and self.record is not None and up.last_seen > up.reported_seen:
+            up.reported_seen = up.last_seen
+            log.info("serve_upstream_suspect", proxy=up.url(), site=site, why=said)
+            self.record(password, want.consumer, up, False, 0.0, said)
 
     def left_out(self, consumer: str, site: str, now: float) -> frozenset[tuple[str, int]]:
         """The proxies ``consumer``'s own refusals at ``site`` keep from its picks."""

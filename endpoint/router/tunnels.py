@@ -143,7 +143,7 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
     def failed(up: Upstream, exc: BaseException) -> None:
         code = exc.error_code if isinstance(exc, ProxyError) else None
         if req.site and code is not None and code != 407:
-            router.turned_away(want.consumer, up, req.site, time.monotonic())
+            router.refused_through(want, password, up, req.site, f"tunnel refused: {code}")
         else:  # python-socks raises its own errors too: all the proxy's
             router.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
 
