@@ -143,7 +143,10 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
     def failed(up: Upstream, exc: BaseException) -> None:
         code = exc.error_code if isinstance(exc, ProxyError) else None
         if req.site and code is not None and code != 407:
-            router.refused_through(want, password, up, req.site, f"tunnel refused: {code}")
+            # A SOCKS reply's code, or an HTTP proxy's 5xx: the proxy could not reach the
+            # site (its own words); a 403 or the like is its policy, not its way out.
+            said = f"tunnel refused: {code}" if code < 100 or code >= 500 else ""
+            router.refused_through(want, password, up, req.site, said)
         else:  # python-socks raises its own errors too: all the proxy's
             router.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
 
