@@ -31,6 +31,7 @@ from events.blockpages import block_sign, title_of, unnamed
 __all__ = [
     "BLOCKED",
     "BUILTIN_RULES",
+    "COULD_NOT_GET",
     "HEAD_BYTES",
     "NONE",
     "PACED",
@@ -208,7 +209,9 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
     return NONE
 
 
-_REFUSALS = frozenset({403, 502, 503, 504})
+# A proxy's own word that it could not get the page (bad gateway, unavailable, timeout).
+COULD_NOT_GET = frozenset({502, 503, 504})
+_REFUSALS = frozenset({403}) | COULD_NOT_GET
 
 
 def refusal(answer: Answer) -> bool:

@@ -36,14 +36,13 @@ from endpoint.router.shares import Shares
 from endpoint.router.verdicts import read_answer, rule_of, site_of
 from events.address import ADDRESS_RULE
 from events.hosts import rules_host
-from events.sites import Answer
+from events.sites import COULD_NOT_GET, Answer
 from events.validate import host_can_be_public
 
 __all__ = ["Router"]
 
 log = structlog.get_logger("ppf.serve")
 _CLOSED = Answer(status=0, closed=True)  # a connection the site closed before any answer
-_THE_PROXYS = frozenset({502, 503, 504})  # the proxy's word: it could not get the page
 
 
 @dataclass
@@ -194,7 +193,7 @@ class Router:
         redirect to a block page, the proxy's 502-504): turned away, and, for a site
         without a rule, kept as a class of ``url``, so the pages beside it read as the
         site's own (router/pages.py) and not as answers alike, held from the log."""
-        said = f"refused: {status}" if status in _THE_PROXYS else ""
+        said = f"refused: {status}" if status in COULD_NOT_GET else ""
         self.refused_through(want, password, up, req.site, said)
         if req.rule is None:
             self.pool.pages.add(url, up.key, Answer(status=status, location=location))
@@ -222,10 +221,8 @@ class Router:
         there, and served dead until its routine recheck."""
         known = up.key in self.pool.standing.through.get(site, ())
         self.turned_away(want.consumer, up, site, time.monotonic())
-        if said and known and self.record is not None and up.last_seen > up.reported_seen:
-            up.reported_seen = up.last_seen
+        if said and known and self._report(want, password, up, said, first=False):
             log.info("serve_upstream_suspect", proxy=up.url(), site=site, why=said)
-            self.record(password, want.consumer, up, False, 0.0, said)
 
     def left_out(self, consumer: str, site: str, now: float) -> frozenset[tuple[str, int]]:
         """The proxies ``consumer``'s own refusals at ``site`` keep from its picks."""
@@ -235,14 +232,20 @@ class Router:
         self.pool.failed(up, time.monotonic())
         self.outcomes.count("upstream_failed")
         log.info("serve_upstream_failed", proxy=up.url(), why=why[:200])
-        # The first failure in a row goes to the log; the next ones would only spend the
-        # consumer's hourly budget of reports on what the checkers already have first,
-        # unless a check passed since the last report (log time against log time: no
-        # clock of ours): then the checkers' queue no longer has it first, and a proxy
-        # whose failure was a burst's and that then died was served 15 minutes dead.
-        if self.record is not None and (up.strikes == 1 or up.last_seen > up.reported_seen):
-            up.reported_seen = up.last_seen
-            self.record(password, want.consumer, up, False, 0.0, why)
+        self._report(want, password, up, why, first=up.strikes == 1)
+
+    def _report(self, want: Want, password: str, up: Upstream, why: str, first: bool) -> bool:
+        """``up``'s failure to the log as the consumer's report (first in the checkers'
+        queue), when it is the ``first`` in a row or a check passed since the last one
+        said (log time against log time: no clock of ours); whether it went. Another one
+        would only spend the consumer's hourly budget of reports on what the checkers
+        have first already, but once a check passed they no longer do: a proxy whose
+        failure was a burst's and that then died was served 15 minutes dead."""
+        if self.record is None or not (first or up.last_seen > up.reported_seen):
+            return False
+        up.reported_seen = up.last_seen
+        self.record(password, want.consumer, up, False, 0.0, why)
+        return True
 
     def worked(self, want: Want, password: str, up: Upstream, started: float) -> None:
         ms = (time.perf_counter() - started) * 1000
