@@ -5,19 +5,23 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-dev
 LOCK   := lock/python.txt
+PIP    := lock/pip.txt
 
 .PHONY: up test lint bench clean system-deps lock
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Every dependency at the lock's version, each file checked against the lock's hashes;
+# pip first, at the lock's version: an older pip (23.2, the one a Python 3.11 venv gets)
+# refuses a hashed lock whose packages ask for a dependency's extras (python-socks[asyncio]).
+# Then every dependency at the lock's version, each file checked against the lock's hashes;
 # then ppf itself from this tree, nothing resolved again (no dependencies, and built by
 # the lock's setuptools). `pip check` catches a pyproject.toml changed without `make lock`.
 # The C extensions' built files are removed first: an editable reinstall keeps a built
 # module it finds in the tree, however old.
-$(STAMP): $(LOCK) pyproject.toml setup.py agents/_scan.c eventlog/_frames.c | $(BIN)/python
+$(STAMP): $(PIP) $(LOCK) pyproject.toml setup.py agents/_scan.c eventlog/_frames.c | $(BIN)/python
 	rm -f agents/_scan.*.so eventlog/_frames.*.so
+	$(BIN)/python -m pip install -q --require-hashes -r $(PIP)
 	$(BIN)/pip install -q --require-hashes -r $(LOCK)
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	$(BIN)/pip check || { echo "the lock misses what pyproject.toml asks for: run make lock"; exit 1; }
@@ -30,7 +34,7 @@ up: $(STAMP)
 system-deps:
 	@bash lock/debian-packages.sh
 
-# The lock, refreshed: every Python dependency at its newest version pyproject.toml
+# The lock, refreshed: pip and every Python dependency at its newest version pyproject.toml
 # allows, with the hashes of its files (pip-tools, in a throwaway virtualenv), and the
 # Debian packages' versions as installed here.
 lock:
@@ -38,7 +42,9 @@ lock:
 	$(PYTHON) -m venv "$$tmp" && "$$tmp/bin/pip" install -q 'pip-tools>=7.7' && \
 	"$$tmp/bin/pip-compile" -q --upgrade --generate-hashes --extra dev --strip-extras \
 	  --build-deps-for editable --unsafe-package ppf --no-emit-index-url \
-	  --no-emit-find-links -o $(LOCK) pyproject.toml
+	  --no-emit-find-links -o $(LOCK) pyproject.toml && \
+	echo pip | "$$tmp/bin/pip-compile" -q --upgrade --generate-hashes --allow-unsafe \
+	  --strip-extras --no-emit-index-url --no-emit-find-links -o $(PIP) -
 	dpkg-query -W -f='$${Package}=$${Version}\n' $$(cut -d= -f1 lock/debian.txt) > lock/debian.txt.new
 	mv lock/debian.txt.new lock/debian.txt
 

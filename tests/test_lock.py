@@ -53,8 +53,12 @@ def test_the_lock_pins_every_dependency_at_an_allowed_version_with_its_hashes() 
 
 
 def test_make_installs_from_the_lock_checking_hashes_and_resolves_nothing_again() -> None:
-    """The Makefile takes the lock with hashes required, then ppf without its deps."""
+    """The Makefile takes pip at the lock's version first (a venv's own pip may refuse
+    the lock), then the lock with hashes required, then ppf without its deps."""
     make = (ROOT / "Makefile").read_text()
+    assert make.index("-r $(PIP)") < make.index("-r $(LOCK)"), "pip comes first"
+    pip = (ROOT / "lock" / "pip.txt").read_text().replace("\\\n", " ")
+    assert re.search(r"^pip==\S+ (\s*--hash=sha256:\w{64})+", pip, re.M), "pip without hashes"
     assert "pip install -q --require-hashes -r $(LOCK)" in make
     assert "pip install -q --no-deps --no-build-isolation -e ." in make
     assert "--upgrade pip" not in make, "a pip of the day's version is not the lock's"
