@@ -208,6 +208,7 @@ class Checker(Agent[CheckerConfig]):
             left[g] += 1
             unprobed[g] += 1
         verdicts: list[list[SiteResult]] = [[] for _ in grants]
+        unsaid: list[list[tuple[str, int, str]]] = [[] for _ in grants]  # probes said none
         probing: list[asyncio.Task[None]] = []
         void = [0] * len(grants)  # failures a judge explains, by shard
         settled = [False] * len(grants)
@@ -217,7 +218,8 @@ class Checker(Agent[CheckerConfig]):
 
         async def give_back(g: int, out: Results) -> None:
             # Its results first, so the gateway never sees the shard free and its
-            # proxies not yet checked.
+            # proxies not yet checked; its probes read alike, read again with the rest.
+            verdicts[g] += self.prober.told(unsaid[g])
             if verdicts[g]:
                 shard = grants[g].target
                 lease = grants[g].lease
@@ -282,6 +284,8 @@ class Checker(Agent[CheckerConfig]):
                     self.probed += 1
                     if found is not None:
                         verdicts[g].append(found)
+                    else:
+                        unsaid[g].append((ip, port, site))
                     settle(g)
 
                 probing += [asyncio.create_task(probe(*p)) for p in probes]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import httptools
@@ -28,10 +29,12 @@ from events.pages import readable
 from events.sites import (
     BLOCKED,
     HEAD_BYTES,
+    NONE,
     THROUGH,
     Answer,
     SiteRule,
     compared,
+    generic,
     read,
     rule_for,
     settled,
@@ -44,6 +47,7 @@ log = structlog.get_logger("ppf.probe")
 
 PROBE_TIMEOUT_S = 10.0
 _SEEN = 32  # answers per site kept to compare a site without rules against
+_ALIKE = 4_096  # probes whose page said nothing, kept to be read again (``told``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,7 @@ class Prober:
         self._hour, self._spent = -1, 0
         self._said_at = -1  # the hour the spent budget was last said in the log
         self._rules_at = -1e9  # loop time the sites' rules were last asked for
+        self._alike: dict[tuple[str, int, str], Probed] = {}  # waiting for ``told``
 
     async def refresh_rules(self, gateway: GatewayClient, every_s: float) -> None:
         """The sites' rules, asked of ``gateway`` at most every ``every_s``."""
@@ -204,7 +209,7 @@ class Prober:
         self, ip: str, port: int, proto: str, site: str, path: str = "/"
     ) -> SiteResult | None:
         """One probe read as the site's verdict; None when the budget is spent or the
-        answer says nothing either way."""
+        answer says nothing either way (yet: see ``told``)."""
         if not self._room():
             if self._hour != self._said_at:
                 log.warning("probe_budget_spent", bytes=self._spent, skipped=self.skipped + 1)
@@ -220,16 +225,45 @@ class Prober:
             # probes asks one page through many exits at once, and most may get the
             # block alike, so only a page told from a block (or a refusal) is through.
             said = settled(said, tells(got.answer, others), True, others)
+            if said == NONE and 200 <= got.answer.status < 400:  # a page, not told yet
+                if len(self._alike) >= _ALIKE:  # a round cut short left its own: oldest go
+                    del self._alike[next(iter(self._alike))]
+                self._alike[(ip, port, site)] = got  # read again once the round is in
         self.seen.add(site, got.answer)
-        if said not in (THROUGH, BLOCKED):
-            return None
-        return SiteResult(
-            ip=ip,
-            port=port,
-            site=site,
-            through=int(said == THROUGH),
-            blocked=int(said == BLOCKED),
-            status=got.answer.status // 100,
-            latency_ms=got.latency_ms,
-            bytes=got.bytes,
-        )
+        return _result(ip, port, site, said, got)
+
+    def told(self, asked: Iterable[tuple[str, int, str]]) -> list[SiteResult]:
+        """The probes of ``asked`` whose page said nothing (on a site without a rule),
+        read again against what the site's probes got since: the first probes of a round
+        come before any block to tell their page from, and a probe of the same proxy and
+        site is not handed out again for a quarter of an hour, so an answer read too
+        early would leave that proxy unknown there for as long."""
+        found = []
+        for ip, port, site in asked:
+            got = self._alike.pop((ip, port, site), None)
+            if got is None:
+                continue
+            others = self.seen.of(site)
+            mine = compared(got.answer)
+            if mine in others:
+                others.remove(mine)  # the answer itself is no other
+            said = settled(generic(got.answer, others), tells(got.answer, others), True, others)
+            if (result := _result(ip, port, site, said, got)) is not None:
+                found.append(result)
+        return found
+
+
+def _result(ip: str, port: int, site: str, said: str, got: Probed) -> SiteResult | None:
+    """A probe's verdict for the log, when it says one."""
+    if said not in (THROUGH, BLOCKED):
+        return None
+    return SiteResult(
+        ip=ip,
+        port=port,
+        site=site,
+        through=int(said == THROUGH),
+        blocked=int(said == BLOCKED),
+        status=got.answer.status // 100,
+        latency_ms=got.latency_ms,
+        bytes=got.bytes,
+    )

@@ -1,13 +1,16 @@
 """Which proxies the fleet probes against which sites (projections/core/probes.py): the
 operator's sites for every checker, the sites of traffic only for the operator's own,
-never a site on the list, and a proxy and a site at most once in 15 minutes."""
+never a site on the list, and a proxy and a site at most once in 15 minutes; a probe's
+page read again once its round tells it from a block (agents/probe.py)."""
 
 from __future__ import annotations
 
 import msgspec
+from aiohttp import web
 
 from events import SiteResult, SitesChecked
 from events.sites import SiteRule
+from ops.lab.testbed import LOOPBACK_EXITS, ProxyLab
 from projections.core.probes import PROBE_GAP_MS, TRAFFIC_WINDOW_MS, targets, wanted
 from reducers import State, sites
 from reducers.rows import ProxyRow
@@ -82,3 +85,43 @@ async def test_a_checker_past_its_byte_budget_makes_no_probe_and_says_so() -> No
             assert await prober.result("45.0.0.1", 8080, "http", "shop.com") is None
     assert prober.skipped == 3
     assert [x["event"] for x in logs] == ["probe_budget_spent"]
+
+
+async def test_a_probe_read_before_any_block_is_read_again_when_the_round_is_in(
+    lab: ProxyLab,
+) -> None:
+    """Through real proxies, a site without a rule gives one exit its page and another
+    a 403: the first probe has nothing to tell its page from (none), so it is read again
+    with the round's answers (``told``) and is ``through``; a page that never met a
+    block stays unsaid, and a probe read once is not read again."""
+    from aiohttp.test_utils import TestServer
+
+    from agents.probe import Prober
+
+    async def page(request: web.Request) -> web.Response:
+        if request.remote == LOOPBACK_EXITS["tinyproxy-via"]:
+            return web.Response(status=403, text="<html><title>Forbidden</title></html>")
+        filler = "<p>" + "A shop's own page. " * 100 + "</p>"
+        return web.Response(
+            text=f"<html><title>Shop</title>{filler}</html>", content_type="text/html"
+        )
+
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", page)
+    server = TestServer(app, host="127.0.0.17")
+    await server.start_server()
+    site = f"127.0.0.17:{server.port}"
+    ports = {p.name: p.port for p in lab.proxies}
+    prober = Prober(bytes_per_hour=1 << 20)
+    try:
+        first = await prober.result("127.0.0.1", ports["squid"], "http", site)
+        alone = await prober.result("127.0.0.1", ports["tinyproxy-elite"], "http", "127.0.0.1:1")
+        refused = await prober.result("127.0.0.1", ports["tinyproxy-via"], "http", site)
+    finally:
+        await server.close()
+    assert first is None and alone is None  # nothing to tell a page from, yet
+    assert refused is not None and refused.blocked == 1
+    asked = [("127.0.0.1", ports["squid"], site), ("127.0.0.1", ports["tinyproxy-via"], site)]
+    (again,) = prober.told(asked)
+    assert (again.port, again.site, again.through, again.blocked) == (ports["squid"], site, 1, 0)
+    assert prober.told(asked) == []  # read once

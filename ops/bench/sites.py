@@ -133,7 +133,7 @@ class Consumer:
             return repr(exc)[:100]
         seen = real_page_of(site, body)
         if r.status != 200 or not seen:
-            return f"{r.status} {body[:60]!r}"
+            return f"{r.status} {body[-48:]!r}"  # a box's block ends with its exit
         if seen not in self.exits:
             self.elsewhere.append(f"{url} from {seen}")
         return ""

@@ -159,12 +159,14 @@ def _respond(site: BoxSite, path: str, peer: str, turned: bool, over_pace: bool)
     if site.way == "interstitial" and path.startswith("/welcome"):
         return _answer(200, "OK", _WELCOME)
     if site.way == "paced" and not turned and over_pace:
-        body = b"<html><title>Too many requests</title>Slow down.</html>"
+        # Each block names the address it turned away, as many real ones do (a test's
+        # failure then says which exit got it).
+        body = f"<html><title>Too many requests</title>Slow down, {peer}.</html>".encode()
         return _answer(429, "Too Many Requests", body, "Retry-After: 60\r\n")
     if not turned:
         return _page(site, path, peer)
     if site.way in ("403", "paced"):
-        body = b"<html><title>Access denied</title>Your network is not allowed here.</html>"
+        body = f"<html><title>Access denied</title>{peer} is not allowed here.</html>".encode()
         return _answer(403, "Forbidden", body)
     if site.way == "captcha-200":
         return _answer(200, "OK", _CAPTCHA)
