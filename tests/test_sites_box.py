@@ -35,12 +35,13 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
 ) -> None:
     """After a short learning period (a consumer at 3 requests a second to each site, 1
     to the one that paces), at least 99 % of plain-HTTP and 95 % of HTTPS requests to
-    each of seven sites that turn most exits away get the site's real page through a
-    proxy's exit; then ``works_on=SITE`` against the box's truth, within 45 s:
-    precision at least 0.85, recall at least 0.6 (the bar of 0.95 and 0.8 is
-    ``ppf bench sites``'s, after minutes of learning on 30 exits: here a minute's on 20;
-    before the classes were read, a 200 captcha page's was 0.0 and 0.0). The endpoint
-    says its sites' verdicts every 5 s here, not every minute: the suite's time."""
+    seven sites that turn most exits away get the site's real page through a proxy's
+    exit, and no site misses more than one request of a scheme; then ``works_on=SITE``
+    against the box's truth, within 45 s: precision at least 0.85, recall at least 0.6
+    (the bar of 0.95 and 0.8 is ``ppf bench sites``'s, after minutes of learning on 30
+    exits: here a minute's on 20; before the classes were read, a 200 captcha page's
+    was 0.0 and 0.0). The endpoint says its sites' verdicts every 5 s here, not every
+    minute: the suite's time."""
     monkeypatch.setenv("PPF_SITES_S", "5")
     async with sites_box(tmp_path, own_exits=OWN_EXITS) as box:
         world, up, honest = box.world, box.up, box.honest
@@ -52,11 +53,16 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
         await consumer.send(rates, LEARN_S)
         consumer.reset()
         await consumer.send(rates, MEASURED_S)
-        for site in SITES:
-            for scheme, least in (("http", 0.99), ("https", 0.95)):
-                share, asked = consumer.share(site.name, (scheme,))
-                wrong = consumer.tally[(site.name, scheme)][1]
-                assert share >= least, (site.name, scheme, share, asked, wrong[:5])
+        # A site's 45 requests a scheme (the paced one's 15) cannot tell 99 % from 100 %:
+        # one miss is 2.2 points (6.7). The seven sites together hold the bars, and no
+        # site misses more than one request a scheme; ``ppf bench sites`` holds the bars
+        # site by site, over 120 requests a scheme.
+        for scheme, least in (("http", 0.99), ("https", 0.95)):
+            missed = {s.name: consumer.tally[(s.name, scheme)][1] for s in SITES}
+            asked = sum(consumer.share(s.name, (scheme,))[1] for s in SITES)
+            said = {site: wrong[:3] for site, wrong in missed.items() if wrong}
+            assert sum(map(len, missed.values())) <= (1 - least) * asked, (scheme, asked, said)
+            assert all(len(wrong) <= 1 for wrong in missed.values()), (scheme, said)
         assert not consumer.elsewhere, consumer.elsewhere[:5]
         # The pool says who gets through once the endpoint's verdicts, and the probes
         # that follow the sites of its traffic, are folded.
