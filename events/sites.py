@@ -49,6 +49,7 @@ __all__ = [
     "page_title",
     "path_of",
     "read",
+    "redirect_target",
     "refusal",
     "rule_for",
     "same_class",
@@ -275,7 +276,7 @@ def same_class(a: Answer, b: Answer) -> bool:
     size moves a little from answer to answer; a block page is far shorter)."""
     return (
         a.status // 100 == b.status // 100
-        and _target(a) == _target(b)
+        and redirect_target(a) == redirect_target(b)
         and page_title(a.head) == page_title(b.head)
         and not _far_apart(a.size, b.size)
     )
@@ -334,7 +335,7 @@ def path_of(url: str) -> str:
     return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
 
 
-def _target(answer: Answer) -> str:
+def redirect_target(answer: Answer) -> str:
     """Where a redirect goes (its path), "" for any other answer."""
     if not (300 <= answer.status < 400 and answer.location):
         return ""

@@ -254,3 +254,31 @@ def test_a_class_told_as_a_sites_block_is_the_block_on_its_other_urls() -> None:
     assert not pages.looks_blocked("shop.example", REAL)
     assert not pages.looks_blocked("other.example", WAIT)
     assert pages.others(two, ("45.0.0.3", 8080)) == []  # nothing of the URL itself
+
+
+def test_a_redirects_head_is_read_by_its_urls_answers_and_the_sites_blocks() -> None:
+    """A redirect has no page to be held back by: its head is read at once, against
+    what its URL got through other proxies (beside the page, a redirect away is the
+    block, tried elsewhere before the client follows it) and where the site's blocks
+    redirected (on another URL of it, whatever the redirect's size); with nothing to
+    compare it with, or elsewhere, ``none``."""
+    from endpoint.router.choose import Pool
+    from endpoint.router.verdicts import head_verdict_of
+
+    pool, site = Pool(), "shop.example"
+    one, two = b"shop.example:80 /page/1", b"shop.example:80 /page/2"
+    listed, other, third = ("45.0.0.2", 8080), ("45.0.0.3", 8080), ("45.0.0.4", 8080)
+
+    def head(status: int, location: str, url: bytes, proxy: tuple[str, int]) -> str:
+        return head_verdict_of(pool, site, None, status, location, url, proxy)
+
+    assert head(302, AWAY.location, one, listed) == NONE  # nothing to compare with
+    pool.pages.add(one, other, REAL)
+    assert head(302, AWAY.location, one, listed) == BLOCKED
+    assert head(302, AWAY.location, one, other) == NONE  # its own page is no other's
+    assert head(302, AWAY.location, two, listed) == NONE  # not told as the block yet
+    pool.pages.add(one, listed, AWAY)
+    assert pool.pages.told(site, one, REAL) == {listed}
+    assert head(302, "https://shop.example/welcome-gate?r=2", two, third) == BLOCKED
+    assert head(301, "https://shop.example/page/2", two, third) == NONE
+    assert head_verdict_of(pool, "", None, 302, AWAY.location, two, third) == NONE

@@ -189,18 +189,18 @@ class Forwarding:
         nothing of the answer went to the client."""
         req, router = self.current, self.router
         assert req is not None and self.want is not None
-        site = req.site
-        said = head_verdict_of(router.pool, site, req.rule, status, location) if site else NONE
+        site, url, up = req.site, _url(req), link.up
+        said = head_verdict_of(router.pool, site, req.rule, status, location, url, up.key)
         if said == NONE:
             router.outcomes.first_byte(req.read_at)
             return True
         now = time.monotonic()
         if said == PACED:
             router.outcomes.count("paced")
-            pace(link.up, site, now, retry_after_s(link.retry_after))
+            pace(up, site, now, retry_after_s(link.retry_after))
         else:
-            router.refused(self.want, self.password, link.up, req, _url(req), status, location)
-        req.tried |= {link.up.key}
+            router.refused(self.want, self.password, up, req, url, status, location)
+        req.tried |= {up.key}
         if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
             router.outcomes.first_byte(req.read_at)
             return True  # the client sees the site's answer

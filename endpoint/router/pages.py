@@ -24,7 +24,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from events.blockpages import block_sign
-from events.sites import Answer, compared, path_of, same_class, tells
+from events.sites import Answer, compared, path_of, redirect_target, same_class, tells
 
 __all__ = ["CLASSES", "URLS", "Pages"]
 
@@ -113,6 +113,15 @@ class Pages:
         """Whether ``site`` told a page from its block lately: answers alike there may be
         the block alike, and teach nothing."""
         return site in self._splits
+
+    def redirects_to_block(self, site: str, answer: Answer) -> bool:
+        """Whether a redirect (``answer``, its head alone) goes where ``site``'s block of
+        a redirect's class, told on some URL of it lately, went: a redirect's head is
+        read before its body, whose size ``looks_blocked`` would compare too."""
+        target = redirect_target(answer)
+        return bool(target) and any(
+            redirect_target(b) == target for b in self._splits.get(site, ())
+        )
 
     def looks_blocked(self, site: str, answer: Answer) -> bool:
         """Whether ``answer`` is of a class told as ``site``'s block on some URL of it

@@ -84,15 +84,33 @@ def page_bytes(rule: SiteRule | None) -> int:
 
 
 def head_verdict_of(
-    pool: Pool, site: str, rule: SiteRule | None, status: int, location: str
+    pool: Pool,
+    site: str,
+    rule: SiteRule | None,
+    status: int,
+    location: str,
+    url: bytes = b"",
+    proxy: tuple[str, int] = ("", 0),
 ) -> str:
     """What an answer's head says of ``site``: by its ``rule`` (events/sites.py); for a
     site without one, a redirect to a block page is a block, and so is a 403 (the status
     a site turns a client away with, not a page that is missing) or a proxy's 502-504 (it
-    could not get the page) where another proxy got the site's pages; a 429 paces."""
+    could not get the page) where another proxy got the site's pages; a 429 paces. A
+    redirect has no page to be held back by: it is read at once as its whole answer
+    will be (``read_answer``), against the answers ``url`` got through proxies other than
+    ``proxy`` and the site's blocks, so a redirect to an interstitial is tried elsewhere
+    before the client follows it. A request that names no site: ``none``."""
+    if not site:
+        return NONE
     if rule is not None:
         return head_verdict(rule, status, location)
-    said = generic(Answer(status=status, location=location), _others(pool, site))
+    answer, others = Answer(status=status, location=location), _others(pool, site)
+    redirect = url and 300 <= status < 400 and location and not pool.pages.sent_to(site, url)
+    if redirect:
+        others += pool.pages.others(url, proxy)
+    said = generic(answer, others)
+    if redirect and said != BLOCKED and pool.pages.redirects_to_block(site, answer):
+        said = BLOCKED
     return said if said in (BLOCKED, PACED) else NONE
 
 
