@@ -228,7 +228,10 @@ class Prober:
             if said == NONE and 200 <= got.answer.status < 400:  # a page, not told yet
                 if len(self._alike) >= _ALIKE:  # a round cut short left its own: oldest go
                     del self._alike[next(iter(self._alike))]
-                self._alike[(ip, port, site)] = got  # read again once the round is in
+                # Read again once the round is in, as comparing reads it (its status,
+                # redirect, title and size: a few hundred bytes, not its page).
+                kept = Probed(compared(got.answer), got.latency_ms, got.bytes)
+                self._alike[(ip, port, site)] = kept
         self.seen.add(site, got.answer)
         return _result(ip, port, site, said, got)
 
@@ -244,9 +247,10 @@ class Prober:
             if got is None:
                 continue
             others = self.seen.of(site)
-            mine = compared(got.answer)
-            if mine in others:
-                others.remove(mine)  # the answer itself is no other
+            if got.answer in others:
+                others.remove(got.answer)  # the answer itself is no other
+            if not others:
+                continue  # nothing came since to read it by
             said = settled(generic(got.answer, others), tells(got.answer, others), True, others)
             if (result := _result(ip, port, site, said, got)) is not None:
                 found.append(result)
