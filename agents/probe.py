@@ -219,12 +219,10 @@ class Prober:
         got = await probe(ip, port, proto, site, self.timeout, path)
         self._spent += got.bytes
         rule, others = rule_for(site, self.rules), self.seen.of(site)
-        said = read(rule, got.answer, others)
-        if rule is None:
-            # Read by its classes, as the endpoint reads where a site splits: a round of
-            # probes asks one page through many exits at once, and most may get the
-            # block alike, so only a page told from a block (or a refusal) is through.
-            said = settled(said, tells(got.answer, others), True, others)
+        if rule is not None:
+            said = read(rule, got.answer, others)
+        else:
+            said = _by_classes(got.answer, others)
             if said == NONE and 200 <= got.answer.status < 400:  # a page, not told yet
                 if len(self._alike) >= _ALIKE:  # a round cut short left its own: oldest go
                     del self._alike[next(iter(self._alike))]
@@ -251,10 +249,16 @@ class Prober:
                 others.remove(got.answer)  # the answer itself is no other
             if not others:
                 continue  # nothing came since to read it by
-            said = settled(generic(got.answer, others), tells(got.answer, others), True, others)
-            if (result := _result(ip, port, site, said, got)) is not None:
+            if result := _result(ip, port, site, _by_classes(got.answer, others), got):
                 found.append(result)
         return found
+
+
+def _by_classes(answer: Answer, others: list[Answer]) -> str:
+    """A site without a rule, read by its classes as the endpoint reads a site that
+    splits: a round of probes asks one page through many exits at once, and most may get
+    the block alike, so only a page told from a block (or beside a refusal) is through."""
+    return settled(generic(answer, others), tells(answer, others), True, others)
 
 
 def _result(ip: str, port: int, site: str, said: str, got: Probed) -> SiteResult | None:

@@ -60,9 +60,9 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
         for scheme, least in (("http", 0.99), ("https", 0.95)):
             missed = {s.name: consumer.tally[(s.name, scheme)][1] for s in SITES}
             asked = sum(consumer.share(s.name, (scheme,))[1] for s in SITES)
-            said = {site: wrong[:3] for site, wrong in missed.items() if wrong}
-            assert sum(map(len, missed.values())) <= (1 - least) * asked, (scheme, asked, said)
-            assert all(len(wrong) <= 1 for wrong in missed.values()), (scheme, said)
+            shown = {site: got[:3] for site, got in missed.items() if got}
+            assert sum(map(len, missed.values())) <= (1 - least) * asked, (scheme, asked, shown)
+            assert all(len(got) <= 1 for got in missed.values()), (scheme, shown)
         assert not consumer.elsewhere, consumer.elsewhere[:5]
         # The pool says who gets through once the endpoint's verdicts, and the probes
         # that follow the sites of its traffic, are folded.
