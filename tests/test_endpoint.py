@@ -21,7 +21,7 @@ import events as ev
 from endpoint.connection.client import serve
 from endpoint.feed import Feed
 from endpoint.link.upstream import Upstream
-from endpoint.router.choose import Pool
+from endpoint.router.choose import AVOID_S, Pool
 from endpoint.router.login import LoginError, parse_login
 from endpoint.router.outcomes import Outcomes
 from endpoint.router.router import Router
@@ -267,7 +267,8 @@ async def test_a_dead_upstream_is_avoided_at_once_and_reported(
 def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:
     """Round robin goes in turn; a session keeps its upstream while it works; a tunnel
     goes only through proxies that tunnel; a failure sits a proxy out 10 s, then 20 s in
-    a row; when all are out, the soonest back is tried; mitm only when asked."""
+    a row, never over 300 s however many in a row (a float overflowed at 1,025 strikes);
+    when all are out, the soonest back is tried; mitm only when asked."""
     pool = Pool(rng=random.Random(1))
     pool.replace(
         [
@@ -298,6 +299,9 @@ def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:
     assert socks is not None
     pool.failed(socks, now=0)
     assert pool.pick(only, tunnel=True, now=1) is socks  # all out: the soonest back
+    for _ in range(2_000):  # the only one, failing on and on
+        pool.failed(socks, now=1_000)
+    assert socks.strikes == 2_001 and socks.avoid_until == 1_000 + AVOID_S
     assert pool.pick(parse_login("shop-country-de"), tunnel=False, now=0) is None
 
 

@@ -47,6 +47,9 @@ __all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", 
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0
+# The doublings past which AVOID_S is reached: the strikes of a proxy that fails on and on
+# (the only one left, tried as the soonest back) are counted, not raised to a power.
+_DOUBLINGS = int(AVOID_S / AVOID_FIRST_S).bit_length()
 SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
@@ -312,7 +315,8 @@ class Pool:
         """The proxy's own failure (connect, handshake, no answer): avoided at once."""
         up.success = (1 - _ALPHA) * up.success
         up.strikes += 1
-        up.avoid_until = now + min(AVOID_S, AVOID_FIRST_S * 2 ** (up.strikes - 1))
+        doublings = min(up.strikes - 1, _DOUBLINGS)
+        up.avoid_until = now + min(AVOID_S, AVOID_FIRST_S * 2**doublings)
 
 
 def _least_used(known: list[Upstream], site: str, now: float) -> list[Upstream]:
