@@ -49,10 +49,16 @@ async def _site() -> AsyncIterator[str]:
     async def status(request: web.Request) -> web.Response:
         return web.Response(status=int(request.match_info["n"]), text="as asked")
 
+    async def closes(request: web.Request) -> web.Response:
+        answer = web.Response(text="and closed")  # as an HTTP/1.0 server, or Connection: close
+        answer.force_close()
+        return answer
+
     app = web.Application(client_max_size=32 * 1024 * 1024)
     app.router.add_route("*", "/echo", echo)
     app.router.add_get("/big", big)
     app.router.add_get("/status/{n}", status)
+    app.router.add_get("/closes", closes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     port = free_port()
@@ -64,12 +70,14 @@ async def _site() -> AsyncIterator[str]:
 
 
 @contextlib.asynccontextmanager
-async def _endpoint(lab: ProxyLab, *names: str, **options: float) -> AsyncIterator[Router]:
+async def _endpoint(
+    lab: ProxyLab, *names: str, proto: str = "http", **options: float
+) -> AsyncIterator[Router]:
     """An endpoint on a free port (``endpoint.port``) whose pool is the lab's ``names``,
-    each as an HTTP proxy."""
+    each spoken to as ``proto``."""
     pool = Pool()
     pool.replace(
-        Upstream("127.0.0.1", p.port, "http", latency_ms=5) for p in lab.proxies if p.name in names
+        Upstream("127.0.0.1", p.port, proto, latency_ms=5) for p in lab.proxies if p.name in names
     )
 
     async def login_ok(name: str, token: str) -> bool:
@@ -255,6 +263,39 @@ async def test_a_client_gone_mid_answer_leaves_nothing_behind(lab: ProxyLab) -> 
         assert not any(relay.idle.links.values())
         (answer,) = await _raw(port, _get(site, "/status/200"), 1)
         assert answer.split(b" ", 2)[1] == b"200"
+
+
+async def test_a_site_that_closes_each_answer_gets_a_socks5_link_a_request(
+    lab: ProxyLab,
+) -> None:
+    """Plain HTTP through real SOCKS5 upstreams (microsocks, dante) to a site that closes
+    its connection after each answer: every request on one client connection is answered
+    on a link of its own, none kept idle after; a site that speaks before it is asked is
+    not taken for an answer: the client is told so at once (no proxy got an answer), not
+    after a timeout."""
+
+    async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"220 not HTTP, and first\r\n")
+        with contextlib.suppress(OSError):
+            await reader.read()  # until the link is let go
+        writer.close()
+
+    talker = await asyncio.start_server(banner, "127.0.0.1", port := free_port())
+    async with (
+        _site() as site,
+        _endpoint(lab, "microsocks", "dante", proto="socks5", answer_s=5.0) as relay,
+        talker,
+    ):
+        answers = await _raw(relay.port, _get(site, "/closes") * 12, 12)  # type: ignore[attr-defined]
+        assert [a.split(b" ", 2)[1] for a in answers] == [b"200"] * 12
+        assert all(a.endswith(b"and closed") for a in answers)
+        assert relay.outcomes.counts.get("upstream_failed", 0) == 0
+        await asyncio.sleep(0.2)
+        assert not any(relay.idle.links.values())
+        started = asyncio.get_running_loop().time()
+        (told,) = await _raw(relay.port, _get(f"127.0.0.1:{port}", "/"), 1)  # type: ignore[attr-defined]
+        assert told.split(b" ", 2)[1] in (b"502", b"503"), told[:200]
+        assert asyncio.get_running_loop().time() - started < 3.0
 
 
 async def test_bench_serve_counts_what_it_carried() -> None:

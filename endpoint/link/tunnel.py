@@ -11,12 +11,11 @@ too, with the proxy's status).
 from __future__ import annotations
 
 import asyncio
-import socket
 from typing import cast
 
 import httptools
 from python_socks import ProxyError, ProxyType
-from python_socks.async_.asyncio import Proxy
+from python_socks.async_.asyncio.v2 import Proxy
 
 from endpoint.link.hello import hello_size
 from endpoint.link.uplink import UpLink
@@ -28,11 +27,14 @@ Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _TYPES = {"socks5": ProxyType.SOCKS5, "socks4": ProxyType.SOCKS4}
 
 
-async def _through(up: Upstream, host: str, port: int, connect_s: float) -> socket.socket:
-    """A socket tunnelled by ``up`` (SOCKS, or an HTTP proxy's CONNECT) to the site."""
-    proxy = Proxy.create(_TYPES.get(up.proto, ProxyType.HTTP), up.ip, up.port, rdns=True)
-    sock: socket.socket = await proxy.connect(host, port, timeout=connect_s)
-    return sock
+async def _through(up: Upstream, host: str, port: int, connect_s: float) -> Stream:
+    """A connection tunnelled by SOCKS proxy ``up`` to the site, as streams. python-socks'
+    streams (its v2) are a transport the link then takes over; its first API's socket
+    had to be made a transport after the handshake, which cost a link through a SOCKS5
+    upstream a third more CPU (BENCHMARKS.md, ``serve, a link a request``)."""
+    proxy = Proxy(_TYPES[up.proto], up.ip, up.port, rdns=True)
+    stream = await proxy.connect(host, port, timeout=connect_s)
+    return stream.reader, stream.writer
 
 
 async def open_stream(up: Upstream, host: str, port: int, connect_s: float) -> Stream:
@@ -41,7 +43,7 @@ async def open_stream(up: Upstream, host: str, port: int, connect_s: float) -> S
     what came after its head in it, the site's first bytes when the site speaks first;
     a stream keeps them for the tunnel (``pipe`` takes what it holds)."""
     if up.proto not in ("http", "https"):
-        return await asyncio.open_connection(sock=await _through(up, host, port, connect_s))
+        return await _through(up, host, port, connect_s)
     async with asyncio.timeout(connect_s):
         reader, writer = await asyncio.open_connection(up.ip, up.port)
         try:
@@ -88,12 +90,20 @@ async def open_link(
     def made() -> UpLink:
         return UpLink(up, forward, key, answer_s)
 
-    async with asyncio.timeout(connect_s):
-        if forward:
+    if forward:
+        async with asyncio.timeout(connect_s):
             _, link = await loop.create_connection(made, up.ip, up.port)
-        else:
-            sock = await _through(up, host, port, connect_s)
-            _, link = await loop.create_connection(made, sock=sock)
+        return link
+    reader, writer = await _through(up, host, port, connect_s)
+    link = made()
+    link.writer = writer
+    held, ended = _taken(reader)  # nothing, unless the site spoke first (not HTTP)
+    writer.transport.set_protocol(link)
+    link.connection_made(writer.transport)
+    if held:
+        link.data_received(held)  # a link spoken on before it was asked is not used
+    if ended or writer.transport.is_closing():
+        link.connection_lost(None)  # it ended before it was asked: nothing goes on it
     return link
 
 

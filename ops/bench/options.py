@@ -220,8 +220,20 @@ class Serve(Bench, kw_only=True):
         ),
     ] = None
     upstream: Annotated[
-        list[Kind] | None, _("the upstream's kind (default: each; --workers: http)", append=True)
+        list[Kind] | None,
+        _(
+            "the upstream's kind (default: each; --workers: http; --versus: plain HTTP "
+            "through each, no tunnels)",
+            append=True,
+        ),
     ] = None
+    site_closes: Annotated[
+        bool,
+        _(
+            "--versus: the site closes each connection after its answer (an HTTP/1.0 site): "
+            "every request through a SOCKS5 upstream opens a link"
+        ),
+    ] = False
 
 
 class ServeChurn(Bench, kw_only=True):

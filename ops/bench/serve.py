@@ -38,14 +38,21 @@ TOKEN = "bench-token"
 
 # The benches' site (its own process): 512 bytes on any path, plain HTTP on the port of
 # argv[1], and with argv[2:5] (a port, a certificate, its key) HTTPS on that port too.
+# With SITE_CLOSES=1 in its environment it closes each connection after its answer, as
+# an HTTP/1.0 server does: then every request through a SOCKS5 upstream opens a link.
 SITE = """
-import asyncio, ssl, sys
+import asyncio, os, ssl, sys
 from aiohttp import web
 from gateway.guard import listen
 
+CLOSES = os.environ.get("SITE_CLOSES") == "1"
+
 async def main():
     async def page(request):
-        return web.Response(text="x" * 512)
+        answer = web.Response(text="x" * 512)
+        if CLOSES:
+            answer.force_close()
+        return answer
     app = web.Application()
     app.router.add_get("/{tail:.*}", page)
     runner = web.AppRunner(app, access_log=None)

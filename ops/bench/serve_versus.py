@@ -24,7 +24,7 @@ from ops.bench.serve import SITE, TOKEN, _cpu_s, _load
 from ops.bench.upstreams import upstream
 from ops.nats.server import free_port
 
-__all__ = ["bench_serve_versus"]
+__all__ = ["LOADS", "bench_serve_versus"]
 
 LOADS = ("http", "socks5", "tunnel")
 TUNNELS = 20
@@ -118,15 +118,28 @@ async def _one_run(
         await child.wait()
 
 
-async def bench_serve_versus(other: Path, requests: int = 10_000, runs: int = 3) -> dict[str, Any]:
-    """Each load in turn, this tree (new) and ``other`` (old) interleaved ``runs`` times."""
+async def bench_serve_versus(
+    other: Path,
+    requests: int = 10_000,
+    runs: int = 3,
+    loads: tuple[str, ...] = LOADS,
+    site_closes: bool = False,
+) -> dict[str, Any]:
+    """Each load in turn, this tree (new) and ``other`` (old) interleaved ``runs`` times;
+    ``site_closes``: the site closes each connection after its answer."""
     trees = {"old": other.resolve(), "new": Path(__file__).resolve().parents[2]}
     target = free_port()
-    site = await asyncio.create_subprocess_exec(sys.executable, "-c", SITE, str(target))
-    out: dict[str, Any] = {"versus": str(trees["old"]), "requests": requests, "runs": runs}
+    site = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", SITE, str(target),
+        env={**os.environ, "SITE_CLOSES": "1" if site_closes else "0"},
+    )  # fmt: skip
+    out: dict[str, Any] = {
+        "versus": str(trees["old"]), "requests": requests, "runs": runs,
+        "site_closes": site_closes,
+    }  # fmt: skip
     try:
         await asyncio.sleep(0.5)
-        for load in LOADS:
+        for load in loads:
             async with upstream("http" if load == "tunnel" else load) as up:
                 cpu: dict[str, list[float]] = {"old": [], "new": []}
                 for _ in range(runs):  # A B A B

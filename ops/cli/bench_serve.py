@@ -13,9 +13,12 @@ __all__ = ["serve_run"]
 
 async def serve_run(args: Serve) -> dict[str, Any]:
     if args.versus is not None:
-        from ops.bench.serve_versus import bench_serve_versus
+        from ops.bench.serve_versus import LOADS, bench_serve_versus
 
-        return await bench_serve_versus(Path(args.versus), args.requests or 10_000, args.runs)
+        versus_loads = tuple(args.upstream) if args.upstream else LOADS  # plain HTTP: each
+        return await bench_serve_versus(
+            Path(args.versus), args.requests or 10_000, args.runs, versus_loads, args.site_closes
+        )
     if args.workers is None:
         from ops.bench.serve import bench_serve
 
