@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 
 from eventlog.protocol import Message
 from events import DLQ_PREFIX, OBSERVATIONS, DecodeError, decode
+from events.catalogue import ProxiesChecked
 from projections.foreground import Foreground
 from projections.store import Checkpoint, collect_async
 from projections.writer import ProcessWriter
 from reducers import State, skip
 from reducers.admission import FORBIDDEN, refusal, refused_event
-from reducers.fold import folding
+from reducers.fold import fold_single, folding
 
 __all__ = ["Checkpointer", "Folder", "Message", "Rejected"]
 
@@ -117,10 +118,13 @@ class Folder:
             refused_event(state, event, reason, why)
             self._reject(seq, ts, subject, payload, DecodeError(reason, why))
             return 0
-        refused: list[tuple[int, str, str]] = []
-        steps = folding(state, event, seq, ts, refused)  # type: ignore[arg-type]
-        applied = _drive(steps, deadline)
         agent = event.agent
+        if type(event) is not ProxiesChecked:  # one step: no generator to drive
+            single = fold_single(state, event, seq, ts)  # type: ignore[arg-type]
+            return self._settle(single, seq, subject, payload, agent, ())
+        refused: list[tuple[int, str, str]] = []
+        steps = folding(state, event, seq, ts, refused)
+        applied = _drive(steps, deadline)
         if applied is None:
             self._midway = (steps, seq, ts, subject, payload, agent, refused)
             return None
@@ -148,7 +152,7 @@ class Folder:
         subject: bytes,
         payload: bytes,
         agent: str,
-        refused: list[tuple[int, str, str]],
+        refused: Sequence[tuple[int, str, str]],
     ) -> int:
         for index, reason, why in refused:  # results of a round, each kept with its reason
             self.state.refusals[agent] = f"{reason}: {why}"

@@ -5,7 +5,8 @@ below ``state.last_seq`` was applied already (a redelivery) and changes nothing.
 
 ``folding`` is the same fold in steps, for a caller that shares its thread (the live
 fold, between the gateway's requests): a round of results gives way after every
-``PIECE`` of them.
+``PIECE`` of them. ``fold_single`` is it for an event that is not a round, which has no
+step to give way at: the live fold takes those without a generator.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from reducers.admission import INVALID, result_refusal, round_types
 from reducers.state import AgentRow, State
 from reducers.steps import at_once
 
-__all__ = ["PIECE", "fold", "folding", "skip"]
+__all__ = ["PIECE", "fold", "fold_single", "folding", "skip"]
 
 _OBSERVED = frozenset(OBSERVATIONS)
 
@@ -94,7 +95,22 @@ def fold(state: State, event: AnyEvent, seq: int, ts: int, refused: Refused | No
     A ``ProxiesChecked`` is applied result by result, each as the single event it stands
     for; a result the rules refuse (reducers/admission.py) changes nothing and is added
     to ``refused`` as (index, DLQ reason, why), for the caller to keep in the DLQ."""
-    return at_once(folding(state, event, seq, ts, refused))
+    if type(event) is ProxiesChecked:
+        return at_once(folding(state, event, seq, ts, refused))
+    return fold_single(state, event, seq, ts)
+
+
+def fold_single(state: State, event: AnyEvent, seq: int, ts: int) -> bool:
+    """``fold`` of an event that is not a round, in one step: most events (older
+    clients send their checks one by one) need no generator to give way inside them."""
+    if type(event) is ProxiesChecked:  # its refused results need a list: ``fold``
+        raise TypeError("a round is folded by fold or folding, which keep what it refused")
+    done = _before(state, event, seq, ts)
+    if done is not None:
+        return done
+    _apply(state, event, seq, ts)
+    state.last_seq = seq
+    return True
 
 
 def folding(
@@ -105,6 +121,21 @@ def folding(
     fold another message, nor cut a checkpoint or a snapshot, nor drop the generator
     before it is done (a state cut midway would apply those results again on a replay
     from it)."""
+    done = _before(state, event, seq, ts)
+    if done is not None:
+        return done
+    if type(event) is ProxiesChecked:
+        yield from _checked(state, event, seq, ts, refused)
+    else:
+        _apply(state, event, seq, ts)
+    state.last_seq = seq
+    return True
+
+
+def _before(state: State, event: AnyEvent, seq: int, ts: int) -> bool | None:
+    """What every event meets before its own rules: a sequence applied already (False),
+    the sweep's tick, a lookup's record (True: applied here), an agent's re-send (False,
+    ``seq`` passed); None when its rules are to be applied."""
     if seq <= state.last_seq:
         return False
     if ts >= state.sweep_bucket * proxies.SWEEP_MS + proxies.SWEEP_MS:
@@ -115,25 +146,18 @@ def folding(
         geo.located(state, event)
         state.last_seq = seq
         return True
-    settings = state.settings
-    kind = type(event)
     # Events the fold derived from a deposit (events/keys.py) carry the depositing agent
     # but not its numbering, and are kept once by their fixed ids instead.
     if (
-        kind in _OBSERVED
-        and settings.agent_subjects
+        type(event) in _OBSERVED
+        and state.settings.agent_subjects
         and event.id[:4] != DERIVED_PREFIX
         and not _first_time(state, event.agent, event.id, ts)
     ):
         state.resent[event.agent] = state.resent.get(event.agent, 0) + 1
         state.last_seq = seq
         return False
-    if kind is ProxiesChecked:
-        yield from _checked(state, event, seq, ts, refused)  # type: ignore[arg-type]
-    else:
-        _apply(state, event, seq, ts)
-    state.last_seq = seq
-    return True
+    return None
 
 
 def _first_time(state: State, agent: str, eid: str, ts: int) -> bool:

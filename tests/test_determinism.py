@@ -11,18 +11,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
+from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import events as ev
+import projections.folder
 from events.ids import uuid7
 from events.sites import SiteRule
 from projections import Folder, Store, digest
 from projections.store import collect
 from reducers import State
-from reducers.fold import PIECE
+from reducers.fold import PIECE, folding
+from reducers.steps import at_once
 from tests.helpers import message
 
 T0 = 1_800_000_000_000
@@ -328,6 +331,26 @@ def test_a_fold_in_time_slices_equals_one_fold(msgs: list) -> None:  # type: ign
         i, calls = nxt, calls + 1
     assert calls >= len(msgs)
     assert digest(sliced) == digest(once)
+
+
+@settings(max_examples=40, deadline=None)
+@given(msgs=logs())
+def test_an_event_folded_in_one_step_folds_as_in_steps(msgs: list) -> None:  # type: ignore[type-arg]
+    """The live fold takes an event that is not a round in one step (``fold_single``)
+    and a round in steps (``folding``): every event taken in steps, singles too, builds
+    the same projections, every table's rows in the digest."""
+    one_step = _fold_all(msgs)
+    singles = 0
+
+    def in_steps(state: State, event: Any, seq: int, ts: int) -> bool:
+        nonlocal singles
+        singles += 1
+        return at_once(folding(state, event, seq, ts, []))
+
+    with mock.patch.object(projections.folder, "fold_single", in_steps):
+        stepped = _fold_all(msgs)
+    assert singles or not msgs or all(b"ProxiesChecked" in m[3] for m in msgs)
+    assert digest(stepped) == digest(one_step)
 
 
 def test_digest_sees_a_change() -> None:
