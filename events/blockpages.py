@@ -97,6 +97,8 @@ def block_sign(page: bytes, size: int, headers: Iterable[tuple[str, str]] = ()) 
     captcha's, a challenge's); "" for none. Read at every HTML answer the endpoint
     carries: one pass of one expression over the page, the signs told apart only when
     it finds one."""
+    if not page and not headers:  # no page read (not HTML) and no header to tell one
+        return ""
     for name, value in headers:
         for maker, sign_name, sign_value in _HEADER_SIGNS:
             if name.lower() == sign_name and sign_value in value.lower():

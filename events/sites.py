@@ -313,6 +313,8 @@ _BLOCK_WORDS = re.compile(
 
 def page_title(head: bytes) -> bytes:
     """A page's title, lower case, spaces folded ("" when it has none)."""
+    if not head:  # no page read: asked of most answers compared, each time
+        return b""
     return b" ".join(title_of(head).lower().split())[:200]
 
 

@@ -383,6 +383,20 @@ def test_bench_fold_versus_folds_both_trees_whole(ppf_bin: str) -> None:
 
 
 @pytest.mark.timeout(240)
+def test_bench_serve_versus_measures_a_link_a_request(ppf_bin: str) -> None:
+    """`ppf bench serve --versus DIR --site-closes --upstream socks5`: this tree against
+    itself, plain HTTP alone through a SOCKS5 upstream to a site that closes after each
+    answer; every request answered in each run (the bench asserts it), the CPU a request
+    and the kernel's share of it for each tree."""
+    versus = ("--versus", str(REPO), "--site-closes", "--upstream", "socks5")
+    out = _bench(ppf_bin, "serve", *versus, "--runs", "1", "--requests", "300")
+    assert out["site_closes"] is True and set(out) & {"http", "tunnel"} == set()
+    one = out["socks5"]
+    assert one["old_cpu_us"] > 0 and one["new_cpu_us"] > 0 and len(one["by_pair"]) == 1
+    assert 0 < one["system_share_old"] < 1 and 0 < one["system_share_new"] < 1
+
+
+@pytest.mark.timeout(240)
 def test_bench_fold_rounds_folds_the_same_observations_in_both_forms(ppf_bin: str) -> None:
     """`ppf bench fold --rounds`: the workload's single events and its rounds are the
     same observations (both folds build one pool), rounds are far fewer messages and

@@ -100,8 +100,15 @@ def child(port: int, upstream: int, proto: str = "http") -> None:
 
 
 def _cpu_s(pid: int) -> float:
+    user, system = _cpu_split_s(pid)
+    return user + system
+
+
+def _cpu_split_s(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of process ``pid`` so far, from ``/proc``."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
 
 
 def _rss_kb(pid: int) -> int:
