@@ -143,9 +143,13 @@ class JudgePool:
         )
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        """The health watch and the asks in flight (``answers`` shields them from the
+        checks that wait on them, so a check gone leaves its ask running) ended, their
+        connections closed."""
+        tasks = [t for t in (self._task, *self._asking.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _watch(self) -> None:
         while True:

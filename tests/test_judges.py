@@ -237,3 +237,39 @@ async def test_while_no_judge_answers_none_is_benched_past_the_base_cooldown() -
         await beside.stop()
     finally:
         await server.close()
+
+
+async def test_a_stop_ends_the_asks_in_flight_and_closes_their_connections() -> None:
+    """A check whose judge is asked (``answers``) and that is gone before the answer
+    leaves the ask running on its own; the pool's stop ends it and closes its connection,
+    so nothing of the pool is left when its loop closes (an unclosed transport at the
+    teardown of tests/test_world.py's killed judge, once)."""
+
+    from agents.judgepool import JudgePool
+
+    gate, reached = asyncio.Event(), asyncio.Event()
+    gate.set()
+
+    async def get(request: web.Request) -> web.Response:
+        reached.set()
+        await gate.wait()
+        return _httpbin_echo(request)
+
+    server, url = await _judge_at(get)
+    pool = await JudgePool([url], own=[url], health_every_s=3600, timeout_s=30).start()
+    try:
+        judge = pool.states[0].judge
+        assert judge is not None
+        gate.clear()
+        reached.clear()
+        check = asyncio.ensure_future(pool.answers(judge, time.monotonic()))
+        await asyncio.wait_for(reached.wait(), 5)  # the ask is at the judge, held there
+        check.cancel()  # the check is gone; its ask goes on, shielded
+        await asyncio.gather(check, return_exceptions=True)
+        asks = list(pool._asking.values())
+        assert asks and not any(a.done() for a in asks)
+        await asyncio.wait_for(pool.stop(), 5)
+        assert all(a.done() for a in asks) and not pool._asking
+    finally:
+        gate.set()
+        await server.close()
