@@ -30,9 +30,10 @@ _TYPES = {"socks5": ProxyType.SOCKS5, "socks4": ProxyType.SOCKS4}
 async def _through(up: Upstream, host: str, port: int, connect_s: float) -> Stream:
     """A connection tunnelled by SOCKS proxy ``up`` to the site, as streams. python-socks'
     streams (its v2) are a transport the link then takes over; its first API's socket
-    had to be made a transport after the handshake, which cost a link through a SOCKS5
-    upstream a third more CPU (BENCHMARKS.md, ``serve, a link a request``)."""
-    proxy = Proxy(_TYPES[up.proto], up.ip, up.port, rdns=True)
+    had to be made a transport after the handshake, and a request through a SOCKS5
+    upstream on a new link cost the endpoint 1.3-1.4 times the CPU (BENCHMARKS.md,
+    ``serve, a link a request``)."""
+    proxy = Proxy(_TYPES.get(up.proto, ProxyType.HTTP), up.ip, up.port, rdns=True)
     stream = await proxy.connect(host, port, timeout=connect_s)
     return stream.reader, stream.writer
 
