@@ -174,14 +174,9 @@ async def _judge_at(get: Any) -> tuple[Any, str]:
     return server, str(server.make_url("/get"))
 
 
-async def test_an_answer_to_an_ask_sent_before_a_check_does_not_clear_the_judge() -> None:
-    """A health ask reaches the judge, a check begins, the judge answers the ask and then
-    dies: the check's failure is the judge's (``answers`` is False), since nothing sent
-    after the check began was answered. Counting the answer's arrival made it the
-    proxy's (tests/test_world.py's killed judge, now and then)."""
-
-    from agents.judgepool import JudgePool
-
+async def _held_judge() -> tuple[asyncio.Event, asyncio.Event, Any, str]:
+    """A judge that answers while ``gate`` is set and holds its answer while not;
+    ``reached`` is set when an ask arrives. (gate, reached, its server, its URL)."""
     gate, reached = asyncio.Event(), asyncio.Event()
     gate.set()
 
@@ -191,6 +186,18 @@ async def test_an_answer_to_an_ask_sent_before_a_check_does_not_clear_the_judge(
         return _httpbin_echo(request)
 
     server, url = await _judge_at(get)
+    return gate, reached, server, url
+
+
+async def test_an_answer_to_an_ask_sent_before_a_check_does_not_clear_the_judge() -> None:
+    """A health ask reaches the judge, a check begins, the judge answers the ask and then
+    dies: the check's failure is the judge's (``answers`` is False), since nothing sent
+    after the check began was answered. Counting the answer's arrival made it the
+    proxy's (tests/test_world.py's killed judge, now and then)."""
+
+    from agents.judgepool import JudgePool
+
+    gate, reached, server, url = await _held_judge()
     pool = await JudgePool([url], own=[url], health_every_s=3600, timeout_s=2).start()
     try:
         judge = pool.states[0].judge
@@ -247,15 +254,7 @@ async def test_a_stop_ends_the_asks_in_flight_and_closes_their_connections() -> 
 
     from agents.judgepool import JudgePool
 
-    gate, reached = asyncio.Event(), asyncio.Event()
-    gate.set()
-
-    async def get(request: web.Request) -> web.Response:
-        reached.set()
-        await gate.wait()
-        return _httpbin_echo(request)
-
-    server, url = await _judge_at(get)
+    gate, reached, server, url = await _held_judge()
     pool = await JudgePool([url], own=[url], health_every_s=3600, timeout_s=30).start()
     try:
         judge = pool.states[0].judge
