@@ -189,7 +189,9 @@ class Forwarding:
         nothing of the answer went to the client."""
         req, router = self.current, self.router
         assert req is not None and self.want is not None
-        site, url, up = req.site, _url(req), link.up
+        site, up = req.site, link.up
+        # Only a redirect's head is read by its URL's answers: no key made at every head.
+        url = _url(req) if site and location and 300 <= status < 400 else b""
         said = head_verdict_of(router.pool, site, req.rule, status, location, url, up.key)
         if said == NONE:
             router.outcomes.first_byte(req.read_at)
@@ -199,7 +201,7 @@ class Forwarding:
             router.outcomes.count("paced")
             pace(up, site, now, retry_after_s(link.retry_after))
         else:
-            router.refused(self.want, self.password, up, req, url, status, location)
+            router.refused(self.want, self.password, up, req, url or _url(req), status, location)
         req.tried |= {up.key}
         if req.method not in IDEMPOTENT or len(req.tried) >= router.attempts:
             router.outcomes.first_byte(req.read_at)
