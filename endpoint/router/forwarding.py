@@ -190,8 +190,7 @@ class Forwarding:
         req, router = self.current, self.router
         assert req is not None and self.want is not None
         site, up = req.site, link.up
-        # Only a redirect's head is read by its URL's answers: no key made at every head.
-        url = _url(req) if site and location and 300 <= status < 400 else b""
+        url = _url(req) if site and location and 300 <= status < 400 else b""  # redirects only
         said = head_verdict_of(router.pool, site, req.rule, status, location, url, up.key)
         if said == NONE:
             router.outcomes.first_byte(req.read_at)
