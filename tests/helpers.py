@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,16 @@ async def until(cond: Any, timeout: float) -> bool:
             return True
         await asyncio.sleep(0.1)
     return False
+
+
+async def clear_of_the_hour(need_s: float) -> None:
+    """Waits, when the wall clock's hour ends within ``need_s`` seconds, until the next one
+    has begun. Budgets the fold keeps by the hour of the log's time (a consumer's failed
+    reports, reducers/reports.py) start again at each clock hour, so a test that counts one
+    hour's worth must not straddle two."""
+    left_s = 3_600 - time.time() % 3_600
+    if left_s < need_s:
+        await asyncio.sleep(left_s + 0.1)
 
 
 def check_found_as_made(row: dict[str, Any], proxy: Any) -> None:
