@@ -138,7 +138,8 @@ class Judge:
             reader, writer = await asyncio.open_connection(judge.host, judge.port)
         try:
             nonce = judge.nonce()
-            echo = await asyncio.wait_for(_request(reader, writer, judge, nonce, True), timeout)
+            async with asyncio.timeout(timeout):
+                echo = await _request(reader, writer, judge, nonce, True)
         finally:
             writer.close()
         if echo is None:
@@ -176,10 +177,12 @@ async def _discover_tls(
         reader, writer = await asyncio.open_connection(host, port)
     try:
         tls = Tls(reader, writer, host)
-        pin = await asyncio.wait_for(tls.handshake(), timeout)
+        async with asyncio.timeout(timeout):
+            pin = await tls.handshake()
         plain = Judge(host, port, path, "", signer=signer)
         nonce = plain.nonce()
-        echo = await asyncio.wait_for(_request(tls, tls, plain, nonce, True), timeout)
+        async with asyncio.timeout(timeout):
+            echo = await _request(tls, tls, plain, nonce, True)
     finally:
         writer.close()
     if echo is None or not pin:

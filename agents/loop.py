@@ -61,7 +61,8 @@ async def run_cycles(
                 break
             continue
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), idle_s)
+            async with asyncio.timeout(idle_s):
+                await stop.wait()
     return done
 
 
@@ -167,7 +168,8 @@ class Results:
             await self.ready.wait()
             if not self.done.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.full.wait(), self.gather_s)
+                    async with asyncio.timeout(self.gather_s):
+                        await self.full.wait()
             self.ready.clear()
             self.full.clear()
             await self.flush()

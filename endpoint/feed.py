@@ -82,7 +82,8 @@ STOP_STEP_S = 5.0  # the longest one step of a stop waits (a cancelled task, a c
 async def _bounded(step: Awaitable[object], what: str) -> None:
     """``step`` awaited for at most ``STOP_STEP_S``; a warning naming it when it overran."""
     try:
-        await asyncio.wait_for(step, STOP_STEP_S)
+        async with asyncio.timeout(STOP_STEP_S):
+            await step
     except TimeoutError:
         log.warning("feed_stop_step_overran", step=what, after_s=STOP_STEP_S)
 

@@ -6,7 +6,7 @@ Publishing rules:
 - a compare-and-set publish (``Nats-Expected-Last-Subject-Sequence``) is always an
   awaited ``js.publish``: nats-py's ``publish_async`` never resolves when the server
   rejects a message;
-- bulk publishing pipelines ``publish_async`` futures, each bounded by ``wait_for``.
+- bulk publishing pipelines ``publish_async`` futures, each bounded by a timeout.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ async def _probe(url: str, timeout: float) -> None:
     for one in url.split(","):
         parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(parts.hostname or "127.0.0.1", parts.port or 4222), timeout
-            )
+            async with asyncio.timeout(timeout):
+                host, port = parts.hostname or "127.0.0.1", parts.port or 4222
+                _, writer = await asyncio.open_connection(host, port)
         except (OSError, TimeoutError) as exc:
             errors.append(f"{redact(one)}: {exc!r}")
             continue
@@ -215,8 +215,8 @@ async def _connected(
     try:
         # Reconnect forever once connected, but a first connect that fails is an
         # operator's error to report now, not to retry silently.
-        nc = await asyncio.wait_for(
-            dial(
+        async with asyncio.timeout(timeout):
+            nc = await dial(
                 [one.strip() for one in url.split(",") if one.strip()],
                 name=name,
                 **({"tls": tls.context()} if tls is not None else {}),
@@ -231,9 +231,7 @@ async def _connected(
                 disconnected_cb=disconnected_cb,
                 reconnected_cb=reconnected_cb,
                 **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
-            ),
-            timeout,
-        )
+            )
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         raise LogError(f"cannot connect to NATS at {shown}: {exc!r}") from exc
     return nc, closing
@@ -254,10 +252,9 @@ async def _publish_async(
     futures = []
     for ev in events:
         try:
-            future = await asyncio.wait_for(
-                js.publish_async(subject(ev), encode(ev), headers={"Nats-Msg-Id": msg_id(ev)}),
-                timeout,
-            )
+            async with asyncio.timeout(timeout):
+                headers = {"Nats-Msg-Id": msg_id(ev)}
+                future = await js.publish_async(subject(ev), encode(ev), headers=headers)
         except TimeoutError:
             raise PublishError(f"no room to publish within {timeout} s") from None
         except nats.errors.Error as exc:  # closed, or its buffer is full
@@ -270,6 +267,12 @@ async def _publish_async(
             raise PublishError("the connection went away mid-publish") from None
         futures.append(future)
     return futures
+
+
+async def _within(ack: asyncio.Future[Any], timeout: float) -> Any:
+    """``ack``'s result within ``timeout`` (TimeoutError past it, ``ack`` cancelled)."""
+    async with asyncio.timeout(timeout):
+        return await ack
 
 
 class Log:
@@ -318,7 +321,8 @@ class Log:
         if self.nc.is_closed:
             return
         try:  # drain flushes what is pending; a server that went away gets a plain close
-            await asyncio.wait_for(self.nc.drain(), 5)
+            async with asyncio.timeout(5):
+                await self.nc.drain()
         except (TimeoutError, OSError, nats.errors.Error):
             await self._close_quietly()
         except asyncio.CancelledError:
@@ -330,7 +334,8 @@ class Log:
 
     async def _close_quietly(self) -> None:
         try:
-            await asyncio.wait_for(self.nc.close(), 5)
+            async with asyncio.timeout(5):
+                await self.nc.close()
         except (TimeoutError, OSError, nats.errors.Error) as exc:  # its socket is gone
             log.warning("nats_close_incomplete", url=redact(self.url), error=repr(exc))
         except asyncio.CancelledError:
@@ -471,7 +476,7 @@ class Log:
         ``subject`` and ``msg_id`` say where each goes and under which ``Nats-Msg-Id``:
         an agent publishes on its own subjects, under ids scoped by its name.
 
-        Every future is bounded by ``wait_for``; what did not get an ack is re-sent with
+        Every future is bounded by ``timeout``; what did not get an ack is re-sent with
         the same ``Nats-Msg-Id`` (stored once), so a failure raises instead of dropping.
         A re-send's ack says duplicate when the first send was stored after all: the
         first ack's answer is the one kept.
@@ -486,7 +491,7 @@ class Log:
                 sending = [events[i] for i in chunk]
                 futures = await _publish_async(self.js, sending, subject, msg_id, timeout)
                 results = await asyncio.gather(
-                    *(asyncio.wait_for(f, timeout) for f in futures), return_exceptions=True
+                    *(_within(f, timeout) for f in futures), return_exceptions=True
                 )
                 for i, res in zip(chunk, results, strict=True):
                     if isinstance(res, BaseException):

@@ -36,7 +36,8 @@ async def holds_token(lg: Log, name: str) -> bool:
         subject, cb=got, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
     )
     try:
-        await asyncio.wait_for(done.wait(), 60)
+        async with asyncio.timeout(60):
+            await done.wait()
     finally:
         await sub.unsubscribe()
     return bool(latest)

@@ -220,7 +220,8 @@ class SnapshotBucket:
         try:
             while left:
                 try:
-                    batch = await asyncio.wait_for(anext(batches), CHUNK_WAIT_S)
+                    async with asyncio.timeout(CHUNK_WAIT_S):
+                        batch = await anext(batches)
                 except TimeoutError:
                     got = info.chunks - left
                     raise SnapshotError(

@@ -192,7 +192,8 @@ class Firehose:
             if self._consumer:
                 api = f"$JS.API.CONSUMER.DELETE.{self.stream}.{self._consumer}"
                 self._consumer = ""
-                await asyncio.wait_for(self._send(sock, f"PUB {api} 0\r\n\r\n".encode()), 5)
+                async with asyncio.timeout(5):
+                    await self._send(sock, f"PUB {api} 0\r\n\r\n".encode())
         except (OSError, TimeoutError):
             pass
         finally:
@@ -219,7 +220,8 @@ class Firehose:
                 # At most _READ a time: batches stay ~2,500 messages, so the live fold
                 # hands out what it folded often.
                 into = view[filled : filled + _READ]
-                n = await asyncio.wait_for(loop.sock_recv_into(sock, into), timeout)
+                async with asyncio.timeout(timeout):
+                    n = await loop.sock_recv_into(sock, into)
             if not n:
                 raise FirehoseError("connection closed by the server")
             filled += n

@@ -32,6 +32,7 @@ from events.keys import items_of, parse_key, range_target
 from events.mint import now_ms
 from events.wire import DepositReply
 from gateway.http import CONFIG, FOLD, ApiError, authorize, reply
+from projections.tasks import stop_tasks
 from reducers import State
 from reducers.pool import lease_live
 
@@ -97,9 +98,7 @@ async def sweeping(app: web.Application) -> AsyncIterator[None]:
 
     task = asyncio.create_task(loop(), name="ppf-page-sweep")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await stop_tasks([task], 5)  # a bare cancel can be lost on 3.11 (projections/tasks.py)
 
 
 async def _page_lease(request: web.Request, agent: str, size: int) -> tuple[str, int]:

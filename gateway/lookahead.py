@@ -71,7 +71,8 @@ class Lookahead:
     async def next_round(self) -> list[str]:
         """Wait ``LOOK_EVERY_S`` or until ``now``; the kinds asked for lately."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._now.wait(), LOOK_EVERY_S)
+            async with asyncio.timeout(LOOK_EVERY_S):
+                await self._now.wait()
         self._now.clear()
         return self.asked_lately()
 

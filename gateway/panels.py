@@ -22,6 +22,7 @@ from gateway.queries import cells_in_steps
 from gateway.views import POOL_VIEW
 from projections.core.quality import stable_since, uptime
 from projections.core.readmodels import ProxyFilter, SiteTally
+from projections.tasks import stop_tasks
 
 __all__ = ["PANELS", "PANELS_S", "Panels"]
 
@@ -47,8 +48,7 @@ class Panels:
 
     async def stop(self) -> None:
         if self._walk is not None:
-            self._walk.cancel()
-            await asyncio.gather(self._walk, return_exceptions=True)
+            await stop_tasks([self._walk], 5)  # a bare cancel can be lost on 3.11
 
     async def _made(self, app: web.Application) -> None:
         state, now = app[FOLD].state, now_ms()

@@ -15,13 +15,14 @@ second), that is 2 * (REFUSED_BYTES_PER_MIN + R * D) a penalty, and a penalty la
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import structlog
 from aiohttp import web
+
+from projections.tasks import stop_tasks
 
 __all__ = ["PENALTIES", "PENALTY_S", "REFUSED_BYTES_PER_MIN", "Penalties", "watching"]
 
@@ -98,6 +99,4 @@ async def watching(app: web.Application) -> AsyncIterator[None]:
 
     task = asyncio.create_task(loop(), name="ppf-penalties")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await stop_tasks([task], 5)  # a bare cancel can be lost on 3.11 (projections/tasks.py)

@@ -17,6 +17,7 @@ from gateway.http import FOLD
 from projections.core.poolview import PoolView, building, dropping, held
 from projections.core.through import ThroughKept
 from projections.foreground import Foreground, drive
+from projections.tasks import stop_tasks
 from reducers import State
 from reducers.state import ProxyKey
 
@@ -115,7 +116,8 @@ class PoolViewKeeper:
         task = self._start(state)
         if cheap:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(task), self.wait_s)
+                async with asyncio.timeout(self.wait_s):
+                    await asyncio.shield(task)
         return self.current or view
 
     async def follow(self, state: Callable[[], State]) -> None:
@@ -187,9 +189,7 @@ async def following(app: web.Application) -> AsyncIterator[None]:
     fold = app[FOLD]
     task = asyncio.create_task(app[POOL_VIEW].follow(lambda: fold.state), name="ppf-pool-view")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await stop_tasks([task], 5)  # a bare cancel can be lost on 3.11 (projections/tasks.py)
 
 
 async def pool_census(

@@ -123,7 +123,8 @@ async def end_child(proc: asyncio.subprocess.Process, timeout_s: float) -> None:
     if proc.stdin is not None:
         proc.stdin.close()
     try:
-        await asyncio.wait_for(proc.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await proc.wait()
     except TimeoutError:
         import structlog  # here: the child imports this module and need not load it
 

@@ -210,3 +210,40 @@ def test_the_circle_rule_finds_a_circle(tmp_path: Path) -> None:
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import reducers.b\n"
     )
     assert _circles(_imports(tmp_path)) == [["reducers.b", "reducers.c"]]
+
+
+# On Python 3.11 ``asyncio.wait_for`` loses a cancellation that comes in the same turn as
+# its result (projections/tasks.py): a loop that waits with it can take its stop's
+# ``cancel()`` and go on, and the stop then waits for it for ever (a gateway's pool view
+# held a test's teardown until its timeout). ``asyncio.timeout`` counts cancellations.
+def _waits_for(root: Path) -> list[str]:
+    out = []
+    for package in (*PRODUCT, "eventlog"):
+        for path in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "wait_for"
+                    and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "asyncio"
+                ):
+                    out.append(f"{path.relative_to(root)}:{node.lineno}")
+    return out
+
+
+def test_the_product_bounds_its_waits_with_asyncio_timeout() -> None:
+    """No ``asyncio.wait_for`` in the product: its waits are ``asyncio.timeout``, which
+    a stop's cancellation cannot slip past on Python 3.11."""
+    assert _waits_for(REPO) == []
+
+
+def test_the_wait_rule_finds_a_wait_for(tmp_path: Path) -> None:
+    """The rule is not vacuous: an ``asyncio.wait_for`` in a loop of the gateway's is
+    found, a fold's ``wait_for`` method is not."""
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "loop.py").write_text(
+        "import asyncio\n\nasync def f(fold, e):\n    await fold.wait_for(3, 1)\n"
+        "    await asyncio.wait_for(e.wait(), 1)\n"
+    )
+    assert _waits_for(tmp_path) == ["gateway/loop.py:5"]

@@ -138,7 +138,8 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
     async def connect(up: Upstream) -> Stream:
         started[up.key] = time.perf_counter()
         opening = open_stream(up, req.host, req.port, router.connect_s)
-        return await asyncio.wait_for(opening, router.connect_s)
+        async with asyncio.timeout(router.connect_s):
+            return await opening
 
     def failed(up: Upstream, exc: BaseException) -> None:
         code = exc.error_code if isinstance(exc, ProxyError) else None

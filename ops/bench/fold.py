@@ -63,7 +63,8 @@ async def _ceiling_nats_py(url: str, head: int) -> float:
 
     t = time.perf_counter()
     sub = await lg.js.subscribe("ppf.>", cb=cb, ordered_consumer=True)
-    await asyncio.wait_for(done.wait(), timeout=600)
+    async with asyncio.timeout(600):
+        await done.wait()
     elapsed = time.perf_counter() - t
     await sub.unsubscribe()
     await lg.close()

@@ -232,7 +232,8 @@ async def _through(
     )
     try:
         assert relay.stdout is not None
-        await asyncio.wait_for(relay.stdout.readline(), 30)
+        async with asyncio.timeout(30):
+            await relay.stdout.readline()
         url = f"http://127.0.0.1:{target_port}/page"
         direct = up.url
         through = f"http://bench:{TOKEN}@127.0.0.1:{endpoint_port}"

@@ -101,7 +101,8 @@ async def _one_run(
     )  # fmt: skip
     try:
         assert child.stdout is not None
-        await asyncio.wait_for(child.stdout.readline(), 30)
+        async with asyncio.timeout(30):
+            await child.stdout.readline()
         through = f"http://bench:{TOKEN}@127.0.0.1:{port}"
         url = f"http://127.0.0.1:{target}/page"
         if load == "tunnel":

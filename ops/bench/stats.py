@@ -265,7 +265,8 @@ async def _backlog(
                     await asyncio.sleep(left)
                 else:
                     with contextlib.suppress(TimeoutError):  # and notice the publisher's end
-                        await asyncio.wait_for(load.wait(), left)
+                        async with asyncio.timeout(left):
+                            await load.wait()
             worked_off_s = time.monotonic() - t0
             after_stats, after_lease = await _after(api, body)
             probe.cancel()

@@ -59,7 +59,8 @@ class UpBeside:
             sys.executable, "-m", "ops.cli", *argv, "--nats", self.nats_url,
             stdout=asyncio.subprocess.PIPE, cwd=self.cwd,
         )  # fmt: skip
-        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        async with asyncio.timeout(60):
+            out, _ = await proc.communicate()
         if proc.returncode != 0:
             raise RuntimeError(f"ppf {' '.join(argv)} failed")
         return out.decode().strip()

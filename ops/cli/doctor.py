@@ -134,7 +134,8 @@ async def _nats(url: str, report: _Report) -> None:
 
     shown = url.split("@")[-1]
     try:
-        lg = await asyncio.wait_for(Log.connect(url, name="ppf-doctor", wait_s=2), 10)
+        async with asyncio.timeout(10):
+            lg = await Log.connect(url, name="ppf-doctor", wait_s=2)
     except Exception as exc:  # every way a connect fails is said, not raised
         report.say("fail", f"NATS at {shown} does not answer: {exc!s:.120}", _nats_fix(shown))
         return
@@ -252,7 +253,8 @@ async def _gateway(base: str, report: _Report) -> None:
 async def _endpoint(where: str, report: _Report) -> None:
     host, port = hostport(where, 8899)
     try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+        async with asyncio.timeout(5):
+            _, writer = await asyncio.open_connection(host, port)
         writer.close()
         report.say("ok", f"the rotating endpoint listens on {host}:{port}")
     except (OSError, TimeoutError):

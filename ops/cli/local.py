@@ -104,6 +104,7 @@ async def local_agents(
     async def _stop() -> None:
         stop.set()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(task, 8)  # a cycle has 2 s, its releases 3 (agents/loop.py)
+            async with asyncio.timeout(8):  # a cycle has 2 s, its releases 3 (agents/loop.py)
+                await task
 
     stop_step(stack, "the local agents", _stop)

@@ -132,7 +132,8 @@ class _Workers:
                 proc.terminate()
         for proc in self.procs:
             try:
-                await asyncio.wait_for(proc.wait(), 10)
+                async with asyncio.timeout(10):
+                    await proc.wait()
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
