@@ -218,7 +218,8 @@ def port_taken(host: str, port: int, flag: str) -> CommandError:
     return CommandError(f"{host}:{port} is in use{by}: stop it, or give {flag} another HOST:PORT")
 
 
-# A stop step this slow is said (``stop_slow``, naming it): a stop that stalls tells where.
+# A stop step still running after this long is said while it runs (``stop_waiting``), and
+# again when it ends (``stop_slow``), naming it: a stop that stalls for good tells where.
 SLOW_STOP_S = 2.0
 
 
@@ -226,16 +227,21 @@ def stop_step(
     stack: AsyncExitStack, name: str, stop: Callable[..., Awaitable[Any]], *args: Any
 ) -> None:
     """``stop(*args)`` pushed onto ``stack`` (run in reverse, as every stop is), timed."""
+    import structlog
+
+    log = structlog.get_logger("ppf")
 
     async def timed() -> None:
         began = time.monotonic()
+        waiting = asyncio.get_running_loop().call_later(
+            SLOW_STOP_S, lambda: log.warning("stop_waiting", part=name, after_s=SLOW_STOP_S)
+        )
         try:
             await stop(*args)
         finally:
+            waiting.cancel()
             if (took := time.monotonic() - began) > SLOW_STOP_S:
-                import structlog
-
-                structlog.get_logger("ppf").warning("stop_slow", part=name, after_s=round(took, 1))
+                log.warning("stop_slow", part=name, after_s=round(took, 1))
 
     stack.push_async_callback(timed)
 
