@@ -1,4 +1,5 @@
-"""The JetStream log client: the one module that imports nats.
+"""The JetStream log client: the log, its streams and its publishing (the connection is
+eventlog/dial.py's).
 
 Publishing rules:
 - every publish carries ``Nats-Msg-Id`` = the event id, so a retried publish is stored
@@ -12,12 +13,8 @@ Publishing rules:
 from __future__ import annotations
 
 import asyncio
-import os
-import ssl
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 import nats
 import nats.errors
@@ -27,7 +24,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StoreCompression, StreamConfig
 
-from eventlog.dial import dial
+from eventlog.dial import NatsTls, connected, redact
 from eventlog.objects import DepositBucket, SnapshotBucket
 from eventlog.ordered import ordered_batches
 from eventlog.protocol import ConflictError, LogError, Message, Published, PublishError
@@ -89,61 +86,6 @@ def _cancelled_by_caller() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def redact(url: str) -> str:
-    """``url`` without passwords: what logs and terminals may show."""
-    out = []
-    for one in url.split(","):
-        parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
-        host = parts.hostname or ""
-        out.append(
-            f"{parts.scheme}://{host}:{parts.port}" if parts.port else f"{parts.scheme}://{host}"
-        )
-    return ",".join(out)
-
-
-async def _probe(url: str, timeout: float) -> None:
-    """Fail fast when no server of ``url`` (comma-separated list) accepts a connection."""
-    errors = []
-    for one in url.split(","):
-        parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
-        try:
-            async with asyncio.timeout(timeout):
-                host, port = parts.hostname or "127.0.0.1", parts.port or 4222
-                _, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as exc:
-            errors.append(f"{redact(one)}: {exc!r}")
-            continue
-        writer.close()
-        return
-    raise LogError(f"cannot connect to NATS at {redact(url)}: " + "; ".join(errors))
-
-
-@dataclass(frozen=True, slots=True)
-class NatsTls:
-    """TLS to NATS: the CA that signed the servers' certificates, and this client's own
-    certificate and key where the servers ask for one (``verify: true``)."""
-
-    ca: str
-    cert: str | None = None
-    key: str | None = None
-
-    @classmethod
-    def from_env(cls) -> NatsTls | None:
-        """``PPF_NATS_CA`` (and ``_CERT``, ``_KEY``), as ``--nats-ca`` sets them."""
-        ca = os.environ.get("PPF_NATS_CA")
-        if not ca:
-            return None
-        return cls(
-            ca, os.environ.get("PPF_NATS_CERT") or None, os.environ.get("PPF_NATS_KEY") or None
-        )
-
-    def context(self) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=self.ca)
-        if self.cert:
-            ctx.load_cert_chain(self.cert, self.key)
-        return ctx
-
-
 def _log_stream(replicas: int) -> StreamConfig:
     """The log's stream as ppf wants it."""
     return StreamConfig(
@@ -183,58 +125,6 @@ def _dlq_stream(replicas: int) -> StreamConfig:
         max_msg_size=MAX_MESSAGE,
         num_replicas=replicas,
     )
-
-
-async def _connected(
-    url: str,
-    name: str,
-    timeout: float,
-    inbox_prefix: str | None,
-    tls: NatsTls | None,
-    wait_s: float,
-) -> tuple[Client, list[bool]]:
-    """A nats-py connection for ``Log.connect``, and the flag its close sets (a
-    disconnect then is expected, not warned of)."""
-    shown = redact(url)
-
-    async def error_cb(exc: Exception) -> None:
-        log.warning("nats_error", url=shown, error=repr(exc))
-
-    closing: list[bool] = []  # set by close(): a disconnect then is expected
-
-    async def disconnected_cb() -> None:
-        if not closing:
-            log.warning("nats_disconnected", url=shown)
-
-    async def reconnected_cb() -> None:
-        log.info("nats_reconnected", url=shown)
-
-    await until_answered(
-        f"NATS at {shown}", lambda: _probe(url, timeout), wait_s=wait_s, transient=(LogError,)
-    )
-    try:
-        # Reconnect forever once connected, but a first connect that fails is an
-        # operator's error to report now, not to retry silently.
-        async with asyncio.timeout(timeout):
-            nc = await dial(
-                [one.strip() for one in url.split(",") if one.strip()],
-                name=name,
-                **({"tls": tls.context()} if tls is not None else {}),
-                connect_timeout=timeout,
-                max_reconnect_attempts=-1,
-                # Agents (their own inbox) wait longer than the service between
-                # tries, so the gateway's callout is back before they ask it.
-                reconnect_time_wait=1.0 if inbox_prefix else 0.5,
-                allow_reconnect=True,
-                pending_size=64 * 1024 * 1024,
-                error_cb=error_cb,
-                disconnected_cb=disconnected_cb,
-                reconnected_cb=reconnected_cb,
-                **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
-            )
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        raise LogError(f"cannot connect to NATS at {shown}: {exc!r}") from exc
-    return nc, closing
 
 
 async def _publish_async(
@@ -311,7 +201,7 @@ class Log:
         ``wait_s``: how long a service starting beside its servers waits for one to
         accept a connection (0: a command fails at once, naming what it could not reach)."""
         tls = tls if tls is not None else NatsTls.from_env()
-        nc, closing = await _connected(url, name, timeout, inbox_prefix, tls, wait_s)
+        nc, closing = await connected(url, name, timeout, inbox_prefix, tls, wait_s)
         client = cls(nc, nc.jetstream(timeout=timeout), url, tls)
         client._closing = closing
         return client
