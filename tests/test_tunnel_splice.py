@@ -124,10 +124,8 @@ async def test_a_sites_first_bytes_that_come_with_the_proxys_200_are_kept() -> N
     bytes (a site that speaks first, on a busy machine): the tunnel carries them. The
     CONNECT was python-socks' before, which reads the answer in one read and drops what
     follows its head (tests/test_tunnel_splice.py's first test failed so, now and then,
-    in CI). A refusal is the proxy's ProxyError with its status."""
-    from python_socks import ProxyError
-
-    from endpoint.link.tunnel import open_stream
+    in CI). A refusal is the proxy's own (``UpstreamRefused``) with its status."""
+    from endpoint.link.tunnel import UpstreamRefused, open_stream
 
     async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -145,8 +143,8 @@ async def test_a_sites_first_bytes_that_come_with_the_proxys_200_are_kept() -> N
         reader, writer = await open_stream(up, "site.example", 25, 5)
         assert await asyncio.wait_for(reader.readline(), 5) == b"hello\n"
         writer.close()
-        with pytest.raises(ProxyError) as refused:
+        with pytest.raises(UpstreamRefused) as refused:
             await open_stream(up, "refused.example", 443, 5)
-        assert refused.value.error_code == 403
+        assert refused.value.code == 403
     finally:
         server.close()

@@ -3,9 +3,10 @@
 Plain HTTP goes to an HTTP proxy itself (it is sent absolute URIs) or through a SOCKS
 tunnel to the site (``open_link``); a client's tunnel (CONNECT, SOCKS5) is a SOCKS
 tunnel or an HTTP proxy's CONNECT to the site (``open_stream``), whose bytes are then
-piped both ways (``pipe``). python-socks speaks SOCKS to the proxy; it raises its own
-errors as well as the OS's, all the proxy's (a CONNECT refused is its ``ProxyError``
-too, with the proxy's status).
+piped both ways (``pipe``). A SOCKS5 handshake is link/socks.py's, driven from the
+connection's callbacks; SOCKS4 is python-socks', whose errors are the proxy's. Either
+way a proxy's own refusal to reach the site (a SOCKS reply's code, an HTTP proxy's
+status to CONNECT) is ``UpstreamRefused``.
 """
 
 from __future__ import annotations
@@ -18,24 +19,51 @@ from python_socks import ProxyError, ProxyType
 from python_socks.async_.asyncio.v2 import Proxy
 
 from endpoint.link.hello import hello_size
+from endpoint.link.socks import Socks5Hello, UpstreamRefused, open_socks5
 from endpoint.link.uplink import UpLink
 from endpoint.link.upstream import Upstream
 
-__all__ = ["Stream", "first_bytes", "first_record", "open_link", "open_stream", "pipe"]
+__all__ = [
+    "Stream",
+    "UpstreamRefused",
+    "first_bytes",
+    "first_record",
+    "open_link",
+    "open_stream",
+    "pipe",
+]
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
-_TYPES = {"socks5": ProxyType.SOCKS5, "socks4": ProxyType.SOCKS4}
 
 
-async def _through(up: Upstream, host: str, port: int, connect_s: float) -> Stream:
-    """A connection tunnelled by SOCKS proxy ``up`` to the site, as streams. python-socks'
-    streams (its v2) are a transport the link then takes over; its first API's socket
-    had to be made a transport after the handshake, and a request through a SOCKS5
-    upstream on a new link cost the endpoint 1.3-1.4 times the CPU (BENCHMARKS.md,
-    ``serve, a link a request``)."""
-    proxy = Proxy(_TYPES.get(up.proto, ProxyType.HTTP), up.ip, up.port, rdns=True)
-    stream = await proxy.connect(host, port, timeout=connect_s)
+async def _socks4(up: Upstream, host: str, port: int, connect_s: float) -> Stream:
+    """A connection tunnelled by SOCKS4 proxy ``up`` to the site, as python-socks'
+    streams (v2: a transport the caller may take over). socksio, which speaks SOCKS5
+    here, cannot send SOCKS4's empty user id."""
+    proxy = Proxy(ProxyType.SOCKS4, up.ip, up.port, rdns=True)
+    try:
+        stream = await proxy.connect(host, port, timeout=connect_s)
+    except ProxyError as exc:
+        if exc.error_code:  # the proxy's reply: it would not reach the site
+            raise UpstreamRefused(str(exc), exc.error_code) from exc
+        raise
     return stream.reader, stream.writer
+
+
+def _as_stream(hello: Socks5Hello) -> Stream:
+    """A SOCKS5 connection, its handshake done, as streams (what a tunnel pipes); what
+    came after the reply is the stream's first bytes."""
+    loop = asyncio.get_running_loop()
+    assert hello.transport is not None
+    reader = asyncio.StreamReader(loop=loop)
+    protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+    hello.transport.set_protocol(protocol)
+    protocol.connection_made(hello.transport)
+    if hello.rest:
+        reader.feed_data(hello.rest)
+    if hello.ended:
+        reader.feed_eof()
+    return reader, asyncio.StreamWriter(hello.transport, protocol, reader, loop)
 
 
 async def open_stream(up: Upstream, host: str, port: int, connect_s: float) -> Stream:
@@ -43,8 +71,11 @@ async def open_stream(up: Upstream, host: str, port: int, connect_s: float) -> S
     asked here, not by python-socks: it reads the proxy's answer in one read and drops
     what came after its head in it, the site's first bytes when the site speaks first;
     a stream keeps them for the tunnel (``pipe`` takes what it holds)."""
+    if up.proto == "socks5":
+        async with asyncio.timeout(connect_s):
+            return _as_stream(await open_socks5(up.ip, up.port, host, port))
     if up.proto not in ("http", "https"):
-        return await _through(up, host, port, connect_s)
+        return await _socks4(up, host, port, connect_s)
     async with asyncio.timeout(connect_s):
         reader, writer = await asyncio.open_connection(up.ip, up.port)
         try:
@@ -56,7 +87,7 @@ async def open_stream(up: Upstream, host: str, port: int, connect_s: float) -> S
             raise
     if status != 200:
         writer.close()
-        raise ProxyError(f"the proxy answered CONNECT with {status}", status)
+        raise UpstreamRefused(f"the proxy answered CONNECT with {status}", status)
     return reader, writer
 
 
@@ -77,7 +108,7 @@ def _status(head: bytes) -> int:
         parser.feed_data(head)
     except httptools.HttpParserCallbackError:
         return int(parser.get_status_code())
-    raise ProxyError("the proxy's answer to CONNECT is not an HTTP answer's head")
+    raise ConnectionError("the proxy's answer to CONNECT is not an HTTP answer's head")
 
 
 async def open_link(
@@ -95,15 +126,23 @@ async def open_link(
         async with asyncio.timeout(connect_s):
             _, link = await loop.create_connection(made, up.ip, up.port)
         return link
-    reader, writer = await _through(up, host, port, connect_s)
-    link = made()
-    link.writer = writer
-    held, ended = _taken(reader)  # nothing, unless the site spoke first (not HTTP)
-    writer.transport.set_protocol(link)
-    link.connection_made(writer.transport)
+    if up.proto == "socks5":
+        async with asyncio.timeout(connect_s):
+            hello = await open_socks5(up.ip, up.port, host, port)
+        assert hello.transport is not None
+        link = made()
+        transport, held, ended = hello.transport, hello.rest, hello.ended
+    else:
+        reader, writer = await _socks4(up, host, port, connect_s)
+        link = made()
+        link.writer, transport = writer, cast(asyncio.Transport, writer.transport)
+        held, ended = _taken(reader)
+    # Nothing came after the reply unless the site spoke first (not HTTP).
+    transport.set_protocol(link)
+    link.connection_made(transport)
     if held:
         link.data_received(held)  # a link spoken on before it was asked is not used
-    if ended or writer.transport.is_closing():
+    if ended or transport.is_closing():
         link.connection_lost(None)  # it ended before it was asked: nothing goes on it
     return link
 

@@ -97,7 +97,7 @@ class UpLink(asyncio.Protocol):
         self.idle_since = 0.0
         self.last = 0.0
         self.timer: asyncio.TimerHandle | None = None
-        # A SOCKS link's transport came in python-socks' streams, whose writer closes
+        # A SOCKS4 link's transport came in python-socks' streams, whose writer closes
         # it when collected: held as long as the link is.
         self.writer: asyncio.StreamWriter | None = None
         self._lines: list[bytes] = []

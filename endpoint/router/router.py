@@ -149,7 +149,7 @@ class Router:
             return open_link(u, req.host, req.port, linked, self.connect_s, self.answer_s)
 
         def failed(u: Upstream, exc: BaseException) -> None:
-            req.tried |= {u.key}  # python-socks raises its own errors too: all the proxy's
+            req.tried |= {u.key}  # whatever it raised, the proxy's (a new link: no site yet)
             self.failed(want, password, u, f"connect: {exc!r}")
 
         through = await first_through(

@@ -20,11 +20,16 @@ import ipaddress
 import time
 from dataclasses import dataclass
 
-from python_socks import ProxyError
-
 from endpoint.link.hello import server_name
 from endpoint.link.request import Request
-from endpoint.link.tunnel import Stream, first_bytes, first_record, open_stream, pipe
+from endpoint.link.tunnel import (
+    Stream,
+    UpstreamRefused,
+    first_bytes,
+    first_record,
+    open_stream,
+    pipe,
+)
 from endpoint.link.upstream import Upstream
 from endpoint.router.door import Refused
 from endpoint.router.hedge import first_through
@@ -142,13 +147,13 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
             return await opening
 
     def failed(up: Upstream, exc: BaseException) -> None:
-        code = exc.error_code if isinstance(exc, ProxyError) else None
+        code = exc.code if isinstance(exc, UpstreamRefused) else None
         if req.site and code is not None and code != 407:
             # A SOCKS reply's code, or an HTTP proxy's 5xx: the proxy could not reach the
             # site (its own words); a 403 or the like is its policy, not its way out.
             said = f"tunnel refused: {code}" if code < 100 or code >= 500 else ""
             router.refused_through(want, password, up, req.site, said)
-        else:  # python-socks raises its own errors too: all the proxy's
+        else:  # anything else (the OS's, a handshake broken or not SOCKS): the proxy's
             router.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
 
     through = await first_through(
