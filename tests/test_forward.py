@@ -298,6 +298,30 @@ async def test_a_site_that_closes_each_answer_gets_a_socks5_link_a_request(
         assert asyncio.get_running_loop().time() - started < 3.0
 
 
+async def test_a_socks4_upstream_carries_links_and_tunnels(lab: ProxyLab) -> None:
+    """dante spoken to as SOCKS4 (python-socks' streams, taken over; SOCKS5 is socksio's
+    handshake, endpoint/link/socks.py): plain HTTP to a site that closes after each
+    answer, a link a request, and a CONNECT tunnel to the same site; a destination
+    dante cannot reach is its refusal, the client told 502 or 503, not left waiting."""
+    async with _site() as site, _endpoint(lab, "dante", proto="socks4", answer_s=5.0) as relay:
+        port = relay.port  # type: ignore[attr-defined]
+        answers = await _raw(port, _get(site, "/closes") * 4, 4)
+        assert [a.split(b" ", 2)[1] for a in answers] == [b"200"] * 4
+        assert all(a.endswith(b"and closed") for a in answers)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"CONNECT %s HTTP/1.1\r\n%s\r\n" % (site.encode(), AUTH))
+            async with asyncio.timeout(10):
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
+                writer.write(b"GET /status/201 HTTP/1.1\r\nHost: %s\r\n\r\n" % site.encode())
+                assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 201")
+        finally:
+            writer.close()
+        assert relay.outcomes.counts.get("upstream_failed", 0) == 0
+        (refused,) = await _raw(port, _get(f"127.0.0.1:{free_port()}", "/"), 1)
+        assert refused.split(b" ", 2)[1] in (b"502", b"503"), refused[:200]
+
+
 async def test_bench_serve_counts_what_it_carried() -> None:
     """A small `ppf bench serve`, through an HTTP and a SOCKS5 upstream of its own (no
     package needed): every request answered through the endpoint, each run's rate its
