@@ -272,9 +272,15 @@ async def test_a_site_that_closes_each_answer_gets_a_socks5_link_a_request(
     its connection after each answer: every request on one client connection is answered
     on a link of its own, none kept idle after; a site that speaks before it is asked is
     not taken for an answer: the client is told so at once (no proxy got an answer), not
-    after a timeout."""
+    after a timeout, and the links that heard it are let go.
+
+    The talker's connections are waited for to end before the test does: one the
+    endpoint kept open would hang here, and one ended with the test's loop would leave
+    its socket to a later test's teardown."""
+    talks: list[asyncio.Task[None]] = []
 
     async def banner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        talks.append(asyncio.current_task())  # type: ignore[arg-type]
         writer.write(b"220 not HTTP, and first\r\n")
         with contextlib.suppress(OSError):
             await reader.read()  # until the link is let go
@@ -296,6 +302,9 @@ async def test_a_site_that_closes_each_answer_gets_a_socks5_link_a_request(
         (told,) = await _raw(relay.port, _get(f"127.0.0.1:{port}", "/"), 1)  # type: ignore[attr-defined]
         assert told.split(b" ", 2)[1] in (b"502", b"503"), told[:200]
         assert asyncio.get_running_loop().time() - started < 3.0
+        assert talks  # a proxy reached the talker
+        async with asyncio.timeout(10):
+            await asyncio.gather(*talks)
 
 
 async def test_a_socks4_upstream_carries_links_and_tunnels(lab: ProxyLab) -> None:
@@ -313,10 +322,17 @@ async def test_a_socks4_upstream_carries_links_and_tunnels(lab: ProxyLab) -> Non
             writer.write(b"CONNECT %s HTTP/1.1\r\n%s\r\n" % (site.encode(), AUTH))
             async with asyncio.timeout(10):
                 assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 200")
-                writer.write(b"GET /status/201 HTTP/1.1\r\nHost: %s\r\n\r\n" % site.encode())
+                writer.write(
+                    b"GET /status/201 HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n"
+                    % site.encode()
+                )
                 assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"HTTP/1.1 201")
+                # The site closes, and its end comes back through dante and the endpoint:
+                # the tunnel is over before the site and the endpoint stop.
+                await reader.read()
         finally:
             writer.close()
+            await writer.wait_closed()
         assert relay.outcomes.counts.get("upstream_failed", 0) == 0
         (refused,) = await _raw(port, _get(f"127.0.0.1:{free_port()}", "/"), 1)
         assert refused.split(b" ", 2)[1] in (b"502", b"503"), refused[:200]
