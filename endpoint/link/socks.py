@@ -23,6 +23,7 @@ _GREETING = socks5.SOCKS5AuthMethodsRequest([_NO_LOGIN]).dumps()  # no login off
 _CONNECT = socks5.SOCKS5Command.CONNECT
 _VERSION = b"\x05"
 _SUCCEEDED = socks5.SOCKS5ReplyCode.SUCCEEDED.value
+_NAMED = {code.value: code.name.lower().replace("_", " ") for code in socks5.SOCKS5ReplyCode}
 # RFC 1928 §5: the bound address's length by its type (a name: its first byte says).
 _ADDRESS_BYTES = {1: 4, 4: 16}
 
@@ -86,8 +87,11 @@ class Socks5Hello(asyncio.Protocol):
         if len(got) >= 2 and got[1:2] != _SUCCEEDED:
             if got[:1] != _VERSION:
                 raise ConnectionError("the proxy's reply is not SOCKS5's")
+            told = _NAMED.get(got[1:2])
+            if told is None:  # a broken reply, the proxy's failure (as python-socks read it)
+                raise ConnectionError(f"the SOCKS5 proxy's reply code {got[1]} is not RFC 1928's")
             # A refusal is told by its code: some proxies send no more of it, and close.
-            raise UpstreamRefused(f"the SOCKS5 proxy refused: {_told(got[1:2])}", got[1])
+            raise UpstreamRefused(f"the SOCKS5 proxy refused: {told}", got[1])
         size = reply_size(got)
         if size is None or len(got) < size:
             return
@@ -113,13 +117,6 @@ def _connect_request(host: str, port: int) -> bytes:
     after link to it. A name goes as python-socks sent it (IDNA), not as socksio would
     (UTF-8)."""
     return socks5.SOCKS5CommandRequest.from_address(_CONNECT, (host.encode("idna"), port)).dumps()
-
-
-def _told(code: bytes) -> str:
-    try:
-        return socks5.SOCKS5ReplyCode(code).name.lower().replace("_", " ")
-    except ValueError:
-        return f"code {code[0]}"
 
 
 async def open_socks5(ip: str, port: int, host: str, host_port: int) -> Socks5Hello:
