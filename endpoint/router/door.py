@@ -55,7 +55,7 @@ class Door:
     # feed's ``login_still``); None: ``login_ok``.
     login_still: Callable[[str, str], Awaitable[bool]] | None
     outcomes: Outcomes
-    tasks: set[asyncio.Task[None]]  # the endpoint's slow paths, the watch among them
+    tasks: set[asyncio.Task[object]]  # the endpoint's slow paths, the watch among them
     # A login with connections open is asked again when it is this old.
     login_recheck_s: float = 5.0
     # Failed logins per client address: a burst, then one per period; past them a login

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import time
+from functools import partial
 from typing import Protocol
 
 from endpoint.link.request import Request
 from endpoint.link.uplink import CLOSED, UpLink, idle_key
-from endpoint.link.upstream import Upstream
 from endpoint.router.choose import pace
 from endpoint.router.login import Want, challenge
 from endpoint.router.router import Router
@@ -149,12 +149,10 @@ class Forwarding:
         if link is not None:
             self._send(req, link)
         else:
-            router.spawn(self._open_then_send(req, up, key))
+            router.first_link(self.want, self.password, req, up, key, partial(self._linked, req))
 
-    async def _open_then_send(self, req: Request, up: Upstream, key: tuple[object, ...]) -> None:
-        want, password = self.want, self.password  # the client may be gone after the wait
-        assert want is not None
-        link = await self.router.first_link(want, password, req, up, key)
+    def _linked(self, req: Request, link: UpLink | None) -> None:
+        """A new link for ``req`` (None: none got through): the client may be gone."""
         if self.conn.closing:
             if link is not None:
                 link.close()

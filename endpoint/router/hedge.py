@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from endpoint.link.upstream import Upstream
 
-__all__ = ["Hedging", "delay_s", "first_through"]
+__all__ = ["Hedged", "Hedging", "delay_s", "first_through"]
 
 T = TypeVar("T")
 
@@ -57,9 +57,131 @@ class Hedging:
         return False
 
 
+class Hedged(Generic[T]):
+    """One request's connects, driven from their tasks' callbacks and a timer: no task
+    of its own and no ``asyncio.wait`` a connect (a link a request, through a site that
+    closes each answer, opens one for every request; the wait and its task were a tenth
+    of such a request's CPU, docs/decisions.md, The endpoint). ``pick`` gives the next
+    upstream to try (None: no more), ``connect`` connects within the connect timeout,
+    ``failed`` hears each attempt that failed, ``close`` closes a connection not used;
+    at most ``attempts`` upstreams in all. ``then`` hears the first upstream through and
+    its connection, or None when none got through, once, unless ``cancel`` came first.
+    ``spawn`` runs each connect as a task its owner keeps (and cancels at its end)."""
+
+    def __init__(
+        self,
+        pick: Callable[[], Upstream | None],
+        connect: Callable[[Upstream], Coroutine[object, object, T]],
+        failed: Callable[[Upstream, BaseException], None],
+        close: Callable[[T], None],
+        then: Callable[[tuple[Upstream, T] | None], None],
+        *,
+        attempts: int,
+        connect_s: float,
+        hedging: Hedging,
+        spawn: Callable[[Coroutine[object, object, T]], asyncio.Task[T]] = asyncio.ensure_future,
+    ) -> None:
+        self.pick, self.connect, self.failed, self.close = pick, connect, failed, close
+        self.then, self.spawn = then, spawn
+        self.attempts, self.connect_s, self.hedging = attempts, connect_s, hedging
+        self.running: dict[asyncio.Task[T], Upstream] = {}
+        self.hedges: set[asyncio.Task[T]] = set()
+        self.tried = 0
+        self.alone = False  # no hedge could start beside the one under way: it is waited for
+        self.decided = False  # ended with a winner or none, or cancelled
+        self.timer: asyncio.TimerHandle | None = None
+
+    def start(self) -> None:
+        """The first attempt (or none, when there is no upstream to try)."""
+        up = self.pick() if self.tried < self.attempts else None
+        if up is None:
+            self._decide(None)
+            return
+        self._launch(up)
+        self.alone = False
+        self._arm()
+
+    def cancel(self) -> None:
+        """The request is gone: its connects cancelled, and closed should one get
+        through all the same; ``then`` is not called."""
+        if self.decided:
+            return
+        self.decided = True
+        self._disarm()
+        for task in self.running:
+            task.cancel()
+            task.add_done_callback(functools.partial(_close_quietly, close=self.close))
+        self.running.clear()
+
+    def _launch(self, up: Upstream) -> asyncio.Task[T]:
+        task = self.spawn(self.connect(up))
+        self.running[task] = up
+        self.tried += 1
+        task.add_done_callback(self._landed)
+        return task
+
+    def _arm(self) -> None:
+        """The one under way is waited for alone its delay: then a hedge beside it."""
+        self._disarm()
+        if len(self.running) == 1 and self.tried < self.attempts and not self.alone:
+            wait = delay_s(next(iter(self.running.values())), self.connect_s)
+            self.timer = asyncio.get_running_loop().call_later(wait, self._slow)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _slow(self) -> None:
+        """The one under way is slow: a second beside it, within the endpoint's bound."""
+        self.timer = None
+        if self.decided:
+            return
+        if self.hedging.may() and (up := self.pick()) is not None:
+            hedge = self._launch(up)
+            self.hedges.add(hedge)
+            self.hedging.in_flight += 1
+            self.hedging.count("hedge_started")
+            hedge.add_done_callback(functools.partial(_landed, self.hedging))
+        else:
+            self.alone = True
+
+    def _landed(self, task: asyncio.Task[T]) -> None:
+        up = self.running.pop(task, None)
+        if up is None or self.decided:
+            return  # let go by ``cancel``, or a slower one ``_decide`` settles
+        if task.cancelled():  # its owner's end (the endpoint stopping): nothing goes on
+            self.cancel()
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.failed(up, exc)
+            if self.running:
+                self._arm()  # the one left is waited for its own delay
+            else:
+                self.start()  # the next upstream, while attempts are left
+            return
+        if self.hedges:
+            self.hedging.count("hedge_won" if task in self.hedges else "hedge_lost")
+        self._decide((up, task.result()))
+
+    def _decide(self, through: tuple[Upstream, T] | None) -> None:
+        self.decided = True
+        self._disarm()
+        for slower, up in self.running.items():
+            # Run to its own timeout: one that never gets through (a tarpit) is the
+            # proxy's failure all the same, though a hedge carried the request, and one
+            # that does is closed.
+            slower.add_done_callback(
+                functools.partial(_settle, up=up, failed=self.failed, close=self.close)
+            )
+        self.running.clear()
+        self.then(through)
+
+
 async def first_through(
     pick: Callable[[], Upstream | None],
-    connect: Callable[[Upstream], Awaitable[T]],
+    connect: Callable[[Upstream], Coroutine[object, object, T]],
     failed: Callable[[Upstream, BaseException], None],
     close: Callable[[T], None],
     *,
@@ -67,66 +189,29 @@ async def first_through(
     connect_s: float,
     hedging: Hedging,
 ) -> tuple[Upstream, T] | None:
-    """The first upstream through, and its connection: ``pick`` gives the next one to try
-    (None: no more), ``connect`` connects within the connect timeout, ``failed`` hears
-    each attempt that failed; at most ``attempts`` upstreams in all. None when none got
-    through."""
-    running: dict[asyncio.Future[T], Upstream] = {}
-    hedges: set[asyncio.Future[T]] = set()
-    tried = 0
-    alone = False  # no hedge could start beside the one under way: it is waited for
-    decided = False  # ended with a winner or none, not cancelled
+    """``Hedged``'s outcome, awaited (a tunnel's opening, which goes on in its task);
+    its connects cancelled when the wait is."""
+    outcome: asyncio.Future[tuple[Upstream, T] | None] = asyncio.get_running_loop().create_future()
+
+    def then(through: tuple[Upstream, T] | None) -> None:
+        if not outcome.cancelled():
+            outcome.set_result(through)
+        elif through is not None:  # through in the turn the wait was cancelled in
+            _close_quietly_now(through[1], close)
+
+    hedged = Hedged(
+        pick, connect, failed, close, then,
+        attempts=attempts, connect_s=connect_s, hedging=hedging,
+    )  # fmt: skip
+    hedged.start()
     try:
-        while True:
-            if not running:
-                up = pick() if tried < attempts else None
-                if up is None:
-                    decided = True
-                    return None
-                running[asyncio.ensure_future(connect(up))] = up
-                tried += 1
-                alone = False
-            wait = None
-            if len(running) == 1 and tried < attempts and not alone:
-                wait = delay_s(next(iter(running.values())), connect_s)
-            done, _ = await asyncio.wait(running, timeout=wait, return_when="FIRST_COMPLETED")
-            if not done:  # the one under way is slow: a second beside it
-                if hedging.may() and (up := pick()) is not None:
-                    hedge = asyncio.ensure_future(connect(up))
-                    running[hedge] = up
-                    hedges.add(hedge)
-                    hedging.in_flight += 1
-                    hedging.count("hedge_started")
-                    tried += 1
-                    hedge.add_done_callback(lambda _: _landed(hedging))
-                else:
-                    alone = True
-                continue
-            for landed in done:
-                up = running.pop(landed)
-                exc = landed.exception()
-                if exc is not None:
-                    failed(up, exc)
-                    continue
-                if hedges:
-                    hedging.count("hedge_won" if landed in hedges else "hedge_lost")
-                decided = True
-                return up, landed.result()
-    finally:
-        for slower, up in running.items():
-            if decided:
-                # Run to its own timeout: one that never gets through (a tarpit) is the
-                # proxy's failure all the same, though a hedge carried the request, and
-                # one that does is closed.
-                slower.add_done_callback(
-                    functools.partial(_settle, up=up, failed=failed, close=close)
-                )
-            else:  # the request is gone: closed if it got through after all
-                slower.cancel()
-                slower.add_done_callback(lambda t: _close_quietly(t, close))
+        return await outcome
+    except asyncio.CancelledError:
+        hedged.cancel()
+        raise
 
 
-def _landed(hedging: Hedging) -> None:
+def _landed(hedging: Hedging, _: object) -> None:
     hedging.in_flight -= 1
 
 
@@ -144,10 +229,14 @@ def _settle(
         with contextlib.suppress(Exception):
             failed(up, exc)
         return
-    _close_quietly(task, close)
+    _close_quietly(task, close=close)
 
 
-def _close_quietly(task: asyncio.Future[T], close: Callable[[T], None]) -> None:
+def _close_quietly(task: asyncio.Future[T], *, close: Callable[[T], None]) -> None:
     if not task.cancelled() and task.exception() is None:
-        with contextlib.suppress(Exception):
-            close(task.result())
+        _close_quietly_now(task.result(), close)
+
+
+def _close_quietly_now(connection: T, close: Callable[[T], None]) -> None:
+    with contextlib.suppress(Exception):
+        close(connection)

@@ -19,6 +19,7 @@ import functools
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import structlog
 
@@ -29,7 +30,7 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.choose import Pool
 from endpoint.router.door import Door
 from endpoint.router.handshakes import Handshakes
-from endpoint.router.hedge import Hedging, first_through
+from endpoint.router.hedge import Hedged, Hedging
 from endpoint.router.login import Want
 from endpoint.router.outcomes import Outcomes
 from endpoint.router.shares import Shares
@@ -42,6 +43,9 @@ from events.validate import host_can_be_public
 __all__ = ["Router"]
 
 log = structlog.get_logger("ppf.serve")
+
+T = TypeVar("T")
+
 _CLOSED = Answer(status=0, closed=True)  # a connection the site closed before any answer
 
 
@@ -80,7 +84,7 @@ class Router:
     handshakes: Handshakes = field(default_factory=Handshakes)
     # What one consumer's refusals may teach for everyone (router/shares.py).
     shares: Shares = field(default_factory=Shares)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)  # the slow paths running
+    tasks: set[asyncio.Task[object]] = field(default_factory=set)  # the slow paths running
     # Whether a login still holds, asked of the gateways once its answer is old (the
     # feed's ``login_still``); None: ``login_ok``. The connections open under each login
     # (keep-alive and tunnels) are closed within ``login_recheck_s`` of its revocation.
@@ -107,11 +111,12 @@ class Router:
         for task in self.tasks:
             task.cancel()
 
-    def spawn(self, work: Coroutine[object, object, None]) -> None:
+    def spawn(self, work: Coroutine[object, object, T]) -> asyncio.Task[T]:
         """A slow path run as a task, kept until it ends (``close`` ends it)."""
         task = asyncio.get_running_loop().create_task(work)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
+        return task
 
     def place(self, req: Request, name: str = "") -> None:
         """Where ``req`` goes, as far as routing asks: its site (of its host, or of the
@@ -129,11 +134,18 @@ class Router:
         self.outcomes.count("destination_refused")
         return f"destination {host[:100]!r} is not on the public internet"
 
-    async def first_link(
-        self, want: Want, password: str, req: Request, up: Upstream, key: tuple[object, ...]
-    ) -> UpLink | None:
+    def first_link(
+        self,
+        want: Want,
+        password: str,
+        req: Request,
+        up: Upstream,
+        key: tuple[object, ...],
+        then: Callable[[UpLink | None], None],
+    ) -> None:
         """A new link for ``req`` through ``up``, or through another upstream started
-        beside it when its connect is slow (router/hedge.py); None: none got through."""
+        beside it when its connect is slow (router/hedge.py), to ``then``; None: none
+        got through. Its connects are the router's slow paths (``close`` ends them)."""
         first, picked = [up], set[tuple[str, int]]()
 
         def pick() -> Upstream | None:
@@ -144,7 +156,7 @@ class Router:
             picked.update([nxt.key] if nxt is not None else [])
             return nxt
 
-        def connect(u: Upstream) -> Awaitable[UpLink]:
+        def connect(u: Upstream) -> Coroutine[object, object, UpLink]:
             linked = key if u is up else idle_key(u, req.host, req.port)
             return open_link(u, req.host, req.port, linked, self.connect_s, self.answer_s)
 
@@ -152,11 +164,13 @@ class Router:
             req.tried |= {u.key}  # whatever it raised, the proxy's (a new link: no site yet)
             self.failed(want, password, u, f"connect: {exc!r}")
 
-        through = await first_through(
-            pick, connect, failed, UpLink.close, attempts=self.attempts - len(req.tried),
-            connect_s=self.connect_s, hedging=self.hedging,
-        )  # fmt: skip
-        return None if through is None else through[1]
+        def through(found: tuple[Upstream, UpLink] | None) -> None:
+            then(None if found is None else found[1])
+
+        Hedged(
+            pick, connect, failed, UpLink.close, through, attempts=self.attempts - len(req.tried),
+            connect_s=self.connect_s, hedging=self.hedging, spawn=self.spawn,
+        ).start()  # fmt: skip
 
     def turned_away(self, consumer: str, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request of ``consumer``'s through ``up`` away: for everyone
