@@ -191,7 +191,8 @@ async def test_hedges_past_the_endpoints_bound_are_held_and_the_first_waited_for
 async def test_a_request_gone_cancels_its_connects_and_closes_one_through_anyway() -> None:
     """The waiting caller cancelled (the endpoint stopping, the client gone): its
     connects are cancelled, nobody is blamed, and a link that got through in the same
-    turn is closed, not left open."""
+    turn, or whose outcome the caller was cancelled before reading, is closed, not left
+    open."""
     lab = Lab(_ups("a", "b"))
     task = lab.start()
     await asyncio.sleep(MIN_DELAY_S + 0.05)
@@ -210,3 +211,15 @@ async def test_a_request_gone_cancels_its_connects_and_closes_one_through_anyway
         await task
     await _turns()
     assert raced.closed == ["link via a"] and raced.blamed == []
+
+    # Through, and its outcome handed to the waiter, which is cancelled before it reads it.
+    late = Lab(_ups("a"))
+    task = late.start()
+    await _turns()
+    late.through("a")
+    await _turns(2)  # the connect ends, then its landing is read: the outcome is set
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await _turns()
+    assert late.closed == ["link via a"] and late.blamed == []

@@ -208,6 +208,8 @@ async def first_through(
         return await outcome
     except asyncio.CancelledError:
         hedged.cancel()
+        if outcome.done() and not outcome.cancelled() and (through := outcome.result()):
+            _close_quietly_now(through[1], close)  # through, but the wait was cancelled first
         raise
 
 
