@@ -77,6 +77,17 @@ def _ups(*names: str, latency_ms: float = 10.0) -> list[Upstream]:
     return [Upstream(name, 1080, "socks5", latency_ms=latency_ms) for name in names]
 
 
+async def _raced(winner: str) -> Lab:
+    """Upstream a slow, its hedge b started beside it, and ``winner`` through first: it
+    carries the request; the other is still under way."""
+    lab = Lab(_ups("a", "b"))
+    task = lab.start()
+    await asyncio.sleep(MIN_DELAY_S + 0.1)
+    lab.through(winner)
+    assert (await asyncio.wait_for(task, 1))[0].ip == winner
+    return lab
+
+
 async def _turns(n: int = 5) -> None:
     for _ in range(n):
         await asyncio.sleep(0)
@@ -119,20 +130,12 @@ async def test_a_tarpit_beaten_by_its_hedge_is_still_blamed_when_it_fails() -> N
     """The first, beaten by the hedge, is left to run to its own end: when it fails (a
     tarpit's connect timeout), it is the proxy's failure all the same; and a hedge that
     loses to the first, through after all, is closed."""
-    lab = Lab(_ups("a", "b"))
-    task = lab.start()
-    await asyncio.sleep(MIN_DELAY_S + 0.1)
-    lab.through("b")
-    assert (await asyncio.wait_for(task, 1))[0].ip == "b"
+    lab = await _raced(winner="b")
     lab.refuse("a")
     await _turns()
     assert lab.blamed == [("a", "a refused")]
 
-    lost = Lab(_ups("a", "b"))
-    task = lost.start()
-    await asyncio.sleep(MIN_DELAY_S + 0.1)
-    lost.through("a")
-    assert (await asyncio.wait_for(task, 1))[0].ip == "a"
+    lost = await _raced(winner="a")
     lost.through("b")
     await _turns()
     assert lost.closed == ["link via b"] and lost.counts == {"hedge_started": 1, "hedge_lost": 1}

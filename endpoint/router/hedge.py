@@ -142,7 +142,7 @@ class Hedged(Generic[T]):
             self.hedges.add(hedge)
             self.hedging.in_flight += 1
             self.hedging.count("hedge_started")
-            hedge.add_done_callback(functools.partial(_landed, self.hedging))
+            hedge.add_done_callback(functools.partial(_hedge_ended, self.hedging))
         else:
             self.alone = True
 
@@ -213,7 +213,7 @@ async def first_through(
         raise
 
 
-def _landed(hedging: Hedging, _: object) -> None:
+def _hedge_ended(hedging: Hedging, _: object) -> None:
     hedging.in_flight -= 1
 
 
