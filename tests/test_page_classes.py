@@ -282,3 +282,54 @@ def test_a_redirects_head_is_read_by_its_urls_answers_and_the_sites_blocks() -> 
     assert head(302, "https://shop.example/welcome-gate?r=2", two, third) == BLOCKED
     assert head(301, "https://shop.example/page/2", two, third) == NONE
     assert head_verdict_of(pool, "", None, 302, AWAY.location, two, third) == NONE
+
+
+def test_at_a_sites_first_split_a_proxy_whose_answers_alike_were_its_block_loses_standing() -> None:
+    """Before a site tells a page from its block, two captcha pages alike on one URL read
+    as the page and give their proxies standing. At its first split, on another URL,
+    a proxy whose latest answer to any URL was of the class just told as the block is
+    told too: it loses its standing at once (a tunnel cannot read its page, and picked
+    by that standing it carried HTTPS requests into the captcha until a plain-HTTP
+    request happened to read it: three misses of ``test_sites_box`` in one run). A
+    proxy whose answers alike were the real page keeps its standing."""
+    import random
+
+    from endpoint.link.uplink import UpLink
+    from endpoint.link.upstream import Upstream
+    from endpoint.router.choose import Pool
+    from endpoint.router.verdicts import ALIKE, read_answer
+
+    site = "shop.example"
+    pool = Pool(rng=random.Random(1), upstreams={})
+    pool.replace([Upstream(f"45.0.0.{n}", 8080, "http") for n in range(1, 8)])
+    a, b, c, d, e, f, g = pool.upstreams.values()
+    real = REAL.head + b"<p>the rest of the catalogue</p>" * 10
+    page, captcha = (real, len(real)), (WAIT.head, WAIT.size)
+
+    def answered(
+        up: Upstream, url: bytes, got: tuple[bytes, int]
+    ) -> tuple[str, set[tuple[str, int]]]:
+        link = UpLink(up, True, (), 1.0)
+        link.status, link.seen, link.size = 200, bytearray(got[0]), got[1]
+        said, told = read_answer(pool, site, None, link, url)
+        if said == ALIKE:  # as router/forwarding.py learns it
+            pool.got_through(up, site, alike_at=1.0)
+        if told:
+            pool.standing.lose(site, told)
+        return said, told
+
+    one, two, three = (f"{site}:80 /page/{n}".encode() for n in (1, 2, 3))
+    assert answered(a, one, captcha) == (NONE, set())  # nothing to compare with
+    assert answered(b, one, captcha) == (ALIKE, set())  # alike: the block alike, maybe
+    assert answered(c, two, page) == (NONE, set())
+    assert answered(d, two, page) == (ALIKE, set())
+    assert set(pool.standing.through[site]) == {b.key, d.key}
+    assert answered(e, three, captcha) == (NONE, set())
+    said, told = answered(f, three, page)  # the site's first split
+    assert said == THROUGH
+    assert told == {e.key, a.key, b.key}, told
+    assert set(pool.standing.through[site]) == {d.key}
+    pool.got_through(f, site)
+    # Told on the URL where its class is the block, and nowhere else.
+    assert answered(g, two, page)[1] == set()
+    assert set(pool.standing.through[site]) == {d.key, f.key}

@@ -92,13 +92,31 @@ class Pages:
     def told(self, site: str, url: bytes, answer: Answer) -> set[Key]:
         """The proxies whose latest answer to ``url`` was of a class that looks like the
         block beside ``answer`` (events/sites.py ``blockish``), in one walk; those
-        classes are kept as what ``site``'s block looks like (``looks_blocked``)."""
+        classes are kept as what ``site``'s block looks like (``looks_blocked``). At the
+        site's first split, also those whose latest answer to another URL of the same
+        host was of such a class: answers alike there were read as the page, and gave
+        those proxies a standing their block does not earn."""
         told: set[Key] = set()
+        first = site not in self._splits
         for c in self._urls.get(url, []):
             if tells(answer, (c.answer,)):
                 told |= c.proxies
                 self._split(site, c.answer)
+        if told and first:
+            told |= self._of_blocks(url, self._splits[site])
         return told
+
+    def _of_blocks(self, url: bytes, blocks: list[Answer]) -> set[Key]:
+        """The proxies whose latest answer to a URL of ``url``'s host and port was of a
+        class of ``blocks``: one walk of the URLs, once a site (at its first split)."""
+        host = url.partition(b" ")[0] + b" "
+        found: set[Key] = set()
+        for other, classes in self._urls.items():
+            if other.startswith(host):
+                for c in classes:
+                    if any(same_class(b, c.answer) for b in blocks):
+                        found |= c.proxies
+        return found
 
     def _split(self, site: str, block: Answer) -> None:
         looks = self._splits.pop(site, None) or []

@@ -8,7 +8,8 @@ a real page tells them apart, and a round sent before that carried the block as
 ``through`` to the fleet, where nothing unsaid it. Held answers go to the log once their
 site has gone ``HOLD_S`` without telling a page from a block; at its first split they
 are unsaid (``unsay_alike``). The picks here take them at once (router/standing.py):
-only the log waits.
+only the log waits; at the first split, the proxies whose answers alike were of the
+class told as the block lose that standing (router/pages.py ``told``).
 """
 
 from __future__ import annotations
