@@ -218,7 +218,11 @@ class Checker(Agent[CheckerConfig]):
 
         async def give_back(g: int, out: Results) -> None:
             # Its results first, so the gateway never sees the shard free and its
-            # proxies not yet checked; its probes read alike, read again with the rest.
+            # proxies not yet checked; its probes read alike, read again with the rest
+            # of the round's once they are in: the shards of the fastest proxies end
+            # before any block came to tell their pages from.
+            if unsaid[g] and (under_way := [t for t in probing if not t.done()]):
+                await asyncio.wait(under_way)
             verdicts[g] += self.prober.told(unsaid[g])
             if verdicts[g]:
                 shard = grants[g].target

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from gateway.app import make_app
 from gateway.http import GatewayConfig
 from gateway.judge import JUDGE_DOOR, JudgeDoor, JudgeKeys
 from ops.cli import enroll
-from ops.lab.testbed import Proxy, ProxyLab
+from ops.lab.testbed import LOOPBACK_EXITS, Proxy, ProxyLab
 from projections.core.recheck import RecheckPolicy, due_in_shard
 from projections.live import FoldService
 from reducers import ProxyRow
@@ -275,3 +276,63 @@ async def test_a_cycle_leases_shards_until_it_holds_its_batch(
         again = Checker(r.gateway, r.token, "c1", r.gateway + "/judge", tmp_path / "c2", small)
         await asyncio.wait_for(again.run(asyncio.Event(), cycles=1), 60)
         assert again.rechecked == 2
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a site on port 80 of 127.0.0.61: run as root")
+async def test_a_probe_of_a_shard_that_ends_first_is_read_with_the_rounds_later_answers(
+    lab: ProxyLab, log_client: Log, tmp_path: Path
+) -> None:
+    """A site of the consumers' traffic without a rule gives squid's exit its page at
+    once and tinyproxy-via's a 403 a second later, each proxy in a shard of its own.
+    Squid's shard ends first, when its page had nothing to be told from; its probe is
+    read again once the round's other probes are in, so the page is ``through`` (read at
+    its shard's end, it said nothing, and a probe of that proxy and site is not handed
+    out again for a quarter of an hour: ``test_sites_box`` missed three proxies of its
+    403 site so, in three runs of 41)."""
+    from reducers import sites
+
+    site = "127.0.0.61"
+
+    async def page(request: web.Request) -> web.Response:
+        if request.remote == LOOPBACK_EXITS["tinyproxy-via"]:
+            await asyncio.sleep(1.0)
+            return web.Response(status=403, text="<html><title>Forbidden</title></html>")
+        filler = "<p>" + "A shop's own page. " * 100 + "</p>"
+        return web.Response(
+            text=f"<html><title>Shop</title>{filler}</html>", content_type="text/html"
+        )
+
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", page)
+    server = TestServer(app, host=site, port=80)
+    await server.start_server()
+    known = [p for p in lab.proxies if p.name in ("squid", "tinyproxy-via")]
+    assert len({ev.shard_of("127.0.0.1", p.port) for p in known}) == 2
+    try:
+        async with _rechecks(log_client, known) as r:
+            await enroll(log_client, "edge", "endpoint")
+            settings = ev.Settings(lab=True, trusted_agents=("c1",))  # c1: the operator's
+            await log_client.publish(
+                ev.Configured(id=fresh_id(), agent="admin", at=now_ms(), settings=settings)
+            )
+            elite = next(p for p in lab.proxies if p.name == "tinyproxy-elite")
+            went = ev.SiteResult(ip="127.0.0.1", port=elite.port, site=site)  # no verdict
+            await log_client.publish(
+                ev.SitesChecked(
+                    id=fresh_id(), agent="edge", at=now_ms(), key="traffic", results=[went]
+                )
+            )
+            assert await r.fold.wait_for(await log_client.head_seq(), 10)
+            config = CheckerConfig(shards=256, check_timeout_s=3, idle_s=0.1)
+            checker = Checker(
+                r.gateway, r.token, "c1", r.gateway + "/judge", tmp_path / "c1", config
+            )
+            await asyncio.wait_for(checker.run(asyncio.Event(), cycles=1), 60)
+            assert checker.probed == 2
+            assert await r.fold.wait_for(await log_client.head_seq(), 10)
+            by_name = {p.name: sites.cell(r.fold.state, ("127.0.0.1", p.port), site) for p in known}
+    finally:
+        await server.close()
+    squid, refused = by_name["squid"], by_name["tinyproxy-via"]
+    assert refused is not None and (refused.through, refused.blocked) == (0, 1), refused
+    assert squid is not None and (squid.through, squid.blocked) == (1, 0), squid
