@@ -209,6 +209,8 @@ class Checker(Agent[CheckerConfig]):
             unprobed[g] += 1
         verdicts: list[list[SiteResult]] = [[] for _ in grants]
         unsaid: list[list[tuple[str, int, str]]] = [[] for _ in grants]  # probes said none
+        probes_left = len(probes)  # the round's probes under way
+        waiting: list[int] = []  # shards done but for their probes that said none
         probing: list[asyncio.Task[None]] = []
         void = [0] * len(grants)  # failures a judge explains, by shard
         settled = [False] * len(grants)
@@ -218,11 +220,7 @@ class Checker(Agent[CheckerConfig]):
 
         async def give_back(g: int, out: Results) -> None:
             # Its results first, so the gateway never sees the shard free and its
-            # proxies not yet checked; its probes read alike, read again with the rest
-            # of the round's once they are in: the shards of the fastest proxies end
-            # before any block came to tell their pages from.
-            if unsaid[g] and (under_way := [t for t in probing if not t.done()]):
-                await asyncio.wait(under_way)
+            # proxies not yet checked; its probes read alike, read again with the rest.
             verdicts[g] += self.prober.told(unsaid[g])
             if verdicts[g]:
                 shard = grants[g].target
@@ -248,10 +246,14 @@ class Checker(Agent[CheckerConfig]):
 
         try:
             async with self._heartbeats(gw, held), self._streaming(gw) as out:
+
+                def give_back_now(g: int) -> None:
+                    settled[g] = True
+                    releases.append(asyncio.create_task(give_back(g, out)))
+
                 for g in range(len(grants)):
                     if not left[g]:  # nothing due in it after all (the budget, a race)
-                        settled[g] = True
-                        releases.append(asyncio.create_task(give_back(g, out)))
+                        give_back_now(g)
 
                 def heard(i: int, r: Check) -> None:
                     nonlocal working
@@ -275,16 +277,27 @@ class Checker(Agent[CheckerConfig]):
                 def settle(g: int) -> None:
                     left[g] -= 1
                     if left[g] == 0:
-                        settled[g] = True
-                        releases.append(asyncio.create_task(give_back(g, out)))
+                        if unsaid[g] and probes_left:
+                            # Its pages alike are read again once the round's probes
+                            # are in: the shards of the fastest proxies end before any
+                            # block came to tell a page from.
+                            waiting.append(g)
+                        else:
+                            give_back_now(g)
+                    if waiting and not probes_left:
+                        for w in waiting:
+                            give_back_now(w)
+                        waiting.clear()
 
                 async def probe(
                     g: int, ip: str, port: int, proto: str, site: str, path: str
                 ) -> None:
                     # Cancelled with a round that failed, it leaves its shard unsettled
                     # (given back below) and its counts as they were.
+                    nonlocal probes_left
                     found = await self.prober.result(ip, port, proto, site, path)
                     unprobed[g] -= 1
+                    probes_left -= 1
                     self.probed += 1
                     if found is not None:
                         verdicts[g].append(found)
