@@ -209,7 +209,6 @@ class Checker(Agent[CheckerConfig]):
             unprobed[g] += 1
         verdicts: list[list[SiteResult]] = [[] for _ in grants]
         unsaid: list[list[tuple[str, int, str]]] = [[] for _ in grants]  # probes said none
-        probes_left = len(probes)  # the round's probes under way
         waiting: list[int] = []  # shards done but for their probes that said none
         probing: list[asyncio.Task[None]] = []
         void = [0] * len(grants)  # failures a judge explains, by shard
@@ -277,27 +276,20 @@ class Checker(Agent[CheckerConfig]):
                 def settle(g: int) -> None:
                     left[g] -= 1
                     if left[g] == 0:
-                        if unsaid[g] and probes_left:
-                            # Its pages alike are read again once the round's probes
-                            # are in: the shards of the fastest proxies end before any
-                            # block came to tell a page from.
-                            waiting.append(g)
+                        if unsaid[g] and any(unprobed):  # read once all probes are in
+                            waiting.append(g)  # (the fastest end before any block came)
                         else:
                             give_back_now(g)
-                    if waiting and not probes_left:
-                        for w in waiting:
-                            give_back_now(w)
-                        waiting.clear()
+                    while waiting and not any(unprobed):
+                        give_back_now(waiting.pop())
 
                 async def probe(
                     g: int, ip: str, port: int, proto: str, site: str, path: str
                 ) -> None:
                     # Cancelled with a round that failed, it leaves its shard unsettled
                     # (given back below) and its counts as they were.
-                    nonlocal probes_left
                     found = await self.prober.result(ip, port, proto, site, path)
                     unprobed[g] -= 1
-                    probes_left -= 1
                     self.probed += 1
                     if found is not None:
                         verdicts[g].append(found)
