@@ -145,6 +145,29 @@ def ppf_judge_app(key_file: Path) -> tuple[Any, tuple[str, bytes]]:
     return app, keys.operator()
 
 
+async def shop_refusing(refused_exit: str, host: str, port: int = 0, delay_s: float = 0.0) -> Any:
+    """A site without a rule, started on ``host`` (``port`` 0: a free one): its page for
+    every exit but ``refused_exit``, which gets a 403 after ``delay_s``. Its
+    ``TestServer``, for the caller to close."""
+    from aiohttp import web
+    from aiohttp.test_utils import TestServer
+
+    async def page(request: web.Request) -> web.Response:
+        if request.remote == refused_exit:
+            await asyncio.sleep(delay_s)
+            return web.Response(status=403, text="<html><title>Forbidden</title></html>")
+        filler = "<p>" + "A shop's own page. " * 100 + "</p>"
+        return web.Response(
+            text=f"<html><title>Shop</title>{filler}</html>", content_type="text/html"
+        )
+
+    app = web.Application()
+    app.router.add_route("GET", "/{tail:.*}", page)
+    server = TestServer(app, host=host, port=port or None)
+    await server.start_server()
+    return server
+
+
 async def dlq_messages(lg: Any) -> list[Any]:
     """Every entry the DLQ's stream holds, oldest first (``ev.DLQ_STREAM``)."""
     from events import DLQ_STREAM

@@ -27,7 +27,7 @@ from ops.lab.testbed import LOOPBACK_EXITS, Proxy, ProxyLab
 from projections.core.recheck import RecheckPolicy, due_in_shard
 from projections.live import FoldService
 from reducers import ProxyRow
-from tests.helpers import worked
+from tests.helpers import shop_refusing, worked
 
 NOW = 1_800_000_000_000
 
@@ -293,19 +293,7 @@ async def test_a_probe_of_a_shard_that_ends_first_is_read_with_the_rounds_later_
 
     site = "127.0.0.61"
 
-    async def page(request: web.Request) -> web.Response:
-        if request.remote == LOOPBACK_EXITS["tinyproxy-via"]:
-            await asyncio.sleep(1.0)
-            return web.Response(status=403, text="<html><title>Forbidden</title></html>")
-        filler = "<p>" + "A shop's own page. " * 100 + "</p>"
-        return web.Response(
-            text=f"<html><title>Shop</title>{filler}</html>", content_type="text/html"
-        )
-
-    app = web.Application()
-    app.router.add_route("GET", "/{tail:.*}", page)
-    server = TestServer(app, host=site, port=80)
-    await server.start_server()
+    server = await shop_refusing(LOOPBACK_EXITS["tinyproxy-via"], site, 80, delay_s=1.0)
     known = [p for p in lab.proxies if p.name in ("squid", "tinyproxy-via")]
     assert len({ev.shard_of("127.0.0.1", p.port) for p in known}) == 2
     try:

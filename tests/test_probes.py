@@ -6,7 +6,6 @@ page read again once its round tells it from a block (agents/probe.py)."""
 from __future__ import annotations
 
 import msgspec
-from aiohttp import web
 
 from events import SiteResult, SitesChecked
 from events.sites import SiteRule
@@ -14,7 +13,7 @@ from ops.lab.testbed import LOOPBACK_EXITS, ProxyLab
 from projections.core.probes import PROBE_GAP_MS, TRAFFIC_WINDOW_MS, targets, wanted
 from reducers import State, sites
 from reducers.rows import ProxyRow
-from tests.helpers import eid
+from tests.helpers import eid, shop_refusing
 
 NOW = 1_800_000_000_000
 
@@ -94,22 +93,9 @@ async def test_a_probe_read_before_any_block_is_read_again_when_the_round_is_in(
     a 403: the first probe has nothing to tell its page from (none), so it is read again
     with the round's answers (``told``) and is ``through``; a page that never met a
     block stays unsaid, and a probe read once is not read again."""
-    from aiohttp.test_utils import TestServer
-
     from agents.probe import Prober
 
-    async def page(request: web.Request) -> web.Response:
-        if request.remote == LOOPBACK_EXITS["tinyproxy-via"]:
-            return web.Response(status=403, text="<html><title>Forbidden</title></html>")
-        filler = "<p>" + "A shop's own page. " * 100 + "</p>"
-        return web.Response(
-            text=f"<html><title>Shop</title>{filler}</html>", content_type="text/html"
-        )
-
-    app = web.Application()
-    app.router.add_route("GET", "/{tail:.*}", page)
-    server = TestServer(app, host="127.0.0.17")
-    await server.start_server()
+    server = await shop_refusing(LOOPBACK_EXITS["tinyproxy-via"], "127.0.0.17")
     site = f"127.0.0.17:{server.port}"
     ports = {p.name: p.port for p in lab.proxies}
     prober = Prober(bytes_per_hour=1 << 20)
