@@ -198,7 +198,8 @@ class Checker(Agent[CheckerConfig]):
         probes: list[Probe],
     ) -> None:
         """Check one round's proxies and make its probes; each shard goes back when its
-        own checks and probes end, its probes' verdicts said first (``SitesChecked``)."""
+        own checks and probes end (and the round's, if a probe of it said nothing), its
+        probes' verdicts said first (``SitesChecked``)."""
         left = [0] * len(grants)  # by shard: its proxies not checked yet, probes not made
         for g in owner:
             left[g] += 1
