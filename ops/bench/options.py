@@ -234,6 +234,13 @@ class Serve(Bench, kw_only=True):
             "every request through a SOCKS5 upstream opens a link"
         ),
     ] = False
+    site_html: Annotated[
+        bool,
+        _(
+            "--versus: the site answers a titled page of HTML (about 20 KB), which the "
+            "endpoint reads for a block, not 512 bytes of text"
+        ),
+    ] = False
 
 
 class ServeChurn(Bench, kw_only=True):

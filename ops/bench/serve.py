@@ -40,16 +40,27 @@ TOKEN = "bench-token"
 # argv[1], and with argv[2:5] (a port, a certificate, its key) HTTPS on that port too.
 # With SITE_CLOSES=1 in its environment it closes each connection after its answer, as
 # an HTTP/1.0 server does: then every request through a SOCKS5 upstream opens a link.
+# With SITE_HTML=1 it answers a titled page of HTML, about 20 KB, as a shop's pages are:
+# the endpoint reads each for a block (endpoint/router/verdicts.py), not text/plain.
 SITE = """
 import asyncio, os, ssl, sys
 from aiohttp import web
 from gateway.guard import listen
 
 CLOSES = os.environ.get("SITE_CLOSES") == "1"
+HTML = os.environ.get("SITE_HTML") == "1"
+SHOP = (
+    "<!doctype html><html><head><meta charset=utf-8><title>A shop: item 12</title>"
+    + '<link rel=stylesheet href="/s.css">' * 20 + "</head><body>"
+    + "<p>An item, its price and what buyers said of it.</p>" * 360 + "</body></html>"
+)
 
 async def main():
     async def page(request):
-        answer = web.Response(text="x" * 512)
+        if HTML:
+            answer = web.Response(text=SHOP, content_type="text/html")
+        else:
+            answer = web.Response(text="x" * 512)
         if CLOSES:
             answer.force_close()
         return answer

@@ -127,18 +127,24 @@ async def bench_serve_versus(
     runs: int = 3,
     loads: tuple[str, ...] = LOADS,
     site_closes: bool = False,
+    site_html: bool = False,
 ) -> dict[str, Any]:
     """Each load in turn, this tree (new) and ``other`` (old) interleaved ``runs`` times;
-    ``site_closes``: the site closes each connection after its answer."""
+    ``site_closes``: the site closes each connection after its answer; ``site_html``:
+    it answers a page of HTML, which the endpoint reads."""
     trees = {"old": other.resolve(), "new": Path(__file__).resolve().parents[2]}
     target = free_port()
     site = await asyncio.create_subprocess_exec(
         sys.executable, "-c", SITE, str(target),
-        env={**os.environ, "SITE_CLOSES": "1" if site_closes else "0"},
+        env={
+            **os.environ,
+            "SITE_CLOSES": "1" if site_closes else "0",
+            "SITE_HTML": "1" if site_html else "0",
+        },
     )  # fmt: skip
     out: dict[str, Any] = {
         "versus": str(trees["old"]), "requests": requests, "runs": runs,
-        "site_closes": site_closes,
+        "site_closes": site_closes, "site_html": site_html,
     }  # fmt: skip
     try:
         await asyncio.sleep(0.5)

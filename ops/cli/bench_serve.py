@@ -17,7 +17,12 @@ async def serve_run(args: Serve) -> dict[str, Any]:
 
         versus_loads = tuple(args.upstream) if args.upstream else LOADS  # plain HTTP: each
         return await bench_serve_versus(
-            Path(args.versus), args.requests or 10_000, args.runs, versus_loads, args.site_closes
+            Path(args.versus),
+            args.requests or 10_000,
+            args.runs,
+            versus_loads,
+            args.site_closes,
+            args.site_html,
         )
     if args.workers is None:
         from ops.bench.serve import bench_serve
