@@ -94,9 +94,9 @@ _TITLE_WORDS = (
 def block_sign(page: bytes, size: int, headers: Iterable[tuple[str, str]] = ()) -> str:
     """The maker of the block page ``page`` is (its first bytes, decoded; ``size`` the
     whole body's), "page" for a short one that calls itself a block by its title (a
-    captcha's, a challenge's); "" for none. Read at every HTML answer the endpoint
-    carries: one pass of one expression over the page, the signs told apart only when
-    it finds one."""
+    captcha's, a challenge's); "" for none. Read once at every HTML answer the endpoint
+    carries (events/sites.py ``Answer.sign``): a find of each sign's text, not one
+    expression of them all (docs/decisions.md, The endpoint)."""
     if not page and not headers:  # no page read (not HTML) and no header to tell one
         return ""
     for name, value in headers:
@@ -104,10 +104,9 @@ def block_sign(page: bytes, size: int, headers: Iterable[tuple[str, str]] = ()) 
             if name.lower() == sign_name and sign_value in value.lower():
                 return maker
     text = page[:SIGN_BYTES].lower()
-    if _ANY_MARKER.search(text):
-        for maker, any_of, all_of in _BODY_SIGNS:
-            if any(m in text for m in any_of) and all(m in text for m in all_of):
-                return maker
+    for maker, any_of, all_of in _BODY_SIGNS:
+        if any(m in text for m in any_of) and all(m in text for m in all_of):
+            return maker
     if size <= SHORT_PAGE and (title := title_of(text)) and _BLOCK_TITLE.search(unnamed(title)):
         return "page"
     return ""
@@ -128,7 +127,6 @@ _BODY_SIGNS = tuple(
     for s in SIGNS
     if s.any_of
 )
-_ANY_MARKER = re.compile(b"|".join(re.escape(m) for _, any_of, _ in _BODY_SIGNS for m in any_of))
 _BLOCK_TITLE = re.compile(b"|".join(re.escape(w.encode()) for w in _TITLE_WORDS))
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Iterable
+from functools import cached_property
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
@@ -39,6 +41,7 @@ __all__ = [
     "THROUGH",
     "VERDICTS",
     "Answer",
+    "Look",
     "SiteRule",
     "blocked_redirect",
     "blockish",
@@ -101,10 +104,23 @@ def site_of(host: str, registrable: Callable[[str], str | None]) -> str:
     return registrable(host) or host
 
 
-class Answer(msgspec.Struct, frozen=True, kw_only=True):
+class Look(NamedTuple):
+    """What ``same_class`` compares of an answer."""
+
+    kind: int  # the status's hundreds
+    target: str  # where a redirect goes (``redirect_target``)
+    title: bytes  # ``page_title``
+    size: int
+
+
+class Answer(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     """What an edge saw of one answer through one proxy: its status (0: none came), its
     ``Location``, and the first ``HEAD_BYTES`` of its body, decoded (its length, whole);
-    ``closed``: the way to the site was open and it ended before any answer."""
+    ``closed``: the way to the site was open and it ended before any answer.
+
+    Its ``sign`` and ``look`` are read once, when first asked (kept in its ``__dict__``):
+    one answer meets several rules and is compared with every class of its URL, and
+    each read of its page was a pass over it (docs/decisions.md, The endpoint)."""
 
     status: int = 0
     location: str = ""
@@ -113,6 +129,15 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True):
     closed: bool = False
     # The headers a block page is told by (events/blockpages.py), lower-case names.
     headers: tuple[tuple[str, str], ...] = ()
+
+    @cached_property
+    def sign(self) -> str:
+        """The maker of the block page it is, "" for none (events/blockpages.py)."""
+        return block_sign(self.head, self.size, self.headers)
+
+    @cached_property
+    def look(self) -> Look:
+        return Look(self.status // 100, redirect_target(self), page_title(self.head), self.size)
 
 
 class SiteRule(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,7 +178,7 @@ def verdict(rule: SiteRule, answer: Answer) -> str:
         return PACED
     if blocked_redirect(answer.status, answer.location, rule.redirects):
         return BLOCKED
-    if block_sign(answer.head, answer.size, answer.headers):
+    if answer.sign:
         return BLOCKED
     if answer.head:
         page = answer.head.lower()
@@ -191,7 +216,7 @@ def generic(answer: Answer, others: Iterable[Answer]) -> str:
         return PACED
     if blocked_redirect(answer.status, answer.location):
         return BLOCKED
-    if block_sign(answer.head, answer.size, answer.headers):
+    if answer.sign:
         return BLOCKED  # a vendor's challenge, or a page that says it is a block
     if 200 <= answer.status < 400:
         others = list(others)
@@ -274,11 +299,12 @@ def same_class(a: Answer, b: Answer) -> bool:
     """Whether two answers to one request look alike: the same kind of status, the same
     redirect target, the same title, and lengths within a factor of ``FAR`` (a page's
     size moves a little from answer to answer; a block page is far shorter)."""
+    x, y = a.look, b.look
     return (
-        a.status // 100 == b.status // 100
-        and redirect_target(a) == redirect_target(b)
-        and page_title(a.head) == page_title(b.head)
-        and not _far_apart(a.size, b.size)
+        x.kind == y.kind
+        and x.target == y.target
+        and x.title == y.title
+        and not _far_apart(x.size, y.size)
     )
 
 
@@ -287,13 +313,13 @@ def blockish(a: Answer, b: Answer) -> bool:
     a redirect away where ``b`` is a page, a page far shorter than ``b``'s and titled
     otherwise, or, not far longer than ``b``, a title with a block's words where
     ``b``'s has none."""
-    if block_sign(a.head, a.size, a.headers):
+    if a.sign:
         return True
     if 300 <= a.status < 400 and 200 <= b.status < 300:
         return True
     if not (200 <= a.status < 300):
         return False
-    a_title, b_title = page_title(a.head), page_title(b.head)
+    a_title, b_title = a.look.title, b.look.title
     if a.size * FAR <= b.size and a_title != b_title:
         return True
     if a.size >= FAR * b.size:  # a block page is short: a block word in a long page's

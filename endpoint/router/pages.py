@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from events.blockpages import block_sign
 from events.sites import Answer, compared, path_of, redirect_target, same_class, tells
 
 __all__ = ["CLASSES", "URLS", "Pages"]
@@ -80,7 +79,7 @@ class Pages:
         for c in classes:
             c.proxies.discard(proxy)
         classes[:] = [c for c in classes if c.proxies]
-        if block_sign(answer.head, answer.size, answer.headers):
+        if answer.sign:
             return
         kind = next((c for c in classes if same_class(c.answer, answer)), None)
         if kind is None:
