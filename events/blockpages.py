@@ -31,7 +31,8 @@ __all__ = [
 
 # 2: classes need a comparison; host names in titles. 3: the recorded pages' signs
 # (Cloudflare's older pages, Sucuri's), and google.com's rule without "/recaptcha/".
-READER_VERSION = "blockpages-3"
+# 4: a title's tag in any case (events/sites.py ``page_title``).
+READER_VERSION = "blockpages-4"
 SIGN_BYTES = 16 * 1024  # a block page says what it is in its head and first lines
 # A page this short whose title is a block's is one (a site's own page says more).
 SHORT_PAGE = 32 * 1024

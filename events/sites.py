@@ -338,10 +338,14 @@ _BLOCK_WORDS = re.compile(
 
 
 def page_title(head: bytes) -> bytes:
-    """A page's title, lower case, spaces folded ("" when it has none)."""
-    if not head:  # no page read: asked of most answers compared, each time
+    """A page's title, lower case, spaces folded ("" when it has none), its tag in any
+    case (``<TITLE>``, as older servers and appliances write it)."""
+    if not head:  # no page read (not HTML)
         return b""
-    return b" ".join(title_of(head).lower().split())[:200]
+    title = title_of(head)
+    if not title and b"<title" not in head:  # the page lower-cased only then
+        title = title_of(head.lower())
+    return b" ".join(title.lower().split())[:200]
 
 
 def url_on_site(url: str, site: str) -> bool:

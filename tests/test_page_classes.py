@@ -106,6 +106,21 @@ def test_the_endpoint_keeps_a_class_small_and_a_vendors_page_as_none() -> None:
     assert pages.got(url, WAIT) == set() and pages.classes(url) == [kept_real]
 
 
+def test_a_title_is_read_whatever_the_case_of_its_tag() -> None:
+    """Older servers and appliances write ``<TITLE>``: a page and a block page of one
+    size whose titles differ only there are two classes, and the block's words in its
+    title tell it (read as one class, no title, the split said nothing)."""
+
+    def old_style(title: bytes) -> Answer:
+        page = b"<HTML><HEAD><TITLE>" + title + b"</TITLE></HEAD><BODY>" + b"x" * 3_000
+        return Answer(status=200, head=page, size=40_000)
+
+    page, block = old_style(b"Shop - Spring sale"), old_style(b"Verify you are a person")
+    assert not same_class(page, block)
+    assert by_classes(block, [page]) == BLOCKED
+    assert by_classes(page, [block]) == THROUGH
+
+
 def test_a_sites_name_in_its_own_title_is_no_block_word() -> None:
     """A site whose name holds a block's word (``example-captcha.com``): its real page,
     titled with its name and short, is neither a block page by itself nor the block of
