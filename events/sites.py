@@ -137,6 +137,7 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True, dict=True):
 
     @cached_property
     def look(self) -> Look:
+        """What ``same_class`` compares of it, its title parsed."""
         return Look(self.status // 100, redirect_target(self), page_title(self.head), self.size)
 
 
