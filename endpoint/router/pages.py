@@ -102,18 +102,19 @@ class Pages:
                 told |= c.proxies
                 self._split(site, c.answer)
         if told and first:
-            told |= self._of_blocks(url, self._splits[site])
+            told |= self._of_blocks(site, url)
         return told
 
-    def _of_blocks(self, url: bytes, blocks: list[Answer]) -> set[Key]:
+    def _of_blocks(self, site: str, url: bytes) -> set[Key]:
         """The proxies whose latest answer to a URL of ``url``'s host and port was of a
-        class of ``blocks``: one walk of the URLs, once a site (at its first split)."""
+        class told as ``site``'s block (``looks_blocked``): one walk of the URLs, once a
+        site (at its first split)."""
         host = url.partition(b" ")[0] + b" "
         found: set[Key] = set()
         for other, classes in self._urls.items():
             if other.startswith(host):
                 for c in classes:
-                    if any(same_class(b, c.answer) for b in blocks):
+                    if self.looks_blocked(site, c.answer):
                         found |= c.proxies
         return found
 
