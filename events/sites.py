@@ -22,8 +22,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable, Iterable
-from functools import cached_property
-from typing import NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar, overload
 from urllib.parse import urlsplit
 
 import msgspec
@@ -104,6 +103,30 @@ def site_of(host: str, registrable: Callable[[str], str | None]) -> str:
     return registrable(host) or host
 
 
+_T = TypeVar("_T")
+
+
+class _Once(Generic[_T]):
+    """A property of an answer read at its first use and kept in the answer's
+    ``__dict__``, where every later use finds it as a plain attribute.
+    ``functools.cached_property`` does the same, but on Python 3.11 under a lock that
+    cost the endpoint more than the reads it saved (docs/decisions.md, The endpoint)."""
+
+    def __init__(self, read: Callable[[Any], _T]) -> None:
+        self.read, self.name = read, read.__name__
+        self.__doc__ = read.__doc__
+
+    @overload
+    def __get__(self, answer: None, owner: type) -> _Once[_T]: ...
+    @overload
+    def __get__(self, answer: object, owner: type | None = None) -> _T: ...
+    def __get__(self, answer: object, owner: type | None = None) -> _T | _Once[_T]:
+        if answer is None:
+            return self
+        value = answer.__dict__[self.name] = self.read(answer)
+        return value
+
+
 class Look(NamedTuple):
     """What ``same_class`` compares of an answer."""
 
@@ -130,12 +153,12 @@ class Answer(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     # The headers a block page is told by (events/blockpages.py), lower-case names.
     headers: tuple[tuple[str, str], ...] = ()
 
-    @cached_property
+    @_Once
     def sign(self) -> str:
         """The maker of the block page it is, "" for none (events/blockpages.py)."""
         return block_sign(self.head, self.size, self.headers)
 
-    @cached_property
+    @_Once
     def look(self) -> Look:
         """What ``same_class`` compares of it, its title parsed."""
         return Look(self.status // 100, redirect_target(self), page_title(self.head), self.size)

@@ -104,6 +104,8 @@ def head_verdict_of(
         return NONE
     if rule is not None:
         return head_verdict(rule, status, location)
+    if 200 <= status < 300:
+        return NONE  # a page's verdict is its page's, read when it has come (read_answer)
     answer, others = Answer(status=status, location=location), _others(pool, site)
     redirect = url and 300 <= status < 400 and location and not pool.pages.sent_to(site, url)
     if redirect:
