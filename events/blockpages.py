@@ -31,8 +31,10 @@ __all__ = [
 
 # 2: classes need a comparison; host names in titles. 3: the recorded pages' signs
 # (Cloudflare's older pages, Sucuri's), and google.com's rule without "/recaptcha/".
-# 4: a title's tag in any case (events/sites.py ``page_title``).
-READER_VERSION = "blockpages-4"
+# 4: a title's tag in any case (events/sites.py ``page_title``). 5: a title ends at its
+# closing tag in any case, and a cut after a word keeps no space: a class's kept form
+# (``compared``) read again gave another title, and its own page another class.
+READER_VERSION = "blockpages-5"
 SIGN_BYTES = 16 * 1024  # a block page says what it is in its head and first lines
 # A page this short whose title is a block's is one (a site's own page says more).
 SHORT_PAGE = 32 * 1024

@@ -362,14 +362,17 @@ _BLOCK_WORDS = re.compile(
 
 
 def page_title(head: bytes) -> bytes:
-    """A page's title, lower case, spaces folded ("" when it has none), its tag in any
-    case (``<TITLE>``, as older servers and appliances write it)."""
+    """A page's title, lower case, spaces folded, its first 200 bytes ("" when it has
+    none), its tags in any case (``<TITLE>``, as older servers and appliances write
+    it). The title of a class's kept form (``compared``: this, in its tags) is this
+    again, so every answer of a page is of the class it made."""
     if not head:  # no page read (not HTML)
         return b""
     title = title_of(head)
     if not title and b"<title" not in head:  # the page lower-cased only then
         title = title_of(head.lower())
-    return b" ".join(title.lower().split())[:200]
+    title = title.lower().partition(b"</title")[0]  # a ``</TITLE>`` ends it too
+    return b" ".join(title.split())[:200].rstrip()  # a cut just after a word
 
 
 def url_on_site(url: str, site: str) -> bool:

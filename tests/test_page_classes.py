@@ -6,6 +6,8 @@ which, and a split it cannot read says nothing."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from events.sites import BLOCKED, NONE, THROUGH, Answer, by_classes, generic, same_class
 
@@ -119,6 +121,45 @@ def test_a_title_is_read_whatever_the_case_of_its_tag() -> None:
     assert not same_class(page, block)
     assert by_classes(block, [page]) == BLOCKED
     assert by_classes(page, [block]) == THROUGH
+
+
+def test_a_page_is_of_its_own_class_whatever_its_title() -> None:
+    """A URL's class keeps what comparing reads of its answer, its title among it. Read
+    again from what was kept, a title of more than 200 characters cut just after a word
+    lost its last space, and a ``</TITLE>`` within a title cut it short: every answer of
+    such a page (a shop's long product titles) was of another class than the one kept,
+    so the page read as nothing through every proxy and was never learned."""
+    from endpoint.router.pages import Pages
+    from events.sites import compared
+
+    long_title = b"<html><head><title>" + b"Word " * 60 + b"</title></head><body>"
+    cut_title = b"<html><head><title>Sale</TITLE> of the day</title></head><body>"
+    for head in (long_title, cut_title):
+        page = head + b"<p>the item</p>" * 200
+        first = Answer(status=200, head=page, size=9_000)
+        again = Answer(status=200, head=page, size=9_100)
+        assert same_class(compared(first), first)
+        pages, url = Pages(), b"shop.example:80 http://shop.example/item"
+        pages.add(url, ("45.0.0.1", 8080), first)
+        assert by_classes(again, pages.others(url, ("45.0.0.2", 8080))) == THROUGH
+
+
+_TITLE_PIECES = [b"</title>", b"</TITLE>", b" ", b"\t\n", b"Sale", b"w" * 60, b"<", b">"]
+
+
+@settings(max_examples=300)
+@given(
+    st.sampled_from([b"<title>", b"<TITLE>", b"<title lang=en>"]),
+    st.lists(st.sampled_from(_TITLE_PIECES) | st.binary(max_size=12), max_size=20),
+)
+def test_a_title_read_again_from_its_class_is_the_same(tag: bytes, pieces: list[bytes]) -> None:
+    """What ``compared`` keeps of a page, read again, gives the page's title: whatever
+    the tags' case, the spaces, or where the 200th byte falls."""
+    from events.sites import compared, page_title
+
+    head = b"<html><head>" + tag + b"".join(pieces) + b"</title></head><body>"
+    answer = Answer(status=200, head=head, size=9_000)
+    assert page_title(compared(answer).head) == page_title(head)
 
 
 def test_a_sites_name_in_its_own_title_is_no_block_word() -> None:
