@@ -109,8 +109,8 @@ _T = TypeVar("_T")
 class _Once(Generic[_T]):
     """A property of an answer read at its first use and kept in the answer's
     ``__dict__``, where every later use finds it as a plain attribute.
-    ``functools.cached_property`` does the same, but on Python 3.11 under a lock that
-    cost the endpoint more than the reads it saved (docs/decisions.md, The endpoint)."""
+    ``functools.cached_property`` does the same, but on Python 3.11 it takes a lock at
+    every first read: 3 % of a serving endpoint's samples (docs/decisions.md, The endpoint)."""
 
     def __init__(self, read: Callable[[Any], _T]) -> None:
         self.read, self.name = read, read.__name__
