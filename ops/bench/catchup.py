@@ -23,6 +23,7 @@ from gateway.views import FOLLOW_S, PoolViewKeeper
 from ops.bench.harness import Workload, checkout, head_seq, nats_servers, publish_workload
 from ops.bench.options import Fold
 from ops.bench.streams import publish_synthetic
+from ops.collector import collect_young
 from projections.live import FoldService
 
 __all__ = ["bench_catch_up_versus", "gateway_catch_up"]
@@ -39,7 +40,7 @@ async def gateway_catch_up(
     ``burst``: publishes more once it caught up (returning the new head): the seconds
     from the fold's last message of it to the view holding it."""
     lg = await Log.connect(url, name="ppf-bench-gateway")
-    fold = FoldService(lg, dlq=False)
+    fold = FoldService(lg, dlq=False, between=collect_young)  # as ops/cli/services.py
     keeper = PoolViewKeeper(foreground=fold.foreground, catching_up=fold.catching_up)
     cpu, started = time.process_time(), time.perf_counter()
     await fold.start()
