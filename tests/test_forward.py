@@ -249,6 +249,56 @@ async def test_a_proxy_that_fails_a_request_costs_the_client_nothing(
         assert relay.outcomes.counts["upstream_failed"] == 1
 
 
+@contextlib.asynccontextmanager
+async def _keeping_site() -> AsyncIterator[str]:
+    """A site that keeps each connection open whatever its requests' ``Connection`` say,
+    as some servers do: /moved is a redirect with an empty body, anything else is
+    answered with the site's own address."""
+    port = free_port()
+    me = f"127.0.0.1:{port}".encode()
+    kept: set[asyncio.StreamWriter] = set()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        kept.add(writer)
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                if b"/moved " in head.split(b"\r\n", 1)[0]:  # origin or absolute form
+                    writer.write(b"HTTP/1.1 302 Found\r\nLocation: /\r\nContent-Length: 0\r\n\r\n")
+                else:
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(me), me))
+        writer.close()
+
+    try:
+        async with await asyncio.start_server(answer, "127.0.0.1", port):
+            yield me.decode()
+    finally:
+        for writer in kept:  # what a proxy still holds open
+            writer.close()
+
+
+async def test_a_kept_upstream_link_never_carries_a_request_to_another_site(
+    lab: ProxyLab,
+) -> None:
+    """tinyproxy reads an answer with an empty body as one without a length, and relays
+    its connection to that answer's server until the server closes it: through it, a
+    redirect from one site that keeps connections open, then a page of another, in turn,
+    pipelined on one client connection and then on fresh ones: each page is the site's
+    it names, never the first site's (which would get the client's headers for it)."""
+    async with (
+        _keeping_site() as one,
+        _keeping_site() as two,
+        _endpoint(lab, "tinyproxy-elite") as relay,
+    ):
+        port = relay.port  # type: ignore[attr-defined]
+        asked = [(one, "/moved"), (two, "/"), (one, "/moved"), (two, "/")]
+        answers = await _raw(port, b"".join(_get(site, path) for site, path in asked), 4)
+        for site, path in asked:
+            answers += await _raw(port, _get(site, path), 1)
+        got = [a.split(b" ", 2)[1] + b" " + a.rsplit(b"\r\n\r\n", 1)[1] for a in answers]
+        assert got == [b"302 ", b"200 " + two.encode()] * 4
+        assert relay.outcomes.counts["forwarded"] == 8
+
+
 async def test_a_client_gone_mid_answer_leaves_nothing_behind(lab: ProxyLab) -> None:
     """A client that reads a little of a megabyte and hangs up: the upstream link is
     closed (not kept idle) and the next client is answered."""

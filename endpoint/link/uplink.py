@@ -299,7 +299,8 @@ class UpLink(asyncio.Protocol):
 
 @dataclass
 class Idle:
-    """Idle links by (upstream, site): taken for the next request, given back after it."""
+    """Idle links by (upstream, host, port) (``idle_key``): taken for the next request to
+    that site through that upstream, given back after it."""
 
     per_key: int = 64
     max_idle_s: float = 20.0
@@ -338,5 +339,9 @@ class Idle:
 
 
 def idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
-    """An HTTP proxy carries any site on one connection; a SOCKS tunnel one site."""
-    return (up.key,) if up.proto in ("http", "https") else (up.key, host, port)
+    """A link carries one site's requests, whatever its upstream: a SOCKS tunnel goes to
+    one site, and an HTTP proxy may too. tinyproxy, common among open proxies, reads a
+    connection's first request and then relays its bytes to that request's server while
+    the server keeps it open: a later request on it, for another site, would reach the
+    first site with the client's headers (tests/test_forward.py)."""
+    return (up.key, host, port)

@@ -262,6 +262,10 @@ def serve_site(
                 over_pace = pace is not None and not turned and pace.over(peer)
                 writer.write(_respond(site, path, peer, turned, over_pace))
                 await writer.drain()
+                # Read once the request has ended, llhttp's keep-alive is an HTTP/1.1
+                # request's whatever its ``Connection: close`` said: these sites keep such
+                # connections open, as some servers do, and a proxy that relays one on
+                # (tinyproxy, after an empty answer) meets what it does in the world.
                 if not request.parser.should_keep_alive():
                     return
         except (ConnectionError, OSError, ssl.SSLError, httptools.HttpParserError):
