@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import itertools
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,19 @@ async def clear_of_the_hour(need_s: float) -> None:
     left_s = 3_600 - time.time() % 3_600
     if left_s < need_s:
         await asyncio.sleep(left_s + 0.1)
+
+
+async def endpoint_counts(base: str) -> dict[str, float]:
+    """The endpoint's ``ppf_endpoint_requests_total`` by outcome, from the /metrics of the
+    ``ppf up`` at ``base``."""
+    text = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+    )
+    return {
+        line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("ppf_endpoint_requests_total{")
+    }
 
 
 def check_found_as_made(row: dict[str, Any], proxy: Any) -> None:

@@ -19,6 +19,7 @@ import pytest
 from ops.lab.churn import Down, Plan
 from ops.lab.world import LINK_HOST, World, unavailable
 from ops.nats.server import free_port
+from tests.helpers import endpoint_counts
 from tests.test_cli import Up
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
@@ -183,14 +184,7 @@ async def test_ten_thousand_requests_through_the_endpoint_while_a_third_dies(
                 _chain(up.logfile, alive & dead),
                 [s for s in (world.root / "inet.log").read_text().splitlines() if "churn" in s],
             )
-            metrics = await asyncio.to_thread(
-                lambda: urllib.request.urlopen(up.base + "/metrics", timeout=5).read().decode()
-            )
-            counted = {
-                line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-                for line in metrics.splitlines()
-                if line.startswith("ppf_endpoint_requests_total{")
-            }
+            counted = await endpoint_counts(up.base)
             # Plain requests one by one; HTTPS is opaque inside its tunnels, which clients
             # keep open for many requests each.
             assert counted["forwarded"] >= 0.99 * REQUESTS / 2, counted

@@ -21,7 +21,7 @@ import pytest
 from ops.bench.sites import Consumer, precision_recall, rates_of, served, sites_box
 from ops.lab.sitebox import LEAVES, SITES, real_page_of
 from ops.lab.world import unavailable
-from tests.helpers import clear_of_the_hour
+from tests.helpers import clear_of_the_hour, endpoint_counts
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailable()))
 
@@ -56,10 +56,10 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
         rates = rates_of(3.0, 1.0)
         await consumer.send(rates, LEARN_S)
         consumer.reset()
-        before = await _endpoint_counts(up.base)
+        before = await endpoint_counts(up.base)
         await consumer.send(rates, MEASURED_S)
         # What the endpoint did in the measured window, for a failure to say.
-        after = await _endpoint_counts(up.base)
+        after = await endpoint_counts(up.base)
         during = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
         # A site's 45 requests a scheme (the paced one's 15) cannot tell 99 % from 100 %:
         # one miss is 2.2 points (6.7). The seven sites together hold the bars, and no
@@ -108,19 +108,6 @@ async def test_a_consumer_gets_each_sites_real_page_and_the_pool_learns_who_gets
         assert probed and all(n <= 4 * len(honest) for n in probed.values()), probed
         await _an_agent_speaks_mcp(up, token, exits, world.gets_through("example.net") & honest)
     assert up.proc.returncode == 0  # ppf up stopped cleanly
-
-
-async def _endpoint_counts(base: str) -> dict[str, float]:
-    """The endpoint's ``ppf_endpoint_requests_total`` by outcome, from ``ppf up``'s
-    /metrics."""
-    text = await asyncio.to_thread(
-        lambda: urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
-    )
-    return {
-        line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("ppf_endpoint_requests_total{")
-    }
 
 
 async def _an_agent_speaks_mcp(up: Any, token: str, exits: set[str], truth: set[str]) -> None:

@@ -340,8 +340,9 @@ class Idle:
 
 def idle_key(up: Upstream, host: str, port: int) -> tuple[object, ...]:
     """A link carries one site's requests, whatever its upstream: a SOCKS tunnel goes to
-    one site, and an HTTP proxy may too. tinyproxy, common among open proxies, reads a
-    connection's first request and then relays its bytes to that request's server while
-    the server keeps it open: a later request on it, for another site, would reach the
-    first site with the client's headers (tests/test_forward.py)."""
+    one site, and an HTTP proxy may too. tinyproxy, common among open proxies, reads an
+    answer with an empty body as one without a length, and relays the connection on to
+    its server for as long as that server keeps it open: a later request on it, for
+    another site, would reach the first site with the client's headers
+    (tests/test_forward.py)."""
     return (up.key, host, port)
