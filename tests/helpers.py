@@ -10,6 +10,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from events import (
     Event,
     Leased,
@@ -84,14 +86,16 @@ async def clear_of_the_hour(need_s: float) -> None:
 
 async def endpoint_counts(base: str) -> dict[str, float]:
     """The endpoint's ``ppf_endpoint_requests_total`` by outcome, from the /metrics of the
-    ``ppf up`` at ``base``."""
+    ``ppf up`` at ``base``, read with the Prometheus parser as a scraper reads it."""
     text = await asyncio.to_thread(
         lambda: urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
     )
     return {
-        line.split('outcome="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("ppf_endpoint_requests_total{")
+        sample.labels["outcome"]: sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "ppf_endpoint_requests"
+        for sample in family.samples
+        if sample.name == "ppf_endpoint_requests_total"
     }
 
 
