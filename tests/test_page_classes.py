@@ -90,11 +90,12 @@ def test_a_vendors_page_beside_the_page_is_the_block() -> None:
     assert by_classes(REAL, [challenge]) == THROUGH
 
 
-def test_the_endpoint_keeps_a_class_small_and_a_vendors_page_as_none() -> None:
+def test_the_endpoint_keeps_a_class_small_and_a_vendors_page_as_a_refusal() -> None:
     """A URL's classes keep what comparing reads, not the page (a few hundred bytes for
     a 9 KB page); a proxy's latest answer decides its class, and a vendor's block page,
-    a block by itself, takes it out of every class."""
-    from endpoint.router.pages import Pages
+    a block by itself, puts it in the refusal's class (``REFUSED``), never in a class
+    compared as a page."""
+    from endpoint.router.pages import REFUSED, Pages
 
     pages, url = Pages(), b"shop.example:80 http://shop.example/"
     pages.add(url, ("45.0.0.1", 8080), REAL)
@@ -105,7 +106,8 @@ def test_the_endpoint_keeps_a_class_small_and_a_vendors_page_as_none() -> None:
     assert pages.got(url, WAIT) == {("45.0.0.2", 8080)}
     challenge = Answer(status=200, head=b"<script>window._cf_chl_opt={}</script>", size=9_000)
     pages.add(url, ("45.0.0.2", 8080), challenge)
-    assert pages.got(url, WAIT) == set() and pages.classes(url) == [kept_real]
+    assert pages.got(url, WAIT) == set() and pages.classes(url) == [kept_real, REFUSED]
+    assert pages.got(url, REFUSED) == {("45.0.0.2", 8080)}
 
 
 def test_a_title_is_read_whatever_the_case_of_its_tag() -> None:
@@ -389,3 +391,42 @@ def test_at_a_sites_first_split_a_proxy_whose_answers_alike_were_its_block_loses
     # Told on the URL where its class is the block, and nowhere else.
     assert answered(g, two, page)[1] == set()
     assert set(pool.standing.through[site]) == {d.key, f.key}
+
+
+def test_a_page_beside_a_block_page_on_its_url_gets_its_proxy_standing() -> None:
+    """A site that answers its listed exits a short "Access denied" page (a 403 whose
+    page is read: events/blockpages.py's sign) and the others its page: the page beside
+    that block on the same URL is ``through``, as beside a 403 told by its head, and its
+    proxy is known to get through at once. Before, the block page was no class, the page
+    beside it said ``none``, and a site asked at each URL once taught the endpoint
+    nothing of its own traffic: its HTTPS requests went through proxies picked blind
+    until the fleet's word came (three misses of ``test_sites_box`` on its paced site).
+    A page alone on its URL still says nothing."""
+    import random
+
+    from endpoint.link.uplink import UpLink
+    from endpoint.link.upstream import Upstream
+    from endpoint.router.choose import Pool
+    from endpoint.router.verdicts import read_answer
+
+    site = "shop.example"
+    pool = Pool(rng=random.Random(1), upstreams={})
+    pool.replace([Upstream(f"45.0.0.{n}", 8080, "http") for n in range(1, 5)])
+    listed, other, let_in, alone = pool.upstreams.values()
+    denied = b"<html><title>Access denied</title>45.0.0.1 is not allowed here.</html>"
+
+    def answered(up: Upstream, url: bytes, status: int, page: bytes) -> str:
+        link = UpLink(up, True, (), 1.0)
+        link.status, link.seen, link.size = status, bytearray(page), len(page)
+        said, told = read_answer(pool, site, None, link, url)
+        assert not told, told
+        if said == THROUGH:  # as router/forwarding.py learns it
+            pool.got_through(up, site)
+        return said
+
+    one, two = (f"{site}:80 /page/{n}".encode() for n in (1, 2))
+    assert answered(listed, one, 403, denied) == BLOCKED
+    assert answered(other, one, 403, denied) == BLOCKED
+    assert answered(let_in, one, 200, REAL.head) == THROUGH
+    assert set(pool.standing.through[site]) == {let_in.key}
+    assert answered(alone, two, 200, REAL.head) == NONE  # nothing to compare with

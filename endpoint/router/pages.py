@@ -5,9 +5,11 @@ like a page is told from the page by what other proxies got, never by how many g
 Per URL, an answer of each class, kept as what comparing reads (its status, redirect,
 title and size: a few hundred bytes, never its page), and the proxies that got one of
 that class; the least recently asked URLs are forgotten first, so traffic to many sites
-never stops the learning of a new one. A page with a vendor's sign is a block by itself
-and is not kept as a class. A refusal (a 403, a closed connection) is a class too: a
-page beside it is what the refused proxies did not get.
+never stops the learning of a new one. A refusal (a 403, a closed connection) is a
+class too: a page beside it is what the refused proxies did not get. A block page by
+its signs (a vendor's, or a short page that calls itself a block: events/blockpages.py)
+is such a refusal whatever its status, kept as the one its head would have been (not as
+what comparing reads of it, which would lose the signs and compare it as a page).
 
 And where a site's redirects sent its visitors lately: a client that follows a
 redirect to an interstitial asks the same page of it whatever its exit, so answers
@@ -25,11 +27,16 @@ from dataclasses import dataclass, field
 
 from events.sites import Answer, compared, path_of, redirect_target, same_class, tells
 
-__all__ = ["CLASSES", "URLS", "Pages"]
+__all__ = ["CLASSES", "REFUSED", "URLS", "Pages"]
 
 URLS = 4_096  # URLs remembered, the least recently asked forgotten first
 CLASSES = 4  # classes kept a URL: a fifth replaces the oldest
 Key = tuple[str, int]  # a proxy's (ip, port)
+# What a block page by its signs is kept as: a refusal, as a 403 told by its head is
+# (endpoint/router/router.py ``refused``). Dropped instead, a page beside it on the same
+# URL said nothing, and a site that answers its listed exits an "Access denied" page
+# taught the endpoint nothing of the exits it lets in.
+REFUSED = Answer(status=403)
 
 
 @dataclass(slots=True)
@@ -67,8 +74,8 @@ class Pages:
 
     def add(self, url: bytes, proxy: Key, answer: Answer) -> None:
         """``answer`` to ``url`` through ``proxy``: into its class, or as a new one (a
-        proxy is in one class of a URL: its latest answer's; a vendor's block page puts
-        it in none)."""
+        proxy is in one class of a URL: its latest answer's; a block page by its signs,
+        the refusal's, ``REFUSED``)."""
         classes = self._urls.get(url)
         if classes is None:
             classes = self._urls[url] = []
@@ -80,7 +87,7 @@ class Pages:
             c.proxies.discard(proxy)
         classes[:] = [c for c in classes if c.proxies]
         if answer.sign:
-            return
+            answer = REFUSED
         kind = next((c for c in classes if same_class(c.answer, answer)), None)
         if kind is None:
             kind = _Class(compared(answer))
