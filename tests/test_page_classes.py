@@ -400,8 +400,8 @@ def test_a_page_beside_a_block_page_on_its_url_gets_its_proxy_standing() -> None
     proxy is known to get through at once. Before, the block page was no class, the page
     beside it said ``none``, and a site asked at each URL once taught the endpoint
     nothing of its own traffic: its HTTPS requests went through proxies picked blind
-    until the fleet's word came (three misses of ``test_sites_box`` on its paced site).
-    A page alone on its URL still says nothing."""
+    until the fleet's word came (in logged runs of ``test_sites_box``, up to 29 s on its
+    paced site). A page alone on its URL still says nothing."""
     import random
 
     from endpoint.link.uplink import UpLink
