@@ -33,9 +33,9 @@ URLS = 4_096  # URLs remembered, the least recently asked forgotten first
 CLASSES = 4  # classes kept a URL: a fifth replaces the oldest
 Key = tuple[str, int]  # a proxy's (ip, port)
 # What a block page by its signs is kept as: a refusal, as a 403 told by its head is
-# (endpoint/router/router.py ``refused``). Dropped instead, a page beside it on the same
-# URL said nothing, and a site that answers its listed exits an "Access denied" page
-# taught the endpoint nothing of the exits it lets in.
+# (endpoint/router/router.py ``refused``), so the page beside it on the same URL is the
+# site's own, and a site that answers its listed exits an "Access denied" page teaches
+# which exits it lets in, even when each of its URLs is asked once.
 REFUSED = Answer(status=403)
 
 
