@@ -21,6 +21,20 @@ from events.mint import fresh_id, now_ms
 from tests.test_cli import Up
 
 
+def _connections_waiting(listener: socket.socket) -> int:
+    """How many connections wait in ``listener``'s backlog (the kernel took them; the
+    test's program never answers them)."""
+    listener.setblocking(False)
+    count = 0
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return count
+        conn.close()
+        count += 1
+
+
 def _doctor(ppf_bin: str, data: Path, *extra: str) -> tuple[int, str]:
     done = subprocess.run(
         [ppf_bin, "doctor", "--data", str(data), *extra],
@@ -34,8 +48,9 @@ def _doctor(ppf_bin: str, data: Path, *extra: str) -> tuple[int, str]:
 @pytest.mark.timeout(240)
 def test_ppf_doctor_names_what_is_wrong_and_how_to_fix_it(ppf_bin: str, tmp_path: Path) -> None:
     """Healthy: exit 0, NATS, the gateway, the lock and the endpoint ok. Stopped, with a
-    listener of this test's on the gateway's port: exit 1, nothing on the data directory,
-    NATS not answering, the gateway's port another program's (named). Locked by a
+    listener of this test's on the gateway's port that never answers: exit 1, nothing on
+    the data directory, NATS not answering, the gateway's port another program's (named),
+    asked on one connection, and no log line beside the report. Locked by a
     program that is not ppf: exit 1, naming it."""
     data = tmp_path / "data"
     up = Up(ppf_bin, data, "--lab", "--no-agents")
@@ -78,13 +93,18 @@ def test_ppf_doctor_names_what_is_wrong_and_how_to_fix_it(ppf_bin: str, tmp_path
     holder.listen()
     try:
         code, said = _doctor(ppf_bin, data, "--endpoint", endpoint)
+        asked = _connections_waiting(holder)
     finally:
         holder.close()
     assert code == 1, said
     assert f"fail  nothing runs on {data}" in said, said
     assert "fail  NATS at" in said and "does not answer" in said, said
-    assert f"fail  the gateway at {up.base} does not answer as ppf's" in said, said
+    assert f"fail  the gateway at {up.base} does not answer as ppf's: no answer" in said, said
     assert f"port {up.http} is pid" in said, said
+    # A port that never answers is asked once, not once a question (a wait each).
+    assert asked == 1, f"the silent gateway port was asked on {asked} connections"
+    # The report alone: the retries to a NATS that is down are its line, not log lines.
+    assert '"event"' not in said and "start_waiting" not in said, said
     if shutil.which("flock") is None:
         pytest.skip("flock missing: apt-get install util-linux")
     locker = subprocess.Popen(["flock", str(data / "ppf.lock"), "sleep", "30"])
