@@ -430,3 +430,44 @@ def test_a_page_beside_a_block_page_on_its_url_gets_its_proxy_standing() -> None
     assert answered(let_in, one, 200, REAL.head) == THROUGH
     assert set(pool.standing.through[site]) == {let_in.key}
     assert answered(alone, two, 200, REAL.head) == NONE  # nothing to compare with
+
+
+def test_redirects_alike_give_no_standing_before_a_sites_first_split() -> None:
+    """A site that sends the exits it turns away to an interstitial (``/welcome``, no
+    block word) gives them all the same redirect: before its first split, two such
+    redirects alike on one URL read ``none`` and give their proxies no standing, where
+    two pages alike read ``alike``. Read as the site's page, those redirects made two
+    turned-away proxies the site's known ones, and HTTPS requests (tunnels, unread)
+    went to its interstitial through them until a real page told them apart (logged
+    runs of ``test_sites_box``: five and six such picks in a run, and a CI failure of
+    two HTTPS misses on that site)."""
+    import random
+
+    from endpoint.link.uplink import UpLink
+    from endpoint.link.upstream import Upstream
+    from endpoint.router.choose import Pool
+    from endpoint.router.verdicts import ALIKE, read_answer
+
+    site = "shop.example"
+    pool = Pool(rng=random.Random(1), upstreams={})
+    pool.replace([Upstream(f"45.0.0.{n}", 8080, "http") for n in range(1, 5)])
+    a, b, c, d = pool.upstreams.values()
+
+    def answered(up: Upstream, url: bytes, status: int, location: str, page: bytes) -> str:
+        link = UpLink(up, True, (), 1.0)
+        link.status, link.location = status, location
+        link.seen, link.size = bytearray(page), len(page)
+        said, told = read_answer(pool, site, None, link, url)
+        assert not told, told
+        if said == ALIKE:  # as router/forwarding.py learns it
+            pool.got_through(up, site, alike_at=1.0)
+        return said
+
+    one, two = (f"{site}:80 /page/{n}".encode() for n in (1, 2))
+    away = "/welcome?next=/page/1"
+    assert answered(a, one, 302, away, b"") == NONE  # nothing to compare with
+    assert answered(b, one, 302, away, b"") == NONE  # alike, but no page: nothing
+    assert site not in pool.standing.through
+    assert answered(c, two, 200, "", REAL.head) == NONE
+    assert answered(d, two, 200, "", REAL.head) == ALIKE  # pages alike: the page, held
+    assert set(pool.standing.through[site]) == {d.key}

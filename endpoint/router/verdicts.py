@@ -176,8 +176,10 @@ def read_answer(
             pool.standing.lose(site, told)
         if said == THROUGH and settled(said, bool(told), True, pages.classes(url)) == NONE:
             # Answers alike, no block told beside them: where the site told a page from
-            # its block lately, nothing; else the page for the picks, held from the log
-            # until the site has gone a while without a split (router/tally.py).
-            said = NONE if pages.splits(site) else ALIKE
+            # its block lately, nothing; redirects alike, nothing either (a site sends
+            # every exit it turns away to the same interstitial, and standing read from
+            # them took HTTPS requests there); else the page for the picks, held from
+            # the log until the site has gone a while without a split (router/tally.py).
+            said = NONE if pages.splits(site) or answer.status >= 300 else ALIKE
         return said, told
     return said, set()
