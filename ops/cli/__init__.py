@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -113,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "_ARGCOMPLETE" in os.environ:  # a shell asking for completions (ppf completion)
         completion.complete(p)
     args = p.parse_args(argv)
-    logs.configure()
+    logs.configure(getattr(args, "log_level", logging.INFO))  # a command may ask for less
     for flag in ("ca", "cert", "key"):
         if getattr(args, f"nats_{flag}", None):
             os.environ[f"PPF_NATS_{flag.upper()}"] = getattr(args, f"nats_{flag}")

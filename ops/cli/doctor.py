@@ -20,7 +20,6 @@ import aiohttp
 
 from gatewayapi import GatewayApi
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, port_holder
-from ops.telemetry import logs
 
 __all__ = ["register"]
 
@@ -41,7 +40,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--endpoint", default="127.0.0.1:8899", help="the rotating endpoint's HOST:PORT"
     )
     dr.add_argument("--json", action="store_true")
-    dr.set_defaults(run=_doctor)
+    # Its report says what the services' own log lines would (a NATS that does not
+    # answer, retried): only warnings and errors besides it, so the report reads alone.
+    dr.set_defaults(run=_doctor, log_level=logging.WARNING)
 
 
 class _Report:
@@ -57,9 +58,6 @@ class _Report:
 
 
 async def _doctor(args: argparse.Namespace) -> int:
-    # Its report says what the services' own log lines would (a NATS that does not
-    # answer, retried): only warnings and errors besides it, so the report reads alone.
-    logs.configure(logging.WARNING)
     data, report = data_dir(args), _Report()
     _lock(data, report)
     await _nats(args.nats, report)
