@@ -101,6 +101,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.box)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection built (every test module, its parameters and strategies, and what
+    they import) lives to the end of the run: frozen out of the collector's reach, so the
+    collection after each test walks only what tests made. Walking it all took 0.2-0.5 s
+    a test, a fifth of the suite's time."""
+    gc.collect()
+    gc.freeze()
+
+
 @pytest.fixture(autouse=True)
 def _collect_garbage_after_each_test() -> Iterator[None]:
     """A socket left open is reported when the garbage collector finds it, which can be
