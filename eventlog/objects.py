@@ -15,7 +15,7 @@ import contextlib
 import hashlib
 import io
 from datetime import datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 import nats.js.errors
@@ -29,6 +29,9 @@ from eventlog.stream import Firehose
 from eventlog.waiting import START_WAIT_S, until_answered
 from events.subjects import STREAM
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+
 __all__ = ["BUCKET", "SNAPSHOTS", "DepositBucket", "SnapshotBucket"]
 
 BUCKET = "ppf-deposits"
@@ -40,13 +43,47 @@ class _Replicated(Protocol):
     url: str  # and where the lean reader dials
 
 
+# An object's chunks come back to back; none for this long means the bucket lost some,
+# or the read stalled (nats-py's ordered consumer does not restart on missed heartbeats):
+# the reader would otherwise wait for them for ever, and a start or the ingest with it.
+CHUNK_WAIT_S = 10.0
+
+
+class _Stalled(Exception):
+    """A read that got no chunk for ``CHUNK_WAIT_S``."""
+
+
+class _Sink(io.BytesIO):
+    """What nats-py writes an object's chunks into, counting them as they come."""
+
+    chunks = 0
+
+    def write(self, chunk: ReadableBuffer, /) -> int:
+        self.chunks += 1
+        return super().write(chunk)
+
+
 async def _read_whole(store: ObjectStore, name: str) -> bytes:
-    """An object's bytes. nats-py's ``get`` without ``writeinto`` appends each chunk to a
-    ``bytes`` (``result.data += msg.data``): quadratic (docs/decisions.md, The log).
-    Into a BytesIO, each chunk is copied once."""
-    sink = io.BytesIO()
-    await store.get(name, writeinto=sink)
-    return sink.getvalue()
+    """An object's bytes through nats-py (its digest checked against the object's meta);
+    ``_Stalled`` once no chunk has come for ``CHUNK_WAIT_S``. Its ``get`` without
+    ``writeinto`` appends each chunk to a ``bytes`` (``result.data += msg.data``):
+    quadratic (docs/decisions.md, The log); into a BytesIO, each chunk is copied once."""
+    sink = _Sink()
+    reading = asyncio.ensure_future(store.get(name, writeinto=sink))
+    try:
+        while True:
+            came = sink.chunks
+            done, _ = await asyncio.wait([reading], timeout=CHUNK_WAIT_S)
+            if done:
+                reading.result()  # its errors: not found, digest
+                return sink.getvalue()
+            if sink.chunks == came:
+                raise _Stalled(f"{came} chunks came, then none for {CHUNK_WAIT_S:g} s")
+    finally:
+        # Stalled, or the caller stopped. Its subscription stays until the connection
+        # closes (nats-py's get keeps it to itself): a read stalls seldom, and waiting
+        # for ever on one held up everything behind it.
+        reading.cancel()
 
 
 def _sha256(data: bytes) -> str:
@@ -115,6 +152,9 @@ class DepositBucket:
         except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as exc:
             self._count("get", "digest")
             raise DepositError("digest", f"{key}: {type(exc).__name__}") from exc
+        except _Stalled as exc:
+            self._count("get", "store")
+            raise DepositError("store", str(exc)) from exc
         except (nats.errors.Error, OSError) as exc:
             self._count("get", "store")
             raise DepositError("store", repr(exc)) from exc
@@ -159,9 +199,6 @@ class DepositBucket:
 
 SNAPSHOTS = "ppf-snapshots"
 SNAPSHOT_CHUNK = 768 * 1024
-# A snapshot's chunks come back to back; none for this long means the bucket lost some
-# (the reader would otherwise wait for them for ever, and the start with it).
-CHUNK_WAIT_S = 10.0
 
 
 class SnapshotBucket:
@@ -205,6 +242,8 @@ class SnapshotBucket:
                 return await _read_whole(store, name)  # nats-py checks its digest
             except (nats.js.errors.DigestMismatchError, nats.js.errors.BadObjectMetaError) as e:
                 raise SnapshotError(f"snapshot {name}: {type(e).__name__}") from e
+            except _Stalled as e:
+                raise SnapshotError(f"snapshot {name}: {e}") from e
         # The chunks through the lean reader (eventlog/stream.py): nats-py's parser was
         # the loaded gateway's longest wait (docs/decisions.md, Snapshots). Each chunk
         # is copied once, into a buffer of the object's size, and hashed as it comes

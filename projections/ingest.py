@@ -289,13 +289,14 @@ class DepositIngest:
             derived = derive(row, data, batches=state.settings.batches)
         except (DepositError, MalformedDeposit) as exc:
             reason = exc.reason if isinstance(exc, DepositError) else "malformed"
+            said = str(exc) if isinstance(exc, DepositError) else f"{reason}: {exc}"
             event: Event = DepositRejected(
                 id=f"rejected:{kid}:{attempt}",
                 agent=SERVICE,
                 at=row.at,
                 key=key,
                 attempt=attempt,
-                reason=f"{reason}: {exc}"[:500],
+                reason=said[:500],  # a DepositError's text begins with its reason
             )
             published = await self.fold.log.publish(event)
             await self.fold.wait_for(published.seq, 10)

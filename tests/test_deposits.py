@@ -17,6 +17,7 @@ import pytest
 
 import events as ev
 from agents.gateway_client import GatewayClient
+from eventlog import objects
 from eventlog.client import fresh_id, now_ms
 from eventlog.protocol import DepositError
 from events.keys import page_key, seed_key
@@ -179,6 +180,47 @@ async def test_reparse_extracts_again_from_a_deposited_page_fetching_nothing(
         # Pages deposited before --since are left alone.
         later = await reparse(box.log, state.deposits[page_key(sha)].seq + 1, lab=True)
         assert (later.pages, later.extracted) == (0, 0)
+
+
+async def test_a_deposit_whose_chunks_are_lost_is_a_failed_read_and_the_ingest_goes_on(
+    nats_server: NatsServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store lost the chunks of a deposit's object: its read gives up once no chunk has
+    come for ``CHUNK_WAIT_S`` (a DepositError saying how many came), the attempt is kept
+    in the log as a DepositRejected, and the ingest folds the other deposit meanwhile
+    rather than waiting for the lost chunk for ever (a fresh-clone run of the seed-node
+    test once saw every deposit pending and none read)."""
+    monkeypatch.setattr(objects, "CHUNK_WAIT_S", 0.5)
+    async with deposit_box(nats_server, tmp_path, {}) as box:
+        await box.ingest.stop()
+        torn, whole = b"1.2.3.4:80\n" * 40_000, b"5.6.7.8:80\n"  # 440 KB: four chunks
+        keys = {}
+        for data in (torn, whole):
+            sha = hashlib.sha256(data).hexdigest()
+            keys[data] = page_key(sha)
+            await box.log.deposits.put(page_key(sha), data)
+            await box.log.publish(
+                ev.Deposited(
+                    id=fresh_id(), agent="admin", at=now_ms(), key=page_key(sha), sha256=sha,
+                    bytes=len(data),
+                )
+            )  # fmt: skip
+        store = await box.log.js.object_store(objects.BUCKET)
+        info = await store.get_info(keys[torn])
+        stream, chunks = f"OBJ_{objects.BUCKET}", f"$O.{objects.BUCKET}.C.{info.nuid}"
+        await box.log.js.purge_stream(stream, subject=chunks)
+        t = asyncio.get_running_loop().time()
+        with pytest.raises(DepositError, match=r"store: 0 chunks came, then none for 0\.5 s"):
+            await box.log.deposits.get(keys[torn], hashlib.sha256(torn).hexdigest())
+        assert asyncio.get_running_loop().time() - t < 5
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        box.ingest.sweep_s = 30.0  # one read of each here
+        await box.ingest.start()
+        rows = box.fold.state.deposits
+        assert await until(lambda: rows[keys[whole]].status == "folded", 10), rows[keys[whole]]
+        assert await until(lambda: rows[keys[torn]].attempts == 1, 10), rows[keys[torn]]
+        assert rows[keys[torn]].status == "pending"  # swept again later, poisoned at five
+        assert rows[keys[torn]].reason.startswith("store: 0 chunks came, then none")
 
 
 async def test_the_ingest_never_lists_the_store_counted_by_the_server() -> None:
