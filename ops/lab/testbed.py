@@ -424,13 +424,11 @@ class ProxyLab:
         return Proxy("dante", port, "socks5", "elite", self.exits["dante"], proc)
 
     def stop(self) -> None:
+        """Each daemon's process group killed at once: nothing of theirs outlives the lab's
+        directory, and squid took 1.8 s a stop on SIGTERM (its shutdown_lifetime is 0)."""
         self.fakes.stop()
         for p in self.proxies:
             if p.proc is not None and p.proc.poll() is None:
-                try:
-                    os.killpg(p.proc.pid, signal.SIGTERM)
-                    p.proc.wait(10)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(p.proc.pid, signal.SIGKILL)
-                    p.proc.wait(10)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.proc.pid, signal.SIGKILL)
+                p.proc.wait(10)
