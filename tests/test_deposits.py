@@ -188,7 +188,7 @@ async def test_a_deposit_whose_chunks_are_lost_is_a_failed_read_and_the_ingest_g
     """The store lost the chunks of a deposit's object: its read gives up once no chunk has
     come for ``CHUNK_WAIT_S`` (a DepositError saying how many came), the attempt is kept
     in the log as a DepositRejected, and the ingest folds the other deposit meanwhile
-    rather than waiting for the lost chunk for ever (a fresh-clone run of the seed-node
+    rather than waiting for the lost chunks for ever (a run of the seed-node
     test once saw every deposit pending and none read)."""
     monkeypatch.setattr(objects, "CHUNK_WAIT_S", 0.5)
     async with deposit_box(nats_server, tmp_path, {}) as box:
