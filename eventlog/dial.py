@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ import structlog
 from nats.aio.client import Client, Srv
 from nats.aio.transport import TcpTransport
 
-from eventlog.protocol import LogError
+from eventlog.protocol import LogError, NatsUnreachable
 from eventlog.waiting import until_answered
 
 __all__ = ["NatsTls", "connected", "dial", "redact"]
@@ -66,20 +67,37 @@ def redact(url: str) -> str:
 
 
 async def _probe(url: str, timeout: float) -> None:
-    """Fail fast when no server of ``url`` (comma-separated list) accepts a connection."""
+    """Fail fast when no server of ``url`` (comma-separated list) accepts a connection:
+    each server's reason as a person says it (``Connection refused``)."""
     errors = []
-    for one in url.split(","):
+    servers = url.split(",")
+    for one in servers:
         parts = urlsplit(one.strip() if "://" in one else f"nats://{one.strip()}")
         try:
             async with asyncio.timeout(timeout):
                 host, port = parts.hostname or "127.0.0.1", parts.port or 4222
                 _, writer = await asyncio.open_connection(host, port)
-        except (OSError, TimeoutError) as exc:
-            errors.append(f"{redact(one)}: {exc!r}")
+        except TimeoutError:
+            errors.append((one, f"no connection in {timeout:g} s"))
+            continue
+        except OSError as exc:
+            errors.append((one, _said(exc)))
             continue
         writer.close()
         return
-    raise LogError(f"cannot connect to NATS at {redact(url)}: " + "; ".join(errors))
+    why = errors[0][1] if len(servers) == 1 else "; ".join(f"{redact(u)}: {w}" for u, w in errors)
+    raise NatsUnreachable(redact(url), why)
+
+
+def _said(exc: OSError) -> str:
+    """``Connection refused``, ``Name or service not known``: not asyncio's ``Connect
+    call failed (...)`` nor the errno's number. A TLS failure says its own (its errno is
+    the TLS library's, not the system's)."""
+    if isinstance(exc, ssl.SSLError):
+        return str(exc)
+    if isinstance(exc, socket.gaierror) or not exc.errno:
+        return exc.strerror or repr(exc)
+    return os.strerror(exc.errno)
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +173,10 @@ async def connected(
                 reconnected_cb=reconnected_cb,
                 **({"inbox_prefix": inbox_prefix} if inbox_prefix else {}),
             )
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
+    except TimeoutError as exc:  # a server took the connection and said nothing
+        raise NatsUnreachable(shown, f"no NATS answer in {timeout:g} s") from exc
+    except OSError as exc:
+        raise NatsUnreachable(shown, _said(exc)) from exc
+    except nats.errors.Error as exc:  # it answered: a login refused, a protocol error
         raise LogError(f"cannot connect to NATS at {shown}: {exc!r}") from exc
     return nc, closing

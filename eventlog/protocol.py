@@ -21,6 +21,7 @@ __all__ = [
     "GapError",
     "LogError",
     "Message",
+    "NatsUnreachable",
     "PublishError",
     "Published",
     "SnapshotError",
@@ -33,6 +34,15 @@ Message = tuple[int, int, bytes, bytes]  # stream seq, server ts (unix ms), subj
 
 class LogError(RuntimeError):
     """Base of every error the log client raises."""
+
+
+class NatsUnreachable(LogError):
+    """No server of a NATS URL took a connection; ``why`` as a person says it
+    (``Connection refused``, ``no connection in 5 s``; a reason a server for several)."""
+
+    def __init__(self, shown: str, why: str) -> None:
+        super().__init__(f"cannot connect to NATS at {shown}: {why}")
+        self.why = why
 
 
 class PublishError(LogError):

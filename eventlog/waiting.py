@@ -54,7 +54,8 @@ async def until_answered(
             if loop.time() + pause > deadline:
                 if isinstance(exc, LogError) and not wait_s:
                     raise  # asked once: in its own words
-                raise LogError(f"{what}: no answer in {wait_s:.0f} s: {exc!r}") from exc
+                why = str(exc) if isinstance(exc, LogError) else repr(exc)  # ours say it
+                raise LogError(f"{what}: no answer in {wait_s:.0f} s: {why}") from exc
             log.info("start_waiting", what=what, error=repr(exc), again_in_s=pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, START_PAUSE_MAX_S)

@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -280,6 +281,15 @@ def test_bad_flags_and_missing_nats_fail_clearly(ppf_bin: str) -> None:
     )
     assert res.returncode == 1
     assert b"cannot connect to NATS" in res.stderr
+    # The reason as a person says it, once: not asyncio's words nor the URL again.
+    assert res.stderr.strip().endswith(b": Connection refused"), res.stderr
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # takes connections, says nothing
+        res = subprocess.run(
+            [ppf_bin, "replay", "--db", "x.duckdb", "--nats",
+             f"nats://127.0.0.1:{silent.getsockname()[1]}"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+    assert res.returncode == 1 and b"no NATS answer in" in res.stderr, res.stderr
     res = subprocess.run([ppf_bin, "up", "--listen", "nowhere:port"], capture_output=True)
     assert res.returncode == 2
     nowhere = f"nats://127.0.0.1:{free_port()}"

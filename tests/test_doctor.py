@@ -98,7 +98,7 @@ def test_ppf_doctor_names_what_is_wrong_and_how_to_fix_it(ppf_bin: str, tmp_path
         holder.close()
     assert code == 1, said
     assert f"fail  nothing runs on {data}" in said, said
-    assert "fail  NATS at" in said and "does not answer" in said, said
+    assert "fail  NATS at" in said and "does not answer: Connection refused  -> " in said, said
     assert f"fail  the gateway at {up.base} does not answer as ppf's: no answer" in said, said
     assert f"port {up.http} is pid" in said, said
     # A port that never answers is asked once, not once a question (a wait each).

@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from eventlog.protocol import NatsUnreachable
 from gatewayapi import GatewayApi
 from ops.cli.common import DEFAULT_NATS, data_dir, hostport, port_holder
 
@@ -141,7 +142,7 @@ async def _nats(url: str, report: _Report) -> None:
         async with asyncio.timeout(10):
             lg = await Log.connect(url, name="ppf-doctor", wait_s=2)
     except Exception as exc:  # every way a connect fails is said, not raised
-        report.say("fail", f"NATS at {shown} does not answer: {exc!s:.120}", _nats_fix(shown))
+        report.say("fail", f"NATS at {shown} does not answer: {_why(exc):.200}", _nats_fix(shown))
         return
     try:
         head = await lg.head_seq()
@@ -153,6 +154,15 @@ async def _nats(url: str, report: _Report) -> None:
         report.say("fail", f"NATS at {shown} has no ppf stream: {exc!s:.120}", "start ppf up")
     finally:
         await lg.close()
+
+
+def _why(exc: BaseException) -> str:
+    """A failed connect's reason: no server took the connection (``Connection
+    refused``), found under the wait that asked again; else the error as it is."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, NatsUnreachable):
+        cause = cause.__cause__
+    return cause.why if cause is not None else str(exc)
 
 
 async def _limits(lg: Any, report: _Report) -> None:
