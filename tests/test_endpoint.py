@@ -308,9 +308,7 @@ def test_the_pool_picks_by_strategy_and_avoids_what_failed() -> None:
 BUSY = 60_000
 
 
-# Its bar is a rate: the gateway waits for its fold at most ENROLMENT_WAIT_S (2 s), and
-# the fold works off BUSY messages in that time only with a core of its own (beside the
-# suite's three workers it once took longer, and the login was refused).
+# A rate: the fold works off BUSY messages in ENROLMENT_WAIT_S (2 s) with a core its own.
 @pytest.mark.serial
 async def test_a_token_works_the_moment_ppf_token_issue_prints_it(
     lab: ProxyLab, log_client: Log, nats_server: Any
