@@ -288,15 +288,17 @@ class DepositIngest:
             data = await self.store.get(key, row.sha256)
             derived = derive(row, data, batches=state.settings.batches)
         except (DepositError, MalformedDeposit) as exc:
-            reason = exc.reason if isinstance(exc, DepositError) else "malformed"
-            said = str(exc) if isinstance(exc, DepositError) else f"{reason}: {exc}"
+            if isinstance(exc, DepositError):  # its text begins with its reason
+                reason, said = exc.reason, str(exc)
+            else:
+                reason, said = "malformed", f"malformed: {exc}"
             event: Event = DepositRejected(
                 id=f"rejected:{kid}:{attempt}",
                 agent=SERVICE,
                 at=row.at,
                 key=key,
                 attempt=attempt,
-                reason=said[:500],  # a DepositError's text begins with its reason
+                reason=said[:500],
             )
             published = await self.fold.log.publish(event)
             await self.fold.wait_for(published.seq, 10)
