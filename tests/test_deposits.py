@@ -122,6 +122,35 @@ async def test_junk_under_another_range_or_a_pages_key_is_refused_and_the_honest
         assert ("1.1.1.1", 80) not in state.proxies
 
 
+async def test_a_seed_deposit_that_is_not_a_seed_batch_is_rejected_as_malformed(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A seed node stores bytes under its range's key that are no seed batch and announces
+    them: the ingest reads them, cannot derive a check from them, and keeps each attempt
+    in the log as a DepositRejected whose reason says ``malformed`` and why; no proxy."""
+    async with deposit_box(nats_server, tmp_path, {"seed1": "seed"}) as box:
+        planned, _ = await plan(box.log, b"8.8.8.8:3128\n", "proxies", 1, 0)
+        assert planned is not None
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        async with GatewayClient(
+            box.gateway, box.tokens["seed1"], "seed1", tmp_path / "s.jsonl"
+        ) as gw:
+            (grant,) = await gw.lease("seed", 1, 60)
+            rng = grant.seed()
+            key = seed_key(rng.plan, rng.range, rng.cursor)
+            body = b"8.8.8.8:3128\n"  # the dump's line itself, not a batch of its checks
+            status, sha = await gw.deposit(key, body)
+            assert status == 200
+            assert await gw.publish(
+                [ev.Deposited(id=fresh_id(), agent="seed1", at=now_ms(), lease=grant.lease,
+                              key=key, sha256=sha, bytes=len(body), items=1, cursor=rng.cursor + 1)]
+            )  # fmt: skip
+        rows = box.fold.state.deposits
+        assert await until(lambda: key in rows and rows[key].attempts >= 1, 10)
+        assert rows[key].reason.startswith("malformed: not a seed batch: "), rows[key].reason
+        assert ("8.8.8.8", 3128) not in box.fold.state.proxies
+
+
 async def test_reparse_extracts_again_from_a_deposited_page_fetching_nothing(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
