@@ -340,6 +340,7 @@ def make_app(
     app[DELETED] = Deleted()
     app[TRUSTED] = tuple(ipaddress.ip_network(n, strict=False) for n in config.trusted_proxies)
     app[POOL_VIEW] = PoolViewKeeper(foreground=fold.foreground, catching_up=fold.catching_up)
+    fold.cut_waits_for = app[POOL_VIEW].wanted  # the view users wait on goes first
     app[GRANTER] = Granter(
         fold,
         app[LOG],

@@ -79,6 +79,11 @@ class PoolViewKeeper:
         self._retiring: set[asyncio.Task[tuple[None, float]]] = set()
         self._through = ThroughKept()  # the sites' rows that did not move, view to view
 
+    def wanted(self, state: State) -> bool:
+        """Whether a build is under way or due: what users wait on, which a timed
+        checkpoint's cut lets go first (``FoldService.cut_waits_for``)."""
+        return (self._task is not None and not self._task.done()) or self.due(state)
+
     async def get(self, request: web.Request) -> PoolView:
         return await self.view(request.app[FOLD].state)
 

@@ -235,14 +235,16 @@ class Checkpointer:
         self._since_t = time.monotonic()
         return self.writer.last_seq
 
-    def due(self, state: State) -> bool:
+    def due(self, state: State, *, timed: bool = True) -> bool:
+        """Whether ``every_events`` were applied since the last checkpoint, or (``timed``)
+        anything was and ``every_ms`` have passed."""
         if state.last_seq - self._since_seq >= self.every_events:
             return True
         elapsed = (time.monotonic() - self._since_t) * 1000
-        return elapsed >= self.every_ms and state.last_seq > self._since_seq
+        return timed and elapsed >= self.every_ms and state.last_seq > self._since_seq
 
-    async def maybe(self, state: State) -> bool:
-        if not self.due(state):
+    async def maybe(self, state: State, *, timed: bool = True) -> bool:
+        if not self.due(state, timed=timed):
             return False
         await self.checkpoint(state)
         return True

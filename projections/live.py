@@ -143,6 +143,9 @@ class FoldService:
         self._cut = asyncio.Lock()
         self._head = (0.0, 0)
         self._whole_after = 0  # the head when a snapshot was adopted (_maybe_checkpoint)
+        # What a timed checkpoint waits for, asked of the state: the gateway's pool view
+        # being built or due (gateway/views.py), which users wait on; nobody waits on a cut.
+        self.cut_waits_for: Callable[[State], bool] = lambda state: False
         log.info("fold_restored", last_seq=self.state.last_seq, db=str(db) if db else None)
 
     @property
@@ -300,9 +303,10 @@ class FoldService:
                     log.warning("snapshot_failed", error=repr(exc))
 
     async def _idle_checkpoints(self) -> None:
-        """A quiet log still gets its checkpoint (and digest) within ``every_ms``."""
+        """A quiet log still gets its checkpoint (and digest) within about ``every_ms``
+        (looked for each second: one may have waited for the view, ``cut_waits_for``)."""
         while True:
-            await asyncio.sleep(self.checkpointer.every_ms / 1000)
+            await asyncio.sleep(min(self.checkpointer.every_ms / 1000, 1.0))
             async with self._cut:
                 await self._maybe_checkpoint()
 
@@ -315,7 +319,10 @@ class FoldService:
         A crash before then starts from the snapshot again."""
         if self.state.last_seq < self._whole_after:
             return
-        await self.checkpointer.maybe(self.state)
+        # Far behind the head, every ``every_events`` only: a catch-up's timed cuts held
+        # its fold, and the one at its end the view (docs/decisions.md, The fold).
+        timed = not (self.catching_up() or self.cut_waits_for(self.state))
+        await self.checkpointer.maybe(self.state, timed=timed)
 
     async def _tick(self) -> None:
         """Sample the pipeline's rates; every 10 s, a metrics row for the tap."""

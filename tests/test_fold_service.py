@@ -18,7 +18,7 @@ from eventlog.stream import Firehose
 from events.sites import SiteRule
 from gateway.app import make_app
 from projections import Folder, digest
-from projections.live import FoldService
+from projections.live import LAG_BOUND, FoldService
 from reducers import State
 from tests.helpers import worked
 
@@ -382,3 +382,62 @@ async def test_no_checkpoint_and_no_stop_cuts_a_round_in_pieces(
         assert (await again.checkpoint_now())[1] == digest(reference)
     finally:
         await again.stop()
+
+
+async def test_a_fold_far_behind_the_log_cuts_no_timed_checkpoint_until_it_caught_up(
+    log_client: Log, tmp_path: Path
+) -> None:
+    """Catching up with a backlog, the fold checkpoints every ``every_events`` only (a
+    timed cut held the fold, and the served view after it); once within ``LAG_BOUND``
+    of the head, its timed checkpoints come again, the last at the head."""
+    backlog = 8 * LAG_BOUND
+    await log_client.publish_many(
+        [worked(f"8.{i // 250 + 1}.{i % 250 + 1}.1") for i in range(backlog)]
+    )
+    fold = FoldService(log_client, db=tmp_path / "p.duckdb", every_events=3_000, every_ms=1)
+    cuts: list[tuple[int, bool]] = []  # (seq, catching up) at each checkpoint
+    cut = fold.checkpointer.checkpoint
+
+    async def counted(state: State) -> None:
+        cuts.append((state.last_seq, fold.catching_up()))
+        await cut(state)
+
+    fold.checkpointer.checkpoint = counted  # type: ignore[method-assign]
+    await fold.start()
+    try:
+        await _caught_up(fold, log_client)
+        for _ in range(100):
+            if fold.digest()[0] == backlog:
+                break
+            await asyncio.sleep(0.05)
+        assert fold.digest()[0] == backlog  # the idle checkpoint, at the head
+    finally:
+        await fold.stop()
+    behind = [seq for seq, catching_up in cuts if catching_up]
+    assert behind, "the backlog was caught up before the head was known: no test"
+    spaced = [b - a for a, b in zip([0, *behind], behind, strict=False)]
+    assert min(spaced) >= 3_000, cuts  # by the count of events alone
+
+
+async def test_a_timed_checkpoint_waits_while_the_pool_view_is_wanted(
+    log_client: Log, tmp_path: Path
+) -> None:
+    """``cut_waits_for`` (the gateway's pool view, built or due) holds a timed
+    checkpoint; it is cut within a second or so once the view no longer wants the loop."""
+    await log_client.publish_many([worked(f"8.8.{i}.1") for i in range(50)])
+    fold = FoldService(log_client, db=tmp_path / "p.duckdb", every_events=10**9, every_ms=10)
+    wanted = [True]
+    fold.cut_waits_for = lambda state: wanted[0]
+    await fold.start()
+    try:
+        await _caught_up(fold, log_client)
+        await asyncio.sleep(1.5)  # the idle checkpoints looked at least once
+        assert fold.checkpointer.written == 0
+        wanted[0] = False
+        for _ in range(60):
+            if fold.digest()[0] == 50:
+                break
+            await asyncio.sleep(0.05)
+        assert fold.digest()[0] == 50
+    finally:
+        await fold.stop()

@@ -262,3 +262,28 @@ async def test_a_view_is_due_once_the_fold_stands_still_and_waits_while_it_catch
     assert not keeper.due(state)
     now[0] += keeper.max_age_s
     assert keeper.due(state)
+
+
+async def test_the_pool_view_is_wanted_while_built_or_due_and_not_once_it_holds_the_fold() -> None:
+    """``wanted`` (what a timed checkpoint waits for): true while a build is under way
+    and while one is due, false once the view holds what the fold applied."""
+    from gateway import views
+
+    now = [100.0]
+    state = _big_pool(4 * poolview.STEP)
+    keeper = views.PoolViewKeeper(clock=lambda: now[0], slice_s=0.0, wait_s=0.0)
+    assert keeper.wanted(state)  # no view yet
+    await keeper.view(state)
+    assert not keeper.wanted(state)  # it holds the fold's sequence
+    keeper._took, keeper._age_s = 1.0, 60.0  # as a big pool's: built while the old answers
+    fold(state, worked("8.8.8.8"), state.last_seq + 1, T0)
+    assert not keeper.wanted(state)  # the fold just moved: not due yet
+    now[0] += 0.2  # the fold stood still past settled_s
+    assert keeper.wanted(state)
+    await keeper.view(state, idle=True)
+    assert keeper._task is not None and not keeper._task.done()
+    fold(state, worked("8.8.4.4"), state.last_seq + 1, T0)
+    assert not keeper.due(state)  # the fold moved again: wanted for the build alone
+    assert keeper.wanted(state)
+    await keeper._task
+    assert not keeper.wanted(state)  # built, and not due: the fold just moved

@@ -42,6 +42,7 @@ async def gateway_catch_up(
     lg = await Log.connect(url, name="ppf-bench-gateway")
     fold = FoldService(lg, dlq=False, between=collect_young)  # as ops/cli/services.py
     keeper = PoolViewKeeper(foreground=fold.foreground, catching_up=fold.catching_up)
+    fold.cut_waits_for = keeper.wanted  # as gateway/app.py
     cpu, started = time.process_time(), time.perf_counter()
     await fold.start()
     follower = asyncio.create_task(keeper.follow(lambda: fold.state))
@@ -87,8 +88,10 @@ async def _burst(
 
 
 # Runs inside either tree (cwd, first on the path): a fresh gateway's catch-up with the
-# stream at URL up to HEAD, its figures as one JSON line. A tree from before the view
-# followed the fold is asked for its view as queries ask (every 50 ms).
+# stream at URL up to HEAD, its figures as one JSON line: the tree's own
+# ``gateway_catch_up`` where it has one (as ``ppf gateway`` runs its parts); a tree from
+# before it, its fold and view as they were, the view asked for as queries ask (every
+# 50 ms) where it did not follow the fold.
 _CHILD = r"""
 import asyncio, json, sys, time
 import structlog
@@ -98,6 +101,13 @@ from projections.live import FoldService
 from gateway.views import PoolViewKeeper
 
 async def main(url, head):
+    try:
+        from ops.bench.catchup import gateway_catch_up
+    except ImportError:
+        pass
+    else:
+        print(json.dumps(await gateway_catch_up(url, head)))
+        return
     lg = await Log.connect(url)
     fold = FoldService(lg, dlq=False)
     try:
@@ -126,12 +136,13 @@ async def bench_catch_up_versus(fold: Fold) -> dict[str, Any]:
     """A fresh gateway's catch-up with this tree and with ``fold.versus`` (``git worktree
     add DIR REV``, its C built), in turns (A B A B, which starts first alternating), on
     one stream of ``fold.events`` observations published once: observations a second,
-    medians and each run's ratio."""
+    medians and each run's ratio; the seconds from the fold's end to the view holding
+    it, where a tree's catch-up says them."""
     assert fold.versus is not None
     observations, proxies, seed, runs = fold.events, fold.proxies, fold.seed, fold.runs
     rounds = not fold.singles
     trees = {"old": checkout(fold.versus), "new": Path(__file__).resolve().parents[2]}
-    seconds: dict[str, list[float]] = {name: [] for name in trees}
+    said_by: dict[str, list[dict[str, Any]]] = {name: [] for name in trees}
     with (
         tempfile.TemporaryDirectory(prefix="ppf-bench-catch-up-") as tmp,
         nats_servers(Path(tmp), "nats") as (server,),
@@ -151,8 +162,12 @@ async def bench_catch_up_versus(fold: Fold) -> dict[str, Any]:
                     capture_output=True,
                     check=True,
                 )
-                seconds[name].append(json.loads(said.stdout.splitlines()[-1])["seconds"])
-    rate = {name: [observations / s for s in runs_s] for name, runs_s in seconds.items()}
+                said_by[name].append(json.loads(said.stdout.splitlines()[-1]))
+    rate = {name: [observations / x["seconds"] for x in said_by[name]] for name in trees}
+    after = {
+        name: [x["view_after_fold_s"] for x in xs if "view_after_fold_s" in x]
+        for name, xs in said_by.items()
+    }
     return {
         "form": "rounds" if rounds else "singles",
         "observations": observations,
@@ -163,4 +178,6 @@ async def bench_catch_up_versus(fold: Fold) -> dict[str, Any]:
         "new_vs_old_by_run": [
             round(n / o, 2) for n, o in zip(rate["new"], rate["old"], strict=True)
         ],
+        "old_view_after_fold_s": after["old"],
+        "new_view_after_fold_s": after["new"],
     }
