@@ -105,8 +105,8 @@ def vouched(state: State) -> Callable[[tuple[str, ...]], bool]:
     """Whether the agents that confirmed a proxy put it in the served pool now."""
     if not state.settings.trust:
         return lambda agents: True
-    trusted = state.trusted
-    return lambda agents: any(a in trusted for a in agents)
+    disjoint = state.trusted.isdisjoint  # in C: a view's build asks it of every row
+    return lambda agents: not disjoint(agents)
 
 
 def hopeless(state: State, row: ProxyRow) -> bool:
