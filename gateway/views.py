@@ -81,8 +81,11 @@ class PoolViewKeeper:
 
     def wanted(self, state: State) -> bool:
         """Whether a build is under way or due: what users wait on, which a timed
-        checkpoint's cut lets go first (``FoldService.cut_waits_for``)."""
-        return (self._task is not None and not self._task.done()) or self.due(state)
+        checkpoint's cut lets go first (``FoldService.cut_waits_for``). Never before the
+        first build was asked for (an app not started holds no checkpoint back)."""
+        if self._task is None:
+            return False
+        return not self._task.done() or self.due(state)
 
     async def get(self, request: web.Request) -> PoolView:
         return await self.view(request.app[FOLD].state)

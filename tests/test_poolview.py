@@ -266,13 +266,14 @@ async def test_a_view_is_due_once_the_fold_stands_still_and_waits_while_it_catch
 
 async def test_the_pool_view_is_wanted_while_built_or_due_and_not_once_it_holds_the_fold() -> None:
     """``wanted`` (what a timed checkpoint waits for): true while a build is under way
-    and while one is due, false once the view holds what the fold applied."""
+    and while one is due, false once the view holds what the fold applied, and before
+    any view was asked for."""
     from gateway import views
 
     now = [100.0]
     state = _big_pool(4 * poolview.STEP)
     keeper = views.PoolViewKeeper(clock=lambda: now[0], slice_s=0.0, wait_s=0.0)
-    assert keeper.wanted(state)  # no view yet
+    assert not keeper.wanted(state)  # nobody asked for a view yet
     await keeper.view(state)
     assert not keeper.wanted(state)  # it holds the fold's sequence
     keeper._took, keeper._age_s = 1.0, 60.0  # as a big pool's: built while the old answers
