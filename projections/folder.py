@@ -235,16 +235,16 @@ class Checkpointer:
         self._since_t = time.monotonic()
         return self.writer.last_seq
 
-    def due(self, state: State, *, timed: bool = True) -> bool:
-        """Whether ``every_events`` were applied since the last checkpoint, or (``timed``)
-        anything was and ``every_ms`` have passed."""
+    def due(self, state: State, held: Callable[[], bool] = lambda: False) -> bool:
+        """Whether ``every_events`` were applied since the last checkpoint, or anything
+        was and ``every_ms`` have passed, unless ``held`` (asked only then) says so."""
         if state.last_seq - self._since_seq >= self.every_events:
             return True
         elapsed = (time.monotonic() - self._since_t) * 1000
-        return timed and elapsed >= self.every_ms and state.last_seq > self._since_seq
+        return elapsed >= self.every_ms and state.last_seq > self._since_seq and not held()
 
-    async def maybe(self, state: State, *, timed: bool = True) -> bool:
-        if not self.due(state, timed=timed):
+    async def maybe(self, state: State, held: Callable[[], bool] = lambda: False) -> bool:
+        if not self.due(state, held):
             return False
         await self.checkpoint(state)
         return True

@@ -319,10 +319,10 @@ class FoldService:
         A crash before then starts from the snapshot again."""
         if self.state.last_seq < self._whole_after:
             return
-        # Far behind the head, every ``every_events`` only: a catch-up's timed cuts held
-        # its fold, and the one at its end the view (docs/decisions.md, The fold).
-        timed = not (self.catching_up() or self.cut_waits_for(self.state))
-        await self.checkpointer.maybe(self.state, timed=timed)
+        # Far behind, by count alone; the view goes first (docs/decisions.md, The fold).
+        await self.checkpointer.maybe(
+            self.state, lambda: self.catching_up() or self.cut_waits_for(self.state)
+        )
 
     async def _tick(self) -> None:
         """Sample the pipeline's rates; every 10 s, a metrics row for the tap."""
