@@ -17,6 +17,9 @@ pytestmark = pytest.mark.skipif(unavailable() is not None, reason=str(unavailabl
 
 LINES = 20_000
 RANGE = 2_000
+# Four deposits a range. A batch ends with its slowest check: a silent address's whole
+# check timeout, so the run's length is about batches a node times that timeout.
+BATCH = 500
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +35,7 @@ async def test_three_seed_nodes_work_a_dump_once_one_killed_mid_range(
     """Every item settled exactly once (items reached = items the nodes deposited =
     lines), the killed node's range finished by another from its cursor, and the pool
     holds every working proxy of the dump and nothing else."""
-    got = await seed_world(world, tmp_path, LINES, nodes=3, size=RANGE, timeout_s=420)
+    got = await seed_world(world, tmp_path, LINES, nodes=3, size=RANGE, batch=BATCH, timeout_s=420)
     plan = got["plan"]
     assert got["real"] >= 300
     assert (plan["items"], plan["reached"]) == (LINES, LINES), got
