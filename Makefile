@@ -56,14 +56,14 @@ lint: $(STAMP)
 
 # pytest exits 5 when it collected no test: make treats that as a failure, as it should.
 # The suite waits far more than it computes: the world-in-a-box tests (two boxes at once
-# take each other's route) run one at a time in one process, beside the rest in four
+# take each other's route) run one at a time in one process, beside the rest in three
 # (two cores: most of the rest waits on timers and sockets); the floods, and the tests
 # whose bar is a time or a rate (marker `serial`), run after the rest, one at a time;
 # the box's output follows the rest's, and any part failing fails the target.
 test: lint system-deps
 	@log=$$(mktemp); \
 	$(BIN)/pytest -m box -p no:cacheprovider --durations=8 >"$$log" 2>&1 & box=$$!; \
-	$(BIN)/pytest -n 4 -m "not box and not flood and not serial" --durations=15; rest=$$?; \
+	$(BIN)/pytest -n 3 -m "not box and not flood and not serial" --durations=15; rest=$$?; \
 	$(BIN)/pytest -m "(flood or serial) and not box" -p no:cacheprovider; flood=$$?; \
 	wait $$box; boxed=$$?; \
 	echo "--- the world-in-a-box tests, run beside the rest (exit $$boxed) ---"; \
