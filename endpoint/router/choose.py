@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -161,9 +161,9 @@ class Pool:
         ):
             # A request's first attempt only: a miss is tried again through a known one.
             if not tunnel and not exclude and EXPLORE and self.rng.random() < EXPLORE:
-                without = exclude | self.standing.through[site].keys()
-                if (other := self._any(want, tunnel, now, without, site)) is not None:
-                    return other
+                sample = self._sample(self._matching(want, False))
+                if ready := _unknown(sample, self.standing.through[site], site, now):
+                    return self._use(self._chosen(ready, want), want, now, site)
             return self._use(self._weighted(_least_used(known, site, now)), want, now, site)
         return self._any(want, tunnel, now, exclude, site)
 
@@ -195,11 +195,13 @@ class Pool:
                 if may(up):
                     self.cursors[cursor] = i + step + 1
                     return self._use(up, want, now, site)
+        return self._use(self._chosen(ready, want), want, now, site)
+
+    def _chosen(self, ready: list[Upstream], want: Want) -> Upstream:
+        """Of ``ready``, the one the login's strategy takes (``lru``, else ``weighted``)."""
         if want.strategy == "lru":
-            up = min(ready, key=lambda u: (u.used_at, u.key))
-        else:
-            up = self._weighted(ready)
-        return self._use(up, want, now, site)
+            return min(ready, key=lambda u: (u.used_at, u.key))
+        return self._weighted(ready)
 
     def _weighted(self, ready: list[Upstream]) -> Upstream:
         weights = [u.success / max(u.latency_ms, 50.0) for u in ready]
@@ -331,6 +333,18 @@ def _least_used(known: list[Upstream], site: str, now: float) -> list[Upstream]:
 
     fewest = min(used(u) for u in known)
     return [u for u in known if used(u) == fewest]
+
+
+def _unknown(
+    sample: list[Upstream], known: Mapping[tuple[str, int], Upstream], site: str, now: float
+) -> list[Upstream]:
+    """Of ``sample``, those with no standing at ``site`` (not in ``known``) that may go
+    now, for a request that explores; none, and the known one goes. A sample, never a
+    walk of the pool: at a busy site nearly every proxy has a standing, and each exploring
+    request looked at all of them (docs/decisions.md, The endpoint)."""
+    return [
+        u for u in sample if u.key not in known and u.avoid_until <= now and _open(u, site, now)
+    ]
 
 
 def _open(up: Upstream, site: str, now: float) -> bool:

@@ -70,7 +70,9 @@ class Pages:
     def others(self, url: bytes, proxy: Key) -> list[Answer]:
         """An answer of each class ``url`` got through proxies other than ``proxy``."""
         classes = self._urls.get(url, [])
-        return [c.answer for c in classes if c.proxies - {proxy}]
+        # A class is never empty (``add``): one of others has a second member or is not
+        # ``proxy``'s, asked without copying its set (thousands on a busy URL).
+        return [c.answer for c in classes if len(c.proxies) > 1 or proxy not in c.proxies]
 
     def add(self, url: bytes, proxy: Key, answer: Answer) -> None:
         """``answer`` to ``url`` through ``proxy``: into its class, or as a new one (a

@@ -28,6 +28,9 @@ MIN_EXITS = 2  # distinct exits among a site's known upstreams before the picks 
 class Standing:
     # site -> the upstreams known to get through to it, as this endpoint saw them.
     through: dict[str, dict[tuple[str, int], Upstream]] = field(default_factory=dict)
+    # site -> its upstreams in ``through`` as a list, made again only once they change:
+    # a pick samples a list, and copying thousands at every request was most of it.
+    _listed: dict[str, list[Upstream]] = field(default_factory=dict)
 
     def known(self, site: str) -> list[Upstream]:
         """``site``'s upstreams known to get through, once they come out of at least
@@ -37,22 +40,30 @@ class Standing:
         it. The site is now the most recent, either way."""
         known = self.through.pop(site, None)  # and put back last: the most recent
         if not known:
+            self._listed.pop(site, None)
             return []
         self.through[site] = known
+        listed = self._listed.get(site)
+        if listed is None:
+            listed = self._listed[site] = list(known.values())
         exits: set[str] = set()
-        for up in known.values():  # most often done at the second
+        for up in listed:  # most often done at the second
             exits.add(up.exit_ip or up.ip)
             if len(exits) >= MIN_EXITS:
-                return list(known.values())
+                return listed
         return []
 
     def got_through(self, up: Upstream, site: str) -> None:
         up.turned_away.pop(site, None)
         known = self.through.pop(site, None)  # and put back last: the most recent
         if known is None and len(self.through) >= MAX_SITES:
-            del self.through[next(iter(self.through))]
+            oldest = next(iter(self.through))
+            del self.through[oldest]
+            self._listed.pop(oldest, None)
         known = self.through[site] = known or {}
-        known[up.key] = up
+        if known.get(up.key) is not up:
+            known[up.key] = up
+            self._listed.pop(site, None)
 
     def lost(self, up: Upstream, site: str) -> None:
         """``up`` served ``site``'s block: no standing there any more."""
@@ -63,7 +74,8 @@ class Standing:
         known = self.through.get(site)
         if known is not None:
             for key in keys:
-                known.pop(key, None)
+                if known.pop(key, None) is not None:
+                    self._listed.pop(site, None)
 
     def closed_on(self, up: Upstream, site: str, now: float) -> bool:
         """A fresh connection through ``up`` to ``site`` ended before any answer: the
@@ -78,6 +90,7 @@ class Standing:
 
     def keep(self, upstreams: dict[tuple[str, int], Upstream]) -> None:
         """Only the upstreams still in the pool (a new pool from the feed)."""
+        self._listed = {}
         self.through = {
             site: {k: u for k, u in known.items() if upstreams.get(k) is u}
             for site, known in self.through.items()

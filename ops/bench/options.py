@@ -29,6 +29,7 @@ __all__ = [
     "Ingest",
     "Lease",
     "Marks",
+    "Pick",
     "Pool",
     "Quality",
     "Query",
@@ -249,6 +250,18 @@ class ServeChurn(Bench, kw_only=True):
     run = "ops.bench.servechurn:bench_serve_churn"
     requests: Annotated[int, _("through the hedged one")] = 10_000
     concurrency: int = 40
+
+
+class Pick(Bench, kw_only=True):
+    """the endpoint's pick at a site every proxy in the pool gets through to, by pool size"""
+
+    run = "ops.bench.pick:bench_pick"
+    sizes: Annotated[str, _("pool sizes", metavar="N[,N...]")] = "1000,10000,100000"
+    picks: Annotated[int, _("picks a measurement")] = 5_000
+    runs: Annotated[int, _("runs of each size, in turns")] = 3
+    versus: Annotated[Path | None, _("the same in another checkout, in turns", metavar="DIR")] = (
+        None
+    )
 
 
 class Sites(Bench, kw_only=True):

@@ -37,6 +37,7 @@ BENCHES: tuple[type[o.Bench], ...] = (
     o.Ingest,
     o.Serve,
     o.ServeChurn,
+    o.Pick,
     o.Sites,
     o.FoldSites,
     o.SiteState,
