@@ -3,7 +3,8 @@ traffic and the fleet's verdicts said (endpoint/router/choose.py's picks prefer 
 an upstream that served a block loses its standing at once.
 
 Never worse than blind: the picks send the first attempt of ``EXPLORE`` of a site's
-plain-HTTP requests to upstreams with no standing there, so what the fleet learns does
+plain-HTTP requests to upstreams with no standing there (when the pick's sample of the
+pool holds one: it never walks the pool for one), so what the fleet learns does
 not come only from the few routing already prefers (``works_on``'s recall); a miss
 costs the consumer an attempt, never the page, since a block (told by its head, or by
 its page, held back until read) is tried again through a known proxy."""
