@@ -5,12 +5,39 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from endpoint.link.upstream import Upstream
-from endpoint.router.choose import Pool
+from endpoint.router.choose import SAMPLE, Pool
 from endpoint.router.login import Want
+
+
+class _Looked:
+    """How many of the pool's upstreams picks looked at, one by one or by index."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        looked = self
+
+        class Counted(list[Upstream]):
+            def __iter__(self) -> Iterator[Upstream]:
+                looked.count += len(self)
+                return super().__iter__()
+
+            def __getitem__(self, i: Any) -> Any:
+                looked.count += 1
+                return super().__getitem__(i)
+
+        matching = Pool._matching
+        monkeypatch.setattr(Pool, "_matching", lambda *args: Counted(matching(*args)))
+
+
+def _pool(size: int) -> tuple[Pool, list[Upstream]]:
+    pool = Pool(rng=random.Random(3))
+    pool.replace(Upstream(f"45.0.{n // 250}.{n % 250}", 8080, "http") for n in range(size))
+    return pool, sorted(pool.upstreams.values(), key=lambda u: u.key)
 
 
 def test_a_pick_at_a_busy_site_looks_at_a_sample_and_follows_what_it_learned(
@@ -20,19 +47,8 @@ def test_a_pick_at_a_busy_site_looks_at_a_sample_and_follows_what_it_learned(
     too) looks at a sample of them, not at the pool; and what it picks from follows what
     was learned since: a proxy that lost its standing is not among the known, a new one
     is, and a new pool's upstreams replace the old ones."""
-    walked = 0  # upstreams a pick went through one by one
-
-    class Walked(list[Upstream]):
-        def __iter__(self) -> Iterator[Upstream]:
-            nonlocal walked
-            walked += len(self)
-            return super().__iter__()
-
-    matching = Pool._matching
-    monkeypatch.setattr(Pool, "_matching", lambda *args: Walked(matching(*args)))
-    pool = Pool(rng=random.Random(3))
-    pool.replace(Upstream(f"45.0.{n // 250}.{n % 250}", 8080, "http") for n in range(2_000))
-    ups = sorted(pool.upstreams.values(), key=lambda u: u.key)
+    looked = _Looked(monkeypatch)
+    pool, ups = _pool(2_000)
     for up in ups:
         pool.got_through(up, "shop.example")
     picks = [
@@ -40,7 +56,7 @@ def test_a_pick_at_a_busy_site_looks_at_a_sample_and_follows_what_it_learned(
         for _ in range(400)
     ]
     assert all(picks) and len({p.key for p in picks if p}) > 100
-    assert walked == 0, walked  # each exploring pick walked all 2,000
+    assert looked.count <= 400 * SAMPLE, looked.count  # each exploring pick: all 2,000
 
     standing = pool.standing
     assert standing.known("shop.example") is standing.known("shop.example")  # not copied
@@ -56,12 +72,64 @@ def test_a_pick_at_a_busy_site_looks_at_a_sample_and_follows_what_it_learned(
     assert standing.known("shop.example") == ups[1:3]
 
 
+def test_a_pick_at_a_strict_site_looks_as_far_as_it_takes_to_find_the_open_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where a site turned 95 % of 2,000 proxies away and none is known to get through, a
+    pick whose sample holds no open one looks on from a random one until it has found
+    some, not at the whole pool; it never takes a turned-away one, and the picks spread
+    over the open ones."""
+    looked = _Looked(monkeypatch)
+    pool, ups = _pool(2_000)
+    draw = random.Random(5)
+    open_ = {u.key for u in ups if draw.random() >= 0.95}
+    for up in ups:
+        if up.key not in open_:
+            pool.turned_away(up, "strict.example", now=0.0)
+    looked.count = 0
+    picks = [
+        pool.pick(Want(consumer="shop"), tunnel=False, now=1.0, site="strict.example")
+        for _ in range(400)
+    ]
+    keys = {p.key for p in picks if p}
+    assert all(picks) and keys <= open_ and len(keys) > len(open_) / 2, (len(keys), len(open_))
+    assert looked.count <= 400 * 400, looked.count  # the sample's misses walked all 2,000
+
+
+def test_a_sites_rate_limit_holds_whatever_the_draws(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy a site rate-limited takes no more requests a minute there than the site
+    let through before, also once the known proxies' budgets are spent and the pick goes
+    to any proxy: for every one of 50 seeds (before, the pick for any proxy ignored the
+    budgets, and most seeds sent it more); and when every proxy has spent its budget, a
+    request still goes through one."""
+    from endpoint.router import choose, standing
+
+    monkeypatch.setattr(choose, "EXPLORE", 0.0)
+    monkeypatch.setattr(standing, "MIN_EXITS", 1)
+    for seed in range(50):
+        pool = Pool(rng=random.Random(seed))
+        pool.replace([Upstream("8.8.8.8", 80, "http"), Upstream("8.8.4.4", 80, "http")])
+        fast, other = pool.upstreams[("8.8.8.8", 80)], pool.upstreams[("8.8.4.4", 80)]
+        pool.got_through(fast, "shop.example")
+        for _ in range(5):  # five requests this minute, then the 429
+            pool.pick(Want(consumer="shop"), tunnel=False, now=60.0, site="shop.example")
+        choose.pace(fast, "shop.example", 60.0, 1.0)
+        later = [
+            pool.pick(Want(consumer="shop"), tunnel=False, now=240.0, site="shop.example")
+            for _ in range(6)
+        ]
+        assert sum(p is fast for p in later) == fast.tolerated["shop.example"] == 4, seed
+    other.site_uses["shop.example"] = (4, choose.SITE_BUDGET)  # now both have spent theirs
+    assert pool.pick(Want(consumer="shop"), tunnel=False, now=240.0, site="shop.example")
+
+
 def test_ppf_bench_pick_measures_each_size_in_both_trees_and_refuses_what_it_cannot_measure() -> (
     None
 ):
-    """`ppf bench pick --versus DIR`: the CPU a pick for each pool size in this tree and in
-    DIR (here the same tree), each measured in a process of its own; sizes it cannot
-    measure (none, or too few proxies for the picks in one minute) are refused."""
+    """`ppf bench pick --versus DIR`: the CPU a pick at each site for each pool size in
+    this tree and in DIR (here the same tree), each measured in a process of its own;
+    what it cannot measure (no size, more picks than fit in the time a block holds) is
+    refused."""
     from pathlib import Path
 
     from ops.bench.options import Pick
@@ -69,11 +137,10 @@ def test_ppf_bench_pick_measures_each_size_in_both_trees_and_refuses_what_it_can
 
     here = Path(__file__).resolve().parents[1]
     out = bench_pick(Pick(sizes="50,500", picks=500, runs=2, versus=here))
-    for size in (50, 500):
-        row = out[f"pool_{size}"]
+    for row in (out[f"{site}_{size}"] for site in ("known", "strict") for size in (50, 500)):
         assert len(row["by_run"]) == len(row["versus_by_run"]) == 2, row
         assert row["us"] > 0 and row["versus_us"] > 0 and row["x"] > 0, row
     with pytest.raises(SystemExit, match="--sizes"):
         bench_pick(Pick(sizes="0"))
     with pytest.raises(SystemExit, match="--picks"):
-        bench_pick(Pick(sizes="10", picks=5_000))
+        bench_pick(Pick(sizes="10", picks=7_000))

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -161,7 +161,7 @@ class Pool:
         ):
             # A request's first attempt only: a miss is tried again through a known one.
             if not tunnel and not exclude and EXPLORE and self.rng.random() < EXPLORE:
-                sample = self._sample(self._matching(want, False))
+                sample = _sample(self._matching(want, False), self.rng)
                 if ready := _unknown(sample, self.standing.through[site], site, now):
                     return self._use(self._chosen(ready, want), want, now, site)
             return self._use(self._weighted(_least_used(known, site, now)), want, now, site)
@@ -176,12 +176,15 @@ class Pool:
         if not listed:
             return None
 
+        minute = int(now // 60)
+
         def may(u: Upstream) -> bool:
             return u.key not in exclude and u.avoid_until <= now and _open(u, site, now)
 
-        ready = [u for u in self._sample(listed) if may(u)]
-        if not ready:  # the sample was unlucky, or most are out: look at all of them
-            ready = [u for u in listed if may(u)]
+        def within(u: Upstream) -> bool:  # its budget for the site spent: only when all are
+            return may(u) and (not site or _within_budget(u, site, minute))
+
+        ready = _ready(listed, within, self.rng) or _ready(listed, may, self.rng)
         if not ready:  # every one avoided or tried: the soonest back rather than none
             left = [u for u in listed if u.key not in exclude and _open(u, site, now)]
             if not left:
@@ -211,25 +214,22 @@ class Pool:
         self, site: str, want: Want, tunnel: bool, now: float, exclude: frozenset[tuple[str, int]]
     ) -> list[Upstream]:
         """Upstreams known to get through to ``site`` that may take this request: a sample,
-        then all of them when the sample has none."""
+        then as far as it takes to find some when the sample has none (``_walk``)."""
         ups = self.standing.known(site)
         if not ups:
             return []
         minute = int(now // 60)
 
         def may(u: Upstream) -> bool:
-            used = u.site_uses.get(site)
-            budget = u.tolerated.get(site, SITE_BUDGET)
             return (
                 u.key not in exclude
                 and u.avoid_until <= now
                 and u.paced.get(site, 0.0) <= now
-                and (used is None or used[0] != minute or used[1] < budget)
+                and _within_budget(u, site, minute)
                 and _matches(u, want, tunnel)
             )
 
-        found = [u for u in self._sample(ups) if may(u)]
-        return found or [u for u in ups if may(u)]
+        return _ready(ups, may, self.rng)
 
     def got_through(self, up: Upstream, site: str, alike_at: float = 0.0) -> None:
         """An answer through ``up`` was ``site``'s own page; ``alike_at`` (loop time):
@@ -284,14 +284,6 @@ class Pool:
             self._lists[key] = found
         return found
 
-    def _sample(self, listed: list[Upstream]) -> list[Upstream]:
-        """``SAMPLE`` of them at random (all, when that many or fewer): the strategies
-        weigh a sample (the power of a few choices), so a pick costs the same at 10 or
-        100,000 proxies."""
-        if len(listed) <= SAMPLE:
-            return listed
-        return self.rng.sample(listed, SAMPLE)
-
     def _use(self, up: Upstream, want: Want, now: float, site: str = "") -> Upstream:
         up.used_at = now
         if site:
@@ -335,6 +327,37 @@ def _least_used(known: list[Upstream], site: str, now: float) -> list[Upstream]:
     return [u for u in known if used(u) == fewest]
 
 
+def _sample(listed: list[Upstream], rng: random.Random) -> list[Upstream]:
+    """``SAMPLE`` of them at random (all, when that many or fewer): the strategies weigh
+    a sample (the power of a few choices), so a pick costs the same at 10 or 100,000
+    proxies."""
+    return listed if len(listed) <= SAMPLE else rng.sample(listed, SAMPLE)
+
+
+def _ready(
+    listed: list[Upstream], may: Callable[[Upstream], bool], rng: random.Random
+) -> list[Upstream]:
+    """Those of a sample of ``listed`` that ``may`` go; when there are none, as many as a
+    walk finds (``_walk``)."""
+    return [u for u in _sample(listed, rng) if may(u)] or _walk(listed, may, rng)
+
+
+def _walk(
+    listed: list[Upstream], may: Callable[[Upstream], bool], rng: random.Random
+) -> list[Upstream]:
+    """Where a pick's sample was unlucky or most are out (a site that turned most away):
+    up to ``SAMPLE`` of ``listed`` that may go, in order from a random one on, so a pick
+    looks as far as it takes to find them; at all of them only when fewer may go."""
+    found, n = [], len(listed)
+    start = rng.randrange(n)
+    for step in range(n):
+        if may(up := listed[(start + step) % n]):
+            found.append(up)
+            if len(found) == SAMPLE:
+                break
+    return found
+
+
 def _unknown(
     sample: list[Upstream], known: Mapping[tuple[str, int], Upstream], site: str, now: float
 ) -> list[Upstream]:
@@ -345,6 +368,13 @@ def _unknown(
     return [
         u for u in sample if u.key not in known and u.avoid_until <= now and _open(u, site, now)
     ]
+
+
+def _within_budget(up: Upstream, site: str, minute: int) -> bool:
+    """Whether ``up`` sent ``site`` fewer requests this ``minute`` than it takes there:
+    ``SITE_BUDGET``, or what the site let through before it rate-limited it (``pace``)."""
+    used = up.site_uses.get(site)
+    return used is None or used[0] != minute or used[1] < up.tolerated.get(site, SITE_BUDGET)
 
 
 def _open(up: Upstream, site: str, now: float) -> bool:

@@ -1,6 +1,8 @@
 """``ppf bench pick``: the CPU of one pick of the endpoint's pool (endpoint/router/choose.py)
-for a site that every proxy in the pool is known to get through to, by pool size. This is
-a busy site after a while, the case where a pick that walked its candidates cost the most.
+by pool size, at two sites where a pick that walked its candidates cost the most:
+``known``, a site every proxy in the pool is known to get through to (a busy site after
+a while), and ``strict``, a site that turned 95 % of them away and none is known to get
+through to yet (a strict site while the endpoint learns it).
 
 Each measurement runs in a process of its own. With ``--versus DIR``, another
 checkout's pick is measured the same way, and the two trees take turns for each size in
@@ -28,26 +30,34 @@ import json, random, sys, time
 from endpoint.link.upstream import Upstream
 from endpoint.router.choose import Pool
 from endpoint.router.login import Want
-size, picks = int(sys.argv[1]), int(sys.argv[2])
+size, picks, site = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 pool = Pool(rng=random.Random(1))
 pool.replace(
     Upstream(f"45.{n >> 16 & 255}.{n >> 8 & 255}.{n & 255}", 8080, "http", latency_ms=100)
     for n in range(size)
 )
+draw = random.Random(2)
 for up in list(pool.upstreams.values()):
-    pool.got_through(up, "shop.example")
+    if site == "known":
+        pool.got_through(up, site)
+    elif draw.random() < 0.95:
+        pool.turned_away(up, site, now=0.0)
 want = Want("bench")
 start = time.process_time()
-for _ in range(picks):
-    pool.pick(want, tunnel=False, now=1.0, site="shop.example")
+for i in range(picks):
+    pool.pick(want, tunnel=False, now=1.0 + i * 0.3, site=site)
 print(json.dumps((time.process_time() - start) / picks * 1e6))
 """
 
 
-def _pick_us(tree: Path, size: int, picks: int) -> float:
+SITES = ("known", "strict")
+_PICKS = 6_000
+
+
+def _pick_us(tree: Path, size: int, picks: int, site: str) -> float:
     path = os.pathsep.join([str(tree), *sys.path[1:]])
     done = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(size), str(picks)],
+        [sys.executable, "-c", _CHILD, str(size), str(picks), site],
         cwd=tree, env={**os.environ, "PYTHONPATH": path}, capture_output=True, text=True,
         timeout=600, check=True,
     )  # fmt: skip
@@ -62,27 +72,28 @@ def bench_pick(options: Pick) -> dict[str, Any]:
     sizes = [int(s) for s in options.sizes.split(",") if s]
     if not sizes or min(sizes) < 1:
         raise SystemExit("--sizes: pool sizes of at least 1, comma-separated")
-    # Every pick here is in one minute, and a proxy takes at most SITE_BUDGET (120)
-    # requests a minute to one site: past that the known ones run out.
-    if options.picks > 100 * min(sizes):
-        raise SystemExit(f"--picks: at most 100 a proxy of the smallest pool ({min(sizes)})")
+    # A pick every 0.3 s of the pool's time: 200 a minute, within the proxies' budgets
+    # (SITE_BUDGET a minute each), and all of them within the 1,800 s a block holds.
+    if not 0 < options.picks <= _PICKS:
+        raise SystemExit(f"--picks: 1 to {_PICKS:,}")
     here = Path(__file__).resolve().parents[2]
     other = checkout(options.versus) if options.versus else None
     trees = [here] if other is None else [here, other]
     sides = range(len(trees))  # DIR may be this tree itself
-    us: dict[tuple[int, int], list[float]] = {(s, t): [] for s in sizes for t in sides}
+    cases = [(site, size) for site in SITES for size in sizes]
+    us: dict[tuple[str, int, int], list[float]] = {(*c, t): [] for c in cases for t in sides}
     for run in range(options.runs):
-        for size in sizes:
+        for site, size in cases:
             for side in sides if run % 2 == 0 else sides[::-1]:
-                us[size, side].append(_pick_us(trees[side], size, options.picks))
+                us[site, size, side].append(_pick_us(trees[side], size, options.picks, site))
     out: dict[str, Any] = {"picks": options.picks, "runs": options.runs}
-    for size in sizes:
-        mine = us[size, 0]
+    for site, size in cases:
+        mine = us[site, size, 0]
         row: dict[str, Any] = {"us": round(statistics.median(mine), 1), "by_run": _r(mine)}
         if other is not None:
-            theirs = us[size, 1]
+            theirs = us[site, size, 1]
             row["versus_us"] = round(statistics.median(theirs), 1)
             row["versus_by_run"] = _r(theirs)
             row["x"] = round(statistics.median(mine) / statistics.median(theirs), 3)
-        out[f"pool_{size}"] = row
+        out[f"{site}_{size}"] = row
     return out
