@@ -181,7 +181,7 @@ class Pool:
         def may(u: Upstream) -> bool:
             return u.key not in exclude and u.avoid_until <= now and _open(u, site, now)
 
-        def within(u: Upstream) -> bool:  # its budget for the site spent: only when all are
+        def within(u: Upstream) -> bool:  # one that spent its budget at the site: once all have
             return may(u) and (not site or _within_budget(u, site, minute))
 
         ready = _ready(listed, within, self.rng) or _ready(listed, may, self.rng)
@@ -362,11 +362,18 @@ def _unknown(
     sample: list[Upstream], known: Mapping[tuple[str, int], Upstream], site: str, now: float
 ) -> list[Upstream]:
     """Of ``sample``, those with no standing at ``site`` (not in ``known``) that may go
-    now, for a request that explores; none, and the known one goes. A sample, never a
-    walk of the pool: at a busy site nearly every proxy has a standing, and each exploring
-    request looked at all of them (docs/decisions.md, The endpoint)."""
+    now and have not spent their budget there, for a request that explores; none, and the
+    known one goes. A sample, never a walk of the pool: at a busy site nearly every proxy
+    has a standing, and each exploring request looked at all of them (docs/decisions.md,
+    The endpoint)."""
+    minute = int(now // 60)
     return [
-        u for u in sample if u.key not in known and u.avoid_until <= now and _open(u, site, now)
+        u
+        for u in sample
+        if u.key not in known
+        and u.avoid_until <= now
+        and _open(u, site, now)
+        and _within_budget(u, site, minute)
     ]
 
 
