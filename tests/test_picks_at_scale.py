@@ -140,7 +140,8 @@ def test_ppf_bench_pick_measures_each_size_in_both_trees_and_refuses_what_it_can
     for row in (out[f"{site}_{size}"] for site in ("known", "strict") for size in (50, 500)):
         assert len(row["by_run"]) == len(row["versus_by_run"]) == 2, row
         assert row["us"] > 0 and row["versus_us"] > 0 and row["x"] > 0, row
-    with pytest.raises(SystemExit, match="--sizes"):
-        bench_pick(Pick(sizes="0"))
+    for bad in ("0", "1k", ""):
+        with pytest.raises(SystemExit, match="--sizes"):
+            bench_pick(Pick(sizes=bad))
     with pytest.raises(SystemExit, match="--picks"):
         bench_pick(Pick(sizes="10", picks=7_000))

@@ -69,9 +69,14 @@ def _r(values: list[float]) -> list[float]:
 
 
 def bench_pick(options: Pick) -> dict[str, Any]:
-    sizes = [int(s) for s in options.sizes.split(",") if s]
+    try:
+        sizes = [int(s) for s in options.sizes.split(",") if s]
+    except ValueError:
+        sizes = []
     if not sizes or min(sizes) < 1:
-        raise SystemExit("--sizes: pool sizes of at least 1, comma-separated")
+        raise SystemExit(
+            f"--sizes: pool sizes of at least 1, comma-separated, not {options.sizes!r}"
+        )
     # A pick every 0.3 s of the pool's time: 200 a minute, within the proxies' budgets
     # (SITE_BUDGET a minute each), and all of them within the 1,800 s a block holds.
     if not 0 < options.picks <= _PICKS:
