@@ -46,7 +46,8 @@ def test_a_pick_at_a_busy_site_looks_at_a_sample_and_follows_what_it_learned(
     """Where every one of 2,000 proxies is known to get through, a pick (an exploring one
     too) looks at a sample of them, not at the pool; and what it picks from follows what
     was learned since: a proxy that lost its standing is not among the known, a new one
-    is, and a new pool's upstreams replace the old ones."""
+    is, one not in the pool never is, and a new pool lets go of those that left it
+    without making the rest anew."""
     looked = _Looked(monkeypatch)
     pool, ups = _pool(2_000)
     for up in ups:
@@ -68,6 +69,12 @@ def test_a_pick_at_a_busy_site_looks_at_a_sample_and_follows_what_it_learned(
     newer = pool.upstreams[("46.0.0.1", 8080)]
     pool.got_through(newer, "shop.example")
     assert newer in standing.known("shop.example")
+    through, listed = standing.through["shop.example"], standing.known("shop.example")
+    pool.replace(list(pool.upstreams.values()))  # the same pool again: nothing made anew
+    assert standing.through["shop.example"] is through
+    assert standing.known("shop.example") is listed
+    pool.got_through(Upstream("47.0.0.1", 80, "http"), "shop.example")  # not the pool's
+    assert ("47.0.0.1", 80) not in standing.through["shop.example"]
     pool.replace(Upstream(u.ip, u.port, "http") for u in ups[1:3])
     assert standing.known("shop.example") == ups[1:3]
 

@@ -160,7 +160,8 @@ def test_a_heads_verdict_reads_a_rule_or_what_other_proxies_got(
     pool = Pool()
     google = rule_of(pool, "google.com")
     assert head_verdict_of(pool, "google.com", google, status, location) == said
-    up = Upstream("45.0.0.1", 8080, "http")
+    pool.replace([Upstream("45.0.0.1", 8080, "http")])  # a standing is the pool's own's
+    up = pool.upstreams[("45.0.0.1", 8080)]
     assert rule_of(pool, "shop.example") is None
     if status != 429:
         assert head_verdict_of(pool, "shop.example", None, status, "") == "none"

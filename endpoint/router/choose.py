@@ -119,7 +119,7 @@ class Pool:
             new[key] = up
         self.upstreams = new
         self._lists = {}
-        self.standing.keep(new)
+        self.standing.let_go(old.keys() - new.keys())
 
     def pick(
         self,
@@ -239,7 +239,8 @@ class Pool:
             self.tally.hold(up, site, alike_at)
         else:
             self.tally.count(up, site, 0)
-        self.standing.got_through(up, site)
+        if self.upstreams.get(up.key) is up:  # not one that left the pool meanwhile
+            self.standing.got_through(up, site)
 
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request through ``up`` away: not for that site a while."""
