@@ -182,7 +182,7 @@ class Pool:
             return u.key not in exclude and u.avoid_until <= now and _open(u, site, now)
 
         def within(u: Upstream) -> bool:  # one that spent its budget at the site: once all have
-            return may(u) and (not site or _within_budget(u, site, minute))
+            return u.key not in exclude and _free(u, site, now, minute)
 
         ready = _ready(listed, within, self.rng) or _ready(listed, may, self.rng)
         if not ready:  # every one avoided or tried: the soonest back rather than none
@@ -368,14 +368,17 @@ def _unknown(
     has a standing, and each exploring request looked at all of them (docs/decisions.md,
     The endpoint)."""
     minute = int(now // 60)
-    return [
-        u
-        for u in sample
-        if u.key not in known
-        and u.avoid_until <= now
-        and _open(u, site, now)
-        and _within_budget(u, site, minute)
-    ]
+    return [u for u in sample if u.key not in known and _free(u, site, now, minute)]
+
+
+def _free(up: Upstream, site: str, now: float, minute: int) -> bool:
+    """Whether ``up`` may take a request to ``site`` now: not avoided, not turned away
+    or paced there, and with its budget there not spent (for no site: not avoided)."""
+    return (
+        up.avoid_until <= now
+        and _open(up, site, now)
+        and (not site or _within_budget(up, site, minute))
+    )
 
 
 def _within_budget(up: Upstream, site: str, minute: int) -> bool:
