@@ -114,6 +114,20 @@ class Pages:
             told |= self._of_blocks(site, url)
         return told
 
+    def told_blocked(self, site: str, url: bytes, answer: Answer) -> set[Key]:
+        """``answer`` to ``url`` read as the block beside a page of another class there
+        (a page far longer, or otherwise titled, that ``tells`` it): the site told a page
+        from its block as much as when the page comes second (``told``), and its class is
+        kept as what the site's block looks like. At the site's first split, the proxies
+        whose latest answer to another URL of the host was of that class (their standing
+        read from answers alike); none else: the caller turns this answer's proxy away.
+        A block page by its signs is a refusal's class (``add``), never a split."""
+        if answer.sign or not any(tells(c.answer, (answer,)) for c in self._urls.get(url, [])):
+            return set()
+        first = site not in self._splits
+        self._split(site, compared(answer))
+        return self._of_blocks(site, url) if first else set()
+
     def _of_blocks(self, site: str, url: bytes) -> set[Key]:
         """The proxies whose latest answer to a URL of ``url``'s host and port was of a
         class told as ``site``'s block (``looks_blocked``): one walk of the URLs, once a

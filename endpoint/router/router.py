@@ -190,7 +190,7 @@ class Router:
         the log, is unsaid, and how many is logged (router/tally.py)."""
         first = not self.pool.pages.splits(req.site)
         said, told = read_answer(self.pool, req.site, req.rule, link, url)
-        if told and first:  # the site's first split: what alike answers said is void
+        if first and self.pool.pages.splits(req.site):  # its first: what alike answers said is void
             unsaid = self.pool.tally.unsay_alike(req.site)
             log.info("site_splits", site=req.site, unsaid=unsaid)
         now = time.monotonic()

@@ -137,7 +137,8 @@ def read_answer(
     """What a whole answer of ``site`` through ``link`` to ``url`` says, read by
     ``rule``: its page got through, the site turned it away (its words, or a stub), or
     paced it; and the proxies a page told as the block (their class's, whose standing
-    there is taken at once: the caller charges them to the consumer). A site without a
+    there is taken at once: the caller charges them to the consumer), or, at a site's
+    first split, those whose answers elsewhere were of a block's class. A site without a
     rule is read against the other classes of answers ``url`` got through other proxies
     (router/pages.py); where the site told a page from its block lately, answers alike
     are ``none``."""
@@ -168,9 +169,12 @@ def read_answer(
     if refusal(answer) or (
         200 <= answer.status < 400 and (answer.head or answer.size or answer.location)
     ):
-        if said != BLOCKED and pages.looks_blocked(site, answer):
-            said = BLOCKED  # the class told as this site's block on another of its URLs
-        told = pages.told(site, url, answer) if said == THROUGH else set()
+        if said == BLOCKED:  # a block read beside a page: the site told them apart
+            told = pages.told_blocked(site, url, answer) - {link.up.key}
+        elif pages.looks_blocked(site, answer):
+            said, told = BLOCKED, set()  # the class told as this site's block elsewhere
+        else:
+            told = pages.told(site, url, answer) if said == THROUGH else set()
         pages.add(url, link.up.key, answer)
         if told:
             pool.standing.lose(site, told)
