@@ -34,7 +34,7 @@ from endpoint.router.hedge import Hedged, Hedging
 from endpoint.router.login import Want
 from endpoint.router.outcomes import Outcomes
 from endpoint.router.shares import Shares
-from endpoint.router.verdicts import read_answer, rule_of, site_of
+from endpoint.router.verdicts import keep_block, read_answer, rule_of, site_of
 from events.address import ADDRESS_RULE
 from events.hosts import rules_host
 from events.sites import COULD_NOT_GET, Answer
@@ -190,14 +190,20 @@ class Router:
         the log, is unsaid, and how many is logged (router/tally.py)."""
         first = not self.pool.pages.splits(req.site)
         said, told = read_answer(self.pool, req.site, req.rule, link, url)
-        if first and self.pool.pages.splits(req.site):  # its first: what alike answers said is void
-            unsaid = self.pool.tally.unsay_alike(req.site)
-            log.info("site_splits", site=req.site, unsaid=unsaid)
+        self._told(consumer, req.site, first, told)
+        return said
+
+    def _told(self, consumer: str, site: str, first: bool, told: set[tuple[str, int]]) -> None:
+        """After a reading: at ``site``'s ``first`` split, what answers alike said, held
+        from the log, is unsaid; the proxies ``told`` as its block are turned away, within
+        ``consumer``'s share."""
+        if first and self.pool.pages.splits(site):
+            unsaid = self.pool.tally.unsay_alike(site)
+            log.info("site_splits", site=site, unsaid=unsaid)
         now = time.monotonic()
         for key in told:
             if (up := self.pool.upstreams.get(key)) is not None:
-                self.turned_away(consumer, up, req.site, now)
-        return said
+                self.turned_away(consumer, up, site, now)
 
     def refused(
         self, want: Want, password: str, up: Upstream, req: Request, url: bytes, status: int,
@@ -206,11 +212,16 @@ class Router:
         """``req``'s site turned it away through ``up`` by its answer's head (a 403, a
         redirect to a block page, the proxy's 502-504): turned away, and, for a site
         without a rule, kept as a class of ``url``, so the pages beside it read as the
-        site's own (router/pages.py) and not as answers alike, held from the log."""
+        site's own (router/pages.py) and not as answers alike, held from the log; a
+        redirect told as the block beside a page there splits the site, as a page read
+        beside the block does (router/verdicts.py ``keep_block``)."""
         said = f"refused: {status}" if status in COULD_NOT_GET else ""
         self.refused_through(want, password, up, req.site, said)
         if req.rule is None:
-            self.pool.pages.add(url, up.key, Answer(status=status, location=location))
+            first = not self.pool.pages.splits(req.site)
+            answer = Answer(status=status, location=location)
+            told = keep_block(self.pool, req.site, url, up.key, answer)
+            self._told(want.consumer, req.site, first, told)
 
     def site_closed(
         self, want: Want, password: str, link: UpLink, req: Request, url: bytes

@@ -41,6 +41,7 @@ __all__ = [
     "PACED",
     "PSL_VERSION",
     "head_verdict_of",
+    "keep_block",
     "page_bytes",
     "read_answer",
     "retry_after_s",
@@ -116,6 +117,21 @@ def head_verdict_of(
     return said if said in (BLOCKED, PACED) else NONE
 
 
+def keep_block(
+    pool: Pool, site: str, url: bytes, proxy: tuple[str, int], answer: Answer
+) -> set[tuple[str, int]]:
+    """A block through ``proxy`` (told by its head, ``head_verdict_of``, or by its
+    page, ``read_answer``), kept as a class of ``url``: the pages beside it read as the
+    site's own. A page or redirect told as the block beside a page there splits the site
+    (``Pages.told_blocked``): the proxies that tells, their standing there taken (the
+    caller turns them away)."""
+    told = pool.pages.told_blocked(site, url, answer) - {proxy}
+    pool.pages.add(url, proxy, answer)
+    if told:
+        pool.standing.lose(site, told)
+    return told
+
+
 def retry_after_s(value: bytes) -> float | None:
     """A Retry-After's seconds (None: absent, or a date, which the endpoint does not
     read: the default pace holds then)."""
@@ -169,9 +185,9 @@ def read_answer(
     if refusal(answer) or (
         200 <= answer.status < 400 and (answer.head or answer.size or answer.location)
     ):
-        if said == BLOCKED:  # a block read beside a page: the site told them apart
-            told = pages.told_blocked(site, url, answer) - {link.up.key}
-        elif pages.looks_blocked(site, answer):
+        if said == BLOCKED:
+            return said, keep_block(pool, site, url, link.up.key, answer)
+        if pages.looks_blocked(site, answer):
             said, told = BLOCKED, set()  # the class told as this site's block elsewhere
         else:
             told = pages.told(site, url, answer) if said == THROUGH else set()
