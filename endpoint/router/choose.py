@@ -182,9 +182,18 @@ class Pool:
             return u.key not in exclude and u.avoid_until <= now and _open(u, site, now)
 
         def within(u: Upstream) -> bool:  # one that spent its budget at the site: once all have
-            return u.key not in exclude and _free(u, site, now, minute)
+            return may(u) and (not site or _within_budget(u, site, minute))
 
-        ready = _ready(listed, within, self.rng) or _ready(listed, may, self.rng)
+        # One sample for both, and no walk where the sample was every proxy: once each
+        # has spent its budget at a busy site (a small pool), a pick sampled, walked,
+        # and sampled again.
+        sample = _sample(listed, self.rng)
+        free = [u for u in sample if may(u)]
+        ready = [u for u in free if not site or _within_budget(u, site, minute)]
+        if not ready and len(sample) < len(listed):
+            ready = _walk(listed, within, self.rng)
+        if not ready:
+            ready = free or (_walk(listed, may, self.rng) if len(sample) < len(listed) else [])
         if not ready:  # every one avoided or tried: the soonest back rather than none
             left = [u for u in listed if u.key not in exclude and _open(u, site, now)]
             if not left:
@@ -207,6 +216,8 @@ class Pool:
         return self._weighted(ready)
 
     def _weighted(self, ready: list[Upstream]) -> Upstream:
+        if len(ready) == 1:  # no weighing, no draw
+            return ready[0]
         weights = [u.success / max(u.latency_ms, 50.0) for u in ready]
         return self.rng.choices(ready, weights=weights)[0]
 

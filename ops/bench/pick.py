@@ -1,8 +1,10 @@
 """``ppf bench pick``: the CPU of one pick of the endpoint's pool (endpoint/router/choose.py)
-by pool size, at two sites where a pick that walked its candidates cost the most:
+by pool size, at three sites: two where a pick that walked its candidates cost the most,
 ``known``, a site every proxy in the pool is known to get through to (a busy site after
 a while), and ``strict``, a site that turned 95 % of them away and none is known to get
-through to yet (a strict site while the endpoint learns it).
+through to yet (a strict site while the endpoint learns it); and ``spent``, a site whose
+rate limit lets each proxy one request a minute, so a small pool has spent every budget
+there within seconds of each minute (a pick then takes any the site has not turned away).
 
 Each measurement runs in a process of its own. With ``--versus DIR``, another
 checkout's pick is measured the same way, and the two trees take turns for each size in
@@ -40,6 +42,8 @@ draw = random.Random(2)
 for up in list(pool.upstreams.values()):
     if site == "known":
         pool.got_through(up, site)
+    elif site == "spent":
+        up.tolerated[site] = 1  # what a site's rate limit taught: one request a minute
     elif draw.random() < 0.95:
         pool.turned_away(up, site, now=0.0)
 want = Want("bench")
@@ -50,7 +54,7 @@ print(json.dumps((time.process_time() - start) / picks * 1e6))
 """
 
 
-SITES = ("known", "strict")
+SITES = ("known", "strict", "spent")
 _PICKS = 6_000
 
 
