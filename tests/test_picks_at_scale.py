@@ -130,6 +130,36 @@ def test_a_sites_rate_limit_holds_whatever_the_draws(monkeypatch: pytest.MonkeyP
     assert pool.pick(Want(consumer="shop"), tunnel=False, now=240.0, site="shop.example")
 
 
+def test_where_most_proxies_spent_their_budget_a_pick_finds_one_that_has_not() -> None:
+    """A pool larger than a pick's sample, every proxy but one past its budget at a site
+    this minute: each pick goes through the one within its budget, whatever the
+    sample's draw (the walk past the sample finds it), and once it has spent its own,
+    through any the site has not turned away."""
+    from endpoint.router import choose
+
+    pool = Pool(rng=random.Random(3))
+    pool.replace(Upstream(f"45.0.1.{n}", 8080, "http") for n in range(1, 51))
+    assert len(pool.upstreams) > choose.SAMPLE
+    spare = pool.upstreams[("45.0.1.37", 8080)]
+    for up in pool.upstreams.values():
+        if up is not spare:
+            up.site_uses["shop.example"] = (1, choose.SITE_BUDGET)
+    picks = [
+        pool.pick(Want(consumer="shop"), tunnel=False, now=60.0 + i / 100, site="shop.example")
+        for i in range(choose.SITE_BUDGET)
+    ]
+    assert all(p is spare for p in picks)
+    assert spare.site_uses["shop.example"] == (1, choose.SITE_BUDGET)
+    pool.turned_away(pool.upstreams[("45.0.1.1", 8080)], "shop.example", now=60.0)
+    after = [
+        pool.pick(Want(consumer="shop"), tunnel=False, now=62.0, site="shop.example")
+        for _ in range(200)
+    ]
+    keys = {p.key for p in after if p is not None}
+    assert len(keys) > 10 and all(after)
+    assert ("45.0.1.1", 8080) not in keys
+
+
 def test_ppf_bench_pick_measures_each_size_in_both_trees_and_refuses_what_it_cannot_measure() -> (
     None
 ):
