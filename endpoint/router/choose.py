@@ -184,16 +184,10 @@ class Pool:
         def within(u: Upstream) -> bool:  # one that spent its budget at the site: once all have
             return may(u) and (not site or _within_budget(u, site, minute))
 
-        # One sample for both, and no walk where the sample was every proxy: once each
-        # has spent its budget at a busy site (a small pool), a pick sampled, walked,
-        # and sampled again.
+        # One sample for both: once every proxy has spent its budget at a busy site,
+        # a pick drew a second sample for those past it.
         sample = _sample(listed, self.rng)
-        free = [u for u in sample if may(u)]
-        ready = [u for u in free if not site or _within_budget(u, site, minute)]
-        if not ready and len(sample) < len(listed):
-            ready = _walk(listed, within, self.rng)
-        if not ready:
-            ready = free or (_walk(listed, may, self.rng) if len(sample) < len(listed) else [])
+        ready = _ready(listed, within, self.rng, sample) or _ready(listed, may, self.rng, sample)
         if not ready:  # every one avoided or tried: the soonest back rather than none
             left = [u for u in listed if u.key not in exclude and _open(u, site, now)]
             if not left:
@@ -347,11 +341,20 @@ def _sample(listed: list[Upstream], rng: random.Random) -> list[Upstream]:
 
 
 def _ready(
-    listed: list[Upstream], may: Callable[[Upstream], bool], rng: random.Random
+    listed: list[Upstream],
+    may: Callable[[Upstream], bool],
+    rng: random.Random,
+    sample: list[Upstream] | None = None,
 ) -> list[Upstream]:
-    """Those of a sample of ``listed`` that ``may`` go; when there are none, as many as a
-    walk finds (``_walk``)."""
-    return [u for u in _sample(listed, rng) if may(u)] or _walk(listed, may, rng)
+    """Those of a sample of ``listed`` (``sample``, else one drawn) that ``may`` go; when
+    there are none, as many as a walk finds (``_walk``), unless the sample was all of
+    them: the walk would look at the same proxies again."""
+    if sample is None:
+        sample = _sample(listed, rng)
+    found = [u for u in sample if may(u)]
+    if found or len(sample) == len(listed):
+        return found
+    return _walk(listed, may, rng)
 
 
 def _walk(
