@@ -182,3 +182,51 @@ def test_ppf_bench_pick_measures_each_size_in_both_trees_and_refuses_what_it_can
             bench_pick(Pick(sizes=bad))
     with pytest.raises(SystemExit, match="--picks"):
         bench_pick(Pick(sizes="10", picks=7_000))
+
+
+def test_where_every_proxy_spent_its_budget_a_minutes_picks_look_at_them_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """2,000 proxies, each past its budget at a site this minute (a rate limit of a
+    request a minute each), known there or not: the minute's first pick looks at every
+    one's budget, the rest at none, and each goes at once through one the site has not
+    turned away. What ends the minute's word: a proxy new to the pool, or a new minute,
+    whose picks spread over the pool again."""
+    from endpoint.router import choose
+
+    checked = 0
+    within_budget = choose._within_budget
+
+    def counted(up: Upstream, site: str, minute: int) -> bool:
+        nonlocal checked
+        checked += 1
+        return within_budget(up, site, minute)
+
+    monkeypatch.setattr(choose, "_within_budget", counted)
+    monkeypatch.setattr(choose, "EXPLORE", 0.0)
+    for known in (False, True):
+        pool, ups = _pool(2_000)
+        for up in ups:
+            up.tolerated["shop.example"] = 1
+            up.site_uses["shop.example"] = (1, 1)
+            if known:
+                pool.got_through(up, "shop.example")
+        checked = 0
+        picks = [
+            pool.pick(Want(consumer="shop"), tunnel=False, now=60.0 + i / 100, site="shop.example")
+            for i in range(300)
+        ]
+        assert all(picks) and len({p.key for p in picks if p}) > 100, known
+        assert checked <= 3 * 2 * 2_000, (known, checked)  # each pick: 4,000 or more
+
+        pool.replace([*ups, Upstream("46.0.0.1", 8080, "http")])  # within its budget
+        fresh = pool.upstreams[("46.0.0.1", 8080)]
+        fresh.tolerated["shop.example"] = 1
+        want = Want(consumer="shop")
+        assert pool.pick(want, tunnel=False, now=61.0, site="shop.example") is fresh
+        assert pool.pick(want, tunnel=False, now=62.0, site="shop.example")  # it too spent
+        later = [
+            pool.pick(Want(consumer="shop"), tunnel=False, now=120.0, site="shop.example")
+            for _ in range(300)
+        ]
+        assert max(up.site_uses["shop.example"] for up in later if up) == (2, 1), known

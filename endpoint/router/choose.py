@@ -54,6 +54,7 @@ SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
 _PER_UPSTREAM = 64  # sites an upstream's marks hold before those run out are let go
+_SPENT_LISTS = 64  # lists a pool remembers as spent at a site this minute (``_Budgets``)
 
 
 class Facts(Protocol):
@@ -89,6 +90,7 @@ class Pool:
     # The operator's rules for reading sites' answers (events/sites.py), from the feed.
     rules: tuple[SiteRule, ...] = ()
     _lists: dict[tuple[object, ...], list[Upstream]] = field(default_factory=dict)
+    _budgets: _Budgets = field(default_factory=lambda: _Budgets())
 
     def replace(self, fresh: Iterable[Facts]) -> None:
         """The feed's new pool; what we learned of proxies still in it is kept."""
@@ -118,7 +120,7 @@ class Pool:
                 up.exit_ip, up.last_seen = f.exit_ip, f.last_seen
             new[key] = up
         self.upstreams = new
-        self._lists = {}
+        self._lists, self._budgets = {}, _Budgets()
         self.standing.let_go(old.keys() - new.keys())
 
     def pick(
@@ -181,13 +183,15 @@ class Pool:
         def may(u: Upstream) -> bool:
             return u.key not in exclude and u.avoid_until <= now and _open(u, site, now)
 
-        def within(u: Upstream) -> bool:  # one that spent its budget at the site: once all have
-            return may(u) and (not site or _within_budget(u, site, minute))
+        def within(u: Upstream) -> bool:
+            return may(u) and _within_budget(u, site, minute)
 
         # One sample for both: once every proxy has spent its budget at a busy site,
-        # a pick drew a second sample for those past it.
+        # a pick drew a second sample for those past it; one past its budget goes only
+        # once none within it may.
         sample = _sample(listed, self.rng)
-        ready = _ready(listed, within, self.rng, sample) or _ready(listed, may, self.rng, sample)
+        ready = self._budgets.ready(listed, within, site, minute, self.rng, sample) if site else []
+        ready = ready or _ready(listed, may, self.rng, sample)
         if not ready:  # every one avoided or tried: the soonest back rather than none
             left = [u for u in listed if u.key not in exclude and _open(u, site, now)]
             if not left:
@@ -225,7 +229,7 @@ class Pool:
             return []
         minute = int(now // 60)
 
-        def may(u: Upstream) -> bool:
+        def within(u: Upstream) -> bool:
             return (
                 u.key not in exclude
                 and u.avoid_until <= now
@@ -234,7 +238,7 @@ class Pool:
                 and _matches(u, want, tunnel)
             )
 
-        return _ready(ups, may, self.rng)
+        return self._budgets.ready(ups, within, site, minute, self.rng)
 
     def got_through(self, up: Upstream, site: str, alike_at: float = 0.0) -> None:
         """An answer through ``up`` was ``site``'s own page; ``alike_at`` (loop time):
@@ -317,6 +321,44 @@ class Pool:
         up.strikes += 1
         doublings = min(up.strikes - 1, _DOUBLINGS)
         up.avoid_until = now + min(AVOID_S, AVOID_FIRST_S * 2**doublings)
+
+
+@dataclass
+class _Budgets:
+    """The lists of upstreams whose every one had spent its budget at a site this minute.
+    That holds to the minute's end (its uses only grow, and a site's pace never sets a
+    budget above the uses), and at a site that takes a request a minute a proxy, each
+    pick walked every proxy of the list (docs/decisions.md, The endpoint)."""
+
+    # (site, a list's id) -> (minute, that list): the entry holds its list, so no other
+    # list has that id while it stands.
+    spent: dict[tuple[str, int], tuple[int, list[Upstream]]] = field(default_factory=dict)
+
+    def ready(
+        self,
+        listed: list[Upstream],
+        within: Callable[[Upstream], bool],
+        site: str,
+        minute: int,
+        rng: random.Random,
+        sample: list[Upstream] | None = None,
+    ) -> list[Upstream]:
+        """``_ready`` for those of ``listed`` that are ``within`` (one that may go and
+        has not spent its budget at ``site`` this ``minute``); none at once where every
+        one of them had spent it earlier in the minute."""
+        if len(listed) <= SAMPLE:  # the sample is all of them: no walk to spare
+            return _ready(listed, within, rng, sample)
+        key = (site, id(listed))
+        spent = self.spent.get(key)
+        if spent is not None and spent[0] == minute:
+            return []
+        found = _ready(listed, within, rng, sample)
+        if not found and not any(_within_budget(u, site, minute) for u in listed):
+            if len(self.spent) >= _SPENT_LISTS:  # past minutes' go, or all
+                this_minute = {k: v for k, v in self.spent.items() if v[0] == minute}
+                self.spent = this_minute if len(this_minute) < _SPENT_LISTS else {}
+            self.spent[key] = (minute, listed)
+        return found
 
 
 def _least_used(known: list[Upstream], site: str, now: float) -> list[Upstream]:
