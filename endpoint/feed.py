@@ -22,9 +22,9 @@ import aiohttp
 import msgspec
 import structlog
 
-from endpoint.link.upstream import Upstream
+from endpoint.link.upstream import Facts, Upstream
 from endpoint.logins import Logins
-from endpoint.router.choose import Facts, Pool
+from endpoint.router.choose import Pool
 from endpoint.router.verdicts import PSL_VERSION
 from events.batches import MAX_RESULTS, TRAFFIC_KEY
 from events.blockpages import READER_VERSION

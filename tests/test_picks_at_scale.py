@@ -230,3 +230,61 @@ def test_where_every_proxy_spent_its_budget_a_minutes_picks_look_at_them_once(
             for _ in range(300)
         ]
         assert max(up.site_uses["shop.example"] for up in later if up) == (2, 1), known
+
+
+def test_where_a_site_closed_every_proxy_its_picks_look_at_them_once_until_one_is_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A site that turned away every one of 2,000 proxies (the fleet's word), or paced
+    them all: the first pick looks at the pool, the rest answer none at once (sticky
+    sessions too), where each used to walk it three times. None is not remembered
+    where only the pick's own left-out ones are open; and the picks find proxies again
+    once one gets through there, or once the soonest is back (a later, shorter pace
+    does not shorten a longer one)."""
+    from endpoint.router import choose
+    from events.sites import BLOCKED, THROUGH
+
+    looked = 0
+    is_open = choose._open
+
+    def counted(up: Upstream, site: str, now: float) -> bool:
+        nonlocal looked
+        looked += 1
+        return is_open(up, site, now)
+
+    monkeypatch.setattr(choose, "_open", counted)
+    pool, ups = _pool(2_000)
+    pool.heard([(u.ip, u.port, "wall.example", BLOCKED) for u in ups], now=0.0)
+    logins = [Want(consumer="shop"), Want(consumer="shop", session="a1")]
+    looked = 0
+    picks = [
+        pool.pick(logins[i % 2], tunnel=False, now=1.0 + i, site="wall.example") for i in range(300)
+    ]
+    assert picks == [None] * 300
+    assert looked <= 4 * 2_000, looked  # each pick: 6,000 or more
+    pool.heard([(ups[7].ip, ups[7].port, "wall.example", THROUGH)], now=301.0)
+    assert pool.pick(logins[0], tunnel=False, now=302.0, site="wall.example") is ups[7]
+    pool.turned_away(ups[7], "wall.example", now=302.0)
+    assert pool.pick(logins[0], tunnel=False, now=303.0, site="wall.example") is None
+    pool.got_through(ups[7], "wall.example")  # a request under way through it got through
+    assert pool.pick(logins[0], tunnel=False, now=304.0, site="wall.example") is ups[7]
+    pool.turned_away(ups[7], "wall.example", now=304.0)
+    assert pool.pick(logins[0], tunnel=False, now=305.0, site="wall.example") is None
+    back = pool.pick(logins[0], tunnel=False, now=choose.SITE_BLOCK_S + 1, site="wall.example")
+    assert back is not None and back is not ups[7]  # back when its block ends: not this one
+
+    pool, ups = _pool(2_000)  # all but one turned away, and that one left out
+    for up in ups[1:]:
+        pool.turned_away(up, "strict.example", now=0.0)
+    left_out = frozenset({ups[0].key})
+    want = Want(consumer="shop")
+    assert pool.pick(want, tunnel=False, now=1.0, exclude=left_out, site="strict.example") is None
+    assert pool.pick(want, tunnel=False, now=2.0, site="strict.example") is ups[0]
+
+    pool, ups = _pool(2_000)  # every one paced: two minutes, and one of them a second too
+    for up in ups:
+        choose.pace(up, "paced.example", 0.0, 120.0)
+    choose.pace(ups[3], "paced.example", 1.0, 1.0)
+    assert pool.pick(want, tunnel=False, now=5.0, site="paced.example") is None
+    assert pool.pick(want, tunnel=False, now=119.0, site="paced.example") is None
+    assert pool.pick(want, tunnel=False, now=121.0, site="paced.example") is not None

@@ -1,11 +1,29 @@
-"""An upstream proxy as the endpoint knows it: where it is and how it is spoken to (all
-a link needs), and what the router saw of it (``router/choose.py`` keeps that)."""
+"""An upstream proxy as the endpoint knows it: what the gateways say of it (``Facts``),
+where it is and how it is spoken to (all a link needs), and what the router saw of it
+(``router/choose.py`` keeps that)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["Upstream"]
+__all__ = ["Facts", "Upstream"]
+
+
+class Facts(Protocol):
+    """What the gateway says of a proxy (an ``Upstream`` says it too)."""
+
+    ip: str
+    port: int
+    proto: str
+    country: str
+    asn: int
+    anonymity: str
+    https: str
+    mitm: bool
+    latency_ms: float
+    exit_ip: str
+    last_seen: int
 
 
 @dataclass(slots=True)

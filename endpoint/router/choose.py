@@ -34,16 +34,15 @@ import random
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from endpoint.link.upstream import Upstream
+from endpoint.link.upstream import Facts, Upstream
 from endpoint.router.login import Want
 from endpoint.router.pages import Pages
 from endpoint.router.standing import EXPLORE, SITE_BLOCK_S, Standing
 from endpoint.router.tally import Tally
 from events.sites import BLOCKED, THROUGH, SiteRule
 
-__all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Facts", "Pool", "pace"]
+__all__ = ["AVOID_S", "PACE_S", "SITE_BLOCK_S", "SITE_BUDGET", "Pool", "pace"]
 
 AVOID_S = 300.0  # at most this long does a proxy that failed real traffic sit out, here
 AVOID_FIRST_S = 10.0
@@ -54,23 +53,7 @@ SAMPLE = 8  # upstreams a weighted or least-recently-used pick weighs
 _ALPHA = 0.3  # the success EMA's weight of the latest outcome
 SITE_BUDGET = 120  # requests a minute to one site through one proxy
 _PER_UPSTREAM = 64  # sites an upstream's marks hold before those run out are let go
-_SPENT_LISTS = 64  # lists a pool remembers as spent at a site this minute (``_Budgets``)
-
-
-class Facts(Protocol):
-    """What the gateway says of a proxy (an ``Upstream`` says it too)."""
-
-    ip: str
-    port: int
-    proto: str
-    country: str
-    asn: int
-    anonymity: str
-    https: str
-    mitm: bool
-    latency_ms: float
-    exit_ip: str
-    last_seen: int
+_SPENT_LISTS = 64  # lists a pool remembers as spent at sites (``_Spent``)
 
 
 @dataclass
@@ -90,7 +73,7 @@ class Pool:
     # The operator's rules for reading sites' answers (events/sites.py), from the feed.
     rules: tuple[SiteRule, ...] = ()
     _lists: dict[tuple[object, ...], list[Upstream]] = field(default_factory=dict)
-    _budgets: _Budgets = field(default_factory=lambda: _Budgets())
+    _spent: _Spent = field(default_factory=lambda: _Spent())
 
     def replace(self, fresh: Iterable[Facts]) -> None:
         """The feed's new pool; what we learned of proxies still in it is kept."""
@@ -120,7 +103,7 @@ class Pool:
                 up.exit_ip, up.last_seen = f.exit_ip, f.last_seen
             new[key] = up
         self.upstreams = new
-        self._lists, self._budgets = {}, _Budgets()
+        self._lists, self._spent = {}, _Spent()
         self.standing.let_go(old.keys() - new.keys())
 
     def pick(
@@ -133,6 +116,9 @@ class Pool:
         site: str = "",
     ) -> Upstream | None:
         """The upstream for the next attempt to ``site``, or None when nothing matches."""
+        closed = self._spent.closed.get(site) if site else None
+        if closed is not None and now < closed[0] and closed[1] is self._matching(want, tunnel):
+            return None  # the site closed every one this login may take (``_Spent``)
         if want.session:
             sticky = self.sessions.get((want.consumer, want.session))
             if sticky is not None and now - sticky[1] <= want.session_min * 60:
@@ -142,7 +128,7 @@ class Pool:
                     and up.key not in exclude
                     and up.avoid_until <= now
                     and _open(up, site, now)
-                    and _matches(up, want, tunnel)
+                    and want.fits(up, tunnel)
                 ):
                     return self._use(up, want, now, site)
             # A new session's upstream by its name, in key order from there: the same on
@@ -165,8 +151,8 @@ class Pool:
             if not tunnel and not exclude and EXPLORE and self.rng.random() < EXPLORE:
                 sample = _sample(self._matching(want, False), self.rng)
                 if ready := _unknown(sample, self.standing.through[site], site, now):
-                    return self._use(self._chosen(ready, want), want, now, site)
-            return self._use(self._weighted(_least_used(known, site, now)), want, now, site)
+                    return self._use(_chosen(ready, want, self.rng), want, now, site)
+            return self._use(_weighted(_least_used(known, site, now), self.rng), want, now, site)
         return self._any(want, tunnel, now, exclude, site)
 
     def _any(
@@ -190,11 +176,13 @@ class Pool:
         # a pick drew a second sample for those past it; one past its budget goes only
         # once none within it may.
         sample = _sample(listed, self.rng)
-        ready = self._budgets.ready(listed, within, site, minute, self.rng, sample) if site else []
+        ready = self._spent.ready(listed, within, site, minute, self.rng, sample) if site else []
         ready = ready or _ready(listed, may, self.rng, sample)
         if not ready:  # every one avoided or tried: the soonest back rather than none
             left = [u for u in listed if u.key not in exclude and _open(u, site, now)]
             if not left:
+                if site:
+                    self._spent.close(listed, site, now)
                 return None
             return self._use(min(left, key=lambda u: (u.avoid_until, u.key)), want, now, site)
         if want.strategy == "roundrobin":
@@ -205,19 +193,7 @@ class Pool:
                 if may(up):
                     self.cursors[cursor] = i + step + 1
                     return self._use(up, want, now, site)
-        return self._use(self._chosen(ready, want), want, now, site)
-
-    def _chosen(self, ready: list[Upstream], want: Want) -> Upstream:
-        """Of ``ready``, the one the login's strategy takes (``lru``, else ``weighted``)."""
-        if want.strategy == "lru":
-            return min(ready, key=lambda u: (u.used_at, u.key))
-        return self._weighted(ready)
-
-    def _weighted(self, ready: list[Upstream]) -> Upstream:
-        if len(ready) == 1:  # no weighing, no draw
-            return ready[0]
-        weights = [u.success / max(u.latency_ms, 50.0) for u in ready]
-        return self.rng.choices(ready, weights=weights)[0]
+        return self._use(_chosen(ready, want, self.rng), want, now, site)
 
     def _known(
         self, site: str, want: Want, tunnel: bool, now: float, exclude: frozenset[tuple[str, int]]
@@ -235,10 +211,10 @@ class Pool:
                 and u.avoid_until <= now
                 and u.paced.get(site, 0.0) <= now
                 and _within_budget(u, site, minute)
-                and _matches(u, want, tunnel)
+                and want.fits(u, tunnel)
             )
 
-        return self._budgets.ready(ups, within, site, minute, self.rng)
+        return self._spent.ready(ups, within, site, minute, self.rng)
 
     def got_through(self, up: Upstream, site: str, alike_at: float = 0.0) -> None:
         """An answer through ``up`` was ``site``'s own page; ``alike_at`` (loop time):
@@ -250,6 +226,7 @@ class Pool:
             self.tally.count(up, site, 0)
         if self.upstreams.get(up.key) is up:  # not one that left the pool meanwhile
             self.standing.got_through(up, site)
+            self._spent.reopened(site)
 
     def turned_away(self, up: Upstream, site: str, now: float) -> None:
         """``site`` turned a request through ``up`` away: not for that site a while."""
@@ -275,6 +252,7 @@ class Pool:
             taken += 1
             if standing == THROUGH:
                 self.standing.got_through(up, site)
+                self._spent.reopened(site)
             elif standing == BLOCKED:
                 self._turn_away(up, site, now)
         return taken
@@ -288,7 +266,7 @@ class Pool:
             if len(self._lists) > 10_000:
                 self._lists.clear()
             found = sorted(
-                (u for u in self.upstreams.values() if _matches(u, want, tunnel)),
+                (u for u in self.upstreams.values() if want.fits(u, tunnel)),
                 key=lambda u: u.key,
             )
             self._lists[key] = found
@@ -324,15 +302,23 @@ class Pool:
 
 
 @dataclass
-class _Budgets:
-    """The lists of upstreams whose every one had spent its budget at a site this minute.
-    That holds to the minute's end (its uses only grow, and a site's pace never sets a
-    budget above the uses), and at a site that takes a request a minute a proxy, each
-    pick walked every proxy of the list (docs/decisions.md, The endpoint)."""
+class _Spent:
+    """Where a pick's list has nothing for a site, remembered for as long as that holds,
+    so the picks meanwhile do not walk the whole list again to find so (each entry holds
+    its list, so no other list has its id while it stands; docs/decisions.md, The
+    endpoint):
 
-    # (site, a list's id) -> (minute, that list): the entry holds its list, so no other
-    # list has that id while it stands.
-    spent: dict[tuple[str, int], tuple[int, list[Upstream]]] = field(default_factory=dict)
+    - ``budgets``: every upstream of the list had spent its budget at the site this
+      minute, which holds to the minute's end (its uses only grow, and a site's pace
+      never sets a budget above the uses);
+    - ``closed``: every upstream of the list was turned away or paced at the site, which
+      holds until the soonest of them is back (a block and a pace only ever lengthen),
+      unless one gets through there meanwhile (``reopened``).
+    """
+
+    budgets: dict[tuple[str, int], tuple[int, list[Upstream]]] = field(default_factory=dict)
+    # site -> (until, the list), for the login's list whose picks found it so
+    closed: dict[str, tuple[float, list[Upstream]]] = field(default_factory=dict)
 
     def ready(
         self,
@@ -349,16 +335,45 @@ class _Budgets:
         if len(listed) <= SAMPLE:  # the sample is all of them: no walk to spare
             return _ready(listed, within, rng, sample)
         key = (site, id(listed))
-        spent = self.spent.get(key)
+        spent = self.budgets.get(key)
         if spent is not None and spent[0] == minute:
             return []
         found = _ready(listed, within, rng, sample)
         if not found and not any(_within_budget(u, site, minute) for u in listed):
-            if len(self.spent) >= _SPENT_LISTS:  # past minutes' go, or all
-                this_minute = {k: v for k, v in self.spent.items() if v[0] == minute}
-                self.spent = this_minute if len(this_minute) < _SPENT_LISTS else {}
-            self.spent[key] = (minute, listed)
+            if len(self.budgets) >= _SPENT_LISTS:  # past minutes' go, or all
+                this_minute = {k: v for k, v in self.budgets.items() if v[0] == minute}
+                self.budgets = this_minute if len(this_minute) < _SPENT_LISTS else {}
+            self.budgets[key] = (minute, listed)
         return found
+
+    def close(self, listed: list[Upstream], site: str, now: float) -> None:
+        """A pick found none of ``listed`` to take to ``site``: where the site closed
+        every one of them (not only where the pick left some out or they are avoided),
+        remembered until the soonest is back."""
+        until = min(max(u.turned_away.get(site, 0.0), u.paced.get(site, 0.0)) for u in listed)
+        if until > now:
+            if len(self.closed) >= _SPENT_LISTS:  # those back go, or all
+                still = {s: c for s, c in self.closed.items() if c[0] > now}
+                self.closed = still if len(still) < _SPENT_LISTS else {}
+            self.closed[site] = (until, listed)
+
+    def reopened(self, site: str) -> None:
+        """An upstream got through to ``site`` (the block it had there is gone)."""
+        self.closed.pop(site, None)
+
+
+def _chosen(ready: list[Upstream], want: Want, rng: random.Random) -> Upstream:
+    """Of ``ready``, the one the login's strategy takes (``lru``, else ``weighted``)."""
+    if want.strategy == "lru":
+        return min(ready, key=lambda u: (u.used_at, u.key))
+    return _weighted(ready, rng)
+
+
+def _weighted(ready: list[Upstream], rng: random.Random) -> Upstream:
+    if len(ready) == 1:  # no weighing, no draw
+        return ready[0]
+    weights = [u.success / max(u.latency_ms, 50.0) for u in ready]
+    return rng.choices(ready, weights=weights)[0]
 
 
 def _least_used(known: list[Upstream], site: str, now: float) -> list[Upstream]:
@@ -462,26 +477,8 @@ def pace(up: Upstream, site: str, now: float, after_s: float | None) -> None:
     if len(up.paced) >= _PER_UPSTREAM:  # what has run out goes first
         up.paced = {s: t for s, t in up.paced.items() if t > now}
     wait = PACE_S if after_s is None else min(max(after_s, 1.0), MAX_PACE_S)
-    up.paced[site] = now + wait
+    # Never shortened: of two requests under way through it, the longer wait holds.
+    up.paced[site] = max(up.paced.get(site, 0.0), now + wait)
     minute, used = up.site_uses.get(site, (0, 0))
     if minute == int(now // 60) and len(up.tolerated) < _PER_UPSTREAM:
         up.tolerated[site] = max(1, used - 1)
-
-
-def _matches(up: Upstream, want: Want, tunnel: bool) -> bool:
-    """Whether ``up`` is what a login's filters ask for (a tunnel: one that can tunnel)."""
-    if tunnel and not up.tunnels:
-        return False
-    if up.mitm and not want.mitm:
-        return False
-    if want.proto and up.proto != want.proto:
-        return False
-    if want.country and up.country not in want.country:
-        return False
-    if want.anonymity and up.anonymity != want.anonymity:
-        return False
-    if want.https and up.https != "yes":
-        return False
-    if want.max_latency_ms and up.latency_ms > want.max_latency_ms:
-        return False
-    return not (want.asn and up.asn != want.asn)

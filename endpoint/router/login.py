@@ -26,6 +26,7 @@ import difflib
 import re
 from dataclasses import dataclass
 
+from endpoint.link.upstream import Upstream
 from events import agent_name_ok
 
 __all__ = [
@@ -80,6 +81,25 @@ class Want:
             self.asn,
             self.mitm,
         )
+
+    def fits(self, up: Upstream, tunnel: bool) -> bool:
+        """Whether ``up`` is what the login's filters ask for (a tunnel: one that can
+        tunnel)."""
+        if tunnel and not up.tunnels:
+            return False
+        if up.mitm and not self.mitm:
+            return False
+        if self.proto and up.proto != self.proto:
+            return False
+        if self.country and up.country not in self.country:
+            return False
+        if self.anonymity and up.anonymity != self.anonymity:
+            return False
+        if self.https and up.https != "yes":
+            return False
+        if self.max_latency_ms and up.latency_ms > self.max_latency_ms:
+            return False
+        return not (self.asn and up.asn != self.asn)
 
 
 MAX_LOGIN = 512  # characters of a login's name and options

@@ -1,11 +1,13 @@
 """``ppf bench pick``: the CPU of one pick of the endpoint's pool (endpoint/router/choose.py)
-by pool size, at three sites: two where a pick that walked its candidates cost the most,
+by pool size, at four sites where a pick that walked its candidates cost the most:
 ``known``, a site every proxy in the pool is known to get through to (a busy site after
-a while), and ``strict``, a site that turned 95 % of them away and none is known to get
-through to yet (a strict site while the endpoint learns it); and ``spent``, a site whose
+a while); ``strict``, a site that turned 95 % of them away and none is known to get
+through to yet (a strict site while the endpoint learns it); ``spent``, a site whose
 rate limit lets each proxy one request a minute, asked a hundred times a second, so the
 pool has spent every budget there within seconds of each minute (ten at 1,000 proxies;
-a pick then takes any the site has not turned away).
+a pick then takes any the site has not turned away); and ``closed``, a site that turned
+every proxy away (one that blocks open proxies, as the fleet tells each endpoint): each
+pick answers none.
 
 Each measurement runs in a process of its own. With ``--versus DIR``, another
 checkout's pick is measured the same way, and the two trees take turns for each size in
@@ -45,6 +47,8 @@ for up in list(pool.upstreams.values()):
         pool.got_through(up, site)
     elif site == "spent":
         up.tolerated[site] = 1  # what a site's rate limit taught: one request a minute
+    elif site == "closed":
+        pool.turned_away(up, site, now=0.0)
     elif draw.random() < 0.95:
         pool.turned_away(up, site, now=0.0)
 want = Want("bench")
@@ -56,7 +60,7 @@ print(json.dumps((time.process_time() - start) / picks * 1e6))
 """
 
 
-SITES = ("known", "strict", "spent")
+SITES = ("known", "strict", "spent", "closed")
 _PICKS = 6_000
 
 
