@@ -3,6 +3,7 @@ whatever the pool's size, and what it samples follows what the endpoint learned.
 
 from __future__ import annotations
 
+import asyncio
 import random
 from collections.abc import Iterator
 from typing import Any
@@ -288,3 +289,49 @@ def test_where_a_site_closed_every_proxy_its_picks_look_at_them_once_until_one_i
     assert pool.pick(want, tunnel=False, now=5.0, site="paced.example") is None
     assert pool.pick(want, tunnel=False, now=119.0, site="paced.example") is None
     assert pool.pick(want, tunnel=False, now=121.0, site="paced.example") is not None
+
+
+def test_a_consumer_whose_refusals_cover_the_pool_keeps_its_latest_and_picks_cheaply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer met a refusal at its site through each of 2,000 proxies: its share
+    went for everyone, and of the rest its own picks leave out only the latest
+    ``PRIVATE_MARKS`` (one marked again counts as new), so its picks go at once through
+    one it did not leave out, where each walked the pool three times to find none
+    (and its marks grew without end); another consumer's picks are untouched."""
+    from endpoint.router import choose, shares
+    from endpoint.router.router import Router
+
+    looked = 0
+    is_open = choose._open
+
+    def counted(up: Upstream, site: str, now: float) -> bool:
+        nonlocal looked
+        looked += 1
+        return is_open(up, site, now)
+
+    monkeypatch.setattr(choose, "_open", counted)
+    pool, ups = _pool(2_000)
+    router = Router(pool, lambda name, token: asyncio.sleep(0, True))
+    for n, up in enumerate(ups):
+        router.turned_away("mallory", up, "evil.example", 1.0 + n / 1_000)
+    shared = {u.key for u in ups if "evil.example" in u.turned_away}
+    assert len(shared) == max(shares.MIN_MARKS, int(shares.SHARE * 2_000))
+    router.turned_away("mallory", ups[-shares.PRIVATE_MARKS], "evil.example", 4.0)  # again
+    router.turned_away("mallory", ups[0], "evil.example", 4.0)  # shared: now its own too
+    own = router.left_out("mallory", "evil.example", 5.0)
+    latest = {u.key for u in ups[-shares.PRIVATE_MARKS :]} - {ups[-shares.PRIVATE_MARKS + 1].key}
+    assert own == latest | {ups[0].key}
+    looked = 0
+    picks = [
+        pool.pick(Want("mallory"), tunnel=False, now=5.0, exclude=own, site="evil.example")
+        for _ in range(100)
+    ]
+    assert all(picks) and not {p.key for p in picks if p} & (own | shared)
+    assert looked <= 100 * 4 * choose.SAMPLE, looked  # each pick: 6,000 or more
+    alice = {
+        p.key
+        for _ in range(300)
+        if (p := pool.pick(Want("alice"), tunnel=False, now=5.0, site="evil.example"))
+    }
+    assert alice & own and not alice & shared
