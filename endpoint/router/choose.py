@@ -350,12 +350,16 @@ class _Spent:
         """A pick found none of ``listed`` to take to ``site``: where the site closed
         every one of them (not only where the pick left some out or they are avoided),
         remembered until the soonest is back."""
-        until = min(max(u.turned_away.get(site, 0.0), u.paced.get(site, 0.0)) for u in listed)
-        if until > now:
-            if len(self.closed) >= _SPENT_LISTS:  # those back go, or all
-                still = {s: c for s, c in self.closed.items() if c[0] > now}
-                self.closed = still if len(still) < _SPENT_LISTS else {}
-            self.closed[site] = (until, listed)
+        until = float("inf")
+        for u in listed:
+            back = max(u.turned_away.get(site, 0.0), u.paced.get(site, 0.0))
+            if back <= now:  # open to it: what the pick left out, or avoided
+                return
+            until = min(until, back)
+        if len(self.closed) >= _SPENT_LISTS:  # those back go, or all
+            still = {s: c for s, c in self.closed.items() if c[0] > now}
+            self.closed = still if len(still) < _SPENT_LISTS else {}
+        self.closed[site] = (until, listed)
 
     def reopened(self, site: str) -> None:
         """An upstream got through to ``site`` (the block it had there is gone)."""

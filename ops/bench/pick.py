@@ -1,5 +1,5 @@
 """``ppf bench pick``: the CPU of one pick of the endpoint's pool (endpoint/router/choose.py)
-by pool size, at four sites where a pick that walked its candidates cost the most:
+by pool size, at five sites where a pick that walked its candidates cost the most:
 ``known``, a site every proxy in the pool is known to get through to (a busy site after
 a while); ``strict``, a site that turned 95 % of them away and none is known to get
 through to yet (a strict site while the endpoint learns it); ``spent``, a site whose
@@ -7,7 +7,9 @@ rate limit lets each proxy one request a minute, asked a hundred times a second,
 pool has spent every budget there within seconds of each minute (ten at 1,000 proxies;
 a pick then takes any the site has not turned away); and ``closed``, a site that turned
 every proxy away (one that blocks open proxies, as the fleet tells each endpoint): each
-pick answers none.
+pick answers none; and ``own``, where the picking consumer itself met a refusal through
+every proxy (its share for everyone, the rest for its own picks alone: a consumer doing
+so on purpose), each pick leaving out what its refusals left out (``Router.left_out``).
 
 Each measurement runs in a process of its own. With ``--versus DIR``, another
 checkout's pick is measured the same way, and the two trees take turns for each size in
@@ -31,10 +33,11 @@ __all__ = ["bench_pick"]
 
 # Runs inside either tree (cwd, first on the path): prints the CPU µs a pick.
 _CHILD = r"""
-import json, random, sys, time
+import asyncio, json, random, sys, time
 from endpoint.link.upstream import Upstream
 from endpoint.router.choose import Pool
 from endpoint.router.login import Want
+from endpoint.router.router import Router
 size, picks, site = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 pool = Pool(rng=random.Random(1))
 pool.replace(
@@ -42,8 +45,11 @@ pool.replace(
     for n in range(size)
 )
 draw = random.Random(2)
+router = Router(pool, lambda name, token: asyncio.sleep(0, True))
 for up in list(pool.upstreams.values()):
-    if site == "known":
+    if site == "own":  # the bench's own refusals there, past its share
+        router.turned_away("bench", up, site, 0.5)
+    elif site == "known":
         pool.got_through(up, site)
     elif site == "spent":
         up.tolerated[site] = 1  # what a site's rate limit taught: one request a minute
@@ -55,12 +61,14 @@ want = Want("bench")
 step = 0.01 if site == "spent" else 0.3
 start = time.process_time()
 for i in range(picks):
-    pool.pick(want, tunnel=False, now=1.0 + i * step, site=site)
+    now = 1.0 + i * step
+    left_out = router.left_out("bench", site, now) if site == "own" else frozenset()
+    pool.pick(want, tunnel=False, now=now, exclude=left_out, site=site)
 print(json.dumps((time.process_time() - start) / picks * 1e6))
 """
 
 
-SITES = ("known", "strict", "spent", "closed")
+SITES = ("known", "strict", "spent", "closed", "own")
 _PICKS = 6_000
 
 
