@@ -253,7 +253,7 @@ class ServeChurn(Bench, kw_only=True):
 
 
 class Pick(Bench, kw_only=True):
-    """the endpoint's pick at a busy site, a strict one and a spent one, by pool size"""
+    """the endpoint's pick at five sites where a pick walked its pool, by pool size"""
 
     run = "ops.bench.pick:bench_pick"
     sizes: Annotated[str, _("pool sizes", metavar="N[,N...]")] = "1000,10000,100000"
