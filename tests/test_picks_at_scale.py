@@ -218,7 +218,7 @@ def test_where_every_proxy_spent_its_budget_a_minutes_picks_look_at_them_once(
             for i in range(300)
         ]
         assert all(picks) and len({p.key for p in picks if p}) > 100, known
-        assert checked <= 3 * 2 * 2_000, (known, checked)  # each pick: 4,000 or more
+        assert checked <= 3 * 2 * 2_000, (known, checked)  # before: 2,000 a pick, 4,000 known
 
         pool.replace([*ups, Upstream("46.0.0.1", 8080, "http")])  # within its budget
         fresh = pool.upstreams[("46.0.0.1", 8080)]
@@ -262,7 +262,7 @@ def test_where_a_site_closed_every_proxy_its_picks_look_at_them_once_until_one_i
         pool.pick(logins[i % 2], tunnel=False, now=1.0 + i, site="wall.example") for i in range(300)
     ]
     assert picks == [None] * 300
-    assert looked <= 4 * 2_000, looked  # each pick: 6,000 or more
+    assert looked <= 4 * 2_000, looked  # before: 7,000 a pick
     pool.heard([(ups[7].ip, ups[7].port, "wall.example", THROUGH)], now=301.0)
     assert pool.pick(logins[0], tunnel=False, now=302.0, site="wall.example") is ups[7]
     pool.turned_away(ups[7], "wall.example", now=302.0)
@@ -328,7 +328,7 @@ def test_a_consumer_whose_refusals_cover_the_pool_keeps_its_latest_and_picks_che
         for _ in range(100)
     ]
     assert all(picks) and not {p.key for p in picks if p} & (own | shared)
-    assert looked <= 100 * 4 * choose.SAMPLE, looked  # each pick: 6,000 or more
+    assert looked <= 100 * 4 * choose.SAMPLE, looked  # before: the pool not left out, 3 times
     alice = {
         p.key
         for _ in range(300)
