@@ -46,6 +46,8 @@ MAX_PAGE = 4 * 1024 * 1024  # the request cap (GatewayConfig.max_body) bounds it
 PAGE_BYTES_PER_LEASE = 2 * MAX_PAGE  # a source lease is one fetch: its page, and a retry
 UNANNOUNCED_GRACE_MS = 60_000  # after its lease ends, a page not announced is deleted
 SWEEP_EVERY_S = 15.0
+# How long a deposit waits for a lease this fold has not applied yet (granted a moment ago).
+GRANT_WAIT_S = 2.0
 
 
 @dataclass
@@ -109,7 +111,7 @@ async def _page_lease(request: web.Request, agent: str, size: int) -> tuple[str,
     fold, pages = request.app[FOLD], request.app[PAGES]
     named = request.headers.get("Ppf-Lease", "")
     if named and named not in fold.state.lease_owner:
-        await fold.caught_up_now(2.0)
+        await fold.caught_up_now(GRANT_WAIT_S)
     state, now = fold.state, now_ms()
     targets = sorted(state.holders.get(agent, ()))
     held = [named] if named else [state.leases[t].lease for t in targets]
@@ -167,9 +169,15 @@ async def put_deposit(request: web.Request) -> web.Response:
             raise pages.refuse(caller.name, 413, "too-large", f"pages up to {MAX_PAGE} bytes")
         lease, due = await _page_lease(request, caller.name, len(data))
     else:
-        state = request.app[FOLD].state
+        fold = request.app[FOLD]
         target = range_target(parts.plan, parts.range)
-        row = state.leases.get(target)
+        row = fold.state.leases.get(target)
+        if row is not None and row.holder != caller.name:
+            # Granted ahead of this fold (a sure claim, gateway/leases.py) or by another
+            # gateway, and not folded here yet: a batch deposited at once after its
+            # grant was refused. The head as it is now, as for a page.
+            await fold.caught_up_now(GRANT_WAIT_S)
+            row = fold.state.leases.get(target)
         if row is None or row.kind != "seed":
             raise ApiError(404, "no-such-range", f"no seed range {target}")
         if row.holder != caller.name or not lease_live(row, now_ms()):

@@ -397,6 +397,38 @@ async def test_the_daily_reconcile_lists_once_a_day_and_reports_orphans_and_loss
         assert await off.reconcile() is None  # without the flag: never
 
 
+async def test_a_ranges_batch_deposited_at_once_after_its_grant_is_stored(
+    nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """A seed node deposits a range's first batch before the gateway's fold has applied
+    the range's grant (a sure claim is answered once stored, gateway/leases.py): the
+    gateway waits for the log's head as it is now and stores it, where it answered 403
+    (seen once in a fresh-clone run); a caller that holds no lease on it is still
+    refused."""
+    async with deposit_box(nats_server, tmp_path, {"honest": "seed", "other": "seed"}) as box:
+        planned, _ = await plan(box.log, b"8.8.8.8:3128\n9.9.9.9:1080\n", "proxies", 2, 0)
+        assert planned is not None
+        assert await box.fold.wait_for(await box.log.head_seq(), 10)
+        await asyncio.sleep(0.3)  # the cached head is this head: the grant comes after it
+        found = [ev.wire.SeedFound("8.8.8.8", 3128, "http", 120, "8.8.8.8", "elite")]
+        body = msgspec.json.encode(ev.wire.SeedBatch(start=0, next=1, worked=found))
+        gw = GatewayClient(box.gateway, box.tokens["honest"], "honest", tmp_path / "h.jsonl")
+        other = GatewayClient(box.gateway, box.tokens["other"], "other", tmp_path / "o.jsonl")
+        async with gw, other:
+            await box.fold._cut.acquire()  # the fold applies nothing while this is held
+            try:
+                (grant,) = await gw.lease("seed", 1, 60)
+                assert box.fold.applied_seq < grant.epoch  # answered before the fold saw it
+                key = seed_key(grant.seed().plan, grant.seed().range, 0)
+                asyncio.get_running_loop().call_later(0.3, box.fold._cut.release)
+                status, _ = await gw.deposit(key, body)
+            finally:
+                await asyncio.sleep(0.4)
+                assert not box.fold._cut.locked()
+            assert status == 200
+            assert (await other.deposit(key, body))[0] == 403
+
+
 async def test_two_gateways_ingesting_one_deposit_put_one_copy_of_each_event_in_the_log(
     nats_server: NatsServer, tmp_path: Path
 ) -> None:
