@@ -172,7 +172,11 @@ async def put_deposit(request: web.Request) -> web.Response:
         fold = request.app[FOLD]
         target = range_target(parts.plan, parts.range)
         row = fold.state.leases.get(target)
-        if row is not None and row.holder != caller.name:
+
+        def held() -> bool:
+            return row is not None and row.holder == caller.name and lease_live(row, now_ms())
+
+        if row is not None and not held():
             # Granted ahead of this fold (a sure claim, gateway/leases.py) or by another
             # gateway, and not folded here yet: a batch deposited at once after its
             # grant was refused. The head as it is now, as for a page.
@@ -180,7 +184,7 @@ async def put_deposit(request: web.Request) -> web.Response:
             row = fold.state.leases.get(target)
         if row is None or row.kind != "seed":
             raise ApiError(404, "no-such-range", f"no seed range {target}")
-        if row.holder != caller.name or not lease_live(row, now_ms()):
+        if not held():
             raise ApiError(403, "not-your-range", f"{caller.name} holds no live lease on {target}")
         if parts.cursor != row.cursor:
             raise ApiError(
