@@ -31,13 +31,13 @@ def test_a_failure_is_reported_again_once_a_check_passed_since_the_last_report()
     router = Router(pool, login_ok, record=record)
     up = pool.upstreams[("9.9.9.1", 80)]
     shop = parse_login("shop")
-    router.failed(shop, "t", up, "connect: burst")
-    router.failed(shop, "t", up, "connect: again")  # nothing checked since: not said again
+    router.charges.failed(shop, "t", up, "connect: burst")
+    router.charges.failed(shop, "t", up, "connect: again")  # nothing checked since: not said again
     assert said == [("9.9.9.1", False)]
     pool.replace([Upstream("9.9.9.1", 80, "http", last_seen=2_000)])  # a check passed
     assert pool.upstreams[("9.9.9.1", 80)] is up and up.strikes == 2
-    router.failed(shop, "t", up, "connect: dead now")
-    router.failed(shop, "t", up, "connect: still")
+    router.charges.failed(shop, "t", up, "connect: dead now")
+    router.charges.failed(shop, "t", up, "connect: still")
     assert said == [("9.9.9.1", False)] * 2
 
 
@@ -64,17 +64,19 @@ def test_a_site_that_let_a_proxy_through_refusing_it_by_the_proxys_word_asks_the
     router = Router(pool, login_ok, record=record)
     shop = parse_login("shop")
     pool.got_through(known, "shop.example")
-    router.refused_through(shop, "t", other, "shop.example", "refused: 502")  # never through
+    # Never through:
+    router.charges.refused_through(shop, "t", other, "shop.example", "refused: 502")
     pool.got_through(known, "shop.example")
-    router.refused_through(shop, "t", known, "shop.example", "")  # the site's own 403
+    router.charges.refused_through(shop, "t", known, "shop.example", "")  # the site's own 403
     assert said == [] and known.turned_away.get("shop.example")
     pool.got_through(known, "shop.example")
-    router.refused_through(shop, "t", known, "shop.example", "refused: 502")
+    router.charges.refused_through(shop, "t", known, "shop.example", "refused: 502")
     assert said == ["refused: 502"]
     assert known.avoid_until == 0  # not the proxy's failure for the picks
     pool.got_through(known, "shop.example")
-    router.refused_through(shop, "t", known, "shop.example", "closed")  # nothing checked since
+    # Nothing checked since:
+    router.charges.refused_through(shop, "t", known, "shop.example", "closed")
     pool.replace([Upstream("9.9.9.1", 80, "http", last_seen=2_000)])  # a check passed
     pool.got_through(known, "shop.example")
-    router.refused_through(shop, "t", known, "shop.example", "closed")
+    router.charges.refused_through(shop, "t", known, "shop.example", "closed")
     assert said == ["refused: 502", "closed"]

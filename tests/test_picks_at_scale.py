@@ -308,12 +308,12 @@ def test_a_consumer_whose_refusals_cover_the_pool_keeps_its_latest_and_picks_che
     pool, ups = _pool(2_000)
     router = Router(pool, lambda name, token: asyncio.sleep(0, True))
     for n, up in enumerate(ups):
-        router.turned_away("mallory", up, "evil.example", 1.0 + n / 1_000)
+        router.charges.turned_away("mallory", up, "evil.example", 1.0 + n / 1_000)
     shared = {u.key for u in ups if "evil.example" in u.turned_away}
     assert len(shared) == max(shares.MIN_MARKS, int(shares.SHARE * 2_000))
-    router.turned_away("mallory", ups[-shares.PRIVATE_MARKS], "evil.example", 4.0)  # again
-    router.turned_away("mallory", ups[0], "evil.example", 4.0)  # shared: now its own too
-    own = router.left_out("mallory", "evil.example", 5.0)
+    router.charges.turned_away("mallory", ups[-shares.PRIVATE_MARKS], "evil.example", 4.0)  # again
+    router.charges.turned_away("mallory", ups[0], "evil.example", 4.0)  # shared: now its own too
+    own = router.charges.left_out("mallory", "evil.example", 5.0)
     latest = {u.key for u in ups[-shares.PRIVATE_MARKS :]} - {ups[-shares.PRIVATE_MARKS + 1].key}
     assert own == latest | {ups[0].key}
     looked.count = 0

@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import ssl
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from endpoint.router.router import Router
 from events.sites import SiteRule
 from ops.lab.testbed import ProxyLab, self_signed
 from ops.nats.server import free_port
-from tests.test_forward import TOKEN, _endpoint
+from tests.test_forward import TOKEN, _endpoint, _site
 
 TLS_SITE, RULED_SITE = "127.0.0.30", "127.0.0.31"
 PAGE = b"<html><title>the shop</title>the real page</html>"
@@ -153,3 +155,102 @@ async def test_one_consumers_alerts_and_403s_leave_anothers_share_of_real_pages(
             assert len(marked) <= 2, (site, len(marked))
         after = await _alice(relay, ruled_port)
         assert after >= 0.99 * before, (before, after)
+
+
+class _Mallorys:
+    """Sites a consumer may run, or name, to make proxies fail on their way: a port where
+    nothing listens (the SOCKS5 proxy's refusal), an answer that is not HTTP, no answer
+    at all, and two sites that close before answering (a close from a second site is
+    the proxy's failure, router/standing.py ``closed_on``)."""
+
+    HOSTS = {"refused": "127.0.0.33", "garbage": "127.0.0.34", "silent": "127.0.0.35"}
+    CLOSING = ("127.0.0.36", "127.0.0.37")
+
+    def __init__(self) -> None:
+        self.ports: dict[str, int] = {}
+        self.held: list[asyncio.StreamWriter] = []
+        self.accepted = 0
+
+    async def handle(self, kind: str, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        try:
+            await r.readuntil(b"\r\n\r\n")
+            if kind == "garbage":
+                w.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")
+                await w.drain()
+            elif kind == "silent":
+                self.held.append(w)  # never answered: closed at the test's end
+                return
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        w.close()
+
+    def urls(self) -> list[str]:
+        names = [*self.HOSTS, *(f"closing{i}" for i in range(len(self.CLOSING)))]
+        return [f"http://{self._host(n)}:{self.ports[n]}/" for n in names]
+
+    def _host(self, name: str) -> str:
+        return self.HOSTS.get(name) or self.CLOSING[int(name.removeprefix("closing"))]
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[_Mallorys]:
+        servers = []
+        self.ports["refused"] = free_port(self.HOSTS["refused"])  # nothing listens there
+        for name in ("garbage", "silent", "closing0", "closing1"):
+            kind = "closing" if name.startswith("closing") else name
+            host = self._host(name)
+            self.ports[name] = port = free_port(host)
+            handler = functools.partial(self.handle, kind)
+            servers.append(await asyncio.start_server(handler, host, port))
+        try:
+            yield self
+        finally:
+            for w in self.held:
+                w.close()
+            for server in servers:
+                server.close()
+
+
+async def _through(relay: Router, name: str, url: str) -> int:
+    """A GET of ``url`` through the endpoint as consumer ``name``: its status (0: none)."""
+    proxy = f"http://{_login(name)}@127.0.0.1:{relay.port}"  # type: ignore[attr-defined]
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=20)) as http:
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with http.get(url, proxy=proxy) as r:
+                await r.read()
+                return r.status
+    return 0
+
+
+async def test_one_consumers_sites_that_fail_every_proxy_fail_at_most_its_share_for_anyone(
+    lab: ProxyLab,
+) -> None:
+    """Eight SOCKS5 proxies (microsocks, dante and six more microsocks). Mallory asks,
+    again and again, for a port where nothing listens, a site that answers what is not
+    HTTP, one that never answers and two that close before answering: through each
+    proxy the request dies on its way, as through a dead proxy. What it makes every
+    consumer avoid is at most its share of the pool (2 proxies: each failure past it
+    keeps the proxy out of Mallory's own picks at that site alone), and what it makes
+    turned away at each of its sites too; no request of its reaches more than 3
+    proxies; and Alice's pages, asked meanwhile and after, all come through."""
+    extra = [lab.more(f"socks-{i}", "microsocks", "127.0.0.5").name for i in range(6)]
+    async with (
+        _Mallorys().serving() as mallorys,
+        _site() as site,
+        _endpoint(lab, "microsocks", "dante", *extra, proto="socks5", answer_s=1.0) as relay,
+    ):
+        assert len(relay.pool.upstreams) == 8
+        urls, page = mallorys.urls() * 4, f"http://{site}/status/200"
+        alice = [_through(relay, "alice", page) for _ in range(8)]
+        said = await asyncio.gather(*(_through(relay, "mallory", u) for u in urls), *alice)
+        assert said[len(urls) :] == [200] * 8, said
+        assert all(s in (502, 503) for s in said[: len(urls)]), said
+        now = time.monotonic()
+        failed = [u.key for u in relay.pool.upstreams.values() if u.avoid_until > now]
+        assert len(failed) <= 2, (failed, relay.outcomes.counts)
+        for host in [*_Mallorys.HOSTS.values(), *_Mallorys.CLOSING]:
+            marked = [u for u in relay.pool.upstreams.values() if host in u.turned_away]
+            assert len(marked) <= 2, (host, len(marked))
+        assert relay.outcomes.counts.get("upstream_failed_own", 0) > 0, relay.outcomes.counts
+        assert mallorys.accepted <= 3 * (len(urls) - urls.count(urls[0])), mallorys.accepted
+        assert [await _through(relay, "alice", page) for _ in range(8)] == [200] * 8

@@ -197,7 +197,7 @@ def test_a_connection_closed_by_one_site_is_its_block_by_two_the_proxys_failure(
     router = Router(pool, lambda name, token: asyncio.sleep(0, True))
     for now in (0.0, 1.0):  # the same site again: its block
         assert pool.standing.closed_on(up, "shop.example", now=now)
-        router.turned_away("shop", up, "shop.example", now)
+        router.charges.turned_away("shop", up, "shop.example", now)
     assert up.turned_away["shop.example"] == 1.0 + choose.SITE_BLOCK_S
     assert not pool.standing.closed_on(up, "news.example", now=2.0)
     assert "news.example" not in up.turned_away
@@ -356,13 +356,13 @@ def test_one_consumers_refusals_act_for_everyone_only_within_its_share() -> None
     router = Router(pool, lambda name, token: asyncio.sleep(0, True))
     allowed = max(shares.MIN_MARKS, int(shares.SHARE * 40))
     for up in ups[:10]:  # a consumer drawing refusals on purpose
-        router.turned_away("mallory", up, "shop.example", 10.0)
+        router.charges.turned_away("mallory", up, "shop.example", 10.0)
     marked = {up.key for up in ups if "shop.example" in up.turned_away}
     assert marked == {up.key for up in ups[:allowed]}
     assert pool.tally.cells.keys() == {(*key, "shop.example") for key in marked}
-    own = router.left_out("mallory", "shop.example", 11.0)
+    own = router.charges.left_out("mallory", "shop.example", 11.0)
     assert own == {up.key for up in ups[allowed:10]}
-    assert router.left_out("alice", "shop.example", 11.0) == frozenset()
+    assert router.charges.left_out("alice", "shop.example", 11.0) == frozenset()
     alice = {
         p.key
         for _ in range(200)
@@ -370,8 +370,8 @@ def test_one_consumers_refusals_act_for_everyone_only_within_its_share() -> None
     }
     assert own <= alice and not (marked & alice)  # hers to pick, but what was shared
     later = 10.0 + choose.SITE_BLOCK_S + 1
-    assert router.left_out("mallory", "shop.example", later) == frozenset()
-    router.turned_away("mallory", ups[20], "shop.example", later)  # its share came back
+    assert router.charges.left_out("mallory", "shop.example", later) == frozenset()
+    router.charges.turned_away("mallory", ups[20], "shop.example", later)  # its share came back
     assert "shop.example" in ups[20].turned_away
 
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from endpoint.link.socks import UpstreamRefused, open_socks5, reply_size
+from endpoint.link.socks import UpstreamRefused, UpstreamSilent, open_socks5, reply_size
 from endpoint.link.tunnel import open_stream
 from endpoint.link.upstream import Upstream
 
@@ -104,8 +104,7 @@ async def test_a_refusal_is_the_proxys_word_with_its_code(reply: bytes, code: in
 
     async def then(port: int) -> None:
         with pytest.raises(UpstreamRefused) as refused:
-            async with asyncio.timeout(5):
-                await open_socks5("127.0.0.1", port, "site.example", 80)
+            await open_socks5("127.0.0.1", port, "site.example", 80, within_s=5)
         assert refused.value.code == code
 
     await _with(serve, then)
@@ -140,8 +139,7 @@ async def test_an_upstream_that_does_not_speak_socks5_fails_as_the_proxys(
 
     async def then(port: int) -> None:
         with pytest.raises(Exception) as failed:
-            async with asyncio.timeout(5):
-                await open_socks5("127.0.0.1", port, "site.example", 80)
+            await open_socks5("127.0.0.1", port, "site.example", 80, within_s=5)
         assert not isinstance(failed.value, UpstreamRefused | TimeoutError), failed.value
         if why != "not SOCKS5":
             assert why in str(failed.value)
@@ -149,9 +147,10 @@ async def test_an_upstream_that_does_not_speak_socks5_fails_as_the_proxys(
     await _with(serve, then)
 
 
-async def test_a_silent_proxy_is_bounded_by_its_caller_and_its_connection_closed() -> None:
-    """A proxy that takes the connection and never answers: the caller's bound ends the
-    wait, and the connection is closed (the proxy sees its end)."""
+async def test_a_silent_proxy_is_bounded_and_its_connection_closed() -> None:
+    """A proxy that takes the connection and never answers its greeting: ``within_s``
+    ends the wait as a timeout (the proxy's failure: it never took a destination), and
+    the connection is closed (the proxy sees its end)."""
     ended = asyncio.Event()
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -159,9 +158,38 @@ async def test_a_silent_proxy_is_bounded_by_its_caller_and_its_connection_closed
         ended.set()
 
     async def then(port: int) -> None:
-        with pytest.raises(TimeoutError):
-            async with asyncio.timeout(0.3):
-                await open_socks5("127.0.0.1", port, "site.example", 80)
+        with pytest.raises(TimeoutError) as silent:
+            await open_socks5("127.0.0.1", port, "site.example", 80, within_s=0.3)
+        assert not isinstance(silent.value, UpstreamSilent)
+        async with asyncio.timeout(5):
+            await ended.wait()
+
+    await _with(serve, then)
+
+
+@pytest.mark.parametrize("closes", [False, True])
+async def test_a_proxy_silent_after_its_connect_is_told_apart(closes: bool) -> None:
+    """A proxy that greets, takes the CONNECT and then says nothing (as one reaching for
+    a destination that never answers), or closes with no reply: ``UpstreamSilent``,
+    which the router charges to the proxy only within the consumer's share, since the
+    consumer names the destination (router/router.py ``failed_on_the_way``); the wait
+    bounded by ``within_s`` and the connection closed."""
+    ended = asyncio.Event()
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"\x05\x00")
+        await _greeting_then_connect(reader)
+        if closes:
+            writer.close()
+        else:
+            await reader.read()  # until the client's end
+        ended.set()
+
+    async def then(port: int) -> None:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamSilent):
+            await open_socks5("127.0.0.1", port, "site.example", 80, within_s=0.5)
+        assert asyncio.get_running_loop().time() - started < 2.0
         async with asyncio.timeout(5):
             await ended.wait()
 
@@ -175,3 +203,36 @@ def test_a_replys_size_is_read_from_its_address_type() -> None:
     assert reply_size(GRANTED[:5]) == len(GRANTED) == 10
     assert reply_size(b"\x05\x00\x00\x04\x00") == 22
     assert reply_size(b"\x05\x00\x00\x03\x0d") == 4 + 1 + 13 + 2
+
+
+@pytest.mark.parametrize("closes", [False, True])
+async def test_an_http_proxy_silent_after_connect_is_told_apart(closes: bool) -> None:
+    """An HTTP proxy that reads a tunnel's CONNECT and answers nothing, or closes: as a
+    SOCKS5 proxy silent after its CONNECT, ``UpstreamSilent`` within the connect time;
+    one that answers a status other than 200 is ``UpstreamRefused`` with it."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert (await reader.readuntil(b"\r\n\r\n")).startswith(b"CONNECT site.example:443 ")
+        if not closes:
+            await reader.read()  # until the client's end
+
+    async def then(port: int) -> None:
+        up = Upstream("127.0.0.1", port, "http")
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamSilent):
+            await open_stream(up, "site.example", 443, 0.5)
+        assert asyncio.get_running_loop().time() - started < 2.0
+
+    await _with(serve, then)
+
+    async def refuse(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+
+    async def refused(port: int) -> None:
+        with pytest.raises(UpstreamRefused) as told:
+            await open_stream(Upstream("127.0.0.1", port, "http"), "site.example", 443, 5)
+        assert told.value.code == 502
+
+    await _with(refuse, refused)

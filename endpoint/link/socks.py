@@ -16,7 +16,7 @@ from typing import cast
 
 from socksio import socks5
 
-__all__ = ["Socks5Hello", "UpstreamRefused", "open_socks5", "reply_size"]
+__all__ = ["Socks5Hello", "UpstreamRefused", "UpstreamSilent", "open_socks5", "reply_size"]
 
 _NO_LOGIN = socks5.SOCKS5AuthMethod.NO_AUTH_REQUIRED
 _GREETING = socks5.SOCKS5AuthMethodsRequest([_NO_LOGIN]).dumps()  # no login offered
@@ -35,6 +35,13 @@ class UpstreamRefused(Exception):
     def __init__(self, why: str, code: int) -> None:
         super().__init__(why)
         self.code = code
+
+
+class UpstreamSilent(Exception):
+    """The upstream took the destination and said nothing of it: no reply to its CONNECT
+    in time, or a close before one. The proxy's failure, or a destination that never
+    answers it (one a consumer may name on purpose): the router tells them apart
+    (router/charges.py ``failed_on_the_way``)."""
 
 
 def reply_size(data: bytes) -> int | None:
@@ -105,7 +112,12 @@ class Socks5Hello(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ended = True
-        if not self.opened.done():
+        if self.opened.done():
+            return
+        if self.greeted:  # the CONNECT went: reaching the site is what it gave up on
+            why = f"the SOCKS5 proxy closed after its CONNECT, with no reply ({exc or 'EOF'})"
+            self.opened.set_exception(UpstreamSilent(why))
+        else:
             self.opened.set_exception(
                 exc or ConnectionError("the SOCKS5 proxy closed the connection in its handshake")
             )
@@ -119,17 +131,25 @@ def _connect_request(host: str, port: int) -> bytes:
     return socks5.SOCKS5CommandRequest.from_address(_CONNECT, (host.encode("idna"), port)).dumps()
 
 
-async def open_socks5(ip: str, port: int, host: str, host_port: int) -> Socks5Hello:
+async def open_socks5(
+    ip: str, port: int, host: str, host_port: int, within_s: float
+) -> Socks5Hello:
     """A connection through the SOCKS5 proxy at ``ip:port`` to ``host:host_port`` (a
-    name is resolved by the proxy), its handshake done: the caller takes its transport
-    over. The caller bounds the wait."""
+    name is resolved by the proxy), its handshake done within ``within_s``: the caller
+    takes its transport over. No reply to the CONNECT in time is ``UpstreamSilent``."""
     loop = asyncio.get_running_loop()
     opened: asyncio.Future[None] = loop.create_future()
     hello = Socks5Hello(host, host_port, opened)
-    transport, _ = await loop.create_connection(lambda: hello, ip, port)
     try:
-        await opened
-    except BaseException:
-        transport.close()
+        async with asyncio.timeout(within_s):
+            transport, _ = await loop.create_connection(lambda: hello, ip, port)
+            try:
+                await opened
+            except BaseException:
+                transport.close()
+                raise
+    except TimeoutError:
+        if hello.greeted:
+            raise UpstreamSilent("the SOCKS5 proxy gave no reply to its CONNECT in time") from None
         raise
     return hello

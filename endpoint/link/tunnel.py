@@ -6,7 +6,8 @@ tunnel or an HTTP proxy's CONNECT to the site (``open_stream``), whose bytes are
 piped both ways (``pipe``). A SOCKS5 handshake is link/socks.py's, driven from the
 connection's callbacks; SOCKS4 is python-socks', whose errors are the proxy's. Either
 way a proxy's own refusal to reach the site (a SOCKS reply's code, an HTTP proxy's
-status to CONNECT) is ``UpstreamRefused``.
+status to CONNECT) is ``UpstreamRefused``, and its silence once it took the site (no
+reply to a CONNECT in time, or a close before one) ``UpstreamSilent``.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from python_socks import ProxyError, ProxyType
 from python_socks.async_.asyncio.v2 import Proxy
 
 from endpoint.link.hello import hello_size
-from endpoint.link.socks import Socks5Hello, UpstreamRefused, open_socks5
+from endpoint.link.socks import Socks5Hello, UpstreamRefused, UpstreamSilent, open_socks5
 from endpoint.link.uplink import UpLink
 from endpoint.link.upstream import Upstream
 
 __all__ = [
     "Stream",
     "UpstreamRefused",
+    "UpstreamSilent",
     "first_bytes",
     "first_record",
     "open_link",
@@ -72,19 +74,25 @@ async def open_stream(up: Upstream, host: str, port: int, connect_s: float) -> S
     what came after its head in it, the site's first bytes when the site speaks first;
     a stream keeps them for the tunnel (``pipe`` takes what it holds)."""
     if up.proto == "socks5":
-        async with asyncio.timeout(connect_s):
-            return _as_stream(await open_socks5(up.ip, up.port, host, port))
+        return _as_stream(await open_socks5(up.ip, up.port, host, port, connect_s))
     if up.proto not in ("http", "https"):
         return await _socks4(up, host, port, connect_s)
-    async with asyncio.timeout(connect_s):
-        reader, writer = await asyncio.open_connection(up.ip, up.port)
-        try:
-            target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
-            status = _status(await reader.readuntil(b"\r\n\r\n"))
-        except BaseException:
-            writer.close()
-            raise
+    asked = False
+    try:
+        async with asyncio.timeout(connect_s):
+            reader, writer = await asyncio.open_connection(up.ip, up.port)
+            try:
+                target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+                writer.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+                asked = True
+                status = _status(await reader.readuntil(b"\r\n\r\n"))
+            except BaseException:
+                writer.close()
+                raise
+    except (TimeoutError, EOFError, ConnectionError) as exc:
+        if asked:  # it took the destination, and said nothing of it
+            raise UpstreamSilent(f"no answer to CONNECT: {type(exc).__name__}") from exc
+        raise
     if status != 200:
         writer.close()
         raise UpstreamRefused(f"the proxy answered CONNECT with {status}", status)
@@ -127,8 +135,7 @@ async def open_link(
             _, link = await loop.create_connection(made, up.ip, up.port)
         return link
     if up.proto == "socks5":
-        async with asyncio.timeout(connect_s):
-            hello = await open_socks5(up.ip, up.port, host, port)
+        hello = await open_socks5(up.ip, up.port, host, port, connect_s)
         assert hello.transport is not None
         link = made()
         transport, held, ended = hello.transport, hello.rest, hello.ended

@@ -8,8 +8,9 @@ already, an idle link) runs in the protocols' callbacks with no task between the
 link calls ``Forwarding`` (its ``Client``), which calls the connection (its
 ``Answering``), each declared by the room that calls it.
 
-What refuses or says nothing is the proxy's failure (``Router.failed``): avoided at once,
-and the request tried through another while its method is idempotent; an idle link that
+A proxy that says nothing once it took the request failed on the way (router/charges.py:
+the proxy's failure, avoided at once, within the consumer's share of such failures),
+and the request is tried through another while its method is idempotent; an idle link that
 went stale is tried once more on a fresh one and blames nobody; a site that turns a
 request away blames nobody either (router/verdicts.py).
 """
@@ -139,7 +140,7 @@ class Forwarding:
         if len(req.tried) >= router.attempts:
             self._no_proxy(req)
             return
-        exclude = req.tried | router.left_out(self.want.consumer, req.site, now)
+        exclude = req.tried | router.charges.left_out(self.want.consumer, req.site, now)
         up = router.pool.pick(self.want, tunnel=False, now=now, exclude=exclude, site=req.site)
         if up is None:
             self._no_proxy(req)
@@ -218,7 +219,7 @@ class Forwarding:
         link.said = router.read(self.want.consumer, req, link, _url(req))
         if link.said != BLOCKED or req.method not in IDEMPOTENT or len(tried) >= router.attempts:
             return True  # the whole answer's reading learns what it says (answered)
-        router.turned_away(self.want.consumer, link.up, req.site, time.monotonic())
+        router.charges.turned_away(self.want.consumer, link.up, req.site, time.monotonic())
         req.tried, req.last = tried, bytes(whole) if whole is not None else b""
         self.link = None
         asyncio.get_running_loop().call_soon(self._again, req)
@@ -236,7 +237,7 @@ class Forwarding:
         router.outcomes.count("forwarded")
         if req.site:
             self._learn(req, link)
-        router.worked(self.want, self.password, link.up, req.read_at)
+        router.charges.worked(self.want, self.password, link.up, req.read_at)
         if reusable:
             router.idle.give(link, time.monotonic())
         else:
@@ -256,10 +257,10 @@ class Forwarding:
             router.outcomes.count("paced")
             pace(link.up, req.site, now, retry_after_s(link.retry_after))
         elif said == BLOCKED:
-            router.turned_away(self.want.consumer, link.up, req.site, now)
+            router.charges.turned_away(self.want.consumer, link.up, req.site, now)
 
     def unanswered(self, link: UpLink, why: str) -> None:
-        """Nothing came back: the proxy's failure (a stale idle link's, nobody's; the
+        """Nothing came back: a failure on the way (a stale idle link's, nobody's; the
         site's refusal when it is the only site that closed on the proxy lately), and
         the request tried again while that is safe."""
         req = self.current
@@ -279,7 +280,9 @@ class Forwarding:
             closed = why == CLOSED and req.site
             if not (closed and router.site_closed(self.want, self.password, link, req, _url(req))):
                 req.failures += 1
-                router.failed(self.want, self.password, link.up, f"request: {why}")
+                router.charges.failed_on_the_way(
+                    self.want, self.password, link.up, req.site, f"request: {why}"
+                )
             if req.method not in IDEMPOTENT or req.failures >= router.attempts:
                 self._no_answer()
                 return

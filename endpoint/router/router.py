@@ -4,10 +4,12 @@ upstream connection opened hedged and retried, and what each outcome teaches.
 Every client logs in (HTTP ``Proxy-Authorization: Basic``, SOCKS5 user/password) with its
 consumer name, options (``router/login.py``) and token. A request goes only through a
 proxy of the live pool, a tunnel only through one that can tunnel; when nothing matches,
-503, never a direct connection. An upstream that refuses, fails its handshake or stays
-silent is the proxy's failure: avoided here at once, reported under the consumer's
+503, never a direct connection. An upstream that refuses a connection or fails its
+handshake is the proxy's failure: avoided here at once, reported under the consumer's
 token, and the next upstream tried, at most ``attempts`` times within ``connect_s``
-each. A target's own answer (a 404, a 500) is the proxy working. Each consumer has at
+each. One that took the request and failed on its way to the site is the proxy's
+failure only within the consumer's share (``failed_on_the_way``): the consumer names
+the site. A target's own answer (a 404, a 500) is the proxy working. Each consumer has at
 most ``max_per_consumer`` connections open. Plain HTTP is routed per client connection
 (``router/forwarding.py``), tunnels by ``router/tunnels.py``.
 """
@@ -27,6 +29,7 @@ from endpoint.link.request import Request
 from endpoint.link.tunnel import open_link
 from endpoint.link.uplink import Idle, UpLink, idle_key
 from endpoint.link.upstream import Upstream
+from endpoint.router.charges import Charges, Record
 from endpoint.router.choose import Pool
 from endpoint.router.door import Door
 from endpoint.router.handshakes import Handshakes
@@ -59,9 +62,8 @@ class Router:
     # Whether a login worked lately (asking nobody): such a login passes an address's
     # limit of failed logins, so a flood from one address refuses no consumer known there.
     login_known: Callable[[str, str], bool] = lambda name, token: False
-    # Each outcome of a consumer's traffic (its token, its name, the upstream, worked,
-    # latency ms, why it failed): the log's evidence, sent in rounds (endpoint/feed.py).
-    record: Callable[[str, str, Upstream, bool, float, str], None] | None = None
+    # Each outcome of a consumer's traffic, the log's evidence (router/charges.py).
+    record: Record | None = None
     attempts: int = 3
     connect_s: float = 5.0
     answer_s: float = 30.0
@@ -82,7 +84,7 @@ class Router:
     idle: Idle = field(default_factory=Idle)
     # Sites whose TLS handshakes got through lately: what a TLS alert is read against.
     handshakes: Handshakes = field(default_factory=Handshakes)
-    # What one consumer's refusals may teach for everyone (router/shares.py).
+    # What one consumer's refusals and failures may teach for everyone (router/shares.py).
     shares: Shares = field(default_factory=Shares)
     tasks: set[asyncio.Task[object]] = field(default_factory=set)  # the slow paths running
     # Whether a login still holds, asked of the gateways once its answer is old (the
@@ -92,6 +94,7 @@ class Router:
 
     def __post_init__(self) -> None:
         self.hedging = Hedging(self.outcomes.count, self.hedges)
+        self.charges = Charges(self.pool, self.shares, self.outcomes, self.record)
         self.door = Door(
             self.login_ok,
             self.login_known,
@@ -161,8 +164,8 @@ class Router:
             return open_link(u, req.host, req.port, linked, self.connect_s, self.answer_s)
 
         def failed(u: Upstream, exc: BaseException) -> None:
-            req.tried |= {u.key}  # whatever it raised, the proxy's (a new link: no site yet)
-            self.failed(want, password, u, f"connect: {exc!r}")
+            req.tried |= {u.key}
+            self.charges.not_opened(want, password, u, req.site, exc)
 
         def through(found: tuple[Upstream, UpLink] | None) -> None:
             then(None if found is None else found[1])
@@ -171,17 +174,6 @@ class Router:
             pick, connect, failed, UpLink.close, through, attempts=self.attempts - len(req.tried),
             connect_s=self.connect_s, hedging=self.hedging, spawn=self.spawn,
         ).start()  # fmt: skip
-
-    def turned_away(self, consumer: str, up: Upstream, site: str, now: float) -> None:
-        """``site`` turned a request of ``consumer``'s through ``up`` away: for everyone
-        (and the log) within the consumer's share of the pool for that site, else for
-        that consumer's own picks alone (router/shares.py)."""
-        if self.shares.may_share(consumer, site, len(self.pool.upstreams), now):
-            self.outcomes.count("turned_away")
-            self.pool.turned_away(up, site, now)
-        else:
-            self.outcomes.count("turned_away_own")
-            self.shares.keep_private(consumer, site, up.key, now)
 
     def read(self, consumer: str, req: Request, link: UpLink, url: bytes) -> str:
         """What a whole answer of ``req``'s site through ``link`` says (router/verdicts.py
@@ -203,7 +195,7 @@ class Router:
         now = time.monotonic()
         for key in told:
             if (up := self.pool.upstreams.get(key)) is not None:
-                self.turned_away(consumer, up, site, now)
+                self.charges.turned_away(consumer, up, site, now)
 
     def refused(
         self, want: Want, password: str, up: Upstream, req: Request, url: bytes, status: int,
@@ -216,7 +208,7 @@ class Router:
         redirect told as the block beside a page there splits the site, as a page read
         beside the block does (router/verdicts.py ``keep_block``)."""
         said = f"refused: {status}" if status in COULD_NOT_GET else ""
-        self.refused_through(want, password, up, req.site, said)
+        self.charges.refused_through(want, password, up, req.site, said)
         if req.rule is None:
             first = not self.pool.pages.splits(req.site)
             answer = Answer(status=status, location=location)
@@ -231,52 +223,9 @@ class Router:
         (not the proxy's failure) and kept as a refusal's class of ``url``."""
         if not self.pool.standing.closed_on(link.up, req.site, time.monotonic()):
             return False
-        self.refused_through(want, password, link.up, req.site, "closed")
+        self.charges.refused_through(want, password, link.up, req.site, "closed")
         self.pool.pages.add(url, link.up.key, _CLOSED)
         return True
-
-    def refused_through(
-        self, want: Want, password: str, up: Upstream, site: str, said: str
-    ) -> None:
-        """``site`` turned ``up`` away. ``said``: the refusal was the proxy's own word (a
-        502-504, a close, a refused tunnel), and where the site let ``up`` through lately,
-        that is as likely the proxy's way out gone as the site turning it away now: the
-        checkers hear of it (the consumer's report, first in their queue), once until a
-        check passed; a dead proxy a site was known for was otherwise never met again
-        there, and served dead until its routine recheck."""
-        known = up.key in self.pool.standing.through.get(site, ())
-        self.turned_away(want.consumer, up, site, time.monotonic())
-        if said and known and self._report(want, password, up, said, first=False):
-            log.info("serve_upstream_suspect", proxy=up.url(), site=site, why=said)
-
-    def left_out(self, consumer: str, site: str, now: float) -> frozenset[tuple[str, int]]:
-        """The proxies ``consumer``'s own refusals at ``site`` keep from its picks."""
-        return self.shares.left_out(consumer, site, now) if site else frozenset()
-
-    def failed(self, want: Want, password: str, up: Upstream, why: str) -> None:
-        self.pool.failed(up, time.monotonic())
-        self.outcomes.count("upstream_failed")
-        log.info("serve_upstream_failed", proxy=up.url(), why=why[:200])
-        self._report(want, password, up, why, first=up.strikes == 1)
-
-    def _report(self, want: Want, password: str, up: Upstream, why: str, first: bool) -> bool:
-        """``up``'s failure to the log as the consumer's report (first in the checkers'
-        queue), when it is the ``first`` in a row or a check passed since the last one
-        said (log time against log time: no clock of ours); whether it went. Another one
-        would only spend the consumer's hourly budget of reports on what the checkers
-        have first already, but once a check passed they no longer do: a proxy whose
-        failure was a burst's and that then died was served 15 minutes dead."""
-        if self.record is None or not (first or up.last_seen > up.reported_seen):
-            return False
-        up.reported_seen = up.last_seen
-        self.record(password, want.consumer, up, False, 0.0, why)
-        return True
-
-    def worked(self, want: Want, password: str, up: Upstream, started: float) -> None:
-        ms = (time.perf_counter() - started) * 1000
-        self.pool.worked(up, ms)
-        if self.record is not None:
-            self.record(password, want.consumer, up, True, ms, "")
 
 
 @functools.lru_cache(maxsize=8_192)

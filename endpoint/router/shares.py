@@ -12,6 +12,14 @@ recently marked let go first, and ``PRIVATE_MARKS`` proxies a pair, the oldest l
 first (tried again): a consumer whose refusals left out nearly the whole pool made each
 of its picks walk the pool three times to find none (0.2 s a request at 100,000
 proxies), and its marks, never let go, grew for as long as it asked.
+
+A proxy that took a request and then failed on the way (no answer, an answer that is
+not HTTP, a close, a CONNECT refused or never replied to) may be dead, or the site may
+be one that never answers it: a consumer names the site, and a port where nothing
+listens, or a server of its own that never answers, fails every proxy so. Such
+failures act for everyone (the proxy avoided, ``Pool.failed``) within one more share
+of the consumer's, ``FAILURES``, across all sites; past it, the proxy is left out of
+that consumer's own picks at that site for ``AVOID_S``.
 """
 
 from __future__ import annotations
@@ -21,12 +29,13 @@ from typing import TypeVar
 
 from endpoint.router.choose import SITE_BLOCK_S
 
-__all__ = ["CONSUMER_SITES", "MIN_MARKS", "PRIVATE_MARKS", "SHARE", "Shares"]
+__all__ = ["CONSUMER_SITES", "FAILURES", "MIN_MARKS", "PRIVATE_MARKS", "SHARE", "Shares"]
 
 SHARE = 0.05
 MIN_MARKS = 2
 CONSUMER_SITES = 10_000
 PRIVATE_MARKS = 256
+FAILURES = ""  # the share of a consumer's failures on the way, across sites: no site's key
 
 Key = tuple[str, int]
 V = TypeVar("V")
@@ -53,11 +62,14 @@ class Shares:
             _bound(self.shared)
         return fits
 
-    def keep_private(self, consumer: str, site: str, key: Key, now: float) -> None:
+    def keep_private(
+        self, consumer: str, site: str, key: Key, now: float, for_s: float = SITE_BLOCK_S
+    ) -> None:
+        """``key`` left out of ``consumer``'s picks at ``site`` for ``for_s``."""
         pair = (consumer, site)
         kept = self.private.pop(pair, {})
-        kept.pop(key, None)  # marked again: the newest
-        kept[key] = now + SITE_BLOCK_S
+        # Marked again: the newest, for the longer of its two times.
+        kept[key] = max(now + for_s, kept.pop(key, 0.0))
         if len(kept) > PRIVATE_MARKS:  # the oldest, the first to have run out
             del kept[next(iter(kept))]
         self.private[pair] = kept

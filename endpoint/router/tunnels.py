@@ -24,7 +24,6 @@ from endpoint.link.hello import server_name
 from endpoint.link.request import Request
 from endpoint.link.tunnel import (
     Stream,
-    UpstreamRefused,
     first_bytes,
     first_record,
     open_stream,
@@ -95,7 +94,7 @@ async def carry(
                 break
             # A site named by the client alone (SNI) routes, and never teaches a block.
             if not req.named and router.handshakes.lately(req.site, now):
-                router.turned_away(want.consumer, up, req.site, now)
+                router.charges.turned_away(want.consumer, up, req.site, now)
             else:
                 router.outcomes.count("tls_refused_unread")
             if sent >= router.attempts:
@@ -134,7 +133,7 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
 
     def pick() -> Upstream | None:
         now = time.monotonic()
-        exclude = req.tried | router.left_out(want.consumer, req.site, now)
+        exclude = req.tried | router.charges.left_out(want.consumer, req.site, now)
         up = router.pool.pick(want, tunnel=True, now=now, exclude=exclude, site=req.site)
         if up is not None:
             req.tried |= {up.key}
@@ -142,19 +141,11 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
 
     async def connect(up: Upstream) -> Stream:
         started[up.key] = time.perf_counter()
-        opening = open_stream(up, req.host, req.port, router.connect_s)
-        async with asyncio.timeout(router.connect_s):
-            return await opening
+        # Bounded by ``connect_s`` inside, where a silence after the CONNECT is told apart.
+        return await open_stream(up, req.host, req.port, router.connect_s)
 
     def failed(up: Upstream, exc: BaseException) -> None:
-        code = exc.code if isinstance(exc, UpstreamRefused) else None
-        if req.site and code is not None and code != 407:
-            # A SOCKS reply's code, or an HTTP proxy's 5xx: the proxy could not reach the
-            # site (its own words); a 403 or the like is its policy, not its way out.
-            said = f"tunnel refused: {code}" if code < 100 or code >= 500 else ""
-            router.refused_through(want, password, up, req.site, said)
-        else:  # anything else (the OS's, a handshake broken or not SOCKS): the proxy's
-            router.failed(want, password, up, f"connect: {type(exc).__name__}: {exc}")
+        router.charges.not_opened(want, password, up, req.site, exc)
 
     through = await first_through(
         pick,
@@ -172,7 +163,7 @@ async def _open(router: Router, want: Want, password: str, req: Request) -> tupl
         why = "no proxy in the pool matches" + (" and answers" if req.tried else "")
         raise Refused(503, 1, why)
     up, stream = through
-    router.worked(want, password, up, started[up.key])  # a tunnel is one outcome
+    router.charges.worked(want, password, up, started[up.key])  # a tunnel is one outcome
     return up, stream
 
 

@@ -48,7 +48,7 @@ draw = random.Random(2)
 router = Router(pool, lambda name, token: asyncio.sleep(0, True))
 for up in list(pool.upstreams.values()):
     if site == "own":  # the bench's own refusals there, past its share
-        router.turned_away("bench", up, site, 0.5)
+        router.charges.turned_away("bench", up, site, 0.5)
     elif site == "known":
         pool.got_through(up, site)
     elif site == "spent":
@@ -62,7 +62,7 @@ step = 0.01 if site == "spent" else 0.3
 start = time.process_time()
 for i in range(picks):
     now = 1.0 + i * step
-    left_out = router.left_out("bench", site, now) if site == "own" else frozenset()
+    left_out = router.charges.left_out("bench", site, now) if site == "own" else frozenset()
     pool.pick(want, tunnel=False, now=now, exclude=left_out, site=site)
 print(json.dumps((time.process_time() - start) / picks * 1e6))
 """
