@@ -9,6 +9,7 @@ port, the fold with its DuckDB file and the deposit ingest, the proxy lab on loo
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import hashlib
 import os
@@ -34,18 +35,22 @@ from reducers import LeaseRow, State
 from tests.helpers import until
 from tests.seedbox import Box, deposit_box
 
+# Bound and never listening, for the process's life: a port closed again could be
+# taken by another test's proxy or site (the suite runs in parallel), which then answers.
+_HELD: list[socket.socket] = []
+atexit.register(lambda: [s.close() for s in _HELD])
+
 
 def _refusing_ports(count: int) -> list[int]:
-    """Loopback ports nobody listens on (bound, then closed): connections are refused."""
+    """Loopback ports nobody listens on: each held bound but not listening, so a
+    connection to it is refused, and no other socket can take it meanwhile."""
     socks = []
     for _ in range(count):
         s = socket.socket()
         s.bind(("127.0.0.1", 0))
         socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    _HELD.extend(socks)
+    return [s.getsockname()[1] for s in socks]
 
 
 def _node(
