@@ -8,6 +8,7 @@ tests/test_forward.py); these are what they never send."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -236,3 +237,29 @@ async def test_an_http_proxy_silent_after_connect_is_told_apart(closes: bool) ->
         assert told.value.code == 502
 
     await _with(refuse, refused)
+
+
+async def test_a_socks4_proxy_silent_after_its_request_is_told_apart() -> None:
+    """A SOCKS4 proxy that reads its request (which names the site) and answers nothing:
+    ``UpstreamSilent`` within the connect time, as a SOCKS5 one silent after its
+    CONNECT; one that refuses the connection itself stays the proxy's failure."""
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readexactly(8)
+        assert head[:2] == b"\x04\x01", head  # SOCKS4, CONNECT
+        await reader.read()  # until the client's end
+
+    async def then(port: int) -> None:
+        up = Upstream("127.0.0.1", port, "socks4")
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(UpstreamSilent):
+            await open_stream(up, "site.example", 80, 0.5)
+        assert asyncio.get_running_loop().time() - started < 2.0
+
+    await _with(serve, then)
+    with socket.socket() as held:  # bound, never listening: connections are refused
+        held.bind(("127.0.0.1", 0))
+        up = Upstream("127.0.0.1", held.getsockname()[1], "socks4")
+        with pytest.raises(OSError) as refused:
+            await open_stream(up, "site.example", 80, 0.5)
+        assert not isinstance(refused.value, UpstreamSilent | TimeoutError)

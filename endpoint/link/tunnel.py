@@ -4,10 +4,11 @@ Plain HTTP goes to an HTTP proxy itself (it is sent absolute URIs) or through a 
 tunnel to the site (``open_link``); a client's tunnel (CONNECT, SOCKS5) is a SOCKS
 tunnel or an HTTP proxy's CONNECT to the site (``open_stream``), whose bytes are then
 piped both ways (``pipe``). A SOCKS5 handshake is link/socks.py's, driven from the
-connection's callbacks; SOCKS4 is python-socks', whose errors are the proxy's. Either
-way a proxy's own refusal to reach the site (a SOCKS reply's code, an HTTP proxy's
-status to CONNECT) is ``UpstreamRefused``, and its silence once it took the site (no
-reply to a CONNECT in time, or a close before one) ``UpstreamSilent``.
+connection's callbacks; SOCKS4 is python-socks'. Either way a proxy's own refusal to
+reach the site (a SOCKS reply's code, an HTTP proxy's status to CONNECT) is
+``UpstreamRefused``, and its silence once it took the site (no reply to a CONNECT in
+time, or a close before one; SOCKS4's first message names the site) ``UpstreamSilent``;
+any other error is the proxy's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 from typing import cast
 
 import httptools
-from python_socks import ProxyError, ProxyType
+from python_socks import ProxyError, ProxyTimeoutError, ProxyType
 from python_socks.async_.asyncio.v2 import Proxy
 
 from endpoint.link.hello import hello_size
@@ -49,6 +50,11 @@ async def _socks4(up: Upstream, host: str, port: int, connect_s: float) -> Strea
         if exc.error_code:  # the proxy's reply: it would not reach the site
             raise UpstreamRefused(str(exc), exc.error_code) from exc
         raise
+    except ProxyTimeoutError as exc:
+        # SOCKS4 names the site in its first message, and python-socks times the
+        # connect and the reply as one: a proxy reaching for a site that never answers
+        # is as silent as a dead one (a refused connect is ProxyConnectionError).
+        raise UpstreamSilent(f"no reply from the SOCKS4 proxy within {connect_s} s") from exc
     return stream.reader, stream.writer
 
 
