@@ -8,8 +8,8 @@ proxy of the live pool, a tunnel only through one that can tunnel; when nothing 
 handshake is the proxy's failure: avoided here at once, reported under the consumer's
 token, and the next upstream tried, at most ``attempts`` times within ``connect_s``
 each. One that took the request and failed on its way to the site is the proxy's
-failure only within the consumer's share (``failed_on_the_way``): the consumer names
-the site. A target's own answer (a 404, a 500) is the proxy working. Each consumer has at
+failure only within the consumer's share (router/charges.py): the consumer names the
+site. A target's own answer (a 404, a 500) is the proxy working. Each consumer has at
 most ``max_per_consumer`` connections open. Plain HTTP is routed per client connection
 (``router/forwarding.py``), tunnels by ``router/tunnels.py``.
 """
