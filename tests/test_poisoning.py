@@ -10,6 +10,7 @@ import asyncio
 import base64
 import contextlib
 import functools
+import random
 import ssl
 import time
 from collections.abc import AsyncIterator
@@ -17,6 +18,10 @@ from pathlib import Path
 
 import aiohttp
 
+from endpoint.link.upstream import Upstream
+from endpoint.router import choose, shares
+from endpoint.router.choose import Pool
+from endpoint.router.login import Want
 from endpoint.router.router import Router
 from events.sites import SiteRule
 from ops.lab.testbed import ProxyLab, self_signed
@@ -254,3 +259,32 @@ async def test_one_consumers_sites_that_fail_every_proxy_fail_at_most_its_share_
         assert relay.outcomes.counts.get("upstream_failed_own", 0) > 0, relay.outcomes.counts
         assert mallorys.accepted <= 3 * (len(urls) - urls.count(urls[0])), mallorys.accepted
         assert [await _through(relay, "alice", page) for _ in range(8)] == [200] * 8
+
+
+def test_a_consumers_share_of_failures_holds_across_sites_and_its_churn() -> None:
+    """Failures on the way a consumer meets are the proxy's for everyone up to its share
+    of the pool (5 %, at least 2) in 30 minutes, across all sites; past it, the proxy is
+    left out of that consumer's picks at that site alone, for ``AVOID_S``. Refusals at
+    more sites than the table of sites' pairs holds do not push its record of the share
+    out: the share does not start again."""
+    pool = Pool(rng=random.Random(1))
+    pool.replace([Upstream(f"45.0.0.{n}", 8080, "http") for n in range(1, 41)])
+    ups = [pool.upstreams[k] for k in sorted(pool.upstreams)]
+    router = Router(pool, lambda name, token: asyncio.sleep(0, True))
+    mallory = Want("mallory")
+    for n, up in enumerate(ups[:6]):
+        router.charges.failed_on_the_way(mallory, "t", up, f"site{n % 2}.example", "request")
+    avoided = [up for up in ups if up.avoid_until > 0]
+    assert avoided == ups[:2], [up.key for up in avoided]
+    assert router.outcomes.counts["upstream_failed_own"] == 4
+    now = time.monotonic()
+    assert router.charges.left_out("mallory", "site0.example", now) == {ups[2].key, ups[4].key}
+    assert router.charges.left_out("mallory", "site1.example", now) == {ups[3].key, ups[5].key}
+    assert router.charges.left_out("mallory", "elsewhere.example", now) == frozenset()
+    assert router.charges.left_out("alice", "site0.example", now) == frozenset()
+    later = now + choose.AVOID_S + 1
+    assert router.charges.left_out("mallory", "site0.example", later) == frozenset()
+    for n in range(shares.CONSUMER_SITES + 1):  # a refusal shared at a site of its own each
+        router.shares.may_share("mallory", f"own{n}.example", len(ups), now)
+    router.charges.failed_on_the_way(mallory, "t", ups[6], "site0.example", "request")
+    assert ups[6].avoid_until == 0  # its share is still taken

@@ -23,7 +23,7 @@ from endpoint.link.upstream import Upstream
 from endpoint.router.choose import AVOID_S, Pool
 from endpoint.router.login import Want
 from endpoint.router.outcomes import Outcomes
-from endpoint.router.shares import FAILURES, Shares
+from endpoint.router.shares import Shares
 
 __all__ = ["Charges", "Record"]
 
@@ -98,13 +98,11 @@ class Charges:
         """``up`` took a request of ``want``'s consumer for ``site`` and failed on the way:
         a dead proxy, or a site that never answers it, which the consumer chose. The
         proxy's failure for everyone within the consumer's share of them (router/shares.py
-        ``FAILURES``); past it, left out of that consumer's picks at ``site`` alone for
+        ``may_fail``); past it, left out of that consumer's picks at ``site`` alone for
         ``AVOID_S`` (counted ``upstream_failed_own``), still its report to the log, which
         the fold bounds per consumer."""
         now = time.monotonic()
-        if not site or self.shares.may_share(
-            want.consumer, FAILURES, len(self.pool.upstreams), now
-        ):
+        if not site or self.shares.may_fail(want.consumer, len(self.pool.upstreams), now):
             self.failed(want, password, up, why)
             return
         self.shares.keep_private(want.consumer, site, up.key, now, AVOID_S)

@@ -18,7 +18,7 @@ not HTTP, a close, a CONNECT refused or never replied to) may be dead, or the si
 be one that never answers it: a consumer names the site, and a port where nothing
 listens, or a server of its own that never answers, fails every proxy so. Such
 failures act for everyone (the proxy avoided, ``Pool.failed``) within one more share
-of the consumer's, ``FAILURES``, across all sites; past it, the proxy is left out of
+of the consumer's, across all sites (``may_fail``); past it, the proxy is left out of
 that consumer's own picks at that site for ``AVOID_S``.
 """
 
@@ -29,15 +29,15 @@ from typing import TypeVar
 
 from endpoint.router.choose import SITE_BLOCK_S
 
-__all__ = ["CONSUMER_SITES", "FAILURES", "MIN_MARKS", "PRIVATE_MARKS", "SHARE", "Shares"]
+__all__ = ["CONSUMER_SITES", "MIN_MARKS", "PRIVATE_MARKS", "SHARE", "Shares"]
 
 SHARE = 0.05
 MIN_MARKS = 2
 CONSUMER_SITES = 10_000
 PRIVATE_MARKS = 256
-FAILURES = ""  # the share of a consumer's failures on the way, across sites: no site's key
 
 Key = tuple[str, int]
+K = TypeVar("K")
 V = TypeVar("V")
 
 
@@ -47,20 +47,20 @@ class Shares:
     shared: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     # (consumer, site) -> proxy -> until when it is left out of that consumer's picks
     private: dict[tuple[str, str], dict[Key, float]] = field(default_factory=dict)
+    # consumer -> when each of its failures on the way shared as the proxy's ends
+    failed: dict[str, list[float]] = field(default_factory=dict)
 
     def may_share(self, consumer: str, site: str, pool_size: int, now: float) -> bool:
         """Whether one more mark of ``consumer``'s for ``site`` acts for everyone: taken
         from its share when it does."""
-        pair = (consumer, site)
-        ends = [t for t in self.shared.pop(pair, []) if t > now]
-        allowed = max(MIN_MARKS, int(SHARE * pool_size))
-        fits = len(ends) < allowed
-        if fits:
-            ends.append(now + SITE_BLOCK_S)
-        if ends:
-            self.shared[pair] = ends
-            _bound(self.shared)
-        return fits
+        return _take(self.shared, (consumer, site), pool_size, now)
+
+    def may_fail(self, consumer: str, pool_size: int, now: float) -> bool:
+        """Whether one more failure on the way ``consumer`` met acts for everyone (the
+        proxy's failure): taken from its share of them, across sites, when it does. Kept
+        apart from the sites' pairs, so a consumer churning through sites of its own
+        cannot push its record of this share out and start it again."""
+        return _take(self.failed, consumer, pool_size, now)
 
     def keep_private(
         self, consumer: str, site: str, key: Key, now: float, for_s: float = SITE_BLOCK_S
@@ -83,6 +83,20 @@ class Shares:
         return frozenset(key for key, until in kept.items() if until > now)
 
 
-def _bound(table: dict[tuple[str, str], V]) -> None:
+def _take(table: dict[K, list[float]], key: K, pool_size: int, now: float) -> bool:
+    """Whether one more mark under ``key`` fits its share of a pool of ``pool_size``
+    (``SHARE``, at least ``MIN_MARKS``, each for ``SITE_BLOCK_S``): taken when it does;
+    the key now the most recently marked."""
+    ends = [t for t in table.pop(key, []) if t > now]
+    fits = len(ends) < max(MIN_MARKS, int(SHARE * pool_size))
+    if fits:
+        ends.append(now + SITE_BLOCK_S)
+    if ends:
+        table[key] = ends
+        _bound(table)
+    return fits
+
+
+def _bound(table: dict[K, V]) -> None:
     while len(table) > CONSUMER_SITES:
         del table[next(iter(table))]
