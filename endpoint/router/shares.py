@@ -70,13 +70,14 @@ class Shares:
         kept = self.private.pop(pair, {})
         # Marked again: the newest, for the longer of its two times.
         kept[key] = max(now + for_s, kept.pop(key, 0.0))
-        if len(kept) > PRIVATE_MARKS:  # the oldest, the first to have run out
+        if len(kept) > PRIVATE_MARKS:  # the least recently marked goes
             del kept[next(iter(kept))]
         self.private[pair] = kept
         _bound(self.private)
 
     def left_out(self, consumer: str, site: str, now: float) -> frozenset[Key]:
-        """The proxies ``consumer``'s own refusals at ``site`` leave out of its picks."""
+        """The proxies ``consumer``'s own refusals and failures at ``site`` leave out of
+        its picks."""
         kept = self.private.get((consumer, site))
         if not kept:
             return frozenset()
