@@ -29,6 +29,14 @@ async def _greeting_then_connect(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(head[4] + 2)
 
 
+async def _silent(opening: Awaitable[object]) -> None:
+    """``opening`` (bounded at 0.5 s) ends as ``UpstreamSilent``, within 2 s."""
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(UpstreamSilent):
+        await opening
+    assert asyncio.get_running_loop().time() - started < 2.0
+
+
 async def _with(serve: Serve, then: Callable[[int], Awaitable[None]]) -> None:
     """``serve`` as an upstream on a loopback port while ``then`` runs against it; each of
     its connections closed when it is done with it, or when ``then`` is."""
@@ -187,10 +195,7 @@ async def test_a_proxy_silent_after_its_connect_is_told_apart(closes: bool) -> N
         ended.set()
 
     async def then(port: int) -> None:
-        started = asyncio.get_running_loop().time()
-        with pytest.raises(UpstreamSilent):
-            await open_socks5("127.0.0.1", port, "site.example", 80, within_s=0.5)
-        assert asyncio.get_running_loop().time() - started < 2.0
+        await _silent(open_socks5("127.0.0.1", port, "site.example", 80, within_s=0.5))
         async with asyncio.timeout(5):
             await ended.wait()
 
@@ -218,11 +223,7 @@ async def test_an_http_proxy_silent_after_connect_is_told_apart(closes: bool) ->
             await reader.read()  # until the client's end
 
     async def then(port: int) -> None:
-        up = Upstream("127.0.0.1", port, "http")
-        started = asyncio.get_running_loop().time()
-        with pytest.raises(UpstreamSilent):
-            await open_stream(up, "site.example", 443, 0.5)
-        assert asyncio.get_running_loop().time() - started < 2.0
+        await _silent(open_stream(Upstream("127.0.0.1", port, "http"), "site.example", 443, 0.5))
 
     await _with(serve, then)
 
@@ -250,11 +251,7 @@ async def test_a_socks4_proxy_silent_after_its_request_is_told_apart() -> None:
         await reader.read()  # until the client's end
 
     async def then(port: int) -> None:
-        up = Upstream("127.0.0.1", port, "socks4")
-        started = asyncio.get_running_loop().time()
-        with pytest.raises(UpstreamSilent):
-            await open_stream(up, "site.example", 80, 0.5)
-        assert asyncio.get_running_loop().time() - started < 2.0
+        await _silent(open_stream(Upstream("127.0.0.1", port, "socks4"), "site.example", 80, 0.5))
 
     await _with(serve, then)
     with socket.socket() as held:  # bound, never listening: connections are refused
