@@ -181,7 +181,7 @@ async def test_a_proxy_silent_after_its_connect_is_told_apart(closes: bool) -> N
     """A proxy that greets, takes the CONNECT and then says nothing (as one reaching for
     a destination that never answers), or closes with no reply: ``UpstreamSilent``,
     which the router charges to the proxy only within the consumer's share, since the
-    consumer names the destination (router/router.py ``failed_on_the_way``); the wait
+    consumer names the destination (router/charges.py ``failed_on_the_way``); the wait
     bounded by ``within_s`` and the connection closed."""
     ended = asyncio.Event()
 

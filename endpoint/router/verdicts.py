@@ -2,7 +2,7 @@
 head read as it comes (a site that turned a request away is tried through another
 proxy before anything reaches the client), a whole answer read for the picks that
 follow (events/sites.py's rules; a site without one by the other proxies' answers).
-What is learned acts at once (router/forwarding.py, through ``Router.turned_away``); a
+What is learned acts at once (router/forwarding.py, through ``Charges.turned_away``); a
 block is never the proxy's failure."""
 
 from __future__ import annotations

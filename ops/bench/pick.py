@@ -9,7 +9,8 @@ a pick then takes any the site has not turned away); and ``closed``, a site that
 every proxy away (one that blocks open proxies, as the fleet tells each endpoint): each
 pick answers none; and ``own``, where the picking consumer itself met a refusal through
 every proxy (its share for everyone, the rest for its own picks alone: a consumer doing
-so on purpose), each pick leaving out what its refusals left out (``Router.left_out``).
+so on purpose), each pick leaving out what its refusals left out (router/charges.py
+``Charges.left_out``).
 
 Each measurement runs in a process of its own. With ``--versus DIR``, another
 checkout's pick is measured the same way, and the two trees take turns for each size in
